@@ -1,0 +1,18 @@
+# Every dependency is a Debian package; scripts/install-deps.sh installs them.
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+pkg_check_modules(LIBFABRIC REQUIRED IMPORTED_TARGET libfabric>=1.17)
+pkg_check_modules(HWLOC REQUIRED IMPORTED_TARGET hwloc)
+pkg_check_modules(LIBURING REQUIRED IMPORTED_TARGET liburing)
+find_package(fmt REQUIRED)
+find_package(spdlog REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 REQUIRED)
+if(PROXYEP_BUILD_TESTS)
+  find_package(doctest REQUIRED)
+endif()
+
+# moodycamel::ConcurrentQueue is header-only and ships neither a CMake nor a pkg-config file.
+find_path(CONCURRENTQUEUE_INCLUDE_DIR concurrentqueue/concurrentqueue.h REQUIRED)
+add_library(concurrentqueue INTERFACE)
+target_include_directories(concurrentqueue SYSTEM INTERFACE ${CONCURRENTQUEUE_INCLUDE_DIR})

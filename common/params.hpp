@@ -1,0 +1,30 @@
+// The catalogue of every ProxyEP parameter (see common/registry.hpp for the mechanism).
+// One place lists them all so `proxyep config` and docs/CONFIG.md are complete by construction.
+// Environment names are derived: fabric.provider -> PROXYEP_FABRIC_PROVIDER.
+#pragma once
+
+#include "common/registry.hpp"
+
+namespace proxyep::params {
+
+using config::Param;
+
+// fabric/
+extern Param<std::string> fabric_provider;
+extern Param<std::string> fabric_domain;
+extern Param<int64_t> fabric_rails;
+extern Param<int64_t> fabric_cq_size;
+extern Param<int64_t> fabric_cq_batch;
+extern Param<bool> fabric_reorder;
+extern Param<int64_t> fabric_reorder_seed;
+extern Param<int64_t> fabric_reorder_segment_bytes;
+extern Param<int64_t> fabric_reorder_max_held;
+
+// control/
+extern Param<int64_t> bootstrap_timeout_ms;
+extern Param<std::string> bootstrap_interface;
+
+// common
+extern Param<std::string> log_level;
+
+}  // namespace proxyep::params

@@ -1,0 +1,58 @@
+// Bootstrap: the out-of-band channel ranks use before (and beside) the fabric: rendezvous,
+// allgather of fabric addresses and memory descriptors, barrier, broadcast. Modelled on NCCL's
+// bootstrap surface. The TCP implementation is a star: rank 0 serves MASTER_ADDR:MASTER_PORT,
+// every other rank connects (retrying until the deadline) and collectives relay through rank 0.
+//
+// Guarantees:
+// - Every wait is bounded by the timeout (bootstrap.timeout_ms). A timeout throws
+//   proxyep::Error whose phase is the collective's name and whose message names the ranks that
+//   did not arrive; rank 0 tells the ranks still connected, so all of them fail with the names.
+// - A peer whose connection drops makes the collective fail at once, naming that rank.
+// - Waits call the progress hook between polls of the sockets: manual-progress providers
+//   (tcp;ofi_rxm, shm, efa) stall unless someone keeps reading their CQ.
+// - Collectives are matched by sequence number; ranks calling different collectives get an
+//   error, not a silent mix-up.
+#pragma once
+
+#include "control/launch_env.hpp"
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace proxyep::control {
+
+using Bytes = std::vector<uint8_t>;
+
+class Bootstrap {
+ public:
+  struct Options {
+    LaunchEnv env;
+    std::chrono::milliseconds timeout{30000};
+    std::function<void()> progress;  // called between socket polls while waiting; may be empty
+  };
+
+  // TCP rendezvous over env.master_addr:master_port. Returns once every rank has connected.
+  static std::unique_ptr<Bootstrap> connect(Options options);
+  // Options from the environment and the parameter registry (bootstrap.timeout_ms).
+  static std::unique_ptr<Bootstrap> from_environment(std::function<void()> progress = {});
+
+  virtual ~Bootstrap() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual const LaunchEnv& env() const = 0;
+
+  virtual void set_progress(std::function<void()> progress) = 0;
+
+  // Every rank contributes `mine` (sizes may differ); returns all contributions, index = rank.
+  virtual std::vector<Bytes> allgather(std::span<const uint8_t> mine, std::string_view phase) = 0;
+  virtual void barrier(std::string_view phase) = 0;
+  // Root's `data` reaches every rank (others' `data` is ignored).
+  virtual Bytes broadcast(std::span<const uint8_t> data, int root, std::string_view phase) = 0;
+};
+
+}  // namespace proxyep::control

@@ -1,0 +1,91 @@
+// Fabric: the rails (NICs) of one rank and the memory registered on all of them. This is the
+// entry point of the fabric layer: open it with options from the parameter registry, exchange
+// addresses and region descriptors through the bootstrap, then drive writes on its rails.
+//
+//   auto fabric = Fabric::open(FabricOptions::from_params(rank));
+//   auto addrs  = bootstrap.allgather(fabric->addresses());   // one blob per rank
+//   fabric->connect(FabricAddresses::split(addrs));
+//   auto region = fabric->register_memory(buf, len);
+//   auto descs  = bootstrap.allgather(region->descriptor().serialize());
+//   fabric->rail(0).write({...region->local_desc(0)..., peer_desc.target(0, offset)...});
+#pragma once
+
+#include "fabric/capabilities.hpp"
+#include "fabric/transport.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace proxyep::fabric {
+
+enum class MemoryKind : uint8_t { host, cuda };
+
+struct ReorderOptions {
+  bool enabled = false;
+  uint64_t seed = 0;               // 0: derive from the clock and rank (logged)
+  size_t segment_bytes = 4096;     // writes are split into segments of this size
+  size_t max_held = 32;            // completions held back before one must be released
+};
+
+struct FabricOptions {
+  std::string provider = "auto";  // auto: efa when present, else shm
+  std::string domain_filter;      // only domains whose name contains this
+  int rails = 1;
+  size_t cq_size = 16384;
+  size_t cq_batch = 64;
+  int rank = 0;                   // for error messages and the shim's seed
+  ReorderOptions reorder;
+
+  static FabricOptions from_params(int rank);  // fills every field from common/params.hpp
+};
+
+// What a peer needs to write into one of our regions: per rail, the base address to add
+// offsets to (VA or 0) and the key. Serialised for the bootstrap's allgather.
+struct RegionDescriptor {
+  uint64_t length = 0;
+  std::vector<RemoteTarget> rails;
+
+  RemoteTarget target(int rail, uint64_t offset) const;  // throws if offset is out of range
+  Bytes serialize() const;
+  static RegionDescriptor deserialize(std::span<const uint8_t> bytes);  // throws on malformed
+};
+
+// A buffer registered on every rail; deregistered on destruction.
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  virtual void* data() const = 0;
+  virtual size_t size() const = 0;
+  virtual MemoryKind kind() const = 0;
+  virtual void* local_desc(int rail) const = 0;
+  virtual RegionDescriptor descriptor() const = 0;
+};
+
+class Fabric {
+ public:
+  // Chooses the provider and domains, opens one fabric/domain/endpoint/CQ/AV per rail (wrapped
+  // in the reorder shim when enabled). Throws proxyep::Error naming the provider on failure,
+  // listing the providers that do exist when the name is unknown.
+  static std::unique_ptr<Fabric> open(const FabricOptions& options);
+  virtual ~Fabric() = default;
+
+  virtual const Capabilities& capabilities() const = 0;  // of rail 0
+  virtual int num_rails() const = 0;
+  virtual Transport& rail(int index) = 0;
+
+  // Addresses of all rails, concatenated into one blob for the bootstrap's allgather.
+  virtual Bytes addresses() const = 0;
+  // Takes every rank's blob (index = rank) and connects every rail.
+  virtual void connect(const std::vector<Bytes>& address_blobs_by_rank) = 0;
+
+  virtual std::unique_ptr<MemoryRegion> register_memory(void* data, size_t size,
+                                                        MemoryKind kind = MemoryKind::host) = 0;
+  // Polls every rail once (for waits that must keep manual-progress providers moving);
+  // completions found are buffered and returned by the next poll of that rail.
+  virtual void progress() = 0;
+};
+
+}  // namespace proxyep::fabric

@@ -1,0 +1,31 @@
+// `proxyep config`: every parameter, its value and where the value came from.
+#include "common/registry.hpp"
+#include "tools/commands.hpp"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+namespace proxyep::tools {
+
+void register_config(CLI::App& app, Action& action) {
+  auto* cmd = app.add_subcommand("config", "print every parameter, its value and its source");
+  auto json = std::make_shared<bool>(false);
+  cmd->add_flag("--json", *json, "machine-readable output");
+  cmd->callback([&action, json] {
+    action = [json] {
+      auto& registry = config::Registry::global();
+      if (*json) {
+        fmt::print("{}\n", registry.to_json().dump(2));
+        return 0;
+      }
+      for (auto* p : registry.all()) {
+        fmt::print("{:<32} = {:<12} [{}]  ({}, {}, default {})\n    {}\n", p->name(),
+                   p->value_string(), config::to_string(p->source()), p->env_name(),
+                   p->type_name(), p->default_string(), p->description());
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace proxyep::tools

@@ -1,0 +1,19 @@
+// Each `proxyep` subcommand lives in its own cmd_*.cpp and registers itself on the CLI11 app.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace proxyep::tools {
+
+// A subcommand's action; its return value is the process exit code.
+using Action = std::function<int()>;
+
+// Each register_* adds its subcommand to `app` and stores its action in `action` when chosen.
+void register_config(CLI::App& app, Action& action);
+void register_info(CLI::App& app, Action& action);
+void register_launch(CLI::App& app, Action& action);
+void register_bench(CLI::App& app, Action& action);
+
+}  // namespace proxyep::tools
