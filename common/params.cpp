@@ -4,8 +4,8 @@ namespace proxyep::params {
 
 // clang-format off
 Param<std::string> fabric_provider{"fabric.provider", "auto",
-    "libfabric provider by name (efa, efa-direct, verbs, tcp, shm, ...); 'auto' picks efa when "
-    "present, else shm"};
+    "libfabric provider by name (efa, efa-direct, verbs, tcp, shm, ...); 'auto' picks efa-direct, "
+    "then efa, when present, else shm"};
 Param<std::string> fabric_domain{"fabric.domain", "",
     "only use NICs (libfabric domains) whose name contains this text; empty = any"};
 Param<int64_t> fabric_rails{"fabric.rails", 1,

@@ -11,7 +11,12 @@
 // - Waits call the progress hook between polls of the sockets: manual-progress providers
 //   (tcp;ofi_rxm, shm, efa) stall unless someone keeps reading their CQ.
 // - Collectives are matched by sequence number; ranks calling different collectives get an
-//   error, not a silent mix-up.
+//   error, not a silent mix-up. Every rank must pass the same `phase` text to a collective.
+// - Errors: proxyep::Error whose phase is "bootstrap.rendezvous" or "bootstrap.<op>(<phase>)",
+//   e.g. "bootstrap.allgather(fabric addresses)". After a failure the object is unusable (every
+//   call throws, repeating the first failure); destroy it to close the connections.
+// - One thread uses an instance at a time; the progress hook runs on that thread.
+// Implementation and wire protocol: control/tcp_bootstrap.hpp.
 #pragma once
 
 #include "control/launch_env.hpp"
@@ -21,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -34,6 +40,7 @@ class Bootstrap {
     LaunchEnv env;
     std::chrono::milliseconds timeout{30000};
     std::function<void()> progress;  // called between socket polls while waiting; may be empty
+    std::string listen_address;      // rank 0 binds here (bootstrap.interface); empty = master_addr
   };
 
   // TCP rendezvous over env.master_addr:master_port. Returns once every rank has connected.

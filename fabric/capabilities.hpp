@@ -19,9 +19,9 @@ struct Capabilities {
   std::string domain_name;  // domain_attr->name: one NIC on multi-NIC hosts
   uint32_t api_version = 0;
 
-  uint64_t caps = 0;       // info->caps
-  uint64_t mode = 0;       // info->mode (FI_CONTEXT2, FI_RX_CQ_DATA, ...)
-  uint64_t msg_order = 0;  // tx_attr->msg_order
+  uint64_t caps = 0;               // info->caps
+  uint64_t mode = 0;               // info->mode (FI_CONTEXT2, FI_RX_CQ_DATA, ...)
+  uint64_t msg_order = 0;          // tx_attr->msg_order
   bool rma_write_ordered = false;  // FI_ORDER_WAW or FI_ORDER_RMA_WAW: false on EFA
   size_t cq_data_size = 0;         // bytes of remote CQ data (4 on EFA, 8 on tcp/shm)
   size_t inject_size = 0;
@@ -30,10 +30,10 @@ struct Capabilities {
   size_t tx_size = 0;
   size_t rx_size = 0;
   uint64_t mr_mode = 0;
-  bool mr_virt_addr = false;  // FI_MR_VIRT_ADDR: remote addresses are VAs, else region offsets
-  bool mr_prov_key = false;   // FI_MR_PROV_KEY: keys come from fi_mr_key, else app-chosen
-  bool mr_local = false;      // FI_MR_LOCAL: every operation must pass a local descriptor
-  bool hmem = false;          // FI_HMEM: device (CUDA) memory can be registered
+  bool mr_virt_addr = false;     // FI_MR_VIRT_ADDR: remote addresses are VAs, else region offsets
+  bool mr_prov_key = false;      // FI_MR_PROV_KEY: keys come from fi_mr_key, else app-chosen
+  bool mr_local = false;         // FI_MR_LOCAL: every operation must pass a local descriptor
+  bool hmem = false;             // FI_HMEM: device (CUDA) memory can be registered
   bool manual_progress = false;  // FI_PROGRESS_MANUAL: the target must poll for data to move
 
   nlohmann::json to_json() const;

@@ -25,9 +25,9 @@ enum class MemoryKind : uint8_t { host, cuda };
 
 struct ReorderOptions {
   bool enabled = false;
-  uint64_t seed = 0;               // 0: derive from the clock and rank (logged)
-  size_t segment_bytes = 4096;     // writes are split into segments of this size
-  size_t max_held = 32;            // completions held back before one must be released
+  uint64_t seed = 0;            // 0: derive from the clock and rank (logged)
+  size_t segment_bytes = 4096;  // writes are split into segments of this size
+  size_t max_held = 32;         // completions held back before one must be released
 };
 
 struct FabricOptions {
@@ -36,7 +36,7 @@ struct FabricOptions {
   int rails = 1;
   size_t cq_size = 16384;
   size_t cq_batch = 64;
-  int rank = 0;                   // for error messages and the shim's seed
+  int rank = 0;  // for error messages and the shim's seed
   ReorderOptions reorder;
 
   static FabricOptions from_params(int rank);  // fills every field from common/params.hpp
@@ -53,7 +53,8 @@ struct RegionDescriptor {
   static RegionDescriptor deserialize(std::span<const uint8_t> bytes);  // throws on malformed
 };
 
-// A buffer registered on every rail; deregistered on destruction.
+// A buffer registered on every rail; deregistered on destruction. It keeps the domains it is
+// registered in alive, so it may outlive its Fabric.
 class MemoryRegion {
  public:
   virtual ~MemoryRegion() = default;
@@ -72,7 +73,9 @@ class Fabric {
   static std::unique_ptr<Fabric> open(const FabricOptions& options);
   virtual ~Fabric() = default;
 
-  virtual const Capabilities& capabilities() const = 0;  // of rail 0
+  // Of rail 0 as the layer above sees it: with the reorder shim on, cq_data_size is 4 and
+  // nothing is ordered (EFA's view), whatever the provider underneath offers.
+  virtual const Capabilities& capabilities() const = 0;
   virtual int num_rails() const = 0;
   virtual Transport& rail(int index) = 0;
 
@@ -84,7 +87,8 @@ class Fabric {
   virtual std::unique_ptr<MemoryRegion> register_memory(void* data, size_t size,
                                                         MemoryKind kind = MemoryKind::host) = 0;
   // Polls every rail once (for waits that must keep manual-progress providers moving);
-  // completions found are buffered and returned by the next poll of that rail.
+  // completions found are buffered and returned by the next poll of that rail. Same thread as
+  // the rails' users: rails may share a domain opened FI_THREAD_DOMAIN.
   virtual void progress() = 0;
 };
 

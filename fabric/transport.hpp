@@ -36,14 +36,14 @@ struct RemoteTarget {
 };
 
 struct WriteOp {
-  int peer = -1;                 // destination rank
-  const void* local = nullptr;   // source bytes, inside a region registered on this rail
-  void* local_desc = nullptr;    // fi_mr_desc of that region on this rail (may be null)
-  size_t length = 0;             // zero-length writes are legal (signals)
-  RemoteTarget remote;           // resolved target address and key
-  uint32_t imm = 0;              // delivered with the target's remote_write completion
-  uint64_t cookie = 0;           // returned in this side's local_write completion
-  bool more = false;             // FI_MORE: more writes follow at once (batch the doorbell)
+  int peer = -1;                // destination rank
+  const void* local = nullptr;  // source bytes, inside a region registered on this rail
+  void* local_desc = nullptr;   // fi_mr_desc of that region on this rail (may be null)
+  size_t length = 0;            // zero-length writes are legal (signals)
+  RemoteTarget remote;          // resolved target address and key
+  uint32_t imm = 0;             // delivered with the target's remote_write completion
+  uint64_t cookie = 0;          // returned in this side's local_write completion
+  bool more = false;            // FI_MORE: more writes follow at once (batch the doorbell)
 };
 
 struct Completion {
@@ -69,7 +69,10 @@ class Transport {
 
   [[nodiscard]] virtual Status write(const WriteOp& op) = 0;
   // Drains up to out.size() completions into out, sets `count`. Status::ok with count 0 means
-  // nothing completed; an error completion returns Status::error/peer_failed.
+  // nothing completed; an error completion returns Status::error/peer_failed with count 0 and
+  // last_error() set. Completions keep their place around an error: those before it come with
+  // earlier polls, those after it with later ones, so none is lost. A write that fails yields
+  // its error instead of a local_write completion.
   [[nodiscard]] virtual Status poll(std::span<Completion> out, size_t& count) = 0;
   // Writes posted and not yet completed locally.
   virtual size_t writes_in_flight() const = 0;

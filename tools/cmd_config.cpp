@@ -10,12 +10,22 @@ namespace proxyep::tools {
 void register_config(CLI::App& app, Action& action) {
   auto* cmd = app.add_subcommand("config", "print every parameter, its value and its source");
   auto json = std::make_shared<bool>(false);
+  auto markdown = std::make_shared<bool>(false);
   cmd->add_flag("--json", *json, "machine-readable output");
-  cmd->callback([&action, json] {
-    action = [json] {
+  cmd->add_flag("--markdown", *markdown, "the table of docs/CONFIG.md (defaults, not values)");
+  cmd->callback([&action, json, markdown] {
+    action = [json, markdown] {
       auto& registry = config::Registry::global();
       if (*json) {
         fmt::print("{}\n", registry.to_json().dump(2));
+        return 0;
+      }
+      if (*markdown) {
+        fmt::print("| parameter | environment | type | default | description |\n");
+        fmt::print("|---|---|---|---|---|\n");
+        for (auto* p : registry.all())
+          fmt::print("| `{}` | `{}` | {} | `{}` | {} |\n", p->name(), p->env_name(),
+                     p->type_name(), p->default_string(), p->description());
         return 0;
       }
       for (auto* p : registry.all()) {

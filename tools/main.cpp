@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 #include "common/registry.hpp"
 #include "tools/commands.hpp"
+#include "tools/self_launch.hpp"
 
 #include <CLI/CLI.hpp>
 
@@ -11,6 +12,7 @@
 
 int main(int argc, char** argv) {
   using namespace proxyep;
+  tools::self_launch::remember_argv(argc, argv);
   CLI::App app{"ProxyEP: CPU-proxy expert-parallel transport runtime"};
   app.require_subcommand(1);
   std::string config_file;

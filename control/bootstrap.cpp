@@ -1,0 +1,29 @@
+#include "control/bootstrap.hpp"
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/params.hpp"
+#include "control/tcp_bootstrap.hpp"
+
+namespace proxyep::control {
+
+std::unique_ptr<Bootstrap> Bootstrap::connect(Options options) {
+  return std::make_unique<TcpBootstrap>(std::move(options));
+}
+
+std::unique_ptr<Bootstrap> Bootstrap::from_environment(std::function<void()> progress) {
+  Options options;
+  options.env = LaunchEnv::from_environment();
+  log::set_rank(options.env.rank);
+  auto timeout_ms = params::bootstrap_timeout_ms.get();
+  require(timeout_ms > 0, "bootstrap.env",
+          "bootstrap.timeout_ms (PROXYEP_BOOTSTRAP_TIMEOUT_MS) "
+          "must be positive, got {}",
+          timeout_ms);
+  options.timeout = std::chrono::milliseconds(timeout_ms);
+  options.listen_address = params::bootstrap_interface.get();
+  options.progress = std::move(progress);
+  return connect(std::move(options));
+}
+
+}  // namespace proxyep::control

@@ -1,0 +1,42 @@
+// A non-zero rank's side of the TCP bootstrap star. The constructor connects to rank 0 at
+// MASTER_ADDR:MASTER_PORT, retrying with a short backoff until the timeout (rank 0 may start
+// later), sends its handshake and waits for rank 0's welcome; run() sends one contribution and
+// waits for the result.
+//
+// Deadlines: a wait for rank 0 runs for the timeout plus verdict_grace(). Rank 0 starts its
+// own clock no later than we do (it listens before it accepts us; it sends `enter` when it joins
+// a collective, which restarts our clock), so when ranks are missing, rank 0's abort naming them
+// arrives before our deadline and we fail with the names. Only when rank 0 itself is absent or
+// stuck do we fail on our own deadline, naming rank 0.
+#pragma once
+
+#include "control/framed_connection.hpp"
+#include "control/star_endpoint.hpp"
+
+#include <memory>
+
+namespace proxyep::control {
+
+class StarClient final : public StarEndpoint {
+ public:
+  explicit StarClient(EndpointContext context);
+  ~StarClient() override;
+
+  wire::Bytes run(const CollectiveCall& call, std::span<const uint8_t> mine) override;
+  void abort(const std::string& reason) noexcept override;
+
+ private:
+  void connect_to_server();
+  void handshake();
+  // Waits for the next frame from rank 0 until `deadline`: nullopt on timeout. Fails the phase
+  // at once on an abort frame, a malformed frame or a closed connection (naming rank 0).
+  std::optional<wire::Frame> next_frame(const Deadline& deadline, const std::string& phase,
+                                        const std::string& during);
+  const ProgressFn& progress() const { return *context_.progress; }
+  std::string server() const;  // "rank 0 (rendezvous server at host:port)"
+
+  EndpointContext context_;
+  std::unique_ptr<FramedConnection> connection_;
+};
+
+}  // namespace proxyep::control

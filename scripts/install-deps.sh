@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs the Debian packages ProxyEP builds and tests with. Idempotent: when every package is
+# already installed it returns at once without touching apt.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libfabric-dev libfabric-bin libhwloc-dev hwloc liburing-dev
+  libconcurrentqueue-dev doctest-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+)
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo=""
+[[ $(id -u) -eq 0 ]] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,199 @@
+// The local launcher behind `proxyep launch`, driven directly (no CLI): real child processes.
+#include "common/error.hpp"
+#include "tools/launcher.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace proxyep::tools;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Captured {
+  std::map<int, std::vector<std::string>> out;
+  std::map<int, std::vector<std::string>> err;
+  std::vector<std::string> reports;
+};
+
+struct Timed {
+  LaunchResult result;
+  std::chrono::milliseconds elapsed;
+};
+
+Timed launch(LaunchOptions options, Captured& captured) {
+  options.sink = [&](int rank, Stream stream, std::string_view line) {
+    (stream == Stream::out ? captured.out : captured.err)[rank].emplace_back(line);
+  };
+  options.report = [&](std::string_view message) { captured.reports.emplace_back(message); };
+  auto start = std::chrono::steady_clock::now();
+  LocalLauncher launcher(std::move(options));
+  auto result = launcher.run();
+  return {result, std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::steady_clock::now() - start)};
+}
+
+LaunchOptions shell(int ranks, std::string script) {
+  LaunchOptions options;
+  options.ranks = ranks;
+  options.command = {"sh", "-c", std::move(script)};
+  return options;
+}
+
+bool any_contains(const std::vector<std::string>& lines, const std::string& part) {
+  for (const auto& line : lines)
+    if (line.find(part) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("launcher: every rank runs with torchrun's variables and its lines arrive whole") {
+  setenv("LAUNCH_TEST_INHERITED", "inherited", 1);
+  auto options = shell(4,
+                       "echo hi from $RANK of $WORLD_SIZE local $LOCAL_RANK/$LOCAL_WORLD_SIZE "
+                       "group $GROUP_RANK at $MASTER_ADDR:$MASTER_PORT $LAUNCH_TEST_INHERITED "
+                       "$EXTRA; echo to stderr >&2; printf 'no newline'");
+  options.ranks_per_node = 2;
+  options.extra_env = {{"EXTRA", "extra"}, {"RANK", "must be overridden"}};
+  Captured captured;
+  auto [result, elapsed] = launch(options, captured);
+  unsetenv("LAUNCH_TEST_INHERITED");
+  CHECK(result.exit_code == 0);
+  CHECK(result.summary.empty());
+  CHECK(captured.reports.empty());
+  REQUIRE(result.master_port > 0);
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    auto expected =
+        fmt::format("hi from {} of 4 local {}/2 group {} at 127.0.0.1:{} inherited extra", rank,
+                    rank % 2, rank / 2, result.master_port);
+    CHECK(captured.out[rank] == std::vector<std::string>{expected, "no newline"});
+    CHECK(captured.err[rank] == std::vector<std::string>{"to stderr"});
+    CHECK(result.ranks[rank].code == 0);
+    CHECK_FALSE(result.ranks[rank].signaled);
+  }
+}
+
+TEST_CASE("launcher: a failing rank stops the others quickly and its code is the result") {
+  Captured captured;
+  auto [result, elapsed] =
+      launch(shell(3, "if [ $RANK = 2 ]; then sleep 0.2; exit 3; fi; exec sleep 30"), captured);
+  CHECK(result.exit_code == 3);
+  REQUIRE(result.failed_rank.has_value());
+  CHECK(*result.failed_rank == 2);
+  CHECK(result.summary == "rank 2 exited with code 3");
+  CHECK(elapsed < 5s);
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    CHECK(result.ranks[rank].stopped);
+    CHECK(result.ranks[rank].signaled);
+    CHECK(result.ranks[rank].code == SIGTERM);
+  }
+  REQUIRE_FALSE(captured.reports.empty());
+  CHECK(any_contains(captured.reports, "rank 2 exited with code 3; stopping ranks 0, 1 (SIGTERM"));
+}
+
+TEST_CASE("launcher: a rank killed by a signal is reported as such") {
+  Captured captured;
+  auto [result, elapsed] =
+      launch(shell(2, "if [ $RANK = 1 ]; then kill -9 $$; fi; exec sleep 30"), captured);
+  CHECK(result.exit_code == 128 + 9);
+  CHECK(result.failed_rank == 1);
+  CHECK(result.summary.find("rank 1 killed by signal 9") == 0);
+  CHECK(elapsed < 5s);
+}
+
+TEST_CASE("launcher: ranks that ignore SIGTERM get SIGKILL after the grace period") {
+  auto options = shell(2, "if [ $RANK = 0 ]; then sleep 0.3; exit 5; fi; trap '' TERM; sleep 30");
+  options.grace = 300ms;
+  Captured captured;
+  auto [result, elapsed] = launch(options, captured);
+  CHECK(result.exit_code == 5);
+  CHECK(result.ranks[1].signaled);
+  CHECK(result.ranks[1].code == SIGKILL);
+  CHECK(elapsed >= 300ms);
+  CHECK(elapsed < 5s);
+}
+
+TEST_CASE("launcher: a command that cannot be executed fails clearly") {
+  LaunchOptions options;
+  options.ranks = 2;
+  options.command = {"proxyep-no-such-command-xyz", "--flag"};
+  Captured captured;
+  auto [result, elapsed] = launch(options, captured);
+  CHECK(result.exit_code == 127);
+  CHECK(result.summary.find("could not start 'proxyep-no-such-command-xyz'") != std::string::npos);
+  CHECK(result.summary.find("No such file or directory") != std::string::npos);
+  CHECK(elapsed < 3s);
+}
+
+TEST_CASE("launcher: the timeout stops everything and fails") {
+  auto options = shell(2, "echo started; exec sleep 30");
+  options.timeout = 400ms;
+  Captured captured;
+  auto [result, elapsed] = launch(options, captured);
+  CHECK(result.exit_code == 124);
+  CHECK(result.timed_out);
+  CHECK_FALSE(result.failed_rank.has_value());
+  CHECK(result.summary.find("timed out after 0.4 s") == 0);
+  CHECK(elapsed >= 400ms);
+  CHECK(elapsed < 4s);
+  CHECK(captured.out[0] == std::vector<std::string>{"started"});
+}
+
+TEST_CASE("launcher: options are checked before anything starts") {
+  auto bad = shell(4, "true");
+  bad.ranks_per_node = 3;
+  CHECK_THROWS_WITH_AS(LocalLauncher{bad}, doctest::Contains("--ranks-per-node 3"), proxyep::Error);
+  bad = shell(0, "true");
+  CHECK_THROWS_AS(LocalLauncher{bad}, proxyep::Error);
+  LaunchOptions empty;
+  CHECK_THROWS_WITH_AS(LocalLauncher{empty}, doctest::Contains("no command"), proxyep::Error);
+}
+
+TEST_CASE("line splitter: chunks become whole lines; endless lines are cut") {
+  std::vector<std::string> lines;
+  LineSink sink = [&](int rank, Stream stream, std::string_view line) {
+    CHECK(rank == 7);
+    CHECK(stream == Stream::err);
+    lines.emplace_back(line);
+  };
+  LineSplitter splitter(7, Stream::err);
+  splitter.feed("a", sink);
+  splitter.feed("b\nc\n\nd", sink);
+  CHECK(lines == std::vector<std::string>{"ab", "c", ""});
+  splitter.finish(sink);
+  CHECK(lines.back() == "d");
+  lines.clear();
+  splitter.feed(std::string(LineSplitter::kMaxLine + 10, 'x'), sink);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].size() == LineSplitter::kMaxLine);
+  splitter.finish(sink);
+  CHECK(lines.back() == std::string(10, 'x'));
+}
+
+TEST_CASE("launcher: SIGTERM to the launcher stops the ranks and fails") {
+  // The signal arrives while the ranks sleep, so the launcher's handlers are installed.
+  std::thread sender([] {
+    std::this_thread::sleep_for(300ms);
+    std::raise(SIGTERM);
+  });
+  Captured captured;
+  auto [result, elapsed] = launch(shell(2, "exec sleep 30"), captured);
+  sender.join();
+  CHECK(result.interrupted);
+  CHECK(result.exit_code == 128 + SIGTERM);
+  CHECK(result.summary.find("interrupted by signal 15") == 0);
+  CHECK(result.ranks[0].stopped);
+  CHECK(result.ranks[1].stopped);
+  CHECK(elapsed < 5s);
+}
