@@ -4,11 +4,16 @@ namespace proxyep {
 
 std::string_view to_string(Status status) {
   switch (status) {
-    case Status::ok: return "ok";
-    case Status::again: return "again";
-    case Status::timeout: return "timeout";
-    case Status::peer_failed: return "peer failed";
-    case Status::error: return "error";
+    case Status::ok:
+      return "ok";
+    case Status::again:
+      return "again";
+    case Status::timeout:
+      return "timeout";
+    case Status::peer_failed:
+      return "peer failed";
+    case Status::error:
+      return "error";
   }
   return "unknown";
 }

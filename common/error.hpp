@@ -13,12 +13,12 @@
 namespace proxyep {
 
 // Outcome of a hot-path operation. `again` means "drive progress and retry", never an error.
-enum class [[nodiscard]] Status {
-  ok,
-  again,        // resource temporarily exhausted (-FI_EAGAIN, ring full, no credit)
-  timeout,      // a deadline passed
-  peer_failed,  // a remote peer reported an error or went away
-  error,        // anything else; the object holding the status can describe it
+enum class [[nodiscard]] Status{
+    ok,
+    again,        // resource temporarily exhausted (-FI_EAGAIN, ring full, no credit)
+    timeout,      // a deadline passed
+    peer_failed,  // a remote peer reported an error or went away
+    error,        // anything else; the object holding the status can describe it
 };
 
 std::string_view to_string(Status status);

@@ -40,6 +40,8 @@ void set_level(std::string_view level) {
   logger().set_level(parsed);
 }
 
-void apply_params() { set_level(params::log_level.value_string()); }
+void apply_params() {
+  set_level(params::log_level.value_string());
+}
 
 }  // namespace proxyep::log

@@ -13,14 +13,24 @@ void set_level(std::string_view level);  // throws proxyep::Error on an unknown 
 void apply_params();
 
 template <typename... Args>
-void trace(spdlog::format_string_t<Args...> f, Args&&... a) { logger().trace(f, std::forward<Args>(a)...); }
+void trace(spdlog::format_string_t<Args...> f, Args&&... a) {
+  logger().trace(f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void debug(spdlog::format_string_t<Args...> f, Args&&... a) { logger().debug(f, std::forward<Args>(a)...); }
+void debug(spdlog::format_string_t<Args...> f, Args&&... a) {
+  logger().debug(f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void info(spdlog::format_string_t<Args...> f, Args&&... a) { logger().info(f, std::forward<Args>(a)...); }
+void info(spdlog::format_string_t<Args...> f, Args&&... a) {
+  logger().info(f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void warn(spdlog::format_string_t<Args...> f, Args&&... a) { logger().warn(f, std::forward<Args>(a)...); }
+void warn(spdlog::format_string_t<Args...> f, Args&&... a) {
+  logger().warn(f, std::forward<Args>(a)...);
+}
 template <typename... Args>
-void error(spdlog::format_string_t<Args...> f, Args&&... a) { logger().error(f, std::forward<Args>(a)...); }
+void error(spdlog::format_string_t<Args...> f, Args&&... a) {
+  logger().error(f, std::forward<Args>(a)...);
+}
 
 }  // namespace proxyep::log

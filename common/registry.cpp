@@ -19,7 +19,8 @@ namespace {
 
 std::string env_name_for(const std::string& name) {
   std::string env = "PROXYEP_";
-  for (char c : name) env += (c == '.' || c == '-') ? '_' : static_cast<char>(std::toupper(c));
+  for (char c : name)
+    env += (c == '.' || c == '-') ? '_' : static_cast<char>(std::toupper(c));
   return env;
 }
 
@@ -36,10 +37,17 @@ int64_t parse_int(std::string_view text) {
   int64_t multiplier = 1;
   if (!text.empty()) {
     switch (std::toupper(static_cast<unsigned char>(text.back()))) {
-      case 'K': multiplier = int64_t{1} << 10; break;
-      case 'M': multiplier = int64_t{1} << 20; break;
-      case 'G': multiplier = int64_t{1} << 30; break;
-      default: break;
+      case 'K':
+        multiplier = int64_t{1} << 10;
+        break;
+      case 'M':
+        multiplier = int64_t{1} << 20;
+        break;
+      case 'G':
+        multiplier = int64_t{1} << 30;
+        break;
+      default:
+        break;
     }
     if (multiplier != 1) text.remove_suffix(1);
   }
@@ -61,36 +69,52 @@ double parse_double(std::string_view text) {
 
 template <typename T>
 T parse_value(std::string_view text) {
-  if constexpr (std::is_same_v<T, bool>) return parse_bool(text);
-  else if constexpr (std::is_same_v<T, int64_t>) return parse_int(text);
-  else if constexpr (std::is_same_v<T, double>) return parse_double(text);
-  else return std::string(text);
+  if constexpr (std::is_same_v<T, bool>)
+    return parse_bool(text);
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return parse_int(text);
+  else if constexpr (std::is_same_v<T, double>)
+    return parse_double(text);
+  else
+    return std::string(text);
 }
 
 template <typename T>
 std::string format_value(const T& value) {
-  if constexpr (std::is_same_v<T, bool>) return value ? "true" : "false";
-  else if constexpr (std::is_same_v<T, std::string>) return value;
-  else return fmt::format("{}", value);
+  if constexpr (std::is_same_v<T, bool>)
+    return value ? "true" : "false";
+  else if constexpr (std::is_same_v<T, std::string>)
+    return value;
+  else
+    return fmt::format("{}", value);
 }
 
 template <typename T>
 constexpr const char* type_name_of() {
-  if constexpr (std::is_same_v<T, bool>) return "bool";
-  else if constexpr (std::is_same_v<T, int64_t>) return "int";
-  else if constexpr (std::is_same_v<T, double>) return "float";
-  else return "string";
+  if constexpr (std::is_same_v<T, bool>)
+    return "bool";
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return "int";
+  else if constexpr (std::is_same_v<T, double>)
+    return "float";
+  else
+    return "string";
 }
 
 }  // namespace
 
 std::string_view to_string(Source source) {
   switch (source) {
-    case Source::default_value: return "default";
-    case Source::config_file: return "config file";
-    case Source::environment: return "environment";
-    case Source::command_line: return "command line";
-    case Source::code: return "code";
+    case Source::default_value:
+      return "default";
+    case Source::config_file:
+      return "config file";
+    case Source::environment:
+      return "environment";
+    case Source::command_line:
+      return "command line";
+    case Source::code:
+      return "code";
   }
   return "unknown";
 }
@@ -196,15 +220,15 @@ ParamBase* Registry::find(std::string_view name) const {
 ParamBase& Registry::at(std::string_view name) const {
   if (auto* param = find(name)) return *param;
   std::string known;
-  for (auto* param : all()) known += (known.empty() ? "" : ", ") + param->name();
+  for (auto* param : all())
+    known += (known.empty() ? "" : ", ") + param->name();
   fail("config", "unknown parameter '{}' (known: {})", name, known);
 }
 
 std::vector<ParamBase*> Registry::all() const {
   std::lock_guard lock(mutex_);
   auto sorted = params_;
-  std::sort(sorted.begin(), sorted.end(),
-            [](auto* a, auto* b) { return a->name() < b->name(); });
+  std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->name() < b->name(); });
   return sorted;
 }
 
@@ -220,7 +244,8 @@ void Registry::load_environment() {
     std::string_view var(*entry);
     if (var.rfind("PROXYEP_", 0) != 0) continue;
     auto name = var.substr(0, var.find('='));
-    if (!find(name)) log::warn("environment variable {} is not a ProxyEP parameter (ignored)", name);
+    if (!find(name))
+      log::warn("environment variable {} is not a ProxyEP parameter (ignored)", name);
   }
 }
 
@@ -262,7 +287,8 @@ nlohmann::json Registry::to_json() const {
 }
 
 void Registry::reset_all() {
-  for (auto* param : all()) param->reset();
+  for (auto* param : all())
+    param->reset();
 }
 
 std::optional<std::string> read_environment(const char* name) {

@@ -23,7 +23,8 @@ struct FabricBenchCli {
 };
 
 int run_fabric_bench_rank(const FabricBenchCli& cli) {
-  if (!cli.provider.empty()) params::fabric_provider.set(cli.provider, config::Source::command_line);
+  if (!cli.provider.empty())
+    params::fabric_provider.set(cli.provider, config::Source::command_line);
   if (cli.rails > 0) params::fabric_rails.set(cli.rails, config::Source::command_line);
   if (cli.reorder) params::fabric_reorder.set(true, config::Source::command_line);
   auto bootstrap = control::Bootstrap::from_environment();
@@ -34,8 +35,10 @@ int run_fabric_bench_rank(const FabricBenchCli& cli) {
   if (bootstrap->rank() != 0) return 0;
   results["reorder"] = params::fabric_reorder.get();
   results["requested_provider"] = params::fabric_provider.get();
-  if (cli.json) fmt::print("{}\n", results.dump(2));
-  else print_fabric_bench(results);
+  if (cli.json)
+    fmt::print("{}\n", results.dump(2));
+  else
+    print_fabric_bench(results);
   return 0;
 }
 

@@ -24,14 +24,14 @@ void register_config(CLI::App& app, Action& action) {
         fmt::print("| parameter | environment | type | default | description |\n");
         fmt::print("|---|---|---|---|---|\n");
         for (auto* p : registry.all())
-          fmt::print("| `{}` | `{}` | {} | `{}` | {} |\n", p->name(), p->env_name(),
-                     p->type_name(), p->default_string(), p->description());
+          fmt::print("| `{}` | `{}` | {} | `{}` | {} |\n", p->name(), p->env_name(), p->type_name(),
+                     p->default_string(), p->description());
         return 0;
       }
       for (auto* p : registry.all()) {
         fmt::print("{:<32} = {:<12} [{}]  ({}, {}, default {})\n    {}\n", p->name(),
-                   p->value_string(), config::to_string(p->source()), p->env_name(),
-                   p->type_name(), p->default_string(), p->description());
+                   p->value_string(), config::to_string(p->source()), p->env_name(), p->type_name(),
+                   p->default_string(), p->description());
       }
       return 0;
     };

@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string config_file;
   std::vector<std::string> overrides;
-  app.add_option("--config", config_file, "JSON file of parameter values")->check(CLI::ExistingFile);
+  app.add_option("--config", config_file, "JSON file of parameter values")
+      ->check(CLI::ExistingFile);
   app.add_option("--set", overrides, "set a parameter: --set fabric.provider=tcp (repeatable)");
 
   tools::Action action;

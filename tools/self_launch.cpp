@@ -21,7 +21,9 @@ void remember_argv(int argc, char** argv) {
   remembered_argv().assign(argv, argv + argc);
 }
 
-bool under_launcher() { return config::read_environment("RANK").has_value(); }
+bool under_launcher() {
+  return config::read_environment("RANK").has_value();
+}
 
 int relaunch_as_ranks(int ranks, int ranks_per_node) {
   LaunchOptions options;

@@ -5,14 +5,14 @@
 // that are not multiples of anything. Receivers count remote completions per source (the only
 // proof of arrival on an unordered transport), check every immediate arrives exactly once, then
 // check every byte. Run with the reorder shim on and off, over shm and tcp;ofi_rxm.
-#include "common/error.hpp"
 #include "common/deadline.hpp"
+#include "common/error.hpp"
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
 #include "fabric/fabric.hpp"
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <random>
@@ -25,7 +25,9 @@ namespace {
 struct Plan {
   size_t block = 0;  // bytes from src to dst this round
   size_t chunk = 1;  // bytes per write
-  size_t chunks() const { return block == 0 ? 1 : (block + chunk - 1) / chunk; }  // 1: a 0-byte write
+  size_t chunks() const {
+    return block == 0 ? 1 : (block + chunk - 1) / chunk;
+  }  // 1: a 0-byte write
 };
 
 Plan plan_for(uint64_t seed, int round, int src, int dst, size_t max_block) {
@@ -33,9 +35,12 @@ Plan plan_for(uint64_t seed, int round, int src, int dst, size_t max_block) {
                       static_cast<uint64_t>(src) * 131u + static_cast<uint64_t>(dst));
   Plan plan;
   int shape = static_cast<int>(rng() % 8);
-  if (shape == 0) plan.block = 0;                   // nothing to send: one zero-length write
-  else if (shape == 1) plan.block = 1 + rng() % 64;  // tiny
-  else plan.block = 1 + rng() % max_block;
+  if (shape == 0)
+    plan.block = 0;  // nothing to send: one zero-length write
+  else if (shape == 1)
+    plan.block = 1 + rng() % 64;  // tiny
+  else
+    plan.block = 1 + rng() % max_block;
   plan.chunk = 1 + rng() % (64 * 1024);
   return plan;
 }
@@ -45,7 +50,9 @@ uint8_t pattern(int src, int dst, int round, size_t i) {
 }
 
 constexpr uint32_t kChunkBits = 20;
-uint32_t imm_of(int src, size_t chunk) { return (static_cast<uint32_t>(src) << kChunkBits) | chunk; }
+uint32_t imm_of(int src, size_t chunk) {
+  return (static_cast<uint32_t>(src) << kChunkBits) | chunk;
+}
 
 void run_round(control::Bootstrap& boot, fabric::Fabric& fab, uint64_t seed, int round,
                size_t max_block, int64_t timeout_ms, size_t& writes, size_t& bytes) {
@@ -58,20 +65,23 @@ void run_round(control::Bootstrap& boot, fabric::Fabric& fab, uint64_t seed, int
     send_off[p + 1] = send_off[p] + out[p].block;
     recv_off[p + 1] = recv_off[p] + in[p].block;
   }
-  std::vector<uint8_t> send(std::max<size_t>(send_off[n], 1)), recv(std::max<size_t>(recv_off[n], 1), 0);
+  std::vector<uint8_t> send(std::max<size_t>(send_off[n], 1)),
+      recv(std::max<size_t>(recv_off[n], 1), 0);
   for (int p = 0; p < n; ++p)
-    for (size_t i = 0; i < out[p].block; ++i) send[send_off[p] + i] = pattern(me, p, round, i);
+    for (size_t i = 0; i < out[p].block; ++i)
+      send[send_off[p] + i] = pattern(me, p, round, i);
   auto send_mr = fab.register_memory(send.data(), send.size());
   auto recv_mr = fab.register_memory(recv.data(), recv.size());
   // Receivers tell senders where their block starts: the region descriptor plus our offsets.
   auto descs = boot.allgather(recv_mr->descriptor().serialize(), "alltoall(regions)");
-  auto offs_bytes = boot.allgather(
-      std::span(reinterpret_cast<const uint8_t*>(recv_off.data()), recv_off.size() * sizeof(size_t)),
-      "alltoall(offsets)");
+  auto offs_bytes = boot.allgather(std::span(reinterpret_cast<const uint8_t*>(recv_off.data()),
+                                             recv_off.size() * sizeof(size_t)),
+                                   "alltoall(offsets)");
 
   std::vector<size_t> got(n, 0);
   std::vector<std::vector<bool>> seen(n);
-  for (int p = 0; p < n; ++p) seen[p].assign(in[p].chunks(), false);
+  for (int p = 0; p < n; ++p)
+    seen[p].assign(in[p].chunks(), false);
   size_t in_flight = 0;
   auto deadline = Deadline::after_ms(timeout_ms);
   fabric::Completion batch[64];
@@ -87,7 +97,8 @@ void run_round(control::Bootstrap& boot, fabric::Fabric& fab, uint64_t seed, int
         }
         int src = static_cast<int>(batch[i].imm >> kChunkBits);
         size_t chunk = batch[i].imm & ((1u << kChunkBits) - 1);
-        require(src < n && chunk < seen[src].size(), "alltoall", "bad immediate {:#x}", batch[i].imm);
+        require(src < n && chunk < seen[src].size(), "alltoall", "bad immediate {:#x}",
+                batch[i].imm);
         require(!seen[src][chunk], "alltoall", "chunk {} from rank {} delivered twice", chunk, src);
         seen[src][chunk] = true;
         ++got[src];
@@ -114,8 +125,10 @@ void run_round(control::Bootstrap& boot, fabric::Fabric& fab, uint64_t seed, int
       w.imm = imm_of(me, c);
       w.cookie = op;
       Status st;
-      while ((st = fab.rail(rail).write(w)) == Status::again) poll_all();
-      if (st != Status::ok) fail("alltoall", "write to rank {}: {}", dst, fab.rail(rail).last_error());
+      while ((st = fab.rail(rail).write(w)) == Status::again)
+        poll_all();
+      if (st != Status::ok)
+        fail("alltoall", "write to rank {}: {}", dst, fab.rail(rail).last_error());
       ++in_flight;
       ++writes;
       bytes += len;
@@ -126,7 +139,8 @@ void run_round(control::Bootstrap& boot, fabric::Fabric& fab, uint64_t seed, int
       if (got[p] < in[p].chunks()) return false;
     return in_flight == 0;
   };
-  while (!complete()) poll_all();
+  while (!complete())
+    poll_all();
 
   for (int p = 0; p < n; ++p)
     for (size_t i = 0; i < in[p].block; ++i)

@@ -21,7 +21,9 @@ enum class Kind : uint32_t { data = 1, ack = 2, ping = 3, pong = 4 };
 constexpr uint32_t make_imm(Kind kind, uint32_t seq) {
   return (static_cast<uint32_t>(kind) << 28) | (seq & 0x0fffffffu);
 }
-constexpr Kind kind_of(uint32_t imm) { return static_cast<Kind>(imm >> 28); }
+constexpr Kind kind_of(uint32_t imm) {
+  return static_cast<Kind>(imm >> 28);
+}
 
 // Drives every rail of the fabric: posts writes (striped over rails) and sorts completions into
 // local-completion counts and received immediates.
@@ -65,8 +67,10 @@ class Pump {
         fail(phase, "completion error on rail {} (peer rank {}): {}", rail, peer_,
              fabric_.rail(rail).last_error());
       for (size_t i = 0; i < count; ++i) {
-        if (batch_[i].kind == fabric::Completion::Kind::local_write) ++completed_;
-        else received_.push_back(batch_[i].imm);
+        if (batch_[i].kind == fabric::Completion::Kind::local_write)
+          ++completed_;
+        else
+          received_.push_back(batch_[i].imm);
       }
     }
   }
@@ -82,8 +86,7 @@ class Pump {
         return imm;
       }
       poll(phase);
-      if (deadline.expired())
-        fail(phase, "no answer from rank {} within the deadline", peer_);
+      if (deadline.expired()) fail(phase, "no answer from rank {} within the deadline", peer_);
     }
   }
   // Counts received immediates of `kind` until `expected` arrived.
@@ -142,7 +145,8 @@ double bandwidth_rep(Pump& pump, int rank, size_t size, size_t writes, size_t wi
   }
   auto start = Clock::now();
   for (size_t i = 0; i < writes; ++i) {
-    while (pump.in_flight() >= window) pump.poll(phase);
+    while (pump.in_flight() >= window)
+      pump.poll(phase);
     size_t slot = (i % window) * size;
     bool more = (i + 1) % 16 != 0 && i + 1 < writes;
     pump.write(slot, slot, size, make_imm(Kind::data, static_cast<uint32_t>(i)), more, deadline,
@@ -177,7 +181,8 @@ void latency_run(Pump& pump, int rank, size_t size, int iters, const Deadline& d
 
 std::vector<size_t> default_fabric_bench_sizes() {
   std::vector<size_t> sizes;
-  for (size_t s = 4096; s <= (1u << 20); s *= 2) sizes.push_back(s);
+  for (size_t s = 4096; s <= (1u << 20); s *= 2)
+    sizes.push_back(s);
   return sizes;
 }
 
@@ -194,7 +199,8 @@ nlohmann::json run_fabric_bench(control::Bootstrap& bootstrap, fabric::Fabric& f
 
   // One region serves as source and target: the window's slots, each of the largest size.
   std::vector<char> buffer(options.window * max_size);
-  for (size_t i = 0; i < buffer.size(); ++i) buffer[i] = static_cast<char>(i * 131 + rank);
+  for (size_t i = 0; i < buffer.size(); ++i)
+    buffer[i] = static_cast<char>(i * 131 + rank);
   auto region = fabric.register_memory(buffer.data(), buffer.size());
   auto blobs = bootstrap.allgather(region->descriptor().serialize(), "bench.fabric(regions)");
   auto remote = fabric::RegionDescriptor::deserialize(blobs[peer]);
@@ -207,8 +213,8 @@ nlohmann::json run_fabric_bench(control::Bootstrap& bootstrap, fabric::Fabric& f
     for (int rep = 0; rep <= options.reps; ++rep) {  // rep 0 warms up
       bootstrap.barrier("bench.fabric(bandwidth)");
       auto deadline = Deadline::after_ms(options.timeout_ms);
-      double gbps = bandwidth_rep(pump, rank, size, result.writes_per_rep, options.window,
-                                  deadline);
+      double gbps =
+          bandwidth_rep(pump, rank, size, result.writes_per_rep, options.window, deadline);
       if (rep > 0 && rank == 0) result.gbps.push_back(gbps);
     }
     bootstrap.barrier("bench.fabric(latency)");
@@ -230,12 +236,9 @@ nlohmann::json run_fabric_bench(control::Bootstrap& bootstrap, fabric::Fabric& f
   bootstrap.barrier("bench.fabric(done)");
   if (rank != 0) return nlohmann::json::object();
   const auto& caps = fabric.capabilities();
-  return {{"benchmark", "fabric"},
-          {"provider", caps.provider},
-          {"domain", caps.domain_name},
-          {"ranks", 2},
-          {"rails", fabric.num_rails()},
-          {"window", options.window},
+  return {{"benchmark", "fabric"},       {"provider", caps.provider},
+          {"domain", caps.domain_name},  {"ranks", 2},
+          {"rails", fabric.num_rails()}, {"window", options.window},
           {"results", results}};
 }
 

@@ -19,13 +19,13 @@
 namespace proxyep::tools {
 
 struct FabricBenchOptions {
-  std::vector<size_t> sizes;          // default 4 KiB .. 1 MiB, powers of two
-  size_t window = 64;                 // writes in flight
-  size_t bytes_per_rep = 32u << 20;   // bytes streamed per bandwidth repetition
+  std::vector<size_t> sizes;         // default 4 KiB .. 1 MiB, powers of two
+  size_t window = 64;                // writes in flight
+  size_t bytes_per_rep = 32u << 20;  // bytes streamed per bandwidth repetition
   size_t min_writes_per_rep = 256;
-  int reps = 7;                       // timed bandwidth repetitions per size (after one warm-up)
-  int latency_iters = 300;            // timed ping-pongs per size (after a tenth as warm-up)
-  int64_t timeout_ms = 30000;         // deadline of every wait
+  int reps = 7;                // timed bandwidth repetitions per size (after one warm-up)
+  int latency_iters = 300;     // timed ping-pongs per size (after a tenth as warm-up)
+  int64_t timeout_ms = 30000;  // deadline of every wait
 };
 
 std::vector<size_t> default_fabric_bench_sizes();
