@@ -197,3 +197,19 @@ TEST_CASE("launcher: SIGTERM to the launcher stops the ranks and fails") {
   CHECK(result.ranks[1].stopped);
   CHECK(elapsed < 5s);
 }
+
+TEST_CASE("launcher: default variables apply only where the environment lacks them") {
+  // FI_TCP_IFACE=lo keeps tcp;ofi_rxm on loopback for local ranks, unless the user chose.
+  unsetenv("FI_TCP_IFACE");
+  Captured captured;
+  auto [result, elapsed] = launch(shell(1, "echo iface=$FI_TCP_IFACE"), captured);
+  CHECK(result.exit_code == 0);
+  CHECK(captured.out[0] == std::vector<std::string>{"iface=lo"});
+
+  setenv("FI_TCP_IFACE", "eth7", 1);
+  Captured chosen;
+  auto [result2, elapsed2] = launch(shell(1, "echo iface=$FI_TCP_IFACE"), chosen);
+  unsetenv("FI_TCP_IFACE");
+  CHECK(result2.exit_code == 0);
+  CHECK(chosen.out[0] == std::vector<std::string>{"iface=eth7"});
+}
