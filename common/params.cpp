@@ -33,6 +33,41 @@ Param<std::string> bootstrap_interface{"bootstrap.interface", "",
 
 Param<std::string> log_level{"log.level", "info",
     "log level: trace, debug, info, warn, error, off"};
+
+// proxy/
+Param<int64_t> proxy_threads{"proxy.threads", 0,
+    "proxy threads per rank; 0 = one per NIC (libfabric domain), at most cores - 1. Rails that "
+    "share a domain are driven by one thread (FI_THREAD_DOMAIN), so more threads than domains "
+    "are not started"};
+Param<bool> proxy_pin{"proxy.pin", true,
+    "pin each proxy thread to the cores nearest its NIC (hwloc), or to proxy.cpus"};
+Param<std::string> proxy_cpus{"proxy.cpus", "",
+    "CPUs the proxy threads may be pinned to, as a cpu list (\"2-3,6\"); empty = the cores "
+    "nearest each thread's NIC"};
+Param<int64_t> proxy_burst{"proxy.burst", 32,
+    "descriptors a proxy thread pops from one ring per pass; all but the last write of a burst "
+    "are posted with FI_MORE"};
+Param<int64_t> proxy_spin_passes{"proxy.spin_passes", 64,
+    "empty passes a proxy thread busy-polls before it starts to back off (long spins starve "
+    "the threads it waits for when threads outnumber cores)"};
+Param<int64_t> proxy_yield_passes{"proxy.yield_passes", 2000,
+    "empty passes with sched_yield() between them, after spinning and before sleeping"};
+Param<int64_t> proxy_idle_sleep_us{"proxy.idle_sleep_us", 5000,
+    "longest sleep of an idle proxy thread (nothing in flight, nobody waiting) before it polls "
+    "its completion queues again; ring doorbells and waiters wake it at once. Each wake-up costs "
+    "~35 us of CPU on a small VM: 5 ms keeps an idle thread near 0.5% of a core"};
+Param<int64_t> proxy_credits_writes{"proxy.credits_writes", 64,
+    "writes a proxy thread may have in flight to one destination rank"};
+Param<int64_t> proxy_credits_bytes{"proxy.credits_bytes", 8 << 20,
+    "bytes a proxy thread may have in flight to one destination rank (a larger single write "
+    "goes alone)"};
+Param<int64_t> proxy_peer_timeout_ms{"proxy.peer_timeout_ms", 30000,
+    "a destination whose writes make no progress for this long is declared failed, and every "
+    "waiter gets an error naming it"};
+Param<int64_t> proxy_wait_spin_us{"proxy.wait_spin_us", -1,
+    "a thread waiting on the proxy engine (flag, quiet) polls this long, yielding the core, "
+    "before it sleeps until a proxy thread signals progress; -1 = 50 on hosts with 4 or more "
+    "cores, 0 below (a polling waiter there steals the core its proxy needs)"};
 // clang-format on
 
 }  // namespace proxyep::params

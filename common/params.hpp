@@ -27,4 +27,17 @@ extern Param<std::string> bootstrap_interface;
 // common
 extern Param<std::string> log_level;
 
+// proxy/
+extern Param<int64_t> proxy_threads;
+extern Param<bool> proxy_pin;
+extern Param<std::string> proxy_cpus;
+extern Param<int64_t> proxy_burst;
+extern Param<int64_t> proxy_spin_passes;
+extern Param<int64_t> proxy_yield_passes;
+extern Param<int64_t> proxy_idle_sleep_us;
+extern Param<int64_t> proxy_credits_writes;
+extern Param<int64_t> proxy_credits_bytes;
+extern Param<int64_t> proxy_peer_timeout_ms;
+extern Param<int64_t> proxy_wait_spin_us;
+
 }  // namespace proxyep::params

@@ -6,4 +6,6 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh" release
 cd "$root/build/release"
-ctest --output-on-failure --timeout 600 -j 2 "$@"
+# One test at a time: the multi-rank tests busy-poll both cores, and the failure tests check
+# deadlines, which a second test running beside them would stretch.
+ctest --output-on-failure --timeout 600 "$@"

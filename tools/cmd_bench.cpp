@@ -6,6 +6,8 @@
 #include "control/bootstrap.hpp"
 #include "fabric/fabric.hpp"
 #include "tools/bench/fabric_bench.hpp"
+#include "tools/bench/proxy_bench.hpp"
+#include "tools/bench/ring_bench.hpp"
 #include "tools/commands.hpp"
 #include "tools/self_launch.hpp"
 
@@ -74,6 +76,8 @@ void register_bench(CLI::App& app, Action& action) {
   auto* bench = app.add_subcommand("bench", "benchmarks (each reports medians and p99)");
   bench->require_subcommand(1);
   register_bench_fabric(*bench, action);
+  register_bench_proxy(*bench, action);
+  register_bench_ring(*bench, action);
 }
 
 }  // namespace proxyep::tools

@@ -1,0 +1,62 @@
+// SignalRouter: what a proxy thread calls on every remote_write completion. It decodes the
+// 32-bit immediate (control/imm_layout.hpp) and dispatches it:
+//   counter -> CounterBank::arrive(epoch tag, key)
+//   stream  -> the SequenceWindow attached for that stream id: complete(seq)
+//   credit  -> the SenderCredits attached for that stream id: credit(tail)
+//   control -> the control handler, if one is set
+// Stream and credit immediates carry an epoch tag too, but the router ignores it: streams live
+// across epochs and their sequence numbers order them.
+//
+// Threads: attach_*() and set_control_handler() during setup, before any route(); route() from
+// any number of proxy threads at once afterwards (it only reads the tables; the targets are
+// thread-safe). Errors are Status values; last_error() describes the latest one, naming the
+// immediate and what the target reported.
+#pragma once
+
+#include "common/error.hpp"
+#include "control/counter_bank.hpp"
+#include "control/imm_layout.hpp"
+#include "control/sequence_window.hpp"
+#include "fabric/transport.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace proxyep::control {
+
+class SignalRouter {
+ public:
+  using ControlHandler = std::function<Status(uint32_t epoch_tag, uint32_t payload)>;
+
+  SignalRouter();
+
+  // Setup; each throws proxyep::Error for a stream id out of range or attached twice.
+  void attach_counters(CounterBank& counters);
+  void attach_stream(uint32_t stream, SequenceWindow& window);
+  void attach_credits(uint32_t stream, SenderCredits& credits);
+  void set_control_handler(ControlHandler handler);
+
+  // Dispatches one immediate. Status::error when nothing is attached for it or the target
+  // rejects it.
+  [[nodiscard]] Status route(uint32_t imm);
+  // A completion from Transport::poll(): remote_write ones are routed by their immediate;
+  // a local_write completion is the caller's to handle (Status::error here).
+  [[nodiscard]] Status route(const fabric::Completion& completion);
+
+  std::string last_error() const;
+
+ private:
+  Status note(uint32_t imm, const std::string& what);
+
+  CounterBank* counters_ = nullptr;
+  std::vector<SequenceWindow*> streams_;  // by stream id, imm::kMaxStreams entries
+  std::vector<SenderCredits*> credits_;   // by stream id, imm::kMaxStreams entries
+  ControlHandler control_;
+  mutable std::mutex error_mutex_;  // guards last_error_ (error path only)
+  std::string last_error_;
+};
+
+}  // namespace proxyep::control

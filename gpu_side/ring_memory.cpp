@@ -1,0 +1,150 @@
+#include "gpu_side/ring_memory.hpp"
+
+#include "common/error.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#if PROXYEP_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace proxyep::gpu_side {
+namespace {
+
+constexpr const char* kPhase = "gpu_side.ring_memory";
+constexpr size_t kPage = 4096;
+
+size_t round_to_page(size_t bytes) {
+  return (bytes + kPage - 1) / kPage * kPage;
+}
+
+void* map_shared(int fd, size_t bytes) {
+  void* address = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  require(address != MAP_FAILED, kPhase, "mmap of {} bytes of fd {} failed: {}", bytes, fd,
+          std::strerror(errno));
+  return address;
+}
+
+}  // namespace
+
+RingMemory RingMemory::heap(size_t bytes) {
+  require(bytes > 0, kPhase, "ring memory of 0 bytes");
+  const size_t size = round_to_page(bytes);
+  void* address = ::operator new (size, std::align_val_t{kPage});
+  std::memset(address, 0, size);
+  return RingMemory(Kind::heap, address, size);
+}
+
+RingMemory RingMemory::memfd(size_t bytes, const std::string& name) {
+  require(bytes > 0, kPhase, "ring memory of 0 bytes");
+  const size_t size = round_to_page(bytes);
+  int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
+  require(fd >= 0, kPhase, "memfd_create('{}') failed: {}", name, std::strerror(errno));
+  if (::ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    int error = errno;
+    ::close(fd);
+    fail(kPhase, "ftruncate of memfd '{}' to {} bytes failed: {}", name, size,
+         std::strerror(error));
+  }
+  void* address = nullptr;
+  try {
+    address = map_shared(fd, size);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  RingMemory memory(Kind::memfd, address, size);
+  memory.fd_ = fd;
+  return memory;
+}
+
+RingMemory RingMemory::map_fd(int fd) {
+  struct stat info {};
+  require(::fstat(fd, &info) == 0, kPhase, "fstat of fd {} failed: {}", fd, std::strerror(errno));
+  require(info.st_size > 0, kPhase, "fd {} is empty: not a ring memfd", fd);
+  int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  require(own >= 0, kPhase, "dup of fd {} failed: {}", fd, std::strerror(errno));
+  const auto size = static_cast<size_t>(info.st_size);
+  void* address = nullptr;
+  try {
+    address = map_shared(own, size);
+  } catch (...) {
+    ::close(own);
+    throw;
+  }
+  RingMemory memory(Kind::memfd, address, size);
+  memory.fd_ = own;
+  return memory;
+}
+
+#if PROXYEP_HAVE_CUDA
+RingMemory RingMemory::cuda_pinned(size_t bytes) {
+  require(bytes > 0, kPhase, "ring memory of 0 bytes");
+  const size_t size = round_to_page(bytes);
+  void* host = nullptr;
+  cudaError_t status = cudaHostAlloc(&host, size, cudaHostAllocMapped | cudaHostAllocPortable);
+  require(status == cudaSuccess, kPhase, "cudaHostAlloc of {} bytes failed: {}", size,
+          cudaGetErrorString(status));
+  std::memset(host, 0, size);
+  RingMemory memory(Kind::cuda_pinned, host, size);
+  status = cudaHostGetDevicePointer(&memory.device_, host, 0);
+  require(status == cudaSuccess, kPhase, "cudaHostGetDevicePointer failed: {}",
+          cudaGetErrorString(status));
+  return memory;
+}
+#endif
+
+RingMemory::~RingMemory() {
+  release();
+}
+
+RingMemory::RingMemory(RingMemory&& other) noexcept
+    : kind_(other.kind_),
+      host_(std::exchange(other.host_, nullptr)),
+      device_(std::exchange(other.device_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      fd_(std::exchange(other.fd_, -1)) {}
+
+RingMemory& RingMemory::operator=(RingMemory&& other) noexcept {
+  if (this != &other) {
+    release();
+    kind_ = other.kind_;
+    host_ = std::exchange(other.host_, nullptr);
+    device_ = std::exchange(other.device_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    fd_ = std::exchange(other.fd_, -1);
+  }
+  return *this;
+}
+
+void RingMemory::release() noexcept {
+  if (host_ != nullptr) {
+    switch (kind_) {
+      case Kind::heap:
+        ::operator delete (host_, std::align_val_t{kPage});
+        break;
+      case Kind::memfd:
+        ::munmap(host_, size_);
+        break;
+      case Kind::cuda_pinned:
+#if PROXYEP_HAVE_CUDA
+        (void)cudaFreeHost(host_);
+#endif
+        break;
+    }
+  }
+  if (fd_ >= 0) ::close(fd_);
+  host_ = nullptr;
+  device_ = nullptr;
+  fd_ = -1;
+}
+
+}  // namespace proxyep::gpu_side

@@ -1,0 +1,277 @@
+#include "proxy/proxy_engine.hpp"
+
+#include "common/log.hpp"
+#include "common/params.hpp"
+#include "gpu_side/backoff.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <limits>
+#include <thread>
+
+namespace proxyep::proxy {
+namespace {
+
+constexpr const char* kPhase = "proxy.engine";
+// A sleeping waiter re-checks at least this often: the bound for conditions no proxy pass
+// signals (a predicate another thread makes true).
+constexpr std::chrono::microseconds kMaxNap{1000};
+
+template <typename T>
+T checked(int64_t value, int64_t lo, const char* name) {
+  require(value >= lo && (value < 0 || static_cast<uint64_t>(value) <=
+                                           static_cast<uint64_t>(std::numeric_limits<T>::max())),
+          kPhase, "{} = {} is out of range (at least {})", name, value, lo);
+  return static_cast<T>(value);
+}
+
+bool is_power_of_two(uint64_t value) {
+  return value != 0 && (value & (value - 1)) == 0;
+}
+
+}  // namespace
+
+EngineOptions EngineOptions::from_params() {
+  EngineOptions o;
+  o.placement.threads = checked<int>(params::proxy_threads.get(), 0, "proxy.threads");
+  o.placement.pin = params::proxy_pin.get();
+  o.placement.cpus = params::proxy_cpus.get();
+  o.burst = checked<uint32_t>(params::proxy_burst.get(), 1, "proxy.burst");
+  o.idle.spin_passes = checked<uint32_t>(params::proxy_spin_passes.get(), 0, "proxy.spin_passes");
+  o.idle.yield_passes =
+      checked<uint32_t>(params::proxy_yield_passes.get(), 0, "proxy.yield_passes");
+  o.idle.sleep_us = checked<uint32_t>(params::proxy_idle_sleep_us.get(), 1, "proxy.idle_sleep_us");
+  o.credits.writes =
+      checked<uint32_t>(params::proxy_credits_writes.get(), 1, "proxy.credits_writes");
+  o.credits.bytes = checked<uint64_t>(params::proxy_credits_bytes.get(), 1, "proxy.credits_bytes");
+  int64_t wait_spin = checked<int64_t>(params::proxy_wait_spin_us.get(), -1, "proxy.wait_spin_us");
+  if (wait_spin < 0) wait_spin = std::thread::hardware_concurrency() >= 4 ? 50 : 0;
+  o.wait_spin = std::chrono::microseconds(wait_spin);
+  o.peer_timeout = std::chrono::milliseconds(
+      checked<int64_t>(params::proxy_peer_timeout_ms.get(), 1, "proxy.peer_timeout_ms"));
+  return o;
+}
+
+// Counts a waiter for the threads' idle policy and wakes them, so a sleeping proxy starts
+// polling for the completions the waiter depends on.
+class ProxyEngine::WaiterScope {
+ public:
+  explicit WaiterScope(ProxyEngine& engine) : engine_(engine) {
+    engine_.shared_->waiters.fetch_add(1, std::memory_order_relaxed);
+    engine_.kick();
+  }
+  ~WaiterScope() { engine_.shared_->waiters.fetch_sub(1, std::memory_order_relaxed); }
+  WaiterScope(const WaiterScope&) = delete;
+  WaiterScope& operator=(const WaiterScope&) = delete;
+
+ private:
+  ProxyEngine& engine_;
+};
+
+ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::SignalRouter& router,
+                         EngineOptions options)
+    : fabric_(fabric),
+      router_(router),
+      options_(std::move(options)),
+      shared_(std::make_unique<Shared>(ranks, fabric.num_rails())) {
+  require(rank >= 0 && rank < ranks, kPhase, "rank {} is outside a world of {}", rank, ranks);
+  require(is_power_of_two(options_.ring_window), kPhase,
+          "the ring window must be a power of two (got {})", options_.ring_window);
+  std::unique_ptr<topology::Topology> topo;
+  if (options_.placement.pin && options_.placement.cpus.empty())
+    topo = std::make_unique<topology::Topology>(topology::discover());
+  plans_ = plan_threads(fabric_, options_.placement, topo.get());
+  for (size_t t = 0; t < plans_.size(); ++t) {
+    ThreadConfig config;
+    config.index = static_cast<int>(t);
+    config.rank = rank;
+    config.ranks = ranks;
+    config.rails = plans_[t].rails;
+    config.pus = plans_[t].pus;
+    config.burst = options_.burst;
+    config.lane_window = options_.ring_window;
+    config.idle = options_.idle;
+    config.credits = options_.credits;
+    config.peer_timeout = options_.peer_timeout;
+    abandoned_.push_back(false);
+    threads_.push_back(std::make_unique<ProxyThread>(config, fabric_, shared_->regions, router_,
+                                                     shared_->health, shared_->waiters,
+                                                     shared_->notifier));
+  }
+}
+
+ProxyEngine::~ProxyEngine() {
+  stop();
+  // A detached thread still uses its ProxyThread and the shared state: leak them.
+  bool leak = false;
+  for (size_t t = 0; t < threads_.size(); ++t) {
+    if (!abandoned_[t]) continue;
+    (void)threads_[t].release();
+    leak = true;
+  }
+  if (leak) (void)shared_.release();
+}
+
+size_t ProxyEngine::add_ring(gpu_side::Ring ring, const gpu_side::Doorbell* doorbell) {
+  require(!running_ && !stopped_, kPhase, "rings must be added before start()");
+  size_t thread = rings_.size() % threads_.size();
+  size_t lane = threads_[thread]->add_ring(ring, doorbell, options_.ring_window);
+  rings_.push_back({thread, lane});
+  return rings_.size() - 1;
+}
+
+void ProxyEngine::start() {
+  require(!running_ && !stopped_, kPhase, "the engine can be started once");
+  shared_->regions.freeze();
+  for (size_t t = 0; t < threads_.size(); ++t) {
+    try {
+      threads_[t]->start();
+    } catch (const std::system_error& e) {
+      stop();
+      fail(kPhase, "could not start proxy thread {}: {}", t, e.what());
+    }
+    const ThreadPlan& plan = plans_[t];
+    log::debug("proxy thread {}: rails {}, domain {}, cpus {}", t, fmt::join(plan.rails, ","),
+               plan.domain, plan.pus.empty() ? "any" : topology::format_cpu_list(plan.pus));
+  }
+  running_.store(true, std::memory_order_release);
+}
+
+void ProxyEngine::stop() noexcept {
+  for (auto& thread : threads_)
+    thread->request_stop();
+  const Deadline deadline(kStopTimeout);
+  for (size_t t = 0; t < threads_.size(); ++t) {
+    if (abandoned_[t] || threads_[t]->join_until(deadline)) continue;
+    abandoned_[t] = true;
+    threads_[t]->abandon();
+    shared_->health.record(
+        Failure{"proxy.stop", -1,
+                fmt::format("proxy thread {} did not stop within {} ms: it is stuck "
+                            "inside the provider (a dead peer holding a shared-memory "
+                            "lock?); it is detached and leaked",
+                            t, kStopTimeout.count())});
+  }
+  if (running_.exchange(false, std::memory_order_acq_rel)) stopped_ = true;
+}
+
+void ProxyEngine::kick() const {
+  for (const auto& thread : threads_)
+    thread->kick();
+}
+
+std::vector<pid_t> ProxyEngine::thread_ids() const {
+  std::vector<pid_t> ids;
+  for (const auto& thread : threads_)
+    ids.push_back(thread->tid());
+  return ids;
+}
+
+ThreadStats ProxyEngine::stats() const {
+  ThreadStats sum;
+  for (const auto& thread : threads_) {
+    ThreadStats s = thread->stats();
+    sum.descriptors += s.descriptors;
+    sum.posted += s.posted;
+    sum.completed += s.completed;
+    sum.remote += s.remote;
+    sum.backlogged += s.backlogged;
+    sum.sleeps += s.sleeps;
+  }
+  return sum;
+}
+
+template <typename Ready>
+void ProxyEngine::wait(Ready&& ready, const Deadline& deadline, std::string_view phase,
+                       const std::function<std::string()>& describe_timeout) {
+  require(running_.load(std::memory_order_acquire), std::string(phase),
+          "the proxy engine is not running");
+  WaiterScope scope(*this);
+  std::vector<uint64_t> passes_before;
+  for (const auto& thread : threads_)
+    passes_before.push_back(thread->stats().passes);
+  // Poll (yielding the core between checks: the proxy this waits for may share it) for
+  // wait_spin, then sleep until a proxy pass signals progress.
+  const auto spin_end = Deadline::Clock::now() + options_.wait_spin;
+  while (!ready()) {
+    shared_->health.throw_if_failed();
+    if (deadline.expired())
+      fail(std::string(phase), "{}{}", describe_timeout(), stuck_threads(passes_before));
+    if (Deadline::Clock::now() < spin_end) {
+      sched_yield();
+      continue;
+    }
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline.end() -
+                                                                      Deadline::Clock::now());
+    auto nap = std::clamp(left, std::chrono::microseconds(1), kMaxNap);
+    shared_->notifier.sleep(nap, [&] { return !ready() && !shared_->health.failed(); });
+  }
+  // A failure recorded while the condition came true is still reported: the data the caller is
+  // about to use may be incomplete (e.g. a write to a dead peer was dropped).
+  shared_->health.throw_if_failed();
+}
+
+// Threads that made no loop pass during a whole wait are stuck inside a provider call.
+std::string ProxyEngine::stuck_threads(const std::vector<uint64_t>& passes_before) const {
+  std::string stuck;
+  for (size_t t = 0; t < threads_.size(); ++t)
+    if (threads_[t]->stats().passes == passes_before[t])
+      stuck += fmt::format("{}{}", stuck.empty() ? "" : ", ", t);
+  if (stuck.empty()) return "";
+  return fmt::format(
+      "; proxy thread(s) {} made no progress at all during the wait (stuck inside "
+      "the provider?)",
+      stuck);
+}
+
+void ProxyEngine::quiet(const Deadline& deadline) {
+  std::vector<uint64_t> targets;
+  for (const RingRef& ref : rings_)
+    targets.push_back(threads_[ref.thread]->lane(ref.lane).reserved());
+  auto done = [&] {
+    for (size_t r = 0; r < rings_.size(); ++r)
+      if (threads_[rings_[r].thread]->lane(rings_[r].lane).retired() < targets[r]) return false;
+    return true;
+  };
+  auto describe = [&] {
+    std::string rings;
+    for (size_t r = 0; r < rings_.size(); ++r) {
+      const RingLane& lane = threads_[rings_[r].thread]->lane(rings_[r].lane);
+      uint64_t left = lane.outstanding(targets[r]);
+      if (left == 0) continue;
+      rings += fmt::format(
+          "{}ring {} (thread {}): {} of the descriptors before position {} "
+          "unfinished, {} not even popped",
+          rings.empty() ? "" : "; ", r, rings_[r].thread, left, targets[r],
+          targets[r] > lane.popped_published() ? targets[r] - lane.popped_published() : 0);
+    }
+    return fmt::format("writes still outstanding at the deadline: {}", rings);
+  };
+  wait(done, deadline, "proxy.quiet", describe);
+}
+
+void ProxyEngine::wait_until(const std::function<bool()>& ready, const Deadline& deadline,
+                             std::string_view what) {
+  wait(ready, deadline, "proxy.wait",
+       [&] { return fmt::format("{}: not reached by the deadline", what); });
+}
+
+void ProxyEngine::wait_until(const std::function<bool()>& ready, const Deadline& deadline,
+                             const std::function<std::string()>& describe_timeout) {
+  wait(ready, deadline, "proxy.wait", describe_timeout);
+}
+
+void ProxyEngine::wait_flag(const control::CounterBank& bank, uint64_t epoch, uint32_t key,
+                            const Deadline& deadline, std::string_view what) {
+  wait([&] { return bank.ready(epoch, key); }, deadline, "proxy.wait",
+       [&] {
+         return fmt::format("{}: flag of key {} (epoch {}) not raised by the deadline{}", what, key,
+                            epoch,
+                            bank.last_error().empty() ? "" : "; counters: " + bank.last_error());
+       });
+}
+
+}  // namespace proxyep::proxy

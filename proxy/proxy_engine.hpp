@@ -1,0 +1,162 @@
+// ProxyEngine: the proxy threads of one rank. It splits the rank's fabric rails among threads
+// (placement.hpp: one thread per NIC domain by default, pinned near it), hands each thread its
+// share of the descriptor rings, and gives consumers the two waits they need: quiet() (every
+// write reserved before the call has completed locally) and wait_flag() (a counter flag of the
+// ordering layer). Both keep a deadline and report the engine's recorded failure at once, so a
+// dead peer surfaces as an error naming it, never as a hang.
+//
+//   ProxyEngine engine(*fabric, rank, world, router);        // options from the registry
+//   engine.regions().add_local(0, *send_region);             // ... and add_remote() per peer
+//   engine.add_ring(ring, &doorbell);
+//   engine.start();
+//   producer.push(descriptor, deadline);                      // any thread
+//   engine.wait_flag(bank, epoch, key, deadline, "dispatch from rank 3");
+//   engine.quiet(deadline);
+//   engine.stop();                                            // or the destructor
+//
+// While the engine runs its threads own the fabric's rails: nobody else may call the rails or
+// Fabric::progress() (a bootstrap's progress hook must be cleared before start()).
+//
+// Lifecycle: regions and rings are added before start() (the region table is frozen then: no
+// registration while running); start() once; stop() joins every thread (idempotent, also run by
+// the destructor, bounded even for a thread stuck inside the provider). stop() does not wait for
+// writes in flight: call quiet() first when they must land. stop() must not race with waits.
+//
+// Waits poll briefly (proxy.wait_spin_us), then sleep on a futex that the proxy threads signal
+// when a pass changed something a waiter can see (wait_notifier.hpp): a waiter does not steal
+// the core its proxy needs. A timed-out wait also names proxy threads that made no pass at all
+// during it (stuck inside a provider call).
+//
+// Concurrency: quiet(), wait_until(), wait_flag(), health(), stats() and kick() may be called
+// from any number of threads while the engine runs. running_ is stored with release by
+// start()/stop() and loaded with acquire by waits. shared_->waiters is incremented/decremented
+// with relaxed RMWs: the proxy threads read it only to decide how deeply to idle (a thread with a
+// waiter never sleeps on its doorbells), and each waiter kicks every thread's doorbell after
+// incrementing it (the eventfd write/read orders that hand-off).
+#pragma once
+
+#include "common/deadline.hpp"
+#include "control/counter_bank.hpp"
+#include "control/signal_router.hpp"
+#include "fabric/fabric.hpp"
+#include "gpu_side/doorbell.hpp"
+#include "gpu_side/ring.hpp"
+#include "proxy/health.hpp"
+#include "proxy/placement.hpp"
+#include "proxy/proxy_thread.hpp"
+#include "proxy/region_table.hpp"
+#include "proxy/wait_notifier.hpp"
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace proxyep::proxy {
+
+struct EngineOptions {
+  PlacementOptions placement;
+  uint32_t burst = 32;
+  uint32_t ring_window = 4096;  // unfinished descriptors per ring
+  IdleOptions idle;
+  CreditLimits credits;
+  std::chrono::milliseconds peer_timeout{30000};
+  std::chrono::microseconds wait_spin{50};  // waiters poll this long before they sleep
+
+  // Every field from the proxy.* parameters (common/params.hpp). Throws proxyep::Error for
+  // values out of range.
+  static EngineOptions from_params();
+};
+
+class ProxyEngine {
+ public:
+  // `rank`/`ranks`: this rank and the world size. The fabric and router must outlive the
+  // engine. Throws proxyep::Error("proxy.engine") for bad options.
+  ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::SignalRouter& router,
+              EngineOptions options = EngineOptions::from_params());
+  ~ProxyEngine();
+  ProxyEngine(const ProxyEngine&) = delete;
+  ProxyEngine& operator=(const ProxyEngine&) = delete;
+
+  RegionTable& regions() { return shared_->regions; }
+  // Before start(): the engine becomes the ring's consumer (ring i goes to thread i mod T).
+  // `doorbell` is the one the ring's producers kick (may be null: then the thread polls the ring
+  // at least every proxy.idle_sleep_us when idle). Returns the ring's index.
+  size_t add_ring(gpu_side::Ring ring, const gpu_side::Doorbell* doorbell = nullptr);
+
+  void start();
+  // Stops and joins every thread. A thread stuck inside a provider call (e.g. spinning on a
+  // lock a dead peer held in shared memory) is given kStopTimeout, then reported (log and
+  // health) and detached: it and the engine state it uses are leaked, never destroyed, so
+  // stop() itself never hangs. Should it ever return from the provider, it touches the fabric
+  // and router once more: keep them alive in that case (the process is normally about to end).
+  void stop() noexcept;
+  static constexpr std::chrono::milliseconds kStopTimeout{3000};
+  bool running() const { return running_.load(std::memory_order_acquire); }
+
+  // Waits until every descriptor reserved in any ring before the call has completed locally.
+  // "Reserved" is the ring's host producer head: a GPU producer keeps its head in device memory
+  // (gpu_side/cuda), so descriptors it publishes are covered only once the proxy has popped
+  // them.
+  // Throws proxyep::Error: "proxy.quiet" on timeout (naming the rings and counts outstanding),
+  // or the engine's recorded failure (its phase, naming the peer).
+  void quiet(const Deadline& deadline);
+  // Waits until `ready()` holds; throws Error("proxy.wait", "<what> ...") on timeout, or the
+  // engine's failure.
+  void wait_until(const std::function<bool()>& ready, const Deadline& deadline,
+                  std::string_view what);
+  // The same, with the timeout message made when it happens (e.g. naming the peers whose
+  // signals are still missing).
+  void wait_until(const std::function<bool()>& ready, const Deadline& deadline,
+                  const std::function<std::string()>& describe_timeout);
+  // Waits for a counter flag of the ordering layer (CounterBank::ready(epoch, key)).
+  void wait_flag(const control::CounterBank& bank, uint64_t epoch, uint32_t key,
+                 const Deadline& deadline, std::string_view what);
+
+  const Health& health() const { return shared_->health; }
+  void kick() const;
+  int threads() const { return static_cast<int>(threads_.size()); }
+  std::vector<ThreadPlan> plans() const { return plans_; }
+  // Kernel thread ids of the running proxy threads (0 until a thread has started).
+  std::vector<pid_t> thread_ids() const;
+  ThreadStats stats() const;  // summed over threads
+  ThreadStats thread_stats(int thread) const {
+    return threads_.at(static_cast<size_t>(thread))->stats();
+  }
+
+ private:
+  class WaiterScope;
+  template <typename Ready>
+  void wait(Ready&& ready, const Deadline& deadline, std::string_view phase,
+            const std::function<std::string()>& describe_timeout);
+  std::string stuck_threads(const std::vector<uint64_t>& passes_before) const;
+
+  fabric::Fabric& fabric_;
+  control::SignalRouter& router_;
+  EngineOptions options_;
+  // What the proxy threads reference, on the heap so that a thread stop() had to abandon keeps
+  // valid memory: the destructor leaks it then (the fabric and router are the caller's).
+  struct Shared {
+    Shared(int ranks, int rails) : regions(ranks, rails) {}
+    RegionTable regions;
+    Health health;
+    std::atomic<int> waiters{0};
+    WaitNotifier notifier;
+  };
+  std::unique_ptr<Shared> shared_;
+  std::vector<ThreadPlan> plans_;
+  std::vector<std::unique_ptr<ProxyThread>> threads_;
+  struct RingRef {
+    size_t thread = 0;
+    size_t lane = 0;
+  };
+  std::vector<RingRef> rings_;
+  std::vector<bool> abandoned_;       // per thread: detached by stop(), leaked by the destructor
+  std::atomic<bool> running_{false};  // release by start()/stop(), acquire by waits
+  bool stopped_ = false;
+};
+
+}  // namespace proxyep::proxy

@@ -1,0 +1,223 @@
+// A proxy thread's lifecycle, its loop, idling and health checks. The data path (completions,
+// descriptors -> writes, backlog, retirement) is in proxy_thread_data.cpp; design in the header.
+#include "proxy/proxy_thread.hpp"
+
+#include "common/log.hpp"
+#include "common/topology.hpp"
+#include "gpu_side/backoff.hpp"
+
+#include <fmt/format.h>
+#include <poll.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+namespace proxyep::proxy {
+namespace {
+
+constexpr uint64_t kHealthCheckPasses = 256;
+constexpr int kCompletionBatch = 64;
+
+bool is_power_of_two(uint64_t value) {
+  return value != 0 && (value & (value - 1)) == 0;
+}
+
+}  // namespace
+
+ProxyThread::ProxyThread(ThreadConfig config, fabric::Fabric& fabric, const RegionTable& regions,
+                         control::SignalRouter& router, Health& health,
+                         const std::atomic<int>& waiters, WaitNotifier& notifier)
+    : config_(std::move(config)),
+      fabric_(fabric),
+      regions_(regions),
+      router_(router),
+      health_(health),
+      waiters_(waiters),
+      notifier_(notifier),
+      credits_(config_.ranks, config_.credits),
+      backlog_(config_.ranks),
+      idle_(config_.idle),
+      last_progress_(static_cast<size_t>(config_.ranks)),
+      dead_(static_cast<size_t>(config_.ranks), false),
+      burst_(std::max<uint32_t>(config_.burst, 1)),
+      completions_(kCompletionBatch) {
+  require(!config_.rails.empty(), "proxy.thread", "proxy thread {} has no rail", config_.index);
+  require(is_power_of_two(config_.lane_window), "proxy.thread",
+          "the ring window must be a power of two (got {})", config_.lane_window);
+  ready_.reserve(burst_.size());
+}
+
+ProxyThread::~ProxyThread() {
+  request_stop();
+  join();
+}
+
+size_t ProxyThread::add_ring(gpu_side::Ring ring, const gpu_side::Doorbell* doorbell,
+                             uint32_t window) {
+  require(!thread_.joinable(), "proxy.thread", "rings must be added before the thread starts");
+  require(lanes_.size() < (size_t{1} << (64 - kCookiePositionBits)), "proxy.thread",
+          "too many rings on one thread");
+  lanes_.push_back(std::make_unique<RingLane>(ring, doorbell, window));
+  return lanes_.size() - 1;
+}
+
+void ProxyThread::start() {
+  require(!thread_.joinable(), "proxy.thread", "proxy thread {} started twice", config_.index);
+  thread_ = std::thread([this] { run(); });
+}
+
+void ProxyThread::request_stop() {
+  stop_.store(true, std::memory_order_release);  // pairs with the acquire in run()
+  kick();
+}
+
+void ProxyThread::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+bool ProxyThread::join_until(const Deadline& deadline) {
+  if (!thread_.joinable()) return true;
+  // acquire: pairs with the release store at the end of run().
+  while (!exited_.load(std::memory_order_acquire)) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  thread_.join();
+  return true;
+}
+
+void ProxyThread::abandon() {
+  if (thread_.joinable()) thread_.detach();
+}
+
+ThreadStats ProxyThread::stats() const {
+  auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
+  return {get(counters_.descriptors), get(counters_.posted),     get(counters_.completed),
+          get(counters_.remote),      get(counters_.backlogged), get(counters_.sleeps),
+          get(counters_.passes)};
+}
+
+void ProxyThread::fail(const char* phase, int peer, std::string message) {
+  health_.record(Failure{phase, peer, std::move(message)});
+}
+
+void ProxyThread::run() {
+  tid_.store(static_cast<pid_t>(::syscall(SYS_gettid)), std::memory_order_release);
+  if (!config_.pus.empty()) {
+    try {
+      if (!topology::pin_current_thread(config_.pus))
+        log::warn("proxy thread {}: could not pin to CPUs {}; running unpinned", config_.index,
+                  topology::format_cpu_list(config_.pus));
+    } catch (const Error& e) {
+      log::warn("proxy thread {}: pinning failed ({}); running unpinned", config_.index, e.what());
+    }
+  }
+  // The doorbells this thread sleeps on: its own (engine kicks) and each ring's.
+  poll_fds_.push_back({wake_.fd(), POLLIN, 0});
+  for (const auto& lane : lanes_)
+    if (lane->doorbell() != nullptr) poll_fds_.push_back({lane->doorbell()->fd(), POLLIN, 0});
+  auto now = Clock::now();
+  std::fill(last_progress_.begin(), last_progress_.end(), now);
+
+  // acquire: pairs with the release store in request_stop().
+  while (!stop_.load(std::memory_order_acquire)) {
+    bool worked = pass();
+    switch (idle_.after_pass(worked, keep_awake())) {
+      case IdlePolicy::Step::spin:
+        gpu_side::cpu_relax();
+        break;
+      case IdlePolicy::Step::yield:
+        sched_yield();
+        break;
+      case IdlePolicy::Step::sleep:
+        sleep();
+        check_health();
+        break;
+    }
+  }
+  exited_.store(true, std::memory_order_release);  // pairs with the acquire in join_until()
+}
+
+// Sleeping is for a thread with nothing to wait for: a waiter depends on completions only polling
+// finds, and writes in flight or waiting for credits complete only if their CQ is read
+// (manual-progress providers) and their credits come back.
+bool ProxyThread::keep_awake() const {
+  if (waiters_.load(std::memory_order_relaxed) > 0 || !backlog_.empty()) return true;
+  return counters_.posted.load(std::memory_order_relaxed) !=
+         counters_.completed.load(std::memory_order_relaxed);
+}
+
+bool ProxyThread::pass() {
+  bool worked = drain_completions();
+  if (!backlog_.empty()) worked |= post_backlog();
+  for (size_t lane = 0; lane < lanes_.size(); ++lane)
+    worked |= pop_and_post(lane);
+  counters_.passes.store(++passes_, std::memory_order_relaxed);
+  if (passes_ % kHealthCheckPasses == 0) check_health();
+  // Flags, retired cursors or the health changed: wake sleeping waiters to re-check. (Posting
+  // alone changes nothing a waiter can see.)
+  bool failed_now = !failure_notified_ && health_.failed();
+  if (progressed_ || failed_now) notifier_.notify();
+  failure_notified_ = failure_notified_ || failed_now;
+  progressed_ = false;
+  return worked;
+}
+
+void ProxyThread::check_health() {
+  const auto now = Clock::now();
+  for (int dst = 0; dst < config_.ranks; ++dst) {
+    const auto& window = credits_.at(dst);
+    if (dead_[static_cast<size_t>(dst)] || (window.idle() && !backlog_.has(dst))) continue;
+    auto stalled = now - last_progress_[static_cast<size_t>(dst)];
+    if (stalled < config_.peer_timeout) continue;
+    size_t waiting = backlog_.queue(dst).size();
+    fail("proxy.peer_timeout", dst,
+         fmt::format("rank {}: rank {} made no progress for {} ms: {} writes ({} bytes) in flight "
+                     "to it never completed, {} more waiting; is rank {} alive?",
+                     config_.rank, dst,
+                     std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count(),
+                     window.writes_in_flight(), window.bytes_in_flight(), waiting, dst));
+    dead_[static_cast<size_t>(dst)] = true;
+    backlog_.drop(dst, [this](const PendingWrite& write) { finish_cookie(write.op.cookie); });
+  }
+  for (size_t i = 0; i < lanes_.size(); ++i)
+    if (lanes_[i]->consumer().health() != Status::ok)
+      fail("proxy.ring", -1,
+           fmt::format("rank {}: a producer of ring {} (proxy thread {}) died owing a reserved "
+                       "slot; descriptors behind position {} are stuck",
+                       config_.rank, i, config_.index, lanes_[i]->popped()));
+}
+
+// Blocks until a doorbell rings or idle.sleep_us passes. Every ring is told first (the Dekker
+// handshake in gpu_side/doorbell.hpp), so a producer that publishes after the announcement
+// kicks, and one that published before it makes announce_sleep() refuse.
+void ProxyThread::sleep() {
+  size_t announced = 0;
+  bool empty = true;
+  for (; announced < lanes_.size(); ++announced) {
+    if (!lanes_[announced]->consumer().announce_sleep()) {
+      empty = false;
+      break;
+    }
+  }
+  if (empty && !stop_.load(std::memory_order_acquire)) {
+    for (auto& fd : poll_fds_)
+      fd.revents = 0;
+    timespec ts{static_cast<time_t>(config_.idle.sleep_us / 1000000),
+                static_cast<long>(config_.idle.sleep_us % 1000000) * 1000};
+    if (::ppoll(poll_fds_.data(), poll_fds_.size(), &ts, nullptr) > 0) {
+      for (const auto& fd : poll_fds_) {
+        uint64_t count = 0;
+        if (fd.revents & POLLIN) (void)!::read(fd.fd, &count, sizeof(count));  // consume kicks
+      }
+    }
+    bump(counters_.sleeps);
+  }
+  for (size_t i = 0; i < announced; ++i)
+    lanes_[i]->consumer().end_sleep();
+}
+
+}  // namespace proxyep::proxy

@@ -1,0 +1,177 @@
+// ProxyThread: one thread that drains descriptor rings into RMA writes on the fabric rails it
+// owns. It owns those rails exclusively (the domain is FI_THREAD_DOMAIN: no other thread may
+// touch them, Fabric::progress() included, while the thread runs).
+//
+// Each pass (NCCL's progress loop shape, one step per concern):
+//   1. completions: read every rail's CQ. A local completion returns its credits and finishes
+//      its ring position (RingLane retires positions in order); a remote completion (an incoming
+//      write landed) goes to the ordering layer's SignalRouter (counters, sequence windows,
+//      credits), which any number of proxy threads may call at once.
+//   2. backlog: post writes that were waiting for credits or for the provider, oldest first.
+//   3. rings: pop a burst from each ring, decode and validate every descriptor, translate it
+//      through the RegionTable, take credits, and post the burst with FI_MORE on all but the last
+//      write per rail. A write that cannot go now waits in the backlog, never back in the ring.
+//   4. every few hundred passes (and after each sleep): peer timeouts and ring health.
+// Then the IdlePolicy decides: spin, yield, or sleep until a ring's doorbell or the engine kicks.
+//
+// Errors never stop the thread and never crash it: they are recorded in the engine's Health
+// (phase + peer + message) and every waiter sees them. A destination declared failed (no
+// progress within peer_timeout) gets no more writes: its backlog and later descriptors are
+// dropped (their ring positions finish so the thread does not stall on them).
+//
+// Cross-thread state and memory orders:
+// - stop_: release store by request_stop(), acquire load at the top of each pass.
+// - tid_: release store by the thread once running, acquire load by tid() (CPU accounting).
+// - exited_: release store as run() returns, acquire load by join_until(): a bounded stop.
+// - waiters (engine-owned): relaxed loads; it only decides how deep to idle, and a waiter also
+//   kicks the thread's doorbell, whose eventfd write/read orders everything that matters.
+// - stats counters: written by this thread only, relaxed; read relaxed by anyone (monitoring).
+// - RingLane::retired (ring_lane.hpp), Health (health.hpp) and the WaitNotifier that wakes
+//   sleeping waiters after a pass that routed a completion, finished a position or saw the
+//   first failure (wait_notifier.hpp) carry their own pairings.
+// - A CQ error fails a write that then never returns its credits: its destination stalls and
+//   the peer timeout names it as well; the thread also stops sleeping (writes in flight).
+#pragma once
+
+#include "common/deadline.hpp"
+#include "control/signal_router.hpp"
+#include "fabric/fabric.hpp"
+#include "gpu_side/doorbell.hpp"
+#include "gpu_side/ring.hpp"
+#include "proxy/backlog.hpp"
+#include "proxy/credit_window.hpp"
+#include "proxy/health.hpp"
+#include "proxy/idle_policy.hpp"
+#include "proxy/region_table.hpp"
+#include "proxy/ring_lane.hpp"
+#include "proxy/wait_notifier.hpp"
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+struct pollfd;
+
+namespace proxyep::proxy {
+
+struct ThreadConfig {
+  int index = 0;                // thread number within the engine
+  int rank = 0;                 // this rank
+  int ranks = 1;                // world size
+  std::vector<int> rails;       // fabric rail indices this thread owns
+  std::vector<int> pus;         // pin to these CPUs; empty = unpinned
+  uint32_t burst = 32;          // descriptors popped per ring per pass
+  uint32_t lane_window = 4096;  // unfinished descriptors per ring (power of two)
+  IdleOptions idle;
+  CreditLimits credits;
+  std::chrono::milliseconds peer_timeout{30000};
+};
+
+struct ThreadStats {
+  uint64_t descriptors = 0;  // popped from rings
+  uint64_t posted = 0;       // writes accepted by the provider
+  uint64_t completed = 0;    // local completions
+  uint64_t remote = 0;       // remote completions routed
+  uint64_t backlogged = 0;   // writes that had to wait in the backlog
+  uint64_t sleeps = 0;       // times the thread blocked on its doorbells
+  uint64_t passes = 0;       // loop passes: a heartbeat (a thread stuck in the provider stops)
+};
+
+class ProxyThread {
+ public:
+  ProxyThread(ThreadConfig config, fabric::Fabric& fabric, const RegionTable& regions,
+              control::SignalRouter& router, Health& health, const std::atomic<int>& waiters,
+              WaitNotifier& notifier);
+  ~ProxyThread();  // joins
+  ProxyThread(const ProxyThread&) = delete;
+  ProxyThread& operator=(const ProxyThread&) = delete;
+
+  // Before start(): this thread becomes the ring's consumer. Returns the lane index.
+  size_t add_ring(gpu_side::Ring ring, const gpu_side::Doorbell* doorbell, uint32_t window);
+  void start();
+  void request_stop();
+  void join();
+  // Joins once the thread has left its loop, waiting until `deadline`; false when it has not (it
+  // is stuck inside a provider call, e.g. on a lock a dead peer held in shared memory).
+  bool join_until(const Deadline& deadline);
+  // Gives up on a stuck thread: detaches it. The object must then be leaked, never destroyed.
+  void abandon();
+  // Wakes the thread if it sleeps (any thread).
+  void kick() const noexcept { wake_.kick(); }
+
+  size_t lanes() const { return lanes_.size(); }
+  const RingLane& lane(size_t index) const { return *lanes_[index]; }
+  pid_t tid() const { return tid_.load(std::memory_order_acquire); }
+  ThreadStats stats() const;
+  const ThreadConfig& config() const { return config_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Counters {
+    std::atomic<uint64_t> descriptors{0}, posted{0}, completed{0}, remote{0}, backlogged{0},
+        sleeps{0}, passes{0};
+  };
+
+  void run();
+  bool pass();
+  bool keep_awake() const;
+  bool drain_completions();
+  void on_local_completion(const fabric::Completion& completion);
+  bool post_backlog();
+  bool pop_and_post(size_t lane_index);
+  void admit(size_t lane_index, uint64_t position, const gpu_side::WireDescriptor& wire);
+  void post_ready();
+  void finish_unposted(const PendingWrite& write, const std::string& why);
+  void finish(size_t lane, uint64_t position);
+  void finish_cookie(uint64_t cookie);
+  void check_health();
+  void sleep();
+  void fail(const char* phase, int peer, std::string message);
+  void touch(int dst, Clock::time_point now) { last_progress_[static_cast<size_t>(dst)] = now; }
+  static void bump(std::atomic<uint64_t>& counter, uint64_t by = 1) {
+    counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+  }
+
+  ThreadConfig config_;
+  fabric::Fabric& fabric_;
+  const RegionTable& regions_;
+  control::SignalRouter& router_;
+  Health& health_;
+  const std::atomic<int>& waiters_;
+  WaitNotifier& notifier_;
+  gpu_side::Doorbell wake_;  // engine kicks: stop, waiters
+
+  std::vector<std::unique_ptr<RingLane>> lanes_;
+  CreditWindows credits_;
+  Backlog backlog_;
+  IdlePolicy idle_;
+  std::vector<Clock::time_point> last_progress_;  // per destination: last completion or start
+  std::vector<bool> dead_;                        // destinations declared failed
+  std::vector<gpu_side::WireDescriptor> burst_;
+  std::vector<PendingWrite> ready_;
+  std::vector<fabric::Completion> completions_;
+  std::vector<pollfd> poll_fds_;
+  uint64_t passes_ = 0;
+  bool progressed_ = false;        // this pass routed a completion or finished a position
+  bool failure_notified_ = false;  // waiters were woken for the recorded failure
+  size_t next_rail_ = 0;
+
+  Counters counters_;
+  std::atomic<bool> stop_{false};    // release by request_stop(), acquire in run()
+  std::atomic<pid_t> tid_{0};        // release by run(), acquire by tid()
+  std::atomic<bool> exited_{false};  // release when run() returns, acquire in join_until()
+  std::thread thread_;
+};
+
+// Cookie of a posted write: lane index and ring position, so a local completion finds its entry.
+constexpr uint64_t kCookiePositionBits = 48;
+constexpr uint64_t make_cookie(size_t lane, uint64_t position) {
+  return (static_cast<uint64_t>(lane) << kCookiePositionBits) |
+         (position & ((uint64_t{1} << kCookiePositionBits) - 1));
+}
+
+}  // namespace proxyep::proxy

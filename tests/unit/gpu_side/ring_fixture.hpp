@@ -1,0 +1,110 @@
+// Shared pieces of the gpu_side tests: a ring in its own memory, recognisable descriptors, and a
+// checker that every descriptor arrives exactly once, intact, in each producer's order.
+#pragma once
+
+#include "common/deadline.hpp"
+#include "gpu_side/descriptor.hpp"
+#include "gpu_side/ring.hpp"
+#include "gpu_side/ring_memory.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <span>
+#include <thread>
+#include <vector>
+
+namespace proxyep::gpu_side::testing {
+
+struct HeapRing {
+  explicit HeapRing(uint64_t capacity)
+      : memory(RingMemory::heap(Ring::bytes_for(capacity))),
+        ring(Ring::create(memory.bytes(), capacity)) {}
+  RingMemory memory;
+  Ring ring;
+};
+
+// Descriptor `index` of producer `producer`: every field derived from both, offsets past 4 GiB,
+// ranks past 1023, and a cookie that names it.
+inline Descriptor make_descriptor(uint32_t producer, uint64_t index) {
+  Descriptor d;
+  d.op = index % 5 == 4 ? Op::signal : Op::write_imm;
+  d.flags = (index & 1) != 0 ? kFlagMore : uint16_t{0};
+  d.dst_rank = 1000 + producer * 7 + static_cast<uint32_t>(index % 100);
+  d.local_region = producer;
+  d.remote_region = static_cast<uint32_t>(index * 3);
+  d.src_offset = (uint64_t{6} << 30) + index * 4096;
+  d.dst_offset = (uint64_t{9} << 32) + index * 8192 + producer;
+  d.length = d.op == Op::signal ? 0 : 1 + index % 65536;
+  d.cookie = (uint64_t{producer} << 40) | index;
+  d.imm = static_cast<uint32_t>(index * 2654435761u) ^ producer;
+  return d;
+}
+
+inline bool same(const Descriptor& a, const Descriptor& b) {
+  return a.op == b.op && a.flags == b.flags && a.dst_rank == b.dst_rank &&
+         a.local_region == b.local_region && a.remote_region == b.remote_region &&
+         a.src_offset == b.src_offset && a.dst_offset == b.dst_offset && a.length == b.length &&
+         a.cookie == b.cookie && a.imm == b.imm;
+}
+
+// Checks popped slots: each decodes, is the next one of its producer, and equals what that
+// producer pushed. Nops (owed positions) are counted apart. Counts failures instead of asserting
+// per descriptor so a million checks stay fast; the test asserts the totals.
+class ArrivalChecker {
+ public:
+  explicit ArrivalChecker(uint32_t producers) : next_(producers, 0) {}
+
+  void check(std::span<const WireDescriptor> slots) {
+    for (const WireDescriptor& slot : slots) {
+      Descriptor d;
+      if (decode(slot, d) != DecodeResult::ok) {
+        ++corrupt_;
+        continue;
+      }
+      if (d.op == Op::nop) {
+        ++nops_;
+        continue;
+      }
+      const auto producer = static_cast<uint32_t>(d.cookie >> 40);
+      const uint64_t index = d.cookie & ((uint64_t{1} << 40) - 1);
+      if (producer >= next_.size() || index != next_[producer] ||
+          !same(d, make_descriptor(producer, index))) {
+        ++wrong_;
+        continue;
+      }
+      ++next_[producer];
+      ++received_;
+    }
+  }
+
+  uint64_t received() const { return received_; }
+  uint64_t corrupt() const { return corrupt_; }
+  uint64_t wrong() const { return wrong_; }
+  uint64_t nops() const { return nops_; }
+  uint64_t next(uint32_t producer) const { return next_[producer]; }
+
+ private:
+  std::vector<uint64_t> next_;
+  uint64_t received_ = 0, corrupt_ = 0, wrong_ = 0, nops_ = 0;
+};
+
+// Pops into `checker` until it has `total` descriptors or `deadline` passes; false on timeout.
+inline bool drain(RingConsumer& consumer, ArrivalChecker& checker, uint64_t total,
+                  const Deadline& deadline, size_t burst = 32) {
+  std::vector<WireDescriptor> buffer(burst);
+  uint32_t idle = 0;
+  while (checker.received() < total) {
+    size_t n = consumer.pop_burst(buffer);
+    if (n != 0) {
+      checker.check(std::span(buffer).first(n));
+      idle = 0;
+      continue;
+    }
+    if (++idle % 256 == 0 && deadline.expired()) return false;
+    std::this_thread::yield();
+  }
+  return true;
+}
+
+}  // namespace proxyep::gpu_side::testing

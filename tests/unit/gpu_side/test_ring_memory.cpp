@@ -1,0 +1,113 @@
+// Ring memory: heap, and a memfd mapped twice (two mappings in one process, and a forked child
+// producer that maps the fd anew and kicks the parent through a shared eventfd).
+#include "gpu_side/doorbell.hpp"
+#include "gpu_side/ring_memory.hpp"
+#include "tests/unit/gpu_side/ring_fixture.hpp"
+
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+using namespace proxyep;
+using namespace proxyep::gpu_side;
+using namespace proxyep::gpu_side::testing;
+using namespace std::chrono_literals;
+
+TEST_CASE("heap ring memory is page-aligned, zeroed and movable") {
+  auto memory = RingMemory::heap(1000);
+  CHECK(memory.size() == 4096);
+  CHECK(reinterpret_cast<uintptr_t>(memory.host()) % 4096 == 0);
+  CHECK(memory.kind() == RingMemory::Kind::heap);
+  CHECK(memory.fd() == -1);
+  CHECK(memory.device() == nullptr);
+  for (std::byte b : memory.bytes())
+    REQUIRE(b == std::byte{0});
+  void* address = memory.host();
+  RingMemory moved = std::move(memory);
+  CHECK(moved.host() == address);
+  CHECK(memory.host() == nullptr);
+}
+
+TEST_CASE("a memfd ring mapped twice in one process: produce on one mapping, consume on other") {
+  constexpr uint64_t kCount = 200'000;
+  auto owner = RingMemory::memfd(Ring::bytes_for(128), "proxyep-test-ring");
+  REQUIRE(owner.fd() >= 0);
+  Ring ring = Ring::create(owner.bytes(), 128);
+  auto second = RingMemory::map_fd(owner.fd());
+  CHECK(second.host() != owner.host());
+  CHECK(second.fd() != owner.fd());
+  Ring other = Ring::attach(second.bytes());
+  REQUIRE(other.capacity() == 128);
+  Doorbell bell;
+  std::atomic<bool> producer_ok{true};
+  std::thread producer_thread([&] {
+    RingProducer producer(other, {.doorbell = &bell});
+    for (uint64_t i = 0; i < kCount; ++i)
+      if (producer.push(make_descriptor(0, i), Deadline(20s)) != Status::ok) {
+        producer_ok = false;
+        return;
+      }
+  });
+  RingConsumer consumer(ring);
+  RingWaiter waiter(consumer, &bell);
+  ArrivalChecker checker(1);
+  std::vector<WireDescriptor> out(32);
+  const Deadline deadline(30s);
+  while (checker.received() < kCount && producer_ok) {
+    if (waiter.wait(deadline) != Status::ok) break;
+    checker.check(std::span(out).first(consumer.pop_burst(out)));
+  }
+  producer_thread.join();
+  CHECK(producer_ok);
+  CHECK(checker.received() == kCount);
+  CHECK(checker.corrupt() == 0);
+  CHECK(checker.wrong() == 0);
+}
+
+TEST_CASE("a forked child maps the memfd and produces; the parent consumes, woken by eventfd") {
+  constexpr uint64_t kCount = 50'000;
+  auto memory = RingMemory::memfd(Ring::bytes_for(64), "proxyep-test-fork");
+  Ring ring = Ring::create(memory.bytes(), 64);
+  Doorbell bell;
+  const int fd = memory.fd();
+  std::fflush(nullptr);  // or the child's exit may flush our buffered output a second time
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    // Child: a fresh mapping of the fd (as the proxy daemon's client would make), then produce.
+    int code = 0;
+    try {
+      auto mapping = RingMemory::map_fd(fd);
+      RingProducer producer(Ring::attach(mapping.bytes()), {.doorbell = &bell});
+      for (uint64_t i = 0; i < kCount && code == 0; ++i)
+        if (producer.push(make_descriptor(7, i), Deadline(20s)) != Status::ok) code = 3;
+    } catch (...) {
+      code = 2;
+    }
+    ::_exit(code);
+  }
+  RingConsumer consumer(ring);
+  RingWaiter waiter(consumer, &bell);
+  ArrivalChecker checker(8);
+  std::vector<WireDescriptor> out(32);
+  const Deadline deadline(30s);
+  while (checker.received() < kCount) {
+    if (waiter.wait(deadline) != Status::ok) break;
+    checker.check(std::span(out).first(consumer.pop_burst(out)));
+  }
+  int status = -1;
+  const Deadline reap(10s);
+  while (::waitpid(child, &status, WNOHANG) == 0 && !reap.expired())
+    std::this_thread::sleep_for(1ms);
+  if (reap.expired()) ::kill(child, SIGKILL), ::waitpid(child, &status, 0);
+  CHECK(checker.received() == kCount);
+  CHECK(checker.next(7) == kCount);
+  CHECK(checker.corrupt() == 0);
+  CHECK(checker.wrong() == 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}

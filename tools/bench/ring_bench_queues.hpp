@@ -1,0 +1,112 @@
+// The two queues of `proxyep bench ring` behind one shape, so every measurement runs the same
+// code over both: Queue(capacity, producers), Queue::Producer(queue, id).try_push(descriptor),
+// Queue::Consumer(queue).pop(span). Both producers encode (check word included) and both
+// consumers receive 64-byte WireDescriptors, which the benchmark decodes.
+#pragma once
+
+#include "gpu_side/descriptor.hpp"
+#include "gpu_side/ring.hpp"
+#include "gpu_side/ring_memory.hpp"
+
+#include <concurrentqueue/concurrentqueue.h>
+
+#include <span>
+#include <vector>
+
+namespace proxyep::tools::ring_bench {
+
+class RingQueue {
+ public:
+  static constexpr const char* kName = "ring";
+
+  RingQueue(uint64_t capacity, int /*producers*/)
+      : memory_(gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(capacity))),
+        ring_(gpu_side::Ring::create(memory_.bytes(), capacity)) {}
+
+  class Producer {
+   public:
+    Producer(RingQueue& queue, int /*id*/) : producer_(queue.ring_) {}
+    bool try_push(const gpu_side::Descriptor& d) { return producer_.try_push(d) == Status::ok; }
+    // Pushes a prefix of `batch` with one reservation; returns how many.
+    size_t try_push_burst(std::span<const gpu_side::Descriptor> batch) {
+      size_t pushed = 0;
+      (void)producer_.try_push_burst(batch,
+                                     pushed);  // again: 0 pushed; no timeout with a live consumer
+      return pushed;
+    }
+
+   private:
+    gpu_side::RingProducer producer_;
+  };
+
+  class Consumer {
+   public:
+    explicit Consumer(RingQueue& queue) : consumer_(queue.ring_) {}
+    size_t pop(std::span<gpu_side::WireDescriptor> out) { return consumer_.pop_burst(out); }
+
+   private:
+    gpu_side::RingConsumer consumer_;
+  };
+
+ private:
+  gpu_side::RingMemory memory_;
+  gpu_side::Ring ring_;
+};
+
+// moodycamel::ConcurrentQueue used at its best: explicit producer and consumer tokens, bulk
+// dequeue, memory preallocated for `capacity` elements per producer. Producers use enqueue(),
+// which allocates another block when the preallocated ones are taken: try_enqueue() (no
+// allocation) is not usable with several producers, because an explicit producer keeps every
+// block it ever took, so a fast one can take the whole pool and starve the others for good.
+// Unlike the ring, the queue is therefore unbounded.
+class MoodycamelQueue {
+ public:
+  static constexpr const char* kName = "moodycamel";
+  using Queue = moodycamel::ConcurrentQueue<gpu_side::WireDescriptor>;
+
+  MoodycamelQueue(uint64_t capacity, int producers)
+      : queue_(capacity, static_cast<size_t>(producers), 0) {}
+
+  class Producer {
+   public:
+    Producer(MoodycamelQueue& queue, int /*id*/) : queue_(queue.queue_), token_(queue.queue_) {}
+    bool try_push(const gpu_side::Descriptor& d) {
+      // The same image the ring publishes; the sequence word is the producer's own count.
+      if (!queue_.enqueue(token_, gpu_side::encode(d, sequence_ + 1))) return false;
+      ++sequence_;
+      return true;
+    }
+    // Encodes `batch` and enqueues it with one enqueue_bulk; all or nothing.
+    size_t try_push_burst(std::span<const gpu_side::Descriptor> batch) {
+      images_.resize(batch.size());
+      for (size_t i = 0; i < batch.size(); ++i)
+        images_[i] = gpu_side::encode(batch[i], sequence_ + 1 + i);
+      if (!queue_.enqueue_bulk(token_, images_.data(), images_.size())) return 0;
+      sequence_ += batch.size();
+      return batch.size();
+    }
+
+   private:
+    Queue& queue_;
+    moodycamel::ProducerToken token_;
+    uint64_t sequence_ = 0;
+    std::vector<gpu_side::WireDescriptor> images_;
+  };
+
+  class Consumer {
+   public:
+    explicit Consumer(MoodycamelQueue& queue) : queue_(queue.queue_), token_(queue.queue_) {}
+    size_t pop(std::span<gpu_side::WireDescriptor> out) {
+      return queue_.try_dequeue_bulk(token_, out.data(), out.size());
+    }
+
+   private:
+    Queue& queue_;
+    moodycamel::ConsumerToken token_;
+  };
+
+ private:
+  Queue queue_;
+};
+
+}  // namespace proxyep::tools::ring_bench
