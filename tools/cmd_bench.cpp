@@ -7,6 +7,7 @@
 #include "fabric/fabric.hpp"
 #include "tools/bench/fabric_bench.hpp"
 #include "tools/bench/proxy_bench.hpp"
+#include "tools/bench/rank_setup.hpp"
 #include "tools/bench/ring_bench.hpp"
 #include "tools/commands.hpp"
 #include "tools/self_launch.hpp"
@@ -17,40 +18,21 @@ namespace proxyep::tools {
 namespace {
 
 struct FabricBenchCli {
-  std::string provider;
-  int rails = 0;
-  bool reorder = false;
-  bool json = false;
+  FabricCli fabric;
   FabricBenchOptions bench;
 };
 
 int run_fabric_bench_rank(const FabricBenchCli& cli) {
-  if (!cli.provider.empty())
-    params::fabric_provider.set(cli.provider, config::Source::command_line);
-  if (cli.rails > 0) params::fabric_rails.set(cli.rails, config::Source::command_line);
-  if (cli.reorder) params::fabric_reorder.set(true, config::Source::command_line);
-  auto bootstrap = control::Bootstrap::from_environment();
-  auto fabric = fabric::Fabric::open(fabric::FabricOptions::from_params(bootstrap->rank()));
-  bootstrap->set_progress([&fabric] { fabric->progress(); });
-  fabric->connect(bootstrap->allgather(fabric->addresses(), "bench.fabric(addresses)"));
-  auto results = run_fabric_bench(*bootstrap, *fabric, cli.bench);
-  if (bootstrap->rank() != 0) return 0;
-  results["reorder"] = params::fabric_reorder.get();
-  results["requested_provider"] = params::fabric_provider.get();
-  if (cli.json)
-    fmt::print("{}\n", results.dump(2));
-  else
-    print_fabric_bench(results);
-  return 0;
+  auto rank = connect_rank(cli.fabric, "bench.fabric");
+  auto results = run_fabric_bench(*rank.bootstrap, *rank.fabric, cli.bench);
+  return report_results(cli.fabric, rank.bootstrap->rank(), std::move(results), print_fabric_bench);
 }
 
 void register_bench_fabric(CLI::App& bench, Action& action) {
   auto cli = std::make_shared<FabricBenchCli>();
   auto* cmd = bench.add_subcommand(
       "fabric", "RMA write-with-immediate bandwidth and latency between 2 ranks (size sweep)");
-  cmd->add_option("--provider", cli->provider, "libfabric provider (shm, tcp, efa, ...)");
-  cmd->add_option("--rails", cli->rails, "NICs (endpoints) per rank; writes stripe over them");
-  cmd->add_flag("--reorder", cli->reorder, "run through the reorder shim (EFA SRD semantics)");
+  add_fabric_cli_options(*cmd, cli->fabric, /*with_rails=*/true);
   cmd->add_option("--sizes", cli->bench.sizes, "write sizes in bytes (default 4 KiB..1 MiB)");
   cmd->add_option("--window", cli->bench.window, "writes in flight")->capture_default_str();
   cmd->add_option("--reps", cli->bench.reps, "timed bandwidth repetitions per size")
@@ -61,7 +43,6 @@ void register_bench_fabric(CLI::App& bench, Action& action) {
       ->capture_default_str();
   cmd->add_option("--timeout-ms", cli->bench.timeout_ms, "deadline of every wait")
       ->capture_default_str();
-  cmd->add_flag("--json", cli->json, "print one JSON document (rank 0) on stdout");
   cmd->callback([cli, &action] {
     action = [cli] {
       if (!self_launch::under_launcher()) return self_launch::relaunch_as_ranks(2, 2);

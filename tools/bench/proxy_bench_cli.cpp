@@ -4,6 +4,7 @@
 #include "control/bootstrap.hpp"
 #include "fabric/fabric.hpp"
 #include "tools/bench/proxy_bench.hpp"
+#include "tools/bench/rank_setup.hpp"
 #include "tools/self_launch.hpp"
 
 #include <fmt/format.h>
@@ -14,30 +15,15 @@ namespace proxyep::tools {
 namespace {
 
 struct ProxyBenchCli {
-  std::string provider;
-  bool reorder = false;
-  bool json = false;
+  FabricCli fabric;
   ProxyBenchOptions bench;
 };
 
 int run_rank(const ProxyBenchCli& cli) {
-  if (!cli.provider.empty())
-    params::fabric_provider.set(cli.provider, config::Source::command_line);
-  if (cli.reorder) params::fabric_reorder.set(true, config::Source::command_line);
-  auto bootstrap = control::Bootstrap::from_environment();
-  auto fabric = fabric::Fabric::open(fabric::FabricOptions::from_params(bootstrap->rank()));
-  bootstrap->set_progress([&fabric] { fabric->progress(); });
-  fabric->connect(bootstrap->allgather(fabric->addresses(), "bench.proxy(addresses)"));
-  auto results = run_proxy_bench(*bootstrap, *fabric, cli.bench);
-  bootstrap->set_progress({});
-  if (bootstrap->rank() != 0) return 0;
-  results["reorder"] = params::fabric_reorder.get();
-  results["requested_provider"] = params::fabric_provider.get();
-  if (cli.json)
-    fmt::print("{}\n", results.dump(2));
-  else
-    print_proxy_bench(results);
-  return 0;
+  auto rank = connect_rank(cli.fabric, "bench.proxy");
+  auto results = run_proxy_bench(*rank.bootstrap, *rank.fabric, cli.bench);
+  rank.bootstrap->set_progress({});
+  return report_results(cli.fabric, rank.bootstrap->rank(), std::move(results), print_proxy_bench);
 }
 
 }  // namespace
@@ -48,8 +34,7 @@ void register_bench_proxy(CLI::App& bench, Action& action) {
       "proxy",
       "descriptor-to-remote-flag latency and descriptors/s through the proxy threads, "
       "against the raw fabric ping-pong of the same size (2 ranks)");
-  cmd->add_option("--provider", cli->provider, "libfabric provider (shm, tcp, efa, ...)");
-  cmd->add_flag("--reorder", cli->reorder, "run through the reorder shim (EFA SRD semantics)");
+  add_fabric_cli_options(*cmd, cli->fabric, /*with_rails=*/false);
   cmd->add_option("--size", cli->bench.size, "bytes per write")->capture_default_str();
   cmd->add_option("--runs", cli->bench.runs, "repetitions of raw + proxy (medians over them)")
       ->capture_default_str();
@@ -64,7 +49,6 @@ void register_bench_proxy(CLI::App& bench, Action& action) {
       ->capture_default_str();
   cmd->add_option("--timeout-ms", cli->bench.timeout_ms, "deadline of every wait")
       ->capture_default_str();
-  cmd->add_flag("--json", cli->json, "print one JSON document (rank 0) on stdout");
   cmd->callback([cli, &action] {
     action = [cli] {
       if (!self_launch::under_launcher()) return self_launch::relaunch_as_ranks(2, 2);

@@ -1,0 +1,42 @@
+#include "tools/bench/rank_setup.hpp"
+
+#include "common/params.hpp"
+
+#include <fmt/format.h>
+
+namespace proxyep::tools {
+
+void add_fabric_cli_options(CLI::App& cmd, FabricCli& cli, bool with_rails) {
+  cmd.add_option("--provider", cli.provider, "libfabric provider (shm, tcp, efa, ...)");
+  if (with_rails)
+    cmd.add_option("--rails", cli.rails, "NICs (endpoints) per rank; writes stripe over them");
+  cmd.add_flag("--reorder", cli.reorder, "run through the reorder shim (EFA SRD semantics)");
+  cmd.add_flag("--json", cli.json, "print one JSON document (rank 0) on stdout");
+}
+
+ConnectedRank connect_rank(const FabricCli& cli, const std::string& phase) {
+  if (!cli.provider.empty())
+    params::fabric_provider.set(cli.provider, config::Source::command_line);
+  if (cli.rails > 0) params::fabric_rails.set(cli.rails, config::Source::command_line);
+  if (cli.reorder) params::fabric_reorder.set(true, config::Source::command_line);
+  ConnectedRank rank;
+  rank.bootstrap = control::Bootstrap::from_environment();
+  rank.fabric = fabric::Fabric::open(fabric::FabricOptions::from_params(rank.bootstrap->rank()));
+  rank.bootstrap->set_progress([fabric = rank.fabric.get()] { fabric->progress(); });
+  rank.fabric->connect(rank.bootstrap->allgather(rank.fabric->addresses(), phase + "(addresses)"));
+  return rank;
+}
+
+int report_results(const FabricCli& cli, int rank, nlohmann::json results,
+                   const std::function<void(const nlohmann::json&)>& print) {
+  if (rank != 0) return 0;
+  results["reorder"] = params::fabric_reorder.get();
+  results["requested_provider"] = params::fabric_provider.get();
+  if (cli.json)
+    fmt::print("{}\n", results.dump(2));
+  else
+    print(results);
+  return 0;
+}
+
+}  // namespace proxyep::tools

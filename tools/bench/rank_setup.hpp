@@ -1,0 +1,42 @@
+// What every two-rank fabric benchmark does around its measurement: the shared command-line
+// options (provider, rails, reorder shim, --json), joining the ranks, opening and connecting the
+// fabric, and printing rank 0's results.
+#pragma once
+
+#include "control/bootstrap.hpp"
+#include "fabric/fabric.hpp"
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace proxyep::tools {
+
+struct FabricCli {
+  std::string provider;
+  int rails = 0;  // 0 = the fabric.rails parameter
+  bool reorder = false;
+  bool json = false;
+};
+
+// Adds --provider, --reorder, --json (and --rails when `with_rails`) to `cmd`.
+void add_fabric_cli_options(CLI::App& cmd, FabricCli& cli, bool with_rails);
+
+// One rank's bootstrap and connected fabric; the fabric is destroyed before the bootstrap.
+struct ConnectedRank {
+  std::unique_ptr<control::Bootstrap> bootstrap;
+  std::unique_ptr<fabric::Fabric> fabric;
+};
+
+// Applies the options to the parameter registry, joins the ranks, opens the fabric and exchanges
+// addresses; the bootstrap's waits drive the fabric's progress.
+ConnectedRank connect_rank(const FabricCli& cli, const std::string& phase);
+
+// Rank 0: adds the reorder/provider settings to `results` and prints them (JSON or `print`).
+int report_results(const FabricCli& cli, int rank, nlohmann::json results,
+                   const std::function<void(const nlohmann::json&)>& print);
+
+}  // namespace proxyep::tools
