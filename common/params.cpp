@@ -68,6 +68,15 @@ Param<int64_t> proxy_wait_spin_us{"proxy.wait_spin_us", -1,
     "a thread waiting on the proxy engine (flag, quiet) polls this long, yielding the core, "
     "before it sleeps until a proxy thread signals progress; -1 = 50 on hosts with 4 or more "
     "cores, 0 below (a polling waiter there steals the core its proxy needs)"};
+Param<int64_t> ep_timeout_ms{"ep.timeout_ms", 100000,
+    "a Buffer call (dispatch, combine, construction) waits this long for its peers before it "
+    "fails naming the ranks that did not arrive (DeepEP's CPU timeout is 100 s)"};
+Param<int64_t> ep_host_threads{"ep.host_threads", 0,
+    "threads of a rank's CPU executor (the CPU twins of the EP kernels), the calling thread "
+    "included; 0 = the cores of this host divided by the ranks on the node, at least 1, at most 8"};
+Param<int64_t> ep_chunk_bytes{"ep.chunk_bytes", 1 << 20,
+    "rows bound for another node leave in fabric writes of at most this many bytes, so the first "
+    "writes are on the wire while later rows are still being packed"};
 // clang-format on
 
 }  // namespace proxyep::params

@@ -40,4 +40,9 @@ extern Param<int64_t> proxy_credits_bytes;
 extern Param<int64_t> proxy_peer_timeout_ms;
 extern Param<int64_t> proxy_wait_spin_us;
 
+// ep.* : the Buffer (integrations/buffer.hpp)
+extern Param<int64_t> ep_timeout_ms;
+extern Param<int64_t> ep_host_threads;
+extern Param<int64_t> ep_chunk_bytes;
+
 }  // namespace proxyep::params

@@ -1,0 +1,29 @@
+// get_dispatch_layout (DEEPEP_COMPAT 1.4, 2.2), CPU twin: from topk_idx [N, K] (int64, -1 = no
+// selection) count tokens per rank (deduplicated), per node (deduplicated), per expert ((token,
+// expert) pairs) and mark is_token_in_rank. The per-token rule lives in layout_rules.hpp
+// (PROXYEP_HOST_DEVICE) and is shared with the CUDA kernel.
+#pragma once
+
+#include "gpu_side/ep/ep_shape.hpp"
+#include "gpu_side/ep/tensor.hpp"
+
+namespace proxyep::ep {
+
+class HostExecutor;
+
+struct DispatchLayout {
+  Tensor num_tokens_per_rank;       // i32 [R]
+  Tensor num_tokens_per_rdma_rank;  // i32 [nodes]; undefined (None) when R <= 8, like DeepEP
+  Tensor num_tokens_per_expert;     // i32 [E]
+  Tensor is_token_in_rank;          // bool [N, R]
+};
+
+// Checks topk_idx (host, int64, 2-D, contiguous, entries in [-1, E)) and the shape (E divisible
+// by R) and throws proxyep::Error("get_dispatch_layout", ...) naming the first bad entry.
+void validate_topk_idx(const TensorRef& topk_idx, const EpShape& shape, std::string_view phase);
+
+// `executor` may be null (runs on the calling thread).
+DispatchLayout compute_dispatch_layout(const TensorRef& topk_idx, const EpShape& shape,
+                                       HostExecutor* executor = nullptr);
+
+}  // namespace proxyep::ep

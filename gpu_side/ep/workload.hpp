@@ -1,0 +1,53 @@
+// Synthetic MoE inputs, reproducible from a seed: the same options give every process (tests,
+// `proxyep bench ep`, the MPI baseline program) the same tokens and routing for a rank, so each
+// rank generates its own inputs and any process can regenerate any rank's to check results.
+#pragma once
+
+#include "gpu_side/ep/ep_shape.hpp"
+#include "gpu_side/ep/tensor.hpp"
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace proxyep::ep {
+
+enum class Routing : uint8_t {
+  random,     // top-k of random scores: roughly uniform expert load
+  skewed,     // scores biased towards low expert ids (Zipf-like): hot experts and hot ranks
+  one_expert  // every token picks expert 0 only (other slots -1): everything to rank 0
+};
+Routing parse_routing(std::string_view name);  // "random" | "skewed" | "one-expert"; throws
+std::string_view routing_name(Routing routing);
+
+struct WorkloadOptions {
+  EpShape shape;
+  int num_tokens = 128;  // per rank, unless tokens_per_rank is given
+  std::vector<int> tokens_per_rank;  // optional override, one entry per rank (0 allowed)
+  int hidden = 7168;
+  int topk = 8;
+  Routing routing = Routing::random;
+  double drop_fraction = 0.0;  // share of top-k entries replaced by -1 (no selection)
+  bool fp8 = false;            // also produce x_fp8 + x_scales (per-128-channel, amax/448)
+  uint64_t seed = 1;
+
+  int tokens_of(int rank) const;
+};
+
+struct RankInputs {
+  Tensor x;             // bf16 [N, hidden]
+  Tensor x_fp8;         // fp8_e4m3 [N, hidden] (when options.fp8)
+  Tensor x_scales;      // f32 [N, hidden / 128] (when options.fp8)
+  Tensor topk_idx;      // i64 [N, topk], -1 = no selection; distinct experts per row
+  Tensor topk_weights;  // f32 [N, topk]
+};
+
+// Throws proxyep::Error("workload") for inconsistent options (experts not divisible by ranks,
+// topk > experts, hidden not a multiple of 128 with fp8, ...).
+RankInputs make_rank_inputs(const WorkloadOptions& options, int rank);
+
+// Per-token FP8 cast the way DeepEP's tests do it: per 128 channels, amax clamped to 1e-4,
+// value * 448 / amax cast to e4m3, scale = amax / 448.
+void cast_to_fp8(const Tensor& x_bf16, Tensor& x_fp8, Tensor& scales);
+
+}  // namespace proxyep::ep

@@ -1,0 +1,147 @@
+// proxyep::Buffer: DeepEP V1's deep_ep.Buffer (DEEPEP_COMPAT 1.2-1.5, 2.1-2.5) in C++, normal
+// mode, CPU backend. Named structs replace DeepEP's tuples (layout, dispatch result, handle).
+//
+//   auto boot = control::Bootstrap::from_environment();
+//   Buffer buffer(*boot, {.num_nvl_bytes = Buffer::nvl_bytes_hint(4096, 7168 * 2, 8, world)});
+//   DispatchLayout layout = buffer.get_dispatch_layout(topk_idx, num_experts);
+//   DispatchResult d = buffer.dispatch({.x = x, .num_tokens_per_rank = layout.num_tokens_per_rank,
+//       .is_token_in_rank = layout.is_token_in_rank,
+//       .num_tokens_per_expert = layout.num_tokens_per_expert,
+//       .topk_idx = topk_idx, .topk_weights = topk_weights});
+//   ... experts compute on d.recv_x ...
+//   CombineResult c = buffer.combine({.x = expert_out, .handle = &d.handle});
+//
+// Paths. Ranks of one node (ranks_per_node, configuration, so one machine emulates several
+// nodes) map each other's receive arenas (memfd shared memory) and copy token rows straight
+// into them: the NVLink analog, no proxy. Ranks on other nodes get their rows through the
+// descriptor rings, the proxy threads and the fabric (RMA writes with counter immediates; the
+// expected counts come from the notify phase).
+//
+// Every call is collective over the group and starts with a notify phase in which every rank
+// tells every other one how many rows it will send; that exchange doubles as the barrier that
+// makes the peers' arenas free for this call. Every wait has a deadline (ep.timeout_ms); a peer
+// that does not arrive is named in the error. Arguments are checked before anything is sent:
+// bad input throws proxyep::Error on the calling rank only and leaves the Buffer usable. (A
+// rank that throws skips the call; its peers then time out naming it, as they would in DeepEP.)
+//
+// Sizing. Unlike DeepEP's chunked rings, this backend receives a whole call at once: the arena
+// (num_nvl_bytes) must hold every row this rank receives in one call (use nvl_bytes_hint), and
+// num_rdma_bytes stages the rows sent to other nodes (rdma_bytes_hint). A call that does not fit
+// fails on every rank with the same error, naming the rank and the bytes it needed.
+#pragma once
+
+#include "control/bootstrap.hpp"
+#include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/tensor.hpp"
+#include "integrations/config.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace proxyep {
+
+using ep::DispatchLayout;
+using ep::DType;
+using ep::Tensor;
+using ep::TensorRef;
+
+struct BufferOptions {
+  int64_t num_nvl_bytes = 0;      // receive arena, shared with the node's ranks and registered
+  int64_t num_rdma_bytes = 0;     // staging for rows sent to other nodes (0 on a single node)
+  bool low_latency_mode = false;  // not supported yet: the constructor throws
+  int num_qps_per_rank = 24;      // accepted for compatibility; the fabric has its own rails
+  bool explicitly_destroy = false;
+  int ranks_per_node = 0;  // 0: the bootstrap's LOCAL_WORLD_SIZE
+};
+
+// DeepEP's intranode handle, plus what combine and cached dispatch need.
+struct DispatchHandle {
+  Tensor rank_prefix_matrix;  // i32 [R, R]: [s][d] = rows ranks 0..s send to rank d
+  Tensor recv_src_idx;        // i32 [num_recv]: token index at its source rank
+  Tensor is_token_in_rank;    // bool [N, R]
+  Tensor send_head;           // i32 [N, R]: token's position among the rows sent to rank r, or -1
+  int num_tokens = 0;         // N, this rank's tokens at dispatch
+  int num_recv_tokens = 0;    // rows really received (recv_x may have num_worst_tokens rows)
+  int hidden = 0;
+  uint64_t buffer_id = 0;  // the Buffer that made it
+};
+
+struct DispatchArgs {
+  TensorRef x;         // bf16 [N, H], or fp8_e4m3 [N, H] with x_scales
+  TensorRef x_scales;  // f32 or i32 (packed UE8M0) [N, H / 128], strides honoured
+  const DispatchHandle* handle = nullptr;  // cached mode: reuse its routing, no top-k
+  TensorRef num_tokens_per_rank;           // i32 [R]
+  TensorRef num_tokens_per_rdma_rank;      // accepted, unused (i32 [nodes] or None)
+  TensorRef is_token_in_rank;              // bool [N, R]
+  TensorRef num_tokens_per_expert;         // i32 [E]
+  TensorRef topk_idx;                      // i64 [N, K]
+  TensorRef topk_weights;                  // f32 [N, K]
+  int expert_alignment = 1;
+  int num_worst_tokens = 0;
+  std::optional<Config> config;
+};
+
+struct DispatchResult {
+  Tensor recv_x;             // same dtype as x
+  Tensor recv_x_scales;      // with fp8
+  Tensor recv_topk_idx;      // i64 [rows, K], local expert ids, -1 elsewhere (fresh mode)
+  Tensor recv_topk_weights;  // f32 [rows, K], 0 where the index is -1 (fresh mode)
+  std::vector<int> num_recv_tokens_per_expert;  // aligned; empty with num_worst_tokens / cached
+  DispatchHandle handle;
+};
+
+struct CombineArgs {
+  TensorRef x;  // bf16 [num_recv, H], one row per received token, receive order
+  const DispatchHandle* handle = nullptr;
+  TensorRef topk_weights;  // f32 [num_recv, K] or None
+  TensorRef bias0, bias1;  // bf16 [N, H] or None
+  std::optional<Config> config;
+};
+
+struct CombineResult {
+  Tensor combined_x;             // bf16 [N, H]
+  Tensor combined_topk_weights;  // f32 [N, K] when topk_weights was given
+};
+
+class Buffer {
+ public:
+  // Collective over the bootstrap's group (which must outlive the Buffer). Throws
+  // proxyep::Error for bad options, a failed peer or a failed fabric.
+  Buffer(control::Bootstrap& bootstrap, BufferOptions options);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  int rank() const;
+  int group_size() const;
+  int ranks_per_node() const;
+  int64_t num_nvl_bytes() const;
+  int64_t num_rdma_bytes() const;
+  bool low_latency_mode() const { return false; }
+  bool explicitly_destroy() const;
+
+  // Bytes an arena needs for one call: every rank sends up to max_tokens_per_rank tokens of
+  // hidden_bytes (plus FP8 scales) with up to num_topk selections.
+  static int64_t nvl_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_bytes, int num_topk,
+                                int num_ranks);
+  static int64_t rdma_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_bytes, int num_topk,
+                                 int num_ranks, int ranks_per_node);
+
+  DispatchLayout get_dispatch_layout(const TensorRef& topk_idx, int num_experts);
+  DispatchResult dispatch(const DispatchArgs& args);
+  CombineResult combine(const CombineArgs& args);
+
+  // Collective; required before destruction when explicitly_destroy, allowed otherwise. After
+  // it every call throws.
+  void destroy();
+
+  // The implementation (integrations/buffer_impl.hpp); named here so its helpers can take it.
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace proxyep

@@ -1,0 +1,414 @@
+// Buffer::Impl: construction and the protocol steps every call shares (see buffer_impl.hpp).
+#include "common/deadline.hpp"
+#include "common/log.hpp"
+#include "common/params.hpp"
+#include "control/imm_layout.hpp"
+#include "gpu_side/backoff.hpp"
+#include "integrations/buffer_impl.hpp"
+#include "proxy/region_exchange.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <random>
+#include <thread>
+
+namespace proxyep {
+
+namespace {
+
+constexpr uint64_t kRingSlots = 4096;
+
+uint64_t align_up(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+template <typename T>
+std::atomic_ref<T> shared_word(T& word) {
+  return std::atomic_ref<T>(word);
+}
+
+int default_host_threads(int ranks_per_node) {
+  int64_t configured = params::ep_host_threads.get();
+  if (configured > 0) return static_cast<int>(std::min<int64_t>(configured, 64));
+  long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  int share = static_cast<int>(std::max<long>(1, cores / std::max(1, ranks_per_node)));
+  return std::min(share, 8);
+}
+
+// The options every rank must agree on, checked at construction.
+struct Agreed {
+  int64_t ranks_per_node;
+  int64_t nvl_bytes;
+  int64_t rdma_bytes;
+};
+
+}  // namespace
+
+const char* call_name(CallKind kind) {
+  switch (kind) {
+    case CallKind::dispatch:
+      return "dispatch";
+    case CallKind::cached_dispatch:
+      return "dispatch (cached)";
+    case CallKind::combine:
+      return "combine";
+  }
+  return "?";
+}
+
+Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
+    : bootstrap(boot), options(opts) {
+  constexpr const char* phase = "buffer";
+  require(!opts.low_latency_mode, phase,
+          "low_latency_mode is not supported yet (ProxyEP implements normal mode)");
+  rank = boot.rank();
+  ranks = boot.world_size();
+  ranks_per_node = opts.ranks_per_node > 0 ? opts.ranks_per_node : boot.env().local_world_size;
+  // Nodes hold consecutive ranks; the last one may be smaller (3 ranks, 2 per node: {0, 1}, {2}).
+  require(ranks_per_node >= 1, phase, "ranks_per_node must be >= 1; got {}", ranks_per_node);
+  require(opts.num_nvl_bytes > 0 && opts.num_nvl_bytes % 128 == 0, phase,
+          "num_nvl_bytes must be a positive multiple of 128 (this backend receives into it); got "
+          "{}",
+          opts.num_nvl_bytes);
+  require(opts.num_rdma_bytes >= 0 && opts.num_rdma_bytes % 128 == 0, phase,
+          "num_rdma_bytes must be a non-negative multiple of 128; got {}", opts.num_rdma_bytes);
+  multi_node = ranks > ranks_per_node;
+  require(!multi_node || opts.num_rdma_bytes > 0, phase,
+          "the group spans {} nodes of {} ranks: num_rdma_bytes must be > 0 (it stages the rows "
+          "sent to other nodes; see Buffer::rdma_bytes_hint)",
+          ranks / ranks_per_node, ranks_per_node);
+  timeout = std::chrono::milliseconds(params::ep_timeout_ms.get());
+  chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
+  executor = std::make_unique<ep::HostExecutor>(default_host_threads(ranks_per_node));
+
+  Agreed mine{ranks_per_node, opts.num_nvl_bytes, opts.num_rdma_bytes};
+  auto agreed =
+      boot.allgather(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&mine), sizeof mine),
+                     "buffer(options)");
+  for (int r = 0; r < ranks; ++r) {
+    Agreed theirs{};
+    require(agreed[static_cast<size_t>(r)].size() == sizeof theirs, phase,
+            "rank {} sent malformed options", r);
+    std::memcpy(&theirs, agreed[static_cast<size_t>(r)].data(), sizeof theirs);
+    require(theirs.ranks_per_node == mine.ranks_per_node && theirs.nvl_bytes == mine.nvl_bytes &&
+                theirs.rdma_bytes == mine.rdma_bytes,
+            phase,
+            "rank {} created its Buffer with ranks_per_node {}, num_nvl_bytes {}, num_rdma_bytes "
+            "{}; rank {} with {}, {}, {}: every rank must pass the same",
+            r, theirs.ranks_per_node, theirs.nvl_bytes, theirs.rdma_bytes, rank,
+            mine.ranks_per_node, mine.nvl_bytes, mine.rdma_bytes);
+  }
+
+  record_bytes = align_up(
+      sizeof(NotifyHeader) + 4ull * static_cast<uint64_t>(ranks) + 4ull * ep::kMaxLocalExperts, 64);
+  arena_control_bytes = align_up(2ull * static_cast<uint64_t>(ranks) * (record_bytes + 64), 4096);
+  node = std::make_unique<proxy::NodeMemory>(
+      boot, arena_control_bytes + static_cast<uint64_t>(opts.num_nvl_bytes), ranks_per_node, phase);
+
+  if (multi_node) {
+    fabric = fabric::Fabric::open(fabric::FabricOptions::from_params(rank));
+    boot.set_progress([this] { fabric->progress(); });
+    fabric->connect(boot.allgather(fabric->addresses(), "buffer(fabric addresses)"));
+    staging = std::make_unique<gpu_side::RingMemory>(gpu_side::RingMemory::heap(
+        staging_data_offset() + static_cast<uint64_t>(opts.num_rdma_bytes)));
+    arena_region = fabric->register_memory(node->local(), node->bytes());
+    staging_region = fabric->register_memory(staging->host(), staging->size());
+    counters = std::make_unique<control::CounterBank>(2u * static_cast<uint32_t>(ranks));
+    router.attach_counters(*counters);
+    engine = std::make_unique<proxy::ProxyEngine>(*fabric, rank, ranks, router);
+    proxy::share_region(boot, engine->regions(), kArenaRegion, *arena_region, phase);
+    engine->regions().add_local(kStagingRegion, *staging_region);
+    ring_memory = std::make_unique<gpu_side::RingMemory>(
+        gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
+    auto ring = gpu_side::Ring::create(ring_memory->bytes(), kRingSlots);
+    doorbell = std::make_unique<gpu_side::Doorbell>();
+    engine->add_ring(ring, doorbell.get());
+    boot.barrier("buffer(fabric ready)");
+    boot.set_progress({});  // the proxy threads own the rails from here on
+    engine->start();
+    producer = std::make_unique<gpu_side::RingProducer>(
+        ring, gpu_side::ProducerOptions{.doorbell = doorbell.get()});
+  }
+  std::random_device entropy;
+  id = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(::getpid());
+  boot.barrier("buffer(ready)");
+  log::debug("buffer: {} ranks, {} per node, {} host threads, arena {} bytes{}", ranks,
+             ranks_per_node, executor->threads(), node->bytes(),
+             multi_node ? fmt::format(", staging {} bytes", staging->size()) : "");
+}
+
+Buffer::Impl::~Impl() {
+  if (engine) {
+    producer.reset();
+    engine->stop();
+  }
+}
+
+std::byte* Buffer::Impl::record_in(int owner, uint64_t call, int source) const {
+  return node->peer(owner) +
+         ((call % 2) * static_cast<uint64_t>(ranks) + static_cast<uint64_t>(source)) * record_bytes;
+}
+
+uint64_t* Buffer::Impl::done_word(int owner, uint64_t call, int source) const {
+  std::byte* base = node->peer(owner) + 2ull * static_cast<uint64_t>(ranks) * record_bytes;
+  return reinterpret_cast<uint64_t*>(
+      base + ((call % 2) * static_cast<uint64_t>(ranks) + static_cast<uint64_t>(source)) * 64);
+}
+
+std::byte* Buffer::Impl::staging_record(int destination) const {
+  return static_cast<std::byte*>(staging->host()) +
+         static_cast<uint64_t>(destination) * record_bytes;
+}
+
+std::byte* Buffer::Impl::staging_data() const {
+  return static_cast<std::byte*>(staging->host()) + staging_data_offset();
+}
+
+size_t Buffer::Impl::staging_capacity() const {
+  return staging ? staging->size() - staging_data_offset() : 0;
+}
+
+void Buffer::Impl::check_usable(std::string_view phase) const {
+  require(!destroyed, phase, "the Buffer was destroyed");
+  if (engine && engine->health().failed()) {
+    auto failure = engine->health().failure();
+    fail(std::string(phase), "the Buffer's proxy failed earlier ({}: {}); create a new Buffer",
+         failure ? failure->phase : "?", failure ? failure->message : "?");
+  }
+}
+
+uint64_t Buffer::Impl::begin_call() {
+  uint64_t call = next_call++;
+  if (counters && call > 0 && counters->begin_epoch(call) != Status::ok)
+    fail("buffer", "call {}: writes of an earlier call were left over: {}", call,
+         counters->last_leak());
+  return call;
+}
+
+namespace {
+
+void push_descriptor(gpu_side::RingProducer& producer, const gpu_side::Descriptor& d,
+                     const Deadline& deadline, std::string_view phase, int dst) {
+  if (producer.push(d, deadline) != Status::ok)
+    fail(std::string(phase),
+         "the descriptor ring stayed full (rows for rank {}): the proxy "
+         "made no progress before the deadline",
+         dst);
+}
+
+}  // namespace
+
+std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
+    uint64_t call, const NotifyHeader& header, std::span<const int32_t> rows_to,
+    const std::function<std::span<const int32_t>(int)>& experts_for, std::string_view phase) {
+  auto deadline = Deadline(timeout);
+  const size_t rows_bytes = 4ull * static_cast<size_t>(ranks);
+  for (int d = 0; d < ranks; ++d) {
+    NotifyHeader h = header;
+    h.seq = call + 1;
+    auto experts = experts_for ? experts_for(d) : std::span<const int32_t>{};
+    require(experts.size() <= static_cast<size_t>(ep::kMaxLocalExperts), phase,
+            "{} local experts per rank exceed the limit of {}", experts.size(),
+            ep::kMaxLocalExperts);
+    size_t used = sizeof h + rows_bytes + 4 * experts.size();
+    if (node->on_node(d)) {
+      std::byte* slot = record_in(d, call, rank);
+      // Everything but the seq word first; the release store of seq publishes the record.
+      std::memcpy(slot + sizeof h.seq, reinterpret_cast<const std::byte*>(&h) + sizeof h.seq,
+                  sizeof h - sizeof h.seq);
+      std::memcpy(slot + sizeof h, rows_to.data(), rows_bytes);
+      if (!experts.empty())
+        std::memcpy(slot + sizeof h + rows_bytes, experts.data(), 4 * experts.size());
+      // Pairs with the acquire load in the receiver's wait below.
+      shared_word(reinterpret_cast<NotifyHeader*>(slot)->seq)
+          .store(call + 1, std::memory_order_release);
+    } else {
+      std::byte* slot = staging_record(d);
+      std::memcpy(slot, &h, sizeof h);
+      std::memcpy(slot + sizeof h, rows_to.data(), rows_bytes);
+      if (!experts.empty())
+        std::memcpy(slot + sizeof h + rows_bytes, experts.data(), 4 * experts.size());
+      gpu_side::Descriptor desc;
+      desc.op = gpu_side::Op::write_imm;
+      desc.dst_rank = static_cast<uint32_t>(d);
+      desc.local_region = kStagingRegion;
+      desc.remote_region = kArenaRegion;
+      desc.src_offset = static_cast<uint64_t>(d) * record_bytes;
+      desc.dst_offset = static_cast<uint64_t>(record_in(rank, call, rank) - node->local());
+      desc.length = used;
+      desc.cookie = call;
+      desc.imm = control::imm::encode_counter(call, static_cast<uint32_t>(rank));
+      push_descriptor(*producer, desc, deadline, phase, d);
+    }
+  }
+  for (int s = 0; s < ranks; ++s)
+    if (!node->on_node(s) &&
+        counters->set_expected(call, static_cast<uint32_t>(s), 1) != Status::ok)
+      fail(std::string(phase), "notify from rank {}: {}", s, counters->last_error());
+
+  auto arrived = [&](int s) {
+    if (node->on_node(s))
+      return shared_word(reinterpret_cast<NotifyHeader*>(record_in(rank, call, s))->seq)
+                 .load(std::memory_order_acquire) == call + 1;
+    return counters->ready(call, static_cast<uint32_t>(s));
+  };
+  auto missing = [&] {
+    std::vector<int> out;
+    for (int s = 0; s < ranks; ++s)
+      if (!arrived(s)) out.push_back(s);
+    return out;
+  };
+  wait_for([&] { return missing().empty(); }, missing, phase, "the notify record (call start)");
+
+  std::vector<Record> records(static_cast<size_t>(ranks));
+  for (int s = 0; s < ranks; ++s) {
+    const std::byte* slot = record_in(rank, call, s);
+    Record& r = records[static_cast<size_t>(s)];
+    std::memcpy(&r.header, slot, sizeof r.header);
+    r.rows_to.resize(static_cast<size_t>(ranks));
+    std::memcpy(r.rows_to.data(), slot + sizeof r.header, rows_bytes);
+    uint32_t local_experts = r.header.num_experts / static_cast<uint32_t>(ranks);
+    if (r.header.kind == static_cast<uint32_t>(CallKind::dispatch) && local_experts > 0 &&
+        local_experts <= static_cast<uint32_t>(ep::kMaxLocalExperts)) {
+      r.experts.resize(local_experts);
+      std::memcpy(r.experts.data(), slot + sizeof r.header + rows_bytes, 4ull * local_experts);
+    }
+  }
+  return records;
+}
+
+uint64_t Buffer::Impl::writes_for(uint64_t rows, const ep::RowFormat& f, uint64_t chunk) {
+  uint64_t writes = 0;
+  const uint64_t units[] = {uint64_t{f.hidden_bytes}, 4ull * f.scale_cols, 8ull * f.topk,
+                            4ull * f.weights, 4ull * f.src_index};
+  for (uint64_t unit : units) {
+    uint64_t bytes = rows * unit;
+    writes += (bytes + chunk - 1) / chunk;
+  }
+  return writes;
+}
+
+uint64_t Buffer::Impl::post_rows(uint64_t call, int dst, uint64_t staging_offset, uint64_t rows,
+                                 uint64_t dst_first, uint64_t dst_rows, const ep::RowFormat& f,
+                                 std::string_view phase) {
+  auto deadline = Deadline(timeout);
+  auto src = ep::RowAreas::of(rows, f);
+  auto to = ep::RowAreas::of(dst_rows, f);
+  struct Area {
+    uint64_t unit, src, dst;
+  };
+  const Area areas[] = {{f.hidden_bytes, src.x, to.x},
+                        {4ull * f.scale_cols, src.scales, to.scales},
+                        {8ull * f.topk, src.topk_idx, to.topk_idx},
+                        {4ull * f.weights, src.weights, to.weights},
+                        {4ull * f.src_index, src.src_index, to.src_index}};
+  uint64_t posted = 0, total = writes_for(rows, f, chunk_bytes);
+  for (const Area& a : areas) {
+    uint64_t bytes = rows * a.unit;
+    for (uint64_t off = 0; off < bytes; off += chunk_bytes) {
+      gpu_side::Descriptor d;
+      d.op = gpu_side::Op::write_imm;
+      d.flags = posted + 1 < total ? gpu_side::kFlagMore : 0;
+      d.dst_rank = static_cast<uint32_t>(dst);
+      d.local_region = kStagingRegion;
+      d.remote_region = kArenaRegion;
+      d.src_offset = staging_data_offset() + staging_offset + a.src + off;
+      d.dst_offset = data_offset() + a.dst + dst_first * a.unit + off;
+      d.length = std::min(chunk_bytes, bytes - off);
+      d.cookie = call;
+      d.imm = control::imm::encode_counter(call, static_cast<uint32_t>(ranks + rank));
+      push_descriptor(*producer, d, deadline, phase, dst);
+      ++posted;
+    }
+  }
+  return posted;
+}
+
+void Buffer::Impl::mark_done(uint64_t call, int dst) {
+  // Pairs with the acquire load in wait_rows(): the rows stored before are visible there.
+  shared_word(*done_word(dst, call, rank)).store(call + 1, std::memory_order_release);
+}
+
+void Buffer::Impl::expect_rows(uint64_t call, int source, uint64_t writes, std::string_view phase) {
+  if (counters->set_expected(call, static_cast<uint32_t>(ranks + source), writes) != Status::ok)
+    fail(std::string(phase), "rows from rank {}: {}", source, counters->last_error());
+}
+
+void Buffer::Impl::wait_rows(uint64_t call, std::span<const uint8_t> from, std::string_view phase) {
+  auto arrived = [&](int s) {
+    if (!from[static_cast<size_t>(s)]) return true;
+    if (node->on_node(s))
+      return shared_word(*done_word(rank, call, s)).load(std::memory_order_acquire) == call + 1;
+    return counters->ready(call, static_cast<uint32_t>(ranks + s));
+  };
+  auto missing = [&] {
+    std::vector<int> out;
+    for (int s = 0; s < ranks; ++s)
+      if (!arrived(s)) out.push_back(s);
+    return out;
+  };
+  wait_for([&] { return missing().empty(); }, missing, phase, "the rows");
+}
+
+void Buffer::Impl::quiet(std::string_view phase) {
+  if (!engine) return;
+  try {
+    engine->quiet(Deadline(timeout));
+  } catch (const Error& e) {
+    fail(std::string(phase), "{}", e.what());
+  }
+}
+
+void Buffer::Impl::wait_for(const std::function<bool()>& ready,
+                            const std::function<std::vector<int>()>& missing,
+                            std::string_view phase, std::string_view what) {
+  auto deadline = Deadline(timeout);
+  // A node peer that exited is reported at once instead of at the deadline.
+  int dead = -1;
+  auto last_check = std::chrono::steady_clock::now();
+  auto check_peers = [&] {
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_check < std::chrono::milliseconds(50)) return false;
+    last_check = now;
+    for (int r : missing())
+      if (r != rank && node->on_node(r) && !node->peer_alive(r)) {
+        dead = r;
+        return true;
+      }
+    return false;
+  };
+  auto describe = [&] {
+    return fmt::format("{} from rank(s) {} did not arrive within {} ms", what,
+                       fmt::join(missing(), ", "), timeout.count());
+  };
+  if (engine) {
+    try {
+      engine->wait_until([&] { return ready() || check_peers(); }, deadline,
+                         std::function<std::string()>(describe));
+    } catch (const Error& e) {
+      fail(std::string(phase), "{}", e.what());
+    }
+  } else {
+    gpu_side::Backoff backoff(2000);
+    uint64_t polls = 0;
+    while (!ready()) {
+      if (check_peers()) break;
+      if (deadline.expired()) fail(std::string(phase), "{}", describe());
+      // Spin, then yield; past that, short sleeps keep an idle wait off the cores the peers
+      // need (a rank per core is common here).
+      if (++polls < 20000)
+        backoff.pause();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  if (dead >= 0)
+    fail(std::string(phase), "rank {} (pid {}) on this node exited while {} was awaited", dead,
+         node->peer_pid(dead), what);
+}
+
+}  // namespace proxyep

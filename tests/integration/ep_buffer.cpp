@@ -1,0 +1,342 @@
+// Multi-process test of proxyep::Buffer (run under `proxyep launch`, exit 0 = pass). Every rank
+// generates every rank's inputs from the shared seed (gpu_side/ep/workload.hpp), so it can
+// compute the reference (gpu_side/ep/reference.hpp) of what it must receive and of its combine
+// output, and compares the Buffer's results with it for exact equality, case after case:
+// random routing with -1 entries, every token to one expert, a rank with zero tokens and one
+// with a single token, top-k 1..8, hidden 2048..7168, BF16 and FP8, expert alignment, the
+// num_worst_tokens variant, cached dispatch, combine with top-k weights and two biases.
+//
+// --bad-input: every rank makes invalid calls (each must throw before anything is sent), then a
+// valid one that must succeed. --die-rank R: rank R leaves (_exit(0)) before its second
+// dispatch; the others must fail within PROXYEP_EP_TIMEOUT_MS with an error naming it.
+#include "common/error.hpp"
+#include "common/params.hpp"
+#include "control/bootstrap.hpp"
+#include "gpu_side/ep/numeric.hpp"
+#include "gpu_side/ep/reference.hpp"
+#include "gpu_side/ep/workload.hpp"
+#include "integrations/buffer.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace proxyep;
+
+namespace {
+
+struct Options {
+  std::string provider = "shm";
+  bool reorder = false;
+  int ranks_per_node = 0;
+  uint64_t seed = 1;
+  bool bad_input = false;
+  int die_rank = -1;
+};
+
+struct Case {
+  std::string name;
+  ep::Routing routing = ep::Routing::random;
+  int tokens = 64;
+  int hidden = 2048;
+  int topk = 8;
+  int experts_per_rank = 8;
+  bool fp8 = false;
+  double drop = 0.1;
+  bool uneven = false;  // last rank has no tokens, rank 0 has one
+  int alignment = 1;
+};
+
+std::vector<Case> cases() {
+  return {
+      {"random bf16 topk8 hidden2048, -1 entries", ep::Routing::random, 96, 2048, 8, 8, false, 0.15,
+       false, 1},
+      {"random fp8 topk4 hidden7168", ep::Routing::random, 40, 7168, 4, 4, true, 0.1, false, 4},
+      {"every token to one expert, topk1", ep::Routing::one_expert, 50, 4096, 1, 2, false, 0.0,
+       false, 1},
+      {"zero tokens on a rank, one token on another, topk2", ep::Routing::random, 30, 2560, 2, 6,
+       false, 0.0, true, 8},
+      {"skewed fp8 topk6 hidden5120", ep::Routing::skewed, 64, 5120, 6, 4, true, 0.05, false, 1},
+      {"random bf16 topk3 hidden3072", ep::Routing::random, 80, 3072, 3, 3, false, 0.3, false, 2},
+  };
+}
+
+template <typename... Args>
+void check(bool ok, fmt::format_string<Args...> format, Args&&... args) {
+  if (!ok) fail("ep_buffer", format, std::forward<Args>(args)...);
+}
+
+void expect_equal(const Tensor& got, const Tensor& want, int64_t rows, const std::string& what) {
+  check(got.defined() == want.defined(), "{}: defined {} vs reference {}", what, got.defined(),
+        want.defined());
+  if (!got.defined()) return;
+  check(got.dtype() == want.dtype() && got.cols() == want.cols(), "{}: {} vs reference {}", what,
+        got.ref().describe(), want.ref().describe());
+  check(got.rows() >= rows && want.rows() >= rows, "{}: {} rows, reference {}, comparing {}", what,
+        got.rows(), want.rows(), rows);
+  size_t row_bytes = static_cast<size_t>(got.cols()) * ep::dtype_size(got.dtype());
+  for (int64_t r = 0; r < rows; ++r)
+    if (std::memcmp(got.raw() + r * row_bytes, want.raw() + r * row_bytes, row_bytes) != 0)
+      fail("ep_buffer", "{}: row {} of {} differs from the reference", what, r, rows);
+}
+
+Tensor make_bias(int rank, int which, int64_t tokens, int hidden) {
+  Tensor b = Tensor::empty(DType::bf16, tokens, hidden);
+  auto* p = b.data<uint16_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int i = 0; i < hidden; ++i)
+      p[t * hidden + i] = ep::float_to_bf16(
+          static_cast<float>((t * 7 + i * 3 + rank * 5 + which * 11) % 17 - 8) * 0.125f);
+  return b;
+}
+
+void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
+  const int R = buffer.group_size(), me = buffer.rank();
+  ep::WorkloadOptions w;
+  w.shape = {R, buffer.ranks_per_node(), c.experts_per_rank * R};
+  w.num_tokens = c.tokens;
+  if (c.uneven) {
+    w.tokens_per_rank.assign(static_cast<size_t>(R), c.tokens);
+    w.tokens_per_rank[0] = 1;
+    w.tokens_per_rank[static_cast<size_t>(R - 1)] = 0;
+  }
+  w.hidden = c.hidden;
+  w.topk = c.topk;
+  w.routing = c.routing;
+  w.drop_fraction = c.drop;
+  w.fp8 = c.fp8;
+  w.seed = o.seed * 1000 + static_cast<uint64_t>(call_index);
+  std::vector<ep::RankInputs> inputs;
+  std::vector<ep::DispatchInputs> views;
+  for (int r = 0; r < R; ++r)
+    inputs.push_back(ep::make_rank_inputs(w, r));
+  for (int r = 0; r < R; ++r) {
+    const auto& in = inputs[static_cast<size_t>(r)];
+    views.push_back({c.fp8 ? in.x_fp8.ref() : in.x.ref(), c.fp8 ? in.x_scales.ref() : TensorRef{},
+                     in.topk_idx.ref(), in.topk_weights.ref()});
+  }
+  const auto& mine = inputs[static_cast<size_t>(me)];
+  const int64_t tokens = mine.topk_idx.rows();
+  const std::string at = fmt::format("case '{}' rank {}", c.name, me);
+
+  auto layout = buffer.get_dispatch_layout(mine.topk_idx, w.shape.num_experts);
+  DispatchArgs args;
+  args.x = views[static_cast<size_t>(me)].x;
+  args.x_scales = views[static_cast<size_t>(me)].x_scales;
+  args.num_tokens_per_rank = layout.num_tokens_per_rank;
+  args.is_token_in_rank = layout.is_token_in_rank;
+  args.num_tokens_per_expert = layout.num_tokens_per_expert;
+  args.topk_idx = mine.topk_idx;
+  args.topk_weights = mine.topk_weights;
+  args.expert_alignment = c.alignment;
+  auto got = buffer.dispatch(args);
+  auto want = ep::reference_dispatch(views, w.shape, me, c.alignment);
+  const int64_t recv = want.recv_src_idx.rows();
+  check(got.handle.num_recv_tokens == recv, "{}: received {} rows, reference {}", at,
+        got.handle.num_recv_tokens, recv);
+  expect_equal(got.recv_x, want.recv_x, recv, at + " recv_x");
+  if (c.fp8) expect_equal(got.recv_x_scales, want.recv_x_scales, recv, at + " recv_x_scales");
+  expect_equal(got.recv_topk_idx, want.recv_topk_idx, recv, at + " recv_topk_idx");
+  expect_equal(got.recv_topk_weights, want.recv_topk_weights, recv, at + " recv_topk_weights");
+  expect_equal(got.handle.recv_src_idx, want.recv_src_idx, recv, at + " recv_src_idx");
+  check(got.num_recv_tokens_per_expert == want.num_recv_tokens_per_expert,
+        "{}: num_recv_tokens_per_expert {} vs reference {}", at,
+        fmt::format("{}", fmt::join(got.num_recv_tokens_per_expert, ",")),
+        fmt::format("{}", fmt::join(want.num_recv_tokens_per_expert, ",")));
+
+  // num_worst_tokens: same rows first, then -1 indices; no per-expert list.
+  DispatchArgs worst = args;
+  worst.num_worst_tokens = static_cast<int>(std::max<int64_t>(1, w.num_tokens) * R);
+  auto padded = buffer.dispatch(worst);
+  check(padded.recv_x.rows() == worst.num_worst_tokens && padded.num_recv_tokens_per_expert.empty(),
+        "{}: num_worst_tokens gave {} rows and a list of {}", at, padded.recv_x.rows(),
+        padded.num_recv_tokens_per_expert.size());
+  expect_equal(padded.recv_x, want.recv_x, recv, at + " recv_x (num_worst_tokens)");
+  expect_equal(padded.recv_topk_idx, want.recv_topk_idx, recv, at + " recv_topk_idx (worst)");
+  for (int64_t i = recv * c.topk; i < padded.recv_topk_idx.numel(); ++i)
+    check(padded.recv_topk_idx.data<int64_t>()[i] == -1, "{}: tail index {} is not -1", at, i);
+
+  // Cached dispatch of the same routing reproduces the rows.
+  DispatchArgs again;
+  again.x = args.x;
+  again.x_scales = args.x_scales;
+  again.handle = &got.handle;
+  auto cached = buffer.dispatch(again);
+  expect_equal(cached.recv_x, want.recv_x, recv, at + " recv_x (cached)");
+  check(!cached.recv_topk_idx.defined(), "{}: cached dispatch returned topk", at);
+
+  // Combine: every rank feeds back its received rows (as bf16), plus weights and two biases.
+  std::vector<ep::ReferenceDispatch> dispatched;
+  std::vector<TensorRef> expert_out, weights_in;
+  std::vector<ep::DispatchInputs> bf16_views = views;
+  for (int r = 0; r < R; ++r)
+    bf16_views[static_cast<size_t>(r)].x = inputs[static_cast<size_t>(r)].x.ref(),
+    bf16_views[static_cast<size_t>(r)].x_scales = {};
+  for (int r = 0; r < R; ++r)
+    dispatched.push_back(ep::reference_dispatch(bf16_views, w.shape, r));
+  for (int r = 0; r < R; ++r) {
+    expert_out.push_back(dispatched[static_cast<size_t>(r)].recv_x.ref());
+    weights_in.push_back(dispatched[static_cast<size_t>(r)].recv_topk_weights.ref());
+  }
+  DispatchResult bf16_got = got;
+  if (c.fp8) {
+    DispatchArgs plain = again;
+    plain.x = mine.x;
+    plain.x_scales = {};
+    bf16_got = buffer.dispatch(plain);
+    bf16_got.handle = got.handle;
+    bf16_got.recv_topk_weights = got.recv_topk_weights;
+  }
+  Tensor b0 = make_bias(me, 0, tokens, c.hidden), b1 = make_bias(me, 1, tokens, c.hidden);
+  CombineArgs cargs;
+  cargs.x = bf16_got.recv_x;
+  cargs.handle = &got.handle;
+  cargs.topk_weights = got.recv_topk_weights;
+  cargs.bias0 = b0;
+  cargs.bias1 = b1;
+  auto combined = buffer.combine(cargs);
+  auto want_c = ep::reference_combine(expert_out, dispatched, weights_in, w.shape, me,
+                                      static_cast<int>(tokens), b0, b1);
+  expect_equal(combined.combined_x, want_c.combined_x, tokens, at + " combined_x");
+  expect_equal(combined.combined_topk_weights, want_c.combined_topk_weights, tokens,
+               at + " combined_topk_weights");
+  // And without weights or biases.
+  auto bare = buffer.combine({.x = bf16_got.recv_x, .handle = &got.handle});
+  auto want_bare =
+      ep::reference_combine(expert_out, dispatched, {}, w.shape, me, static_cast<int>(tokens));
+  expect_equal(bare.combined_x, want_bare.combined_x, tokens, at + " combined_x (no bias)");
+  if (me == 0) fmt::print("ep_buffer: {}: OK ({} rows received on rank 0)\n", c.name, recv);
+}
+
+// Each bad call must throw on this rank before anything is sent; the next valid call works.
+void run_bad_input(Buffer& buffer, const Options& o) {
+  const int R = buffer.group_size(), me = buffer.rank();
+  ep::WorkloadOptions w;
+  w.shape = {R, buffer.ranks_per_node(), 4 * R};
+  w.num_tokens = 16;
+  w.hidden = 256;
+  w.topk = 2;
+  w.seed = o.seed;
+  auto in = ep::make_rank_inputs(w, me);
+  auto layout = buffer.get_dispatch_layout(in.topk_idx, w.shape.num_experts);
+  DispatchArgs good{.x = in.x,
+                    .num_tokens_per_rank = layout.num_tokens_per_rank,
+                    .is_token_in_rank = layout.is_token_in_rank,
+                    .num_tokens_per_expert = layout.num_tokens_per_expert,
+                    .topk_idx = in.topk_idx,
+                    .topk_weights = in.topk_weights};
+  auto expect_throw = [&](const std::string& what, const std::string& needle, auto&& call) {
+    try {
+      call();
+    } catch (const Error& e) {
+      check(std::string(e.what()).find(needle) != std::string::npos,
+            "bad input '{}': the error does not mention '{}': {}", what, needle, e.what());
+      return;
+    }
+    fail("ep_buffer", "bad input '{}' was accepted", what);
+  };
+  Tensor idx = in.topk_idx.clone();
+  idx.data<int64_t>()[3] = w.shape.num_experts;  // one past the last expert
+  expect_throw("topk_idx >= num_experts", "topk_idx",
+               [&] { (void)buffer.get_dispatch_layout(idx, w.shape.num_experts); });
+  DispatchArgs bad = good;
+  bad.topk_idx = idx;
+  expect_throw("dispatch with topk_idx >= num_experts", "topk_idx",
+               [&] { (void)buffer.dispatch(bad); });
+  idx.data<int64_t>()[3] = -2;
+  expect_throw("topk_idx < -1", "topk_idx", [&] { (void)buffer.dispatch(bad); });
+  Tensor as_float = Tensor::zeros(DType::f32, in.x.rows(), in.x.cols());
+  bad = good;
+  bad.x = as_float;
+  expect_throw("x of the wrong dtype", "bf16", [&] { (void)buffer.dispatch(bad); });
+  bad = good;
+  bad.x = TensorRef::matrix(in.x.raw(), DType::bf16, in.x.rows() / 2, in.x.cols() * 2);
+  expect_throw("x of the wrong shape", "shape", [&] { (void)buffer.dispatch(bad); });
+  Tensor odd = Tensor::zeros(DType::bf16, in.x.rows(), 12);  // 24 bytes per row
+  bad = good;
+  bad.x = odd;
+  expect_throw("hidden not a multiple of 16 bytes", "16 bytes",
+               [&] { (void)buffer.dispatch(bad); });
+  Tensor per_expert = Tensor::zeros(DType::i32, w.shape.num_experts + 1);
+  bad = good;
+  bad.num_tokens_per_expert = per_expert;
+  expect_throw("num_experts not divisible by ranks", "multiple of the number of ranks",
+               [&] { (void)buffer.dispatch(bad); });
+  expect_throw("layout with num_experts not divisible by ranks", "multiple of num_ranks",
+               [&] { (void)buffer.get_dispatch_layout(in.topk_idx, w.shape.num_experts + 1); });
+  // More tokens than the Buffer was sized for (64 tokens of hidden 256 per rank).
+  ep::WorkloadOptions big = w;
+  big.num_tokens = 100;
+  auto huge = ep::make_rank_inputs(big, me);
+  auto huge_layout = buffer.get_dispatch_layout(huge.topk_idx, w.shape.num_experts);
+  bad = {.x = huge.x,
+         .num_tokens_per_rank = huge_layout.num_tokens_per_rank,
+         .is_token_in_rank = huge_layout.is_token_in_rank,
+         .num_tokens_per_expert = huge_layout.num_tokens_per_expert,
+         .topk_idx = huge.topk_idx,
+         .topk_weights = huge.topk_weights};
+  expect_throw("more tokens than the buffer holds", "sized for",
+               [&] { (void)buffer.dispatch(bad); });
+  // The Buffer is still usable.
+  auto ok = buffer.dispatch(good);
+  (void)buffer.combine({.x = ok.recv_x, .handle = &ok.handle});
+  if (me == 0) fmt::print("ep_buffer: bad input rejected on the calling rank; Buffer usable: OK\n");
+}
+
+int run(const Options& o) {
+  params::fabric_provider.set(o.provider);
+  params::fabric_reorder.set(o.reorder);
+  params::fabric_reorder_seed.set(static_cast<int64_t>(o.seed));
+  auto boot = control::Bootstrap::from_environment();
+  const int R = boot->world_size();
+  BufferOptions options;
+  options.ranks_per_node = o.ranks_per_node;
+  // The bad-input run sizes its Buffer for 64 tokens of hidden 256, so 100 tokens overflow it.
+  const int64_t max_tokens = o.bad_input ? 64 : 128, hidden_bytes = o.bad_input ? 512 : 7168 * 2;
+  options.num_nvl_bytes = Buffer::nvl_bytes_hint(max_tokens, hidden_bytes, 8, R);
+  int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : boot->env().local_world_size;
+  options.num_rdma_bytes =
+      std::max<int64_t>(128, Buffer::rdma_bytes_hint(max_tokens, hidden_bytes, 8, R, rpn));
+  Buffer buffer(*boot, options);
+  if (o.bad_input) {
+    run_bad_input(buffer, o);
+    return 0;
+  }
+  int index = 0;
+  for (const Case& c : cases()) {
+    if (index == 1 && boot->rank() == o.die_rank) {
+      std::fprintf(stderr, "ep_buffer: rank %d: leaving before dispatch (test)\n", o.die_rank);
+      ::_exit(0);  // exit code 0 keeps the launcher from stopping the others
+    }
+    run_case(buffer, c, o, index++);
+  }
+  if (boot->rank() == 0)
+    fmt::print("ep_buffer: {} ranks, {} per node, provider {}, reorder {}: all cases OK\n", R,
+               buffer.ranks_per_node(), o.provider, o.reorder ? "on" : "off");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"proxyep::Buffer integration test (run under proxyep launch)"};
+  Options o;
+  app.add_option("--provider", o.provider, "fabric provider for ranks on other nodes");
+  app.add_flag("--reorder", o.reorder, "reorder shim on");
+  app.add_option("--ranks-per-node", o.ranks_per_node, "0 = LOCAL_WORLD_SIZE");
+  app.add_option("--seed", o.seed);
+  app.add_flag("--bad-input", o.bad_input, "invalid calls first, then a valid one");
+  app.add_option("--die-rank", o.die_rank, "this rank leaves before its second case");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(o);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "ep_buffer: error: %s\n", e.what());
+    return 1;
+  }
+}
