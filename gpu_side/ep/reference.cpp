@@ -1,1 +1,235 @@
-// placeholder: being written
+// The reference is deliberately the obvious loop over (source rank, token): any cleverness here
+// would make it a second implementation to debug rather than a specification to compare against.
+// Inputs are checked first, with the phase "reference", so a malformed test fails with a message
+// instead of reading out of bounds.
+#include "gpu_side/ep/reference.hpp"
+
+#include "common/error.hpp"
+#include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/numeric.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace proxyep::ep {
+
+namespace {
+
+constexpr std::string_view kPhase = "reference";
+
+// Copies row `row` of a (possibly strided) view to contiguous `out`.
+void copy_row(const TensorRef& source, int64_t row, std::byte* out) {
+  const size_t element = dtype_size(source.dtype);
+  const auto* base = static_cast<const std::byte*>(source.data);
+  if (source.col_stride == 1 || source.cols == 1) {
+    std::memcpy(out, base + static_cast<size_t>(row * source.row_stride) * element,
+                static_cast<size_t>(source.cols) * element);
+    return;
+  }
+  for (int64_t c = 0; c < source.cols; ++c)
+    std::memcpy(
+        out + static_cast<size_t>(c) * element,
+        base + static_cast<size_t>(row * source.row_stride + c * source.col_stride) * element,
+        element);
+}
+
+struct InputForm {
+  int64_t hidden = 0;
+  int topk = 0;
+  DType x_dtype = DType::bf16;
+  bool weights = false;
+};
+
+// Checks every rank's inputs against rank 0's form (same hidden, top-k, dtype, weights given).
+InputForm check_inputs(std::span<const DispatchInputs> all, const EpShape& shape) {
+  require(all.size() == size_t(shape.num_ranks), kPhase, "got inputs of {} ranks; expected {}",
+          all.size(), shape.num_ranks);
+  InputForm form;
+  form.hidden = all[0].x.cols;
+  form.topk = static_cast<int>(all[0].topk_idx.cols);
+  form.x_dtype = all[0].x.dtype;
+  form.weights = all[0].topk_weights.defined();
+  require(form.x_dtype == DType::bf16 || form.x_dtype == DType::fp8_e4m3, kPhase,
+          "x must be bf16 or float8_e4m3fn; got {}", all[0].x.describe());
+  for (size_t r = 0; r < all.size(); ++r) {
+    const DispatchInputs& in = all[r];
+    validate_topk_idx(in.topk_idx, shape, kPhase);
+    const int64_t tokens = in.topk_idx.rows;
+    require_dtype(in.x, form.x_dtype, kPhase, "x");
+    require_host(in.x, kPhase, "x");
+    require_shape(in.x, tokens, form.hidden, kPhase, "x");
+    require(in.topk_idx.cols == form.topk, kPhase, "rank {} has num_topk {}; rank 0 has {}", r,
+            in.topk_idx.cols, form.topk);
+    if (form.x_dtype == DType::fp8_e4m3) {
+      require(form.hidden % kScaleBlock == 0, kPhase, "fp8 hidden {} is not a multiple of {}",
+              form.hidden, kScaleBlock);
+      require_dtype(in.x_scales, DType::f32, kPhase, "x_scales");
+      require_host(in.x_scales, kPhase, "x_scales");
+      require_shape(in.x_scales, tokens, form.hidden / kScaleBlock, kPhase, "x_scales");
+    }
+    require(in.topk_weights.defined() == form.weights, kPhase,
+            "topk_weights must be given for all ranks or none (rank {} differs from rank 0)", r);
+    if (form.weights) {
+      require_dtype(in.topk_weights, DType::f32, kPhase, "topk_weights");
+      require_host(in.topk_weights, kPhase, "topk_weights");
+      require_shape(in.topk_weights, tokens, form.topk, kPhase, "topk_weights");
+    }
+  }
+  return form;
+}
+
+// Checks combine's inputs against each other: one entry per rank, shapes that match each rank's
+// dispatch result, bf16 expert outputs and biases, f32 weights.
+void check_combine_inputs(std::span<const TensorRef> expert_out,
+                          std::span<const ReferenceDispatch> dispatched,
+                          std::span<const TensorRef> weights_in, const EpShape& shape, int rank,
+                          int num_tokens, const TensorRef& bias0, const TensorRef& bias1) {
+  const int ranks = shape.num_ranks;
+  require(rank >= 0 && rank < ranks, kPhase, "rank {} is outside [0, {})", rank, ranks);
+  require(num_tokens >= 0, kPhase, "num_tokens must be >= 0; got {}", num_tokens);
+  require(expert_out.size() == size_t(ranks) && dispatched.size() == size_t(ranks), kPhase,
+          "expert_out ({}) and dispatched ({}) must hold one entry per rank ({})",
+          expert_out.size(), dispatched.size(), ranks);
+  require(weights_in.empty() || weights_in.size() == size_t(ranks), kPhase,
+          "weights_in must be empty or hold one entry per rank; got {}", weights_in.size());
+  require_defined(expert_out[0], kPhase, "expert_out[0]");
+  const int64_t hidden = expert_out[0].cols;
+  const bool weights = !weights_in.empty();
+  const int64_t topk = weights ? weights_in[0].cols : 0;
+  for (int r = 0; r < ranks; ++r) {
+    const int64_t recv = dispatched[r].recv_src_idx.rows();
+    require(dispatched[r].recv_from.size() == size_t(ranks), kPhase,
+            "dispatched[{}].recv_from has {} entries; expected {}", r,
+            dispatched[r].recv_from.size(), ranks);
+    require_dtype(expert_out[r], DType::bf16, kPhase, "expert_out");
+    require_host(expert_out[r], kPhase, "expert_out");
+    require_shape(expert_out[r], recv, hidden, kPhase, "expert_out");
+    if (weights) {
+      require_dtype(weights_in[r], DType::f32, kPhase, "weights_in");
+      require_host(weights_in[r], kPhase, "weights_in");
+      require_shape(weights_in[r], recv, topk, kPhase, "weights_in");
+    }
+  }
+  for (const TensorRef* bias : {&bias0, &bias1}) {
+    if (!bias->defined()) continue;
+    require_dtype(*bias, DType::bf16, kPhase, "bias");
+    require_host(*bias, kPhase, "bias");
+    require_shape(*bias, num_tokens, hidden, kPhase, "bias");
+  }
+}
+
+}  // namespace
+
+ReferenceDispatch reference_dispatch(std::span<const DispatchInputs> all, const EpShape& shape,
+                                     int rank, int expert_alignment) {
+  require(rank >= 0 && rank < shape.num_ranks, kPhase, "rank {} is outside [0, {})", rank,
+          shape.num_ranks);
+  require(expert_alignment >= 1, kPhase, "expert_alignment must be >= 1; got {}", expert_alignment);
+  const InputForm form = check_inputs(all, shape);
+  const int topk = form.topk;
+  const bool fp8 = form.x_dtype == DType::fp8_e4m3;
+
+  // Pass 1: which rows arrive, in receive order (source rank, then token).
+  ReferenceDispatch out;
+  out.recv_from.assign(static_cast<size_t>(shape.num_ranks), 0);
+  std::vector<std::pair<int, int64_t>> rows;  // (source rank, token)
+  for (int source = 0; source < shape.num_ranks; ++source) {
+    const TensorRef& idx = all[source].topk_idx;
+    for (int64_t t = 0; t < idx.rows; ++t) {
+      bool hit = false;
+      for (int k = 0; k < topk && !hit; ++k)
+        hit = shape.local_expert(idx.as<int64_t>()[t * topk + k], rank) >= 0;
+      if (!hit) continue;
+      rows.emplace_back(source, t);
+      ++out.recv_from[source];
+    }
+  }
+
+  // Pass 2: fill the outputs.
+  const auto num_recv = static_cast<int64_t>(rows.size());
+  const int64_t groups = form.hidden / kScaleBlock;
+  out.recv_x = Tensor::empty(form.x_dtype, num_recv, form.hidden);
+  if (fp8) out.recv_x_scales = Tensor::empty(DType::f32, num_recv, groups);
+  out.recv_topk_idx = Tensor::empty(DType::i64, num_recv, topk);
+  if (form.weights) out.recv_topk_weights = Tensor::empty(DType::f32, num_recv, topk);
+  out.recv_src_idx = Tensor::empty(DType::i32, num_recv);
+  std::vector<int64_t> pairs(static_cast<size_t>(shape.experts_per_rank()), 0);
+  const size_t row_bytes = static_cast<size_t>(form.hidden) * dtype_size(form.x_dtype);
+  for (int64_t i = 0; i < num_recv; ++i) {
+    const auto [source, t] = rows[static_cast<size_t>(i)];
+    const DispatchInputs& in = all[source];
+    copy_row(in.x, t, out.recv_x.raw() + static_cast<size_t>(i) * row_bytes);
+    if (fp8)
+      copy_row(in.x_scales, t, out.recv_x_scales.raw() + static_cast<size_t>(i * groups) * 4);
+    out.recv_src_idx.data<int32_t>()[i] = static_cast<int32_t>(t);
+    for (int k = 0; k < topk; ++k) {
+      int64_t local = shape.local_expert(in.topk_idx.as<int64_t>()[t * topk + k], rank);
+      out.recv_topk_idx.data<int64_t>()[i * topk + k] = local;
+      if (local >= 0) ++pairs[static_cast<size_t>(local)];
+      if (form.weights)
+        out.recv_topk_weights.data<float>()[i * topk + k] =
+            local >= 0 ? in.topk_weights.at<float>(t, k) : 0.0f;
+    }
+  }
+  for (int64_t count : pairs) {
+    int64_t aligned = (count + expert_alignment - 1) / expert_alignment * expert_alignment;
+    out.num_recv_tokens_per_expert.push_back(static_cast<int>(aligned));
+  }
+  return out;
+}
+
+ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
+                                   std::span<const ReferenceDispatch> dispatched,
+                                   std::span<const TensorRef> weights_in, const EpShape& shape,
+                                   int rank, int num_tokens, const TensorRef& bias0,
+                                   const TensorRef& bias1) {
+  check_combine_inputs(expert_out, dispatched, weights_in, shape, rank, num_tokens, bias0, bias1);
+  const int ranks = shape.num_ranks;
+  const int64_t hidden = expert_out[0].cols;
+  const bool weights = !weights_in.empty();
+  const int64_t topk = weights ? weights_in[0].cols : 0;
+
+  // Accumulate in float32, ranks ascending; 0.0f start like the kernels' zeroed accumulators.
+  std::vector<float> sum(static_cast<size_t>(num_tokens * hidden), 0.0f);
+  std::vector<float> weight_sum(static_cast<size_t>(num_tokens * topk), 0.0f);
+  for (int r = 0; r < ranks; ++r) {
+    const ReferenceDispatch& d = dispatched[r];
+    int64_t first = 0;  // rows of r's receive order that came from `rank`
+    for (int s = 0; s < rank; ++s)
+      first += d.recv_from[s];
+    const int64_t count = d.recv_from[rank];
+    require(first + count <= d.recv_src_idx.rows(), kPhase,
+            "dispatched[{}].recv_from sums past its {} received rows", r, d.recv_src_idx.rows());
+    for (int64_t i = first; i < first + count; ++i) {
+      const int64_t t = d.recv_src_idx.data<int32_t>()[i];
+      require(t >= 0 && t < num_tokens, kPhase,
+              "dispatched[{}] row {} names token {} outside [0, {})", r, i, t, num_tokens);
+      for (int64_t c = 0; c < hidden; ++c)
+        sum[t * hidden + c] += bf16_to_float(expert_out[r].at<uint16_t>(i, c));
+      for (int64_t k = 0; k < topk; ++k)
+        weight_sum[t * topk + k] += weights_in[r].at<float>(i, k);
+    }
+  }
+
+  ReferenceCombine out;
+  out.combined_x = Tensor::empty(DType::bf16, num_tokens, hidden);
+  uint16_t* x = out.combined_x.data<uint16_t>();
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t c = 0; c < hidden; ++c) {
+      float value = sum[t * hidden + c];
+      if (bias0.defined()) value += bf16_to_float(bias0.at<uint16_t>(t, c));
+      if (bias1.defined()) value += bf16_to_float(bias1.at<uint16_t>(t, c));
+      x[t * hidden + c] = float_to_bf16(value);
+    }
+  }
+  if (weights) {
+    out.combined_topk_weights = Tensor::empty(DType::f32, num_tokens, topk);
+    std::copy(weight_sum.begin(), weight_sum.end(), out.combined_topk_weights.data<float>());
+  }
+  return out;
+}
+
+}  // namespace proxyep::ep

@@ -1,1 +1,262 @@
-// placeholder: being written
+// Synthetic MoE inputs. Reproducibility across processes, compilers and standard libraries is
+// the point, so:
+// - std::mt19937_64 is used only for its raw 64-bit output, which the standard fixes exactly;
+//   the std::*_distribution classes are avoided (their algorithms are implementation-defined).
+// - Each (seed, rank, purpose) gets its own generator, seeded through a fixed SplitMix64 mix, so
+//   the routing of a rank does not change when, say, hidden changes.
+// - Normals come from Box-Muller on 53-bit uniforms (log/sqrt/cos from libm, correctly rounded
+//   in practice on the platforms we run).
+#include "gpu_side/ep/workload.hpp"
+
+#include "common/error.hpp"
+#include "gpu_side/ep/numeric.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <numeric>
+#include <random>
+
+namespace proxyep::ep {
+
+namespace {
+
+constexpr std::string_view kPhase = "workload";
+
+// What each generator is for; part of the seed mix, so the values are part of the format.
+enum class Stream : uint64_t { x = 1, routing = 2, drop = 3, weights = 4 };
+
+// Zipf exponent of the skewed routing: weight of expert e is 1 / (e + 1)^s.
+constexpr double kZipfExponent = 1.0;
+
+uint64_t splitmix64(uint64_t value) {
+  value += 0x9e3779b97f4a7c15ull;
+  value = (value ^ (value >> 30)) * 0xbf58476d1ce4e5b9ull;
+  value = (value ^ (value >> 27)) * 0x94d049bb133111ebull;
+  return value ^ (value >> 31);
+}
+
+std::mt19937_64 make_generator(uint64_t seed, int rank, Stream stream) {
+  uint64_t mixed = splitmix64(splitmix64(seed) ^ splitmix64(static_cast<uint64_t>(rank) + 1) ^
+                              splitmix64(static_cast<uint64_t>(stream) << 32));
+  return std::mt19937_64(mixed);
+}
+
+// Uniform in [0, 1) with 53 random bits.
+double uniform01(std::mt19937_64& gen) {
+  return static_cast<double>(gen() >> 11) * 0x1.0p-53;
+}
+
+// Uniform integer in [0, n), n > 0, without modulo bias (rejects the short top range).
+uint64_t uniform_below(std::mt19937_64& gen, uint64_t n) {
+  uint64_t threshold = (0 - n) % n;  // 2^64 mod n
+  for (;;) {
+    uint64_t draw = gen();
+    if (draw >= threshold) return draw % n;
+  }
+}
+
+// Standard normals, generated in Box-Muller pairs.
+class NormalSource {
+ public:
+  explicit NormalSource(std::mt19937_64& gen) : gen_(gen) {}
+  double next() {
+    if (has_spare_) {
+      has_spare_ = false;
+      return spare_;
+    }
+    double u1 = 1.0 - uniform01(gen_);  // (0, 1]: log stays finite
+    double u2 = uniform01(gen_);
+    double radius = std::sqrt(-2.0 * std::log(u1));
+    double angle = 2.0 * std::numbers::pi * u2;
+    spare_ = radius * std::sin(angle);
+    has_spare_ = true;
+    return radius * std::cos(angle);
+  }
+
+ private:
+  std::mt19937_64& gen_;
+  double spare_ = 0.0;
+  bool has_spare_ = false;
+};
+
+void validate(const WorkloadOptions& o, int rank) {
+  const EpShape& s = o.shape;
+  require(s.num_ranks >= 1 && s.ranks_per_node >= 1, kPhase,
+          "num_ranks ({}) and ranks_per_node ({}) must be positive", s.num_ranks, s.ranks_per_node);
+  require(rank >= 0 && rank < s.num_ranks, kPhase, "rank {} is outside [0, {})", rank, s.num_ranks);
+  require(s.num_experts >= 1 && s.num_experts % s.num_ranks == 0, kPhase,
+          "num_experts ({}) must be a positive multiple of num_ranks ({})", s.num_experts,
+          s.num_ranks);
+  require(s.experts_per_rank() <= kMaxLocalExperts, kPhase,
+          "{} experts per rank exceed the limit of {}", s.experts_per_rank(), kMaxLocalExperts);
+  require(o.topk >= 1 && o.topk <= kMaxTopk, kPhase, "topk must be in [1, {}]; got {}", kMaxTopk,
+          o.topk);
+  require(o.topk <= s.num_experts, kPhase, "topk ({}) exceeds num_experts ({})", o.topk,
+          s.num_experts);
+  require(o.hidden >= 1, kPhase, "hidden must be positive; got {}", o.hidden);
+  require(!o.fp8 || o.hidden % kScaleBlock == 0, kPhase,
+          "hidden ({}) must be a multiple of {} for fp8 (one scale per {} channels)", o.hidden,
+          kScaleBlock, kScaleBlock);
+  require(o.num_tokens >= 0, kPhase, "num_tokens must be >= 0; got {}", o.num_tokens);
+  require(o.tokens_per_rank.empty() || o.tokens_per_rank.size() == size_t(s.num_ranks), kPhase,
+          "tokens_per_rank has {} entries; expected one per rank ({})", o.tokens_per_rank.size(),
+          s.num_ranks);
+  for (size_t r = 0; r < o.tokens_per_rank.size(); ++r)
+    require(o.tokens_per_rank[r] >= 0, kPhase, "tokens_per_rank[{}] = {} is negative", r,
+            o.tokens_per_rank[r]);
+  require(o.drop_fraction >= 0.0 && o.drop_fraction <= 1.0, kPhase,
+          "drop_fraction must be in [0, 1]; got {}", o.drop_fraction);
+}
+
+Tensor make_x(int64_t tokens, int hidden, std::mt19937_64 gen) {
+  Tensor x = Tensor::empty(DType::bf16, tokens, hidden);
+  NormalSource normal(gen);
+  uint16_t* out = x.data<uint16_t>();
+  for (int64_t i = 0; i < x.numel(); ++i)
+    out[i] = float_to_bf16(static_cast<float>(normal.next()));
+  return x;
+}
+
+// The `topk` experts with the largest keys; ties go to the lower expert id so the order is a
+// strict one and the result does not depend on the sort's implementation.
+void write_top_experts(const std::vector<double>& keys, int topk, std::vector<int>& order,
+                       int64_t* row) {
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + topk, order.end(),
+                    [&](int a, int b) { return keys[a] != keys[b] ? keys[a] > keys[b] : a < b; });
+  for (int k = 0; k < topk; ++k)
+    row[k] = order[k];
+}
+
+Tensor make_routing(const WorkloadOptions& o, int64_t tokens, std::mt19937_64 gen) {
+  const int experts = o.shape.num_experts;
+  Tensor idx = Tensor::empty(DType::i64, tokens, o.topk);
+  int64_t* out = idx.data<int64_t>();
+  if (o.routing == Routing::one_expert) {
+    for (int64_t t = 0; t < tokens; ++t)
+      for (int k = 0; k < o.topk; ++k)
+        out[t * o.topk + k] = k == 0 ? 0 : -1;
+    return idx;
+  }
+  std::vector<double> keys(static_cast<size_t>(experts));
+  std::vector<int> order(static_cast<size_t>(experts));
+  // Skewed: weighted sampling without replacement (Efraimidis-Spirakis): the top-k of
+  // log(u) / w_e picks expert e with probability proportional to w_e among those left.
+  std::vector<double> inverse_weight(static_cast<size_t>(experts));
+  for (int e = 0; e < experts; ++e)
+    inverse_weight[e] = std::pow(e + 1.0, kZipfExponent);
+  NormalSource normal(gen);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int e = 0; e < experts; ++e) {
+      if (o.routing == Routing::random)
+        keys[e] = std::abs(normal.next()) + 1.0;  // DeepEP's tests: randn().abs() + 1
+      else
+        keys[e] = std::log(1.0 - uniform01(gen)) * inverse_weight[e];
+    }
+    write_top_experts(keys, o.topk, order, out + t * o.topk);
+  }
+  return idx;
+}
+
+// Replaces exactly round(drop_fraction * entries) entries, chosen uniformly (partial
+// Fisher-Yates over entry positions), with -1.
+void drop_entries(Tensor& idx, double fraction, std::mt19937_64 gen) {
+  const int64_t entries = idx.numel();
+  const auto drops = static_cast<int64_t>(std::llround(fraction * static_cast<double>(entries)));
+  if (drops == 0) return;
+  std::vector<int64_t> position(static_cast<size_t>(entries));
+  std::iota(position.begin(), position.end(), 0);
+  int64_t* out = idx.data<int64_t>();
+  for (int64_t i = 0; i < drops; ++i) {
+    auto pick = i + static_cast<int64_t>(uniform_below(gen, static_cast<uint64_t>(entries - i)));
+    std::swap(position[i], position[pick]);
+    out[position[i]] = -1;
+  }
+}
+
+// Positive weights in [0.1, 1.1) for every slot, selected or not: a dropped slot keeps a non-zero
+// weight so that dispatch's zeroing of it is observable.
+Tensor make_weights(int64_t tokens, int topk, std::mt19937_64 gen) {
+  Tensor w = Tensor::empty(DType::f32, tokens, topk);
+  float* out = w.data<float>();
+  for (int64_t i = 0; i < w.numel(); ++i)
+    out[i] = static_cast<float>(0.1 + uniform01(gen));
+  return w;
+}
+
+}  // namespace
+
+Routing parse_routing(std::string_view name) {
+  if (name == "random") return Routing::random;
+  if (name == "skewed") return Routing::skewed;
+  if (name == "one-expert" || name == "one_expert") return Routing::one_expert;
+  fail(std::string(kPhase), "unknown routing '{}'; expected random, skewed or one-expert", name);
+}
+
+std::string_view routing_name(Routing routing) {
+  switch (routing) {
+    case Routing::random:
+      return "random";
+    case Routing::skewed:
+      return "skewed";
+    case Routing::one_expert:
+      return "one-expert";
+  }
+  return "?";
+}
+
+int WorkloadOptions::tokens_of(int rank) const {
+  if (tokens_per_rank.empty()) return num_tokens;
+  require(rank >= 0 && size_t(rank) < tokens_per_rank.size(), kPhase,
+          "rank {} has no entry in tokens_per_rank ({} entries)", rank, tokens_per_rank.size());
+  return tokens_per_rank[static_cast<size_t>(rank)];
+}
+
+RankInputs make_rank_inputs(const WorkloadOptions& options, int rank) {
+  validate(options, rank);
+  const int64_t tokens = options.tokens_of(rank);
+  const uint64_t seed = options.seed;
+  RankInputs in;
+  in.x = make_x(tokens, options.hidden, make_generator(seed, rank, Stream::x));
+  in.topk_idx = make_routing(options, tokens, make_generator(seed, rank, Stream::routing));
+  drop_entries(in.topk_idx, options.drop_fraction, make_generator(seed, rank, Stream::drop));
+  in.topk_weights = make_weights(tokens, options.topk, make_generator(seed, rank, Stream::weights));
+  if (options.fp8) cast_to_fp8(in.x, in.x_fp8, in.x_scales);
+  return in;
+}
+
+void cast_to_fp8(const Tensor& x_bf16, Tensor& x_fp8, Tensor& scales) {
+  require_dtype(x_bf16.ref(), DType::bf16, kPhase, "x");
+  require(x_bf16.dims() == 2 && x_bf16.cols() % kScaleBlock == 0, kPhase,
+          "x must be 2-D with hidden a multiple of {}; got {}", kScaleBlock,
+          x_bf16.ref().describe());
+  const int64_t rows = x_bf16.rows(), hidden = x_bf16.cols(), groups = hidden / kScaleBlock;
+  // Reuse the caller's tensors when they already have the right form (they may be views the
+  // caller holds elsewhere); otherwise allocate.
+  if (!(x_fp8.defined() && x_fp8.dtype() == DType::fp8_e4m3 && x_fp8.dims() == 2 &&
+        x_fp8.rows() == rows && x_fp8.cols() == hidden))
+    x_fp8 = Tensor::empty(DType::fp8_e4m3, rows, hidden);
+  if (!(scales.defined() && scales.dtype() == DType::f32 && scales.dims() == 2 &&
+        scales.rows() == rows && scales.cols() == groups))
+    scales = Tensor::empty(DType::f32, rows, groups);
+  const uint16_t* in = x_bf16.data<uint16_t>();
+  uint8_t* out = x_fp8.data<uint8_t>();
+  float* scale = scales.data<float>();
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t base = t * hidden + g * kScaleBlock;
+      float amax = 0.0f;
+      for (int c = 0; c < kScaleBlock; ++c)
+        amax = std::max(amax, std::abs(bf16_to_float(in[base + c])));
+      amax = std::max(amax, 1e-4f);
+      // Same float32 operations as DeepEP's per_token_cast_to_fp8: x * (448 / amax).
+      const float factor = kFp8E4m3Max / amax;
+      for (int c = 0; c < kScaleBlock; ++c)
+        out[base + c] = float_to_e4m3(bf16_to_float(in[base + c]) * factor);
+      scale[t * groups + g] = amax / kFp8E4m3Max;
+    }
+  }
+}
+
+}  // namespace proxyep::ep

@@ -20,7 +20,7 @@ TEST_CASE("tensor: shapes, copies and argument checks") {
   CHECK(r.data<float>()[2] == 1.f);
   CHECK_THROWS_WITH_AS(require_dtype(t.ref(), DType::bf16, "dispatch", "x"),
                        doctest::Contains("x must have dtype bf16; got float32[3, 4]"), Error);
-  CHECK_THROWS_WITH_AS(require_shape(t.ref(), 3, 5, "dispatch", "x"),
-                       doctest::Contains("[3, 5]"), Error);
+  CHECK_THROWS_WITH_AS(require_shape(t.ref(), 3, 5, "dispatch", "x"), doctest::Contains("[3, 5]"),
+                       Error);
   CHECK_THROWS_AS(require_defined(TensorRef{}, "dispatch", "x"), Error);
 }

@@ -1,0 +1,207 @@
+// The per-row rules of normal-mode dispatch and combine (DEEPEP_COMPAT 2.3, 2.5), written once
+// for the CPU twins (integrations/buffer_rows.cpp, buffer_combine.cpp) and the CUDA kernels
+// (gpu_side/cuda/ep_dispatch.cu, ep_combine.cu), so the two produce the same bytes:
+//
+// - dispatch_row: one token of the sender becomes one row at a destination: the token bytes, the
+//   4-byte FP8 scales (strides honoured, so column-major scales work), the top-k indices
+//   rewritten to the destination's local expert ids (-1 where another rank owns the expert) with
+//   the weights zeroed there, and the source token index.
+// - combine_token: one token of the source is the float32 sum, over ranks in ascending order, of
+//   the bf16 rows the ranks that received it sent back, then + bias0, + bias1, rounded to bf16
+//   once; its top-k weights are summed the same way (no bias). Each output element sees exactly
+//   the operations 0 + row_r0 + row_r1 + ... + bias0 + bias1 in that order whatever the lane
+//   split, and there are no multiplies to contract into FMAs, so host and device agree bit for
+//   bit.
+//
+// Who does the work is a policy type `Lanes` (the CPU twin's "thread block"):
+//   uint32_t lane() const, uint32_t count() const   this lane and the number of lanes; element
+//                                                   loops stride over lanes
+//   void copy_bytes(std::byte* to, const std::byte* from, uint64_t n) const
+//                                                   a cooperative copy of n bytes (dispatch only)
+// HostLanes below is one lane with memcpy; the kernels use a thread-block copy
+// (gpu_side/cuda/ep_block_lanes.cuh). Nothing here allocates or uses std:: containers, so the
+// same code compiles for the device.
+#pragma once
+
+#include "common/host_device.hpp"
+#include "gpu_side/ep/ep_shape.hpp"
+#include "gpu_side/ep/numeric.hpp"
+#include "gpu_side/ep/row_format.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace proxyep::ep {
+
+// One lane on the calling host thread; the token bytes go through memcpy.
+struct HostLanes {
+  static constexpr uint32_t lane() { return 0; }
+  static constexpr uint32_t count() { return 1; }
+  void copy_bytes(std::byte* to, const std::byte* from, uint64_t n) const {
+    std::memcpy(to, from, static_cast<size_t>(n));
+  }
+};
+
+// ---- dispatch ----
+
+// Row 0 of every array for one destination (already offset to the sender's first row there).
+// The pointers may be another process's memory (CUDA IPC, a shared mapping) or staging for an
+// RMA write; a kernel needs them device-accessible.
+struct RowSink {
+  std::byte* x = nullptr;
+  uint32_t* scales = nullptr;
+  int64_t* topk_idx = nullptr;
+  float* weights = nullptr;
+  int32_t* src_index = nullptr;
+  int64_t first_row = 0;  // the sender's first row in these arrays
+  int rank = 0;           // the destination (its experts are the local ones)
+
+  // The sink over `area` laid out as `a` (row_format.hpp).
+  PROXYEP_HOST_DEVICE static RowSink at(std::byte* area, const RowAreas& a, int64_t first_row,
+                                        int rank) {
+    RowSink sink;
+    sink.x = area + a.x;
+    sink.scales = reinterpret_cast<uint32_t*>(area + a.scales);
+    sink.topk_idx = reinterpret_cast<int64_t*>(area + a.topk_idx);
+    sink.weights = reinterpret_cast<float*>(area + a.weights);
+    sink.src_index = reinterpret_cast<int32_t*>(area + a.src_index);
+    sink.first_row = first_row;
+    sink.rank = rank;
+    return sink;
+  }
+};
+
+// The sender's rows as raw pointers (what a TensorRef reduces to, and what a kernel can take).
+// Fields the format does not carry may be null.
+struct RowInput {
+  const std::byte* x = nullptr;         // [N, format.hidden_bytes], contiguous
+  const uint32_t* scales = nullptr;     // 4-byte scales (f32 or packed UE8M0 i32), strided
+  int64_t scale_row_stride = 0;         // elements, like TensorRef / PyTorch
+  int64_t scale_col_stride = 1;         // column-major scales: row stride 1, col stride N
+  const int64_t* topk_idx = nullptr;    // [N, format.topk], contiguous, global expert ids
+  const float* topk_weights = nullptr;  // [N, format.topk], contiguous (format.weights > 0)
+  RowFormat format;
+  EpShape shape;
+};
+
+// Writes token `t` of `in` as row sink.first_row + `row` of `sink`. Every lane of `lanes` calls
+// it with the same arguments; together they write the row once.
+template <typename Lanes>
+PROXYEP_HOST_DEVICE inline void dispatch_row(const RowInput& in, const RowSink& sink, int64_t row,
+                                             int64_t t, const Lanes& lanes) {
+  const RowFormat& f = in.format;
+  const int64_t r = sink.first_row + row;
+  const uint32_t lane = lanes.lane(), lanes_n = lanes.count();
+  lanes.copy_bytes(sink.x + r * f.hidden_bytes, in.x + t * f.hidden_bytes, f.hidden_bytes);
+  // Scales are 4-byte words (float32, or int32 UE8M0): copied as bits, strides honoured.
+  for (uint32_t c = lane; c < f.scale_cols; c += lanes_n)
+    sink.scales[r * f.scale_cols + c] =
+        in.scales[t * in.scale_row_stride + static_cast<int64_t>(c) * in.scale_col_stride];
+  for (uint32_t k = lane; k < f.topk; k += lanes_n) {
+    const int64_t local = in.shape.local_expert(in.topk_idx[t * f.topk + k], sink.rank);
+    sink.topk_idx[r * f.topk + k] = local;
+    if (f.weights > 0)
+      sink.weights[r * f.topk + k] = local >= 0 ? in.topk_weights[t * f.topk + k] : 0.0f;
+  }
+  if (f.src_index > 0 && lane == 0) sink.src_index[r] = static_cast<int32_t>(t);
+}
+
+// ---- combine ----
+
+// Elements one lane reduces at a time: one 16-byte unit of bf16 (DeepEP's int4), so a device
+// lane moves each row's chunk with one vector load. hidden is a multiple of it because
+// hidden * 2 bytes is a multiple of kRowUnitBytes.
+inline constexpr int kCombineChunk = kRowUnitBytes / 2;
+
+// What the reduce of one source rank reads and writes. Rows from rank r form a block starting
+// at row block_base[r]; token t's row in it is send_head[t][r] (-1: t was not sent to r).
+struct CombineInput {
+  const uint16_t* rows = nullptr;       // bf16 [sum of blocks, hidden]
+  const float* row_weights = nullptr;   // f32 [sum of blocks, topk] (topk > 0)
+  const int64_t* block_base = nullptr;  // [num_ranks]
+  const int32_t* send_head = nullptr;   // [num_tokens, num_ranks]
+  const uint16_t* bias0 = nullptr;      // bf16 [num_tokens, hidden] or null
+  const uint16_t* bias1 = nullptr;      // bf16 [num_tokens, hidden] or null
+  uint16_t* out = nullptr;              // bf16 [num_tokens, hidden]
+  float* out_weights = nullptr;         // f32 [num_tokens, topk] (topk > 0)
+  int num_ranks = 0;
+  int64_t hidden = 0;  // a multiple of kCombineChunk
+  int topk = 0;        // 0: no weights
+};
+
+namespace detail {
+
+// One chunk of bf16 bits. On the device a single 16-byte access (the pointer is 16-byte aligned:
+// row and array starts are, and chunks are 16 bytes); on the host an element loop the compiler
+// vectorises. Bits only: no arithmetic happens here.
+PROXYEP_HOST_DEVICE inline void load_chunk(const uint16_t* from, uint16_t (&v)[kCombineChunk]) {
+#if defined(__CUDA_ARCH__)
+  const uint4 u = *reinterpret_cast<const uint4*>(from);
+  const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+  for (int i = 0; i < 4; ++i) {
+    v[2 * i] = static_cast<uint16_t>(words[i] & 0xffffu);  // little endian: low half first
+    v[2 * i + 1] = static_cast<uint16_t>(words[i] >> 16);
+  }
+#else
+  for (int j = 0; j < kCombineChunk; ++j)
+    v[j] = from[j];
+#endif
+}
+
+PROXYEP_HOST_DEVICE inline void store_chunk(uint16_t* to, const uint16_t (&v)[kCombineChunk]) {
+#if defined(__CUDA_ARCH__)
+  uint32_t words[4];
+  for (int i = 0; i < 4; ++i)
+    words[i] = static_cast<uint32_t>(v[2 * i]) | (static_cast<uint32_t>(v[2 * i + 1]) << 16);
+  *reinterpret_cast<uint4*>(to) = make_uint4(words[0], words[1], words[2], words[3]);
+#else
+  for (int j = 0; j < kCombineChunk; ++j)
+    to[j] = v[j];
+#endif
+}
+
+PROXYEP_HOST_DEVICE inline void add_chunk(float (&acc)[kCombineChunk], const uint16_t* from) {
+  uint16_t v[kCombineChunk];
+  load_chunk(from, v);
+  for (int j = 0; j < kCombineChunk; ++j)
+    acc[j] += bf16_to_float(v[j]);
+}
+
+}  // namespace detail
+
+// Reduces token `t` of `in`: out[t] = bf16(sum_r rows[r] + bias0[t] + bias1[t]) in float32,
+// ranks ascending; out_weights[t] = sum_r row_weights[r]. Every lane of `lanes` calls it with
+// the same arguments; together they write the token once.
+template <typename Lanes>
+PROXYEP_HOST_DEVICE inline void combine_token(const CombineInput& in, int64_t t,
+                                              const Lanes& lanes) {
+  const int32_t* head = in.send_head + t * in.num_ranks;
+  const int64_t lane = lanes.lane(), lanes_n = lanes.count();
+  for (int64_t c0 = lane * kCombineChunk; c0 < in.hidden; c0 += lanes_n * kCombineChunk) {
+    float acc[kCombineChunk];
+    for (int j = 0; j < kCombineChunk; ++j)
+      acc[j] = 0.0f;
+    for (int r = 0; r < in.num_ranks; ++r) {
+      const int32_t pos = head[r];
+      if (pos < 0) continue;
+      detail::add_chunk(acc, in.rows + (in.block_base[r] + pos) * in.hidden + c0);
+    }
+    if (in.bias0 != nullptr) detail::add_chunk(acc, in.bias0 + t * in.hidden + c0);
+    if (in.bias1 != nullptr) detail::add_chunk(acc, in.bias1 + t * in.hidden + c0);
+    uint16_t v[kCombineChunk];
+    for (int j = 0; j < kCombineChunk; ++j)
+      v[j] = float_to_bf16(acc[j]);
+    detail::store_chunk(in.out + t * in.hidden + c0, v);
+  }
+  for (int64_t k = lane; k < in.topk; k += lanes_n) {
+    float acc = 0.0f;
+    for (int r = 0; r < in.num_ranks; ++r) {
+      const int32_t pos = head[r];
+      if (pos >= 0) acc += in.row_weights[(in.block_base[r] + pos) * in.topk + k];
+    }
+    in.out_weights[t * in.topk + k] = acc;
+  }
+}
+
+}  // namespace proxyep::ep
