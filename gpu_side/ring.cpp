@@ -2,6 +2,10 @@
 
 #include "gpu_side/doorbell.hpp"
 
+#include <linux/membarrier.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -19,16 +23,37 @@ void check_placement(std::span<std::byte> memory) {
           kRingSlotsOffset);
 }
 
+// Registers this process as a target of membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED), once: a
+// single producer relies on the consumer's barrier only once that holds (kSyncBarrier). False
+// where the kernel lacks the command or a seccomp filter refuses it; then it fences instead.
+bool register_for_consumer_barrier() noexcept {
+  static const bool registered =
+      ::syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED, 0, 0) == 0;
+  return registered;
+}
+
+// The consumer's half of the asymmetric Dekker pair (design block in ring.hpp): every running
+// thread of every registered process passes a full memory barrier before this returns.
+bool consumer_barrier() noexcept {
+  return ::syscall(SYS_membarrier, MEMBARRIER_CMD_GLOBAL_EXPEDITED, 0, 0) == 0;
+}
+
 }  // namespace
 
-Ring::Ring(RingHeader* header, uint64_t capacity)
-    : header_(header), slots_(ring_slots(header)), capacity_(capacity), mask_(capacity - 1) {}
+Ring::Ring(RingHeader* header, uint64_t capacity, ProducerMode mode)
+    : header_(header),
+      slots_(ring_slots(header)),
+      capacity_(capacity),
+      mask_(capacity - 1),
+      mode_(mode) {}
 
-Ring Ring::create(std::span<std::byte> memory, uint64_t capacity) {
+Ring Ring::create(std::span<std::byte> memory, uint64_t capacity, ProducerMode mode) {
   check_placement(memory);
   require(is_power_of_two(capacity) && capacity >= 2, kPhase,
           "capacity {} must be a power of two >= 2 (positions are masked, not divided)", capacity);
   require(capacity <= (uint64_t{1} << 40), kPhase, "capacity {} is absurdly large", capacity);
+  require(mode == ProducerMode::multi || mode == ProducerMode::single, kPhase,
+          "unknown producer mode {}", static_cast<uint32_t>(mode));
   require(memory.size() >= ring_bytes(capacity), kPhase,
           "a ring of {} slots needs {} bytes, the memory has {}", capacity, ring_bytes(capacity),
           memory.size());
@@ -43,7 +68,8 @@ Ring Ring::create(std::span<std::byte> memory, uint64_t capacity) {
   header->config.capacity = capacity;
   header->config.slots_offset = kRingSlotsOffset;
   header->config.total_bytes = ring_bytes(capacity);
-  return Ring(header, capacity);
+  header->config.producer_mode = mode;
+  return Ring(header, capacity, mode);
 }
 
 Ring Ring::attach(std::span<std::byte> memory) {
@@ -66,15 +92,50 @@ Ring Ring::attach(std::span<std::byte> memory) {
   require(memory.size() >= config.total_bytes, kPhase,
           "ring of {} slots needs {} bytes but only {} are mapped", config.capacity,
           config.total_bytes, memory.size());
-  return Ring(const_cast<RingHeader*>(header), config.capacity);
+  require(
+      config.producer_mode == ProducerMode::multi || config.producer_mode == ProducerMode::single,
+      kPhase, "corrupt ring header (producer mode {})",
+      static_cast<uint32_t>(config.producer_mode));
+  return Ring(const_cast<RingHeader*>(header), config.capacity, config.producer_mode);
 }
 
 // ---- producer ----
 
 RingProducer::RingProducer(Ring ring, ProducerOptions options)
-    : ring_(ring), doorbell_(options.doorbell), stall_timeout_(options.stall_timeout) {}
+    : ring_(ring),
+      doorbell_(options.doorbell),
+      stall_timeout_(options.stall_timeout),
+      single_(ring.producer_mode() == ProducerMode::single) {
+  if (!single_) return;
+  ProducerState& state = ring_.header().producer;
+  uint32_t expected = 0;
+  // acq_rel: pairs with the release store of 0 in the previous single producer's destructor, so
+  // its last head store (and its slots) are visible and this producer continues after them.
+  require(atomic(state.attached).compare_exchange_strong(expected, 1, std::memory_order_acq_rel),
+          kPhase,
+          "the ring is single-producer and already has a producer (create it with "
+          "ProducerMode::multi for several)");
+  // acquire: pairs with the previous single producer's release store of head in publish_head().
+  head_ = atomic(state.head).load(std::memory_order_acquire);
+  // acquire: pairs with the consumer's release store of tail in pop_burst(), as in slot_free().
+  cached_tail_ = atomic(ring_.header().consumer.tail).load(std::memory_order_acquire);
+  fence_ = options.fence_per_publish || !register_for_consumer_barrier();
+  // seq_cst exchange, then seq_cst load of the flag: pairs with the consumer's seq_cst store of
+  // consumer_sleeping and seq_cst load of sync in announce_sleep(). A consumer that read the old
+  // mode (and so skipped membarrier()) did so before this exchange in the single total order, and
+  // its flag store before that; so the load below reads that flag store or a later value, and so
+  // does every later (relaxed) flag load of this producer, by read-read coherence.
+  atomic(state.sync).exchange(fence_ ? kSyncFence : kSyncBarrier, std::memory_order_seq_cst);
+  (void)atomic(ring_.header().signal.consumer_sleeping).load(std::memory_order_seq_cst);
+}
 
 RingProducer::~RingProducer() {
+  if (single_) {
+    // release: pairs with the next single producer's acq_rel claim in the constructor. A single
+    // producer never owes a nop (it reserves nothing it does not publish at once).
+    atomic(ring_.header().producer.attached).store(0, std::memory_order_release);
+    return;
+  }
   if (!owes_nop()) return;
   if (flush(Deadline(stall_timeout_)) == Status::ok) return;
   // release: pairs with the consumer's acquire load of abandoned in health(): the consumer will
@@ -104,8 +165,18 @@ Status RingProducer::try_push_burst(std::span<const Descriptor> descriptors,
                                     size_t& pushed) noexcept {
   pushed = 0;
   if (descriptors.empty()) return Status::ok;
+  if (single_) {
+    const uint64_t count = room(head_, descriptors.size());
+    if (count == 0) return Status::again;
+    for (; pushed < count; ++pushed)
+      write_slot(head_ + pushed, descriptors[pushed]);
+    publish_head(head_ + count);  // one head store and one doorbell check per burst
+    return Status::ok;
+  }
   if (owes_nop() && !settle_owed()) return Status::again;
-  const uint64_t count = room(descriptors.size());
+  // relaxed: a snapshot for the room check only; the fetch-add in reserve() is what reserves.
+  const uint64_t count = room(atomic(ring_.header().producer.head).load(std::memory_order_relaxed),
+                              descriptors.size());
   if (count == 0) return Status::again;
   const uint64_t first = reserve(count);
   Status status = Status::ok;
@@ -127,6 +198,14 @@ Status RingProducer::try_push_burst(std::span<const Descriptor> descriptors,
 }
 
 Status RingProducer::push(const Descriptor& d, const Deadline& deadline) noexcept {
+  if (single_) {
+    // Nothing to take turns with: wait for room first, reserve nothing.
+    Status status = wait_slot(head_, deadline);
+    if (status != Status::ok) return status;
+    write_slot(head_, d);
+    publish_head(head_ + 1);
+    return Status::ok;
+  }
   if (owes_nop()) {
     Status status = flush(deadline);
     if (status != Status::ok) return status;
@@ -192,9 +271,20 @@ bool RingConsumer::announce_sleep() noexcept {
   RingHeader& header = ring_.header();
   // seq_cst store then seq_cst load of head: the consumer half of the doorbell's Dekker pair,
   // against the producers' seq_cst fetch-add of head (reserve()) followed by their seq_cst load
-  // of consumer_sleeping (notify()). If this load misses a reservation, that producer's load
-  // comes later in the single total order and sees the flag.
+  // of consumer_sleeping (notify()), or the single producer's head store, fence and flag load
+  // (publish_head()). If this load misses a reservation, that producer's load comes later in the
+  // single total order and sees the flag.
   atomic(header.signal.consumer_sleeping).store(1, std::memory_order_seq_cst);
+  // seq_cst: pairs with the single producer's seq_cst store of sync and fence in its
+  // constructor (see there). kSyncBarrier: that producer has no fence between its head store and
+  // its flag load; membarrier() supplies it, between our flag store and our head load. If the
+  // syscall fails, stay awake rather than risk a lost wake-up.
+  if (ring_.producer_mode() == ProducerMode::single &&
+      atomic(header.producer.sync).load(std::memory_order_seq_cst) == kSyncBarrier &&
+      !consumer_barrier()) {
+    end_sleep();
+    return false;
+  }
   if (atomic(header.producer.head).load(std::memory_order_seq_cst) == position_) return true;
   end_sleep();  // something is reserved or published: stay awake
   return false;

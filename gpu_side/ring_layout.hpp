@@ -4,7 +4,9 @@
 //
 //   offset                size              what
 //        0                 128              RingConfig     written once by Ring::create
-//      128                 128              ProducerState  head, fetch-added by every producer
+//      128                 128              ProducerState  head (fetch-added by every producer, or
+//                                                          stored by the single producer), the
+//                                                          single-producer claim and sync mode
 //      256                 128              ConsumerState  tail, published by the consumer
 //      384                 128              SignalState    consumer_sleeping, abandoned
 //      512    64 * capacity              slots          WireDescriptor[capacity]
@@ -20,11 +22,24 @@
 namespace proxyep::gpu_side {
 
 inline constexpr uint32_t kRingMagic = 0x52504550u;  // "PEPR" read as little-endian bytes
-inline constexpr uint32_t kRingLayoutVersion = 1;
+// 2: RingConfig::producer_mode and ProducerState::attached/sync. A version-1 build must not
+// attach: it would fetch-add the head of a single-producer ring behind its producer's back.
+inline constexpr uint32_t kRingLayoutVersion = 2;
 // Producer and consumer state are kept this far apart, not merely a cache line: Intel's
 // adjacent-line prefetcher pulls lines in 128-byte pairs, so state 64 B apart still false-shares
 // (DPDK's rte_ring pads the same way).
 inline constexpr size_t kFalseSharingRange = 128;
+
+// Who may push into a ring; fixed by Ring::create (ring.hpp describes both protocols).
+enum class ProducerMode : uint32_t {
+  multi = 0,   // any number of producers reserve positions with a fetch-add of head (default)
+  single = 1,  // one RingProducer at a time (claimed in ProducerState), no atomic RMW per push
+};
+
+// ProducerState::sync: how the single producer orders its head store before its load of
+// consumer_sleeping (the doorbell's Dekker pair, ring.hpp).
+inline constexpr uint32_t kSyncFence = 0;    // a locked exchange of head per publish
+inline constexpr uint32_t kSyncBarrier = 1;  // no fence; the consumer runs membarrier() instead
 
 // Written once by Ring::create before the memory is shared; read by Ring::attach.
 struct alignas(kFalseSharingRange) RingConfig {
@@ -35,12 +50,16 @@ struct alignas(kFalseSharingRange) RingConfig {
   uint64_t capacity;      // slots, a power of two
   uint64_t slots_offset;  // bytes from the start of the header to slot 0
   uint64_t total_bytes;   // header + slots
+  ProducerMode producer_mode;
 };
 
-// Written by every host producer's reservation (fetch-add); read by the consumer only when it
-// is about to sleep. A GPU producer keeps its own head in device memory (ring_producer.cuh).
+// Written by every host producer's reservation (fetch-add), or by the single producer's publish
+// (plain store); read by the consumer only when it is about to sleep (and by quiet waiters). A
+// GPU producer keeps its own head in device memory (ring_producer.cuh).
 struct alignas(kFalseSharingRange) ProducerState {
   uint64_t head;
+  uint32_t attached;  // single-producer rings: 1 while a RingProducer holds the ring
+  uint32_t sync;      // single-producer rings: kSyncFence or kSyncBarrier, set by the producer
 };
 
 // Written by the consumer once per non-empty burst; read by producers only when their cached

@@ -2,7 +2,6 @@
 // block per source in receive order (rows from one source are contiguous there); the source
 // lays the blocks out by sending rank and reduces each token over the ranks that received it, in
 // float32, in ascending rank order, then adds the biases (the order reference.hpp defines).
-#include "gpu_side/ep/numeric.hpp"
 #include "integrations/buffer_impl.hpp"
 #include "integrations/buffer_rows.hpp"
 
@@ -119,7 +118,8 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
     if (remote_pass && !multi_node) continue;
     for (int s = 0; s < R; ++s) {
       const int64_t n = dispatched(s, rank);
-      if (n == 0 || node->on_node(s) == remote_pass) continue;
+      // This rank's rows for itself stay in x: the reduce reads them there.
+      if (n == 0 || s == rank || node->on_node(s) == remote_pass) continue;
       const int64_t first = prefix[s * R + rank] - n;  // this source's first row in x
       std::byte* area;
       int64_t to_row, rows_there;
@@ -150,7 +150,7 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
   }
   std::vector<uint8_t> from(static_cast<size_t>(R));
   for (int r = 0; r < R; ++r)
-    from[r] = dispatched(rank, r) > 0;
+    from[r] = r != rank && dispatched(rank, r) > 0;
   wait_rows(call, from, kPhase);
 
   // ---- reduce ----
@@ -159,43 +159,33 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
   if (topk > 0) out.combined_topk_weights = Tensor::empty(DType::f32, h.num_tokens, topk);
   const std::byte* mine = data_area(rank);
   auto areas = ep::RowAreas::of(static_cast<uint64_t>(block_total(rank)), format);
-  const auto* rows = reinterpret_cast<const uint16_t*>(mine + areas.x);
-  const auto* row_weights = reinterpret_cast<const float*>(mine + areas.weights);
-  std::vector<int64_t> bases(static_cast<size_t>(R));
-  for (int r = 0; r < R; ++r)
-    bases[r] = block_base(rank, r);
-  const auto* head = h.send_head.data<int32_t>();
-  const auto* b0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr;
-  const auto* b1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr;
-  auto* result = out.combined_x.data<uint16_t>();
-  auto* result_w = topk > 0 ? out.combined_topk_weights.data<float>() : nullptr;
-  for_each_token_block(*executor, h.num_tokens, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(static_cast<size_t>(hidden));
-    std::vector<float> acc_w(static_cast<size_t>(topk));
-    for (int64_t t = begin; t < end; ++t) {
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      std::fill(acc_w.begin(), acc_w.end(), 0.0f);
-      for (int r = 0; r < R; ++r) {
-        int32_t pos = head[t * R + r];
-        if (pos < 0) continue;
-        const uint16_t* row = rows + (bases[r] + pos) * hidden;
-        for (int64_t i = 0; i < hidden; ++i)
-          acc[i] += ep::bf16_to_float(row[i]);
-        for (int k = 0; k < topk; ++k)
-          acc_w[k] += row_weights[(bases[r] + pos) * topk + k];
-      }
-      if (b0 != nullptr)
-        for (int64_t i = 0; i < hidden; ++i)
-          acc[i] += ep::bf16_to_float(b0[t * hidden + i]);
-      if (b1 != nullptr)
-        for (int64_t i = 0; i < hidden; ++i)
-          acc[i] += ep::bf16_to_float(b1[t * hidden + i]);
-      for (int64_t i = 0; i < hidden; ++i)
-        result[t * hidden + i] = ep::float_to_bf16(acc[i]);
-      for (int k = 0; k < topk; ++k)
-        result_w[t * topk + k] = acc_w[k];
+  const int64_t self_first = prefix[rank * R + rank] - dispatched(rank, rank);  // in x
+  std::vector<const uint16_t*> block_rows(static_cast<size_t>(R));
+  std::vector<const float*> block_weights(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    if (r == rank) {
+      block_rows[r] = a.x.as<uint16_t>() + self_first * hidden;
+      block_weights[r] = w != nullptr ? w + self_first * topk : nullptr;
+    } else {
+      block_rows[r] =
+          reinterpret_cast<const uint16_t*>(mine + areas.x) + block_base(rank, r) * hidden;
+      block_weights[r] =
+          reinterpret_cast<const float*>(mine + areas.weights) + block_base(rank, r) * topk;
     }
-  });
+  }
+  combine_tokens(
+      *executor,
+      ep::CombineInput{.block_rows = block_rows.data(),
+                       .block_weights = topk > 0 ? block_weights.data() : nullptr,
+                       .send_head = h.send_head.data<int32_t>(),
+                       .bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
+                       .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
+                       .out = out.combined_x.data<uint16_t>(),
+                       .out_weights = topk > 0 ? out.combined_topk_weights.data<float>() : nullptr,
+                       .num_ranks = R,
+                       .hidden = hidden,
+                       .topk = topk},
+      h.num_tokens);
   quiet(kPhase);
   return out;
 }

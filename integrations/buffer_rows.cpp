@@ -1,37 +1,33 @@
 #include "integrations/buffer_rows.hpp"
 
+#include <cstring>
+
 namespace proxyep {
 
-RowSink RowSink::at(std::byte* area, const ep::RowAreas& a, int64_t first_row, int rank) {
-  RowSink sink;
-  sink.x = area + a.x;
-  sink.scales = reinterpret_cast<uint32_t*>(area + a.scales);
-  sink.topk_idx = reinterpret_cast<int64_t*>(area + a.topk_idx);
-  sink.weights = reinterpret_cast<float*>(area + a.weights);
-  sink.src_index = reinterpret_cast<int32_t*>(area + a.src_index);
-  sink.first_row = first_row;
-  sink.rank = rank;
-  return sink;
+ep::RowInput row_input(const RowSource& source) {
+  ep::RowInput in;
+  in.x = static_cast<const std::byte*>(source.x.data);
+  if (source.x_scales.defined()) {
+    in.scales = source.x_scales.as<uint32_t>();
+    in.scale_row_stride = source.x_scales.row_stride;
+    in.scale_col_stride = source.x_scales.col_stride;
+  }
+  in.topk_idx = source.topk_idx.defined() ? source.topk_idx.as<int64_t>() : nullptr;
+  in.topk_weights = source.topk_weights.defined() ? source.topk_weights.as<float>() : nullptr;
+  in.format = source.format;
+  in.shape = source.shape;
+  return in;
 }
 
 void write_row(const RowSource& source, const RowSink& sink, int64_t row, int64_t t) {
-  const ep::RowFormat& f = source.format;
-  const int64_t r = sink.first_row + row;
-  std::memcpy(sink.x + r * f.hidden_bytes,
-              static_cast<const std::byte*>(source.x.data) + t * f.hidden_bytes, f.hidden_bytes);
-  // Scales are 4-byte words (float32, or int32 UE8M0): copied as bits, strides honoured.
-  for (uint32_t c = 0; c < f.scale_cols; ++c)
-    sink.scales[r * f.scale_cols + c] = source.x_scales.at<uint32_t>(t, c);
-  if (f.topk > 0) {
-    const auto* idx = source.topk_idx.as<int64_t>() + t * f.topk;
-    const float* w = f.weights > 0 ? source.topk_weights.as<float>() + t * f.topk : nullptr;
-    for (uint32_t k = 0; k < f.topk; ++k) {
-      int64_t local = source.shape.local_expert(idx[k], sink.rank);
-      sink.topk_idx[r * f.topk + k] = local;
-      if (w != nullptr) sink.weights[r * f.topk + k] = local >= 0 ? w[k] : 0.0f;
-    }
-  }
-  if (f.src_index > 0) sink.src_index[r] = static_cast<int32_t>(t);
+  ep::dispatch_row(row_input(source), sink, row, t, ep::HostLanes{});
+}
+
+void combine_tokens(ep::HostExecutor& executor, const ep::CombineInput& input, int64_t num_tokens) {
+  for_each_token_block(executor, num_tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      ep::combine_token(input, t, ep::HostLanes{});
+  });
 }
 
 void copy_rows(ep::HostExecutor& executor, std::byte* to, const std::byte* from, int64_t rows,

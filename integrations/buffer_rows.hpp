@@ -1,20 +1,23 @@
-// The per-row work of dispatch's CPU twin: where a row's arrays start at a destination
-// (RowSink), what one row carries (write_row: token bytes, scales, top-k rewritten to the
-// destination's local expert ids with -1 and zero weights elsewhere, source token index), and
-// the executor loops over token blocks and row copies.
+// The per-row work of dispatch's and combine's CPU twins: the rules themselves (what one row
+// carries, how one token is reduced) live in gpu_side/ep/row_rules.hpp, shared with the CUDA
+// kernels; this file adapts the Buffer's tensors to them and runs them on the host executor
+// (token blocks for dispatch_row and combine_token, bulk row copies).
 #pragma once
 
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/host_executor.hpp"
 #include "gpu_side/ep/row_format.hpp"
+#include "gpu_side/ep/row_rules.hpp"
 #include "gpu_side/ep/tensor.hpp"
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 
 namespace proxyep {
+
+// Where a row's arrays start at a destination (row_rules.hpp).
+using ep::RowSink;
 
 // The sender's rows, as the call passed them.
 struct RowSource {
@@ -23,20 +26,11 @@ struct RowSource {
   ep::EpShape shape;
 };
 
-// Row 0 of every array for one destination (already offset to the sender's first row there).
-struct RowSink {
-  std::byte* x = nullptr;
-  uint32_t* scales = nullptr;
-  int64_t* topk_idx = nullptr;
-  float* weights = nullptr;
-  int32_t* src_index = nullptr;
-  int64_t first_row = 0;  // the sender's first row in these arrays
-  int rank = 0;           // the destination (its experts are the local ones)
+// `source` as the raw pointers the shared rule reads.
+ep::RowInput row_input(const RowSource& source);
 
-  static RowSink at(std::byte* area, const ep::RowAreas& a, int64_t first_row, int rank);
-};
-
-// Writes token `t` of `source` as row first_row + `row` of `sink`.
+// Writes token `t` of `source` as row first_row + `row` of `sink` (ep::dispatch_row on one host
+// lane).
 void write_row(const RowSource& source, const RowSink& sink, int64_t row, int64_t t);
 
 // body(begin, end) over token ranges covering [0, tokens), run on the executor.
@@ -52,6 +46,10 @@ void for_each_token_block(ep::HostExecutor& executor, int64_t tokens, Body&& bod
     if (begin < end) body(begin, end);
   });
 }
+
+// Combine's reduce on the host: ep::combine_token for tokens [0, num_tokens), in token blocks
+// on the executor (tokens are independent, so the split does not change a bit).
+void combine_tokens(ep::HostExecutor& executor, const ep::CombineInput& input, int64_t num_tokens);
 
 // Copies `rows` rows of `row_bytes` from `from` to `to`, zero-filling up to `rows_out` rows.
 void copy_rows(ep::HostExecutor& executor, std::byte* to, const std::byte* from, int64_t rows,

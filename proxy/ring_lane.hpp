@@ -19,7 +19,8 @@
 // popped_published() and outstanding(), which quiet waiters call from any thread:
 // - retired(): the tracker's acquire load of its prefix (pairs with the proxy thread's seq_cst
 //   CAS in PrefixWindow), so a waiter that sees a position retired sees its completion handled.
-// - reserved(): acquire load of the ring's producer head (the producers' seq_cst fetch-add);
+// - reserved(): acquire load of the ring's producer head (the producers' seq_cst fetch-add, or a
+// single producer's release store);
 //   only the count matters to a waiter.
 #pragma once
 

@@ -117,14 +117,17 @@ inline constexpr int kCombineChunk = kRowUnitBytes / 2;
 // What the reduce of one source rank reads and writes. Rows from rank r form a block starting
 // at row block_base[r]; token t's row in it is send_head[t][r] (-1: t was not sent to r).
 struct CombineInput {
-  const uint16_t* rows = nullptr;       // bf16 [sum of blocks, hidden]
-  const float* row_weights = nullptr;   // f32 [sum of blocks, topk] (topk > 0)
-  const int64_t* block_base = nullptr;  // [num_ranks]
-  const int32_t* send_head = nullptr;   // [num_tokens, num_ranks]
-  const uint16_t* bias0 = nullptr;      // bf16 [num_tokens, hidden] or null
-  const uint16_t* bias1 = nullptr;      // bf16 [num_tokens, hidden] or null
-  uint16_t* out = nullptr;              // bf16 [num_tokens, hidden]
-  float* out_weights = nullptr;         // f32 [num_tokens, topk] (topk > 0)
+  // [num_ranks]: the first row (bf16 [rows, hidden]) and weights (f32 [rows, topk], when
+  // topk > 0) of the block rank r returned; a block's row i is the token with send_head == i.
+  // Separate pointers per rank, so a block can stay where it is (e.g. this rank's own rows in
+  // the caller's x) instead of being copied next to the others. Rows are 16-byte aligned.
+  const uint16_t* const* block_rows = nullptr;
+  const float* const* block_weights = nullptr;
+  const int32_t* send_head = nullptr;  // [num_tokens, num_ranks]
+  const uint16_t* bias0 = nullptr;     // bf16 [num_tokens, hidden] or null
+  const uint16_t* bias1 = nullptr;     // bf16 [num_tokens, hidden] or null
+  uint16_t* out = nullptr;             // bf16 [num_tokens, hidden]
+  float* out_weights = nullptr;        // f32 [num_tokens, topk] (topk > 0)
   int num_ranks = 0;
   int64_t hidden = 0;  // a multiple of kCombineChunk
   int topk = 0;        // 0: no weights
@@ -185,7 +188,7 @@ PROXYEP_HOST_DEVICE inline void combine_token(const CombineInput& in, int64_t t,
     for (int r = 0; r < in.num_ranks; ++r) {
       const int32_t pos = head[r];
       if (pos < 0) continue;
-      detail::add_chunk(acc, in.rows + (in.block_base[r] + pos) * in.hidden + c0);
+      detail::add_chunk(acc, in.block_rows[r] + pos * in.hidden + c0);
     }
     if (in.bias0 != nullptr) detail::add_chunk(acc, in.bias0 + t * in.hidden + c0);
     if (in.bias1 != nullptr) detail::add_chunk(acc, in.bias1 + t * in.hidden + c0);
@@ -198,7 +201,7 @@ PROXYEP_HOST_DEVICE inline void combine_token(const CombineInput& in, int64_t t,
     float acc = 0.0f;
     for (int r = 0; r < in.num_ranks; ++r) {
       const int32_t pos = head[r];
-      if (pos >= 0) acc += in.row_weights[(in.block_base[r] + pos) * in.topk + k];
+      if (pos >= 0) acc += in.block_weights[r][pos * in.topk + k];
     }
     in.out_weights[t * in.topk + k] = acc;
   }

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -74,6 +75,9 @@ struct Run {
   const RingBenchOptions& options;
   int producers;
   Deadline deadline() const { return Deadline(std::chrono::milliseconds(options.timeout_ms)); }
+  ring_bench::QueueConfig config() const {
+    return {.capacity = options.capacity, .producers = producers, .spsc_fence = options.spsc_fence};
+  }
 };
 
 // Pushes `d`, retrying while the queue is full; false when `deadline` passed first. (No throw:
@@ -141,7 +145,7 @@ double throughput_rep(const Run& run, std::vector<uint64_t>& samples) {
   const Deadline deadline = run.deadline();
   const uint64_t each = run.options.ops / static_cast<uint64_t>(run.producers);
   const uint64_t total = each * static_cast<uint64_t>(run.producers);
-  Queue queue(run.options.capacity, run.producers);
+  Queue queue(run.config());
   typename Queue::Consumer consumer(queue);
   std::atomic<bool> go{false};
   std::vector<std::thread> threads;
@@ -193,7 +197,7 @@ template <typename Queue>
 void latency_rep(const Run& run, std::vector<uint64_t>& samples) {
   const Deadline deadline = run.deadline();
   const uint64_t each = std::max<uint64_t>(1, run.options.latency_samples / run.producers);
-  Queue queue(run.options.capacity, run.producers);
+  Queue queue(run.config());
   typename Queue::Consumer consumer(queue);
   std::vector<Observed> observed(static_cast<size_t>(run.producers));
   std::vector<std::thread> threads;
@@ -233,20 +237,29 @@ void latency_rep(const Run& run, std::vector<uint64_t>& samples) {
   require(!deadline.expired(), "bench.ring", "{}: latency run passed its deadline", Queue::kName);
 }
 
+// One repetition of `Queue`: a throughput run and a latency run. Rep 0 warms up.
 template <typename Queue>
-void measure(const Run& run, int reps, Series& series) {
-  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
-    std::vector<uint64_t> loaded, paced;
-    loaded.reserve(run.options.ops / kStampEvery + 1);
-    paced.reserve(run.options.latency_samples + 1);
-    const double rate = throughput_rep<Queue>(run, loaded);
-    latency_rep<Queue>(run, paced);
-    if (rep == 0) continue;
-    series.ops_per_s.push_back(rate);
-    series.loaded_ticks.insert(series.loaded_ticks.end(), loaded.begin(), loaded.end());
-    series.paced_ticks.insert(series.paced_ticks.end(), paced.begin(), paced.end());
-  }
+void measure_rep(const Run& run, int rep, Series& series) {
+  std::vector<uint64_t> loaded, paced;
+  loaded.reserve(run.options.ops / kStampEvery + 1);
+  paced.reserve(run.options.latency_samples + 1);
+  const double rate = throughput_rep<Queue>(run, loaded);
+  latency_rep<Queue>(run, paced);
+  if (rep == 0) return;
+  series.ops_per_s.push_back(rate);
+  series.loaded_ticks.insert(series.loaded_ticks.end(), loaded.begin(), loaded.end());
+  series.paced_ticks.insert(series.paced_ticks.end(), paced.begin(), paced.end());
 }
+
+bool wants(const RingBenchOptions& options, std::string_view queue) {
+  return std::find(options.queues.begin(), options.queues.end(), queue) != options.queues.end();
+}
+
+// The series of one producer count: the ring in both modes (single-producer only with one
+// producer) and moodycamel.
+struct Row {
+  Series mpsc, spsc, moodycamel;
+};
 
 nlohmann::json report(const Series& series, double ns_per_tick) {
   auto to_ns = [ns_per_tick](const std::vector<uint64_t>& ticks) {
@@ -278,27 +291,41 @@ nlohmann::json run_ring_bench(const RingBenchOptions& options) {
           "bench.ring", "ops, reps, burst and latency samples must be positive");
   require(gpu_side::is_power_of_two(options.capacity) && options.capacity >= 2, "bench.ring",
           "--capacity {} must be a power of two >= 2", options.capacity);
+  for (const std::string& queue : options.queues)
+    require(queue == "ring" || queue == "ring_spsc" || queue == "moodycamel", "bench.ring",
+            "--queues: unknown queue '{}' (ring, ring_spsc, moodycamel)", queue);
   TickRate rate;
-  std::vector<std::pair<Series, Series>> series(options.producers.size());
+  std::vector<Row> rows(options.producers.size());
   for (size_t i = 0; i < options.producers.size(); ++i) {
     const int producers = options.producers[i];
     require(producers >= 1 && producers <= 64, "bench.ring", "--producers {} out of 1..64",
             producers);
-    // The two queues alternate within each configuration, so both see the same machine state.
+    // The queues take turns repetition by repetition, so a burst of load from other processes
+    // on this shared machine hits all of them alike instead of one queue's whole series.
     const Run run{options, producers};
-    measure<ring_bench::RingQueue>(run, options.reps, series[i].first);
-    measure<ring_bench::MoodycamelQueue>(run, options.reps, series[i].second);
+    for (int rep = 0; rep <= options.reps; ++rep) {
+      if (wants(options, "ring")) measure_rep<ring_bench::MpscRingQueue>(run, rep, rows[i].mpsc);
+      if (producers == 1 && wants(options, "ring_spsc"))
+        measure_rep<ring_bench::SpscRingQueue>(run, rep, rows[i].spsc);
+      if (wants(options, "moodycamel"))
+        measure_rep<ring_bench::MoodycamelQueue>(run, rep, rows[i].moodycamel);
+    }
   }
   const double ns_per_tick = rate.ns_per_tick();
   auto results = nlohmann::json::array();
   for (size_t i = 0; i < options.producers.size(); ++i) {
-    auto ring = report(series[i].first, ns_per_tick);
-    auto moodycamel = report(series[i].second, ns_per_tick);
-    const double ratio = ring["ops_per_s"].get<double>() / moodycamel["ops_per_s"].get<double>();
-    results.push_back({{"producers", options.producers[i]},
-                       {"ring", ring},
-                       {"moodycamel", moodycamel},
-                       {"ring_over_moodycamel", ratio}});
+    nlohmann::json row = {{"producers", options.producers[i]}};
+    if (!rows[i].mpsc.ops_per_s.empty()) row["ring"] = report(rows[i].mpsc, ns_per_tick);
+    if (!rows[i].spsc.ops_per_s.empty()) row["ring_spsc"] = report(rows[i].spsc, ns_per_tick);
+    if (!rows[i].moodycamel.ops_per_s.empty()) {
+      row["moodycamel"] = report(rows[i].moodycamel, ns_per_tick);
+      const double moodycamel_rate = row["moodycamel"]["ops_per_s"].get<double>();
+      for (const char* queue : {"ring", "ring_spsc"})
+        if (row.contains(queue))
+          row[fmt::format("{}_over_moodycamel", queue)] =
+              row[queue]["ops_per_s"].get<double>() / moodycamel_rate;
+    }
+    results.push_back(std::move(row));
   }
   return {{"benchmark", "ring"},
           {"capacity", options.capacity},
@@ -309,6 +336,8 @@ nlohmann::json run_ring_bench(const RingBenchOptions& options) {
           {"stamp_every", kStampEvery},
           {"poll_pause", options.poll_pause},
           {"push_burst", options.push_burst},
+          {"spsc_fence", options.spsc_fence},
+          {"queues", options.queues},
           {"cpus", std::thread::hardware_concurrency()},
           {"results", results}};
 }
@@ -322,7 +351,8 @@ void print_ring_bench(const nlohmann::json& r) {
   fmt::print("{:>9} {:>11} {:>10} {:>8} {:>8} {:>10} {:>10} {:>12} {:>12}\n", "producers", "queue",
              "Mops/s p50", "min", "max", "lat p50ns", "lat p99ns", "loaded p50us", "loaded p99us");
   for (const auto& row : r["results"]) {
-    for (const char* queue : {"ring", "moodycamel"}) {
+    for (const char* queue : {"ring", "ring_spsc", "moodycamel"}) {
+      if (!row.contains(queue)) continue;
       const auto& q = row[queue];
       fmt::print(
           "{:>9} {:>11} {:>10.1f} {:>8.1f} {:>8.1f} {:>10.0f} {:>10.0f} {:>12.1f} {:>12.1f}\n",
@@ -333,6 +363,8 @@ void print_ring_bench(const nlohmann::json& r) {
           q["loaded_latency_ns_p99"].get<double>() / 1e3);
     }
   }
+  fmt::print("ring: multi-producer mode; ring_spsc: single-producer mode ({}).\n",
+             r.value("spsc_fence", false) ? "locked exchange per publish" : "membarrier doorbell");
   const auto cpus = r["cpus"].get<unsigned>();
   for (const auto& row : r["results"])
     if (static_cast<unsigned>(row["producers"].get<int>()) + 1 > cpus)
@@ -343,8 +375,10 @@ void print_ring_bench(const nlohmann::json& r) {
 void register_bench_ring(CLI::App& bench, Action& action) {
   auto options = std::make_shared<RingBenchOptions>();
   auto json = std::make_shared<bool>(false);
-  auto* cmd = bench.add_subcommand(
-      "ring", "descriptor ring vs moodycamel::ConcurrentQueue: descriptors/s and latency");
+  auto* cmd =
+      bench.add_subcommand("ring",
+                           "descriptor ring (multi- and, with 1 producer, single-producer mode) vs "
+                           "moodycamel::ConcurrentQueue: descriptors/s and latency");
   cmd->add_option("--producers", options->producers, "producer thread counts to run")
       ->capture_default_str();
   cmd->add_option("--ops", options->ops, "descriptors per throughput repetition")
@@ -360,6 +394,13 @@ void register_bench_ring(CLI::App& bench, Action& action) {
   cmd->add_option("--poll-pause", options->poll_pause,
                   "spin-loop pauses of the consumer after an empty poll (both queues)")
       ->capture_default_str();
+  cmd->add_option("--queues", options->queues,
+                  "queues to run: ring (multi-producer mode), ring_spsc (single-producer mode, "
+                  "1 producer only), moodycamel")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_flag("--spsc-fence", options->spsc_fence,
+                "ring_spsc pays a locked exchange per publish (the fallback without membarrier)");
   cmd->add_option("--latency-samples", options->latency_samples,
                   "paced enqueue-to-observed samples per repetition")
       ->capture_default_str();

@@ -1,10 +1,13 @@
-// The two queues of `proxyep bench ring` behind one shape, so every measurement runs the same
-// code over both: Queue(capacity, producers), Queue::Producer(queue, id).try_push(descriptor),
-// Queue::Consumer(queue).pop(span). Both producers encode (check word included) and both
-// consumers receive 64-byte WireDescriptors, which the benchmark decodes.
+// The queues of `proxyep bench ring` behind one shape, so every measurement runs the same code
+// over each: Queue(config), Queue::Producer(queue, id).try_push(descriptor),
+// Queue::Consumer(queue).pop(span). Every producer encodes (check word included) and every
+// consumer receives 64-byte WireDescriptors, which the benchmark decodes. The queues: the ring in
+// its multi-producer mode ("ring"), the ring in its single-producer mode ("ring_spsc", one
+// producer only), and moodycamel::ConcurrentQueue.
 #pragma once
 
 #include "gpu_side/descriptor.hpp"
+#include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
 #include "gpu_side/ring_memory.hpp"
 
@@ -15,17 +18,30 @@
 
 namespace proxyep::tools::ring_bench {
 
+struct QueueConfig {
+  uint64_t capacity;
+  int producers;
+  bool spsc_fence;  // ring_spsc: a locked exchange per publish (no membarrier)
+};
+
+// The ring in `Mode`. Producers get a doorbell, as a proxy's do, so every push pays the
+// doorbell check it pays in production (the consumer here never sleeps, so nobody kicks).
+template <gpu_side::ProducerMode Mode>
 class RingQueue {
  public:
-  static constexpr const char* kName = "ring";
+  static constexpr const char* kName =
+      Mode == gpu_side::ProducerMode::single ? "ring_spsc" : "ring";
 
-  RingQueue(uint64_t capacity, int /*producers*/)
-      : memory_(gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(capacity))),
-        ring_(gpu_side::Ring::create(memory_.bytes(), capacity)) {}
+  explicit RingQueue(const QueueConfig& config)
+      : memory_(gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(config.capacity))),
+        ring_(gpu_side::Ring::create(memory_.bytes(), config.capacity, Mode)),
+        fence_(config.spsc_fence) {}
 
   class Producer {
    public:
-    Producer(RingQueue& queue, int /*id*/) : producer_(queue.ring_) {}
+    Producer(RingQueue& queue, int /*id*/)
+        : producer_(queue.ring_,
+                    {.doorbell = &queue.doorbell_, .fence_per_publish = queue.fence_}) {}
     bool try_push(const gpu_side::Descriptor& d) { return producer_.try_push(d) == Status::ok; }
     // Pushes a prefix of `batch` with one reservation; returns how many.
     size_t try_push_burst(std::span<const gpu_side::Descriptor> batch) {
@@ -51,7 +67,12 @@ class RingQueue {
  private:
   gpu_side::RingMemory memory_;
   gpu_side::Ring ring_;
+  gpu_side::Doorbell doorbell_;
+  bool fence_;
 };
+
+using MpscRingQueue = RingQueue<gpu_side::ProducerMode::multi>;
+using SpscRingQueue = RingQueue<gpu_side::ProducerMode::single>;
 
 // moodycamel::ConcurrentQueue used at its best: explicit producer and consumer tokens, bulk
 // dequeue, memory preallocated for `capacity` elements per producer. Producers use enqueue(),
@@ -64,8 +85,8 @@ class MoodycamelQueue {
   static constexpr const char* kName = "moodycamel";
   using Queue = moodycamel::ConcurrentQueue<gpu_side::WireDescriptor>;
 
-  MoodycamelQueue(uint64_t capacity, int producers)
-      : queue_(capacity, static_cast<size_t>(producers), 0) {}
+  explicit MoodycamelQueue(const QueueConfig& config)
+      : queue_(config.capacity, static_cast<size_t>(config.producers), 0) {}
 
   class Producer {
    public:

@@ -1,0 +1,54 @@
+// Dispatch's row writes on the GPU: each thread block takes a contiguous range of tokens (like
+// the CPU twin's token blocks and DeepEP's channels) and, token by token, writes the token's row
+// to every destination that receives it, all threads of the block cooperating on one row
+// (row_rules.hpp dispatch_row with BlockLanes). Rows land at their final offsets in the
+// destinations' arenas, so there is no ordering between blocks to keep: every (token,
+// destination) pair owns its row.
+#include "gpu_side/cuda/ep_block_lanes.cuh"
+#include "gpu_side/cuda/ep_kernels.hpp"
+#include "gpu_side/cuda/ep_launch.hpp"
+
+#include <cuda_runtime.h>
+
+namespace proxyep::ep::gpu {
+namespace {
+
+__global__ void dispatch_rows_kernel(RowInput in, const int32_t* send_head, const RowSink* sinks,
+                                     int64_t num_tokens, int64_t tokens_per_block) {
+  const int ranks = in.shape.num_ranks;
+  const int64_t begin = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
+  const int64_t end = begin + tokens_per_block < num_tokens ? begin + tokens_per_block : num_tokens;
+  const BlockLanes lanes;
+  for (int64_t t = begin; t < end; ++t)
+    for (int d = 0; d < ranks; ++d) {
+      // Uniform across the block: every thread reads the same head and sink.
+      const int32_t row = send_head[t * ranks + d];
+      if (row < 0 || sinks[d].x == nullptr) continue;
+      dispatch_row(in, sinks[d], row, t, lanes);
+    }
+}
+
+}  // namespace
+
+cudaError_t launch_dispatch_rows(const DispatchParams& p, cudaStream_t stream) {
+  const RowInput& in = p.input;
+  const RowFormat& f = in.format;
+  if (in.shape.num_ranks < 1 || in.shape.num_experts % in.shape.num_ranks != 0 ||
+      p.num_tokens < 0 || p.threads < 32 || p.threads % 32 != 0 || p.threads > 1024 ||
+      f.hidden_bytes == 0 || f.topk > static_cast<uint32_t>(kMaxTopk) ||
+      (f.weights != 0 && f.weights != f.topk))
+    return cudaErrorInvalidValue;
+  if (p.num_tokens == 0) return cudaSuccess;
+  if (p.send_head == nullptr || p.sinks == nullptr || in.x == nullptr ||
+      (f.scale_cols > 0 && in.scales == nullptr) || (f.topk > 0 && in.topk_idx == nullptr) ||
+      (f.weights > 0 && in.topk_weights == nullptr))
+    return cudaErrorInvalidValue;
+  const int blocks = grid_blocks(p.num_tokens, p.blocks);
+  const int64_t per_block = (p.num_tokens + blocks - 1) / blocks;
+  const int used = static_cast<int>((p.num_tokens + per_block - 1) / per_block);
+  dispatch_rows_kernel<<<used, p.threads, 0, stream>>>(in, p.send_head, p.sinks, p.num_tokens,
+                                                       per_block);
+  return cudaGetLastError();
+}
+
+}  // namespace proxyep::ep::gpu

@@ -1,0 +1,480 @@
+// The normal-mode EP kernels against their CPU twins, bit for bit, on one GPU that plays every
+// rank: each "rank" generates its inputs (ep::make_rank_inputs), its destination arenas are
+// separate device allocations (standing in for CUDA-IPC-mapped peer buffers), and
+//   - get_dispatch_layout: the kernel's counts and is_token_in_rank equal compute_dispatch_layout;
+//   - dispatch rows: every destination's arena (every byte, padding and untouched filler
+//     included) equals the one the CPU twin's write_row fills;
+//   - combine: the kernel's combined rows and weights equal combine_tokens' on the host.
+// Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
+#include "common/error.hpp"
+#include "gpu_side/cuda/ep_kernels.hpp"
+#include "gpu_side/ep/host_executor.hpp"
+#include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/numeric.hpp"
+#include "gpu_side/ep/row_rules.hpp"
+#include "gpu_side/ep/workload.hpp"
+#include "integrations/buffer_rows.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+using namespace proxyep;
+using namespace proxyep::ep;
+
+namespace {
+
+constexpr int kSkip = 77;
+constexpr const char* kPhase = "test_gpu_ep";
+constexpr unsigned char kFiller = 0x5a;  // arena bytes no row writes keep this value
+
+void check(cudaError_t status, const char* what) {
+  gpu::check_cuda(status, kPhase, what);
+}
+
+// One device allocation (256-byte aligned, like every cudaMalloc).
+class DeviceMemory {
+ public:
+  explicit DeviceMemory(size_t bytes) : bytes_(bytes) {
+    check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc");
+  }
+  DeviceMemory(const void* host, size_t bytes) : DeviceMemory(bytes) { upload(host, bytes); }
+  ~DeviceMemory() {
+    if (data_ != nullptr) (void)cudaFree(data_);
+  }
+  DeviceMemory(DeviceMemory&& other) noexcept
+      : data_(std::exchange(other.data_, nullptr)), bytes_(other.bytes_) {}
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(DeviceMemory&&) = delete;
+
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  void upload(const void* host, size_t bytes) {
+    if (bytes > 0) check(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "upload");
+  }
+  template <typename T>
+  std::vector<T> download(size_t count) const {
+    std::vector<T> out(count);
+    if (count > 0)
+      check(cudaMemcpy(out.data(), data_, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return out;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+struct Case {
+  std::string name;
+  EpShape shape;
+  std::vector<int> tokens;  // per rank
+  int hidden = 1024;
+  int topk = 8;
+  double drop = 0.1;
+  Routing routing = Routing::random;
+  bool fp8 = false;
+  bool column_major_scales = false;
+  bool weights = true;
+  bool topk_in_rows = true;  // false: a cached dispatch's rows (x and scales only)
+  bool skip_last = false;    // rows to the last rank go "elsewhere" (a null sink on the GPU)
+  int biases = 2;
+  int blocks = 0, threads = 0;  // 0: the launch functions' defaults
+};
+
+// The first differing byte, or -1.
+int64_t first_difference(const void* a, const void* b, size_t bytes) {
+  const auto* x = static_cast<const unsigned char*>(a);
+  const auto* y = static_cast<const unsigned char*>(b);
+  for (size_t i = 0; i < bytes; ++i)
+    if (x[i] != y[i]) return static_cast<int64_t>(i);
+  return -1;
+}
+
+bool same(const char* what, const Case& c, int rank, const void* host, const void* device,
+          size_t bytes) {
+  const int64_t at = first_difference(host, device, bytes);
+  if (at < 0) return true;
+  std::printf("FAIL %s: %s of rank %d differs at byte %lld of %zu\n", c.name.c_str(), what, rank,
+              static_cast<long long>(at), bytes);
+  return false;
+}
+
+// ---- get_dispatch_layout ----
+
+bool check_layout(const Case& c, const TensorRef& topk_idx, int rank) {
+  const DispatchLayout host = compute_dispatch_layout(topk_idx, c.shape);
+  const int64_t n = topk_idx.rows;
+  const int R = c.shape.num_ranks;
+  DeviceMemory idx(topk_idx.data, topk_idx.bytes());
+  DeviceMemory per_rank(sizeof(int32_t) * R), per_expert(sizeof(int32_t) * c.shape.num_experts);
+  DeviceMemory per_node(sizeof(int32_t) * c.shape.num_nodes()), in_rank(n * R);
+  check(cudaMemset(in_rank.as<void>(), 0xff, n * R), "cudaMemset");  // the kernel writes all
+  gpu::LayoutParams p;
+  p.topk_idx = idx.as<int64_t>();
+  p.num_tokens = n;
+  p.topk = static_cast<int>(topk_idx.cols);
+  p.shape = c.shape;
+  p.tokens_per_rank = per_rank.as<int32_t>();
+  p.tokens_per_node = host.num_tokens_per_rdma_rank.defined() ? per_node.as<int32_t>() : nullptr;
+  p.tokens_per_expert = per_expert.as<int32_t>();
+  p.is_token_in_rank = in_rank.as<bool>();
+  check(gpu::launch_dispatch_layout(p, nullptr), "launch_dispatch_layout");
+  check(cudaDeviceSynchronize(), "dispatch_layout_kernel");
+  bool ok = same("num_tokens_per_rank", c, rank, host.num_tokens_per_rank.raw(),
+                 per_rank.download<int32_t>(R).data(), sizeof(int32_t) * R);
+  ok &= same("num_tokens_per_expert", c, rank, host.num_tokens_per_expert.raw(),
+             per_expert.download<int32_t>(c.shape.num_experts).data(),
+             sizeof(int32_t) * c.shape.num_experts);
+  if (p.tokens_per_node != nullptr)
+    ok &= same("num_tokens_per_rdma_rank", c, rank, host.num_tokens_per_rdma_rank.raw(),
+               per_node.download<int32_t>(c.shape.num_nodes()).data(),
+               sizeof(int32_t) * c.shape.num_nodes());
+  ok &= same("is_token_in_rank", c, rank, host.is_token_in_rank.raw(),
+             in_rank.download<unsigned char>(n * R).data(), n * R);
+  return ok;
+}
+
+// ---- dispatch ----
+
+struct Source {
+  RankInputs inputs;
+  Tensor scales;                 // the scales as passed (column-major storage when asked)
+  TensorRef scales_ref;          // their view, strides included
+  Tensor send_head;              // i32 [N, R]
+  std::vector<int64_t> rows_to;  // per destination
+};
+
+Source make_source(const Case& c, const WorkloadOptions& options, int rank) {
+  Source s;
+  s.inputs = make_rank_inputs(options, rank);
+  const int64_t n = s.inputs.x.rows();
+  if (c.fp8) {
+    s.scales = s.inputs.x_scales;
+    s.scales_ref = s.scales.ref();
+    if (c.column_major_scales) {  // DeepEP accepts s.T.contiguous().T: rows stride 1
+      const int64_t cols = s.inputs.x_scales.cols();
+      s.scales = Tensor::empty(DType::f32, cols, n);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t g = 0; g < cols; ++g)
+          s.scales.data<float>()[g * n + t] = s.inputs.x_scales.data<float>()[t * cols + g];
+      s.scales_ref = TensorRef::strided(s.scales.raw(), DType::f32, n, cols, 1, n);
+    }
+  }
+  // Like Buffer::dispatch: a token's row at d is its position among the tokens sent to d.
+  const DispatchLayout layout = compute_dispatch_layout(s.inputs.topk_idx, c.shape);
+  const int R = c.shape.num_ranks;
+  s.send_head = Tensor::empty(DType::i32, n, R);
+  s.rows_to.assign(static_cast<size_t>(R), 0);
+  const bool* in_rank = layout.is_token_in_rank.data<bool>();
+  for (int64_t t = 0; t < n; ++t)
+    for (int d = 0; d < R; ++d)
+      s.send_head.data<int32_t>()[t * R + d] =
+          in_rank[t * R + d] ? static_cast<int32_t>(s.rows_to[d]++) : -1;
+  return s;
+}
+
+RowFormat format_of(const Case& c) {
+  RowFormat f;
+  f.hidden_bytes = static_cast<uint32_t>(c.hidden * (c.fp8 ? 1 : 2));
+  f.scale_cols = c.fp8 ? static_cast<uint32_t>(c.hidden / kScaleBlock) : 0;
+  f.topk = c.topk_in_rows ? static_cast<uint32_t>(c.topk) : 0;
+  f.weights = c.topk_in_rows && c.weights ? static_cast<uint32_t>(c.topk) : 0;
+  f.src_index = c.topk_in_rows ? 1 : 0;
+  return f;
+}
+
+bool check_dispatch(const Case& c, const std::vector<Source>& sources) {
+  const int R = c.shape.num_ranks;
+  const RowFormat f = format_of(c);
+  std::vector<int64_t> total(static_cast<size_t>(R), 0);
+  for (const Source& s : sources)
+    for (int d = 0; d < R; ++d)
+      total[d] += s.rows_to[d];
+  std::vector<RowAreas> areas;
+  std::vector<std::vector<std::byte>> host_arena;
+  std::vector<DeviceMemory> device_arena;
+  for (int d = 0; d < R; ++d) {
+    areas.push_back(RowAreas::of(static_cast<uint64_t>(total[d]), f));
+    host_arena.emplace_back(areas[d].end, std::byte{kFiller});
+    device_arena.emplace_back(areas[d].end);
+    check(cudaMemset(device_arena[d].as<void>(), kFiller, areas[d].end), "cudaMemset");
+  }
+  std::vector<int64_t> base(static_cast<size_t>(R), 0);  // the sender's first row at each d
+  for (int s = 0; s < R; ++s) {
+    const Source& src = sources[s];
+    const RankInputs& in = src.inputs;
+    const int64_t n = in.x.rows();
+    const Tensor& x = c.fp8 ? in.x_fp8 : in.x;
+    // The CPU twin.
+    RowSource source{x,
+                     c.fp8 ? src.scales_ref : TensorRef{},
+                     c.topk_in_rows ? in.topk_idx.ref() : TensorRef{},
+                     f.weights > 0 ? in.topk_weights.ref() : TensorRef{},
+                     f,
+                     c.shape};
+    std::vector<RowSink> host_sinks, device_sinks;
+    for (int d = 0; d < R; ++d) {
+      host_sinks.push_back(RowSink::at(host_arena[d].data(), areas[d], base[d], d));
+      device_sinks.push_back(RowSink::at(device_arena[d].as<std::byte>(), areas[d], base[d], d));
+    }
+    if (c.skip_last) device_sinks[R - 1] = RowSink{};
+    const int32_t* head = src.send_head.data<int32_t>();
+    for (int64_t t = 0; t < n; ++t)
+      for (int d = 0; d < R; ++d)
+        if (head[t * R + d] >= 0 && !(c.skip_last && d == R - 1))
+          write_row(source, host_sinks[d], head[t * R + d], t);
+    // The kernel.
+    DeviceMemory dx(x.raw(), x.bytes());
+    DeviceMemory dscales(c.fp8 ? src.scales.raw() : nullptr, c.fp8 ? src.scales.bytes() : 0);
+    DeviceMemory didx(in.topk_idx.raw(), in.topk_idx.bytes());
+    DeviceMemory dweights(in.topk_weights.raw(), in.topk_weights.bytes());
+    DeviceMemory dhead(src.send_head.raw(), src.send_head.bytes());
+    DeviceMemory dsinks(device_sinks.data(), sizeof(RowSink) * R);
+    gpu::DispatchParams p;
+    p.input = row_input(source);  // host pointers replaced below
+    p.input.x = dx.as<std::byte>();
+    p.input.scales = c.fp8 ? dscales.as<uint32_t>() : nullptr;
+    p.input.topk_idx = c.topk_in_rows ? didx.as<int64_t>() : nullptr;
+    p.input.topk_weights = f.weights > 0 ? dweights.as<float>() : nullptr;
+    p.send_head = dhead.as<int32_t>();
+    p.sinks = dsinks.as<RowSink>();
+    p.num_tokens = n;
+    if (c.blocks > 0) p.blocks = c.blocks;
+    if (c.threads > 0) p.threads = c.threads;
+    check(gpu::launch_dispatch_rows(p, nullptr), "launch_dispatch_rows");
+    check(cudaDeviceSynchronize(), "dispatch_rows_kernel");
+    for (int d = 0; d < R; ++d)
+      base[d] += src.rows_to[d];
+  }
+  bool ok = true;
+  for (int d = 0; d < R; ++d)
+    ok &= same("dispatch arena", c, d, host_arena[d].data(),
+               device_arena[d].download<std::byte>(areas[d].end).data(), areas[d].end);
+  return ok;
+}
+
+// ---- combine ----
+
+// bf16 values of mixed magnitudes and signs, so sums round in every direction. No NaN or
+// infinity: x86 and the GPU propagate different NaN bit patterns (inf - inf included), which
+// combine does not promise to preserve.
+std::vector<uint16_t> random_bf16(size_t count, std::mt19937_64& gen) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> scale(-8, 8);
+  std::vector<uint16_t> out(count);
+  for (uint16_t& v : out)
+    v = float_to_bf16(std::ldexp(normal(gen), scale(gen)));
+  return out;
+}
+
+bool check_combine(const Case& c, const std::vector<Source>& sources, HostExecutor& executor) {
+  const int R = c.shape.num_ranks;
+  const int topk = c.weights ? c.topk : 0;
+  std::mt19937_64 gen(0x5eed + static_cast<uint64_t>(R));
+  bool ok = true;
+  for (int s = 0; s < R; ++s) {
+    const Source& src = sources[s];
+    const int64_t n = src.inputs.x.rows();
+    // At source s the block from rank r holds the rows s dispatched to r, in send_head order.
+    std::vector<int64_t> bases(static_cast<size_t>(R), 0);
+    int64_t rows = 0;
+    for (int r = 0; r < R; ++r) {
+      bases[r] = rows;
+      rows += src.rows_to[r];
+    }
+    const std::vector<uint16_t> row_x = random_bf16(static_cast<size_t>(rows * c.hidden), gen);
+    std::vector<float> row_w(static_cast<size_t>(rows * topk));
+    std::uniform_real_distribution<float> weight(-1.0f, 1.0f);
+    for (float& w : row_w)
+      w = weight(gen);
+    const std::vector<uint16_t> bias0 = random_bf16(static_cast<size_t>(n * c.hidden), gen);
+    const std::vector<uint16_t> bias1 = random_bf16(static_cast<size_t>(n * c.hidden), gen);
+    std::vector<uint16_t> host_out(static_cast<size_t>(n * c.hidden));
+    std::vector<float> host_w(static_cast<size_t>(n * topk));
+
+    std::vector<const uint16_t*> block_rows(static_cast<size_t>(R));
+    std::vector<const float*> block_weights(static_cast<size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      block_rows[r] = row_x.data() + bases[r] * c.hidden;
+      block_weights[r] = row_w.data() + bases[r] * topk;
+    }
+    CombineInput in;
+    in.block_rows = block_rows.data();
+    in.block_weights = topk > 0 ? block_weights.data() : nullptr;
+    in.send_head = src.send_head.data<int32_t>();
+    in.bias0 = c.biases >= 1 ? bias0.data() : nullptr;
+    in.bias1 = c.biases >= 2 ? bias1.data() : nullptr;
+    in.out = host_out.data();
+    in.out_weights = topk > 0 ? host_w.data() : nullptr;
+    in.num_ranks = R;
+    in.hidden = c.hidden;
+    in.topk = topk;
+    combine_tokens(executor, in, n);  // the CPU twin
+
+    DeviceMemory drows(row_x.data(), row_x.size() * 2), dw(row_w.data(), row_w.size() * 4);
+    std::vector<const uint16_t*> dblock_rows(static_cast<size_t>(R));
+    std::vector<const float*> dblock_weights(static_cast<size_t>(R));
+    for (int r = 0; r < R; ++r) {
+      dblock_rows[r] = drows.as<uint16_t>() + bases[r] * c.hidden;
+      dblock_weights[r] = dw.as<float>() + bases[r] * topk;
+    }
+    DeviceMemory drow_ptrs(dblock_rows.data(), dblock_rows.size() * sizeof(void*));
+    DeviceMemory dweight_ptrs(dblock_weights.data(), dblock_weights.size() * sizeof(void*));
+    DeviceMemory dhead(src.send_head.raw(), src.send_head.bytes());
+    DeviceMemory db0(bias0.data(), bias0.size() * 2), db1(bias1.data(), bias1.size() * 2);
+    DeviceMemory dout(host_out.size() * 2), dout_w(host_w.size() * 4);
+    gpu::CombineParams p;
+    p.input = in;
+    p.input.block_rows = reinterpret_cast<const uint16_t* const*>(drow_ptrs.as<void*>());
+    p.input.block_weights =
+        topk > 0 ? reinterpret_cast<const float* const*>(dweight_ptrs.as<void*>()) : nullptr;
+    p.input.send_head = dhead.as<int32_t>();
+    p.input.bias0 = c.biases >= 1 ? db0.as<uint16_t>() : nullptr;
+    p.input.bias1 = c.biases >= 2 ? db1.as<uint16_t>() : nullptr;
+    p.input.out = dout.as<uint16_t>();
+    p.input.out_weights = topk > 0 ? dout_w.as<float>() : nullptr;
+    p.num_tokens = n;
+    if (c.blocks > 0) p.blocks = c.blocks;
+    if (c.threads > 0) p.threads = c.threads;
+    check(gpu::launch_combine(p, nullptr), "launch_combine");
+    check(cudaDeviceSynchronize(), "combine_kernel");
+    ok &= same("combined_x", c, s, host_out.data(), dout.download<uint16_t>(host_out.size()).data(),
+               host_out.size() * 2);
+    if (topk > 0)
+      ok &= same("combined_topk_weights", c, s, host_w.data(),
+                 dout_w.download<float>(host_w.size()).data(), host_w.size() * 4);
+  }
+  return ok;
+}
+
+bool run_case(const Case& c, HostExecutor& executor) {
+  WorkloadOptions options;
+  options.shape = c.shape;
+  options.tokens_per_rank = c.tokens;
+  options.hidden = c.hidden;
+  options.topk = c.topk;
+  options.routing = c.routing;
+  options.drop_fraction = c.drop;
+  options.fp8 = c.fp8;
+  options.seed = 17 + static_cast<uint64_t>(c.shape.num_ranks);
+  std::vector<Source> sources;
+  for (int r = 0; r < c.shape.num_ranks; ++r)
+    sources.push_back(make_source(c, options, r));
+  bool ok = true;
+  for (int r = 0; r < c.shape.num_ranks; ++r)
+    ok &= check_layout(c, sources[r].inputs.topk_idx, r);
+  ok &= check_dispatch(c, sources);
+  if (c.topk_in_rows) ok &= check_combine(c, sources, executor);  // combine once per shape
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", c.name.c_str());
+  return ok;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> all;
+  {
+    Case c;
+    c.name = "bf16, 2 ranks, top-2 of 8";
+    c.shape = {.num_ranks = 2, .ranks_per_node = 2, .num_experts = 8};
+    c.tokens = {300, 1};
+    c.topk = 2;
+    all.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "bf16, 4 ranks, hidden 7168, skewed, 0 tokens on one rank, 1 bias";
+    c.shape = {.num_ranks = 4, .ranks_per_node = 4, .num_experts = 32};
+    c.tokens = {257, 0, 64, 129};
+    c.hidden = 7168;
+    c.routing = Routing::skewed;
+    c.biases = 1;
+    all.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "fp8, 8 ranks, row-major scales, small grid";
+    c.shape = {.num_ranks = 8, .ranks_per_node = 8, .num_experts = 64};
+    c.tokens = std::vector<int>(8, 200);
+    c.fp8 = true;
+    c.blocks = 3;
+    c.threads = 64;
+    c.biases = 0;
+    all.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "fp8, 16 ranks on 4 nodes, column-major scales, per-node counts";
+    c.shape = {.num_ranks = 16, .ranks_per_node = 4, .num_experts = 128};
+    c.tokens = std::vector<int>(16, 96);
+    c.hidden = 2048;
+    c.fp8 = true;
+    c.column_major_scales = true;
+    c.drop = 0.3;
+    all.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "bf16, 3 ranks, no weights, last rank elsewhere";
+    c.shape = {.num_ranks = 3, .ranks_per_node = 1, .num_experts = 24};
+    c.tokens = {150, 151, 152};
+    c.hidden = 520;  // 1040 bytes: a multiple of 16, not of 128
+    c.weights = false;
+    c.skip_last = true;
+    c.threads = 32;
+    all.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "fp8, 4 ranks, cached rows (x and scales only)";
+    c.shape = {.num_ranks = 4, .ranks_per_node = 2, .num_experts = 16};
+    c.tokens = {100, 50, 25, 0};
+    c.fp8 = true;
+    c.column_major_scales = true;
+    c.topk_in_rows = false;
+    all.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "bf16, 2 ranks, everything to one expert";
+    c.shape = {.num_ranks = 2, .ranks_per_node = 2, .num_experts = 4};
+    c.tokens = {500, 500};
+    c.topk = 4;
+    c.routing = Routing::one_expert;
+    c.drop = 0.0;
+    all.push_back(c);
+  }
+  return all;
+}
+
+}  // namespace
+
+int main() {
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess || devices == 0) {
+    std::printf("SKIP: no CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
+                status != cudaSuccess ? cudaGetErrorString(status) : "ok", devices);
+    return kSkip;
+  }
+  try {
+    check(cudaSetDevice(0), "cudaSetDevice");
+    HostExecutor executor(2);
+    bool ok = true;
+    for (const Case& c : cases())
+      ok &= run_case(c, executor);
+    std::printf("%s\n", ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+  } catch (const Error& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+}
