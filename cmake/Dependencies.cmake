@@ -16,3 +16,8 @@ endif()
 find_path(CONCURRENTQUEUE_INCLUDE_DIR concurrentqueue/concurrentqueue.h REQUIRED)
 add_library(concurrentqueue INTERFACE)
 target_include_directories(concurrentqueue SYSTEM INTERFACE ${CONCURRENTQUEUE_INCLUDE_DIR})
+
+# MPI is optional: only proxyep-mpi-baseline, the baseline of `proxyep bench ep --baseline mpi`,
+# uses it (Debian: libopenmpi-dev). Without it the project builds and that option says why not.
+find_package(MPI COMPONENTS CXX QUIET)
+set(PROXYEP_HAVE_MPI ${MPI_CXX_FOUND})

@@ -5,6 +5,7 @@
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
 #include "fabric/fabric.hpp"
+#include "tools/bench/ep_bench.hpp"
 #include "tools/bench/fabric_bench.hpp"
 #include "tools/bench/proxy_bench.hpp"
 #include "tools/bench/rank_setup.hpp"
@@ -56,6 +57,7 @@ void register_bench_fabric(CLI::App& bench, Action& action) {
 void register_bench(CLI::App& app, Action& action) {
   auto* bench = app.add_subcommand("bench", "benchmarks (each reports medians and p99)");
   bench->require_subcommand(1);
+  register_bench_ep(*bench, action);
   register_bench_fabric(*bench, action);
   register_bench_proxy(*bench, action);
   register_bench_ring(*bench, action);

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <new>
 
 namespace proxyep::ep {
@@ -71,12 +73,62 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
+// Large blocks are cached, the way PyTorch's caching allocator does it: a dispatch returns
+// tensors of hundreds of MB each call, and fresh memory of that size comes straight from mmap,
+// so every call would otherwise pay a page fault per 4 KiB page (that alone doubled a dispatch's
+// time here). Blocks of at least kCachedMin are rounded up to 2 MiB and kept on free, up to
+// kCacheLimit bytes in all; a request takes a cached block of exactly its rounded size.
+constexpr size_t kCachedMin = size_t{1} << 20;
+constexpr size_t kCacheGranule = size_t{2} << 20;
+constexpr size_t kCacheLimit = size_t{1} << 30;
+
+class BlockCache {
+ public:
+  std::byte* take(size_t bytes) {
+    std::lock_guard lock(mutex_);
+    auto it = free_.find(bytes);
+    if (it == free_.end()) return nullptr;
+    std::byte* block = it->second;
+    free_.erase(it);
+    cached_ -= bytes;
+    return block;
+  }
+  // False when the cache is full: the caller frees the block.
+  bool give(std::byte* block, size_t bytes) {
+    std::lock_guard lock(mutex_);
+    if (cached_ + bytes > kCacheLimit) return false;
+    free_.emplace(bytes, block);
+    cached_ += bytes;
+    return true;
+  }
+  ~BlockCache() {
+    for (auto& [bytes, block] : free_)
+      ::operator delete[](block, std::align_val_t{kAlignment});
+  }
+
+ private:
+  std::mutex mutex_;
+  std::multimap<size_t, std::byte*> free_;
+  size_t cached_ = 0;
+};
+
+BlockCache& block_cache() {
+  static BlockCache* cache = new BlockCache();  // leaked: tensors may outlive static destruction
+  return *cache;
+}
+
 std::shared_ptr<std::byte[]> allocate(size_t bytes) {
   size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  auto* memory = static_cast<std::byte*>(
-      ::operator new[](rounded == 0 ? kAlignment : rounded, std::align_val_t{kAlignment}));
-  return std::shared_ptr<std::byte[]>(
-      memory, [](std::byte* p) { ::operator delete[](p, std::align_val_t{kAlignment}); });
+  if (rounded == 0) rounded = kAlignment;
+  const bool cached = rounded >= kCachedMin;
+  if (cached) rounded = (rounded + kCacheGranule - 1) / kCacheGranule * kCacheGranule;
+  std::byte* memory = cached ? block_cache().take(rounded) : nullptr;
+  if (memory == nullptr)
+    memory = static_cast<std::byte*>(::operator new[](rounded, std::align_val_t{kAlignment}));
+  return std::shared_ptr<std::byte[]>(memory, [rounded, cached](std::byte* p) {
+    if (!cached || !block_cache().give(p, rounded))
+      ::operator delete[](p, std::align_val_t{kAlignment});
+  });
 }
 
 }  // namespace

@@ -1,0 +1,40 @@
+// The MPI baseline of `proxyep bench ep`: starts proxyep-mpi-baseline (tools/mpi_baseline/,
+// installed next to the proxyep executable) through Open MPI's mpirun on the same workload and
+// returns its JSON. Transport, like the ProxyEP side's and loopback only: ranks on one node ->
+// `--mca btl vader,self` (shared memory); ranks spanning nodes -> `--mca btl tcp,self` over lo
+// (every rank of this machine then talks TCP, as the target comparison with tcp;ofi_rxm wants).
+// pml ob1 keeps Open MPI on those BTLs (no UCX/OFI MTL), and its runtime's own TCP traffic is
+// pinned to lo too.
+#pragma once
+
+#include "tools/bench/ep_options.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace proxyep::tools {
+
+struct MpiBaselineRequest {
+  EpWorkloadCli workload;
+  int ranks = 2;
+  int ranks_per_node = 2;
+  std::chrono::seconds timeout{600};
+  std::vector<std::string> extra_mpirun_args;
+};
+
+// The mpirun command line (for the report, and run_mpi_baseline).
+std::vector<std::string> mpi_baseline_command(const MpiBaselineRequest& request,
+                                              const std::string& baseline_binary);
+
+// Throws the errors below for a missing baseline binary or mpirun, before anything runs.
+void check_mpi_baseline_available();
+
+// Runs the baseline and returns its JSON, plus "command". Throws proxyep::Error (phase
+// "bench.ep.baseline") naming the cause: proxyep built without MPI (no baseline binary), no
+// mpirun in PATH, a non-zero exit, a timeout, output that is not the expected JSON.
+nlohmann::json run_mpi_baseline(const MpiBaselineRequest& request);
+
+}  // namespace proxyep::tools

@@ -1,0 +1,195 @@
+#include "tools/bench/ep_bench.hpp"
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "integrations/buffer.hpp"
+#include "tools/bench/ep_check.hpp"
+#include "tools/bench/ep_stats.hpp"
+
+#include <chrono>
+#include <string>
+
+namespace proxyep::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// What one rank keeps from its run: timings and the last iteration's outputs, to check.
+struct RankRun {
+  EpRankTimings timings;
+  DispatchResult fresh;
+  DispatchResult cached;
+  CombineResult combined;
+};
+
+BufferOptions buffer_options(const EpBenchOptions& options, const ep::EpShape& shape) {
+  // Combine moves BF16 rows whatever dispatch sent, so the arenas are sized for BF16.
+  int64_t hidden_bytes = int64_t{options.workload.hidden} * 2;
+  BufferOptions buffer;
+  buffer.num_nvl_bytes = Buffer::nvl_bytes_hint(options.workload.tokens, hidden_bytes,
+                                                options.workload.topk, shape.num_ranks);
+  if (shape.num_nodes() > 1)
+    buffer.num_rdma_bytes =
+        Buffer::rdma_bytes_hint(options.workload.tokens, hidden_bytes, options.workload.topk,
+                                shape.num_ranks, shape.ranks_per_node);
+  buffer.ranks_per_node = shape.ranks_per_node;
+  return buffer;
+}
+
+RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::RankInputs& in,
+                       const EpBenchOptions& options) {
+  const auto& cli = options.workload;
+  DispatchLayout layout = buffer.get_dispatch_layout(in.topk_idx, cli.experts);
+  DispatchArgs fresh;
+  fresh.x = cli.fp8 ? in.x_fp8.ref() : in.x.ref();
+  if (cli.fp8) fresh.x_scales = in.x_scales.ref();
+  fresh.num_tokens_per_rank = layout.num_tokens_per_rank;
+  if (layout.num_tokens_per_rdma_rank.defined())
+    fresh.num_tokens_per_rdma_rank = layout.num_tokens_per_rdma_rank;
+  fresh.is_token_in_rank = layout.is_token_in_rank;
+  fresh.num_tokens_per_expert = layout.num_tokens_per_expert;
+  fresh.topk_idx = in.topk_idx;
+  fresh.topk_weights = in.topk_weights;
+
+  // The combine input ("expert output"): the routing is the same every iteration, so the rows
+  // received by this first, untimed dispatch stay valid for all of them.
+  DispatchResult first = buffer.dispatch(fresh);
+  ep::Tensor expert_out = expert_output(first.recv_x, first.recv_x_scales);
+
+  RankRun run;
+  for (int i = 0; i < cli.warmup + cli.iters; ++i) {
+    bootstrap.barrier("bench.ep(iteration)");
+    auto t0 = Clock::now();
+    DispatchResult d = buffer.dispatch(fresh);
+    auto t1 = Clock::now();
+    CombineArgs combine_args;
+    combine_args.x = expert_out;
+    combine_args.handle = &d.handle;
+    CombineResult c = buffer.combine(combine_args);
+    auto t2 = Clock::now();
+    bootstrap.barrier("bench.ep(cached)");
+    DispatchArgs cached_args;
+    cached_args.x = fresh.x;
+    cached_args.x_scales = fresh.x_scales;
+    cached_args.handle = &d.handle;
+    auto t3 = Clock::now();
+    DispatchResult cached = buffer.dispatch(cached_args);
+    auto t4 = Clock::now();
+    if (i < cli.warmup) continue;
+    run.timings.dispatch.push_back(seconds_between(t0, t1));
+    run.timings.combine.push_back(seconds_between(t1, t2));
+    run.timings.total.push_back(seconds_between(t0, t2));
+    run.timings.cached_dispatch.push_back(seconds_between(t3, t4));
+    run.fresh = std::move(d);
+    run.cached = std::move(cached);
+    run.combined = std::move(c);
+  }
+  return run;
+}
+
+// This rank's outputs against the reference: "" when all match, else the first difference.
+std::string check_rank(const RankRun& run, const EpReference& reference, int rank) {
+  const auto& want = reference.dispatch(rank);
+  const auto& d = run.fresh;
+  std::string diff =
+      compare_dispatch({d.recv_x, d.recv_x_scales, d.recv_topk_idx, d.recv_topk_weights,
+                        d.handle.recv_src_idx, &d.num_recv_tokens_per_expert},
+                       want);
+  if (!diff.empty()) return "dispatch: " + diff;
+  DispatchOutputs cached;  // cached mode returns x (and scales) only
+  cached.recv_x = run.cached.recv_x;
+  cached.recv_x_scales = run.cached.recv_x_scales;
+  diff = compare_dispatch(cached, want);
+  if (!diff.empty()) return "cached dispatch: " + diff;
+  diff = compare_tensor(run.combined.combined_x, reference.combine(rank).combined_x, "combined_x");
+  return diff.empty() ? "" : "combine: " + diff;
+}
+
+nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
+  return {{"dispatch", run.timings.dispatch},
+          {"cached_dispatch", run.timings.cached_dispatch},
+          {"combine", run.timings.combine},
+          {"total", run.timings.total},
+          {"diff", diff}};
+}
+
+// Rank 0: every rank's report -> the figures.
+nlohmann::json summarize(const std::vector<nlohmann::json>& reports, const EpReference& reference,
+                         const ep::EpShape& shape) {
+  auto slowest = [&](const char* phase) {
+    std::vector<std::vector<double>> per_rank;
+    for (const auto& r : reports)
+      per_rank.push_back(r.at(phase).get<std::vector<double>>());
+    return slowest_rank(per_rank);
+  };
+  const auto& traffic = reference.traffic();
+  bool multi_node = shape.num_nodes() > 1;
+  auto rdma = [&](const std::vector<double>& bytes) {
+    return multi_node ? bytes : std::vector<double>{};
+  };
+  nlohmann::json out = {
+      {"dispatch",
+       phase_json(slowest("dispatch"), traffic.dispatch_bytes, rdma(traffic.rdma_dispatch_bytes))},
+      {"cached_dispatch", phase_json(slowest("cached_dispatch"), traffic.dispatch_bytes,
+                                     rdma(traffic.rdma_dispatch_bytes))},
+      {"combine",
+       phase_json(slowest("combine"), traffic.combine_bytes, rdma(traffic.rdma_combine_bytes))},
+      {"total", phase_json(slowest("total"), {})}};
+  bool verified = true;
+  nlohmann::json mismatches = nlohmann::json::array();
+  for (size_t r = 0; r < reports.size(); ++r) {
+    auto diff = reports[r].at("diff").get<std::string>();
+    if (diff.empty()) continue;
+    verified = false;
+    mismatches.push_back(fmt::format("rank {}: {}", r, diff));
+  }
+  out["verified"] = verified;
+  out["mismatches"] = mismatches;
+  return out;
+}
+
+}  // namespace
+
+nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions& options) {
+  validate(options.workload);
+  const auto& env = bootstrap.env();
+  ep::EpShape shape{env.world_size, env.local_world_size, options.workload.experts};
+  auto workload = to_workload(options.workload, shape);
+  int rank = bootstrap.rank();
+  ep::RankInputs inputs = ep::make_rank_inputs(workload, rank);
+
+  RankRun run;
+  {
+    Buffer buffer(bootstrap, buffer_options(options, shape));
+    run = run_iterations(bootstrap, buffer, inputs, options);
+    log::info("bench ep: timed loop done");
+    // The Buffer goes before the reference is built: its arenas are the largest allocation.
+  }
+  EpReference reference(workload);
+  std::string diff = check_rank(run, reference, rank);
+  log::info("bench ep: outputs checked against the reference");
+  if (!diff.empty()) log::error("bench ep: output differs from the reference: {}", diff);
+
+  auto mine = rank_report(run, diff).dump();
+  auto all = bootstrap.allgather(
+      std::span(reinterpret_cast<const uint8_t*>(mine.data()), mine.size()), "bench.ep(results)");
+  if (rank != 0) return {};
+  std::vector<nlohmann::json> reports;
+  for (const auto& bytes : all)
+    reports.push_back(nlohmann::json::parse(bytes));
+
+  nlohmann::json out = {{"benchmark", "ep"},
+                        {"ranks", shape.num_ranks},
+                        {"ranks_per_node", shape.ranks_per_node},
+                        {"nodes", shape.num_nodes()},
+                        {"workload", to_json(options.workload)},
+                        {"traffic", reference.traffic().to_json(shape.num_nodes())}};
+  out["proxyep"] = summarize(reports, reference, shape);
+  return out;
+}
+
+}  // namespace proxyep::tools

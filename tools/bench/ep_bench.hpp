@@ -1,0 +1,49 @@
+// `proxyep bench ep`: expert-parallel dispatch and combine through proxyep::Buffer, with DeepEP's
+// test parameters (DEEPEP_COMPAT 4.1, 4.2), on N ranks with M per node (both the intranode path
+// and, when the ranks span nodes, the fabric path run), against an MPI baseline in the same run.
+//
+// Per rank: bootstrap; deterministic inputs (gpu_side/ep/workload.hpp); a Buffer sized by its
+// hints; the layout (untimed, as in DeepEP's timed loops); one untimed dispatch whose output is
+// the combine input (tools/bench/ep_check.hpp); then `warmup` + `iters` iterations of
+//   barrier, t0, fresh dispatch (layout tensors + top-k), t1, combine (handle), t2,
+//   barrier, t3, cached dispatch (the handle, as DeepEP's timed loop does), t4.
+// Figures (tools/bench/ep_stats.hpp): the slowest rank per iteration; p50/p95/p99 in us; GB/s
+// from the p50 with DeepEP's byte conventions (ep_check.hpp: EpTraffic). After the loop every
+// rank checks its outputs of the last iteration against the reference; `verified` is the AND
+// over ranks.
+//
+// The baseline (--baseline mpi) runs after our ranks are done: rank 0 destroys its Buffer and
+// bootstrap (the other ranks exit, so no rank of ours busy-polls meanwhile) and starts
+// proxyep-mpi-baseline through mpirun on the same options (ep_baseline.hpp).
+#pragma once
+
+#include "control/bootstrap.hpp"
+#include "tools/bench/ep_options.hpp"
+#include "tools/commands.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace proxyep::tools {
+
+struct EpBenchOptions {
+  EpWorkloadCli workload;
+  int ranks = 2;
+  int ranks_per_node = 0;         // 0 = ranks (one node)
+  std::string provider;           // fabric provider of the internode path; "" = tcp across nodes
+  bool reorder = false;           // internode writes through the reorder shim (EFA SRD semantics)
+  std::string baseline = "none";  // none | mpi
+  int baseline_timeout_s = 600;
+  std::vector<std::string> mpirun_args;  // extra arguments for mpirun
+  bool json = false;
+};
+
+// ProxyEP's side on one rank (collective). Returns the results on rank 0, {} elsewhere.
+nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions& options);
+
+// Adds `proxyep bench ep` under `bench` (called by register_bench in cmd_bench.cpp).
+void register_bench_ep(CLI::App& bench, Action& action);
+
+}  // namespace proxyep::tools

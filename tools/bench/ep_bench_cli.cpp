@@ -1,0 +1,119 @@
+// `proxyep bench ep` on the command line: options, self-launch of N ranks (M per node) when run
+// alone, one rank's run, and on rank 0 the baseline and the report (ep_bench.hpp).
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/params.hpp"
+#include "control/bootstrap.hpp"
+#include "control/launch_env.hpp"
+#include "tools/bench/ep_baseline.hpp"
+#include "tools/bench/ep_bench.hpp"
+#include "tools/bench/ep_report.hpp"
+#include "tools/self_launch.hpp"
+
+#include <fmt/format.h>
+
+#include <memory>
+
+namespace proxyep::tools {
+namespace {
+
+// The fabric carries only the internode path; across "nodes" of this machine the target
+// comparison is tcp;ofi_rxm against Open MPI over TCP, so tcp is the default there.
+void apply_fabric_options(const EpBenchOptions& options, const control::LaunchEnv& env) {
+  if (!options.provider.empty())
+    params::fabric_provider.set(options.provider, config::Source::command_line);
+  else if (env.num_nodes() > 1)
+    params::fabric_provider.set(std::string("tcp"), config::Source::command_line);
+  if (options.reorder) params::fabric_reorder.set(true, config::Source::command_line);
+}
+
+int run_rank(const EpBenchOptions& options, bool ranks_given) {
+  auto env = control::LaunchEnv::from_environment();
+  if (ranks_given &&
+      (options.ranks != env.world_size ||
+       (options.ranks_per_node > 0 && options.ranks_per_node != env.local_world_size)))
+    log::warn(
+        "bench ep: --ranks {} / --ranks-per-node {} ignored: the launcher started {} ranks, "
+        "{} per node",
+        options.ranks, options.ranks_per_node, env.world_size, env.local_world_size);
+  apply_fabric_options(options, env);
+  nlohmann::json results;
+  {
+    // The bootstrap (and the Buffer inside run_ep_bench) are gone before the baseline starts:
+    // our ranks must not compete with MPI's for the cores.
+    auto bootstrap = control::Bootstrap::from_environment();
+    results = run_ep_bench(*bootstrap, options);
+  }
+  if (env.rank != 0) return 0;
+  results["provider"] = params::fabric_provider.get();
+  results["reorder"] = params::fabric_reorder.get();
+  nlohmann::json baseline;
+  bool baseline_failed = false;
+  if (options.baseline == "mpi") {
+    try {
+      baseline =
+          run_mpi_baseline({options.workload, env.world_size, env.local_world_size,
+                            std::chrono::seconds(options.baseline_timeout_s), options.mpirun_args});
+    } catch (const Error& e) {
+      // Our figures are still worth printing; the run fails all the same.
+      results["baseline_error"] = e.what();
+      baseline_failed = true;
+    }
+  }
+  attach_baseline(results, std::move(baseline));
+  if (options.json)
+    fmt::print("{}\n", results.dump(2));
+  else
+    print_ep_report(results);
+  if (baseline_failed)
+    fmt::print(stderr, "proxyep bench ep: baseline failed: {}\n",
+               results["baseline_error"].get<std::string>());
+  return results["verified"].get<bool>() && !baseline_failed ? 0 : 1;
+}
+
+}  // namespace
+
+void register_bench_ep(CLI::App& bench, Action& action) {
+  auto options = std::make_shared<EpBenchOptions>();
+  auto* cmd = bench.add_subcommand(
+      "ep",
+      "EP dispatch/combine through the DeepEP-compatible Buffer (DeepEP's test parameters and "
+      "byte conventions), checked against a reference, optionally against MPI_Alltoallv");
+  cmd->add_option("--ranks", options->ranks, "ranks to start when run alone")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--ranks-per-node", options->ranks_per_node,
+                  "ranks per emulated node (default: all on one node)")
+      ->check(CLI::PositiveNumber);
+  add_ep_workload_options(*cmd, options->workload);
+  cmd->add_option("--provider", options->provider,
+                  "fabric provider of the internode path (default tcp when the ranks span nodes)");
+  cmd->add_flag("--reorder", options->reorder,
+                "internode writes through the reorder shim (EFA SRD semantics)");
+  cmd->add_option("--baseline", options->baseline,
+                  "also run the same workload with MPI_Alltoallv (Open MPI, through mpirun)")
+      ->check(CLI::IsMember({"none", "mpi"}))
+      ->capture_default_str();
+  cmd->add_option("--baseline-timeout", options->baseline_timeout_s,
+                  "seconds the MPI baseline may take")
+      ->capture_default_str();
+  cmd->add_option("--mpirun-arg", options->mpirun_args,
+                  "extra mpirun argument (repeatable; --mpirun-arg=--mca ...)");
+  cmd->add_flag("--json", options->json, "print one JSON document (rank 0) on stdout");
+  cmd->callback([options, cmd, &action] {
+    bool ranks_given = cmd->count("--ranks") + cmd->count("--ranks-per-node") > 0;
+    action = [options, ranks_given] {
+      // Fail before the run, not after it, when the baseline cannot run.
+      if (options->baseline == "mpi") check_mpi_baseline_available();
+      if (!self_launch::under_launcher()) {
+        int per_node = options->ranks_per_node > 0 ? options->ranks_per_node : options->ranks;
+        require(options->ranks % per_node == 0, "bench.ep",
+                "--ranks {} is not a multiple of --ranks-per-node {}", options->ranks, per_node);
+        return self_launch::relaunch_as_ranks(options->ranks, per_node);
+      }
+      return run_rank(*options, ranks_given);
+    };
+  });
+}
+
+}  // namespace proxyep::tools

@@ -1,0 +1,173 @@
+#include "tools/bench/ep_check.hpp"
+
+#include "common/error.hpp"
+#include "gpu_side/ep/numeric.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+namespace proxyep::tools {
+namespace {
+
+double max_over_mean(const std::vector<int64_t>& values) {
+  if (values.empty()) return 0;
+  double sum = std::accumulate(values.begin(), values.end(), 0.0);
+  double mean = sum / static_cast<double>(values.size());
+  return mean > 0 ? static_cast<double>(*std::max_element(values.begin(), values.end())) / mean : 0;
+}
+
+// (token, destination node) pairs of one rank: DeepEP's RDMA byte count (DEEPEP_COMPAT 4.2).
+int64_t count_node_pairs(const ep::Tensor& is_token_in_rank, const ep::EpShape& shape) {
+  const auto* in_rank = is_token_in_rank.data<uint8_t>();
+  int64_t pairs = 0;
+  std::vector<uint8_t> reached(static_cast<size_t>(shape.num_nodes()));
+  for (int64_t t = 0; t < is_token_in_rank.rows(); ++t) {
+    std::fill(reached.begin(), reached.end(), 0);
+    for (int r = 0; r < shape.num_ranks; ++r)
+      if (in_rank[t * shape.num_ranks + r]) reached[shape.node_of_rank(r)] = 1;
+    pairs += std::count(reached.begin(), reached.end(), 1);
+  }
+  return pairs;
+}
+
+EpTraffic compute_traffic(const ep::WorkloadOptions& options,
+                          const std::vector<ep::DispatchLayout>& layouts,
+                          const std::vector<ep::ReferenceDispatch>& dispatched) {
+  const auto& shape = options.shape;
+  EpTraffic traffic;
+  traffic.tokens_per_expert.assign(static_cast<size_t>(shape.num_experts), 0);
+  double row_bytes = static_cast<double>(options.hidden) * 2;
+  double fp8_factor = options.fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0;
+  for (int r = 0; r < shape.num_ranks; ++r) {
+    int64_t rows = dispatched[r].recv_x.rows();
+    int64_t pairs = count_node_pairs(layouts[r].is_token_in_rank, shape);
+    traffic.recv_rows.push_back(rows);
+    traffic.node_pairs.push_back(pairs);
+    traffic.dispatch_bytes.push_back(static_cast<double>(rows) * row_bytes * fp8_factor);
+    traffic.combine_bytes.push_back(static_cast<double>(rows) * row_bytes);
+    traffic.rdma_dispatch_bytes.push_back(static_cast<double>(pairs) * row_bytes * fp8_factor);
+    traffic.rdma_combine_bytes.push_back(static_cast<double>(pairs) * row_bytes);
+    const auto* per_expert = layouts[r].num_tokens_per_expert.data<int32_t>();
+    for (int e = 0; e < shape.num_experts; ++e)
+      traffic.tokens_per_expert[e] += per_expert[e];
+  }
+  traffic.expert_imbalance = max_over_mean(traffic.tokens_per_expert);
+  traffic.rank_imbalance = max_over_mean(traffic.recv_rows);
+  return traffic;
+}
+
+}  // namespace
+
+ep::Tensor expert_output(const ep::Tensor& recv_x, const ep::Tensor& recv_x_scales) {
+  if (recv_x.dtype() == ep::DType::bf16) return recv_x;
+  require(recv_x.dtype() == ep::DType::fp8_e4m3 && recv_x_scales.defined(), "bench.ep",
+          "expert output: expected bf16, or fp8 with scales");
+  ep::Tensor out = ep::Tensor::empty(ep::DType::bf16, recv_x.rows(), recv_x.cols());
+  const auto* in = recv_x.data<uint8_t>();
+  const auto* scales = recv_x_scales.data<float>();
+  auto* dst = out.data<uint16_t>();
+  int64_t cols = recv_x.cols(), blocks = recv_x_scales.cols();
+  for (int64_t r = 0; r < recv_x.rows(); ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      dst[r * cols + c] = ep::float_to_bf16(ep::e4m3_to_float(in[r * cols + c]) *
+                                            scales[r * blocks + c / ep::kScaleBlock]);
+  return out;
+}
+
+nlohmann::json EpTraffic::to_json(int nodes) const {
+  nlohmann::json j = {
+      {"recv_tokens_per_rank", recv_rows},       {"dispatch_bytes_per_rank", dispatch_bytes},
+      {"combine_bytes_per_rank", combine_bytes}, {"tokens_per_expert", tokens_per_expert},
+      {"expert_imbalance", expert_imbalance},    {"rank_imbalance", rank_imbalance}};
+  if (nodes > 1) {
+    j["node_pairs_per_rank"] = node_pairs;
+    j["rdma_dispatch_bytes_per_rank"] = rdma_dispatch_bytes;
+    j["rdma_combine_bytes_per_rank"] = rdma_combine_bytes;
+  }
+  return j;
+}
+
+EpReference::EpReference(const ep::WorkloadOptions& options) : options_(options) {
+  const auto& shape = options.shape;
+  std::vector<ep::DispatchInputs> all;
+  for (int r = 0; r < shape.num_ranks; ++r) {
+    inputs_.push_back(ep::make_rank_inputs(options, r));
+    const auto& in = inputs_.back();
+    all.push_back({options.fp8 ? in.x_fp8.ref() : in.x.ref(),
+                   options.fp8 ? in.x_scales.ref() : ep::TensorRef{}, in.topk_idx.ref(),
+                   in.topk_weights.ref()});
+    layouts_.push_back(ep::compute_dispatch_layout(in.topk_idx, shape));
+  }
+  for (int r = 0; r < shape.num_ranks; ++r)
+    dispatched_.push_back(ep::reference_dispatch(all, shape, r));
+  traffic_ = compute_traffic(options, layouts_, dispatched_);
+}
+
+ep::ReferenceCombine EpReference::combine(int rank) const {
+  std::vector<ep::Tensor> outs;
+  std::vector<ep::TensorRef> refs;
+  for (const auto& d : dispatched_) {
+    outs.push_back(expert_output(d.recv_x, d.recv_x_scales));
+    refs.push_back(outs.back().ref());
+  }
+  // No combine weights: the timed combine passes none (DeepEP's timed loop does the same).
+  return ep::reference_combine(refs, dispatched_, {}, options_.shape, rank,
+                               options_.tokens_of(rank));
+}
+
+std::string compare_tensor(const ep::TensorRef& got, const ep::TensorRef& want,
+                           std::string_view name) {
+  if (!want.defined())
+    return got.defined() && got.numel() != 0
+               ? fmt::format("{}: unexpected {}", name, got.describe())
+               : "";
+  if (!got.defined() && want.numel() == 0) return "";
+  if (got.dtype != want.dtype || got.rows != want.rows || got.cols != want.cols)
+    return fmt::format("{}: got {}, expected {}", name, got.describe(), want.describe());
+  size_t elem = ep::dtype_size(want.dtype);
+  const auto* g = static_cast<const std::byte*>(got.data);
+  const auto* w = static_cast<const std::byte*>(want.data);
+  for (int64_t r = 0; r < want.rows; ++r) {
+    // Whole rows at once where both are row-contiguous (recv_x is large).
+    if (got.col_stride == 1 && want.col_stride == 1 &&
+        std::memcmp(g + r * got.row_stride * elem, w + r * want.row_stride * elem,
+                    want.cols * elem) == 0)
+      continue;
+    for (int64_t c = 0; c < want.cols; ++c) {
+      const auto* a = g + (r * got.row_stride + c * got.col_stride) * elem;
+      const auto* b = w + (r * want.row_stride + c * want.col_stride) * elem;
+      if (std::memcmp(a, b, elem) != 0)
+        return fmt::format("{}: row {} column {} differs from the reference", name, r, c);
+    }
+  }
+  return "";
+}
+
+std::string compare_dispatch(const DispatchOutputs& got, const ep::ReferenceDispatch& want) {
+  std::string diff = compare_tensor(got.recv_x, want.recv_x, "recv_x");
+  if (diff.empty() && got.recv_x_scales.defined())
+    diff = compare_tensor(got.recv_x_scales, want.recv_x_scales, "recv_x_scales");
+  if (diff.empty() && got.recv_topk_idx.defined())
+    diff = compare_tensor(got.recv_topk_idx, want.recv_topk_idx, "recv_topk_idx");
+  if (diff.empty() && got.recv_topk_weights.defined())
+    diff = compare_tensor(got.recv_topk_weights, want.recv_topk_weights, "recv_topk_weights");
+  if (diff.empty() && got.recv_src_idx.defined())
+    diff = compare_tensor(got.recv_src_idx, want.recv_src_idx, "recv_src_idx");
+  if (diff.empty() && got.num_recv_tokens_per_expert &&
+      *got.num_recv_tokens_per_expert != want.num_recv_tokens_per_expert)
+    diff = fmt::format(
+        "num_recv_tokens_per_expert: got {} entries summing to {}, expected {} "
+        "summing to {}",
+        got.num_recv_tokens_per_expert->size(),
+        std::accumulate(got.num_recv_tokens_per_expert->begin(),
+                        got.num_recv_tokens_per_expert->end(), 0L),
+        want.num_recv_tokens_per_expert.size(),
+        std::accumulate(want.num_recv_tokens_per_expert.begin(),
+                        want.num_recv_tokens_per_expert.end(), 0L));
+  return diff;
+}
+
+}  // namespace proxyep::tools

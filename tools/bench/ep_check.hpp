@@ -1,0 +1,77 @@
+// What the EP benchmarks check their outputs against, and the figures derived from the workload
+// rather than from the run. Every rank (of `bench ep` and of the MPI baseline) regenerates every
+// rank's inputs (deterministic, gpu_side/ep/workload.hpp) and computes the straightforward
+// reference (gpu_side/ep/reference.hpp); outputs must match it exactly.
+//
+// Combine input ("expert output"): each rank feeds back what it received, as BF16: recv_x itself
+// for BF16 dispatch, recv_x cast back with its scales (bf16(float(e4m3) * scale)) for FP8. Then
+// the combined row is (number of ranks the token went to) x x, the test invariant of DeepEP.
+#pragma once
+
+#include "gpu_side/ep/ep_shape.hpp"
+#include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/reference.hpp"
+#include "gpu_side/ep/tensor.hpp"
+#include "gpu_side/ep/workload.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace proxyep::tools {
+
+// The BF16 combine input a rank derives from its dispatch output (see above). For BF16 the
+// result shares recv_x's storage.
+ep::Tensor expert_output(const ep::Tensor& recv_x, const ep::Tensor& recv_x_scales);
+
+// Bytes of DeepEP's bandwidth conventions (DEEPEP_COMPAT 4.1, 4.2), per rank, and the load.
+struct EpTraffic {
+  std::vector<int64_t> recv_rows;          // [R] rows (tokens) each rank receives, its own included
+  std::vector<int64_t> node_pairs;         // [R] (token, destination node) pairs each rank sends
+  std::vector<int64_t> tokens_per_expert;  // [E] (token, expert) pairs, summed over ranks
+  std::vector<double> dispatch_bytes;      // [R] recv_rows * H * 2, FP8: * (1 + 4/128) / 2
+  std::vector<double> combine_bytes;       // [R] recv_rows * H * 2 (combine is BF16)
+  std::vector<double> rdma_dispatch_bytes;  // [R] node_pairs * H * 2 (FP8 factor as above)
+  std::vector<double> rdma_combine_bytes;   // [R] node_pairs * H * 2
+  double expert_imbalance = 0;              // max / mean of tokens_per_expert
+  double rank_imbalance = 0;                // max / mean of recv_rows
+
+  nlohmann::json to_json(int nodes) const;  // RDMA figures only when nodes > 1
+};
+
+class EpReference {
+ public:
+  // Regenerates every rank's inputs and computes every rank's reference dispatch.
+  explicit EpReference(const ep::WorkloadOptions& options);
+
+  const ep::WorkloadOptions& options() const { return options_; }
+  const ep::RankInputs& inputs(int rank) const { return inputs_.at(rank); }
+  const ep::ReferenceDispatch& dispatch(int rank) const { return dispatched_.at(rank); }
+  // Source `rank`'s combined output when every rank feeds expert_output(its dispatch).
+  ep::ReferenceCombine combine(int rank) const;
+  const EpTraffic& traffic() const { return traffic_; }
+
+ private:
+  ep::WorkloadOptions options_;
+  std::vector<ep::RankInputs> inputs_;
+  std::vector<ep::DispatchLayout> layouts_;
+  std::vector<ep::ReferenceDispatch> dispatched_;
+  EpTraffic traffic_;
+};
+
+// A rank's dispatch outputs as views; undefined members are not compared.
+struct DispatchOutputs {
+  ep::TensorRef recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx;
+  const std::vector<int>* num_recv_tokens_per_expert = nullptr;
+};
+
+// Exact comparisons; each returns "" when equal, else the first difference in words
+// ("recv_x: row 12 column 7 differs", "recv_topk_idx: shape [3, 8], expected [4, 8]").
+std::string compare_tensor(const ep::TensorRef& got, const ep::TensorRef& want,
+                           std::string_view name);
+std::string compare_dispatch(const DispatchOutputs& got, const ep::ReferenceDispatch& want);
+
+}  // namespace proxyep::tools

@@ -1,0 +1,92 @@
+#include "tools/bench/ep_report.hpp"
+
+#include <fmt/format.h>
+
+#include <string>
+
+namespace proxyep::tools {
+namespace {
+
+double p50_of(const nlohmann::json& side, const char* phase) {
+  return side.at(phase).at("us").at("p50").get<double>();
+}
+
+void print_row(const std::string& label, const nlohmann::json& phase, bool rdma) {
+  const auto& us = phase.at("us");
+  std::string rdma_text = rdma && phase.contains("rdma_gbps")
+                              ? fmt::format("{:10.2f}", phase["rdma_gbps"].get<double>())
+                              : "";
+  fmt::print("  {:<26}{:>10.1f}{:>10.1f}{:>10.1f}{:>10.2f}{}\n", label, us["p50"].get<double>(),
+             us["p95"].get<double>(), us["p99"].get<double>(), phase["gbps"].get<double>(),
+             rdma_text);
+}
+
+const char* yes_no(bool value) {
+  return value ? "yes" : "NO";
+}
+
+}  // namespace
+
+void attach_baseline(nlohmann::json& results, nlohmann::json baseline) {
+  bool verified = results.at("proxyep").at("verified").get<bool>();
+  if (baseline.is_null()) {
+    results["baseline"] = nullptr;
+    results["speedup_vs_baseline"] = nullptr;
+  } else {
+    verified = verified && baseline.at("verified").get<bool>();
+    double ours = p50_of(results["proxyep"], "total");
+    double theirs = p50_of(baseline, "total");
+    results["speedup_vs_baseline"] = ours > 0 ? theirs / ours : 0.0;
+    results["baseline"] = std::move(baseline);
+  }
+  results["verified"] = verified;
+}
+
+void print_ep_report(const nlohmann::json& r) {
+  const auto& w = r.at("workload");
+  const auto& traffic = r.at("traffic");
+  int nodes = r.at("nodes").get<int>();
+  bool rdma = nodes > 1;
+  fmt::print(
+      "bench ep: {} ranks, {} per node ({} node{}), {} tokens x {} hidden, top-{} of {} "
+      "experts, {} routing, {}\n",
+      r["ranks"].get<int>(), r["ranks_per_node"].get<int>(), nodes, nodes > 1 ? "s" : "",
+      w["tokens"].get<int>(), w["hidden"].get<int>(), w["topk"].get<int>(), w["experts"].get<int>(),
+      w["routing"].get<std::string>(), w["fp8"].get<bool>() ? "FP8 dispatch" : "BF16");
+  if (nodes > 1 && r.contains("provider"))
+    fmt::print("  internode provider: {}{}\n", r["provider"].get<std::string>(),
+               r.value("reorder", false) ? " (reorder shim)" : "");
+  fmt::print(
+      "  expert load imbalance (max/mean tokens per expert): {:.3f}; received tokens per "
+      "rank max/mean: {:.3f}\n",
+      traffic["expert_imbalance"].get<double>(), traffic["rank_imbalance"].get<double>());
+  fmt::print(
+      "  {} timed iterations after {} warm-up; slowest rank per iteration; GB/s = DeepEP "
+      "bytes / p50\n",
+      w["iters"].get<int>(), w["warmup"].get<int>());
+  fmt::print("  {:<26}{:>10}{:>10}{:>10}{:>10}{}\n", "", "p50 us", "p95 us", "p99 us", "GB/s",
+             rdma ? "  RDMA GB/s" : "");
+  const auto& ours = r.at("proxyep");
+  print_row("proxyep dispatch", ours["dispatch"], rdma);
+  print_row("proxyep dispatch (cached)", ours["cached_dispatch"], rdma);
+  print_row("proxyep combine", ours["combine"], rdma);
+  const auto& base = r["baseline"];
+  if (!base.is_null()) {
+    print_row("mpi dispatch", base["dispatch"], rdma);
+    print_row("mpi combine", base["combine"], rdma);
+    fmt::print("  dispatch+combine p50: proxyep {:.1f} us, mpi {:.1f} us -> speedup {:.2f}x\n",
+               p50_of(ours, "total"), p50_of(base, "total"),
+               r["speedup_vs_baseline"].get<double>());
+    fmt::print("  mpi: {} ({})\n", base.value("mpi_library", std::string("?")),
+               base.value("command", std::string("")));
+  }
+  fmt::print("verified: {} (proxyep {}{})\n", yes_no(r["verified"].get<bool>()),
+             yes_no(ours["verified"].get<bool>()),
+             base.is_null() ? "" : fmt::format(", mpi {}", yes_no(base["verified"].get<bool>())));
+  for (const auto& m : ours["mismatches"])
+    fmt::print("  proxyep mismatch: {}\n", m.get<std::string>());
+  if (!base.is_null() && base.contains("mismatch"))
+    fmt::print("  mpi mismatch: {}\n", base["mismatch"].get<std::string>());
+}
+
+}  // namespace proxyep::tools

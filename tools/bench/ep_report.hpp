@@ -1,0 +1,16 @@
+// The report of `proxyep bench ep`: ProxyEP's figures and the baseline's side by side, their
+// ratio, and the overall verdict. JSON (--json) carries every figure; the table the main ones.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+namespace proxyep::tools {
+
+// Adds the baseline (or null) to rank 0's results and derives "verified" (ProxyEP's and the
+// baseline's outputs matched the reference) and "speedup_vs_baseline" (the baseline's
+// dispatch+combine p50 over ours; null without a baseline).
+void attach_baseline(nlohmann::json& results, nlohmann::json baseline);
+
+void print_ep_report(const nlohmann::json& results);
+
+}  // namespace proxyep::tools

@@ -1,0 +1,169 @@
+// proxyep-mpi-baseline: the MPI side of `proxyep bench ep --baseline mpi` (tools/bench/ep_bench.hpp
+// starts it through mpirun with the same workload flags). Runs the same inputs as the bench
+// (gpu_side/ep/workload.hpp) through pack + MPI_Alltoall + MPI_Alltoallv + unpack (mpi_ep.hpp),
+// times it with the bench's protocol (barrier, then each phase; the slowest rank per iteration),
+// checks the outputs against the reference, and prints one JSON object on rank 0's stdout.
+#include "common/error.hpp"
+#include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/workload.hpp"
+#include "tools/bench/ep_check.hpp"
+#include "tools/bench/ep_options.hpp"
+#include "tools/bench/ep_stats.hpp"
+#include "tools/mpi_baseline/mpi_ep.hpp"
+
+#include <fmt/format.h>
+#include <mpi.h>
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+namespace proxyep::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+struct BaselineCli {
+  EpWorkloadCli workload;
+  int ranks_per_node = 0;  // 0 = all ranks on one node (only the RDMA byte figures use it)
+};
+
+struct RankRun {
+  EpRankTimings timings;
+  MpiDispatched last_dispatch;
+  ep::Tensor last_combined;
+};
+
+// Warm-up and timed iterations. A first, untimed dispatch provides the combine input (the
+// "expert output", ep_check.hpp): the routing is the same every iteration, so it stays valid.
+RankRun run_iterations(MpiAlltoallvEp& ep_impl, const MpiDispatchInputs& in,
+                       const EpWorkloadCli& cli) {
+  RankRun run;
+  MpiDispatched first = ep_impl.dispatch(in);
+  ep::Tensor expert_out = expert_output(first.recv_x, first.recv_x_scales);
+  for (int i = 0; i < cli.warmup + cli.iters; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto t0 = Clock::now();
+    MpiDispatched d = ep_impl.dispatch(in);
+    auto t1 = Clock::now();
+    ep::Tensor combined = ep_impl.combine(expert_out);
+    auto t2 = Clock::now();
+    if (i < cli.warmup) continue;
+    run.timings.dispatch.push_back(seconds_between(t0, t1));
+    run.timings.combine.push_back(seconds_between(t1, t2));
+    run.timings.total.push_back(seconds_between(t0, t2));
+    run.last_dispatch = std::move(d);
+    run.last_combined = std::move(combined);
+  }
+  return run;
+}
+
+// Every rank's samples of one phase on rank 0 (empty elsewhere).
+std::vector<std::vector<double>> gather_samples(const std::vector<double>& mine, int ranks) {
+  std::vector<double> all(mine.size() * static_cast<size_t>(ranks));
+  MPI_Gather(mine.data(), static_cast<int>(mine.size()), MPI_DOUBLE, all.data(),
+             static_cast<int>(mine.size()), MPI_DOUBLE, 0, MPI_COMM_WORLD);
+  std::vector<std::vector<double>> per_rank;
+  for (int r = 0; r < ranks; ++r)
+    per_rank.emplace_back(all.begin() + r * static_cast<ptrdiff_t>(mine.size()),
+                          all.begin() + (r + 1) * static_cast<ptrdiff_t>(mine.size()));
+  return per_rank;
+}
+
+std::string mpi_library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string version(text, static_cast<size_t>(length));
+  return version.substr(0, version.find_first_of(",\n"));
+}
+
+int run(const BaselineCli& cli) {
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  validate(cli.workload);
+  ep::EpShape shape{ranks, cli.ranks_per_node > 0 ? cli.ranks_per_node : ranks,
+                    cli.workload.experts};
+  auto options = to_workload(cli.workload, shape);
+  auto inputs = ep::make_rank_inputs(options, rank);
+  auto layout = ep::compute_dispatch_layout(inputs.topk_idx, shape);
+  MpiDispatchInputs in{cli.workload.fp8 ? inputs.x_fp8.ref() : inputs.x.ref(),
+                       cli.workload.fp8 ? inputs.x_scales.ref() : ep::TensorRef{},
+                       inputs.topk_idx.ref(), inputs.topk_weights.ref(),
+                       layout.is_token_in_rank.ref()};
+  MpiAlltoallvEp ep_impl(MPI_COMM_WORLD, shape, cli.workload.hidden, cli.workload.topk,
+                         cli.workload.fp8);
+  RankRun result = run_iterations(ep_impl, in, cli.workload);
+
+  // Check this rank's outputs against the reference; `verified` is the AND over ranks.
+  EpReference reference(options);
+  const auto& d = result.last_dispatch;
+  std::string diff =
+      compare_dispatch({d.recv_x, d.recv_x_scales, d.recv_topk_idx, d.recv_topk_weights,
+                        d.recv_src_idx, &d.num_recv_tokens_per_expert},
+                       reference.dispatch(rank));
+  if (diff.empty())
+    diff = compare_tensor(result.last_combined, reference.combine(rank).combined_x, "combined_x");
+  if (!diff.empty())
+    std::fprintf(stderr, "proxyep-mpi-baseline: rank %d: %s\n", rank, diff.c_str());
+  int ok = diff.empty() ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+
+  auto dispatch = slowest_rank(gather_samples(result.timings.dispatch, ranks));
+  auto combine = slowest_rank(gather_samples(result.timings.combine, ranks));
+  auto total = slowest_rank(gather_samples(result.timings.total, ranks));
+  if (rank != 0) return 0;
+  const auto& traffic = reference.traffic();
+  bool multi_node = shape.num_nodes() > 1;
+  nlohmann::json out = {
+      {"implementation",
+       "pack + MPI_Alltoall(counts) + MPI_Alltoallv + unpack; reverse for combine"},
+      {"mpi_library", mpi_library_version()},
+      {"ranks", ranks},
+      {"ranks_per_node", shape.ranks_per_node},
+      {"workload", to_json(cli.workload)},
+      {"dispatch", phase_json(dispatch, traffic.dispatch_bytes,
+                              multi_node ? traffic.rdma_dispatch_bytes : std::vector<double>{})},
+      {"combine", phase_json(combine, traffic.combine_bytes,
+                             multi_node ? traffic.rdma_combine_bytes : std::vector<double>{})},
+      {"total", phase_json(total, {})},
+      {"verified", all_ok != 0}};
+  if (!diff.empty()) out["mismatch"] = fmt::format("rank 0: {}", diff);
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace proxyep::tools
+
+int main(int argc, char** argv) {
+  using namespace proxyep::tools;
+  BaselineCli cli;
+  CLI::App app{"proxyep-mpi-baseline: EP dispatch/combine with MPI_Alltoallv (run under mpirun)"};
+  add_ep_workload_options(app, cli.workload);
+  app.add_option("--ranks-per-node", cli.ranks_per_node,
+                 "ranks per node, for the RDMA byte figures (0 = all on one node)");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  MPI_Init(&argc, &argv);
+  int code = 0;
+  try {
+    code = run(cli);
+  } catch (const std::exception& e) {
+    // The other ranks may be inside a collective: only MPI_Abort ends the job in bounded time.
+    std::fprintf(stderr, "proxyep-mpi-baseline: error: %s\n", e.what());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+    return 1;
+  }
+  MPI_Finalize();
+  return code;
+}
