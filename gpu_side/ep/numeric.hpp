@@ -44,12 +44,14 @@ PROXYEP_HOST_DEVICE inline float bf16_to_float(uint16_t bits) {
 
 PROXYEP_HOST_DEVICE inline uint16_t float_to_bf16(float value) {
   uint32_t bits = float_to_bits(value);
-  if ((bits & 0x7fffffffu) > 0x7f800000u)  // NaN: keep sign and payload top, set the quiet bit
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
   // Adding 0x7fff plus the kept LSB rounds ties to even; a carry out of the mantissa bumps the
   // exponent, which is the correct rounding (up to infinity past the largest finite bf16).
   uint32_t lsb = (bits >> 16) & 1u;
-  return static_cast<uint16_t>((bits + 0x7fffu + lsb) >> 16);
+  auto rounded = static_cast<uint16_t>((bits + 0x7fffu + lsb) >> 16);
+  // NaN: keep sign and payload top, set the quiet bit. Both results are computed and one is
+  // selected (no branch), so loops over rows vectorise.
+  auto quiet_nan = static_cast<uint16_t>((bits >> 16) | 0x0040u);
+  return (bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
 }
 
 PROXYEP_HOST_DEVICE inline float e4m3_to_float(uint8_t bits) {
