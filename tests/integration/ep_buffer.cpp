@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -98,7 +99,9 @@ Tensor make_bias(int rank, int which, int64_t tokens, int hidden) {
 void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   const int R = buffer.group_size(), me = buffer.rank();
   ep::WorkloadOptions w;
-  w.shape = {R, buffer.ranks_per_node(), c.experts_per_rank * R};
+  // At least top-k experts in all (a single rank may hold fewer than a case's top-k).
+  const int experts = std::max(c.experts_per_rank * R, (c.topk + R - 1) / R * R);
+  w.shape = {R, buffer.ranks_per_node(), experts};
   w.num_tokens = c.tokens;
   if (c.uneven) {
     w.tokens_per_rank.assign(static_cast<size_t>(R), c.tokens);
