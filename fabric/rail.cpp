@@ -2,12 +2,14 @@
 
 #include "common/log.hpp"
 #include "fabric/rail_slot.hpp"
+#include "fabric/shm_stale.hpp"
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 
 #include <algorithm>
+#include <cstring>
 
 namespace proxyep::fabric {
 namespace {
@@ -79,6 +81,9 @@ void Rail::open_objects() {
   check_fi(fi_ep_bind(endpoint, &av->fid, 0), "fabric.open", what + ": binding the AV");
   check_fi(fi_ep_bind(endpoint, &cq->fid, FI_TRANSMIT | FI_RECV), "fabric.open",
            what + ": binding the CQ");
+  if (info.fabric_attr != nullptr && info.fabric_attr->prov_name != nullptr &&
+      std::strcmp(info.fabric_attr->prov_name, "shm") == 0)
+    remove_stale_shm_regions();  // see shm_stale.hpp: a dead process's leftovers block fi_enable
   check_fi(fi_enable(endpoint), "fabric.open", what + ": fi_enable");
 
   size_t length = 0;
