@@ -9,7 +9,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 "$root/scripts/install-deps.sh"
 "$root/scripts/build.sh" release >/dev/null
 proxyep="$root/build/release/tools/proxyep"
-# 1024 tokens of 7168 BF16 per rank, top-8 of 64 experts: about a minute on a 2-core machine.
+# 1024 tokens of 7168 BF16 per rank, top-8 of 64 experts: about 20 s on a 2-core machine.
 echo "== proxyep bench ep --ranks 4 --ranks-per-node 2 --tokens 1024 --baseline mpi"
 PROXYEP_LOG_LEVEL=${PROXYEP_LOG_LEVEL:-warn} \
   "$proxyep" bench ep --ranks 4 --ranks-per-node 2 --tokens 1024 --baseline mpi "$@"
