@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The device check, in one run, for a session that has a GPU machine (minutes of device time):
+# build the release preset with CUDA, run the GPU tests (kernels against their CPU twins) with
+# their output, and the CPU-side EP tests for comparison; copy the logs to $OUT when it is set
+# (the device tool returns that folder). Exits non-zero when a GPU test fails or is skipped
+# although a device is present.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${OUT:-$root/build/gpu-check}
+mkdir -p "$out"
+{
+  date -u
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 || echo "no nvidia-smi"
+  nvcc --version 2>&1 | tail -1 || true
+} | tee "$out/device.txt"
+"$root/scripts/install-deps.sh" >"$out/install.log" 2>&1
+if ! "$root/scripts/build.sh" release >"$out/build.log" 2>&1; then
+  tail -40 "$out/build.log"
+  exit 1
+fi
+cd "$root/build/release"
+rc=0
+ctest -L gpu --output-on-failure --timeout 300 2>&1 | tee "$out/gpu-tests.log" || rc=1
+if grep -q "Skipped" "$out/gpu-tests.log" && nvidia-smi >/dev/null 2>&1; then
+  echo "gpu-check: a device is present but GPU tests were skipped" | tee -a "$out/gpu-tests.log"
+  rc=1
+fi
+ctest -R "unit.ep|integration.ep.2ranks" --timeout 300 2>&1 | tail -5 | tee "$out/cpu-ep-tests.log"
+exit $rc
