@@ -90,10 +90,7 @@ void Buffer::destroy() {
   if (impl_->destroyed) return;
   impl_->bootstrap.barrier("buffer(destroy)");
   impl_->destroyed = true;
-  if (impl_->engine) {
-    impl_->producer.reset();
-    impl_->engine->stop();
-  }
+  impl_->stop_proxy();
 }
 
 }  // namespace proxyep

@@ -54,9 +54,7 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
 
   // counts[s][d]: rows s sent to d at dispatch; now d sends them back to s.
   const auto* prefix = h.rank_prefix_matrix.data<int32_t>();
-  auto dispatched = [&](int s, int d) -> int64_t {
-    return prefix[s * R + d] - (s > 0 ? prefix[(s - 1) * R + d] : 0);
-  };
+  auto dispatched = [&](int s, int d) { return rows_sent(h, s, d); };
   std::vector<int32_t> rows_to(static_cast<size_t>(R));
   for (int s = 0; s < R; ++s)
     rows_to[s] = static_cast<int32_t>(dispatched(s, rank));
@@ -64,13 +62,7 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
   require(ep::RowAreas::bound(static_cast<uint64_t>(h.num_tokens) * R, format) <= data_capacity(),
           kPhase, "{} tokens with {} bytes per row from {} ranks do not fit num_nvl_bytes ({})",
           h.num_tokens, format.row_bytes(), R, data_capacity());
-  uint64_t staged = 0;
-  for (int s = 0; s < R; ++s)
-    if (!node->on_node(s)) staged += ep::RowAreas::of(rows_to[s], format).end;
-  require(staged <= staging_capacity(), kPhase,
-          "the rows for other nodes need {} bytes of staging but the Buffer has {} "
-          "(num_rdma_bytes)",
-          staged, staging_capacity());
+  require_staging(rows_to, format, kPhase);
 
   const uint64_t call = begin_call();
   NotifyHeader header;

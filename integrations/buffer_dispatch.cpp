@@ -146,9 +146,8 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
   if (c.cached) {
     send_head = cached->send_head;
     in_rank_copy = cached->is_token_in_rank;
-    const auto* prefix = cached->rank_prefix_matrix.data<int32_t>();
     for (int d = 0; d < R; ++d)
-      rows_to[d] = prefix[rank * R + d] - (rank > 0 ? prefix[(rank - 1) * R + d] : 0);
+      rows_to[d] = static_cast<int32_t>(rows_sent(*cached, rank, d));
   } else {
     in_rank_copy = Tensor::copy_of(a.is_token_in_rank);
     send_head = Tensor::empty(DType::i32, c.tokens, R);
@@ -158,13 +157,7 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
       for (int d = 0; d < R; ++d)
         head[t * R + d] = in_rank[t * R + d] ? rows_to[d]++ : -1;
   }
-  uint64_t staged = 0;
-  for (int d = 0; d < R; ++d)
-    if (!node->on_node(d)) staged += ep::RowAreas::of(rows_to[d], c.format).end;
-  require(staged <= staging_capacity(), kPhase,
-          "the rows for other nodes need {} bytes of staging but the Buffer has {} "
-          "(num_rdma_bytes; Buffer::rdma_bytes_hint)",
-          staged, staging_capacity());
+  require_staging(rows_to, c.format, kPhase);
 
   // ---- notify ----
   const uint64_t call = begin_call();
@@ -206,10 +199,9 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
     for (int d = 0; d < R; ++d)
       counts[s * R + d] = records[s].rows_to[d];
   if (c.cached) {
-    const auto* prefix = cached->rank_prefix_matrix.data<int32_t>();
     for (int s = 0; s < R; ++s)
       for (int d = 0; d < R; ++d) {
-        int64_t expected = prefix[s * R + d] - (s > 0 ? prefix[(s - 1) * R + d] : 0);
+        int64_t expected = rows_sent(*cached, s, d);
         require(counts[s * R + d] == expected, kPhase,
                 "call {}: rank {} sends {} rows to rank {} but this rank's handle says {}: the "
                 "ranks passed handles of different dispatches",

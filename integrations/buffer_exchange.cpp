@@ -143,10 +143,13 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
 }
 
 Buffer::Impl::~Impl() {
-  if (engine) {
-    producer.reset();
-    engine->stop();
-  }
+  stop_proxy();
+}
+
+void Buffer::Impl::stop_proxy() noexcept {
+  if (!engine) return;
+  producer.reset();
+  engine->stop();
 }
 
 std::byte* Buffer::Impl::record_in(int owner, uint64_t call, int source) const {
@@ -251,19 +254,14 @@ std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
         counters->set_expected(call, static_cast<uint32_t>(s), 1) != Status::ok)
       fail(std::string(phase), "notify from rank {}: {}", s, counters->last_error());
 
-  auto arrived = [&](int s) {
-    if (node->on_node(s))
-      return shared_word(reinterpret_cast<NotifyHeader*>(record_in(rank, call, s))->seq)
-                 .load(std::memory_order_acquire) == call + 1;
-    return counters->ready(call, static_cast<uint32_t>(s));
-  };
-  auto missing = [&] {
-    std::vector<int> out;
-    for (int s = 0; s < ranks; ++s)
-      if (!arrived(s)) out.push_back(s);
-    return out;
-  };
-  wait_for([&] { return missing().empty(); }, missing, phase, "the notify record (call start)");
+  wait_for(
+      [&](int s) {
+        if (node->on_node(s))
+          return shared_word(reinterpret_cast<NotifyHeader*>(record_in(rank, call, s))->seq)
+                     .load(std::memory_order_acquire) == call + 1;
+        return counters->ready(call, static_cast<uint32_t>(s));
+      },
+      phase, "the notify record (call start)");
 
   std::vector<Record> records(static_cast<size_t>(ranks));
   for (int s = 0; s < ranks; ++s) {
@@ -340,19 +338,14 @@ void Buffer::Impl::expect_rows(uint64_t call, int source, uint64_t writes, std::
 }
 
 void Buffer::Impl::wait_rows(uint64_t call, std::span<const uint8_t> from, std::string_view phase) {
-  auto arrived = [&](int s) {
-    if (!from[static_cast<size_t>(s)]) return true;
-    if (node->on_node(s))
-      return shared_word(*done_word(rank, call, s)).load(std::memory_order_acquire) == call + 1;
-    return counters->ready(call, static_cast<uint32_t>(ranks + s));
-  };
-  auto missing = [&] {
-    std::vector<int> out;
-    for (int s = 0; s < ranks; ++s)
-      if (!arrived(s)) out.push_back(s);
-    return out;
-  };
-  wait_for([&] { return missing().empty(); }, missing, phase, "the rows");
+  wait_for(
+      [&](int s) {
+        if (!from[static_cast<size_t>(s)]) return true;
+        if (node->on_node(s))
+          return shared_word(*done_word(rank, call, s)).load(std::memory_order_acquire) == call + 1;
+        return counters->ready(call, static_cast<uint32_t>(ranks + s));
+      },
+      phase, "the rows");
 }
 
 void Buffer::Impl::quiet(std::string_view phase) {
@@ -364,10 +357,33 @@ void Buffer::Impl::quiet(std::string_view phase) {
   }
 }
 
-void Buffer::Impl::wait_for(const std::function<bool()>& ready,
-                            const std::function<std::vector<int>()>& missing,
-                            std::string_view phase, std::string_view what) {
+void Buffer::Impl::require_staging(std::span<const int32_t> rows_to, const ep::RowFormat& format,
+                                   std::string_view phase) const {
+  uint64_t staged = 0;
+  for (int d = 0; d < ranks; ++d)
+    if (!node->on_node(d)) staged += ep::RowAreas::of(rows_to[d], format).end;
+  require(staged <= staging_capacity(), phase,
+          "the rows for other nodes need {} bytes of staging but the Buffer has {} "
+          "(num_rdma_bytes; Buffer::rdma_bytes_hint)",
+          staged, staging_capacity());
+}
+
+void Buffer::Impl::wait_for(const std::function<bool(int)>& arrived, std::string_view phase,
+                            std::string_view what) {
   auto deadline = Deadline(timeout);
+  // Polled: no allocation here. The list of missing ranks is built only for messages and the
+  // occasional liveness check.
+  auto ready = [&] {
+    for (int s = 0; s < ranks; ++s)
+      if (!arrived(s)) return false;
+    return true;
+  };
+  auto missing = [&] {
+    std::vector<int> out;
+    for (int s = 0; s < ranks; ++s)
+      if (!arrived(s)) out.push_back(s);
+    return out;
+  };
   // A node peer that exited is reported at once instead of at the deadline.
   int dead = -1;
   auto last_check = std::chrono::steady_clock::now();

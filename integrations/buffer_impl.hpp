@@ -48,6 +48,13 @@ namespace proxyep {
 enum class CallKind : uint32_t { dispatch = 1, cached_dispatch = 2, combine = 3 };
 const char* call_name(CallKind kind);
 
+// Rows rank s sent to rank d at the dispatch that made `handle` (from its inclusive prefix).
+inline int64_t rows_sent(const DispatchHandle& handle, int s, int d) {
+  const auto* prefix = handle.rank_prefix_matrix.data<int32_t>();
+  const int64_t R = handle.rank_prefix_matrix.rows();
+  return prefix[s * R + d] - (s > 0 ? prefix[(s - 1) * R + d] : 0);
+}
+
 // Fixed part of a notify record; followed by int32 rows[R] and int32 experts[kMaxLocalExperts].
 struct alignas(64) NotifyHeader {
   uint64_t seq = 0;  // call + 1; stored last (release) on the intranode path
@@ -137,11 +144,15 @@ struct Buffer::Impl {
   void wait_rows(uint64_t call, std::span<const uint8_t> from, std::string_view phase);
   // Waits until every write this rank posted has completed (the staging area is free again).
   void quiet(std::string_view phase);
-  // Waits for `ready` with the call's deadline, keeping the proxy going; `missing` names what is
-  // still absent for the error message (and which node peers to check for liveness).
-  void wait_for(const std::function<bool()>& ready,
-                const std::function<std::vector<int>()>& missing, std::string_view phase,
+  // Waits until `arrived(s)` holds for every rank s, with the call's deadline, keeping the proxy
+  // going; the ranks still missing are named in the error and checked for liveness.
+  void wait_for(const std::function<bool(int)>& arrived, std::string_view phase,
                 std::string_view what);
+  // Checks, before anything is sent, that the rows for other nodes fit the staging area.
+  void require_staging(std::span<const int32_t> rows_to, const ep::RowFormat& format,
+                       std::string_view phase) const;
+  // Stops the proxy threads (destroy() and the destructor).
+  void stop_proxy() noexcept;
 
   void check_usable(std::string_view phase) const;
 

@@ -14,10 +14,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 // What one rank keeps from its run: timings and the last iteration's outputs, to check.
 struct RankRun {
   EpRankTimings timings;

@@ -7,9 +7,15 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
 #include <vector>
 
 namespace proxyep::tools {
+
+inline double seconds_between(std::chrono::steady_clock::time_point a,
+                              std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
 
 // Timings of one rank: seconds per timed iteration of each phase.
 struct EpRankTimings {

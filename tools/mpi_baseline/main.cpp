@@ -24,10 +24,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_between(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 struct BaselineCli {
   EpWorkloadCli workload;
   int ranks_per_node = 0;  // 0 = all ranks on one node (only the RDMA byte figures use it)
