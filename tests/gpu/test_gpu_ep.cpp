@@ -15,6 +15,8 @@
 #include "gpu_side/ep/workload.hpp"
 #include "integrations/buffer_rows.hpp"
 
+#include "tests/gpu/device_check.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -30,7 +32,6 @@ using namespace proxyep::ep;
 
 namespace {
 
-constexpr int kSkip = 77;
 constexpr const char* kPhase = "test_gpu_ep";
 constexpr unsigned char kFiller = 0x5a;  // arena bytes no row writes keep this value
 
@@ -458,13 +459,7 @@ std::vector<Case> cases() {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
-                status != cudaSuccess ? cudaGetErrorString(status) : "ok", devices);
-    return kSkip;
-  }
+  if (!proxyep::testing::cuda_device_present()) return proxyep::testing::kSkipExitCode;
   try {
     check(cudaSetDevice(0), "cudaSetDevice");
     HostExecutor executor(2);

@@ -9,6 +9,8 @@
 #include "gpu_side/ring.hpp"
 #include "gpu_side/ring_memory.hpp"
 
+#include "tests/gpu/device_check.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
@@ -19,8 +21,6 @@ using namespace proxyep::gpu_side;
 using namespace std::chrono_literals;
 
 namespace {
-
-constexpr int kSkip = 77;
 
 struct Tally {
   uint64_t received = 0, corrupt = 0, wrong = 0, duplicate = 0;
@@ -95,13 +95,7 @@ int run(uint64_t capacity, const gpu::SelftestConfig& config) {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  const cudaError_t status = cudaGetDeviceCount(&devices);
-  if (status != cudaSuccess || devices == 0) {
-    std::printf("SKIP: no CUDA device (cudaGetDeviceCount: %s, %d devices)\n",
-                status != cudaSuccess ? cudaGetErrorString(status) : "ok", devices);
-    return kSkip;
-  }
+  if (!proxyep::testing::cuda_device_present()) return proxyep::testing::kSkipExitCode;
   try {
     // Many laps of a small ring (threads wait for slots), then a large ring (pure throughput).
     int rc = run(256, {.blocks = 16, .threads_per_block = 128, .per_block = 4096});

@@ -4,11 +4,16 @@
 
 #include "common/deadline.hpp"
 #include "gpu_side/descriptor.hpp"
+#include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
 #include "gpu_side/ring_memory.hpp"
 
 #include <doctest/doctest.h>
 
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <thread>
@@ -17,9 +22,9 @@
 namespace proxyep::gpu_side::testing {
 
 struct HeapRing {
-  explicit HeapRing(uint64_t capacity)
+  explicit HeapRing(uint64_t capacity, ProducerMode mode = ProducerMode::multi)
       : memory(RingMemory::heap(Ring::bytes_for(capacity))),
-        ring(Ring::create(memory.bytes(), capacity)) {}
+        ring(Ring::create(memory.bytes(), capacity, mode)) {}
   RingMemory memory;
   Ring ring;
 };
@@ -105,6 +110,49 @@ inline bool drain(RingConsumer& consumer, ArrivalChecker& checker, uint64_t tota
     std::this_thread::yield();
   }
   return true;
+}
+
+// Writes descriptor `d` into slot `position` the slow way: one field at a time, yielding between
+// fields, seq last (release). A consumer that acted on anything but seq == position + 1 would
+// copy a mixture of two laps.
+inline void write_slot_slowly(const Ring& ring, uint64_t position, const Descriptor& d) {
+  const WireDescriptor image = encode(d, position + 1);
+  WireDescriptor& slot = ring.slot(position);
+  auto step = [] { std::this_thread::yield(); };
+  slot.version = image.version, step();
+  slot.op = image.op, step();
+  slot.flags = image.flags, step();
+  slot.dst_rank = image.dst_rank, step();
+  slot.local_region = image.local_region, step();
+  slot.remote_region = image.remote_region, step();
+  slot.src_offset = image.src_offset, step();
+  slot.dst_offset = image.dst_offset, step();
+  slot.length = image.length, step();
+  slot.cookie = image.cookie, step();
+  slot.imm = image.imm, step();
+  slot.check = image.check, step();
+  atomic(slot.seq).store(position + 1, std::memory_order_release);
+}
+
+// Consumes through `waiter` into `checker` until `count` descriptors arrived or 30 s passed.
+inline void drain(RingWaiter& waiter, RingConsumer& consumer, ArrivalChecker& checker,
+                  uint64_t count) {
+  std::vector<WireDescriptor> out(32);
+  const Deadline deadline(std::chrono::seconds(30));
+  while (checker.received() < count) {
+    if (waiter.wait(deadline) != Status::ok) break;
+    checker.check(std::span(out).first(consumer.pop_burst(out)));
+  }
+}
+
+// Reaps a forked child within 10 s (SIGKILL after that); returns its wait status.
+inline int reap_child(pid_t child) {
+  int status = -1;
+  const Deadline reap(std::chrono::seconds(10));
+  while (::waitpid(child, &status, WNOHANG) == 0 && !reap.expired())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (reap.expired()) ::kill(child, SIGKILL), ::waitpid(child, &status, 0);
+  return status;
 }
 
 }  // namespace proxyep::gpu_side::testing

@@ -2,6 +2,7 @@
 // wake-up is ever lost (thousands of sleep/produce races, each with a deadline).
 #include "gpu_side/doorbell.hpp"
 #include "tests/unit/gpu_side/ring_fixture.hpp"
+#include "tests/unit/gpu_side/wakeup_race.hpp"
 
 #include <doctest/doctest.h>
 
@@ -53,61 +54,11 @@ TEST_CASE("producers kick only a consumer that announced sleep on an empty ring,
 }
 
 TEST_CASE("no lost wake-up: thousands of sleep/produce races") {
-  // The consumer goes straight from "popped round r" to announce/re-check/block (no spinning),
-  // and the producer publishes round r + 1 after a random delay of 0..~3 us, so publishes land
-  // on every step of that sequence, including between the consumer's last look at the ring and
-  // its announcement. Every fourth round waits until the consumer is asleep, so the blocking path
-  // is exercised for sure. A lost wake-up blocks the consumer for max_block (60 s), far past the
-  // producer's 5 s deadline for the round.
   constexpr uint64_t kRounds = 4000;
-  HeapRing r(64);
-  Doorbell bell;
-  std::atomic<uint64_t> observed{0};
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> blocks{0};
-  std::atomic<int> consumer_timeouts{0};
-  std::thread consumer_thread([&] {
-    RingConsumer consumer(r.ring);
-    RingWaiter waiter(consumer, &bell, {.spins = 0, .yields = 0, .max_block = 60s});
-    std::vector<WireDescriptor> out(8);
-    while (!stop.load()) {
-      if (waiter.wait(Deadline(30s)) != Status::ok) {
-        ++consumer_timeouts;
-        break;
-      }
-      observed.fetch_add(consumer.pop_burst(out), std::memory_order_release);
-    }
-    blocks = waiter.blocks();
-  });
-  RingProducer producer(r.ring, {.doorbell = &bell});
-  std::mt19937 random(12345);
-  uint64_t lost = 0;
-  for (uint64_t round = 0; round < kRounds && lost == 0; ++round) {
-    if (round % 4 == 3) {
-      const Deadline settle(100ms);
-      while (atomic(r.ring.header().signal.consumer_sleeping).load() == 0 && !settle.expired())
-        cpu_relax();
-    } else {
-      for (uint32_t i = random() % 200; i > 0; --i)
-        cpu_relax();
-    }
-    REQUIRE(producer.push(make_descriptor(0, round), Deadline(5s)) == Status::ok);
-    const Deadline deadline(5s);
-    for (uint32_t i = 0; observed.load(std::memory_order_acquire) < round + 1; ++i) {
-      if (i % 1024 == 1023 && deadline.expired()) {
-        lost = round + 1;
-        break;
-      }
-      cpu_relax();
-    }
-  }
-  stop = true;
-  bell.kick();  // release the consumer from its last wait
-  REQUIRE(producer.push(make_descriptor(0, kRounds), Deadline(5s)) == Status::ok);
-  consumer_thread.join();
-  CHECK_MESSAGE(lost == 0, "wake-up lost in round " << lost - 1);
-  CHECK(consumer_timeouts == 0);
-  CHECK(blocks.load() >= kRounds / 4);  // the sleep path was really taken
+  const WakeupRaces races = sleep_produce_races(ProducerMode::multi, false, false, kRounds);
+  CHECK_MESSAGE(races.lost == 0, "wake-up lost in round " << races.lost - 1);
+  CHECK(races.consumer_timeouts == 0);
+  CHECK(races.blocks >= kRounds / 4);  // the sleep path was really taken
 }
 
 TEST_CASE("without a doorbell (GPU producers) the waiter polls with timed sleeps") {

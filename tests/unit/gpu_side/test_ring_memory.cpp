@@ -93,17 +93,8 @@ TEST_CASE("a forked child maps the memfd and produces; the parent consumes, woke
   RingConsumer consumer(ring);
   RingWaiter waiter(consumer, &bell);
   ArrivalChecker checker(8);
-  std::vector<WireDescriptor> out(32);
-  const Deadline deadline(30s);
-  while (checker.received() < kCount) {
-    if (waiter.wait(deadline) != Status::ok) break;
-    checker.check(std::span(out).first(consumer.pop_burst(out)));
-  }
-  int status = -1;
-  const Deadline reap(10s);
-  while (::waitpid(child, &status, WNOHANG) == 0 && !reap.expired())
-    std::this_thread::sleep_for(1ms);
-  if (reap.expired()) ::kill(child, SIGKILL), ::waitpid(child, &status, 0);
+  drain(waiter, consumer, checker, kCount);
+  const int status = reap_child(child);
   CHECK(checker.received() == kCount);
   CHECK(checker.next(7) == kCount);
   CHECK(checker.corrupt() == 0);

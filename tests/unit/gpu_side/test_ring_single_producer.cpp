@@ -8,6 +8,7 @@
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
 #include "tests/unit/gpu_side/ring_fixture.hpp"
+#include "tests/unit/gpu_side/wakeup_race.hpp"
 
 #include <doctest/doctest.h>
 
@@ -29,12 +30,8 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct SpscRing {
-  explicit SpscRing(uint64_t capacity)
-      : memory(RingMemory::heap(Ring::bytes_for(capacity))),
-        ring(Ring::create(memory.bytes(), capacity, ProducerMode::single)) {}
-  RingMemory memory;
-  Ring ring;
+struct SpscRing : HeapRing {
+  explicit SpscRing(uint64_t capacity) : HeapRing(capacity, ProducerMode::single) {}
 };
 
 uint64_t shared_head(const Ring& ring) {
@@ -234,22 +231,7 @@ void slow_single_produce(Ring ring, uint64_t count, std::atomic<bool>& failed) {
       }
       std::this_thread::yield();
     }
-    const WireDescriptor image = encode(make_descriptor(0, position), position + 1);
-    WireDescriptor& slot = ring.slot(position);
-    auto step = [] { std::this_thread::yield(); };
-    slot.version = image.version, step();
-    slot.op = image.op, step();
-    slot.flags = image.flags, step();
-    slot.dst_rank = image.dst_rank, step();
-    slot.local_region = image.local_region, step();
-    slot.remote_region = image.remote_region, step();
-    slot.src_offset = image.src_offset, step();
-    slot.dst_offset = image.dst_offset, step();
-    slot.length = image.length, step();
-    slot.cookie = image.cookie, step();
-    slot.imm = image.imm, step();
-    slot.check = image.check, step();
-    atomic(slot.seq).store(position + 1, std::memory_order_release);
+    write_slot_slowly(ring, position, make_descriptor(0, position));
     atomic(header.producer.head).store(position + 1, std::memory_order_release);
   }
 }
@@ -368,92 +350,16 @@ TEST_CASE("single producer doorbell: kicks only a sleeping consumer, once, in bo
   }
 }
 
-namespace {
-
-// The existing no-lost-wake-up race (test_doorbell.cpp) over a single-producer ring: the consumer
-// goes straight from "popped round r" to announce/re-check/block, and the producer publishes
-// round r + 1 after a random delay of 0..~3 us, so publishes land on every step of that sequence
-// (membarrier() included); every fourth round waits until the consumer is asleep. A lost wake-up
-// blocks the consumer for max_block (60 s), far past the producer's 5 s deadline for the round.
-// Returns the first round that lost its wake-up + 1, or 0.
-uint64_t sleep_produce_races(bool fence, bool burst, uint64_t rounds, uint64_t& blocks_out) {
-  SpscRing r(64);
-  Doorbell bell;
-  std::atomic<uint64_t> observed{0};
-  std::atomic<bool> stop{false};
-  std::atomic<uint64_t> blocks{0};
-  std::atomic<int> consumer_timeouts{0};
-  std::thread consumer_thread([&] {
-    RingConsumer consumer(r.ring);
-    RingWaiter waiter(consumer, &bell, {.spins = 0, .yields = 0, .max_block = 60s});
-    std::vector<WireDescriptor> out(8);
-    while (!stop.load()) {
-      if (waiter.wait(Deadline(30s)) != Status::ok) {
-        ++consumer_timeouts;
-        break;
-      }
-      observed.fetch_add(consumer.pop_burst(out), std::memory_order_release);
-    }
-    blocks = waiter.blocks();
-  });
-  RingProducer producer(r.ring, {.doorbell = &bell, .fence_per_publish = fence});
-  std::mt19937 random(12345);
-  uint64_t lost = 0;
-  uint64_t expected = 0;
-  for (uint64_t round = 0; round < rounds && lost == 0; ++round) {
-    if (round % 4 == 3) {
-      // Flag seen, then a pause: with kSyncBarrier the consumer is still in membarrier() when
-      // its flag appears, and a publish right then only makes it withdraw. After 200 us it is
-      // blocked (or withdrew for a spurious reason and announced again).
-      const Deadline settle(100ms);
-      while (atomic(r.ring.header().signal.consumer_sleeping).load() == 0 && !settle.expired())
-        cpu_relax();
-      std::this_thread::sleep_for(200us);
-    } else {
-      for (uint32_t i = random() % 200; i > 0; --i)
-        cpu_relax();
-    }
-    if (burst) {
-      std::array<Descriptor, 2> two{make_descriptor(0, 2 * round),
-                                    make_descriptor(0, 2 * round + 1)};
-      size_t pushed = 0;
-      REQUIRE(producer.try_push_burst(two, pushed) == Status::ok);  // the ring is empty
-      REQUIRE(pushed == 2);
-      expected += 2;
-    } else {
-      REQUIRE(producer.push(make_descriptor(0, round), Deadline(5s)) == Status::ok);
-      expected += 1;
-    }
-    const Deadline deadline(5s);
-    for (uint32_t i = 0; observed.load(std::memory_order_acquire) < expected; ++i) {
-      if (i % 1024 == 1023 && deadline.expired()) {
-        lost = round + 1;
-        break;
-      }
-      cpu_relax();
-    }
-  }
-  stop = true;
-  bell.kick();  // release the consumer from its last wait
-  REQUIRE(producer.push(make_descriptor(0, 1'000'000), Deadline(5s)) == Status::ok);
-  consumer_thread.join();
-  CHECK(consumer_timeouts == 0);
-  blocks_out = blocks.load();
-  return lost;
-}
-
-}  // namespace
-
 TEST_CASE("single producer: no lost wake-up in thousands of sleep/publish races") {
   constexpr uint64_t kRounds = 4000;
   for (const bool fence : {false, true}) {
     for (const bool burst : {false, true}) {
       CAPTURE(fence);
       CAPTURE(burst);
-      uint64_t blocks = 0;
-      const uint64_t lost = sleep_produce_races(fence, burst, kRounds, blocks);
-      CHECK_MESSAGE(lost == 0, "wake-up lost in round " << lost - 1);
-      CHECK(blocks >= kRounds / 4);  // the sleep path was really taken
+      const WakeupRaces races = sleep_produce_races(ProducerMode::single, fence, burst, kRounds);
+      CHECK_MESSAGE(races.lost == 0, "wake-up lost in round " << races.lost - 1);
+      CHECK(races.consumer_timeouts == 0);
+      CHECK(races.blocks >= kRounds / 4);  // the sleep path was really taken
     }
   }
 }
@@ -492,17 +398,8 @@ TEST_CASE("a forked child is the single producer; the parent's producer is refus
   // max_block past the deadline: a lost wake-up fails the test instead of costing 10 ms.
   RingWaiter waiter(consumer, &bell, {.spins = 64, .yields = 0, .max_block = 60s});
   ArrivalChecker checker(8);
-  std::vector<WireDescriptor> out(32);
-  const Deadline deadline(30s);
-  while (checker.received() < kCount) {
-    if (waiter.wait(deadline) != Status::ok) break;
-    checker.check(std::span(out).first(consumer.pop_burst(out)));
-  }
-  int status = -1;
-  const Deadline reap(10s);
-  while (::waitpid(child, &status, WNOHANG) == 0 && !reap.expired())
-    std::this_thread::sleep_for(1ms);
-  if (reap.expired()) ::kill(child, SIGKILL), ::waitpid(child, &status, 0);
+  drain(waiter, consumer, checker, kCount);
+  const int status = reap_child(child);
   CHECK(checker.received() == kCount);
   CHECK(checker.next(7) == kCount);
   CHECK(checker.corrupt() + checker.wrong() == 0);

@@ -129,22 +129,7 @@ void slow_produce(Ring ring, uint32_t id, uint64_t count, std::atomic<bool>& fai
       }
       std::this_thread::yield();
     }
-    const WireDescriptor image = encode(make_descriptor(id, i), position + 1);
-    WireDescriptor& slot = ring.slot(position);
-    auto step = [] { std::this_thread::yield(); };
-    slot.version = image.version, step();
-    slot.op = image.op, step();
-    slot.flags = image.flags, step();
-    slot.dst_rank = image.dst_rank, step();
-    slot.local_region = image.local_region, step();
-    slot.remote_region = image.remote_region, step();
-    slot.src_offset = image.src_offset, step();
-    slot.dst_offset = image.dst_offset, step();
-    slot.length = image.length, step();
-    slot.cookie = image.cookie, step();
-    slot.imm = image.imm, step();
-    slot.check = image.check, step();
-    atomic(slot.seq).store(position + 1, std::memory_order_release);
+    write_slot_slowly(ring, position, make_descriptor(id, i));
   }
 }
 
