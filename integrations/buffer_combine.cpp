@@ -1,7 +1,8 @@
-// Buffer::combine, CPU backend: every rank sends each received row back to its source, as a
-// block per source in receive order (rows from one source are contiguous there); the source
-// lays the blocks out by sending rank and reduces each token over the ranks that received it, in
-// float32, in ascending rank order, then adds the biases (the order reference.hpp defines).
+// Buffer::combine, CPU backend: every rank streams each received row back to its source, in
+// receive order (rows from one source are contiguous there); the source reads each rank's rows in
+// place (one chunk) or gathers them (several) and reduces each token over the ranks that
+// received it, in float32, in ascending rank order, then adds the biases (the order
+// reference.hpp defines).
 #include "integrations/buffer_impl.hpp"
 #include "integrations/buffer_rows.hpp"
 
@@ -58,18 +59,13 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
   std::vector<int32_t> rows_to(static_cast<size_t>(R));
   for (int s = 0; s < R; ++s)
     rows_to[s] = static_cast<int32_t>(dispatched(s, rank));
-  // This rank receives back one row per (token, destination) it dispatched.
-  require(ep::RowAreas::bound(static_cast<uint64_t>(h.num_tokens) * R, format) <= data_capacity(),
-          kPhase, "{} tokens with {} bytes per row from {} ranks do not fit num_nvl_bytes ({})",
-          h.num_tokens, format.row_bytes(), R, data_capacity());
-  require_staging(rows_to, format, kPhase);
+  require_row_fits(format, kPhase);
 
   const uint64_t call = begin_call();
   NotifyHeader header;
   header.kind = static_cast<uint32_t>(CallKind::combine);
   header.num_tokens = static_cast<uint32_t>(h.num_tokens);
   header.format = format;
-  header.chunk_bytes = chunk_bytes;
   auto records = exchange_notify(call, header, rows_to, {}, kPhase);
   for (int s = 0; s < R; ++s) {
     const NotifyHeader& theirs = records[s].header;
@@ -84,87 +80,65 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
               "ranks passed handles of different dispatches",
               call, s, records[s].rows_to[d], d, dispatched(d, s));
   }
-  // At source s, the block from rank r starts after the blocks of ranks below r.
-  auto block_base = [&](int s, int r) {
-    int64_t base = 0;
-    for (int q = 0; q < r; ++q)
-      base += dispatched(s, q);
-    return base;
-  };
-  auto block_total = [&](int s) { return block_base(s, R); };
-  if (counters)
-    for (int r = 0; r < R; ++r)
-      if (!node->on_node(r))
-        expect_rows(call, r,
-                    writes_for(static_cast<uint64_t>(dispatched(rank, r)), format,
-                               records[r].header.chunk_bytes),
-                    kPhase);
 
-  // ---- rows: the block for source s is x rows [prefix[s-1][me], prefix[s][me]) ----
+  // ---- rows: the rows for source s are x rows [prefix[s][me] - n, prefix[s][me]) ----
   const auto* x = static_cast<const std::byte*>(a.x.data);
   const auto* w = topk > 0 ? a.topk_weights.as<float>() : nullptr;
   const uint64_t row_bytes = format.hidden_bytes;
-  uint64_t staging_at = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    bool remote_pass = pass == 0;
-    if (remote_pass && !multi_node) continue;
-    for (int s = 0; s < R; ++s) {
-      const int64_t n = dispatched(s, rank);
-      // This rank's rows for itself stay in x: the reduce reads them there.
-      if (n == 0 || s == rank || node->on_node(s) == remote_pass) continue;
-      const int64_t first = prefix[s * R + rank] - n;  // this source's first row in x
-      std::byte* area;
-      int64_t to_row, rows_there;
-      if (remote_pass) {
-        area = staging_data() + staging_at;
-        to_row = 0;
-        rows_there = n;
-      } else {
-        area = data_area(s);
-        to_row = block_base(s, rank);
-        rows_there = block_total(s);
-      }
-      auto areas = ep::RowAreas::of(static_cast<uint64_t>(rows_there), format);
-      copy_rows(*executor, area + areas.x + to_row * row_bytes, x + first * row_bytes, n, row_bytes,
-                n);
-      if (w != nullptr)
-        copy_rows(*executor, area + areas.weights + to_row * 4 * topk,
-                  reinterpret_cast<const std::byte*>(w + first * topk), n, 4ull * topk, n);
-      if (remote_pass) {
-        post_rows(call, s, staging_at, static_cast<uint64_t>(n),
-                  static_cast<uint64_t>(block_base(s, rank)), static_cast<uint64_t>(block_total(s)),
-                  format, kPhase);
-        staging_at += areas.end;
-      } else {
-        mark_done(call, s);
+  Transfer transfer;
+  transfer.format = format;
+  transfer.out.resize(static_cast<size_t>(R));
+  transfer.in.resize(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    transfer.out[r] = plan_stream(rank, r, static_cast<uint64_t>(dispatched(r, rank)), format);
+    transfer.in[r] = plan_stream(r, rank, static_cast<uint64_t>(dispatched(rank, r)), format);
+  }
+  transfer.fill = [&](int s, uint64_t first, uint64_t rows, std::byte* slot) {
+    const auto areas = ep::RowAreas::of(rows, format);
+    const int64_t from = prefix[s * R + rank] - dispatched(s, rank) + static_cast<int64_t>(first);
+    const auto n = static_cast<int64_t>(rows);
+    copy_rows(*executor, slot + areas.x, x + from * row_bytes, n, row_bytes, n);
+    if (w != nullptr)
+      copy_rows(*executor, slot + areas.weights,
+                reinterpret_cast<const std::byte*>(w + from * topk), n, 4ull * topk, n);
+  };
+  // Where the reduce reads rank r's rows for this rank's tokens: in place when they came in one
+  // chunk (its slot stays untouched until this rank's next call), else gathered here.
+  std::vector<const uint16_t*> block_rows(static_cast<size_t>(R), nullptr);
+  std::vector<const float*> block_weights(static_cast<size_t>(R), nullptr);
+  std::vector<Tensor> gathered_x(static_cast<size_t>(R)), gathered_weights(static_cast<size_t>(R));
+  transfer.take = [&](int r, uint64_t, uint64_t first, uint64_t rows, const std::byte* slot) {
+    const auto areas = ep::RowAreas::of(rows, format);
+    if (transfer.in[r].chunks == 1) {
+      block_rows[r] = reinterpret_cast<const uint16_t*>(slot + areas.x);
+      block_weights[r] = reinterpret_cast<const float*>(slot + areas.weights);
+      return;
+    }
+    const int64_t total = dispatched(rank, r);
+    if (!gathered_x[r].defined()) {
+      gathered_x[r] = Tensor::empty(DType::bf16, total, hidden);
+      block_rows[r] = gathered_x[r].data<uint16_t>();
+      if (topk > 0) {
+        gathered_weights[r] = Tensor::empty(DType::f32, total, topk);
+        block_weights[r] = gathered_weights[r].data<float>();
       }
     }
-  }
-  std::vector<uint8_t> from(static_cast<size_t>(R));
-  for (int r = 0; r < R; ++r)
-    from[r] = r != rank && dispatched(rank, r) > 0;
-  wait_rows(call, from, kPhase);
+    const auto n = static_cast<int64_t>(rows);
+    copy_rows(*executor, gathered_x[r].raw() + first * row_bytes, slot + areas.x, n, row_bytes, n);
+    if (topk > 0)
+      copy_rows(*executor, gathered_weights[r].raw() + first * 4ull * topk, slot + areas.weights, n,
+                4ull * topk, n);
+  };
+  run_transfer(call, transfer, kPhase);
 
   // ---- reduce ----
   CombineResult out;
   out.combined_x = Tensor::empty(DType::bf16, h.num_tokens, hidden);
   if (topk > 0) out.combined_topk_weights = Tensor::empty(DType::f32, h.num_tokens, topk);
-  const std::byte* mine = data_area(rank);
-  auto areas = ep::RowAreas::of(static_cast<uint64_t>(block_total(rank)), format);
-  const int64_t self_first = prefix[rank * R + rank] - dispatched(rank, rank);  // in x
-  std::vector<const uint16_t*> block_rows(static_cast<size_t>(R));
-  std::vector<const float*> block_weights(static_cast<size_t>(R));
-  for (int r = 0; r < R; ++r) {
-    if (r == rank) {
-      block_rows[r] = a.x.as<uint16_t>() + self_first * hidden;
-      block_weights[r] = w != nullptr ? w + self_first * topk : nullptr;
-    } else {
-      block_rows[r] =
-          reinterpret_cast<const uint16_t*>(mine + areas.x) + block_base(rank, r) * hidden;
-      block_weights[r] =
-          reinterpret_cast<const float*>(mine + areas.weights) + block_base(rank, r) * topk;
-    }
-  }
+  // This rank's rows for itself stay in x.
+  const int64_t self_first = prefix[rank * R + rank] - dispatched(rank, rank);
+  block_rows[rank] = a.x.as<uint16_t>() + self_first * hidden;
+  block_weights[rank] = w != nullptr ? w + self_first * topk : nullptr;
   combine_tokens(
       *executor,
       ep::CombineInput{.block_rows = block_rows.data(),

@@ -1,6 +1,7 @@
 // Buffer::dispatch, CPU backend: validate, plan each token's position at every destination,
-// notify, then write every row straight to its final offset in the destination's arena (node
-// peers) or pack it into staging and post it (other nodes), wait for every source, copy out.
+// notify, then stream every destination's rows in chunks (stored into a node peer's slots, or
+// packed into staging and posted to another node) while copying the chunks that arrive into the
+// outputs; the rank's rows to itself go straight into its outputs.
 #include "gpu_side/ep/layout.hpp"
 #include "integrations/buffer_impl.hpp"
 #include "integrations/buffer_rows.hpp"
@@ -14,6 +15,8 @@ namespace proxyep {
 namespace {
 
 constexpr const char* kPhase = "dispatch";
+// More scale words per token than any FP8 layout needs (hidden / 128 for hidden up to 64 Ki).
+constexpr int64_t kMaxScaleCols = 512;
 
 struct Checked {
   bool fp8 = false;
@@ -36,21 +39,25 @@ Checked check_args(const Buffer::Impl& impl, const DispatchArgs& a) {
   c.fp8 = a.x.dtype == DType::fp8_e4m3;
   c.tokens = a.x.rows;
   c.hidden = a.x.cols;
+  require(c.tokens <= kMaxStreamRows, kPhase, "x has {} tokens; at most {} per call", c.tokens,
+          kMaxStreamRows);
   const int64_t hidden_bytes = c.hidden * static_cast<int64_t>(ep::dtype_size(a.x.dtype));
   require(hidden_bytes > 0 && hidden_bytes % ep::kRowUnitBytes == 0, kPhase,
           "hidden * element size must be a positive multiple of {} bytes; x is {} ({} bytes)",
           ep::kRowUnitBytes, a.x.describe(), hidden_bytes);
   c.format.hidden_bytes = static_cast<uint32_t>(hidden_bytes);
   if (c.fp8) {
-    require(c.hidden % ep::kScaleBlock == 0, kPhase,
-            "FP8 x needs hidden divisible by {} (one scale per block); got {}", ep::kScaleBlock,
-            a.x.describe());
+    // DeepEP moves the scales as opaque 4-byte words, as many per token as x_scales has columns:
+    // float32 [tokens, hidden / 128], or int32 [tokens, hidden / 512] packing four UE8M0 bytes.
     ep::require_defined(a.x_scales, kPhase, "x_scales (FP8 x)");
     ep::require_host(a.x_scales, kPhase, "x_scales");
     require(a.x_scales.dtype == DType::f32 || a.x_scales.dtype == DType::i32, kPhase,
             "x_scales must be float32 (or int32 packed UE8M0); got {}", a.x_scales.describe());
-    ep::require_shape(a.x_scales, c.tokens, c.hidden / ep::kScaleBlock, kPhase, "x_scales");
-    c.format.scale_cols = static_cast<uint32_t>(c.hidden / ep::kScaleBlock);
+    require(a.x_scales.dims == 2 && a.x_scales.rows == c.tokens && a.x_scales.cols >= 1 &&
+                a.x_scales.cols <= kMaxScaleCols,
+            kPhase, "x_scales must be 2-D [num_tokens = {}, 1..{} scales]; got {}", c.tokens,
+            kMaxScaleCols, a.x_scales.describe());
+    c.format.scale_cols = static_cast<uint32_t>(a.x_scales.cols);
   } else {
     require(!a.x_scales.defined(), kPhase, "x_scales given with bf16 x (scales go with FP8 x)");
   }
@@ -125,19 +132,10 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
   Checked c = check_args(*this, a);
   const int R = ranks;
   const DispatchHandle* cached = a.handle;
-  if (c.cached) {
-    c.format.scale_cols = c.fp8 ? static_cast<uint32_t>(c.hidden / ep::kScaleBlock) : 0;
-    c.format.src_index = 0;  // the handle already holds recv_src_idx
-  }
-  // Every rank may send up to num_tokens rows here: that is what num_nvl_bytes was sized for.
-  uint64_t worst_rows = static_cast<uint64_t>(c.tokens) * static_cast<uint64_t>(R);
-  if (a.num_worst_tokens > 0) worst_rows = std::max<uint64_t>(worst_rows, a.num_worst_tokens);
-  require(ep::RowAreas::bound(worst_rows, c.format) <= data_capacity(), kPhase,
-          "{} tokens of {} bytes per row from each of {} ranks need {} bytes but the Buffer "
-          "holds {} (num_nvl_bytes): more tokens than the Buffer was sized for "
-          "(Buffer::nvl_bytes_hint)",
-          c.tokens, c.format.row_bytes(), R, ep::RowAreas::bound(worst_rows, c.format),
-          data_capacity());
+  if (c.cached) c.format.src_index = 0;  // the handle already holds recv_src_idx
+  // Rows stream through the Buffer's slots in chunks, so any number of tokens fits as long as
+  // one row fits a slot.
+  require_row_fits(c.format, kPhase);
 
   // Where each token goes: send_head[t][d] = its position among the rows sent to d.
   Tensor send_head;
@@ -157,7 +155,6 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
       for (int d = 0; d < R; ++d)
         head[t * R + d] = in_rank[t * R + d] ? rows_to[d]++ : -1;
   }
-  require_staging(rows_to, c.format, kPhase);
 
   // ---- notify ----
   const uint64_t call = begin_call();
@@ -167,7 +164,6 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
   header.format = c.format;
   header.num_experts = static_cast<uint32_t>(c.num_experts);
   header.expert_alignment = static_cast<uint32_t>(a.expert_alignment);
-  header.chunk_bytes = chunk_bytes;
   header.num_worst_tokens = static_cast<uint32_t>(a.num_worst_tokens);
   const int local_experts = c.num_experts / R;
   const auto* per_expert = c.cached ? nullptr : a.num_tokens_per_expert.as<int32_t>();
@@ -208,12 +204,10 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
                 call, s, counts[s * R + d], d, expected);
       }
   }
-  std::vector<int64_t> total(static_cast<size_t>(R), 0), base(static_cast<size_t>(R), 0);
+  std::vector<int64_t> total(static_cast<size_t>(R), 0);
   for (int d = 0; d < R; ++d)
-    for (int s = 0; s < R; ++s) {
-      if (s < rank) base[d] += counts[s * R + d];
+    for (int s = 0; s < R; ++s)
       total[d] += counts[s * R + d];
-    }
   for (int d = 0; d < R; ++d) {
     uint32_t worst = records[d].header.num_worst_tokens;
     require(worst == 0 || total[d] <= worst, kPhase,
@@ -221,13 +215,6 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
             total[d], worst);
   }
   const int64_t num_recv = total[rank];
-  if (counters)
-    for (int s = 0; s < R; ++s)
-      if (!node->on_node(s))
-        expect_rows(call, s,
-                    writes_for(static_cast<uint64_t>(counts[s * R + rank]), c.format,
-                               records[s].header.chunk_bytes),
-                    kPhase);
 
   // ---- outputs, allocated before the rows move: this rank's rows to itself go straight into
   // them (for 2 ranks that is half the traffic, one copy instead of two) ----
@@ -238,13 +225,17 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
   if (c.topk > 0) out.recv_topk_idx = Tensor::empty(DType::i64, rows_out, c.topk);
   if (c.weights) out.recv_topk_weights = Tensor::empty(DType::f32, rows_out, c.topk);
   if (!c.cached) out.handle.recv_src_idx = Tensor::empty(DType::i32, num_recv);
+  // Where the rows of source s start in this rank's receive order.
+  std::vector<int64_t> recv_offset(static_cast<size_t>(R), 0);
+  for (int s = 1; s < R; ++s)
+    recv_offset[s] = recv_offset[s - 1] + counts[(s - 1) * R + rank];
   RowSink self;
   self.x = out.recv_x.raw();
   self.scales = c.fp8 ? out.recv_x_scales.data<uint32_t>() : nullptr;
   self.topk_idx = c.topk > 0 ? out.recv_topk_idx.data<int64_t>() : nullptr;
   self.weights = c.weights ? out.recv_topk_weights.data<float>() : nullptr;
   self.src_index = c.cached ? nullptr : out.handle.recv_src_idx.data<int32_t>();
-  self.first_row = base[rank];
+  self.first_row = recv_offset[rank];
   self.rank = rank;
 
   // ---- rows ----
@@ -254,70 +245,65 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
                    c.cached ? TensorRef{} : a.topk_weights,
                    c.format,
                    shape_for(c.num_experts)};
-  std::vector<RowSink> sinks(static_cast<size_t>(R));
-  uint64_t staging_at = 0;
-  std::vector<uint64_t> staging_offset(static_cast<size_t>(R), 0);
-  for (int d = 0; d < R; ++d) {
-    if (d == rank) {
-      sinks[d] = self;
-    } else if (node->on_node(d)) {
-      sinks[d] = RowSink::at(data_area(d), ep::RowAreas::of(total[d], c.format), base[d], d);
-    } else {
-      staging_offset[d] = staging_at;
-      sinks[d] = RowSink::at(staging_data() + staging_at,
-                             ep::RowAreas::of(counts[rank * R + d], c.format), 0, d);
-      staging_at += ep::RowAreas::of(counts[rank * R + d], c.format).end;
-    }
-  }
   const auto* in_rank = in_rank_copy.data<bool>();
   const auto* head = send_head.data<int32_t>();
-  // Rows for other nodes first, so the fabric works while the node's rows are copied.
-  for (int pass = 0; pass < 2; ++pass) {
-    bool remote_pass = pass == 0;
-    if (remote_pass && !multi_node) continue;
+  // The tokens of each destination's rows, in row order.
+  std::vector<std::vector<int32_t>> tokens_to(static_cast<size_t>(R));
+  for (int d = 0; d < R; ++d)
+    if (d != rank) tokens_to[d].resize(static_cast<size_t>(counts[rank * R + d]));
+  for (int64_t t = 0; t < c.tokens; ++t)
+    for (int d = 0; d < R; ++d)
+      if (d != rank && in_rank[t * R + d]) tokens_to[d][head[t * R + d]] = static_cast<int32_t>(t);
+
+  Transfer transfer;
+  transfer.format = c.format;
+  transfer.out.resize(static_cast<size_t>(R));
+  transfer.in.resize(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    transfer.out[r] = plan_stream(rank, r, static_cast<uint64_t>(counts[rank * R + r]), c.format);
+    transfer.in[r] = plan_stream(r, rank, static_cast<uint64_t>(counts[r * R + rank]), c.format);
+  }
+  transfer.fill = [&](int d, uint64_t first, uint64_t rows, std::byte* slot) {
+    const RowSink sink = RowSink::at(slot, ep::RowAreas::of(rows, c.format), 0, d);
+    const int32_t* tokens = tokens_to[d].data() + first;
+    for_each_token_block(*executor, static_cast<int64_t>(rows), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        write_row(source, sink, i, tokens[i]);
+    });
+  };
+  transfer.local = [&] {
     for_each_token_block(*executor, c.tokens, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        for (int d = 0; d < R; ++d)
-          if (in_rank[t * R + d] && node->on_node(d) != remote_pass)
-            write_row(source, sinks[d], head[t * R + d], t);
+        if (in_rank[t * R + rank]) write_row(source, self, head[t * R + rank], t);
     });
-    if (remote_pass)
-      for (int d = 0; d < R; ++d)
-        if (!node->on_node(d) && counts[rank * R + d] > 0)
-          post_rows(call, d, staging_offset[d], static_cast<uint64_t>(counts[rank * R + d]),
-                    static_cast<uint64_t>(base[d]), static_cast<uint64_t>(total[d]), c.format,
-                    kPhase);
-  }
-  for (int d = 0; d < R; ++d)
-    if (d != rank && node->on_node(d) && counts[rank * R + d] > 0) mark_done(call, d);
-
-  std::vector<uint8_t> from(static_cast<size_t>(R));
-  for (int s = 0; s < R; ++s)
-    from[s] = s != rank && counts[s * R + rank] > 0;
-  wait_rows(call, from, kPhase);
-
-  // ---- copy out every other source's rows: those before this rank's block and after it ----
-  auto areas = ep::RowAreas::of(num_recv, c.format);
-  const std::byte* mine = data_area(rank);
-  const int64_t self_begin = base[rank], self_end = base[rank] + counts[rank * R + rank];
-  auto copy_out = [&](std::byte* to, uint64_t area, uint64_t unit) {
-    copy_rows(*executor, to, mine + area, self_begin, unit, self_begin);
-    copy_rows(*executor, to + self_end * unit, mine + area + self_end * unit, num_recv - self_end,
-              unit, rows_out - self_end);  // zero-fills the worst-case tail
   };
-  copy_out(out.recv_x.raw(), areas.x, c.format.hidden_bytes);
-  if (c.fp8) copy_out(out.recv_x_scales.raw(), areas.scales, 4ull * c.format.scale_cols);
-  if (c.topk > 0) {
-    copy_out(out.recv_topk_idx.raw(), areas.topk_idx, 8ull * c.topk);
-    auto* idx = out.recv_topk_idx.data<int64_t>();
-    std::fill(idx + num_recv * c.topk, idx + rows_out * c.topk, int64_t{-1});
-  }
-  if (c.weights) copy_out(out.recv_topk_weights.raw(), areas.weights, 4ull * c.topk);
-  if (!c.cached) {
-    std::byte* src = out.handle.recv_src_idx.raw();
-    copy_rows(*executor, src, mine + areas.src_index, self_begin, 4, self_begin);
-    copy_rows(*executor, src + self_end * 4, mine + areas.src_index + self_end * 4,
-              num_recv - self_end, 4, num_recv - self_end);
+  transfer.take = [&](int s, uint64_t, uint64_t first, uint64_t rows, const std::byte* slot) {
+    const auto areas = ep::RowAreas::of(rows, c.format);
+    const auto n = static_cast<int64_t>(rows);
+    const int64_t at = recv_offset[s] + static_cast<int64_t>(first);
+    auto copy = [&](Tensor& to, uint64_t area, uint64_t unit) {
+      copy_rows(*executor, to.raw() + at * unit, slot + area, n, unit, n);
+    };
+    copy(out.recv_x, areas.x, c.format.hidden_bytes);
+    if (c.fp8) copy(out.recv_x_scales, areas.scales, 4ull * c.format.scale_cols);
+    if (c.topk > 0) copy(out.recv_topk_idx, areas.topk_idx, 8ull * c.topk);
+    if (c.weights) copy(out.recv_topk_weights, areas.weights, 4ull * c.topk);
+    if (!c.cached) copy(out.handle.recv_src_idx, areas.src_index, 4);
+  };
+  run_transfer(call, transfer, kPhase);
+
+  // ---- the num_worst_tokens tail: zero rows, -1 selections ----
+  if (rows_out > num_recv) {
+    auto clear = [&](Tensor& t, uint64_t unit) {
+      std::memset(t.raw() + num_recv * unit, 0, static_cast<size_t>(rows_out - num_recv) * unit);
+    };
+    clear(out.recv_x, c.format.hidden_bytes);
+    if (c.fp8) clear(out.recv_x_scales, 4ull * c.format.scale_cols);
+    if (c.weights) clear(out.recv_topk_weights, 4ull * c.topk);
+    if (c.topk > 0) {
+      auto* idx = out.recv_topk_idx.data<int64_t>();
+      std::fill(idx + num_recv * c.topk, idx + rows_out * c.topk, int64_t{-1});
+    }
   }
   if (c.cached) {
     out.handle = *cached;

@@ -45,6 +45,7 @@ struct Agreed {
   int64_t ranks_per_node;
   int64_t nvl_bytes;
   int64_t rdma_bytes;
+  int64_t chunk_bytes;  // the chunk size of streams between nodes derives from it
 };
 
 }  // namespace
@@ -83,10 +84,10 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
           "sent to other nodes; see Buffer::rdma_bytes_hint)",
           ranks / ranks_per_node, ranks_per_node);
   timeout = std::chrono::milliseconds(params::ep_timeout_ms.get());
-  chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
+  const int64_t chunk_bytes = std::max<int64_t>(4096, params::ep_chunk_bytes.get());
   executor = std::make_unique<ep::HostExecutor>(default_host_threads(ranks_per_node));
 
-  Agreed mine{ranks_per_node, opts.num_nvl_bytes, opts.num_rdma_bytes};
+  Agreed mine{ranks_per_node, opts.num_nvl_bytes, opts.num_rdma_bytes, chunk_bytes};
   auto agreed =
       boot.allgather(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&mine), sizeof mine),
                      "buffer(options)");
@@ -96,17 +97,20 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
             "rank {} sent malformed options", r);
     std::memcpy(&theirs, agreed[static_cast<size_t>(r)].data(), sizeof theirs);
     require(theirs.ranks_per_node == mine.ranks_per_node && theirs.nvl_bytes == mine.nvl_bytes &&
-                theirs.rdma_bytes == mine.rdma_bytes,
+                theirs.rdma_bytes == mine.rdma_bytes && theirs.chunk_bytes == mine.chunk_bytes,
             phase,
             "rank {} created its Buffer with ranks_per_node {}, num_nvl_bytes {}, num_rdma_bytes "
-            "{}; rank {} with {}, {}, {}: every rank must pass the same",
-            r, theirs.ranks_per_node, theirs.nvl_bytes, theirs.rdma_bytes, rank,
-            mine.ranks_per_node, mine.nvl_bytes, mine.rdma_bytes);
+            "{}, ep.chunk_bytes {}; rank {} with {}, {}, {}, {}: every rank must pass the same",
+            r, theirs.ranks_per_node, theirs.nvl_bytes, theirs.rdma_bytes, theirs.chunk_bytes, rank,
+            mine.ranks_per_node, mine.nvl_bytes, mine.rdma_bytes, mine.chunk_bytes);
   }
 
   record_bytes = align_up(
       sizeof(NotifyHeader) + 4ull * static_cast<uint64_t>(ranks) + 4ull * ep::kMaxLocalExperts, 64);
   arena_control_bytes = align_up(2ull * static_cast<uint64_t>(ranks) * (record_bytes + 64), 4096);
+  geometry = StreamGeometry::make(
+      rank, ranks, ranks_per_node, static_cast<uint64_t>(opts.num_nvl_bytes),
+      static_cast<uint64_t>(opts.num_rdma_bytes), static_cast<uint64_t>(chunk_bytes));
   node = std::make_unique<proxy::NodeMemory>(
       boot, arena_control_bytes + static_cast<uint64_t>(opts.num_nvl_bytes), ranks_per_node, phase);
 
@@ -118,8 +122,27 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
         staging_data_offset() + static_cast<uint64_t>(opts.num_rdma_bytes)));
     arena_region = fabric->register_memory(node->local(), node->bytes());
     staging_region = fabric->register_memory(staging->host(), staging->size());
-    counters = std::make_unique<control::CounterBank>(2u * static_cast<uint32_t>(ranks));
+    require(geometry.stage_window > 0, phase,
+            "num_rdma_bytes ({}) gives each destination on another node {} bytes, less than one "
+            "{}-byte chunk",
+            opts.num_rdma_bytes, geometry.stage_area, geometry.remote_slot);
+    require(static_cast<uint64_t>(ranks) <= control::imm::kMaxStreams, phase,
+            "{} ranks exceed the {} chunk streams an immediate can name", ranks,
+            control::imm::kMaxStreams);
+    counters = std::make_unique<control::CounterBank>(static_cast<uint32_t>(ranks));
     router.attach_counters(*counters);
+    windows.resize(static_cast<size_t>(ranks));
+    credits.resize(static_cast<size_t>(ranks));
+    consumed_total.assign(static_cast<size_t>(ranks), 0);
+    staged_at.resize(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) {
+      if (node->on_node(r)) continue;
+      windows[r] = std::make_unique<control::SequenceWindow>(geometry.remote_window);
+      credits[r] = std::make_unique<control::SenderCredits>(geometry.remote_window);
+      router.attach_stream(static_cast<uint32_t>(r), *windows[r]);
+      router.attach_credits(static_cast<uint32_t>(r), *credits[r]);
+      staged_at[r].assign(geometry.stage_window, kNeverPosted);
+    }
     engine = std::make_unique<proxy::ProxyEngine>(*fabric, rank, ranks, router);
     proxy::share_region(boot, engine->regions(), kArenaRegion, *arena_region, phase);
     engine->regions().add_local(kStagingRegion, *staging_region);
@@ -127,7 +150,7 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
         gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
     auto ring = gpu_side::Ring::create(ring_memory->bytes(), kRingSlots);
     doorbell = std::make_unique<gpu_side::Doorbell>();
-    engine->add_ring(ring, doorbell.get());
+    ring_index = engine->add_ring(ring, doorbell.get());
     boot.barrier("buffer(fabric ready)");
     boot.set_progress({});  // the proxy threads own the rails from here on
     engine->start();
@@ -137,9 +160,14 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
   std::random_device entropy;
   id = (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(::getpid());
   boot.barrier("buffer(ready)");
-  log::debug("buffer: {} ranks, {} per node, {} host threads, arena {} bytes{}", ranks,
-             ranks_per_node, executor->threads(), node->bytes(),
-             multi_node ? fmt::format(", staging {} bytes", staging->size()) : "");
+  log::debug("buffer: {} ranks, {} per node, {} host threads, arena {} bytes ({} per source){}",
+             ranks, ranks_per_node, executor->threads(), node->bytes(), geometry.source_area,
+             multi_node
+                 ? fmt::format(", staging {} bytes, chunks of {} bytes between nodes, window {} "
+                               "(staging {})",
+                               staging->size(), geometry.remote_slot, geometry.remote_window,
+                               geometry.stage_window)
+                 : "");
 }
 
 Buffer::Impl::~Impl() {
@@ -157,10 +185,22 @@ std::byte* Buffer::Impl::record_in(int owner, uint64_t call, int source) const {
          ((call % 2) * static_cast<uint64_t>(ranks) + static_cast<uint64_t>(source)) * record_bytes;
 }
 
-uint64_t* Buffer::Impl::done_word(int owner, uint64_t call, int source) const {
+uint64_t* Buffer::Impl::published_word(int owner, int source) const {
   std::byte* base = node->peer(owner) + 2ull * static_cast<uint64_t>(ranks) * record_bytes;
-  return reinterpret_cast<uint64_t*>(
-      base + ((call % 2) * static_cast<uint64_t>(ranks) + static_cast<uint64_t>(source)) * 64);
+  return reinterpret_cast<uint64_t*>(base + static_cast<uint64_t>(source) * 64);
+}
+
+uint64_t* Buffer::Impl::consumed_word(int owner, int receiver) const {
+  std::byte* base = node->peer(owner) + 2ull * static_cast<uint64_t>(ranks) * record_bytes;
+  return reinterpret_cast<uint64_t*>(base +
+                                     (static_cast<uint64_t>(ranks) + receiver) * uint64_t{64});
+}
+
+uint64_t Buffer::Impl::slot_offset(int receiver, int source, const ChunkPlan& plan,
+                                   uint64_t chunk) const {
+  // Shares are by source, skipping the receiver itself (it never streams to itself).
+  const uint64_t share = static_cast<uint64_t>(source < receiver ? source : source - 1);
+  return share * geometry.source_area + (chunk % plan.window) * plan.slot_bytes;
 }
 
 std::byte* Buffer::Impl::staging_record(int destination) const {
@@ -168,12 +208,13 @@ std::byte* Buffer::Impl::staging_record(int destination) const {
          static_cast<uint64_t>(destination) * record_bytes;
 }
 
-std::byte* Buffer::Impl::staging_data() const {
-  return static_cast<std::byte*>(staging->host()) + staging_data_offset();
-}
-
-size_t Buffer::Impl::staging_capacity() const {
-  return staging ? staging->size() - staging_data_offset() : 0;
+uint64_t Buffer::Impl::staging_slot_offset(int destination, uint32_t slot) const {
+  // Shares are by destination on another node, in rank order.
+  uint64_t share = 0;
+  for (int r = 0; r < destination; ++r)
+    share += node->on_node(r) ? 0 : 1;
+  return staging_data_offset() + share * geometry.stage_area +
+         static_cast<uint64_t>(slot) * geometry.remote_slot;
 }
 
 void Buffer::Impl::check_usable(std::string_view phase) const {
@@ -193,23 +234,18 @@ uint64_t Buffer::Impl::begin_call() {
   return call;
 }
 
-namespace {
-
-void push_descriptor(gpu_side::RingProducer& producer, const gpu_side::Descriptor& d,
-                     const Deadline& deadline, std::string_view phase, int dst) {
-  if (producer.push(d, deadline) != Status::ok)
+void Buffer::Impl::push(const gpu_side::Descriptor& descriptor, std::string_view phase) {
+  if (producer->push(descriptor, Deadline(timeout)) != Status::ok)
     fail(std::string(phase),
-         "the descriptor ring stayed full (rows for rank {}): the proxy "
-         "made no progress before the deadline",
-         dst);
+         "the descriptor ring stayed full (a write to rank {}): the proxy made no progress "
+         "before the deadline",
+         descriptor.dst_rank);
+  ++pushed;
 }
-
-}  // namespace
 
 std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
     uint64_t call, const NotifyHeader& header, std::span<const int32_t> rows_to,
     const std::function<std::span<const int32_t>(int)>& experts_for, std::string_view phase) {
-  auto deadline = Deadline(timeout);
   const size_t rows_bytes = 4ull * static_cast<size_t>(ranks);
   for (int d = 0; d < ranks; ++d) {
     NotifyHeader h = header;
@@ -246,7 +282,7 @@ std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
       desc.length = used;
       desc.cookie = call;
       desc.imm = control::imm::encode_counter(call, static_cast<uint32_t>(rank));
-      push_descriptor(*producer, desc, deadline, phase, d);
+      push(desc, phase);
     }
   }
   for (int s = 0; s < ranks; ++s)
@@ -254,14 +290,19 @@ std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
         counters->set_expected(call, static_cast<uint32_t>(s), 1) != Status::ok)
       fail(std::string(phase), "notify from rank {}: {}", s, counters->last_error());
 
-  wait_for(
-      [&](int s) {
-        if (node->on_node(s))
-          return shared_word(reinterpret_cast<NotifyHeader*>(record_in(rank, call, s))->seq)
-                     .load(std::memory_order_acquire) == call + 1;
-        return counters->ready(call, static_cast<uint32_t>(s));
+  auto arrived = [&](int s) {
+    if (node->on_node(s))
+      return shared_word(reinterpret_cast<NotifyHeader*>(record_in(rank, call, s))->seq)
+                 .load(std::memory_order_acquire) == call + 1;
+    return counters->ready(call, static_cast<uint32_t>(s));
+  };
+  await(
+      [&] {
+        for (int s = 0; s < ranks; ++s)
+          if (!arrived(s)) return false;
+        return true;
       },
-      phase, "the notify record (call start)");
+      [&](int s) { return !arrived(s); }, phase, "the notify record (call start)");
 
   std::vector<Record> records(static_cast<size_t>(ranks));
   for (int s = 0; s < ranks; ++s) {
@@ -280,72 +321,17 @@ std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
   return records;
 }
 
-uint64_t Buffer::Impl::writes_for(uint64_t rows, const ep::RowFormat& f, uint64_t chunk) {
-  uint64_t writes = 0;
-  const uint64_t units[] = {uint64_t{f.hidden_bytes}, 4ull * f.scale_cols, 8ull * f.topk,
-                            4ull * f.weights, 4ull * f.src_index};
-  for (uint64_t unit : units) {
-    uint64_t bytes = rows * unit;
-    writes += (bytes + chunk - 1) / chunk;
-  }
-  return writes;
+ChunkPlan Buffer::Impl::plan_stream(int source, int destination, uint64_t rows,
+                                    const ep::RowFormat& format) const {
+  if (source == destination) return {};
+  return node->on_node(source) && node->on_node(destination)
+             ? plan_node_stream(rows, format, geometry)
+             : plan_remote_stream(rows, format, geometry);
 }
 
-uint64_t Buffer::Impl::post_rows(uint64_t call, int dst, uint64_t staging_offset, uint64_t rows,
-                                 uint64_t dst_first, uint64_t dst_rows, const ep::RowFormat& f,
-                                 std::string_view phase) {
-  auto deadline = Deadline(timeout);
-  auto src = ep::RowAreas::of(rows, f);
-  auto to = ep::RowAreas::of(dst_rows, f);
-  struct Area {
-    uint64_t unit, src, dst;
-  };
-  const Area areas[] = {{f.hidden_bytes, src.x, to.x},
-                        {4ull * f.scale_cols, src.scales, to.scales},
-                        {8ull * f.topk, src.topk_idx, to.topk_idx},
-                        {4ull * f.weights, src.weights, to.weights},
-                        {4ull * f.src_index, src.src_index, to.src_index}};
-  uint64_t posted = 0, total = writes_for(rows, f, chunk_bytes);
-  for (const Area& a : areas) {
-    uint64_t bytes = rows * a.unit;
-    for (uint64_t off = 0; off < bytes; off += chunk_bytes) {
-      gpu_side::Descriptor d;
-      d.op = gpu_side::Op::write_imm;
-      d.flags = posted + 1 < total ? gpu_side::kFlagMore : 0;
-      d.dst_rank = static_cast<uint32_t>(dst);
-      d.local_region = kStagingRegion;
-      d.remote_region = kArenaRegion;
-      d.src_offset = staging_data_offset() + staging_offset + a.src + off;
-      d.dst_offset = data_offset() + a.dst + dst_first * a.unit + off;
-      d.length = std::min(chunk_bytes, bytes - off);
-      d.cookie = call;
-      d.imm = control::imm::encode_counter(call, static_cast<uint32_t>(ranks + rank));
-      push_descriptor(*producer, d, deadline, phase, dst);
-      ++posted;
-    }
-  }
-  return posted;
-}
-
-void Buffer::Impl::mark_done(uint64_t call, int dst) {
-  // Pairs with the acquire load in wait_rows(): the rows stored before are visible there.
-  shared_word(*done_word(dst, call, rank)).store(call + 1, std::memory_order_release);
-}
-
-void Buffer::Impl::expect_rows(uint64_t call, int source, uint64_t writes, std::string_view phase) {
-  if (counters->set_expected(call, static_cast<uint32_t>(ranks + source), writes) != Status::ok)
-    fail(std::string(phase), "rows from rank {}: {}", source, counters->last_error());
-}
-
-void Buffer::Impl::wait_rows(uint64_t call, std::span<const uint8_t> from, std::string_view phase) {
-  wait_for(
-      [&](int s) {
-        if (!from[static_cast<size_t>(s)]) return true;
-        if (node->on_node(s))
-          return shared_word(*done_word(rank, call, s)).load(std::memory_order_acquire) == call + 1;
-        return counters->ready(call, static_cast<uint32_t>(ranks + s));
-      },
-      phase, "the rows");
+void Buffer::Impl::require_row_fits(const ep::RowFormat& format, std::string_view phase) const {
+  std::string why;
+  require(fits_one_row(format, geometry, multi_node, &why), phase, "{}", why);
 }
 
 void Buffer::Impl::quiet(std::string_view phase) {
@@ -357,31 +343,16 @@ void Buffer::Impl::quiet(std::string_view phase) {
   }
 }
 
-void Buffer::Impl::require_staging(std::span<const int32_t> rows_to, const ep::RowFormat& format,
-                                   std::string_view phase) const {
-  uint64_t staged = 0;
-  for (int d = 0; d < ranks; ++d)
-    if (!node->on_node(d)) staged += ep::RowAreas::of(rows_to[d], format).end;
-  require(staged <= staging_capacity(), phase,
-          "the rows for other nodes need {} bytes of staging but the Buffer has {} "
-          "(num_rdma_bytes; Buffer::rdma_bytes_hint)",
-          staged, staging_capacity());
-}
-
-void Buffer::Impl::wait_for(const std::function<bool(int)>& arrived, std::string_view phase,
-                            std::string_view what) {
+void Buffer::Impl::await(const std::function<bool()>& ready,
+                         const std::function<bool(int)>& pending, std::string_view phase,
+                         std::string_view what) {
   auto deadline = Deadline(timeout);
   // Polled: no allocation here. The list of missing ranks is built only for messages and the
   // occasional liveness check.
-  auto ready = [&] {
-    for (int s = 0; s < ranks; ++s)
-      if (!arrived(s)) return false;
-    return true;
-  };
   auto missing = [&] {
     std::vector<int> out;
     for (int s = 0; s < ranks; ++s)
-      if (!arrived(s)) out.push_back(s);
+      if (pending(s)) out.push_back(s);
     return out;
   };
   // A node peer that exited is reported at once instead of at the deadline.

@@ -1,29 +1,37 @@
-// Buffer's private state and the protocol steps its calls share (buffer_exchange.cpp): the
-// per-call notify exchange, row delivery to node peers (stores into their mapped arenas) and to
-// other nodes (descriptors -> proxy -> fabric), and the waits. dispatch and combine
-// (buffer_dispatch.cpp, buffer_combine.cpp) are written in terms of these steps.
+// Buffer's private state and the protocol steps its calls share: the per-call notify exchange
+// (buffer_exchange.cpp) and the chunk streams that carry the rows (buffer_streams.cpp, sizes in
+// chunk_plan.hpp). dispatch and combine (buffer_dispatch.cpp, buffer_combine.cpp) are written in
+// terms of these steps.
 //
 // Arena of every rank (NodeMemory; registered with the fabric as region kArenaRegion):
-//   [notify records: 2 parities x R sources] [done words: 2 parities x R sources] [data area]
+//   [notify records: 2 parities x R sources] [stream words: R published, R consumed]
+//   [data area: one share per source (R - 1 shares), each holding that source's chunk slots]
 // Staging of every rank with peers on other nodes (registered as kStagingRegion):
-//   [notify records: R destinations] [data area: num_rdma_bytes]
+//   [notify records: R destinations] [data area: one share per destination on another node]
 //
 // Call k (every dispatch or combine is one call; every rank numbers them identically):
 // 1. notify: each rank writes a record (call kind, row format, rows it sends to every rank, per
 //    expert counts for the destination's experts) into slot [k % 2][self] of every rank's arena:
 //    node peers by stores + a release store of the record's seq; other nodes by an RMA write
 //    with counter immediate (epoch k, key = source). Each rank then waits for all R records.
-//    Receiving rank d's record proves d has finished call k-1 (including copying its rows out),
-//    so d's data area is free for call k; two parities suffice because no rank can enter k+1
-//    before every rank has entered k.
-// 2. rows: written to their final offsets in the receiver's data area (row_format.hpp); node
-//    peers get a release store of done[k % 2][self] afterwards, other nodes count writes:
-//    key R + source expects exactly the number of writes the sender posts (same chunking rule
-//    on both sides, chunk size carried in the record).
-// 3. wait for every source's rows, copy out, and quiet (the staging area is rewritten next call).
+//    Receiving rank d's record proves d has finished call k-1 (every chunk consumed, the rows
+//    reduced), so all of d's slots are free for call k; two parities suffice because no rank
+//    can enter k+1 before every rank has entered k.
+// 2. rows: every pair is a chunk stream (chunk_plan.hpp) driven by one loop that writes what the
+//    receivers' credits allow and consumes what has arrived, until both directions are done.
+//    Node peers: the sender stores a chunk into its slot in the receiver's arena, then
+//    release-stores published[sender] there; the receiver copies it out and release-stores
+//    consumed[receiver] in the sender's arena (its credit). Words hold (k + 1) << 24 | count.
+//    Other nodes: the sender packs a chunk into a staging slot and posts one RMA write with a
+//    stream immediate (stream = sender, sequence = its chunk number); the receiver's
+//    SequenceWindow yields the landed prefix, and it returns credits (signal immediates,
+//    stream = receiver) to the sender's SenderCredits. A staging slot is rewritten only after
+//    the ring position of the write that read it has retired (local completion).
+// 3. quiet: every write this rank posted has completed (notify records are rewritten next call).
 #pragma once
 
 #include "control/counter_bank.hpp"
+#include "control/sequence_window.hpp"
 #include "control/signal_router.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
@@ -33,10 +41,12 @@
 #include "gpu_side/ring.hpp"
 #include "gpu_side/ring_memory.hpp"
 #include "integrations/buffer.hpp"
+#include "integrations/chunk_plan.hpp"
 #include "proxy/node_memory.hpp"
 #include "proxy/proxy_engine.hpp"
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -67,6 +77,24 @@ struct alignas(64) NotifyHeader {
   uint32_t num_worst_tokens = 0;
 };
 
+// Most rows one stream carries in a call (the stream words count chunks in 24 bits).
+inline constexpr int64_t kMaxStreamRows = (int64_t{1} << 24) - 1;
+
+// One call's rows as chunk streams (buffer_streams.cpp). `fill` writes rows [first, first +
+// rows) of the stream to `destination` into `slot`, laid out as ep::RowAreas of `rows` rows;
+// `take` consumes chunk `chunk` from `source` out of its slot before the slot is handed back.
+// `local` runs once, after the first chunks are on their way (e.g. a rank's rows to itself).
+struct Transfer {
+  ep::RowFormat format;
+  std::vector<ChunkPlan> out;  // by destination (self: no chunks)
+  std::vector<ChunkPlan> in;   // by source (self: no chunks)
+  std::function<void(int destination, uint64_t first, uint64_t rows, std::byte* slot)> fill;
+  std::function<void(int source, uint64_t chunk, uint64_t first, uint64_t rows,
+                     const std::byte* slot)>
+      take;
+  std::function<void()> local;
+};
+
 struct Buffer::Impl {
   static constexpr uint32_t kArenaRegion = 0;
   static constexpr uint32_t kStagingRegion = 1;
@@ -81,37 +109,50 @@ struct Buffer::Impl {
   uint64_t id = 0;  // for handles: which Buffer made them
   bool destroyed = false;
   std::chrono::milliseconds timeout{100000};
-  uint64_t chunk_bytes = 1 << 20;
   std::unique_ptr<ep::HostExecutor> executor;
 
   size_t record_bytes = 0;         // one notify record
-  size_t arena_control_bytes = 0;  // notify records + done words
+  size_t arena_control_bytes = 0;  // notify records + stream words
   std::unique_ptr<proxy::NodeMemory> node;
   bool multi_node = false;
+  StreamGeometry geometry;
   // Internode path (only when the group spans nodes).
   std::unique_ptr<fabric::Fabric> fabric;
   std::unique_ptr<gpu_side::RingMemory> staging;
   std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region;
-  std::unique_ptr<control::CounterBank> counters;
+  std::unique_ptr<control::CounterBank> counters;                 // notify records: key = source
+  std::vector<std::unique_ptr<control::SequenceWindow>> windows;  // by source on another node
+  std::vector<std::unique_ptr<control::SenderCredits>> credits;   // by destination, likewise
+  std::vector<uint64_t> consumed_total;  // by source on another node: chunks consumed, ever
+  // By destination on another node: ring position of the write that last read each staging
+  // slot (kNeverPosted before the first).
+  std::vector<std::vector<uint64_t>> staged_at;
+  static constexpr uint64_t kNeverPosted = ~uint64_t{0};
   control::SignalRouter router;
   // Declared before the engine, which releases its claim on the ring when destroyed.
   std::unique_ptr<gpu_side::RingMemory> ring_memory;
   std::unique_ptr<gpu_side::Doorbell> doorbell;
   std::unique_ptr<proxy::ProxyEngine> engine;
   std::unique_ptr<gpu_side::RingProducer> producer;
+  size_t ring_index = 0;  // in the engine
+  uint64_t pushed = 0;    // descriptors pushed so far = the ring position of the next one
 
   uint64_t next_call = 0;
 
   // ---- layout of the shared memory ----
   std::byte* record_in(int owner, uint64_t call, int source) const;  // in owner's arena
-  uint64_t* done_word(int owner, uint64_t call, int source) const;
+  // In owner's arena: chunks `source` has published there / `receiver` has consumed of owner's.
+  uint64_t* published_word(int owner, int source) const;
+  uint64_t* consumed_word(int owner, int receiver) const;
   std::byte* data_area(int owner) const { return node->peer(owner) + arena_control_bytes; }
   uint64_t data_offset() const { return arena_control_bytes; }  // in the arena region
   size_t data_capacity() const { return node->bytes() - arena_control_bytes; }
+  // Offset, in receiver's data area, of slot `chunk % window` of source's share.
+  uint64_t slot_offset(int receiver, int source, const ChunkPlan& plan, uint64_t chunk) const;
   std::byte* staging_record(int destination) const;
-  std::byte* staging_data() const;
-  size_t staging_capacity() const;
   uint64_t staging_data_offset() const { return static_cast<uint64_t>(ranks) * record_bytes; }
+  // Offset in the staging region of this rank's staging slot `slot` for `destination`.
+  uint64_t staging_slot_offset(int destination, uint32_t slot) const;
 
   // ---- a call's steps ----
   // Starts call k: advances the counter epoch. Returns k.
@@ -127,30 +168,24 @@ struct Buffer::Impl {
   std::vector<Record> exchange_notify(
       uint64_t call, const NotifyHeader& header, std::span<const int32_t> rows_to,
       const std::function<std::span<const int32_t>(int)>& experts_for, std::string_view phase);
-  // Every write a source posts for `rows` rows of `format`, under the chunk rule.
-  static uint64_t writes_for(uint64_t rows, const ep::RowFormat& format, uint64_t chunk_bytes);
-  // Posts the rows packed in staging at `staging_offset` (areas for `rows` rows) to rank `dst`'s
-  // data area, into an area laid out for `dst_rows` rows starting at row `dst_first`.
-  // Returns the number of writes posted (== writes_for(rows, ...)).
-  uint64_t post_rows(uint64_t call, int dst, uint64_t staging_offset, uint64_t rows,
-                     uint64_t dst_first, uint64_t dst_rows, const ep::RowFormat& format,
-                     std::string_view phase);
-  // After the rows to node peer `dst` are stored: tells it (release store).
-  void mark_done(uint64_t call, int dst);
-  // Remote sources: the number of writes each posts to this rank this call.
-  void expect_rows(uint64_t call, int source, uint64_t writes, std::string_view phase);
-  // Waits until every source has delivered its rows (done word / counter flag); a timeout or a
-  // dead peer throws naming the ranks still missing.
-  void wait_rows(uint64_t call, std::span<const uint8_t> from, std::string_view phase);
+  // The plan of the stream from `source` to `destination` for `rows` rows of `format`.
+  ChunkPlan plan_stream(int source, int destination, uint64_t rows,
+                        const ep::RowFormat& format) const;
+  // Checks, before anything is sent, that a row of `format` fits the Buffer's slots.
+  void require_row_fits(const ep::RowFormat& format, std::string_view phase) const;
+  // Moves every stream of `transfer` (buffer_streams.cpp): returns when this rank has sent every
+  // chunk and consumed every chunk sent to it. A peer that stops making progress for
+  // ep.timeout_ms, or a node peer that exits, fails the call naming it.
+  void run_transfer(uint64_t call, Transfer& transfer, std::string_view phase);
   // Waits until every write this rank posted has completed (the staging area is free again).
   void quiet(std::string_view phase);
-  // Waits until `arrived(s)` holds for every rank s, with the call's deadline, keeping the proxy
-  // going; the ranks still missing are named in the error and checked for liveness.
-  void wait_for(const std::function<bool(int)>& arrived, std::string_view phase,
-                std::string_view what);
-  // Checks, before anything is sent, that the rows for other nodes fit the staging area.
-  void require_staging(std::span<const int32_t> rows_to, const ep::RowFormat& format,
-                       std::string_view phase) const;
+  // Waits until `ready()` holds, keeping the proxy going, with a deadline of ep.timeout_ms.
+  // `pending(r)` says whether rank r is one this rank still waits for: those are named in the
+  // error and node peers among them are checked for liveness.
+  void await(const std::function<bool()>& ready, const std::function<bool(int)>& pending,
+             std::string_view phase, std::string_view what);
+  // Pushes one descriptor (counts it in `pushed`).
+  void push(const gpu_side::Descriptor& descriptor, std::string_view phase);
   // Stops the proxy threads (destroy() and the destructor).
   void stop_proxy() noexcept;
 

@@ -253,6 +253,11 @@ void ProxyEngine::quiet(const Deadline& deadline) {
   wait(done, deadline, "proxy.quiet", describe);
 }
 
+uint64_t ProxyEngine::retired(size_t ring) const {
+  const RingRef& ref = rings_.at(ring);
+  return threads_[ref.thread]->lane(ref.lane).retired();
+}
+
 void ProxyEngine::wait_until(const std::function<bool()>& ready, const Deadline& deadline,
                              std::string_view what) {
   wait(ready, deadline, "proxy.wait",

@@ -104,6 +104,10 @@ class ProxyEngine {
   // Throws proxyep::Error: "proxy.quiet" on timeout (naming the rings and counts outstanding),
   // or the engine's recorded failure (its phase, naming the peer).
   void quiet(const Deadline& deadline);
+  // Ring `ring`'s completed prefix: every descriptor before this ring position has completed
+  // locally (its source memory may be reused). A sole producer that counts its pushes knows the
+  // position of each (a pushed descriptor at position p is done once retired(ring) > p).
+  uint64_t retired(size_t ring) const;
   // Waits until `ready()` holds; throws Error("proxy.wait", "<what> ...") on timeout, or the
   // engine's failure.
   void wait_until(const std::function<bool()>& ready, const Deadline& deadline,

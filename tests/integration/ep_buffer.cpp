@@ -38,6 +38,7 @@ struct Options {
   uint64_t seed = 1;
   bool bad_input = false;
   int die_rank = -1;
+  bool small_buffer = false;  // a Buffer that holds a few rows per peer: every call streams
 };
 
 struct Case {
@@ -272,23 +273,21 @@ void run_bad_input(Buffer& buffer, const Options& o) {
                [&] { (void)buffer.dispatch(bad); });
   expect_throw("layout with num_experts not divisible by ranks", "multiple of num_ranks",
                [&] { (void)buffer.get_dispatch_layout(in.topk_idx, w.shape.num_experts + 1); });
-  // More tokens than the Buffer was sized for (64 tokens of hidden 256 per rank).
-  ep::WorkloadOptions big = w;
-  big.num_tokens = 100;
-  auto huge = ep::make_rank_inputs(big, me);
-  auto huge_layout = buffer.get_dispatch_layout(huge.topk_idx, w.shape.num_experts);
-  bad = {.x = huge.x,
-         .num_tokens_per_rank = huge_layout.num_tokens_per_rank,
-         .is_token_in_rank = huge_layout.is_token_in_rank,
-         .num_tokens_per_expert = huge_layout.num_tokens_per_expert,
-         .topk_idx = huge.topk_idx,
-         .topk_weights = huge.topk_weights};
-  expect_throw("more tokens than the buffer holds", "sized for",
+  // A row wider than the Buffer's slots (sized for rows of hidden 256).
+  Tensor wide = Tensor::zeros(DType::bf16, in.x.rows(), 32768);
+  bad = good;
+  bad.x = wide;
+  expect_throw("a row wider than the Buffer was sized for", "does not fit",
                [&] { (void)buffer.dispatch(bad); });
   // The Buffer is still usable.
   auto ok = buffer.dispatch(good);
   (void)buffer.combine({.x = ok.recv_x, .handle = &ok.handle});
   if (me == 0) fmt::print("ep_buffer: bad input rejected on the calling rank; Buffer usable: OK\n");
+  // More tokens than the Buffer holds at once (it was sized for 64 per rank) stream through it.
+  run_case(buffer,
+           {"more tokens than the Buffer holds at once", ep::Routing::random, 200, 256, 2, 4, false,
+            0.1, false, 1},
+           o, 100);
 }
 
 int run(const Options& o) {
@@ -299,12 +298,21 @@ int run(const Options& o) {
   const int R = boot->world_size();
   BufferOptions options;
   options.ranks_per_node = o.ranks_per_node;
-  // The bad-input run sizes its Buffer for 64 tokens of hidden 256, so 100 tokens overflow it.
+  // The bad-input run sizes its Buffer for 64 tokens of hidden 256.
   const int64_t max_tokens = o.bad_input ? 64 : 128, hidden_bytes = o.bad_input ? 512 : 7168 * 2;
   options.num_nvl_bytes = Buffer::nvl_bytes_hint(max_tokens, hidden_bytes, 8, R);
   int rpn = o.ranks_per_node > 0 ? o.ranks_per_node : boot->env().local_world_size;
   options.num_rdma_bytes =
       std::max<int64_t>(128, Buffer::rdma_bytes_hint(max_tokens, hidden_bytes, 8, R, rpn));
+  if (o.small_buffer) {
+    // A few of the widest rows per peer: node streams alternate between two slots of ~4 rows,
+    // streams between nodes use chunks of ~2 rows with windows of up to 4, so every call waits
+    // for credits again and again.
+    const int64_t row = Buffer::nvl_bytes_hint(1, hidden_bytes, 8, 1);
+    options.num_nvl_bytes = std::max(1, R - 1) * 8 * row;
+    options.num_rdma_bytes = R * 4 * row;
+    params::ep_chunk_bytes.set(2 * row);
+  }
   Buffer buffer(*boot, options);
   if (o.bad_input) {
     run_bad_input(buffer, o);
@@ -335,6 +343,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed);
   app.add_flag("--bad-input", o.bad_input, "invalid calls first, then a valid one");
   app.add_option("--die-rank", o.die_rank, "this rank leaves before its second case");
+  app.add_flag("--small-buffer", o.small_buffer, "a Buffer of a few rows per peer (streaming)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(o);

@@ -32,6 +32,8 @@ BufferOptions buffer_options(const EpBenchOptions& options, const ep::EpShape& s
     buffer.num_rdma_bytes =
         Buffer::rdma_bytes_hint(options.workload.tokens, hidden_bytes, options.workload.topk,
                                 shape.num_ranks, shape.ranks_per_node);
+  if (options.nvl_bytes > 0) buffer.num_nvl_bytes = options.nvl_bytes;
+  if (options.rdma_bytes > 0 && shape.num_nodes() > 1) buffer.num_rdma_bytes = options.rdma_bytes;
   buffer.ranks_per_node = shape.ranks_per_node;
   return buffer;
 }
@@ -159,8 +161,9 @@ nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions&
   ep::RankInputs inputs = ep::make_rank_inputs(workload, rank);
 
   RankRun run;
+  const BufferOptions sizes = buffer_options(options, shape);
   {
-    Buffer buffer(bootstrap, buffer_options(options, shape));
+    Buffer buffer(bootstrap, sizes);
     run = run_iterations(bootstrap, buffer, inputs, options);
     log::info("bench ep: timed loop done");
     // The Buffer goes before the reference is built: its arenas are the largest allocation.
@@ -182,6 +185,8 @@ nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions&
                         {"ranks", shape.num_ranks},
                         {"ranks_per_node", shape.ranks_per_node},
                         {"nodes", shape.num_nodes()},
+                        {"num_nvl_bytes", sizes.num_nvl_bytes},
+                        {"num_rdma_bytes", sizes.num_rdma_bytes},
                         {"workload", to_json(options.workload)},
                         {"traffic", reference.traffic().to_json(shape.num_nodes())}};
   out["proxyep"] = summarize(reports, reference, shape);

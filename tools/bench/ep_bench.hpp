@@ -31,9 +31,11 @@ namespace proxyep::tools {
 struct EpBenchOptions {
   EpWorkloadCli workload;
   int ranks = 2;
-  int ranks_per_node = 0;         // 0 = ranks (one node)
-  std::string provider;           // fabric provider of the internode path; "" = tcp across nodes
-  bool reorder = false;           // internode writes through the reorder shim (EFA SRD semantics)
+  int ranks_per_node = 0;  // 0 = ranks (one node)
+  std::string provider;    // fabric provider of the internode path; "" = tcp across nodes
+  bool reorder = false;    // internode writes through the reorder shim (EFA SRD semantics)
+  int64_t nvl_bytes = 0;   // Buffer's num_nvl_bytes; 0 = room for a whole call (one chunk per pair)
+  int64_t rdma_bytes = 0;  // Buffer's num_rdma_bytes; 0 = room for a whole call
   std::string baseline = "none";  // none | mpi
   int baseline_timeout_s = 600;
   std::vector<std::string> mpirun_args;  // extra arguments for mpirun

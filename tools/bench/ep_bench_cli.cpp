@@ -99,6 +99,13 @@ void register_bench_ep(CLI::App& bench, Action& action) {
       ->capture_default_str();
   cmd->add_option("--mpirun-arg", options->mpirun_args,
                   "extra mpirun argument (repeatable; --mpirun-arg=--mca ...)");
+  cmd->add_option("--nvl-bytes", options->nvl_bytes,
+                  "the Buffer's num_nvl_bytes (default: room for a whole call; smaller Buffers "
+                  "stream each call in chunks, as DeepEP's Config-sized buffers do)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--rdma-bytes", options->rdma_bytes,
+                  "the Buffer's num_rdma_bytes (default: room for a whole call)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", options->json, "print one JSON document (rank 0) on stdout");
   cmd->callback([options, cmd, &action] {
     bool ranks_given = cmd->count("--ranks") + cmd->count("--ranks-per-node") > 0;
