@@ -41,7 +41,32 @@ struct InputForm {
   int topk = 0;
   DType x_dtype = DType::bf16;
   bool weights = false;
+  // FP8 scales, moved as opaque 4-byte words like DeepEP does: float32 (amax / 448 per 128
+  // channels) or int32 (packed UE8M0, four 128-channel groups per word), any column count.
+  DType scale_dtype = DType::f32;
+  int64_t scale_cols = 0;
 };
+
+// Rank 0's scales fix the form every rank's scales must have.
+void read_scale_form(const TensorRef& scales, InputForm& form) {
+  require_defined(scales, kPhase, "x_scales (float8_e4m3fn x)");
+  require(scales.dtype == DType::f32 || scales.dtype == DType::i32, kPhase,
+          "x_scales must be float32 or int32 (packed UE8M0); got {}", scales.describe());
+  require(scales.dims == 2 && scales.cols >= 1, kPhase,
+          "x_scales must be 2-D [num_tokens, num_scales] with num_scales >= 1; got {}",
+          scales.describe());
+  form.scale_dtype = scales.dtype;
+  form.scale_cols = scales.cols;
+}
+
+void check_scales(const TensorRef& scales, const InputForm& form, size_t rank, int64_t tokens) {
+  require_defined(scales, kPhase, "x_scales (float8_e4m3fn x)");
+  require(scales.dtype == form.scale_dtype, kPhase,
+          "x_scales of rank {} is {}; rank 0's is {} (all ranks must use one scale format)", rank,
+          scales.describe(), dtype_name(form.scale_dtype));
+  require_host(scales, kPhase, "x_scales");
+  require_shape(scales, tokens, form.scale_cols, kPhase, "x_scales");
+}
 
 // Checks every rank's inputs against rank 0's form (same hidden, top-k, dtype, weights given).
 InputForm check_inputs(std::span<const DispatchInputs> all, const EpShape& shape) {
@@ -54,6 +79,7 @@ InputForm check_inputs(std::span<const DispatchInputs> all, const EpShape& shape
   form.weights = all[0].topk_weights.defined();
   require(form.x_dtype == DType::bf16 || form.x_dtype == DType::fp8_e4m3, kPhase,
           "x must be bf16 or float8_e4m3fn; got {}", all[0].x.describe());
+  if (form.x_dtype == DType::fp8_e4m3) read_scale_form(all[0].x_scales, form);
   for (size_t r = 0; r < all.size(); ++r) {
     const DispatchInputs& in = all[r];
     validate_topk_idx(in.topk_idx, shape, kPhase);
@@ -63,13 +89,7 @@ InputForm check_inputs(std::span<const DispatchInputs> all, const EpShape& shape
     require_shape(in.x, tokens, form.hidden, kPhase, "x");
     require(in.topk_idx.cols == form.topk, kPhase, "rank {} has num_topk {}; rank 0 has {}", r,
             in.topk_idx.cols, form.topk);
-    if (form.x_dtype == DType::fp8_e4m3) {
-      require(form.hidden % kScaleBlock == 0, kPhase, "fp8 hidden {} is not a multiple of {}",
-              form.hidden, kScaleBlock);
-      require_dtype(in.x_scales, DType::f32, kPhase, "x_scales");
-      require_host(in.x_scales, kPhase, "x_scales");
-      require_shape(in.x_scales, tokens, form.hidden / kScaleBlock, kPhase, "x_scales");
-    }
+    if (form.x_dtype == DType::fp8_e4m3) check_scales(in.x_scales, form, r, tokens);
     require(in.topk_weights.defined() == form.weights, kPhase,
             "topk_weights must be given for all ranks or none (rank {} differs from rank 0)", r);
     if (form.weights) {
@@ -150,20 +170,21 @@ ReferenceDispatch reference_dispatch(std::span<const DispatchInputs> all, const 
 
   // Pass 2: fill the outputs.
   const auto num_recv = static_cast<int64_t>(rows.size());
-  const int64_t groups = form.hidden / kScaleBlock;
   out.recv_x = Tensor::empty(form.x_dtype, num_recv, form.hidden);
-  if (fp8) out.recv_x_scales = Tensor::empty(DType::f32, num_recv, groups);
+  if (fp8) out.recv_x_scales = Tensor::empty(form.scale_dtype, num_recv, form.scale_cols);
   out.recv_topk_idx = Tensor::empty(DType::i64, num_recv, topk);
   if (form.weights) out.recv_topk_weights = Tensor::empty(DType::f32, num_recv, topk);
   out.recv_src_idx = Tensor::empty(DType::i32, num_recv);
   std::vector<int64_t> pairs(static_cast<size_t>(shape.experts_per_rank()), 0);
   const size_t row_bytes = static_cast<size_t>(form.hidden) * dtype_size(form.x_dtype);
+  const size_t scale_row_bytes =
+      static_cast<size_t>(form.scale_cols) * dtype_size(form.scale_dtype);
   for (int64_t i = 0; i < num_recv; ++i) {
     const auto [source, t] = rows[static_cast<size_t>(i)];
     const DispatchInputs& in = all[source];
     copy_row(in.x, t, out.recv_x.raw() + static_cast<size_t>(i) * row_bytes);
     if (fp8)
-      copy_row(in.x_scales, t, out.recv_x_scales.raw() + static_cast<size_t>(i * groups) * 4);
+      copy_row(in.x_scales, t, out.recv_x_scales.raw() + static_cast<size_t>(i) * scale_row_bytes);
     out.recv_src_idx.data<int32_t>()[i] = static_cast<int32_t>(t);
     for (int k = 0; k < topk; ++k) {
       int64_t local = shape.local_expert(in.topk_idx.as<int64_t>()[t * topk + k], rank);

@@ -19,21 +19,23 @@
 
 namespace proxyep::ep {
 
-// One rank's dispatch inputs as views (x is bf16 [N, H] or fp8 [N, H] with scales f32 [N, H/128]).
+// One rank's dispatch inputs as views: x is bf16 [N, H], or fp8 [N, H] with scales [N, S], S >= 1,
+// float32 (S = H/128 in DeepEP's use) or int32 packed UE8M0 (S = H/512). Like DeepEP, the
+// reference moves scale rows as raw bytes, so any S works; every rank must use one dtype and S.
 struct DispatchInputs {
   TensorRef x;
-  TensorRef x_scales;      // undefined for bf16
+  TensorRef x_scales;      // undefined for bf16; strides honoured
   TensorRef topk_idx;      // i64 [N, K]
   TensorRef topk_weights;  // f32 [N, K]; may be undefined
 };
 
 struct ReferenceDispatch {
-  Tensor recv_x;                          // like x: [num_recv, H]
-  Tensor recv_x_scales;                   // f32 [num_recv, H/128] for fp8
-  Tensor recv_topk_idx;                   // i64 [num_recv, K]
-  Tensor recv_topk_weights;               // f32 [num_recv, K] (when weights were given)
-  Tensor recv_src_idx;                    // i32 [num_recv]: token index at its source
-  std::vector<int> recv_from;             // [R]: rows received from each source rank
+  Tensor recv_x;                                // like x: [num_recv, H]
+  Tensor recv_x_scales;                         // for fp8: x_scales' dtype, [num_recv, S]
+  Tensor recv_topk_idx;                         // i64 [num_recv, K]
+  Tensor recv_topk_weights;                     // f32 [num_recv, K] (when weights were given)
+  Tensor recv_src_idx;                          // i32 [num_recv]: token index at its source
+  std::vector<int> recv_from;                   // [R]: rows received from each source rank
   std::vector<int> num_recv_tokens_per_expert;  // [E_local], aligned
 };
 

@@ -98,6 +98,10 @@ void validate(const WorkloadOptions& o, int rank) {
   require(!o.fp8 || o.hidden % kScaleBlock == 0, kPhase,
           "hidden ({}) must be a multiple of {} for fp8 (one scale per {} channels)", o.hidden,
           kScaleBlock, kScaleBlock);
+  require(
+      !(o.fp8 && o.ue8m0) || o.hidden % kUe8m0PackBlock == 0, kPhase,
+      "hidden ({}) must be a multiple of {} for UE8M0 scales (four {}-channel scales per int32)",
+      o.hidden, kUe8m0PackBlock, kScaleBlock);
   require(o.num_tokens >= 0, kPhase, "num_tokens must be >= 0; got {}", o.num_tokens);
   require(o.tokens_per_rank.empty() || o.tokens_per_rank.size() == size_t(s.num_ranks), kPhase,
           "tokens_per_rank has {} entries; expected one per rank ({})", o.tokens_per_rank.size(),
@@ -185,6 +189,38 @@ Tensor make_weights(int64_t tokens, int topk, std::mt19937_64 gen) {
   return w;
 }
 
+// Whether `t` already is a 2-D tensor of this form, so a cast can write into it in place.
+bool has_form(const Tensor& t, DType dtype, int64_t rows, int64_t cols) {
+  return t.defined() && t.dtype() == dtype && t.dims() == 2 && t.rows() == rows && t.cols() == cols;
+}
+
+// Allocates unless the caller's tensor already has the form (it may be a view held elsewhere).
+void ensure_form(Tensor& t, DType dtype, int64_t rows, int64_t cols) {
+  if (!has_form(t, dtype, rows, cols)) t = Tensor::empty(dtype, rows, cols);
+}
+
+// Largest magnitude of a 128-channel group, clamped to 1e-4 like DeepEP (an all-zero group still
+// gets a finite, non-zero scale).
+float group_amax(const uint16_t* group) {
+  float amax = 0.0f;
+  for (int c = 0; c < kScaleBlock; ++c)
+    amax = std::max(amax, std::abs(bf16_to_float(group[c])));
+  return std::max(amax, 1e-4f);
+}
+
+// ceil(log2(value)) of a positive normal float, read off its bits the way DeepEP's
+// fast_log2_ceil does: the exponent, plus one unless the value is already a power of two.
+int ceil_log2(float value) {
+  const uint32_t bits = float_to_bits(value);
+  const auto exponent = static_cast<int>((bits >> 23) & 0xffu) - 127;
+  return exponent + ((bits & 0x7fffffu) != 0 ? 1 : 0);
+}
+
+// 2^exponent for exponent in [-126, 127] (a normal float: exponent field only).
+float pow2(int exponent) {
+  return bits_to_float(static_cast<uint32_t>(exponent + 127) << 23);
+}
+
 }  // namespace
 
 Routing parse_routing(std::string_view name) {
@@ -222,7 +258,10 @@ RankInputs make_rank_inputs(const WorkloadOptions& options, int rank) {
   in.topk_idx = make_routing(options, tokens, make_generator(seed, rank, Stream::routing));
   drop_entries(in.topk_idx, options.drop_fraction, make_generator(seed, rank, Stream::drop));
   in.topk_weights = make_weights(tokens, options.topk, make_generator(seed, rank, Stream::weights));
-  if (options.fp8) cast_to_fp8(in.x, in.x_fp8, in.x_scales);
+  if (options.fp8 && options.ue8m0)
+    cast_to_fp8_ue8m0(in.x, in.x_fp8, in.x_scales);
+  else if (options.fp8)
+    cast_to_fp8(in.x, in.x_fp8, in.x_scales);
   return in;
 }
 
@@ -232,29 +271,54 @@ void cast_to_fp8(const Tensor& x_bf16, Tensor& x_fp8, Tensor& scales) {
           "x must be 2-D with hidden a multiple of {}; got {}", kScaleBlock,
           x_bf16.ref().describe());
   const int64_t rows = x_bf16.rows(), hidden = x_bf16.cols(), groups = hidden / kScaleBlock;
-  // Reuse the caller's tensors when they already have the right form (they may be views the
-  // caller holds elsewhere); otherwise allocate.
-  if (!(x_fp8.defined() && x_fp8.dtype() == DType::fp8_e4m3 && x_fp8.dims() == 2 &&
-        x_fp8.rows() == rows && x_fp8.cols() == hidden))
-    x_fp8 = Tensor::empty(DType::fp8_e4m3, rows, hidden);
-  if (!(scales.defined() && scales.dtype() == DType::f32 && scales.dims() == 2 &&
-        scales.rows() == rows && scales.cols() == groups))
-    scales = Tensor::empty(DType::f32, rows, groups);
+  ensure_form(x_fp8, DType::fp8_e4m3, rows, hidden);
+  ensure_form(scales, DType::f32, rows, groups);
   const uint16_t* in = x_bf16.data<uint16_t>();
   uint8_t* out = x_fp8.data<uint8_t>();
   float* scale = scales.data<float>();
   for (int64_t t = 0; t < rows; ++t) {
     for (int64_t g = 0; g < groups; ++g) {
       const int64_t base = t * hidden + g * kScaleBlock;
-      float amax = 0.0f;
-      for (int c = 0; c < kScaleBlock; ++c)
-        amax = std::max(amax, std::abs(bf16_to_float(in[base + c])));
-      amax = std::max(amax, 1e-4f);
+      const float amax = group_amax(in + base);
       // Same float32 operations as DeepEP's per_token_cast_to_fp8: x * (448 / amax).
       const float factor = kFp8E4m3Max / amax;
       for (int c = 0; c < kScaleBlock; ++c)
         out[base + c] = float_to_e4m3(bf16_to_float(in[base + c]) * factor);
       scale[t * groups + g] = amax / kFp8E4m3Max;
+    }
+  }
+}
+
+void cast_to_fp8_ue8m0(const Tensor& x_bf16, Tensor& x_fp8, Tensor& packed_scales) {
+  require_dtype(x_bf16.ref(), DType::bf16, kPhase, "x");
+  require(x_bf16.dims() == 2 && x_bf16.cols() % kUe8m0PackBlock == 0, kPhase,
+          "x must be 2-D with hidden a multiple of {} for UE8M0 scales; got {}", kUe8m0PackBlock,
+          x_bf16.ref().describe());
+  const int64_t rows = x_bf16.rows(), hidden = x_bf16.cols(), groups = hidden / kScaleBlock;
+  ensure_form(x_fp8, DType::fp8_e4m3, rows, hidden);
+  ensure_form(packed_scales, DType::i32, rows, hidden / kUe8m0PackBlock);
+  const uint16_t* in = x_bf16.data<uint16_t>();
+  uint8_t* out = x_fp8.data<uint8_t>();
+  // Row t's hidden / 512 int32s span `groups` bytes, group g at byte g of the row: DeepEP's
+  // layout (it writes the exponent bytes through a uint8 view of the int32 tensor).
+  auto* exponent_bytes = reinterpret_cast<uint8_t*>(packed_scales.raw());
+  // DeepEP's float constant 1/448, so the rounding matches its kernels to the last bit.
+  constexpr float kInverseMax = 1.0f / kFp8E4m3Max;
+  for (int64_t t = 0; t < rows; ++t) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t base = t * hidden + g * kScaleBlock;
+      const float amax = group_amax(in + base);
+      // amax >= 1e-4 keeps amax / 448 a normal float and a finite bf16 amax keeps the exponent
+      // within [-22, 120], so both pow2 calls below stay in range; an infinity would not.
+      require(std::isfinite(amax), kPhase,
+              "x[{}] holds an infinity in channels [{}, {}); UE8M0 scales need finite values", t,
+              g * kScaleBlock, (g + 1) * kScaleBlock);
+      const int exponent = ceil_log2(amax * kInverseMax);
+      // Multiplying by a power of two is exact: the payload only rounds in the e4m3 cast.
+      const float factor = pow2(-exponent);
+      for (int c = 0; c < kScaleBlock; ++c)
+        out[base + c] = float_to_e4m3(bf16_to_float(in[base + c]) * factor);
+      exponent_bytes[t * groups + g] = static_cast<uint8_t>(float_to_bits(pow2(exponent)) >> 23);
     }
   }
 }

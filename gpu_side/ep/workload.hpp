@@ -22,13 +22,16 @@ std::string_view routing_name(Routing routing);
 
 struct WorkloadOptions {
   EpShape shape;
-  int num_tokens = 128;  // per rank, unless tokens_per_rank is given
+  int num_tokens = 128;              // per rank, unless tokens_per_rank is given
   std::vector<int> tokens_per_rank;  // optional override, one entry per rank (0 allowed)
   int hidden = 7168;
   int topk = 8;
   Routing routing = Routing::random;
   double drop_fraction = 0.0;  // share of top-k entries replaced by -1 (no selection)
   bool fp8 = false;            // also produce x_fp8 + x_scales (per-128-channel, amax/448)
+  // With fp8 (ignored otherwise): power-of-two scales packed as UE8M0 bytes, x_scales i32
+  // [N, hidden / 512] (see cast_to_fp8_ue8m0); hidden must be a multiple of 512.
+  bool ue8m0 = false;
   uint64_t seed = 1;
 
   int tokens_of(int rank) const;
@@ -37,17 +40,29 @@ struct WorkloadOptions {
 struct RankInputs {
   Tensor x;             // bf16 [N, hidden]
   Tensor x_fp8;         // fp8_e4m3 [N, hidden] (when options.fp8)
-  Tensor x_scales;      // f32 [N, hidden / 128] (when options.fp8)
+  Tensor x_scales;      // f32 [N, hidden / 128], or i32 [N, hidden / 512] with ue8m0 (fp8)
   Tensor topk_idx;      // i64 [N, topk], -1 = no selection; distinct experts per row
   Tensor topk_weights;  // f32 [N, topk]
 };
 
 // Throws proxyep::Error("workload") for inconsistent options (experts not divisible by ranks,
-// topk > experts, hidden not a multiple of 128 with fp8, ...).
+// topk > experts, hidden not a multiple of 128 with fp8 or of 512 with fp8 + ue8m0, ...).
 RankInputs make_rank_inputs(const WorkloadOptions& options, int rank);
 
 // Per-token FP8 cast the way DeepEP's tests do it: per 128 channels, amax clamped to 1e-4,
 // value * 448 / amax cast to e4m3, scale = amax / 448.
 void cast_to_fp8(const Tensor& x_bf16, Tensor& x_fp8, Tensor& scales);
+
+// Channels covered by one int32 of packed UE8M0 scales: four 128-channel groups.
+inline constexpr int kUe8m0PackBlock = 4 * kScaleBlock;
+
+// The UE8M0 form of the cast (DEEPEP_COMPAT 2.7; DeepEP's LL `round_scale` + `use_ue8m0`
+// arithmetic): per 128 channels, amax clamped to 1e-4, the scale is rounded up to a power of two,
+// 2^ceil(log2(amax * (1/448))), and the payload is value / scale cast to e4m3. The scale is stored
+// as its biased exponent byte (exponent + 127, the float32 exponent field); int32 j of a row holds
+// groups 4j..4j+3 in its bytes 0..3 in memory order (little-endian). `packed_scales` becomes
+// i32 [rows, hidden / 512]; hidden must be a multiple of 512. Tensors of the right form are
+// reused, like cast_to_fp8.
+void cast_to_fp8_ue8m0(const Tensor& x_bf16, Tensor& x_fp8, Tensor& packed_scales);
 
 }  // namespace proxyep::ep

@@ -52,6 +52,7 @@ struct Case {
   double drop = 0.1;
   bool uneven = false;  // last rank has no tokens, rank 0 has one
   int alignment = 1;
+  bool ue8m0 = false;  // FP8 scales as int32 packs of four UE8M0 exponents [tokens, hidden / 512]
 };
 
 std::vector<Case> cases() {
@@ -65,6 +66,8 @@ std::vector<Case> cases() {
        false, 0.0, true, 8},
       {"skewed fp8 topk6 hidden5120", ep::Routing::skewed, 64, 5120, 6, 4, true, 0.05, false, 1},
       {"random bf16 topk3 hidden3072", ep::Routing::random, 80, 3072, 3, 3, false, 0.3, false, 2},
+      {"random fp8 UE8M0 scales topk8 hidden7168", ep::Routing::random, 48, 7168, 8, 4, true, 0.1,
+       false, 1, true},
   };
 }
 
@@ -114,6 +117,7 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   w.routing = c.routing;
   w.drop_fraction = c.drop;
   w.fp8 = c.fp8;
+  w.ue8m0 = c.ue8m0;
   w.seed = o.seed * 1000 + static_cast<uint64_t>(call_index);
   std::vector<ep::RankInputs> inputs;
   std::vector<ep::DispatchInputs> views;

@@ -8,6 +8,8 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <span>
+#include <utility>
 #include <vector>
 
 using namespace proxyep;
@@ -22,14 +24,15 @@ struct World {
   std::vector<DispatchLayout> layouts;
 };
 
-World make_world(bool fp8) {
+World make_world(bool fp8, bool ue8m0 = false) {
   World w;
   w.options.shape = EpShape{4, 2, 16};
   w.options.tokens_per_rank = {50, 0, 37, 64};
-  w.options.hidden = 256;
+  w.options.hidden = ue8m0 ? 1024 : 256;  // UE8M0 packs four 128-channel groups per int32
   w.options.topk = 4;
   w.options.drop_fraction = 0.2;
   w.options.fp8 = fp8;
+  w.options.ue8m0 = ue8m0;
   w.options.seed = 5;
   for (int r = 0; r < 4; ++r) {
     w.inputs.push_back(make_rank_inputs(w.options, r));
@@ -44,6 +47,29 @@ World make_world(bool fp8) {
 bool row_equal(const Tensor& a, int64_t row_a, const Tensor& b, int64_t row_b) {
   size_t bytes = static_cast<size_t>(a.cols()) * dtype_size(a.dtype());
   return std::memcmp(a.raw() + row_a * bytes, b.raw() + row_b * bytes, bytes) == 0;
+}
+
+// Row `row` of a strided view equals row `row_b` of contiguous `b`, element by element.
+bool strided_row_equal(const TensorRef& a, int64_t row, const Tensor& b, int64_t row_b) {
+  const size_t element = dtype_size(a.dtype);
+  const auto* base = static_cast<const std::byte*>(a.data);
+  for (int64_t c = 0; c < a.cols; ++c) {
+    const std::byte* from = base + (row * a.row_stride + c * a.col_stride) * element;
+    if (std::memcmp(from, b.raw() + (row_b * b.cols() + c) * element, element) != 0) return false;
+  }
+  return true;
+}
+
+// Checks that `d`'s scale rows are the sources' rows, byte for byte, in receive order.
+void check_scale_rows(const ReferenceDispatch& d, std::span<const DispatchInputs> views) {
+  int64_t row = 0;
+  for (size_t s = 0; s < views.size(); ++s) {
+    for (int i = 0; i < d.recv_from[s]; ++i, ++row) {
+      const int64_t t = d.recv_src_idx.data<int32_t>()[row];
+      REQUIRE(strided_row_equal(views[s].x_scales, t, d.recv_x_scales, row));
+    }
+  }
+  REQUIRE(row == d.recv_x_scales.rows());
 }
 
 }  // namespace
@@ -119,6 +145,78 @@ TEST_CASE("reference: column-major scales are read through their strides") {
     ReferenceDispatch b = reference_dispatch(views, w.options.shape, rank);
     REQUIRE(a.recv_x_scales.bytes() == b.recv_x_scales.bytes());
     CHECK(std::memcmp(a.recv_x_scales.raw(), b.recv_x_scales.raw(), a.recv_x_scales.bytes()) == 0);
+  }
+}
+
+TEST_CASE("reference: UE8M0 scales arrive as int32 rows, byte for byte, in receive order") {
+  World w = make_world(true, true);
+  const EpShape& shape = w.options.shape;
+  REQUIRE(w.inputs[0].x_scales.dtype() == DType::i32);
+  // Column-major packed scales for rank 3 (as DeepGEMM's TMA layout hands them over).
+  const RankInputs& in3 = w.inputs[3];
+  const int64_t n = in3.x_scales.rows(), words = in3.x_scales.cols();
+  std::vector<int32_t> column_major(static_cast<size_t>(n * words));
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t j = 0; j < words; ++j)
+      column_major[j * n + t] = in3.x_scales.data<int32_t>()[t * words + j];
+  std::vector<DispatchInputs> strided = w.views;
+  strided[3].x_scales = TensorRef::strided(column_major.data(), DType::i32, n, words, 1, n);
+
+  for (int rank = 0; rank < 4; ++rank) {
+    CAPTURE(rank);
+    ReferenceDispatch d = reference_dispatch(w.views, shape, rank);
+    REQUIRE(d.recv_x_scales.dtype() == DType::i32);
+    REQUIRE(d.recv_x_scales.cols() == w.options.hidden / 512);
+    REQUIRE(d.recv_x_scales.rows() == d.recv_x.rows());
+    int64_t row = 0;
+    for (int s = 0; s < 4; ++s) {
+      int64_t previous = -1;
+      for (int i = 0; i < d.recv_from[s]; ++i, ++row) {
+        const int64_t t = d.recv_src_idx.data<int32_t>()[row];
+        REQUIRE(t > previous);  // source rank, then token, ascending
+        previous = t;
+        REQUIRE(w.layouts[s].is_token_in_rank.data<bool>()[t * 4 + rank]);
+        REQUIRE(row_equal(d.recv_x_scales, row, w.inputs[s].x_scales, t));
+        REQUIRE(row_equal(d.recv_x, row, w.inputs[s].x_fp8, t));
+      }
+    }
+    ReferenceDispatch b = reference_dispatch(strided, shape, rank);
+    REQUIRE(b.recv_x_scales.bytes() == d.recv_x_scales.bytes());
+    CHECK(std::memcmp(b.recv_x_scales.raw(), d.recv_x_scales.raw(), d.recv_x_scales.bytes()) == 0);
+  }
+}
+
+TEST_CASE("reference: fp8 scales of any column count and any hidden move as raw bytes") {
+  World w = make_world(false);
+  const EpShape& shape = w.options.shape;
+  const int64_t hidden = 100;  // not a multiple of 128: DeepEP's normal mode does not care
+  for (auto [dtype, cols] :
+       {std::pair{DType::i32, int64_t{3}}, std::pair{DType::f32, int64_t{1}}}) {
+    CAPTURE(dtype_name(dtype));
+    CAPTURE(cols);
+    std::vector<Tensor> xs;
+    std::vector<std::vector<uint32_t>> scales(4);  // column-major, distinct per (rank, token, col)
+    std::vector<DispatchInputs> views = w.views;
+    for (int r = 0; r < 4; ++r) {
+      const int64_t n = w.options.tokens_of(r);
+      xs.push_back(Tensor::empty(DType::fp8_e4m3, n, hidden));
+      for (int64_t i = 0; i < xs.back().numel(); ++i)
+        xs.back().data<uint8_t>()[i] = static_cast<uint8_t>(i * 7 + r);
+      scales[r].resize(static_cast<size_t>(n * cols));
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t c = 0; c < cols; ++c)
+          scales[r][c * n + t] = static_cast<uint32_t>(r << 24 | t << 8 | c) ^ 0x80808080u;
+      views[r].x = xs.back();
+      views[r].x_scales = TensorRef::strided(scales[r].data(), dtype, n, cols, 1, n);
+    }
+    for (int rank = 0; rank < 4; ++rank) {
+      CAPTURE(rank);
+      ReferenceDispatch d = reference_dispatch(views, shape, rank);
+      REQUIRE(d.recv_x_scales.dtype() == dtype);
+      REQUIRE(d.recv_x_scales.cols() == cols);
+      REQUIRE(d.recv_x.cols() == hidden);
+      check_scale_rows(d, views);
+    }
   }
 }
 
@@ -203,4 +301,21 @@ TEST_CASE("reference: malformed inputs are rejected") {
   for (auto& v : fp8_without_scales)
     v.x = fp8;
   CHECK_THROWS_AS(reference_dispatch(fp8_without_scales, shape, 0), Error);
+
+  World f = make_world(true);
+  std::vector<DispatchInputs> wide_scales = f.views;
+  Tensor i64_scales = Tensor::zeros(DType::i64, 50, 2);
+  wide_scales[0].x_scales = i64_scales;
+  CHECK_THROWS_WITH_AS(reference_dispatch(wide_scales, shape, 0),
+                       doctest::Contains("float32 or int32"), Error);
+  std::vector<DispatchInputs> mixed = f.views;
+  Tensor packed = Tensor::zeros(DType::i32, 37, 2);
+  mixed[2].x_scales = packed;
+  CHECK_THROWS_WITH_AS(reference_dispatch(mixed, shape, 0),
+                       doctest::Contains("all ranks must use one scale format"), Error);
+  std::vector<DispatchInputs> ragged = f.views;
+  Tensor three_cols = Tensor::zeros(DType::f32, 37, 3);
+  ragged[2].x_scales = three_cols;
+  CHECK_THROWS_WITH_AS(reference_dispatch(ragged, shape, 0),
+                       doctest::Contains("x_scales must have shape [37, 2]"), Error);
 }

@@ -194,6 +194,120 @@ TEST_CASE("workload: fp8 cast follows DeepEP's per_token_cast_to_fp8") {
   CHECK_THROWS_AS(cast_to_fp8(Tensor::zeros(DType::bf16, 1, 100), fp8, scales), Error);
 }
 
+namespace {
+
+// Group g's UE8M0 byte of row t, read straight from memory: row t's int32s hold its groups'
+// bytes in order (byte i of int32 j = group 4j + i, little-endian).
+uint8_t ue8m0_byte(const Tensor& packed, int64_t t, int64_t g) {
+  return reinterpret_cast<const uint8_t*>(packed.raw())[t * packed.cols() * 4 + g];
+}
+
+}  // namespace
+
+TEST_CASE("workload: ue8m0 scales are packed power-of-two exponents that dequantise x") {
+  WorkloadOptions o = small_options();
+  o.fp8 = true;
+  o.ue8m0 = true;
+  o.hidden = 1024;
+  const int groups = o.hidden / 128;
+  RankInputs in = make_rank_inputs(o, 2);
+  REQUIRE(in.x_fp8.dtype() == DType::fp8_e4m3);
+  REQUIRE(in.x_scales.dtype() == DType::i32);
+  REQUIRE(in.x_scales.rows() == o.num_tokens);
+  REQUIRE(in.x_scales.cols() == o.hidden / 512);
+  // The bf16 input is the f32 path's: only the cast differs.
+  WorkloadOptions plain = o;
+  plain.ue8m0 = false;
+  REQUIRE(same_bytes(in.x, make_rank_inputs(plain, 2).x));
+
+  for (int64_t t = 0; t < o.num_tokens; ++t) {
+    for (int g = 0; g < groups; ++g) {
+      CAPTURE(t);
+      CAPTURE(g);
+      const uint16_t* x = in.x.data<uint16_t>() + t * o.hidden + g * 128;
+      const uint8_t* code = in.x_fp8.data<uint8_t>() + t * o.hidden + g * 128;
+      float amax = 1e-4f;
+      for (int c = 0; c < 128; ++c)
+        amax = std::max(amax, std::abs(bf16_to_float(x[c])));
+      // A valid biased exponent: 0 (2^-127) and 255 (NaN) never come out of a normal scale.
+      const uint8_t byte = ue8m0_byte(in.x_scales, t, g);
+      REQUIRE(byte >= 1);
+      REQUIRE(byte <= 254);
+      const double scale = std::ldexp(1.0, byte - 127);
+      // Rounded up (up to float rounding of amax / 448), and the smallest such power of two.
+      const double needed = static_cast<double>(amax) / 448.0;
+      REQUIRE(scale >= needed * (1.0 - 0x1.0p-22));
+      REQUIRE(scale / 2 < needed);
+      float largest = 0.0f;
+      for (int c = 0; c < 128; ++c) {
+        const float value = bf16_to_float(x[c]);
+        const float back = e4m3_to_float(code[c]) * static_cast<float>(scale);
+        largest = std::max(largest, std::abs(e4m3_to_float(code[c])));
+        // 3 mantissa bits: half an ulp is 1/16 relative; subnormals step 2^-9 (x scale).
+        REQUIRE(std::abs(back - value) <=
+                std::abs(value) / 16 + static_cast<float>(scale) * 0x1.0p-10f + 1e-12f);
+      }
+      // The payload was computed with the rounded scale: amax / scale lies in (224, 448], so the
+      // largest code is in [224, 448] (e4m3 steps by 32 there).
+      REQUIRE(largest >= 224.0f);
+      REQUIRE(largest <= 448.0f);
+    }
+  }
+}
+
+TEST_CASE("workload: ue8m0 packing of hand-picked groups") {
+  // Groups with amax 1, 3, 0 and 96: 2^ceil(log2(amax / 448)) = 2^-8, 2^-7, 2^-22 (1e-4 clamp),
+  // 2^-2, i.e. biased exponents 119, 120, 105 and 125.
+  Tensor x = Tensor::zeros(DType::bf16, 1, 512);
+  uint16_t* v = x.data<uint16_t>();
+  v[5] = float_to_bf16(1.0f);
+  v[128 + 7] = float_to_bf16(-3.0f);
+  v[128 + 8] = float_to_bf16(1.5f);
+  v[384] = float_to_bf16(96.0f);
+  Tensor fp8, scales;
+  cast_to_fp8_ue8m0(x, fp8, scales);
+  REQUIRE(scales.dtype() == DType::i32);
+  REQUIRE(scales.cols() == 1);
+  const uint8_t* bytes = reinterpret_cast<const uint8_t*>(scales.raw());
+  CHECK(bytes[0] == 119);
+  CHECK(bytes[1] == 120);
+  CHECK(bytes[2] == 105);
+  CHECK(bytes[3] == 125);
+  // Little-endian packing: group 4j + i in bits [8i, 8i + 8) of int32 j (on this host's order).
+  uint32_t word = 0;
+  std::memcpy(&word, scales.raw(), 4);
+  uint32_t expected = 119u | 120u << 8 | 105u << 16 | 125u << 24;
+  uint8_t expected_bytes[4];
+  std::memcpy(expected_bytes, &expected, 4);
+  CHECK(std::memcmp(bytes, expected_bytes, 4) == 0);
+  // Payload = x / scale exactly (power-of-two scale): 1 * 2^8 = 256, -3 * 2^7 = -384,
+  // 1.5 * 2^7 = 192, 96 * 2^2 = 384.
+  CHECK(e4m3_to_float(fp8.data<uint8_t>()[5]) == 256.0f);
+  CHECK(e4m3_to_float(fp8.data<uint8_t>()[128 + 7]) == -384.0f);
+  CHECK(e4m3_to_float(fp8.data<uint8_t>()[128 + 8]) == 192.0f);
+  CHECK(e4m3_to_float(fp8.data<uint8_t>()[384]) == 384.0f);
+  CHECK(fp8.data<uint8_t>()[256] == 0);
+
+  CHECK_THROWS_WITH_AS(cast_to_fp8_ue8m0(Tensor::zeros(DType::bf16, 1, 384), fp8, scales),
+                       doctest::Contains("multiple of 512"), Error);
+  Tensor infinite = Tensor::zeros(DType::bf16, 1, 512);
+  infinite.data<uint16_t>()[300] = 0x7f80;  // +inf
+  CHECK_THROWS_WITH_AS(cast_to_fp8_ue8m0(infinite, fp8, scales), doctest::Contains("infinity"),
+                       Error);
+}
+
+TEST_CASE("workload: ue8m0 needs hidden % 512 with fp8 and is ignored without it") {
+  WorkloadOptions o = small_options();
+  o.ue8m0 = true;
+  o.hidden = 384;
+  RankInputs no_fp8 = make_rank_inputs(o, 0);
+  CHECK_FALSE(no_fp8.x_fp8.defined());
+  CHECK_FALSE(no_fp8.x_scales.defined());
+  o.fp8 = true;
+  CHECK_THROWS_WITH_AS(make_rank_inputs(o, 0), doctest::Contains("multiple of 512 for UE8M0"),
+                       Error);
+}
+
 TEST_CASE("workload: options are validated") {
   WorkloadOptions o = small_options();
   auto bad = [&](auto change, const char* text) {
