@@ -75,8 +75,9 @@ Param<int64_t> ep_host_threads{"ep.host_threads", 0,
     "threads of a rank's CPU executor (the CPU twins of the EP kernels), the calling thread "
     "included; 0 = the cores of this host divided by the ranks on the node, at least 1, at most 8"};
 Param<int64_t> ep_chunk_bytes{"ep.chunk_bytes", 1 << 20,
-    "rows bound for another node leave in fabric writes of at most this many bytes, so the first "
-    "writes are on the wire while later rows are still being packed"};
+    "largest chunk of a Buffer stream between nodes (one fabric write; smaller when num_nvl_bytes "
+    "or num_rdma_bytes leave less per peer), so the first chunks are on the wire while later rows "
+    "are still being packed; every rank must use the same value"};
 // clang-format on
 
 }  // namespace proxyep::params

@@ -14,8 +14,8 @@
 // Paths. Ranks of one node (ranks_per_node, configuration, so one machine emulates several
 // nodes) map each other's receive arenas (memfd shared memory) and copy token rows straight
 // into them: the NVLink analog, no proxy. Ranks on other nodes get their rows through the
-// descriptor rings, the proxy threads and the fabric (RMA writes with counter immediates; the
-// expected counts come from the notify phase).
+// descriptor rings, the proxy threads and the fabric (RMA writes with stream immediates,
+// ordered by sequence windows; the expected counts come from the notify phase).
 //
 // Every call is collective over the group and starts with a notify phase in which every rank
 // tells every other one how many rows it will send; that exchange doubles as the barrier that
@@ -24,10 +24,12 @@
 // bad input throws proxyep::Error on the calling rank only and leaves the Buffer usable. (A
 // rank that throws skips the call; its peers then time out naming it, as they would in DeepEP.)
 //
-// Sizing. Unlike DeepEP's chunked rings, this backend receives a whole call at once: the arena
-// (num_nvl_bytes) must hold every row this rank receives in one call (use nvl_bytes_hint), and
-// num_rdma_bytes stages the rows sent to other nodes (rdma_bytes_hint). A call that does not fit
-// fails on every rank with the same error, naming the rank and the bytes it needed.
+// Sizing. Rows stream through bounded memory in chunks with credits (integrations/chunk_plan.hpp),
+// as through DeepEP's chunked rings, so any number of tokens fits any Buffer in which one row
+// fits a slot: num_nvl_bytes is the receive arena (an equal share per source rank), and
+// num_rdma_bytes stages the chunks sent to other nodes. nvl_bytes_hint / rdma_bytes_hint size a
+// Buffer that holds whole calls (one chunk per node pair: the fastest); DeepEP's Config hints
+// give smaller Buffers that stream. A row that fits no slot is refused before anything is sent.
 #pragma once
 
 #include "control/bootstrap.hpp"
@@ -122,8 +124,8 @@ class Buffer {
   bool low_latency_mode() const { return false; }
   bool explicitly_destroy() const;
 
-  // Bytes an arena needs for one call: every rank sends up to max_tokens_per_rank tokens of
-  // hidden_bytes (plus FP8 scales) with up to num_topk selections.
+  // Bytes that hold a whole call (no streaming): every rank sends up to max_tokens_per_rank
+  // tokens of hidden_bytes (plus FP8 scales) with up to num_topk selections.
   static int64_t nvl_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_bytes, int num_topk,
                                 int num_ranks);
   static int64_t rdma_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_bytes, int num_topk,

@@ -244,6 +244,7 @@ void run_bad_input(Buffer& buffer, const Options& o) {
     } catch (const Error& e) {
       check(std::string(e.what()).find(needle) != std::string::npos,
             "bad input '{}': the error does not mention '{}': {}", what, needle, e.what());
+      if (me == 0) fmt::print("ep_buffer: rejected {}: {}\n", what, e.what());
       return;
     }
     fail("ep_buffer", "bad input '{}' was accepted", what);
