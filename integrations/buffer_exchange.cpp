@@ -345,7 +345,7 @@ void Buffer::Impl::quiet(std::string_view phase) {
 
 void Buffer::Impl::await(const std::function<bool()>& ready,
                          const std::function<bool(int)>& pending, std::string_view phase,
-                         std::string_view what) {
+                         std::string_view what, const std::function<std::string(int)>& detail) {
   auto deadline = Deadline(timeout);
   // Polled: no allocation here. The list of missing ranks is built only for messages and the
   // occasional liveness check.
@@ -360,6 +360,8 @@ void Buffer::Impl::await(const std::function<bool()>& ready,
   auto last_check = std::chrono::steady_clock::now();
   uint32_t since_check = 0;
   auto check_peers = [&] {
+    // Sticky: the engine's wait may consume one true answer in its sleep predicate.
+    if (dead >= 0) return true;
     // Reading the clock on every poll cost ~4% of a small call; every 256th poll is enough.
     if (++since_check < 256) return false;
     since_check = 0;
@@ -374,8 +376,13 @@ void Buffer::Impl::await(const std::function<bool()>& ready,
     return false;
   };
   auto describe = [&] {
-    return fmt::format("{} from rank(s) {} did not arrive within {} ms", what,
-                       fmt::join(missing(), ", "), timeout.count());
+    auto ranks_missing = missing();
+    std::string where;
+    if (detail)
+      for (int r : ranks_missing)
+        where += fmt::format("; rank {}: {}", r, detail(r));
+    return fmt::format("{} from rank(s) {} did not arrive within {} ms{}", what,
+                       fmt::join(ranks_missing, ", "), timeout.count(), where);
   };
   if (engine) {
     try {
@@ -402,8 +409,8 @@ void Buffer::Impl::await(const std::function<bool()>& ready,
     }
   }
   if (dead >= 0)
-    fail(std::string(phase), "rank {} (pid {}) on this node exited while {} was awaited", dead,
-         node->peer_pid(dead), what);
+    fail(std::string(phase), "rank {} (pid {}) on this node exited while this rank waited for {}",
+         dead, node->peer_pid(dead), what);
 }
 
 }  // namespace proxyep

@@ -182,8 +182,10 @@ struct Buffer::Impl {
   // Waits until `ready()` holds, keeping the proxy going, with a deadline of ep.timeout_ms.
   // `pending(r)` says whether rank r is one this rank still waits for: those are named in the
   // error and node peers among them are checked for liveness.
+  // `detail(r)`, when given, says where rank r stands (appended to the timeout message).
   void await(const std::function<bool()>& ready, const std::function<bool(int)>& pending,
-             std::string_view phase, std::string_view what);
+             std::string_view phase, std::string_view what,
+             const std::function<std::string(int)>& detail = {});
   // Pushes one descriptor (counts it in `pushed`).
   void push(const gpu_side::Descriptor& descriptor, std::string_view phase);
   // Stops the proxy threads (destroy() and the destructor).

@@ -4,6 +4,8 @@
 #include "control/imm_layout.hpp"
 #include "integrations/buffer_impl.hpp"
 
+#include <fmt/format.h>
+
 #include <atomic>
 
 namespace proxyep {
@@ -163,7 +165,16 @@ void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view pha
     for (int r = 0; r < R && done; ++r)
       done = !pending(r);
     if (done) break;
-    if (!progressed) await(can_progress, pending, phase, "chunks of rows or their credits");
+    if (!progressed)
+      await(can_progress, pending, phase, "chunks of rows or their credits", [&](int r) {
+        std::string credit =
+            node->on_node(r)
+                ? fmt::format("consumed {}", count_in(load_word(consumed_word(rank, r)), call))
+                : fmt::format("credits for {} of {} posted", credits[r]->acked(),
+                              credits[r]->posted());
+        return fmt::format("sent {} of {} chunks ({}), received {} of {} (landed {})", sent[r],
+                           t.out[r].chunks, credit, taken[r], t.in[r].chunks, arrived(r));
+      });
   }
 }
 

@@ -22,9 +22,11 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace proxyep;
@@ -38,6 +40,7 @@ struct Options {
   uint64_t seed = 1;
   bool bad_input = false;
   int die_rank = -1;
+  int die_after_ms = 0;  // with die_rank: it vanishes this long after start, whatever it is doing
   bool small_buffer = false;  // a Buffer that holds a few rows per peer: every call streams
 };
 
@@ -323,6 +326,19 @@ int run(const Options& o) {
     run_bad_input(buffer, o);
     return 0;
   }
+  if (o.die_after_ms > 0) {
+    // Every rank repeats the cases until the survivors fail: rank die_rank vanishes in the
+    // middle of whatever call (notify or chunk streams) it is in when the timer fires.
+    if (boot->rank() == o.die_rank)
+      std::thread([ms = o.die_after_ms, rank = o.die_rank] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        std::fprintf(stderr, "ep_buffer: rank %d: vanishing mid-call (test)\n", rank);
+        ::_exit(0);  // exit code 0 keeps the launcher from stopping the others
+      }).detach();
+    for (int index = 0;; ++index)
+      for (const Case& c : cases())
+        run_case(buffer, c, o, index);
+  }
   int index = 0;
   for (const Case& c : cases()) {
     if (index == 1 && boot->rank() == o.die_rank) {
@@ -348,6 +364,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", o.seed);
   app.add_flag("--bad-input", o.bad_input, "invalid calls first, then a valid one");
   app.add_option("--die-rank", o.die_rank, "this rank leaves before its second case");
+  app.add_option("--die-after-ms", o.die_after_ms,
+                 "with --die-rank: it vanishes this long after the start instead, mid-call");
   app.add_flag("--small-buffer", o.small_buffer, "a Buffer of a few rows per peer (streaming)");
   CLI11_PARSE(app, argc, argv);
   try {
