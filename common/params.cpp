@@ -78,6 +78,11 @@ Param<int64_t> ep_chunk_bytes{"ep.chunk_bytes", 1 << 20,
     "largest chunk of a Buffer stream between nodes (one fabric write; smaller when num_nvl_bytes "
     "or num_rdma_bytes leave less per peer), so the first chunks are on the wire while later rows "
     "are still being packed; every rank must use the same value"};
+Param<int64_t> ep_eager_bytes{"ep.eager_bytes", 128 << 10,
+    "a Buffer call's rows from one rank to another that fit this many bytes travel with the "
+    "call's notify record instead of after it (one synchronisation per call instead of two); "
+    "costs 2 x ranks x this in every arena and staging area; 0 = never; every rank must use the "
+    "same value"};
 // clang-format on
 
 }  // namespace proxyep::params

@@ -44,5 +44,6 @@ extern Param<int64_t> proxy_wait_spin_us;
 extern Param<int64_t> ep_timeout_ms;
 extern Param<int64_t> ep_host_threads;
 extern Param<int64_t> ep_chunk_bytes;
+extern Param<int64_t> ep_eager_bytes;
 
 }  // namespace proxyep::params

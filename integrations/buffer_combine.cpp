@@ -61,26 +61,6 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
     rows_to[s] = static_cast<int32_t>(dispatched(s, rank));
   require_row_fits(format, kPhase);
 
-  const uint64_t call = begin_call();
-  NotifyHeader header;
-  header.kind = static_cast<uint32_t>(CallKind::combine);
-  header.num_tokens = static_cast<uint32_t>(h.num_tokens);
-  header.format = format;
-  auto records = exchange_notify(call, header, rows_to, {}, kPhase);
-  for (int s = 0; s < R; ++s) {
-    const NotifyHeader& theirs = records[s].header;
-    require(theirs.kind == header.kind && theirs.format == header.format, kPhase,
-            "call {}: rank {} called {} with (hidden bytes {}, weights {}), rank {} combine with "
-            "({}, {}): every rank must pass the same kind of input",
-            call, s, call_name(static_cast<CallKind>(theirs.kind)), theirs.format.hidden_bytes,
-            theirs.format.weights, rank, format.hidden_bytes, format.weights);
-    for (int d = 0; d < R; ++d)
-      require(records[s].rows_to[d] == dispatched(d, s), kPhase,
-              "call {}: rank {} returns {} rows to rank {} but this rank's handle says {}: the "
-              "ranks passed handles of different dispatches",
-              call, s, records[s].rows_to[d], d, dispatched(d, s));
-  }
-
   // ---- rows: the rows for source s are x rows [prefix[s][me] - n, prefix[s][me]) ----
   const auto* x = static_cast<const std::byte*>(a.x.data);
   const auto* w = topk > 0 ? a.topk_weights.as<float>() : nullptr;
@@ -102,6 +82,27 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
       copy_rows(*executor, slot + areas.weights,
                 reinterpret_cast<const std::byte*>(w + from * topk), n, 4ull * topk, n);
   };
+  const uint64_t call = begin_call();
+  send_eager(call, transfer, kPhase);  // before the records, which publish them
+  NotifyHeader header;
+  header.kind = static_cast<uint32_t>(CallKind::combine);
+  header.num_tokens = static_cast<uint32_t>(h.num_tokens);
+  header.format = format;
+  auto records = exchange_notify(call, header, rows_to, {}, kPhase);
+  for (int s = 0; s < R; ++s) {
+    const NotifyHeader& theirs = records[s].header;
+    require(theirs.kind == header.kind && theirs.format == header.format, kPhase,
+            "call {}: rank {} called {} with (hidden bytes {}, weights {}), rank {} combine with "
+            "({}, {}): every rank must pass the same kind of input",
+            call, s, call_name(static_cast<CallKind>(theirs.kind)), theirs.format.hidden_bytes,
+            theirs.format.weights, rank, format.hidden_bytes, format.weights);
+    for (int d = 0; d < R; ++d)
+      require(records[s].rows_to[d] == dispatched(d, s), kPhase,
+              "call {}: rank {} returns {} rows to rank {} but this rank's handle says {}: the "
+              "ranks passed handles of different dispatches",
+              call, s, records[s].rows_to[d], d, dispatched(d, s));
+  }
+
   // Where the reduce reads rank r's rows for this rank's tokens: in place when they came in one
   // chunk (its slot stays untouched until this rank's next call), else gathered here.
   std::vector<const uint16_t*> block_rows(static_cast<size_t>(R), nullptr);

@@ -156,8 +156,41 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
         head[t * R + d] = in_rank[t * R + d] ? rows_to[d]++ : -1;
   }
 
+  // ---- what this rank sends: its streams, and their rows ----
+  RowSource source{a.x,
+                   a.x_scales,
+                   c.cached ? TensorRef{} : a.topk_idx,
+                   c.cached ? TensorRef{} : a.topk_weights,
+                   c.format,
+                   shape_for(c.num_experts)};
+  const auto* in_rank = in_rank_copy.data<bool>();
+  const auto* head = send_head.data<int32_t>();
+  // The tokens of each destination's rows, in row order.
+  std::vector<std::vector<int32_t>> tokens_to(static_cast<size_t>(R));
+  for (int d = 0; d < R; ++d)
+    if (d != rank) tokens_to[d].resize(static_cast<size_t>(rows_to[d]));
+  for (int64_t t = 0; t < c.tokens; ++t)
+    for (int d = 0; d < R; ++d)
+      if (d != rank && in_rank[t * R + d]) tokens_to[d][head[t * R + d]] = static_cast<int32_t>(t);
+
+  Transfer transfer;
+  transfer.format = c.format;
+  transfer.out.resize(static_cast<size_t>(R));
+  transfer.in.resize(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r)
+    transfer.out[r] = plan_stream(rank, r, static_cast<uint64_t>(rows_to[r]), c.format);
+  transfer.fill = [&](int d, uint64_t first, uint64_t rows, std::byte* slot) {
+    const RowSink sink = RowSink::at(slot, ep::RowAreas::of(rows, c.format), 0, d);
+    const int32_t* tokens = tokens_to[d].data() + first;
+    for_each_token_block(*executor, static_cast<int64_t>(rows), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        write_row(source, sink, i, tokens[i]);
+    });
+  };
+
   // ---- notify ----
   const uint64_t call = begin_call();
+  send_eager(call, transfer, kPhase);  // before the records, which publish them
   NotifyHeader header;
   header.kind = static_cast<uint32_t>(c.cached ? CallKind::cached_dispatch : CallKind::dispatch);
   header.num_tokens = static_cast<uint32_t>(c.tokens);
@@ -239,38 +272,8 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
   self.rank = rank;
 
   // ---- rows ----
-  RowSource source{a.x,
-                   a.x_scales,
-                   c.cached ? TensorRef{} : a.topk_idx,
-                   c.cached ? TensorRef{} : a.topk_weights,
-                   c.format,
-                   shape_for(c.num_experts)};
-  const auto* in_rank = in_rank_copy.data<bool>();
-  const auto* head = send_head.data<int32_t>();
-  // The tokens of each destination's rows, in row order.
-  std::vector<std::vector<int32_t>> tokens_to(static_cast<size_t>(R));
-  for (int d = 0; d < R; ++d)
-    if (d != rank) tokens_to[d].resize(static_cast<size_t>(counts[rank * R + d]));
-  for (int64_t t = 0; t < c.tokens; ++t)
-    for (int d = 0; d < R; ++d)
-      if (d != rank && in_rank[t * R + d]) tokens_to[d][head[t * R + d]] = static_cast<int32_t>(t);
-
-  Transfer transfer;
-  transfer.format = c.format;
-  transfer.out.resize(static_cast<size_t>(R));
-  transfer.in.resize(static_cast<size_t>(R));
-  for (int r = 0; r < R; ++r) {
-    transfer.out[r] = plan_stream(rank, r, static_cast<uint64_t>(counts[rank * R + r]), c.format);
+  for (int r = 0; r < R; ++r)
     transfer.in[r] = plan_stream(r, rank, static_cast<uint64_t>(counts[r * R + rank]), c.format);
-  }
-  transfer.fill = [&](int d, uint64_t first, uint64_t rows, std::byte* slot) {
-    const RowSink sink = RowSink::at(slot, ep::RowAreas::of(rows, c.format), 0, d);
-    const int32_t* tokens = tokens_to[d].data() + first;
-    for_each_token_block(*executor, static_cast<int64_t>(rows), [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i)
-        write_row(source, sink, i, tokens[i]);
-    });
-  };
   transfer.local = [&] {
     for_each_token_block(*executor, c.tokens, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)

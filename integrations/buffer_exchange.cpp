@@ -46,6 +46,7 @@ struct Agreed {
   int64_t nvl_bytes;
   int64_t rdma_bytes;
   int64_t chunk_bytes;  // the chunk size of streams between nodes derives from it
+  int64_t eager_bytes;  // the eager slots' size
 };
 
 }  // namespace
@@ -85,9 +86,12 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
           ranks / ranks_per_node, ranks_per_node);
   timeout = std::chrono::milliseconds(params::ep_timeout_ms.get());
   const int64_t chunk_bytes = std::max<int64_t>(4096, params::ep_chunk_bytes.get());
+  eager_bytes = static_cast<uint64_t>(std::max<int64_t>(0, params::ep_eager_bytes.get())) /
+                ep::kAreaAlignment * ep::kAreaAlignment;
   executor = std::make_unique<ep::HostExecutor>(default_host_threads(ranks_per_node));
 
-  Agreed mine{ranks_per_node, opts.num_nvl_bytes, opts.num_rdma_bytes, chunk_bytes};
+  Agreed mine{ranks_per_node, opts.num_nvl_bytes, opts.num_rdma_bytes, chunk_bytes,
+              static_cast<int64_t>(eager_bytes)};
   auto agreed =
       boot.allgather(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(&mine), sizeof mine),
                      "buffer(options)");
@@ -97,17 +101,22 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
             "rank {} sent malformed options", r);
     std::memcpy(&theirs, agreed[static_cast<size_t>(r)].data(), sizeof theirs);
     require(theirs.ranks_per_node == mine.ranks_per_node && theirs.nvl_bytes == mine.nvl_bytes &&
-                theirs.rdma_bytes == mine.rdma_bytes && theirs.chunk_bytes == mine.chunk_bytes,
+                theirs.rdma_bytes == mine.rdma_bytes && theirs.chunk_bytes == mine.chunk_bytes &&
+                theirs.eager_bytes == mine.eager_bytes,
             phase,
             "rank {} created its Buffer with ranks_per_node {}, num_nvl_bytes {}, num_rdma_bytes "
-            "{}, ep.chunk_bytes {}; rank {} with {}, {}, {}, {}: every rank must pass the same",
-            r, theirs.ranks_per_node, theirs.nvl_bytes, theirs.rdma_bytes, theirs.chunk_bytes, rank,
-            mine.ranks_per_node, mine.nvl_bytes, mine.rdma_bytes, mine.chunk_bytes);
+            "{}, ep.chunk_bytes {}, ep.eager_bytes {}; rank {} with {}, {}, {}, {}, {}: every rank "
+            "must pass the same",
+            r, theirs.ranks_per_node, theirs.nvl_bytes, theirs.rdma_bytes, theirs.chunk_bytes,
+            theirs.eager_bytes, rank, mine.ranks_per_node, mine.nvl_bytes, mine.rdma_bytes,
+            mine.chunk_bytes, mine.eager_bytes);
   }
 
   record_bytes = align_up(
       sizeof(NotifyHeader) + 4ull * static_cast<uint64_t>(ranks) + 4ull * ep::kMaxLocalExperts, 64);
-  arena_control_bytes = align_up(2ull * static_cast<uint64_t>(ranks) * (record_bytes + 64), 4096);
+  eager_base = 2ull * static_cast<uint64_t>(ranks) * (record_bytes + 64);
+  arena_control_bytes =
+      align_up(eager_base + 2ull * static_cast<uint64_t>(ranks) * eager_bytes, 4096);
   geometry = StreamGeometry::make(
       rank, ranks, ranks_per_node, static_cast<uint64_t>(opts.num_nvl_bytes),
       static_cast<uint64_t>(opts.num_rdma_bytes), static_cast<uint64_t>(chunk_bytes));
@@ -129,7 +138,7 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
     require(static_cast<uint64_t>(ranks) <= control::imm::kMaxStreams, phase,
             "{} ranks exceed the {} chunk streams an immediate can name", ranks,
             control::imm::kMaxStreams);
-    counters = std::make_unique<control::CounterBank>(static_cast<uint32_t>(ranks));
+    counters = std::make_unique<control::CounterBank>(2u * static_cast<uint32_t>(ranks));
     router.attach_counters(*counters);
     windows.resize(static_cast<size_t>(ranks));
     credits.resize(static_cast<size_t>(ranks));
@@ -317,6 +326,13 @@ std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
       r.experts.resize(local_experts);
       std::memcpy(r.experts.data(), slot + sizeof r.header + rows_bytes, 4ull * local_experts);
     }
+    // Eager rows from another node are counted whether or not this call goes on (a call that
+    // fails on a disagreement must leave no write unexpected in the counter bank).
+    if (!node->on_node(s) &&
+        plan_stream(s, rank, static_cast<uint64_t>(std::max(0, r.rows_to[rank])), r.header.format)
+            .eager &&
+        counters->set_expected(call, static_cast<uint32_t>(ranks + s), 1) != Status::ok)
+      fail(std::string(phase), "eager rows from rank {}: {}", s, counters->last_error());
   }
   return records;
 }
@@ -324,6 +340,14 @@ std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
 ChunkPlan Buffer::Impl::plan_stream(int source, int destination, uint64_t rows,
                                     const ep::RowFormat& format) const {
   if (source == destination) return {};
+  if (rows > 0 && ep::RowAreas::of(rows, format).end <= eager_bytes) {
+    ChunkPlan eager;
+    eager.rows = eager.rows_per_chunk = rows;
+    eager.chunks = 1;
+    eager.slot_bytes = eager_bytes;
+    eager.eager = true;
+    return eager;
+  }
   return node->on_node(source) && node->on_node(destination)
              ? plan_node_stream(rows, format, geometry)
              : plan_remote_stream(rows, format, geometry);

@@ -5,9 +5,11 @@
 //
 // Arena of every rank (NodeMemory; registered with the fabric as region kArenaRegion):
 //   [notify records: 2 parities x R sources] [stream words: R published, R consumed]
-//   [data area: one share per source (R - 1 shares), each holding that source's chunk slots]
+//   [eager slots: 2 parities x R sources] [data area: one share per source (R - 1 shares),
+//   each holding that source's chunk slots]
 // Staging of every rank with peers on other nodes (registered as kStagingRegion):
-//   [notify records: R destinations] [data area: one share per destination on another node]
+//   [notify records: R destinations] [eager slots: 2 parities x R destinations]
+//   [data area: one share per destination on another node]
 //
 // Call k (every dispatch or combine is one call; every rank numbers them identically):
 // 1. notify: each rank writes a record (call kind, row format, rows it sends to every rank, per
@@ -17,6 +19,12 @@
 //    Receiving rank d's record proves d has finished call k-1 (every chunk consumed, the rows
 //    reduced), so all of d's slots are free for call k; two parities suffice because no rank
 //    can enter k+1 before every rank has entered k.
+//    Eager rows: a pair whose rows fit ep.eager_bytes travels before its record, into the
+//    receiver's eager slot [k % 2][source] (a stream of one chunk that needs no credit): the
+//    record for k - 1 the sender received proves the receiver finished k - 2, the last user of
+//    that slot. Node peers: stores, published by the record's release store; other nodes: one
+//    RMA write with counter immediate (epoch k, key R + source). Small calls thus need one
+//    exchange instead of two.
 // 2. rows: every pair is a chunk stream (chunk_plan.hpp) driven by one loop that writes what the
 //    receivers' credits allow and consumes what has arrived, until both directions are done.
 //    Node peers: the sender stores a chunk into its slot in the receiver's arena, then
@@ -112,7 +120,9 @@ struct Buffer::Impl {
   std::unique_ptr<ep::HostExecutor> executor;
 
   size_t record_bytes = 0;         // one notify record
-  size_t arena_control_bytes = 0;  // notify records + stream words
+  uint64_t eager_bytes = 0;        // one eager slot (ep.eager_bytes; 0 = no eager rows)
+  uint64_t eager_base = 0;         // in the arena: 2 parities x R sources x eager_bytes
+  size_t arena_control_bytes = 0;  // notify records + stream words + eager slots
   std::unique_ptr<proxy::NodeMemory> node;
   bool multi_node = false;
   StreamGeometry geometry;
@@ -120,7 +130,8 @@ struct Buffer::Impl {
   std::unique_ptr<fabric::Fabric> fabric;
   std::unique_ptr<gpu_side::RingMemory> staging;
   std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region;
-  std::unique_ptr<control::CounterBank> counters;                 // notify records: key = source
+  // Notify records: key = source; eager rows: key = R + source.
+  std::unique_ptr<control::CounterBank> counters;
   std::vector<std::unique_ptr<control::SequenceWindow>> windows;  // by source on another node
   std::vector<std::unique_ptr<control::SenderCredits>> credits;   // by destination, likewise
   std::vector<uint64_t> consumed_total;  // by source on another node: chunks consumed, ever
@@ -150,7 +161,18 @@ struct Buffer::Impl {
   // Offset, in receiver's data area, of slot `chunk % window` of source's share.
   uint64_t slot_offset(int receiver, int source, const ChunkPlan& plan, uint64_t chunk) const;
   std::byte* staging_record(int destination) const;
-  uint64_t staging_data_offset() const { return static_cast<uint64_t>(ranks) * record_bytes; }
+  uint64_t staging_data_offset() const {
+    return static_cast<uint64_t>(ranks) * record_bytes + 2ull * ranks * eager_bytes;
+  }
+  // Call `call`'s eager slot for rows from `source`, in any rank's arena (an offset); and this
+  // rank's staging slot for eager rows to `destination` (an offset in the staging region).
+  uint64_t eager_offset(int source, uint64_t call) const {
+    return eager_base + ((call % 2) * ranks + static_cast<uint64_t>(source)) * eager_bytes;
+  }
+  uint64_t staging_eager_offset(int destination, uint64_t call) const {
+    return static_cast<uint64_t>(ranks) * record_bytes +
+           ((call % 2) * ranks + static_cast<uint64_t>(destination)) * eager_bytes;
+  }
   // Offset in the staging region of this rank's staging slot `slot` for `destination`.
   uint64_t staging_slot_offset(int destination, uint32_t slot) const;
 
@@ -173,6 +195,10 @@ struct Buffer::Impl {
                         const ep::RowFormat& format) const;
   // Checks, before anything is sent, that a row of `format` fits the Buffer's slots.
   void require_row_fits(const ep::RowFormat& format, std::string_view phase) const;
+  // Before the notify records of call `call`: writes the rows of every eager stream of
+  // `transfer` (node peers: stores, published by the record's release store; other nodes: one
+  // RMA write with counter immediate key R + this rank).
+  void send_eager(uint64_t call, Transfer& transfer, std::string_view phase);
   // Moves every stream of `transfer` (buffer_streams.cpp): returns when this rank has sent every
   // chunk and consumed every chunk sent to it. A peer that stops making progress for
   // ep.timeout_ms, or a node peer that exits, fails the call naming it.

@@ -38,9 +38,38 @@ void store_word(uint64_t* word, uint64_t value) {
 
 }  // namespace
 
+void Buffer::Impl::send_eager(uint64_t call, Transfer& t, std::string_view phase) {
+  for (int k = 1; k < ranks; ++k) {
+    const int d = (rank + k) % ranks;
+    const ChunkPlan& p = t.out[d];
+    if (!p.eager) continue;
+    if (node->on_node(d)) {
+      t.fill(d, 0, p.rows, node->peer(d) + eager_offset(rank, call));
+      continue;
+    }
+    const uint64_t at = staging_eager_offset(d, call);
+    t.fill(d, 0, p.rows, static_cast<std::byte*>(staging->host()) + at);
+    gpu_side::Descriptor desc;
+    desc.op = gpu_side::Op::write_imm;
+    desc.dst_rank = static_cast<uint32_t>(d);
+    desc.local_region = kStagingRegion;
+    desc.remote_region = kArenaRegion;
+    desc.src_offset = at;
+    desc.dst_offset = eager_offset(rank, call);
+    desc.length = ep::RowAreas::of(p.rows, t.format).end;
+    desc.cookie = call;
+    desc.imm = control::imm::encode_counter(call, static_cast<uint32_t>(ranks + rank));
+    push(desc, phase);
+  }
+}
+
 void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view phase) {
   const int R = ranks;
   std::vector<uint64_t> sent(static_cast<size_t>(R), 0), taken(static_cast<size_t>(R), 0);
+  // Eager streams went out with the notify records (exchange_notify expects those from other
+  // nodes in the counter bank).
+  for (int r = 0; r < R; ++r)
+    if (t.out[r].eager) sent[r] = 1;
   // Streams between nodes number their chunks across calls: this call's chunk j is base + j.
   std::vector<uint64_t> recv_base(static_cast<size_t>(R), 0), credited(static_cast<size_t>(R), 0);
   for (int r = 0; r < R; ++r) {
@@ -97,6 +126,8 @@ void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view pha
     ++sent[d];
   };
   auto arrived = [&](int s) -> uint64_t {
+    if (t.in[s].eager)  // a node peer's were published with its notify record
+      return node->on_node(s) || counters->ready(call, static_cast<uint32_t>(R + s)) ? 1 : 0;
     const uint64_t landed = node->on_node(s) ? count_in(load_word(published_word(rank, s)), call)
                                              : windows[s]->tail() - recv_base[s];
     return std::min(landed, t.in[s].chunks);
@@ -105,6 +136,11 @@ void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view pha
     const ChunkPlan& p = t.in[s];
     const uint64_t upto = arrived(s);
     if (taken[s] >= upto) return false;
+    if (p.eager) {
+      t.take(s, 0, 0, p.rows, node->local() + eager_offset(s, call));
+      taken[s] = 1;
+      return true;  // no credit: the slot's next user is call + 2, after this rank's next record
+    }
     for (uint64_t j = taken[s]; j < upto; ++j)
       t.take(s, j, p.first_row(j), p.rows_in(j), data_area(rank) + slot_offset(rank, s, p, j));
     taken[s] = upto;

@@ -50,6 +50,7 @@ struct ChunkPlan {
   uint64_t chunks = 0;
   uint64_t slot_bytes = 0;  // distance between slots in the receiver's share
   uint32_t window = 1;
+  bool eager = false;  // one chunk in the eager slot, sent with the notify record
 
   uint64_t first_row(uint64_t chunk) const { return chunk * rows_per_chunk; }
   uint64_t rows_in(uint64_t chunk) const {

@@ -320,6 +320,7 @@ int run(const Options& o) {
     options.num_nvl_bytes = std::max(1, R - 1) * 8 * row;
     options.num_rdma_bytes = R * 4 * row;
     params::ep_chunk_bytes.set(2 * row);
+    params::ep_eager_bytes.set(row);  // only the smallest pairs skip the streams
   }
   Buffer buffer(*boot, options);
   if (o.bad_input) {
