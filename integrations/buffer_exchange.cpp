@@ -252,6 +252,22 @@ void Buffer::Impl::push(const gpu_side::Descriptor& descriptor, std::string_view
   ++pushed;
 }
 
+void Buffer::Impl::post_write(int destination, uint64_t staging_offset, uint64_t arena_offset,
+                              uint64_t length, uint64_t call, uint32_t imm,
+                              std::string_view phase) {
+  gpu_side::Descriptor desc;
+  desc.op = length == 0 ? gpu_side::Op::signal : gpu_side::Op::write_imm;
+  desc.dst_rank = static_cast<uint32_t>(destination);
+  desc.local_region = kStagingRegion;
+  desc.remote_region = kArenaRegion;
+  desc.src_offset = staging_offset;
+  desc.dst_offset = arena_offset;
+  desc.length = length;
+  desc.cookie = call;
+  desc.imm = imm;
+  push(desc, phase);
+}
+
 std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
     uint64_t call, const NotifyHeader& header, std::span<const int32_t> rows_to,
     const std::function<std::span<const int32_t>(int)>& experts_for, std::string_view phase) {
@@ -281,17 +297,9 @@ std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
       std::memcpy(slot + sizeof h, rows_to.data(), rows_bytes);
       if (!experts.empty())
         std::memcpy(slot + sizeof h + rows_bytes, experts.data(), 4 * experts.size());
-      gpu_side::Descriptor desc;
-      desc.op = gpu_side::Op::write_imm;
-      desc.dst_rank = static_cast<uint32_t>(d);
-      desc.local_region = kStagingRegion;
-      desc.remote_region = kArenaRegion;
-      desc.src_offset = static_cast<uint64_t>(d) * record_bytes;
-      desc.dst_offset = static_cast<uint64_t>(record_in(rank, call, rank) - node->local());
-      desc.length = used;
-      desc.cookie = call;
-      desc.imm = control::imm::encode_counter(call, static_cast<uint32_t>(rank));
-      push(desc, phase);
+      post_write(d, static_cast<uint64_t>(d) * record_bytes,
+                 static_cast<uint64_t>(record_in(rank, call, rank) - node->local()), used, call,
+                 control::imm::encode_counter(call, static_cast<uint32_t>(rank)), phase);
     }
   }
   for (int s = 0; s < ranks; ++s)

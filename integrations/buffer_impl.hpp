@@ -214,6 +214,10 @@ struct Buffer::Impl {
              const std::function<std::string(int)>& detail = {});
   // Pushes one descriptor (counts it in `pushed`).
   void push(const gpu_side::Descriptor& descriptor, std::string_view phase);
+  // Posts `length` bytes at `staging_offset` of the staging region to `arena_offset` of rank
+  // `destination`'s arena, carrying `imm`; with length 0, only the immediate (a signal).
+  void post_write(int destination, uint64_t staging_offset, uint64_t arena_offset, uint64_t length,
+                  uint64_t call, uint32_t imm, std::string_view phase);
   // Stops the proxy threads (destroy() and the destructor).
   void stop_proxy() noexcept;
 

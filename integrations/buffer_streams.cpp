@@ -49,17 +49,8 @@ void Buffer::Impl::send_eager(uint64_t call, Transfer& t, std::string_view phase
     }
     const uint64_t at = staging_eager_offset(d, call);
     t.fill(d, 0, p.rows, static_cast<std::byte*>(staging->host()) + at);
-    gpu_side::Descriptor desc;
-    desc.op = gpu_side::Op::write_imm;
-    desc.dst_rank = static_cast<uint32_t>(d);
-    desc.local_region = kStagingRegion;
-    desc.remote_region = kArenaRegion;
-    desc.src_offset = at;
-    desc.dst_offset = eager_offset(rank, call);
-    desc.length = ep::RowAreas::of(p.rows, t.format).end;
-    desc.cookie = call;
-    desc.imm = control::imm::encode_counter(call, static_cast<uint32_t>(ranks + rank));
-    push(desc, phase);
+    post_write(d, at, eager_offset(rank, call), ep::RowAreas::of(p.rows, t.format).end, call,
+               control::imm::encode_counter(call, static_cast<uint32_t>(ranks + rank)), phase);
   }
 }
 
@@ -110,18 +101,10 @@ void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view pha
              credits[d]->last_error());
       const uint64_t at = staging_slot_offset(d, slot);
       t.fill(d, first, rows, staging_base + at);
-      gpu_side::Descriptor desc;
-      desc.op = gpu_side::Op::write_imm;
-      desc.dst_rank = static_cast<uint32_t>(d);
-      desc.local_region = kStagingRegion;
-      desc.remote_region = kArenaRegion;
-      desc.src_offset = at;
-      desc.dst_offset = data_offset() + slot_offset(d, rank, p, j);
-      desc.length = ep::RowAreas::of(rows, t.format).end;
-      desc.cookie = call;
-      desc.imm = control::imm::encode_stream(call, static_cast<uint32_t>(rank), seq);
-      staged_at[d][slot] = pushed;  // this descriptor's ring position
-      push(desc, phase);
+      staged_at[d][slot] = pushed;  // the ring position of the write below
+      post_write(d, at, data_offset() + slot_offset(d, rank, p, j),
+                 ep::RowAreas::of(rows, t.format).end, call,
+                 control::imm::encode_stream(call, static_cast<uint32_t>(rank), seq), phase);
     }
     ++sent[d];
   };
@@ -154,15 +137,10 @@ void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view pha
       const uint64_t useful = std::min(upto, p.chunks > p.window ? p.chunks - p.window : 0);
       if (useful <= credited[s]) return true;
       credited[s] = useful;
-      gpu_side::Descriptor credit;
-      credit.op = gpu_side::Op::signal;
-      credit.dst_rank = static_cast<uint32_t>(s);
-      credit.local_region = kStagingRegion;
-      credit.remote_region = kArenaRegion;
-      credit.cookie = call;
-      credit.imm = control::imm::encode_credit(call, static_cast<uint32_t>(rank),
-                                               static_cast<uint16_t>(recv_base[s] + useful));
-      push(credit, phase);
+      post_write(s, 0, 0, 0, call,
+                 control::imm::encode_credit(call, static_cast<uint32_t>(rank),
+                                             static_cast<uint16_t>(recv_base[s] + useful)),
+                 phase);
     }
     return true;
   };

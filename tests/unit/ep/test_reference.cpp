@@ -24,6 +24,18 @@ struct World {
   std::vector<DispatchLayout> layouts;
 };
 
+// A copy of the row-major [rows, cols] `m` stored column-major (as DeepGEMM's TMA layout hands
+// scales over): view it with TensorRef::strided(data, dtype, rows, cols, 1, rows).
+template <typename T>
+std::vector<T> column_major_copy(const Tensor& m) {
+  const int64_t rows = m.rows(), cols = m.cols();
+  std::vector<T> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      out[static_cast<size_t>(c * rows + r)] = m.data<T>()[r * cols + c];
+  return out;
+}
+
 World make_world(bool fp8, bool ue8m0 = false) {
   World w;
   w.options.shape = EpShape{4, 2, 16};
@@ -134,10 +146,7 @@ TEST_CASE("reference: column-major scales are read through their strides") {
   World w = make_world(true);
   const RankInputs& in = w.inputs[3];
   const int64_t n = in.x_scales.rows(), groups = in.x_scales.cols();
-  std::vector<float> column_major(static_cast<size_t>(n * groups));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t g = 0; g < groups; ++g)
-      column_major[g * n + t] = in.x_scales.data<float>()[t * groups + g];
+  std::vector<float> column_major = column_major_copy<float>(in.x_scales);
   std::vector<DispatchInputs> views = w.views;
   views[3].x_scales = TensorRef::strided(column_major.data(), DType::f32, n, groups, 1, n);
   for (int rank = 0; rank < 4; ++rank) {
@@ -155,10 +164,7 @@ TEST_CASE("reference: UE8M0 scales arrive as int32 rows, byte for byte, in recei
   // Column-major packed scales for rank 3 (as DeepGEMM's TMA layout hands them over).
   const RankInputs& in3 = w.inputs[3];
   const int64_t n = in3.x_scales.rows(), words = in3.x_scales.cols();
-  std::vector<int32_t> column_major(static_cast<size_t>(n * words));
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t j = 0; j < words; ++j)
-      column_major[j * n + t] = in3.x_scales.data<int32_t>()[t * words + j];
+  std::vector<int32_t> column_major = column_major_copy<int32_t>(in3.x_scales);
   std::vector<DispatchInputs> strided = w.views;
   strided[3].x_scales = TensorRef::strided(column_major.data(), DType::i32, n, words, 1, n);
 
