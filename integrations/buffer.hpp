@@ -82,7 +82,7 @@ struct DispatchArgs {
   TensorRef topk_weights;                  // f32 [N, K]
   int expert_alignment = 1;
   int num_worst_tokens = 0;
-  std::optional<Config> config;
+  std::optional<Config> config;  // accepted for DeepEP callers; chunking ignores it (config.hpp)
 };
 
 struct DispatchResult {
@@ -97,9 +97,9 @@ struct DispatchResult {
 struct CombineArgs {
   TensorRef x;  // bf16 [num_recv, H], one row per received token, receive order
   const DispatchHandle* handle = nullptr;
-  TensorRef topk_weights;  // f32 [num_recv, K] or None
-  TensorRef bias0, bias1;  // bf16 [N, H] or None
-  std::optional<Config> config;
+  TensorRef topk_weights;        // f32 [num_recv, K] or None
+  TensorRef bias0, bias1;        // bf16 [N, H] or None
+  std::optional<Config> config;  // accepted, ignored (as in DispatchArgs)
 };
 
 struct CombineResult {

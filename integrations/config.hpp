@@ -1,8 +1,9 @@
 // proxyep::Config: DeepEP V1's deep_ep.Config (DEEPEP_COMPAT 1.5): the chunking knobs, their
-// invariants, the default tables per rank count and the buffer size hints. ProxyEP's CPU backend
-// reads num_sms / 2 as its number of channels (token ranges processed as one block) and the
-// chunk sizes as the number of tokens per fabric write; the tables are DeepEP's, unchanged, so
-// callers that pass configs tuned for DeepEP keep working.
+// invariants, the default tables per rank count and the buffer size hints. The tables are
+// DeepEP's, unchanged, so callers that pass configs tuned for DeepEP keep working: dispatch and
+// combine accept a Config but ProxyEP's CPU backend does not read it; its chunks follow from the
+// Buffer's memory, ep.chunk_bytes and ep.eager_bytes (integrations/chunk_plan.hpp). The hints
+// size a Buffer as DeepEP would (smaller than nvl_bytes_hint's whole calls: calls stream).
 #pragma once
 
 #include <cstdint>
