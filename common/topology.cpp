@@ -180,6 +180,16 @@ void read_gpus(hwloc_topology_t topology, Topology& out) {
 
 // Loads a topology of this host, or of `xml` (an `lstopo --of xml` export) when given.
 hwloc_topology* load_topology(bool io_devices, const std::string* xml) {
+  // hwloc unloads its plugins (dlclose) when the last topology is destroyed, at exit for the
+  // static one pin_current_thread keeps; what the PCI plugin allocated then hangs off no mapped
+  // module, and LeakSanitizer reports ~1 KB from "<unknown module>" (no frame to suppress) and
+  // fails every sanitizer run that opens a fabric. One topology that is never destroyed keeps
+  // the plugins loaded for the life of the process.
+  static hwloc_topology_t const keep_plugins_loaded = [] {
+    hwloc_topology_t kept = nullptr;
+    return hwloc_topology_init(&kept) == 0 ? kept : nullptr;
+  }();
+  (void)keep_plugins_loaded;
   hwloc_topology_t topology = nullptr;
   if (hwloc_topology_init(&topology) != 0) {
     fail("topology", "hwloc_topology_init failed: {}", errno_text(errno));
