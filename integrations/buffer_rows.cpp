@@ -1,5 +1,7 @@
 #include "integrations/buffer_rows.hpp"
 
+#include "gpu_side/ep/host_reduce.hpp"
+
 #include <cstring>
 
 namespace proxyep {
@@ -25,8 +27,7 @@ void write_row(const RowSource& source, const RowSink& sink, int64_t row, int64_
 
 void combine_tokens(ep::HostExecutor& executor, const ep::CombineInput& input, int64_t num_tokens) {
   for_each_token_block(executor, num_tokens, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      ep::combine_token(input, t, ep::HostLanes{});
+    ep::reduce_tokens_host(input, begin, end);
   });
 }
 

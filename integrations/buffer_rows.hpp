@@ -47,8 +47,9 @@ void for_each_token_block(ep::HostExecutor& executor, int64_t tokens, Body&& bod
   });
 }
 
-// Combine's reduce on the host: ep::combine_token for tokens [0, num_tokens), in token blocks
-// on the executor (tokens are independent, so the split does not change a bit).
+// Combine's reduce on the host: what ep::combine_token gives for tokens [0, num_tokens), computed
+// by ep::reduce_tokens_host (host_reduce.hpp: the same bits, vectorised) in token blocks on the
+// executor (tokens are independent, so the split does not change a bit).
 void combine_tokens(ep::HostExecutor& executor, const ep::CombineInput& input, int64_t num_tokens);
 
 // Copies `rows` rows of `row_bytes` from `from` to `to`, zero-filling up to `rows_out` rows.
