@@ -27,18 +27,17 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
   ep::require_host(a.x, kPhase, "x");
   require(a.x.dims == 2 && a.x.rows >= num_recv, kPhase,
           "x must be [num_recv_tokens = {}, hidden] (one row per received token); got {}", num_recv,
-          a.x.describe());
+          a.x);
   ep::require_contiguous(a.x, kPhase, "x");
   const int64_t hidden = a.x.cols;
   require(hidden > 0 && (hidden * 2) % ep::kRowUnitBytes == 0, kPhase,
-          "hidden * 2 bytes must be a positive multiple of {}; x is {}", ep::kRowUnitBytes,
-          a.x.describe());
+          "hidden * 2 bytes must be a positive multiple of {}; x is {}", ep::kRowUnitBytes, a.x);
   int topk = 0;
   if (a.topk_weights.defined()) {
     ep::require_dtype(a.topk_weights, DType::f32, kPhase, "topk_weights");
     ep::require_contiguous(a.topk_weights, kPhase, "topk_weights");
     require(a.topk_weights.dims == 2 && a.topk_weights.rows == a.x.rows, kPhase,
-            "topk_weights must be [{}, num_topk]; got {}", a.x.rows, a.topk_weights.describe());
+            "topk_weights must be [{}, num_topk]; got {}", a.x.rows, a.topk_weights);
     topk = static_cast<int>(a.topk_weights.cols);
   }
   const TensorRef* biases[] = {&a.bias0, &a.bias1};

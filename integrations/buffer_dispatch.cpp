@@ -32,10 +32,10 @@ Checked check_args(const Buffer::Impl& impl, const DispatchArgs& a) {
   Checked c;
   ep::require_defined(a.x, kPhase, "x");
   ep::require_host(a.x, kPhase, "x");
-  require(a.x.dims == 2, kPhase, "x must be 2-D [num_tokens, hidden]; got {}", a.x.describe());
+  require(a.x.dims == 2, kPhase, "x must be 2-D [num_tokens, hidden]; got {}", a.x);
   ep::require_contiguous(a.x, kPhase, "x");
   require(a.x.dtype == DType::bf16 || a.x.dtype == DType::fp8_e4m3, kPhase,
-          "x must be bf16, or float8_e4m3fn with x_scales; got {}", a.x.describe());
+          "x must be bf16, or float8_e4m3fn with x_scales; got {}", a.x);
   c.fp8 = a.x.dtype == DType::fp8_e4m3;
   c.tokens = a.x.rows;
   c.hidden = a.x.cols;
@@ -44,7 +44,7 @@ Checked check_args(const Buffer::Impl& impl, const DispatchArgs& a) {
   const int64_t hidden_bytes = c.hidden * static_cast<int64_t>(ep::dtype_size(a.x.dtype));
   require(hidden_bytes > 0 && hidden_bytes % ep::kRowUnitBytes == 0, kPhase,
           "hidden * element size must be a positive multiple of {} bytes; x is {} ({} bytes)",
-          ep::kRowUnitBytes, a.x.describe(), hidden_bytes);
+          ep::kRowUnitBytes, a.x, hidden_bytes);
   c.format.hidden_bytes = static_cast<uint32_t>(hidden_bytes);
   if (c.fp8) {
     // DeepEP moves the scales as opaque 4-byte words, as many per token as x_scales has columns:
@@ -52,11 +52,11 @@ Checked check_args(const Buffer::Impl& impl, const DispatchArgs& a) {
     ep::require_defined(a.x_scales, kPhase, "x_scales (FP8 x)");
     ep::require_host(a.x_scales, kPhase, "x_scales");
     require(a.x_scales.dtype == DType::f32 || a.x_scales.dtype == DType::i32, kPhase,
-            "x_scales must be float32 (or int32 packed UE8M0); got {}", a.x_scales.describe());
+            "x_scales must be float32 (or int32 packed UE8M0); got {}", a.x_scales);
     require(a.x_scales.dims == 2 && a.x_scales.rows == c.tokens && a.x_scales.cols >= 1 &&
                 a.x_scales.cols <= kMaxScaleCols,
             kPhase, "x_scales must be 2-D [num_tokens = {}, 1..{} scales]; got {}", c.tokens,
-            kMaxScaleCols, a.x_scales.describe());
+            kMaxScaleCols, a.x_scales);
     c.format.scale_cols = static_cast<uint32_t>(a.x_scales.cols);
   } else {
     require(!a.x_scales.defined(), kPhase, "x_scales given with bf16 x (scales go with FP8 x)");
@@ -85,8 +85,7 @@ Checked check_args(const Buffer::Impl& impl, const DispatchArgs& a) {
   ep::require_contiguous(a.is_token_in_rank, kPhase, "is_token_in_rank");
   ep::require_dtype(a.num_tokens_per_expert, DType::i32, kPhase, "num_tokens_per_expert");
   require(a.num_tokens_per_expert.dims == 1, kPhase,
-          "num_tokens_per_expert must be 1-D [num_experts]; got {}",
-          a.num_tokens_per_expert.describe());
+          "num_tokens_per_expert must be 1-D [num_experts]; got {}", a.num_tokens_per_expert);
   c.num_experts = static_cast<int>(a.num_tokens_per_expert.rows);
   require(c.num_experts > 0 && c.num_experts % R == 0, kPhase,
           "num_experts ({}) must be a positive multiple of the number of ranks ({})", c.num_experts,

@@ -47,6 +47,13 @@ HostExecutor::~HostExecutor() {
 
 void HostExecutor::run(int64_t blocks, const std::function<void(int64_t block)>& body) {
   if (blocks <= 0) return;
+  // Nobody to share with (no workers, or one block): run inline, without the hand-off's locks
+  // and wake-ups (a small Buffer call runs a dozen of these).
+  if (blocks == 1 || threads() == 1) {
+    for (int64_t b = 0; b < blocks; ++b)
+      body(b);
+    return;
+  }
   {
     std::lock_guard lock(mutex_);
     body_ = &body;

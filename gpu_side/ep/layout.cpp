@@ -38,7 +38,7 @@ void validate_topk_idx(const TensorRef& topk_idx, const EpShape& shape, std::str
   require_dtype(topk_idx, DType::i64, phase, "topk_idx");
   require_host(topk_idx, phase, "topk_idx");
   require(topk_idx.dims == 2, phase, "topk_idx must be 2-D [num_tokens, num_topk]; got {}",
-          topk_idx.describe());
+          topk_idx);
   require_contiguous(topk_idx, phase, "topk_idx");
   require(topk_idx.cols <= kMaxTopk, phase, "num_topk = {} exceeds the limit of {}", topk_idx.cols,
           kMaxTopk);

@@ -198,8 +198,7 @@ void require_defined(const TensorRef& t, std::string_view phase, std::string_vie
 
 void require_dtype(const TensorRef& t, DType dtype, std::string_view phase, std::string_view name) {
   require_defined(t, phase, name);
-  require(t.dtype == dtype, phase, "{} must have dtype {}; got {}", name, dtype_name(dtype),
-          t.describe());
+  require(t.dtype == dtype, phase, "{} must have dtype {}; got {}", name, dtype_name(dtype), t);
 }
 
 void require_shape(const TensorRef& t, int64_t rows, int64_t cols, std::string_view phase,
@@ -207,13 +206,14 @@ void require_shape(const TensorRef& t, int64_t rows, int64_t cols, std::string_v
   require_defined(t, phase, name);
   bool ok = cols < 0 ? (t.dims == 1 && t.rows == rows)
                      : (t.dims == 2 && t.rows == rows && t.cols == cols);
-  require(ok, phase, "{} must have shape {}; got {}", name,
-          cols < 0 ? fmt::format("[{}]", rows) : fmt::format("[{}, {}]", rows, cols), t.describe());
+  if (!ok)
+    fail(std::string(phase), "{} must have shape {}; got {}", name,
+         cols < 0 ? fmt::format("[{}]", rows) : fmt::format("[{}, {}]", rows, cols), t);
 }
 
 void require_contiguous(const TensorRef& t, std::string_view phase, std::string_view name) {
-  require(t.contiguous(), phase, "{} must be contiguous; got {} with strides ({}, {})", name,
-          t.describe(), t.row_stride, t.col_stride);
+  require(t.contiguous(), phase, "{} must be contiguous; got {} with strides ({}, {})", name, t,
+          t.row_stride, t.col_stride);
 }
 
 void require_host(const TensorRef& t, std::string_view phase, std::string_view name) {

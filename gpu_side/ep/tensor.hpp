@@ -10,6 +10,8 @@
 
 #include "common/error.hpp"
 
+#include <fmt/format.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -105,3 +107,12 @@ void require_contiguous(const TensorRef& t, std::string_view phase, std::string_
 void require_host(const TensorRef& t, std::string_view phase, std::string_view name);
 
 }  // namespace proxyep::ep
+
+// Lets checks pass a TensorRef itself as a message argument (require(ok, phase, "... {}", x)):
+// it is described only when the message is made, not on every successful check.
+template <>
+struct fmt::formatter<proxyep::ep::TensorRef> : fmt::formatter<std::string_view> {
+  auto format(const proxyep::ep::TensorRef& t, fmt::format_context& ctx) const {
+    return fmt::formatter<std::string_view>::format(t.describe(), ctx);
+  }
+};
