@@ -81,13 +81,14 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
       copy_rows(*executor, slot + areas.weights,
                 reinterpret_cast<const std::byte*>(w + from * topk), n, 4ull * topk, n);
   };
-  const uint64_t call = begin_call();
-  send_eager(call, transfer, kPhase);  // before the records, which publish them
+  const uint64_t call = breaking_step([&] { return begin_call(); });
+  // Before the records, which publish them.
+  breaking_step([&] { send_eager(call, transfer, kPhase); });
   NotifyHeader header;
   header.kind = static_cast<uint32_t>(CallKind::combine);
   header.num_tokens = static_cast<uint32_t>(h.num_tokens);
   header.format = format;
-  auto records = exchange_notify(call, header, rows_to, {}, kPhase);
+  auto records = breaking_step([&] { return exchange_notify(call, header, rows_to, {}, kPhase); });
   for (int s = 0; s < R; ++s) {
     const NotifyHeader& theirs = records[s].header;
     require(theirs.kind == header.kind && theirs.format == header.format, kPhase,
@@ -129,7 +130,7 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
       copy_rows(*executor, gathered_weights[r].raw() + first * 4ull * topk, slot + areas.weights, n,
                 4ull * topk, n);
   };
-  run_transfer(call, transfer, kPhase);
+  breaking_step([&] { run_transfer(call, transfer, kPhase); });
 
   // ---- reduce ----
   CombineResult out;
@@ -152,7 +153,7 @@ CombineResult Buffer::Impl::combine(const CombineArgs& a) {
                        .hidden = hidden,
                        .topk = topk},
       h.num_tokens);
-  quiet(kPhase);
+  breaking_step([&] { quiet(kPhase); });
   return out;
 }
 

@@ -188,8 +188,9 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
   };
 
   // ---- notify ----
-  const uint64_t call = begin_call();
-  send_eager(call, transfer, kPhase);  // before the records, which publish them
+  const uint64_t call = breaking_step([&] { return begin_call(); });
+  // Before the records, which publish them.
+  breaking_step([&] { send_eager(call, transfer, kPhase); });
   NotifyHeader header;
   header.kind = static_cast<uint32_t>(c.cached ? CallKind::cached_dispatch : CallKind::dispatch);
   header.num_tokens = static_cast<uint32_t>(c.tokens);
@@ -199,14 +200,16 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
   header.num_worst_tokens = static_cast<uint32_t>(a.num_worst_tokens);
   const int local_experts = c.num_experts / R;
   const auto* per_expert = c.cached ? nullptr : a.num_tokens_per_expert.as<int32_t>();
-  auto records = exchange_notify(
-      call, header, rows_to,
-      [&](int d) {
-        return c.cached ? std::span<const int32_t>{}
-                        : std::span<const int32_t>(per_expert + d * local_experts,
-                                                   static_cast<size_t>(local_experts));
-      },
-      kPhase);
+  auto records = breaking_step([&] {
+    return exchange_notify(
+        call, header, rows_to,
+        [&](int d) {
+          return c.cached ? std::span<const int32_t>{}
+                          : std::span<const int32_t>(per_expert + d * local_experts,
+                                                     static_cast<size_t>(local_experts));
+        },
+        kPhase);
+  });
   // Every rank sees every record, so a disagreement fails everywhere with the same message.
   for (int s = 0; s < R; ++s) {
     const NotifyHeader& h = records[s].header;
@@ -292,7 +295,7 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
     if (c.weights) copy(out.recv_topk_weights, areas.weights, 4ull * c.topk);
     if (!c.cached) copy(out.handle.recv_src_idx, areas.src_index, 4);
   };
-  run_transfer(call, transfer, kPhase);
+  breaking_step([&] { run_transfer(call, transfer, kPhase); });
 
   // ---- the num_worst_tokens tail: zero rows, -1 selections ----
   if (rows_out > num_recv) {
@@ -331,7 +334,7 @@ DispatchResult Buffer::Impl::dispatch(const DispatchArgs& a) {
         n = (n + a.expert_alignment - 1) / a.expert_alignment * a.expert_alignment;
     }
   }
-  quiet(kPhase);  // the staging area is rewritten by the next call
+  breaking_step([&] { quiet(kPhase); });  // the staging area is rewritten by the next call
   return out;
 }
 

@@ -228,6 +228,9 @@ uint64_t Buffer::Impl::staging_slot_offset(int destination, uint32_t slot) const
 
 void Buffer::Impl::check_usable(std::string_view phase) const {
   require(!destroyed, phase, "the Buffer was destroyed");
+  if (!broken.empty())
+    fail(std::string(phase),
+         "an earlier call failed ({}); the ranks are out of step: create a new Buffer", broken);
   if (engine && engine->health().failed()) {
     auto failure = engine->health().failure();
     fail(std::string(phase), "the Buffer's proxy failed earlier ({}: {}); create a new Buffer",

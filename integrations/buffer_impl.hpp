@@ -149,6 +149,20 @@ struct Buffer::Impl {
   uint64_t pushed = 0;    // descriptors pushed so far = the ring position of the next one
 
   uint64_t next_call = 0;
+  // Set when a call failed in a step that leaves the ranks out of step (a timeout, a peer gone,
+  // writes left over): every later call refuses, naming it.
+  std::string broken;
+
+  // Runs `step` of a call; an Error from it breaks the Buffer (see `broken`) and propagates.
+  template <typename Step>
+  decltype(auto) breaking_step(Step&& step) {
+    try {
+      return step();
+    } catch (const Error& e) {
+      broken = e.what();
+      throw;
+    }
+  }
 
   // ---- layout of the shared memory ----
   std::byte* record_in(int owner, uint64_t call, int source) const;  // in owner's arena
