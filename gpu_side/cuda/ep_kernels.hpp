@@ -48,6 +48,20 @@ struct DispatchParams {
 };
 cudaError_t launch_dispatch_rows(const DispatchParams& params, cudaStream_t stream);
 
+// One chunk of a Buffer stream (integrations/chunk_plan.hpp): row i of `sink` is token
+// tokens[i] of the input, for i in [0, rows); the sink is the chunk's slot (laid out as
+// RowAreas of `rows` rows, first_row 0), in a peer's IPC-mapped memory or in mapped staging.
+// Rows are spread over the blocks; all threads of a block cooperate on one row at a time.
+struct ChunkParams {
+  RowInput input;
+  const int32_t* tokens = nullptr;  // [rows], device memory
+  RowSink sink;
+  int64_t rows = 0;
+  int blocks = 0;     // 0: enough to cover the GPU
+  int threads = 256;  // per block, a multiple of 32
+};
+cudaError_t launch_dispatch_chunk(const ChunkParams& params, cudaStream_t stream);
+
 // Combine's reduce: out[t] for t in [0, num_tokens), one thread block per token at a time.
 // input.hidden must be a multiple of kCombineChunk and rows, biases and out 16-byte aligned.
 struct CombineParams {

@@ -4,6 +4,7 @@
 //   - get_dispatch_layout: the kernel's counts and is_token_in_rank equal compute_dispatch_layout;
 //   - dispatch rows: every destination's arena (every byte, padding and untouched filler
 //     included) equals the one the CPU twin's write_row fills;
+//   - dispatch chunks: every chunk slot of every Buffer stream, likewise;
 //   - combine: the kernel's combined rows and weights equal combine_tokens' on the host.
 // Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
 #include "common/error.hpp"
@@ -19,6 +20,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -264,6 +266,65 @@ bool check_dispatch(const Case& c, const std::vector<Source>& sources) {
   return ok;
 }
 
+// Chunks of Buffer streams: for every (source, destination) pair, the destination's rows split
+// into chunks of a third of them; each chunk's slot (every byte) must equal the CPU twin's.
+bool check_dispatch_chunks(const Case& c, const std::vector<Source>& sources) {
+  const int R = c.shape.num_ranks;
+  const RowFormat f = format_of(c);
+  bool ok = true;
+  for (int s = 0; s < R; ++s) {
+    const Source& src = sources[s];
+    const RankInputs& in = src.inputs;
+    const Tensor& x = c.fp8 ? in.x_fp8 : in.x;
+    RowSource source{x,
+                     c.fp8 ? src.scales_ref : TensorRef{},
+                     c.topk_in_rows ? in.topk_idx.ref() : TensorRef{},
+                     f.weights > 0 ? in.topk_weights.ref() : TensorRef{},
+                     f,
+                     c.shape};
+    DeviceMemory dx(x.raw(), x.bytes());
+    DeviceMemory dscales(c.fp8 ? src.scales.raw() : nullptr, c.fp8 ? src.scales.bytes() : 0);
+    DeviceMemory didx(in.topk_idx.raw(), in.topk_idx.bytes());
+    DeviceMemory dweights(in.topk_weights.raw(), in.topk_weights.bytes());
+    gpu::ChunkParams p;
+    p.input = row_input(source);  // host pointers replaced below
+    p.input.x = dx.as<std::byte>();
+    p.input.scales = c.fp8 ? dscales.as<uint32_t>() : nullptr;
+    p.input.topk_idx = c.topk_in_rows ? didx.as<int64_t>() : nullptr;
+    p.input.topk_weights = f.weights > 0 ? dweights.as<float>() : nullptr;
+    if (c.blocks > 0) p.blocks = c.blocks;
+    if (c.threads > 0) p.threads = c.threads;
+    const int64_t n = x.rows();
+    for (int d = 0; d < R; ++d) {
+      std::vector<int32_t> tokens(static_cast<size_t>(src.rows_to[d]));
+      for (int64_t t = 0; t < n; ++t)
+        if (const int32_t row = src.send_head.data<int32_t>()[t * R + d]; row >= 0)
+          tokens[static_cast<size_t>(row)] = static_cast<int32_t>(t);
+      const auto rows = static_cast<int64_t>(tokens.size());
+      const int64_t per_chunk = std::max<int64_t>(1, (rows + 2) / 3);
+      DeviceMemory dtokens(tokens.data(), tokens.size() * sizeof(int32_t));
+      for (int64_t first = 0; first < rows; first += per_chunk) {
+        const int64_t m = std::min(per_chunk, rows - first);
+        const RowAreas areas = RowAreas::of(static_cast<uint64_t>(m), f);
+        std::vector<std::byte> host_slot(areas.end, std::byte{kFiller});
+        const RowSink host_sink = RowSink::at(host_slot.data(), areas, 0, d);
+        for (int64_t i = 0; i < m; ++i)
+          write_row(source, host_sink, i, tokens[static_cast<size_t>(first + i)]);
+        DeviceMemory slot(areas.end);
+        check(cudaMemset(slot.as<void>(), kFiller, areas.end), "cudaMemset");
+        p.tokens = dtokens.as<int32_t>() + first;
+        p.sink = RowSink::at(slot.as<std::byte>(), areas, 0, d);
+        p.rows = m;
+        check(gpu::launch_dispatch_chunk(p, nullptr), "launch_dispatch_chunk");
+        check(cudaDeviceSynchronize(), "dispatch_chunk_kernel");
+        ok &= same("dispatch chunk", c, d, host_slot.data(),
+                   slot.download<std::byte>(areas.end).data(), areas.end);
+      }
+    }
+  }
+  return ok;
+}
+
 // ---- combine ----
 
 // bf16 values of mixed magnitudes and signs, so sums round in every direction. No NaN or
@@ -375,6 +436,7 @@ bool run_case(const Case& c, HostExecutor& executor) {
   for (int r = 0; r < c.shape.num_ranks; ++r)
     ok &= check_layout(c, sources[r].inputs.topk_idx, r);
   ok &= check_dispatch(c, sources);
+  ok &= check_dispatch_chunks(c, sources);
   if (c.topk_in_rows) ok &= check_combine(c, sources, executor);  // combine once per shape
   std::printf("%s %s\n", ok ? "ok  " : "FAIL", c.name.c_str());
   return ok;
