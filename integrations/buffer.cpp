@@ -32,6 +32,10 @@ bool Buffer::explicitly_destroy() const {
   return impl_->options.explicitly_destroy;
 }
 
+BufferStats Buffer::stats() const {
+  return impl_->stats;
+}
+
 namespace {
 
 // The widest row a call may carry: FP8 scales and weights included, with bf16's bytes.

@@ -49,6 +49,18 @@ using ep::DType;
 using ep::Tensor;
 using ep::TensorRef;
 
+// What this rank's calls moved and how (Buffer::stats()): for tuning num_nvl_bytes,
+// num_rdma_bytes, ep.chunk_bytes and ep.eager_bytes, and for checking that calls streamed.
+struct BufferStats {
+  uint64_t calls = 0;            // dispatches and combines
+  uint64_t eager_streams = 0;    // (call, destination) pairs sent with the notify record
+  uint64_t chunks_sent = 0;      // chunks of the other pairs, to node peers and other nodes
+  uint64_t chunks_received = 0;  // likewise, received
+  uint64_t credit_stalls = 0;    // times a pair with chunks left waited for a credit or a slot
+  uint64_t bytes_to_node = 0;    // row bytes stored into node peers' arenas
+  uint64_t bytes_to_fabric = 0;  // row bytes posted to other nodes
+};
+
 struct BufferOptions {
   int64_t num_nvl_bytes = 0;      // receive arena, shared with the node's ranks and registered
   int64_t num_rdma_bytes = 0;     // staging for rows sent to other nodes (0 on a single node)
@@ -123,6 +135,7 @@ class Buffer {
   int64_t num_rdma_bytes() const;
   bool low_latency_mode() const { return false; }
   bool explicitly_destroy() const;
+  BufferStats stats() const;
 
   // Bytes that hold a whole call (no streaming): every rank sends up to max_tokens_per_rank
   // tokens of hidden_bytes (plus FP8 scales) with up to num_topk selections.

@@ -240,6 +240,7 @@ void Buffer::Impl::check_usable(std::string_view phase) const {
 
 uint64_t Buffer::Impl::begin_call() {
   uint64_t call = next_call++;
+  ++stats.calls;
   if (counters && call > 0 && counters->begin_epoch(call) != Status::ok)
     fail("buffer", "call {}: writes of an earlier call were left over: {}", call,
          counters->last_leak());

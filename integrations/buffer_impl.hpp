@@ -149,6 +149,7 @@ struct Buffer::Impl {
   uint64_t pushed = 0;    // descriptors pushed so far = the ring position of the next one
 
   uint64_t next_call = 0;
+  BufferStats stats;
   // Set when a call failed in a step that leaves the ranks out of step (a timeout, a peer gone,
   // writes left over): every later call refuses, naming it.
   std::string broken;

@@ -43,13 +43,16 @@ void Buffer::Impl::send_eager(uint64_t call, Transfer& t, std::string_view phase
     const int d = (rank + k) % ranks;
     const ChunkPlan& p = t.out[d];
     if (!p.eager) continue;
+    ++stats.eager_streams;
+    const uint64_t bytes = ep::RowAreas::of(p.rows, t.format).end;
+    (node->on_node(d) ? stats.bytes_to_node : stats.bytes_to_fabric) += bytes;
     if (node->on_node(d)) {
       t.fill(d, 0, p.rows, node->peer(d) + eager_offset(rank, call));
       continue;
     }
     const uint64_t at = staging_eager_offset(d, call);
     t.fill(d, 0, p.rows, static_cast<std::byte*>(staging->host()) + at);
-    post_write(d, at, eager_offset(rank, call), ep::RowAreas::of(p.rows, t.format).end, call,
+    post_write(d, at, eager_offset(rank, call), bytes, call,
                control::imm::encode_counter(call, static_cast<uint32_t>(ranks + rank)), phase);
   }
 }
@@ -107,6 +110,9 @@ void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view pha
                  control::imm::encode_stream(call, static_cast<uint32_t>(rank), seq), phase);
     }
     ++sent[d];
+    ++stats.chunks_sent;
+    (node->on_node(d) ? stats.bytes_to_node : stats.bytes_to_fabric) +=
+        ep::RowAreas::of(rows, t.format).end;
   };
   auto arrived = [&](int s) -> uint64_t {
     if (t.in[s].eager)  // a node peer's were published with its notify record
@@ -126,6 +132,7 @@ void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view pha
     }
     for (uint64_t j = taken[s]; j < upto; ++j)
       t.take(s, j, p.first_row(j), p.rows_in(j), data_area(rank) + slot_offset(rank, s, p, j));
+    stats.chunks_received += upto - taken[s];
     taken[s] = upto;
     // The credit: these slots may be written again.
     if (node->on_node(s)) {
@@ -164,11 +171,13 @@ void Buffer::Impl::run_transfer(uint64_t call, Transfer& t, std::string_view pha
   };
   while (true) {
     bool progressed = false;
-    for (int d : order)
+    for (int d : order) {
       while (can_send(d)) {
         send(d);
         progressed = true;
       }
+      if (sent[d] < t.out[d].chunks) ++stats.credit_stalls;
+    }
     if (!local_done) {
       t.local();
       local_done = progressed = true;

@@ -298,6 +298,27 @@ void run_bad_input(Buffer& buffer, const Options& o) {
            o, 100);
 }
 
+// The calls moved their rows the way the Buffer's sizing says they must: small Buffers stream
+// in many chunks and wait for credits; eager rows appear exactly when enabled.
+// `group_eager`: eager streams summed over the ranks (a rank with no tokens sends none).
+void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, int ranks) {
+  const std::string seen = fmt::format(
+      "{} calls, {} eager streams, {} chunks sent, {} received, {} credit stalls, {} bytes to node "
+      "peers, {} to other nodes",
+      s.calls, s.eager_streams, s.chunks_sent, s.chunks_received, s.credit_stalls, s.bytes_to_node,
+      s.bytes_to_fabric);
+  std::fprintf(stderr, "ep_buffer: stats: %s\n", seen.c_str());
+  if (ranks == 1) return;
+  if (o.small_buffer)
+    check(s.chunks_sent >= 2 * s.calls && s.credit_stalls > 0, "a small Buffer must stream: {}",
+          seen);
+  if (params::ep_eager_bytes.get() == 0)
+    check(group_eager == 0, "eager rows are off but were sent: {} in the group; {}", group_eager,
+          seen);
+  else
+    check(group_eager > 0, "no rank sent eager rows: {}", seen);
+}
+
 int run(const Options& o) {
   params::fabric_provider.set(o.provider);
   params::fabric_reorder.set(o.reorder);
@@ -356,6 +377,16 @@ int run(const Options& o) {
     }
     run_case(buffer, c, o, index++);
   }
+  const BufferStats stats = buffer.stats();
+  uint64_t group_eager = 0;
+  for (const auto& bytes : boot->allgather(
+           std::span(reinterpret_cast<const uint8_t*>(&stats.eager_streams), sizeof(uint64_t)),
+           "ep_buffer(stats)")) {
+    uint64_t theirs = 0;
+    std::memcpy(&theirs, bytes.data(), sizeof theirs);
+    group_eager += theirs;
+  }
+  check_stats(stats, group_eager, o, R);
   if (boot->rank() == 0)
     fmt::print("ep_buffer: {} ranks, {} per node, provider {}, reorder {}: all cases OK\n", R,
                buffer.ranks_per_node(), o.provider, o.reorder ? "on" : "off");
