@@ -196,6 +196,32 @@ RowFormat format_of(const Case& c) {
   return f;
 }
 
+// A source rank's rows as the CPU twin reads them (host) and as a kernel reads them (the same
+// arrays copied to the device).
+struct SourceRows {
+  RowSource host;
+  DeviceMemory x, scales, topk_idx, weights;
+  RowInput device;
+
+  SourceRows(const Case& c, const Source& src, const RowFormat& f)
+      : host{c.fp8 ? src.inputs.x_fp8 : src.inputs.x,
+             c.fp8 ? src.scales_ref : TensorRef{},
+             c.topk_in_rows ? src.inputs.topk_idx.ref() : TensorRef{},
+             f.weights > 0 ? src.inputs.topk_weights.ref() : TensorRef{},
+             f,
+             c.shape},
+        x(host.x.data, (c.fp8 ? src.inputs.x_fp8 : src.inputs.x).bytes()),
+        scales(c.fp8 ? src.scales.raw() : nullptr, c.fp8 ? src.scales.bytes() : 0),
+        topk_idx(src.inputs.topk_idx.raw(), src.inputs.topk_idx.bytes()),
+        weights(src.inputs.topk_weights.raw(), src.inputs.topk_weights.bytes()),
+        device(row_input(host)) {
+    device.x = x.as<std::byte>();
+    device.scales = c.fp8 ? scales.as<uint32_t>() : nullptr;
+    device.topk_idx = c.topk_in_rows ? topk_idx.as<int64_t>() : nullptr;
+    device.topk_weights = f.weights > 0 ? weights.as<float>() : nullptr;
+  }
+};
+
 bool check_dispatch(const Case& c, const std::vector<Source>& sources) {
   const int R = c.shape.num_ranks;
   const RowFormat f = format_of(c);
@@ -215,16 +241,8 @@ bool check_dispatch(const Case& c, const std::vector<Source>& sources) {
   std::vector<int64_t> base(static_cast<size_t>(R), 0);  // the sender's first row at each d
   for (int s = 0; s < R; ++s) {
     const Source& src = sources[s];
-    const RankInputs& in = src.inputs;
-    const int64_t n = in.x.rows();
-    const Tensor& x = c.fp8 ? in.x_fp8 : in.x;
-    // The CPU twin.
-    RowSource source{x,
-                     c.fp8 ? src.scales_ref : TensorRef{},
-                     c.topk_in_rows ? in.topk_idx.ref() : TensorRef{},
-                     f.weights > 0 ? in.topk_weights.ref() : TensorRef{},
-                     f,
-                     c.shape};
+    const int64_t n = src.inputs.x.rows();
+    SourceRows rows(c, src, f);
     std::vector<RowSink> host_sinks, device_sinks;
     for (int d = 0; d < R; ++d) {
       host_sinks.push_back(RowSink::at(host_arena[d].data(), areas[d], base[d], d));
@@ -235,20 +253,12 @@ bool check_dispatch(const Case& c, const std::vector<Source>& sources) {
     for (int64_t t = 0; t < n; ++t)
       for (int d = 0; d < R; ++d)
         if (head[t * R + d] >= 0 && !(c.skip_last && d == R - 1))
-          write_row(source, host_sinks[d], head[t * R + d], t);
+          write_row(rows.host, host_sinks[d], head[t * R + d], t);
     // The kernel.
-    DeviceMemory dx(x.raw(), x.bytes());
-    DeviceMemory dscales(c.fp8 ? src.scales.raw() : nullptr, c.fp8 ? src.scales.bytes() : 0);
-    DeviceMemory didx(in.topk_idx.raw(), in.topk_idx.bytes());
-    DeviceMemory dweights(in.topk_weights.raw(), in.topk_weights.bytes());
     DeviceMemory dhead(src.send_head.raw(), src.send_head.bytes());
     DeviceMemory dsinks(device_sinks.data(), sizeof(RowSink) * R);
     gpu::DispatchParams p;
-    p.input = row_input(source);  // host pointers replaced below
-    p.input.x = dx.as<std::byte>();
-    p.input.scales = c.fp8 ? dscales.as<uint32_t>() : nullptr;
-    p.input.topk_idx = c.topk_in_rows ? didx.as<int64_t>() : nullptr;
-    p.input.topk_weights = f.weights > 0 ? dweights.as<float>() : nullptr;
+    p.input = rows.device;
     p.send_head = dhead.as<int32_t>();
     p.sinks = dsinks.as<RowSink>();
     p.num_tokens = n;
@@ -274,27 +284,12 @@ bool check_dispatch_chunks(const Case& c, const std::vector<Source>& sources) {
   bool ok = true;
   for (int s = 0; s < R; ++s) {
     const Source& src = sources[s];
-    const RankInputs& in = src.inputs;
-    const Tensor& x = c.fp8 ? in.x_fp8 : in.x;
-    RowSource source{x,
-                     c.fp8 ? src.scales_ref : TensorRef{},
-                     c.topk_in_rows ? in.topk_idx.ref() : TensorRef{},
-                     f.weights > 0 ? in.topk_weights.ref() : TensorRef{},
-                     f,
-                     c.shape};
-    DeviceMemory dx(x.raw(), x.bytes());
-    DeviceMemory dscales(c.fp8 ? src.scales.raw() : nullptr, c.fp8 ? src.scales.bytes() : 0);
-    DeviceMemory didx(in.topk_idx.raw(), in.topk_idx.bytes());
-    DeviceMemory dweights(in.topk_weights.raw(), in.topk_weights.bytes());
+    SourceRows source_rows(c, src, f);
     gpu::ChunkParams p;
-    p.input = row_input(source);  // host pointers replaced below
-    p.input.x = dx.as<std::byte>();
-    p.input.scales = c.fp8 ? dscales.as<uint32_t>() : nullptr;
-    p.input.topk_idx = c.topk_in_rows ? didx.as<int64_t>() : nullptr;
-    p.input.topk_weights = f.weights > 0 ? dweights.as<float>() : nullptr;
+    p.input = source_rows.device;
     if (c.blocks > 0) p.blocks = c.blocks;
     if (c.threads > 0) p.threads = c.threads;
-    const int64_t n = x.rows();
+    const int64_t n = src.inputs.x.rows();
     for (int d = 0; d < R; ++d) {
       std::vector<int32_t> tokens(static_cast<size_t>(src.rows_to[d]));
       for (int64_t t = 0; t < n; ++t)
@@ -309,7 +304,7 @@ bool check_dispatch_chunks(const Case& c, const std::vector<Source>& sources) {
         std::vector<std::byte> host_slot(areas.end, std::byte{kFiller});
         const RowSink host_sink = RowSink::at(host_slot.data(), areas, 0, d);
         for (int64_t i = 0; i < m; ++i)
-          write_row(source, host_sink, i, tokens[static_cast<size_t>(first + i)]);
+          write_row(source_rows.host, host_sink, i, tokens[static_cast<size_t>(first + i)]);
         DeviceMemory slot(areas.end);
         check(cudaMemset(slot.as<void>(), kFiller, areas.end), "cudaMemset");
         p.tokens = dtokens.as<int32_t>() + first;
