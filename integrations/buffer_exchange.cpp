@@ -218,10 +218,11 @@ std::byte* Buffer::Impl::staging_record(int destination) const {
 }
 
 uint64_t Buffer::Impl::staging_slot_offset(int destination, uint32_t slot) const {
-  // Shares are by destination on another node, in rank order.
-  uint64_t share = 0;
-  for (int r = 0; r < destination; ++r)
-    share += node->on_node(r) ? 0 : 1;
+  // Shares are by destination on another node, in rank order: this node's ranks (consecutive,
+  // from `first`) have none.
+  const int first = rank / ranks_per_node * ranks_per_node;
+  const auto share = static_cast<uint64_t>(
+      destination < first ? destination : destination - node_size(rank, ranks, ranks_per_node));
   return staging_data_offset() + share * geometry.stage_area +
          static_cast<uint64_t>(slot) * geometry.remote_slot;
 }
@@ -352,14 +353,8 @@ std::vector<Buffer::Impl::Record> Buffer::Impl::exchange_notify(
 ChunkPlan Buffer::Impl::plan_stream(int source, int destination, uint64_t rows,
                                     const ep::RowFormat& format) const {
   if (source == destination) return {};
-  if (rows > 0 && ep::RowAreas::of(rows, format).end <= eager_bytes) {
-    ChunkPlan eager;
-    eager.rows = eager.rows_per_chunk = rows;
-    eager.chunks = 1;
-    eager.slot_bytes = eager_bytes;
-    eager.eager = true;
-    return eager;
-  }
+  if (rows > 0 && ep::RowAreas::of(rows, format).end <= eager_bytes)
+    return ChunkPlan::whole(rows, eager_bytes, /*eager=*/true);
   return node->on_node(source) && node->on_node(destination)
              ? plan_node_stream(rows, format, geometry)
              : plan_remote_stream(rows, format, geometry);

@@ -20,13 +20,17 @@ uint32_t window_for(uint64_t area, uint64_t slot) {
   return slots == 0 ? 0 : static_cast<uint32_t>(std::bit_floor(slots));
 }
 
-// Ranks on other nodes than `rank` (nodes hold consecutive ranks; the last may be smaller).
+// Ranks on other nodes than `rank`.
 int remote_peers(int rank, int ranks, int ranks_per_node) {
-  int first = rank / ranks_per_node * ranks_per_node;
-  return ranks - (std::min(ranks, first + ranks_per_node) - first);
+  return ranks - node_size(rank, ranks, ranks_per_node);
 }
 
 }  // namespace
+
+int node_size(int rank, int ranks, int ranks_per_node) {
+  const int first = rank / ranks_per_node * ranks_per_node;
+  return std::min(ranks, first + ranks_per_node) - first;
+}
 
 StreamGeometry StreamGeometry::make(int rank, int ranks, int ranks_per_node, uint64_t data_bytes,
                                     uint64_t staging_bytes, uint64_t chunk_bytes) {
@@ -79,13 +83,8 @@ ChunkPlan plan_in_slots(uint64_t rows, const ep::RowFormat& format, uint64_t slo
 
 ChunkPlan plan_node_stream(uint64_t rows, const ep::RowFormat& format,
                            const StreamGeometry& geometry) {
-  if (rows > 0 && ep::RowAreas::of(rows, format).end <= geometry.source_area) {
-    ChunkPlan whole;
-    whole.rows = whole.rows_per_chunk = rows;
-    whole.chunks = 1;
-    whole.slot_bytes = geometry.source_area;
-    return whole;
-  }
+  if (rows > 0 && ep::RowAreas::of(rows, format).end <= geometry.source_area)
+    return ChunkPlan::whole(rows, geometry.source_area);
   return plan_in_slots(rows, format, floor64(geometry.source_area / 2), 2);
 }
 

@@ -43,6 +43,9 @@ struct StreamGeometry {
                              uint64_t staging_bytes, uint64_t chunk_bytes);
 };
 
+// Ranks on `rank`'s node (nodes hold consecutive ranks; the last one may be smaller).
+int node_size(int rank, int ranks, int ranks_per_node);
+
 // One stream of one call.
 struct ChunkPlan {
   uint64_t rows = 0;
@@ -51,6 +54,16 @@ struct ChunkPlan {
   uint64_t slot_bytes = 0;  // distance between slots in the receiver's share
   uint32_t window = 1;
   bool eager = false;  // one chunk in the eager slot, sent with the notify record
+
+  // All `rows` as one chunk in a slot of `slot_bytes` (window 1).
+  static ChunkPlan whole(uint64_t rows, uint64_t slot_bytes, bool eager = false) {
+    ChunkPlan plan;
+    plan.rows = plan.rows_per_chunk = rows;
+    plan.chunks = 1;
+    plan.slot_bytes = slot_bytes;
+    plan.eager = eager;
+    return plan;
+  }
 
   uint64_t first_row(uint64_t chunk) const { return chunk * rows_per_chunk; }
   uint64_t rows_in(uint64_t chunk) const {

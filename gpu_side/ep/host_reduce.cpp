@@ -99,20 +99,6 @@ PROXYEP_REDUCE_INLINE void reduce_row(const uint16_t* const* src, int n, uint16_
   if (nan) fix_nans(src, n, out, hidden);
 }
 
-// combine_token's top-k weight sum, the same scalar loop: a few floats per token, not worth
-// vectorising.
-PROXYEP_REDUCE_INLINE void sum_weights(const CombineInput& in, int64_t t) {
-  const int32_t* head = in.send_head + t * in.num_ranks;
-  for (int k = 0; k < in.topk; ++k) {
-    float acc = 0.0f;
-    for (int r = 0; r < in.num_ranks; ++r) {
-      const int32_t pos = head[r];
-      if (pos >= 0) acc += in.block_weights[r][pos * in.topk + k];
-    }
-    in.out_weights[t * in.topk + k] = acc;
-  }
-}
-
 }  // namespace
 
 PROXYEP_REDUCE_CLONES
@@ -122,7 +108,8 @@ void reduce_tokens_host(const CombineInput& in, int64_t begin, int64_t end) {
   for (int64_t t = begin; t < end; ++t) {
     const int n = token_sources(in, t, src.data());
     reduce_row(src.data(), n, in.out + t * in.hidden, in.hidden);
-    sum_weights(in, t);
+    // A few floats per token, not worth vectorising: combine_token's own loop.
+    combine_token_weights(in, t, HostLanes{});
   }
 }
 

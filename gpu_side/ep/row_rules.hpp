@@ -173,6 +173,22 @@ PROXYEP_HOST_DEVICE inline void add_chunk(float (&acc)[kCombineChunk], const uin
 
 }  // namespace detail
 
+// Token `t`'s top-k weights: out_weights[t][k] = sum_r row_weights[r][k], ranks ascending, the
+// lanes splitting k. (Part of combine_token; the host reduce calls it too.)
+template <typename Lanes>
+PROXYEP_HOST_DEVICE inline void combine_token_weights(const CombineInput& in, int64_t t,
+                                                      const Lanes& lanes) {
+  const int32_t* head = in.send_head + t * in.num_ranks;
+  for (int64_t k = lanes.lane(); k < in.topk; k += lanes.count()) {
+    float acc = 0.0f;
+    for (int r = 0; r < in.num_ranks; ++r) {
+      const int32_t pos = head[r];
+      if (pos >= 0) acc += in.block_weights[r][pos * in.topk + k];
+    }
+    in.out_weights[t * in.topk + k] = acc;
+  }
+}
+
 // Reduces token `t` of `in`: out[t] = bf16(sum_r rows[r] + bias0[t] + bias1[t]) in float32,
 // ranks ascending; out_weights[t] = sum_r row_weights[r]. Every lane of `lanes` calls it with
 // the same arguments; together they write the token once.
@@ -197,14 +213,7 @@ PROXYEP_HOST_DEVICE inline void combine_token(const CombineInput& in, int64_t t,
       v[j] = float_to_bf16(acc[j]);
     detail::store_chunk(in.out + t * in.hidden + c0, v);
   }
-  for (int64_t k = lane; k < in.topk; k += lanes_n) {
-    float acc = 0.0f;
-    for (int r = 0; r < in.num_ranks; ++r) {
-      const int32_t pos = head[r];
-      if (pos >= 0) acc += in.block_weights[r][pos * in.topk + k];
-    }
-    in.out_weights[t * in.topk + k] = acc;
-  }
+  combine_token_weights(in, t, lanes);
 }
 
 }  // namespace proxyep::ep
