@@ -1,12 +1,95 @@
-// proxyep::Buffer's public surface: forwards to Buffer::Impl (buffer_impl.hpp) and adds the
-// size hints and the layout call.
+// proxyep::Buffer, the facade: checks the options, opens the transport session (proxy/session.hpp)
+// and the host backend, and hands each call to the normal-mode protocol (normal/normal_mode.hpp).
 #include "integrations/buffer.hpp"
 
+#include "common/log.hpp"
+#include "common/params.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/row_format.hpp"
-#include "integrations/buffer_impl.hpp"
+#include "integrations/backend/host_backend.hpp"
+#include "integrations/normal/normal_mode.hpp"
+#include "integrations/normal/notify_record.hpp"
+#include "proxy/session.hpp"
+
+#include <unistd.h>
+
+#include <random>
 
 namespace proxyep {
+
+namespace {
+
+constexpr const char* kPhase = "buffer";
+
+uint64_t align_up(uint64_t value, uint64_t alignment) {
+  return (value + alignment - 1) / alignment * alignment;
+}
+
+// The session's sizes from the Buffer's options and the ep.* parameters; throws for bad options.
+proxy::SessionConfig session_config(const control::Bootstrap& boot, const BufferOptions& opts,
+                                    int ranks_per_node) {
+  require(!opts.low_latency_mode, kPhase,
+          "low_latency_mode is not supported yet (ProxyEP implements normal mode)");
+  // Nodes hold consecutive ranks; the last one may be smaller (3 ranks, 2 per node: {0, 1}, {2}).
+  require(ranks_per_node >= 1, kPhase, "ranks_per_node must be >= 1; got {}", ranks_per_node);
+  require(opts.num_nvl_bytes > 0 && opts.num_nvl_bytes % 128 == 0, kPhase,
+          "num_nvl_bytes must be a positive multiple of 128 (this backend receives into it); got "
+          "{}",
+          opts.num_nvl_bytes);
+  require(opts.num_rdma_bytes >= 0 && opts.num_rdma_bytes % 128 == 0, kPhase,
+          "num_rdma_bytes must be a non-negative multiple of 128; got {}", opts.num_rdma_bytes);
+  const int ranks = boot.world_size();
+  require(ranks <= ranks_per_node || opts.num_rdma_bytes > 0, kPhase,
+          "the group spans {} nodes of {} ranks: num_rdma_bytes must be > 0 (it stages the rows "
+          "sent to other nodes; see Buffer::rdma_bytes_hint)",
+          (ranks + ranks_per_node - 1) / ranks_per_node, ranks_per_node);
+  proxy::SessionConfig config;
+  proxy::SessionSizes& s = config.sizes;
+  s.ranks = ranks;
+  s.ranks_per_node = ranks_per_node;
+  s.record_bytes =
+      align_up(proxy::kRecordWordBytes + integrations::normal::record_payload_bytes(ranks),
+               proxy::kSlotAlignment);
+  s.eager_bytes = static_cast<uint64_t>(std::max<int64_t>(0, params::ep_eager_bytes.get())) /
+                  proxy::kSlotAlignment * proxy::kSlotAlignment;
+  s.data_bytes = static_cast<uint64_t>(opts.num_nvl_bytes);
+  s.staging_bytes = static_cast<uint64_t>(opts.num_rdma_bytes);
+  s.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
+  config.timeout = std::chrono::milliseconds(params::ep_timeout_ms.get());
+  return config;
+}
+
+uint64_t new_buffer_id() {
+  std::random_device entropy;
+  return (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(::getpid());
+}
+
+}  // namespace
+
+struct Buffer::Impl {
+  Impl(control::Bootstrap& boot, const BufferOptions& opts)
+      : bootstrap(boot),
+        options(opts),
+        ranks_per_node(opts.ranks_per_node > 0 ? opts.ranks_per_node : boot.env().local_world_size),
+        backend(integrations::HostBackend::default_threads(ranks_per_node)),
+        session(proxy::Session::open(boot, session_config(boot, opts, ranks_per_node))),
+        mode(*session, backend, new_buffer_id()) {
+    log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
+  }
+
+  void check_usable(std::string_view phase) const {
+    require(!destroyed, phase, "the Buffer was destroyed");
+    mode.check_usable(phase);
+  }
+
+  control::Bootstrap& bootstrap;
+  BufferOptions options;
+  int ranks_per_node;
+  integrations::HostBackend backend;
+  std::unique_ptr<proxy::Session> session;
+  integrations::normal::NormalMode mode;
+  bool destroyed = false;
+};
 
 Buffer::Buffer(control::Bootstrap& bootstrap, BufferOptions options)
     : impl_(std::make_unique<Impl>(bootstrap, options)) {}
@@ -14,10 +97,10 @@ Buffer::Buffer(control::Bootstrap& bootstrap, BufferOptions options)
 Buffer::~Buffer() = default;
 
 int Buffer::rank() const {
-  return impl_->rank;
+  return impl_->session->rank();
 }
 int Buffer::group_size() const {
-  return impl_->ranks;
+  return impl_->session->ranks();
 }
 int Buffer::ranks_per_node() const {
   return impl_->ranks_per_node;
@@ -33,7 +116,15 @@ bool Buffer::explicitly_destroy() const {
 }
 
 BufferStats Buffer::stats() const {
-  return impl_->stats;
+  BufferStats stats = impl_->mode.stats();
+  const proxy::Session& session = *impl_->session;
+  for (int r = 0; r < session.ranks(); ++r) {
+    if (r == session.rank()) continue;
+    const proxy::PeerChannel& to = session.channel(r);
+    (to.path() == proxy::PeerPath::node ? stats.bytes_to_node : stats.bytes_to_fabric) +=
+        to.bytes_sent();
+  }
+  return stats;
 }
 
 namespace {
@@ -57,7 +148,7 @@ int64_t round_up_128(uint64_t bytes) {
 
 int64_t Buffer::nvl_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_bytes, int num_topk,
                                int num_ranks) {
-  require(max_tokens_per_rank >= 0 && hidden_bytes > 0 && num_topk >= 0 && num_ranks >= 1, "buffer",
+  require(max_tokens_per_rank >= 0 && hidden_bytes > 0 && num_topk >= 0 && num_ranks >= 1, kPhase,
           "size hint needs non-negative sizes");
   auto rows = static_cast<uint64_t>(max_tokens_per_rank) * static_cast<uint64_t>(num_ranks);
   return round_up_128(
@@ -66,7 +157,7 @@ int64_t Buffer::nvl_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_bytes
 
 int64_t Buffer::rdma_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_bytes, int num_topk,
                                 int num_ranks, int ranks_per_node) {
-  require(ranks_per_node >= 1, "buffer", "ranks_per_node must be >= 1");
+  require(ranks_per_node >= 1, kPhase, "ranks_per_node must be >= 1");
   int remote = num_ranks - std::min(num_ranks, ranks_per_node);
   if (remote == 0) return 0;
   // Each remote destination gets at most every token, in its own staging block.
@@ -77,24 +168,26 @@ int64_t Buffer::rdma_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_byte
 
 DispatchLayout Buffer::get_dispatch_layout(const TensorRef& topk_idx, int num_experts) {
   impl_->check_usable("get_dispatch_layout");
-  auto shape = impl_->shape_for(num_experts);
+  auto shape = impl_->mode.shape_for(num_experts);
   ep::validate_topk_idx(topk_idx, shape, "get_dispatch_layout");
-  return ep::compute_dispatch_layout(topk_idx, shape, impl_->executor.get());
+  return impl_->backend.layout(topk_idx, shape);
 }
 
 DispatchResult Buffer::dispatch(const DispatchArgs& args) {
-  return impl_->dispatch(args);
+  impl_->check_usable("dispatch");
+  return impl_->mode.dispatch(args);
 }
 
 CombineResult Buffer::combine(const CombineArgs& args) {
-  return impl_->combine(args);
+  impl_->check_usable("combine");
+  return impl_->mode.combine(args);
 }
 
 void Buffer::destroy() {
   if (impl_->destroyed) return;
   impl_->bootstrap.barrier("buffer(destroy)");
   impl_->destroyed = true;
-  impl_->stop_proxy();
+  impl_->session->stop();
 }
 
 }  // namespace proxyep

@@ -24,7 +24,7 @@
 // bad input throws proxyep::Error on the calling rank only and leaves the Buffer usable. (A
 // rank that throws skips the call; its peers then time out naming it, as they would in DeepEP.)
 //
-// Sizing. Rows stream through bounded memory in chunks with credits (integrations/chunk_plan.hpp),
+// Sizing. Rows stream through bounded memory in chunks with credits (normal/chunk_plan.hpp),
 // as through DeepEP's chunked rings, so any number of tokens fits any Buffer in which one row
 // fits a slot: num_nvl_bytes is the receive arena (an equal share per source rank), and
 // num_rdma_bytes stages the chunks sent to other nodes. nvl_bytes_hint / rdma_bytes_hint size a
@@ -152,10 +152,8 @@ class Buffer {
   // it every call throws.
   void destroy();
 
-  // The implementation (integrations/buffer_impl.hpp); named here so its helpers can take it.
-  struct Impl;
-
  private:
+  struct Impl;  // buffer.cpp: the session, the backend and the protocol
   std::unique_ptr<Impl> impl_;
 };
 

@@ -2,8 +2,8 @@
 // invariants, the default tables per rank count and the buffer size hints. The tables are
 // DeepEP's, unchanged, so callers that pass configs tuned for DeepEP keep working: dispatch and
 // combine accept a Config but ProxyEP's CPU backend does not read it; its chunks follow from the
-// Buffer's memory, ep.chunk_bytes and ep.eager_bytes (integrations/chunk_plan.hpp). The hints
-// size a Buffer as DeepEP would (smaller than nvl_bytes_hint's whole calls: calls stream).
+// Buffer's memory, ep.chunk_bytes and ep.eager_bytes (integrations/normal/chunk_plan.hpp). The
+// hints size a Buffer as DeepEP would (smaller than nvl_bytes_hint's whole calls: calls stream).
 #pragma once
 
 #include <cstdint>

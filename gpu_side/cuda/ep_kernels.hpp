@@ -48,7 +48,7 @@ struct DispatchParams {
 };
 cudaError_t launch_dispatch_rows(const DispatchParams& params, cudaStream_t stream);
 
-// One chunk of a Buffer stream (integrations/chunk_plan.hpp): row i of `sink` is token
+// One chunk of a Buffer stream (integrations/normal/chunk_plan.hpp): row i of `sink` is token
 // tokens[i] of the input, for i in [0, rows); the sink is the chunk's slot (laid out as
 // RowAreas of `rows` rows, first_row 0), in a peer's IPC-mapped memory or in mapped staging.
 // Rows are spread over the blocks; all threads of a block cooperate on one row at a time.

@@ -3,18 +3,17 @@
 // separate device allocations (standing in for CUDA-IPC-mapped peer buffers), and
 //   - get_dispatch_layout: the kernel's counts and is_token_in_rank equal compute_dispatch_layout;
 //   - dispatch rows: every destination's arena (every byte, padding and untouched filler
-//     included) equals the one the CPU twin's write_row fills;
+//     included) equals the one the CPU twin (dispatch_row on host lanes) fills;
 //   - dispatch chunks: every chunk slot of every Buffer stream, likewise;
 //   - combine: the kernel's combined rows and weights equal combine_tokens' on the host.
 // Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
 #include "common/error.hpp"
 #include "gpu_side/cuda/ep_kernels.hpp"
-#include "gpu_side/ep/host_executor.hpp"
+#include "gpu_side/ep/host_reduce.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/numeric.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 #include "gpu_side/ep/workload.hpp"
-#include "integrations/buffer_rows.hpp"
 
 #include "tests/gpu/device_check.hpp"
 
@@ -199,28 +198,44 @@ RowFormat format_of(const Case& c) {
 // A source rank's rows as the CPU twin reads them (host) and as a kernel reads them (the same
 // arrays copied to the device).
 struct SourceRows {
-  RowSource host;
+  RowInput host;
   DeviceMemory x, scales, topk_idx, weights;
   RowInput device;
 
   SourceRows(const Case& c, const Source& src, const RowFormat& f)
-      : host{c.fp8 ? src.inputs.x_fp8 : src.inputs.x,
-             c.fp8 ? src.scales_ref : TensorRef{},
-             c.topk_in_rows ? src.inputs.topk_idx.ref() : TensorRef{},
-             f.weights > 0 ? src.inputs.topk_weights.ref() : TensorRef{},
-             f,
-             c.shape},
-        x(host.x.data, (c.fp8 ? src.inputs.x_fp8 : src.inputs.x).bytes()),
+      : host(host_input(c, src, f)),
+        x(host.x, (c.fp8 ? src.inputs.x_fp8 : src.inputs.x).bytes()),
         scales(c.fp8 ? src.scales.raw() : nullptr, c.fp8 ? src.scales.bytes() : 0),
         topk_idx(src.inputs.topk_idx.raw(), src.inputs.topk_idx.bytes()),
         weights(src.inputs.topk_weights.raw(), src.inputs.topk_weights.bytes()),
-        device(row_input(host)) {
+        device(host) {
     device.x = x.as<std::byte>();
     device.scales = c.fp8 ? scales.as<uint32_t>() : nullptr;
     device.topk_idx = c.topk_in_rows ? topk_idx.as<int64_t>() : nullptr;
     device.topk_weights = f.weights > 0 ? weights.as<float>() : nullptr;
   }
+
+  // The source's tensors as the raw pointers the shared rule reads.
+  static RowInput host_input(const Case& c, const Source& src, const RowFormat& f) {
+    RowInput in;
+    in.x = (c.fp8 ? src.inputs.x_fp8 : src.inputs.x).raw();
+    if (c.fp8) {
+      in.scales = src.scales_ref.as<uint32_t>();
+      in.scale_row_stride = src.scales_ref.row_stride;
+      in.scale_col_stride = src.scales_ref.col_stride;
+    }
+    in.topk_idx = c.topk_in_rows ? src.inputs.topk_idx.data<int64_t>() : nullptr;
+    in.topk_weights = f.weights > 0 ? src.inputs.topk_weights.data<float>() : nullptr;
+    in.format = f;
+    in.shape = c.shape;
+    return in;
+  }
 };
+
+// The CPU twin of one row.
+void write_row(const RowInput& in, const RowSink& sink, int64_t row, int64_t t) {
+  dispatch_row(in, sink, row, t, HostLanes{});
+}
 
 bool check_dispatch(const Case& c, const std::vector<Source>& sources) {
   const int R = c.shape.num_ranks;
@@ -334,7 +349,7 @@ std::vector<uint16_t> random_bf16(size_t count, std::mt19937_64& gen) {
   return out;
 }
 
-bool check_combine(const Case& c, const std::vector<Source>& sources, HostExecutor& executor) {
+bool check_combine(const Case& c, const std::vector<Source>& sources) {
   const int R = c.shape.num_ranks;
   const int topk = c.weights ? c.topk : 0;
   std::mt19937_64 gen(0x5eed + static_cast<uint64_t>(R));
@@ -376,7 +391,7 @@ bool check_combine(const Case& c, const std::vector<Source>& sources, HostExecut
     in.num_ranks = R;
     in.hidden = c.hidden;
     in.topk = topk;
-    combine_tokens(executor, in, n);  // the CPU twin
+    reduce_tokens_host(in, 0, n);  // the CPU twin
 
     DeviceMemory drows(row_x.data(), row_x.size() * 2), dw(row_w.data(), row_w.size() * 4);
     std::vector<const uint16_t*> dblock_rows(static_cast<size_t>(R));
@@ -414,7 +429,7 @@ bool check_combine(const Case& c, const std::vector<Source>& sources, HostExecut
   return ok;
 }
 
-bool run_case(const Case& c, HostExecutor& executor) {
+bool run_case(const Case& c) {
   WorkloadOptions options;
   options.shape = c.shape;
   options.tokens_per_rank = c.tokens;
@@ -432,7 +447,7 @@ bool run_case(const Case& c, HostExecutor& executor) {
     ok &= check_layout(c, sources[r].inputs.topk_idx, r);
   ok &= check_dispatch(c, sources);
   ok &= check_dispatch_chunks(c, sources);
-  if (c.topk_in_rows) ok &= check_combine(c, sources, executor);  // combine once per shape
+  if (c.topk_in_rows) ok &= check_combine(c, sources);  // combine once per shape
   std::printf("%s %s\n", ok ? "ok  " : "FAIL", c.name.c_str());
   return ok;
 }
@@ -519,10 +534,9 @@ int main() {
   if (!proxyep::testing::cuda_device_present()) return proxyep::testing::kSkipExitCode;
   try {
     check(cudaSetDevice(0), "cudaSetDevice");
-    HostExecutor executor(2);
     bool ok = true;
     for (const Case& c : cases())
-      ok &= run_case(c, executor);
+      ok &= run_case(c);
     std::printf("%s\n", ok ? "PASS" : "FAIL");
     return ok ? 0 : 1;
   } catch (const Error& e) {

@@ -1,11 +1,13 @@
 // Chunk stream arithmetic: every rank must derive the same slots and chunk counts.
-#include "integrations/chunk_plan.hpp"
+#include "integrations/normal/chunk_plan.hpp"
 
 #include "common/error.hpp"
+#include "proxy/arena_layout.hpp"
 
 #include <doctest/doctest.h>
 
 using namespace proxyep;
+using namespace proxyep::integrations::normal;
 
 namespace {
 
@@ -16,6 +18,16 @@ ep::RowFormat bf16_row(uint32_t hidden, uint32_t topk) {
   f.weights = topk;
   f.src_index = 1;
   return f;
+}
+
+proxy::ArenaLayout layout(int rank, int ranks, int per_node, uint64_t data, uint64_t staging) {
+  return proxy::ArenaLayout(rank, {.ranks = ranks,
+                                   .ranks_per_node = per_node,
+                                   .record_bytes = 256,
+                                   .eager_bytes = 0,
+                                   .data_bytes = data,
+                                   .staging_bytes = staging,
+                                   .chunk_bytes = 1 << 20});
 }
 
 }  // namespace
@@ -33,15 +45,15 @@ TEST_CASE("rows_per_slot is the largest count whose layout fits the slot") {
 }
 
 TEST_CASE("one node: a pair that fits its share moves as one chunk, a larger one in halves") {
-  auto g = StreamGeometry::make(0, 4, 4, 3 * (uint64_t{1} << 20), 0, 1 << 20);
-  CHECK(g.source_area == uint64_t{1} << 20);
-  CHECK(g.remote_slot == 0);
+  auto l = layout(0, 4, 4, 3 * (uint64_t{1} << 20), 0);
+  const proxy::SlotGeometry g = l.node_slots();
+  CHECK(g.whole_bytes == uint64_t{1} << 20);
   auto f = bf16_row(2048, 4);
-  auto whole = plan_node_stream(100, f, g);
+  auto whole = plan_in_slots(100, f, g);
   CHECK(whole.chunks == 1);
   CHECK(whole.window == 1);
   CHECK(whole.rows_in(0) == 100);
-  auto halves = plan_node_stream(1000, f, g);
+  auto halves = plan_in_slots(1000, f, g);
   CHECK(halves.window == 2);
   CHECK(halves.slot_bytes == uint64_t{1} << 19);
   CHECK(halves.rows_per_chunk == rows_per_slot(uint64_t{1} << 19, f));
@@ -50,35 +62,43 @@ TEST_CASE("one node: a pair that fits its share moves as one chunk, a larger one
   for (uint64_t j = 0; j < halves.chunks; ++j)
     rows += halves.rows_in(j);
   CHECK(rows == 1000);
-  CHECK(plan_node_stream(0, f, g).chunks == 0);
+  CHECK(plan_in_slots(0, f, g).chunks == 0);
 }
 
-TEST_CASE("between nodes: one chunk size for all, windows are powers of two") {
-  // 3 ranks, 2 per node: ranks 0 and 1 have one remote peer, rank 2 has two.
-  const uint64_t data = 8 << 20, staging = 3 << 20;
-  auto g0 = StreamGeometry::make(0, 3, 2, data, staging, 1 << 20);
-  auto g2 = StreamGeometry::make(2, 3, 2, data, staging, 1 << 20);
-  CHECK(g0.remote_slot == g2.remote_slot);  // senders and receivers agree
-  CHECK(g0.remote_slot == uint64_t{1} << 20);
-  CHECK(g0.remote_window == g2.remote_window);
-  CHECK(g0.remote_window == 4);  // 4 MiB share / 1 MiB slots
-  CHECK(g0.stage_window == 2);   // 3 MiB for one peer -> 3 slots, rounded down to 2
-  CHECK(g2.stage_window == 1);   // 1.5 MiB per peer -> 1 slot
-  // The smallest staging share bounds the chunk: 1 MiB / 2 peers.
-  auto small = StreamGeometry::make(0, 3, 2, data, 1 << 20, 1 << 20);
-  CHECK(small.remote_slot == uint64_t{1} << 19);
+TEST_CASE("between nodes: chunks of the agreed slot size, never one whole-share chunk") {
+  auto l = layout(0, 3, 2, 8 << 20, 3 << 20);
   auto f = bf16_row(7168, 8);
-  auto plan = plan_remote_stream(500, f, g0);
+  auto plan = plan_in_slots(500, f, l.remote_slots());
   CHECK(plan.rows_per_chunk == 72);
   CHECK(plan.chunks == 7);
+  CHECK(plan.window == 4);
   CHECK(plan.rows_in(6) == 500 - 6 * 72);
+  CHECK(plan_in_slots(1, f, l.remote_slots()).slot_bytes == uint64_t{1} << 20);
+}
+
+TEST_CASE("rows that fit the eager slot travel with the record") {
+  auto l = layout(0, 2, 1, 8 << 20, 8 << 20);
+  auto f = bf16_row(256, 2);
+  const uint64_t eager = 128 << 10;
+  CHECK_FALSE(fits_eager(0, f, eager));  // nothing to send: no eager write either
+  auto small = plan_stream(10, f, l.remote_slots(), eager);
+  CHECK(small.eager);
+  CHECK(small.chunks == 1);
+  CHECK(small.slot_bytes == eager);
+  auto large = plan_stream(1000, f, l.remote_slots(), eager);
+  CHECK_FALSE(large.eager);
+  CHECK(large.chunks >= 1);
+  CHECK_FALSE(plan_stream(10, f, l.remote_slots(), 0).eager);  // ep.eager_bytes = 0: never
 }
 
 TEST_CASE("a row that fits no slot is reported before anything is sent") {
-  auto g = StreamGeometry::make(0, 2, 1, 64 << 10, 64 << 10, 1 << 20);
+  auto l = layout(0, 2, 1, 64 << 10, 64 << 10);
   std::string why;
-  CHECK(fits_one_row(bf16_row(2048, 8), g, true, &why));
-  CHECK_FALSE(fits_one_row(bf16_row(16384, 8), g, true, &why));
+  CHECK(fits_one_row(bf16_row(2048, 8), l.node_slots(), &why));
+  CHECK(fits_one_row(bf16_row(2048, 8), l.remote_slots(), &why));
+  // 32 KiB rows: they fit a 64 KiB chunk between nodes, not half of a node peer's share.
+  CHECK(fits_one_row(bf16_row(16384, 8), l.remote_slots(), &why));
+  CHECK_FALSE(fits_one_row(bf16_row(16384, 8), l.node_slots(), &why));
   CHECK(why.find("does not fit") != std::string::npos);
-  CHECK_THROWS_AS(StreamGeometry::make(0, 2, 1, 64 << 10, 0, 1 << 20), Error);
+  CHECK_FALSE(fits_one_row(bf16_row(65536, 8), l.remote_slots(), &why));
 }

@@ -1,0 +1,113 @@
+// The host backend (host_backend.hpp).
+#include "integrations/backend/host_backend.hpp"
+
+#include "common/params.hpp"
+#include "gpu_side/ep/host_reduce.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace proxyep::integrations {
+
+namespace {
+
+// `source` as the raw pointers the shared rule reads.
+ep::RowInput row_input(const RowSource& source) {
+  ep::RowInput in;
+  in.x = static_cast<const std::byte*>(source.x.data);
+  if (source.x_scales.defined()) {
+    in.scales = source.x_scales.as<uint32_t>();
+    in.scale_row_stride = source.x_scales.row_stride;
+    in.scale_col_stride = source.x_scales.col_stride;
+  }
+  in.topk_idx = source.topk_idx.defined() ? source.topk_idx.as<int64_t>() : nullptr;
+  in.topk_weights = source.topk_weights.defined() ? source.topk_weights.as<float>() : nullptr;
+  in.format = source.format;
+  in.shape = source.shape;
+  return in;
+}
+
+}  // namespace
+
+int HostBackend::default_threads(int ranks_per_node) {
+  int64_t configured = params::ep_host_threads.get();
+  if (configured > 0) return static_cast<int>(std::min<int64_t>(configured, 64));
+  long cores = ::sysconf(_SC_NPROCESSORS_ONLN);
+  int share = static_cast<int>(std::max<long>(1, cores / std::max(1, ranks_per_node)));
+  return std::min(share, 8);
+}
+
+template <typename Body>
+void HostBackend::for_each_token_block(int64_t tokens, Body&& body) {
+  if (tokens <= 0) return;
+  // A few blocks per thread balance uneven rows without paying much per block.
+  const int64_t blocks = std::min<int64_t>(tokens, int64_t{4} * executor_.threads());
+  const int64_t per_block = (tokens + blocks - 1) / blocks;
+  executor_.run(blocks, [&](int64_t b) {
+    int64_t begin = b * per_block;
+    int64_t end = std::min(tokens, begin + per_block);
+    if (begin < end) body(begin, end);
+  });
+}
+
+ep::Tensor HostBackend::allocate(ep::DType dtype, int64_t rows, int64_t cols) {
+  return ep::Tensor::empty(dtype, rows, cols);
+}
+
+ep::Tensor HostBackend::allocate(ep::DType dtype, int64_t rows) {
+  return ep::Tensor::empty(dtype, rows);
+}
+
+ep::DispatchLayout HostBackend::layout(const ep::TensorRef& topk_idx, const ep::EpShape& shape) {
+  return ep::compute_dispatch_layout(topk_idx, shape, &executor_);
+}
+
+void HostBackend::pack_rows(const RowSource& source, const ep::RowSink& sink,
+                            std::span<const int32_t> tokens) {
+  const ep::RowInput in = row_input(source);
+  for_each_token_block(static_cast<int64_t>(tokens.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i)
+      ep::dispatch_row(in, sink, i, tokens[static_cast<size_t>(i)], ep::HostLanes{});
+  });
+}
+
+void HostBackend::place_routed_rows(const RowSource& source, const ep::RowSink& sink,
+                                    const TokenRoutes& routes) {
+  const ep::RowInput in = row_input(source);
+  const int R = routes.ranks, d = sink.rank;
+  for_each_token_block(routes.tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      if (routes.in_rank[t * R + d])
+        ep::dispatch_row(in, sink, routes.send_head[t * R + d], t, ep::HostLanes{});
+  });
+}
+
+void HostBackend::copy_rows(std::byte* to, const std::byte* from, int64_t rows,
+                            uint64_t row_bytes) {
+  if (rows <= 0) return;
+  // Blocks of at least 256 KiB: copies smaller than that are not worth a hand-off.
+  const uint64_t bytes = static_cast<uint64_t>(rows) * row_bytes;
+  const int64_t blocks =
+      std::clamp<int64_t>(static_cast<int64_t>(bytes >> 18), 1, int64_t{2} * executor_.threads());
+  const int64_t per_block = (rows + blocks - 1) / blocks;
+  executor_.run(blocks, [&](int64_t b) {
+    int64_t begin = b * per_block, end = std::min(rows, begin + per_block);
+    if (begin < end)
+      std::memcpy(to + begin * row_bytes, from + begin * row_bytes,
+                  static_cast<size_t>(end - begin) * row_bytes);
+  });
+}
+
+void HostBackend::fill(std::byte* to, uint8_t value, uint64_t bytes) {
+  std::memset(to, value, static_cast<size_t>(bytes));
+}
+
+void HostBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
+  // Tokens are independent, so the split into blocks does not change a bit.
+  for_each_token_block(
+      num_tokens, [&](int64_t begin, int64_t end) { ep::reduce_tokens_host(input, begin, end); });
+}
+
+}  // namespace proxyep::integrations

@@ -1,0 +1,39 @@
+// HostBackend: the RowBackend for CPU tensors. The per-row rules run as the kernels' CPU twins
+// on a small pool (gpu_side/ep/host_executor.hpp) in token blocks; combine's reduce is the
+// vectorised host form of combine_token (gpu_side/ep/host_reduce.hpp), bit-identical to it.
+#pragma once
+
+#include "gpu_side/ep/host_executor.hpp"
+#include "integrations/backend/row_backend.hpp"
+
+namespace proxyep::integrations {
+
+class HostBackend final : public RowBackend {
+ public:
+  // `threads` >= 1 counts the calling thread.
+  explicit HostBackend(int threads) : executor_(threads) {}
+  // ep.host_threads, or the cores of this node shared by its ranks (at most 8).
+  static int default_threads(int ranks_per_node);
+
+  int threads() const { return executor_.threads(); }
+
+  ep::Tensor allocate(ep::DType dtype, int64_t rows, int64_t cols) override;
+  ep::Tensor allocate(ep::DType dtype, int64_t rows) override;
+  ep::DispatchLayout layout(const ep::TensorRef& topk_idx, const ep::EpShape& shape) override;
+  void pack_rows(const RowSource& source, const ep::RowSink& sink,
+                 std::span<const int32_t> tokens) override;
+  void place_routed_rows(const RowSource& source, const ep::RowSink& sink,
+                         const TokenRoutes& routes) override;
+  void copy_rows(std::byte* to, const std::byte* from, int64_t rows, uint64_t row_bytes) override;
+  void fill(std::byte* to, uint8_t value, uint64_t bytes) override;
+  void reduce(const ep::CombineInput& input, int64_t num_tokens) override;
+
+ private:
+  // body(begin, end) over token ranges covering [0, tokens), on the executor.
+  template <typename Body>
+  void for_each_token_block(int64_t tokens, Body&& body);
+
+  ep::HostExecutor executor_;
+};
+
+}  // namespace proxyep::integrations

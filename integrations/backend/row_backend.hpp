@@ -1,0 +1,62 @@
+// RowBackend: the per-row work of a Buffer's calls, apart from moving bytes between ranks. The
+// protocols (integrations/normal) decide which rows go where and when; a backend packs them
+// into slots, copies them out, reduces them and allocates the outputs, on the processor that
+// holds the tensors:
+//   HostBackend   CPU tensors: the CPU twins of the kernels on the host executor (host_backend.hpp)
+//   (CUDA)        device tensors: the kernels of gpu_side/cuda (its own issue; it plugs in here)
+// Every backend runs the same per-row rules (gpu_side/ep/row_rules.hpp), so results are
+// bit-identical whichever runs them.
+#pragma once
+
+#include "gpu_side/ep/ep_shape.hpp"
+#include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/row_format.hpp"
+#include "gpu_side/ep/row_rules.hpp"
+#include "gpu_side/ep/tensor.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+namespace proxyep::integrations {
+
+// The sender's rows, as the call passed them.
+struct RowSource {
+  ep::TensorRef x, x_scales, topk_idx, topk_weights;
+  ep::RowFormat format;
+  ep::EpShape shape;
+};
+
+// Where each of a rank's tokens goes: is_token_in_rank and its positions (send_head).
+struct TokenRoutes {
+  const bool* in_rank = nullptr;       // [tokens, ranks]
+  const int32_t* send_head = nullptr;  // [tokens, ranks]: position among the rows to that rank
+  int ranks = 0;
+  int64_t tokens = 0;
+};
+
+class RowBackend {
+ public:
+  virtual ~RowBackend() = default;
+
+  virtual ep::Tensor allocate(ep::DType dtype, int64_t rows, int64_t cols) = 0;
+  virtual ep::Tensor allocate(ep::DType dtype, int64_t rows) = 0;
+  // get_dispatch_layout of `topk_idx` (already validated).
+  virtual ep::DispatchLayout layout(const ep::TensorRef& topk_idx, const ep::EpShape& shape) = 0;
+
+  // Dispatch: token tokens[i] of `source` becomes row sink.first_row + i of `sink`.
+  virtual void pack_rows(const RowSource& source, const ep::RowSink& sink,
+                         std::span<const int32_t> tokens) = 0;
+  // Dispatch: every token routed to sink.rank becomes row sink.first_row + its send_head there.
+  virtual void place_routed_rows(const RowSource& source, const ep::RowSink& sink,
+                                 const TokenRoutes& routes) = 0;
+  // `rows` rows of `row_bytes` from `from` to `to`.
+  virtual void copy_rows(std::byte* to, const std::byte* from, int64_t rows,
+                         uint64_t row_bytes) = 0;
+  // `bytes` bytes at `to` set to `value`.
+  virtual void fill(std::byte* to, uint8_t value, uint64_t bytes) = 0;
+  // Combine: what ep::combine_token gives for tokens [0, num_tokens).
+  virtual void reduce(const ep::CombineInput& input, int64_t num_tokens) = 0;
+};
+
+}  // namespace proxyep::integrations

@@ -1,0 +1,127 @@
+// NormalMode::combine: check, return every received row to its source, agree, stream, reduce
+// each token over the ranks that received it (float32, ascending rank order, then the biases:
+// the order gpu_side/ep/reference.hpp defines), quiet.
+#include "common/error.hpp"
+#include "integrations/normal/combine_rows.hpp"
+#include "integrations/normal/normal_mode.hpp"
+#include "integrations/normal/notify.hpp"
+#include "integrations/normal/row_counts.hpp"
+#include "integrations/normal/streams.hpp"
+
+namespace proxyep::integrations::normal {
+
+namespace {
+
+constexpr const char* kPhase = "combine";
+
+struct CheckedCombine {
+  int64_t hidden = 0;
+  int topk = 0;  // 0: no weights travel
+  ep::RowFormat format;
+};
+
+// All on the calling rank, before anything is sent.
+CheckedCombine check_combine_args(const CombineArgs& a, uint64_t buffer_id) {
+  require(a.handle != nullptr, kPhase, "combine needs the handle of a dispatch");
+  const DispatchHandle& h = *a.handle;
+  require(h.buffer_id == buffer_id, kPhase, "the handle was made by another Buffer");
+  const int64_t num_recv = h.num_recv_tokens;
+  ep::require_dtype(a.x, DType::bf16, kPhase, "x");
+  ep::require_host(a.x, kPhase, "x");
+  require(a.x.dims == 2 && a.x.rows >= num_recv, kPhase,
+          "x must be [num_recv_tokens = {}, hidden] (one row per received token); got {}", num_recv,
+          a.x);
+  ep::require_contiguous(a.x, kPhase, "x");
+  CheckedCombine c;
+  c.hidden = a.x.cols;
+  require(c.hidden > 0 && (c.hidden * 2) % ep::kRowUnitBytes == 0, kPhase,
+          "hidden * 2 bytes must be a positive multiple of {}; x is {}", ep::kRowUnitBytes, a.x);
+  if (a.topk_weights.defined()) {
+    ep::require_dtype(a.topk_weights, DType::f32, kPhase, "topk_weights");
+    ep::require_contiguous(a.topk_weights, kPhase, "topk_weights");
+    require(a.topk_weights.dims == 2 && a.topk_weights.rows == a.x.rows, kPhase,
+            "topk_weights must be [{}, num_topk]; got {}", a.x.rows, a.topk_weights);
+    c.topk = static_cast<int>(a.topk_weights.cols);
+  }
+  const TensorRef* biases[] = {&a.bias0, &a.bias1};
+  for (int b = 0; b < 2; ++b) {
+    if (!biases[b]->defined()) continue;
+    const char* name = b == 0 ? "bias[0]" : "bias[1]";
+    ep::require_dtype(*biases[b], DType::bf16, kPhase, name);
+    ep::require_shape(*biases[b], h.num_tokens, c.hidden, kPhase, name);
+    ep::require_contiguous(*biases[b], kPhase, name);
+  }
+  c.format.hidden_bytes = static_cast<uint32_t>(c.hidden * 2);
+  c.format.weights = static_cast<uint32_t>(c.topk);
+  return c;
+}
+
+// Every rank sees every record: a disagreement fails every rank with the same message.
+void agree_combine(uint64_t call, int me, const std::vector<NotifyRecord>& records,
+                   const RowCounts& dispatched) {
+  const RecordHeader& mine = records[me].header;
+  for (int s = 0; s < static_cast<int>(records.size()); ++s) {
+    const RecordHeader& theirs = records[s].header;
+    require(theirs.kind == mine.kind && theirs.format == mine.format, kPhase,
+            "call {}: rank {} called {} with (hidden bytes {}, weights {}), rank {} combine with "
+            "({}, {}): every rank must pass the same kind of input",
+            call, s, call_name(theirs.kind), theirs.format.hidden_bytes, theirs.format.weights, me,
+            mine.format.hidden_bytes, mine.format.weights);
+    for (int d = 0; d < static_cast<int>(records.size()); ++d)
+      require(records[s].rows_to[d] == dispatched.at(d, s), kPhase,
+              "call {}: rank {} returns {} rows to rank {} but this rank's handle says {}: the "
+              "ranks passed handles of different dispatches",
+              call, s, records[s].rows_to[d], d, dispatched.at(d, s));
+  }
+}
+
+}  // namespace
+
+CombineResult NormalMode::combine(const CombineArgs& a) {
+  calls_.check_usable(kPhase);
+  const CheckedCombine in = check_combine_args(a, buffer_id_);
+  const DispatchHandle& h = *a.handle;
+  const int me = session_.rank();
+  require_row_fits(session_, in.format, kPhase);
+  // What the handle's dispatch moved: now every row goes back, d -> s for each s -> d.
+  const RowCounts dispatched = RowCounts::from_handle(h);
+  const float* weights = in.topk > 0 ? a.topk_weights.as<float>() : nullptr;
+  CombineStreams streams(backend_, in.format, dispatched, static_cast<const std::byte*>(a.x.data),
+                         weights, in.topk, me);
+  const std::vector<int64_t> rows_to = dispatched.received_from_each(me);
+  plan_outgoing(session_, streams, rows_to);
+  plan_incoming(session_, streams, dispatched.sent_by(me));
+
+  const uint64_t call = calls_.begin();
+  // Before the records, which publish them.
+  calls_.step([&] { send_eager(session_, call, streams, stats_, kPhase); });
+  RecordHeader header;
+  header.kind = CallKind::combine;
+  header.num_tokens = static_cast<uint32_t>(h.num_tokens);
+  header.format = in.format;
+  const auto records = calls_.step(
+      [&] { return exchange_records(session_, call, encoder_, header, rows_to, {}, kPhase); });
+  agree_combine(call, me, records, dispatched);
+  calls_.step([&] { run_streams(session_, call, streams, stats_, kPhase); });
+
+  CombineResult out;
+  out.combined_x = backend_.allocate(DType::bf16, h.num_tokens, in.hidden);
+  if (in.topk > 0) out.combined_topk_weights = backend_.allocate(DType::f32, h.num_tokens, in.topk);
+  backend_.reduce(
+      ep::CombineInput{
+          .block_rows = streams.block_rows().data(),
+          .block_weights = in.topk > 0 ? streams.block_weights().data() : nullptr,
+          .send_head = h.send_head.data<int32_t>(),
+          .bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
+          .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
+          .out = out.combined_x.data<uint16_t>(),
+          .out_weights = in.topk > 0 ? out.combined_topk_weights.data<float>() : nullptr,
+          .num_ranks = session_.ranks(),
+          .hidden = in.hidden,
+          .topk = in.topk},
+      h.num_tokens);
+  calls_.step([&] { session_.quiet(kPhase); });
+  return out;
+}
+
+}  // namespace proxyep::integrations::normal

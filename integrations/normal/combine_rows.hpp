@@ -1,0 +1,41 @@
+// The rows of a combine: every rank returns each row it received to the row's source, in
+// receive order (the rows from one source are contiguous there); the source keeps, for each
+// rank, where that rank's rows for its tokens are: in place in the slot when they came as one
+// chunk (the slot stays untouched until this rank's next call), else gathered here.
+#pragma once
+
+#include "integrations/backend/row_backend.hpp"
+#include "integrations/normal/row_counts.hpp"
+#include "integrations/normal/streams.hpp"
+
+#include <vector>
+
+namespace proxyep::integrations::normal {
+
+class CombineStreams final : public RowStreams {
+ public:
+  // `x` [num_recv, hidden] and `weights` (f32 [num_recv, topk] or null): the rows to return.
+  CombineStreams(RowBackend& backend, const ep::RowFormat& format, const RowCounts& counts,
+                 const std::byte* x, const float* weights, int topk, int me);
+
+  void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
+  void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
+            const std::byte* slot) override;
+
+  // Each rank's block of rows for this rank's tokens (this rank's own: in x), for the reduce.
+  const std::vector<const uint16_t*>& block_rows() const { return block_rows_; }
+  const std::vector<const float*>& block_weights() const { return block_weights_; }
+
+ private:
+  RowBackend& backend_;
+  const RowCounts& counts_;
+  const std::byte* x_;
+  const float* weights_;
+  int topk_, me_;
+  uint64_t row_bytes_;
+  std::vector<const uint16_t*> block_rows_;
+  std::vector<const float*> block_weights_;
+  std::vector<ep::Tensor> gathered_x_, gathered_weights_;  // by rank, when it sent several chunks
+};
+
+}  // namespace proxyep::integrations::normal

@@ -1,0 +1,169 @@
+// NormalMode::dispatch: check, route, notify, agree, stream the rows into the outputs, finish
+// the handle (the steps in normal_mode.hpp).
+#include "common/error.hpp"
+#include "integrations/normal/dispatch_args.hpp"
+#include "integrations/normal/dispatch_rows.hpp"
+#include "integrations/normal/normal_mode.hpp"
+#include "integrations/normal/notify.hpp"
+#include "integrations/normal/row_counts.hpp"
+#include "integrations/normal/streams.hpp"
+
+namespace proxyep::integrations::normal {
+
+namespace {
+
+constexpr const char* kPhase = "dispatch";
+
+}  // namespace
+
+NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, uint64_t buffer_id)
+    : session_(session), backend_(backend), buffer_id_(buffer_id), calls_(session) {}
+
+DispatchResult NormalMode::dispatch(const DispatchArgs& a) {
+  calls_.check_usable(kPhase);
+  const int R = session_.ranks(), me = session_.rank();
+  const DispatchInput in = check_dispatch_args(a, R, session_.ranks_per_node(), buffer_id_);
+  // Rows stream through the slots in chunks: any number of tokens fits if one row fits a slot.
+  require_row_fits(session_, in.format, kPhase);
+  TokenRouting routing = in.cached ? TokenRouting::cached(*a.handle, me)
+                                   : TokenRouting::fresh(a.is_token_in_rank, R, me);
+  DispatchStreams streams(backend_, in, a, routing, shape_for(in.num_experts), me);
+  plan_outgoing(session_, streams, routing.rows_to);
+
+  const uint64_t call = calls_.begin();
+  // Before the records, which publish them.
+  calls_.step([&] { send_eager(session_, call, streams, stats_, kPhase); });
+  const auto records = calls_.step([&] { return notify_dispatch(call, in, a, routing); });
+  const RowCounts counts = RowCounts::from_records(records);
+  agree_dispatch(call, in, a, records, counts);
+  const int64_t num_recv = counts.received_by(me);
+
+  // The outputs exist before the rows move: this rank's rows to itself go straight into them
+  // (for 2 ranks that is half the traffic, one copy instead of two).
+  DispatchResult out = allocate_outputs(in, a, num_recv);
+  std::vector<int64_t> first_row(static_cast<size_t>(R));
+  for (int s = 0; s < R; ++s)
+    first_row[s] = counts.first_from(s, me);
+  streams.receive_into(out, std::move(first_row));
+  plan_incoming(session_, streams, counts.received_from_each(me));
+  calls_.step([&] { run_streams(session_, call, streams, stats_, kPhase); });
+
+  clear_padding(out, in, num_recv);
+  finish_handle(out, in, a, routing, counts, records);
+  calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call
+  return out;
+}
+
+std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const DispatchInput& in,
+                                                      const DispatchArgs& a,
+                                                      const TokenRouting& routing) {
+  RecordHeader header;
+  header.kind = in.cached ? CallKind::cached_dispatch : CallKind::dispatch;
+  header.num_tokens = static_cast<uint32_t>(in.tokens);
+  header.format = in.format;
+  header.num_experts = static_cast<uint32_t>(in.num_experts);
+  header.expert_alignment = static_cast<uint32_t>(a.expert_alignment);
+  header.num_worst_tokens = static_cast<uint32_t>(a.num_worst_tokens);
+  const int local_experts = in.num_experts / session_.ranks();
+  const auto* per_expert = in.cached ? nullptr : a.num_tokens_per_expert.as<int32_t>();
+  return exchange_records(
+      session_, call, encoder_, header, routing.rows_to,
+      [&](int d) {
+        return in.cached ? std::span<const int32_t>{}
+                         : std::span<const int32_t>(per_expert + d * local_experts,
+                                                    static_cast<size_t>(local_experts));
+      },
+      kPhase);
+}
+
+// Every rank sees every record, so a disagreement fails every rank with the same message (and
+// the ranks stay in step: nothing streamed yet).
+void NormalMode::agree_dispatch(uint64_t call, const DispatchInput& in, const DispatchArgs& a,
+                                const std::vector<NotifyRecord>& records,
+                                const RowCounts& counts) const {
+  const int R = session_.ranks(), me = session_.rank();
+  const RecordHeader& mine = records[me].header;
+  for (int s = 0; s < R; ++s) {
+    const RecordHeader& h = records[s].header;
+    require(h.kind == mine.kind && h.format == mine.format && h.num_experts == mine.num_experts,
+            kPhase,
+            "call {}: rank {} called {} with row format (hidden bytes {}, scales {}, topk {}, "
+            "weights {}) and {} experts, rank {} {} with ({}, {}, {}, {}) and {}: every rank "
+            "must pass the same kind of input",
+            call, s, call_name(h.kind), h.format.hidden_bytes, h.format.scale_cols, h.format.topk,
+            h.format.weights, h.num_experts, me, call_name(mine.kind), mine.format.hidden_bytes,
+            mine.format.scale_cols, mine.format.topk, mine.format.weights, mine.num_experts);
+    const size_t experts = in.cached ? 0 : static_cast<size_t>(in.num_experts / R);
+    require(records[s].experts.size() == experts, kPhase,
+            "call {}: rank {} announced {} expert counts to this rank, expected {}", call, s,
+            records[s].experts.size(), experts);
+  }
+  if (in.cached) {
+    const RowCounts handle = RowCounts::from_handle(*a.handle);
+    for (int s = 0; s < R; ++s)
+      for (int d = 0; d < R; ++d)
+        require(counts.at(s, d) == handle.at(s, d), kPhase,
+                "call {}: rank {} sends {} rows to rank {} but this rank's handle says {}: the "
+                "ranks passed handles of different dispatches",
+                call, s, counts.at(s, d), d, handle.at(s, d));
+  }
+  for (int d = 0; d < R; ++d) {
+    const uint32_t worst = records[d].header.num_worst_tokens;
+    require(worst == 0 || counts.received_by(d) <= worst, kPhase,
+            "call {}: rank {} receives {} tokens, more than its num_worst_tokens {}", call, d,
+            counts.received_by(d), worst);
+  }
+}
+
+DispatchResult NormalMode::allocate_outputs(const DispatchInput& in, const DispatchArgs& a,
+                                            int64_t num_recv) {
+  DispatchResult out;
+  const int64_t rows = a.num_worst_tokens > 0 ? a.num_worst_tokens : num_recv;
+  out.recv_x = backend_.allocate(a.x.dtype, rows, in.hidden);
+  if (in.fp8) out.recv_x_scales = backend_.allocate(a.x_scales.dtype, rows, in.format.scale_cols);
+  if (in.topk > 0) out.recv_topk_idx = backend_.allocate(DType::i64, rows, in.topk);
+  if (in.weights) out.recv_topk_weights = backend_.allocate(DType::f32, rows, in.topk);
+  if (!in.cached) out.handle.recv_src_idx = backend_.allocate(DType::i32, num_recv);
+  return out;
+}
+
+// The num_worst_tokens padding: zero rows, -1 selections.
+void NormalMode::clear_padding(DispatchResult& out, const DispatchInput& in, int64_t num_recv) {
+  const int64_t rows = out.recv_x.rows();
+  if (rows <= num_recv) return;
+  auto clear = [&](Tensor& t, uint64_t unit, uint8_t byte) {
+    backend_.fill(t.raw() + num_recv * unit, byte, static_cast<uint64_t>(rows - num_recv) * unit);
+  };
+  clear(out.recv_x, in.format.hidden_bytes, 0);
+  if (in.fp8) clear(out.recv_x_scales, 4ull * in.format.scale_cols, 0);
+  if (in.weights) clear(out.recv_topk_weights, 4ull * in.topk, 0);
+  if (in.topk > 0) clear(out.recv_topk_idx, 8ull * in.topk, 0xff);  // int64 -1: every bit set
+}
+
+void NormalMode::finish_handle(DispatchResult& out, const DispatchInput& in, const DispatchArgs& a,
+                               TokenRouting& routing, const RowCounts& counts,
+                               const std::vector<NotifyRecord>& records) const {
+  if (in.cached) {
+    out.handle = *a.handle;
+    return;
+  }
+  const int R = session_.ranks(), me = session_.rank();
+  DispatchHandle& h = out.handle;
+  h.rank_prefix_matrix = counts.prefix_matrix();
+  h.is_token_in_rank = std::move(routing.in_rank);
+  h.send_head = std::move(routing.send_head);
+  h.num_tokens = static_cast<int>(in.tokens);
+  h.num_recv_tokens = static_cast<int>(counts.received_by(me));
+  h.hidden = static_cast<int>(in.hidden);
+  h.buffer_id = buffer_id_;
+  if (a.num_worst_tokens > 0) return;
+  const int local_experts = in.num_experts / R;
+  out.num_recv_tokens_per_expert.assign(static_cast<size_t>(local_experts), 0);
+  for (int s = 0; s < R; ++s)
+    for (int e = 0; e < local_experts; ++e)
+      out.num_recv_tokens_per_expert[e] += records[s].experts[static_cast<size_t>(e)];
+  for (int& n : out.num_recv_tokens_per_expert)
+    n = (n + a.expert_alignment - 1) / a.expert_alignment * a.expert_alignment;
+}
+
+}  // namespace proxyep::integrations::normal

@@ -1,0 +1,28 @@
+// The checks of a dispatch's arguments, all made on the calling rank before anything is sent:
+// a rank whose input is bad throws proxyep::Error("dispatch") naming the argument and leaves the
+// Buffer usable. What the checks establish is summed up in DispatchInput.
+#pragma once
+
+#include "gpu_side/ep/ep_shape.hpp"
+#include "gpu_side/ep/row_format.hpp"
+#include "integrations/buffer.hpp"
+
+#include <cstdint>
+
+namespace proxyep::integrations::normal {
+
+struct DispatchInput {
+  bool fp8 = false;
+  bool cached = false;  // a handle gives the routing
+  int64_t tokens = 0, hidden = 0;
+  int topk = 0;  // 0: no top-k selections travel (cached, or none given)
+  bool weights = false;
+  int num_experts = 0;  // fresh dispatches only
+  ep::RowFormat format;
+};
+
+// `ranks`, `ranks_per_node`: the group's; `buffer_id`: the Buffer whose handles are valid.
+DispatchInput check_dispatch_args(const DispatchArgs& args, int ranks, int ranks_per_node,
+                                  uint64_t buffer_id);
+
+}  // namespace proxyep::integrations::normal

@@ -1,0 +1,109 @@
+// A dispatch's routing and streams (dispatch_rows.hpp).
+#include "integrations/normal/dispatch_rows.hpp"
+
+namespace proxyep::integrations::normal {
+
+TokenRouting TokenRouting::fresh(const ep::TensorRef& is_token_in_rank, int R, int me) {
+  TokenRouting r;
+  r.in_rank = ep::Tensor::copy_of(is_token_in_rank);
+  const int64_t tokens = r.in_rank.rows();
+  r.send_head = ep::Tensor::empty(DType::i32, tokens, R);
+  r.rows_to.assign(static_cast<size_t>(R), 0);
+  const auto* in_rank = r.in_rank.data<bool>();
+  auto* head = r.send_head.data<int32_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int d = 0; d < R; ++d)
+      head[t * R + d] = in_rank[t * R + d] ? static_cast<int32_t>(r.rows_to[d]++) : -1;
+  r.gather_tokens(me);
+  return r;
+}
+
+TokenRouting TokenRouting::cached(const DispatchHandle& handle, int me) {
+  TokenRouting r;
+  r.in_rank = handle.is_token_in_rank;
+  r.send_head = handle.send_head;
+  const auto R = static_cast<int>(r.in_rank.cols());
+  const int64_t tokens = r.in_rank.rows();
+  const auto* in_rank = r.in_rank.data<bool>();
+  r.rows_to.assign(static_cast<size_t>(R), 0);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int d = 0; d < R; ++d)
+      if (in_rank[t * R + d]) ++r.rows_to[d];
+  r.gather_tokens(me);
+  return r;
+}
+
+void TokenRouting::gather_tokens(int me) {
+  const auto R = static_cast<int>(in_rank.cols());
+  const int64_t tokens = in_rank.rows();
+  const auto* marked = in_rank.data<bool>();
+  const auto* head = send_head.data<int32_t>();
+  tokens_to.assign(static_cast<size_t>(R), {});
+  for (int d = 0; d < R; ++d)
+    if (d != me) tokens_to[d].resize(static_cast<size_t>(rows_to[d]));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int d = 0; d < R; ++d)
+      if (d != me && marked[t * R + d])
+        tokens_to[d][static_cast<size_t>(head[t * R + d])] = static_cast<int32_t>(t);
+}
+
+TokenRoutes TokenRouting::routes() const {
+  return {.in_rank = in_rank.data<bool>(),
+          .send_head = send_head.data<int32_t>(),
+          .ranks = static_cast<int>(in_rank.cols()),
+          .tokens = in_rank.rows()};
+}
+
+DispatchStreams::DispatchStreams(RowBackend& backend, const DispatchInput& input,
+                                 const DispatchArgs& args, const TokenRouting& routing,
+                                 const ep::EpShape& shape, int me)
+    : RowStreams(input.format, shape.num_ranks),
+      backend_(backend),
+      input_(input),
+      routing_(routing),
+      source_{.x = args.x,
+              .x_scales = args.x_scales,
+              .topk_idx = input.cached ? TensorRef{} : args.topk_idx,
+              .topk_weights = input.cached ? TensorRef{} : args.topk_weights,
+              .format = input.format,
+              .shape = shape},
+      me_(me) {}
+
+void DispatchStreams::receive_into(DispatchResult& out, std::vector<int64_t> first_row) {
+  out_ = &out;
+  first_row_ = std::move(first_row);
+}
+
+void DispatchStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot) {
+  const auto sink = ep::RowSink::at(slot, ep::RowAreas::of(rows, format), 0, d);
+  backend_.pack_rows(source_, sink,
+                     std::span<const int32_t>(routing_.tokens_to[d]).subspan(first, rows));
+}
+
+void DispatchStreams::take(int s, uint64_t, uint64_t first, uint64_t rows, const std::byte* slot) {
+  const auto areas = ep::RowAreas::of(rows, format);
+  const auto n = static_cast<int64_t>(rows);
+  const int64_t at = first_row_[s] + static_cast<int64_t>(first);
+  auto copy = [&](Tensor& to, uint64_t area, uint64_t unit) {
+    backend_.copy_rows(to.raw() + at * unit, slot + area, n, unit);
+  };
+  copy(out_->recv_x, areas.x, format.hidden_bytes);
+  if (input_.fp8) copy(out_->recv_x_scales, areas.scales, 4ull * format.scale_cols);
+  if (input_.topk > 0) copy(out_->recv_topk_idx, areas.topk_idx, 8ull * input_.topk);
+  if (input_.weights) copy(out_->recv_topk_weights, areas.weights, 4ull * input_.topk);
+  if (!input_.cached) copy(out_->handle.recv_src_idx, areas.src_index, 4);
+}
+
+void DispatchStreams::local() {
+  ep::RowSink self;
+  self.x = out_->recv_x.raw();
+  self.scales = input_.fp8 ? out_->recv_x_scales.data<uint32_t>() : nullptr;
+  self.topk_idx = input_.topk > 0 ? out_->recv_topk_idx.data<int64_t>() : nullptr;
+  self.weights = input_.weights ? out_->recv_topk_weights.data<float>() : nullptr;
+  self.src_index = input_.cached ? nullptr : out_->handle.recv_src_idx.data<int32_t>();
+  self.first_row = first_row_[me_];
+  self.rank = me_;
+  backend_.place_routed_rows(source_, self, routing_.routes());
+}
+
+}  // namespace proxyep::integrations::normal

@@ -1,0 +1,58 @@
+// The rows of a dispatch: where each of this rank's tokens goes (TokenRouting), and the streams
+// that carry them (DispatchStreams: which tokens fill a chunk for a destination, and where the
+// rows of an arriving chunk go in the outputs).
+#pragma once
+
+#include "integrations/backend/row_backend.hpp"
+#include "integrations/buffer.hpp"
+#include "integrations/normal/dispatch_args.hpp"
+#include "integrations/normal/streams.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace proxyep::integrations::normal {
+
+struct TokenRouting {
+  ep::Tensor in_rank;    // bool [N, R] (the handle keeps it)
+  ep::Tensor send_head;  // i32 [N, R]: the token's position among the rows to each rank, or -1
+  std::vector<int64_t> rows_to;                 // [R]
+  std::vector<std::vector<int32_t>> tokens_to;  // by destination (not this rank): in row order
+
+  // From the layout's is_token_in_rank (rows to a rank are in token order).
+  static TokenRouting fresh(const ep::TensorRef& is_token_in_rank, int ranks, int me);
+  // Replays the routing of the dispatch that made `handle`.
+  static TokenRouting cached(const DispatchHandle& handle, int me);
+
+  TokenRoutes routes() const;
+
+ private:
+  // tokens_to from in_rank, send_head and rows_to.
+  void gather_tokens(int me);
+};
+
+class DispatchStreams final : public RowStreams {
+ public:
+  DispatchStreams(RowBackend& backend, const DispatchInput& input, const DispatchArgs& args,
+                  const TokenRouting& routing, const ep::EpShape& shape, int me);
+
+  // The outputs the arriving rows go to; rows from source s start at row first_row[s].
+  void receive_into(DispatchResult& out, std::vector<int64_t> first_row);
+
+  void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
+  void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
+            const std::byte* slot) override;
+  // This rank's rows to itself, straight into the outputs.
+  void local() override;
+
+ private:
+  RowBackend& backend_;
+  const DispatchInput& input_;
+  const TokenRouting& routing_;
+  RowSource source_;
+  int me_;
+  DispatchResult* out_ = nullptr;
+  std::vector<int64_t> first_row_;
+};
+
+}  // namespace proxyep::integrations::normal

@@ -1,0 +1,64 @@
+// NormalMode: DeepEP's normal-mode dispatch and combine as a protocol over a Session's peer
+// channels. Every call:
+//   1. checks its arguments (nothing sent yet: bad input leaves the Buffer usable);
+//   2. sends the eager streams, then its notify record to every rank, and waits for every
+//      rank's (notify.hpp): the row counts of every pair, and the barrier that frees the slots;
+//   3. checks that every rank called alike (a disagreement fails every rank with one message);
+//   4. moves every other stream in chunks (streams.hpp) while the rows that arrive are copied
+//      into the outputs (dispatch) or gathered for the reduce (combine);
+//   5. waits until its own writes completed (quiet): staging is rewritten by the next call.
+// The per-row work is the backend's (backend/row_backend.hpp).
+#pragma once
+
+#include "integrations/backend/row_backend.hpp"
+#include "integrations/buffer.hpp"
+#include "integrations/normal/call_sequence.hpp"
+#include "integrations/normal/notify_record.hpp"
+#include "proxy/session.hpp"
+
+#include <cstdint>
+#include <vector>
+
+namespace proxyep::integrations::normal {
+
+struct DispatchInput;
+struct TokenRouting;
+class RowCounts;
+
+class NormalMode {
+ public:
+  // `buffer_id` tells this Buffer's handles from others'.
+  NormalMode(proxy::Session& session, RowBackend& backend, uint64_t buffer_id);
+
+  DispatchResult dispatch(const DispatchArgs& args);
+  CombineResult combine(const CombineArgs& args);
+
+  void check_usable(std::string_view phase) const { calls_.check_usable(phase); }
+  // Calls, eager streams, chunks and stalls (bytes are the channels' to count).
+  const BufferStats& stats() const { return stats_; }
+  ep::EpShape shape_for(int num_experts) const {
+    return {session_.ranks(), session_.ranks_per_node(), num_experts};
+  }
+
+ private:
+  // ---- dispatch steps (dispatch.cpp) ----
+  std::vector<NotifyRecord> notify_dispatch(uint64_t call, const DispatchInput& input,
+                                            const DispatchArgs& args, const TokenRouting& routing);
+  void agree_dispatch(uint64_t call, const DispatchInput& input, const DispatchArgs& args,
+                      const std::vector<NotifyRecord>& records, const RowCounts& counts) const;
+  DispatchResult allocate_outputs(const DispatchInput& input, const DispatchArgs& args,
+                                  int64_t num_recv);
+  void clear_padding(DispatchResult& out, const DispatchInput& input, int64_t num_recv);
+  void finish_handle(DispatchResult& out, const DispatchInput& input, const DispatchArgs& args,
+                     TokenRouting& routing, const RowCounts& counts,
+                     const std::vector<NotifyRecord>& records) const;
+
+  proxy::Session& session_;
+  RowBackend& backend_;
+  uint64_t buffer_id_;
+  CallSequence calls_;
+  RecordEncoder encoder_;
+  BufferStats stats_;
+};
+
+}  // namespace proxyep::integrations::normal

@@ -1,0 +1,108 @@
+// The notify record's wire format (notify_record.hpp).
+#include "integrations/normal/notify_record.hpp"
+
+#include "common/error.hpp"
+#include "fabric/wire.hpp"
+#include "gpu_side/ep/ep_shape.hpp"
+
+namespace proxyep::integrations::normal {
+
+namespace {
+
+constexpr uint32_t kRecordMagic = 0x524e5850;  // "PXNR" read as little-endian bytes
+constexpr uint16_t kRecordVersion = 1;
+constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 + 4;
+
+// Counts are row or token counts of one call: below 2^24 (proxy::kMaxStreamChunks).
+template <typename Count>
+void write_counts(fabric::ByteWriter& w, std::span<const Count> counts) {
+  w.u32(static_cast<uint32_t>(counts.size()));
+  for (Count c : counts)
+    w.u32(static_cast<uint32_t>(static_cast<int32_t>(c)));
+}
+
+std::vector<int32_t> read_counts(fabric::ByteReader& r, uint32_t at_most, const char* what,
+                                 int from, std::string_view phase) {
+  const uint32_t n = r.u32(what);
+  require(n <= at_most, phase, "the record from rank {} claims {} {}, at most {} fit", from, n,
+          what, at_most);
+  std::vector<int32_t> out(n);
+  for (int32_t& c : out)
+    c = static_cast<int32_t>(r.u32(what));
+  return out;
+}
+
+}  // namespace
+
+const char* call_name(CallKind kind) {
+  switch (kind) {
+    case CallKind::dispatch:
+      return "dispatch";
+    case CallKind::cached_dispatch:
+      return "dispatch (cached)";
+    case CallKind::combine:
+      return "combine";
+  }
+  return "?";
+}
+
+uint64_t record_payload_bytes(int ranks) {
+  return kFixedBytes + 4ull * static_cast<uint64_t>(ranks) + 4ull * ep::kMaxLocalExperts;
+}
+
+void RecordEncoder::begin(const RecordHeader& h, std::span<const int64_t> rows_to) {
+  bytes_.clear();
+  fabric::ByteWriter w(bytes_);
+  w.u32(kRecordMagic);
+  w.u16(kRecordVersion);
+  w.u16(static_cast<uint16_t>(h.kind));
+  w.u32(h.num_tokens);
+  for (uint32_t v : {h.format.hidden_bytes, h.format.scale_cols, h.format.topk, h.format.weights,
+                     h.format.src_index, h.num_experts, h.expert_alignment, h.num_worst_tokens})
+    w.u32(v);
+  write_counts(w, rows_to);
+  common_ = bytes_.size();
+}
+
+std::span<const uint8_t> RecordEncoder::finish(std::span<const int32_t> experts) {
+  bytes_.resize(common_);
+  fabric::ByteWriter w(bytes_);
+  write_counts(w, experts);
+  return bytes_;
+}
+
+NotifyRecord decode_record(std::span<const std::byte> payload, int ranks, int from,
+                           std::string_view phase) {
+  fabric::ByteReader r({reinterpret_cast<const uint8_t*>(payload.data()), payload.size()},
+                       std::string(phase));
+  const uint32_t magic = r.u32("magic");
+  const uint16_t version = r.u16("version");
+  require(magic == kRecordMagic && version == kRecordVersion, phase,
+          "the record from rank {} has magic {:#x} version {} (expected {:#x} version {}): "
+          "another ProxyEP build, or a torn record",
+          from, magic, version, kRecordMagic, kRecordVersion);
+  NotifyRecord rec;
+  RecordHeader& h = rec.header;
+  h.kind = static_cast<CallKind>(r.u16("kind"));
+  require(h.kind == CallKind::dispatch || h.kind == CallKind::cached_dispatch ||
+              h.kind == CallKind::combine,
+          phase, "the record from rank {} names an unknown call kind {}", from,
+          static_cast<uint32_t>(h.kind));
+  h.num_tokens = r.u32("num_tokens");
+  h.format.hidden_bytes = r.u32("hidden_bytes");
+  h.format.scale_cols = r.u32("scale_cols");
+  h.format.topk = r.u32("topk");
+  h.format.weights = r.u32("weights");
+  h.format.src_index = r.u32("src_index");
+  h.num_experts = r.u32("num_experts");
+  h.expert_alignment = r.u32("expert_alignment");
+  h.num_worst_tokens = r.u32("num_worst_tokens");
+  rec.rows_to = read_counts(r, static_cast<uint32_t>(ranks), "rows_to", from, phase);
+  require(rec.rows_to.size() == static_cast<size_t>(ranks), phase,
+          "the record from rank {} counts rows for {} ranks, the group has {}", from,
+          rec.rows_to.size(), ranks);
+  rec.experts = read_counts(r, ep::kMaxLocalExperts, "experts", from, phase);
+  return rec;
+}
+
+}  // namespace proxyep::integrations::normal

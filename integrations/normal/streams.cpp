@@ -1,0 +1,214 @@
+// Chunk streams over the peer channels (streams.hpp).
+#include "integrations/normal/streams.hpp"
+
+#include "common/error.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace proxyep::integrations::normal {
+
+namespace {
+
+uint64_t area_bytes(uint64_t rows, const ep::RowFormat& format) {
+  return ep::RowAreas::of(rows, format).end;
+}
+
+// One rank's run of one call's streams: the sending and receiving cursors of every pair.
+class StreamRun {
+ public:
+  StreamRun(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
+            std::string_view phase);
+  void run();
+
+ private:
+  proxy::PeerChannel& channel(int r) const { return session_.channel(r); }
+  std::vector<int> send_order() const;
+  bool can_send(int d) const;
+  void send(int d);
+  uint64_t arrived(int s) const;
+  bool take_arrived(int s);
+  bool pending(int r) const;
+  bool done() const;
+  bool can_progress() const;
+  std::string where(int r) const;
+
+  proxy::Session& session_;
+  const uint64_t call_;
+  RowStreams& streams_;
+  BufferStats& stats_;
+  const std::string_view phase_;
+  const int ranks_, me_;
+  std::vector<uint64_t> sent_, taken_;  // chunks, by peer
+};
+
+StreamRun::StreamRun(proxy::Session& session, uint64_t call, RowStreams& streams,
+                     BufferStats& stats, std::string_view phase)
+    : session_(session),
+      call_(call),
+      streams_(streams),
+      stats_(stats),
+      phase_(phase),
+      ranks_(session.ranks()),
+      me_(session.rank()),
+      sent_(static_cast<size_t>(ranks_), 0),
+      taken_(static_cast<size_t>(ranks_), 0) {
+  for (int r = 0; r < ranks_; ++r) {
+    if (r == me_) continue;
+    channel(r).begin_streams(call, phase);
+    // Eager streams went out with the records (send_eager).
+    if (streams.out[r].eager) sent_[r] = 1;
+  }
+}
+
+// Peers whose writes complete in the background first (their bytes travel while the others'
+// are stored), each group in rotation from this rank, so that ranks do not all start on the
+// same destination.
+std::vector<int> StreamRun::send_order() const {
+  std::vector<int> order;
+  for (bool background : {true, false})
+    for (int k = 1; k < ranks_; ++k) {
+      const int d = (me_ + k) % ranks_;
+      if (channel(d).background() == background) order.push_back(d);
+    }
+  return order;
+}
+
+bool StreamRun::can_send(int d) const {
+  const ChunkPlan& p = streams_.out[d];
+  return sent_[d] < p.chunks && channel(d).can_send(sent_[d], p.shape());
+}
+
+void StreamRun::send(int d) {
+  const ChunkPlan& p = streams_.out[d];
+  const uint64_t j = sent_[d], rows = p.rows_in(j);
+  proxy::PeerChannel& to = channel(d);
+  streams_.fill(d, p.first_row(j), rows, to.send_buffer(j, p.shape()));
+  to.send_chunk(j, p.shape(), area_bytes(rows, streams_.format), phase_);
+  ++sent_[d];
+  ++stats_.chunks_sent;
+}
+
+uint64_t StreamRun::arrived(int s) const {
+  const ChunkPlan& p = streams_.in[s];
+  if (p.eager) return channel(s).eager_arrived(call_) ? 1 : 0;
+  return std::min(channel(s).landed(), p.chunks);
+}
+
+bool StreamRun::take_arrived(int s) {
+  const ChunkPlan& p = streams_.in[s];
+  const uint64_t upto = arrived(s);
+  if (taken_[s] >= upto) return false;
+  proxy::PeerChannel& from = channel(s);
+  if (p.eager) {
+    // No credit: the slot's next user is call + 2, after this rank's next record.
+    streams_.take(s, 0, 0, p.rows, from.eager(call_));
+    taken_[s] = 1;
+    return true;
+  }
+  for (uint64_t j = taken_[s]; j < upto; ++j)
+    streams_.take(s, j, p.first_row(j), p.rows_in(j), from.chunk(j, p.shape()));
+  stats_.chunks_received += upto - taken_[s];
+  taken_[s] = upto;
+  from.consumed(upto, p.chunks, p.shape(), phase_);  // these slots may be written again
+  return true;
+}
+
+bool StreamRun::pending(int r) const {
+  return r != me_ && (sent_[r] < streams_.out[r].chunks || taken_[r] < streams_.in[r].chunks);
+}
+
+bool StreamRun::done() const {
+  for (int r = 0; r < ranks_; ++r)
+    if (pending(r)) return false;
+  return true;
+}
+
+bool StreamRun::can_progress() const {
+  for (int r = 0; r < ranks_; ++r)
+    if (r != me_ && (can_send(r) || arrived(r) > taken_[r])) return true;
+  return false;
+}
+
+std::string StreamRun::where(int r) const {
+  return fmt::format("sent {} of {} chunks ({}), received {} of {} (landed {})", sent_[r],
+                     streams_.out[r].chunks, channel(r).send_progress(), taken_[r],
+                     streams_.in[r].chunks, arrived(r));
+}
+
+void StreamRun::run() {
+  const std::vector<int> order = send_order();
+  bool local_done = false;
+  while (true) {
+    bool progressed = false;
+    for (int d : order) {
+      while (can_send(d)) {
+        send(d);
+        progressed = true;
+      }
+      if (sent_[d] < streams_.out[d].chunks) ++stats_.credit_stalls;
+    }
+    if (!local_done) {
+      streams_.local();
+      local_done = progressed = true;
+    }
+    for (int k = 1; k < ranks_; ++k)
+      progressed |= take_arrived((me_ + k) % ranks_);
+    if (done()) return;
+    if (!progressed)
+      session_.await({.ready = [&] { return can_progress(); },
+                      .pending = [&](int r) { return pending(r); },
+                      .phase = phase_,
+                      .what = "chunks of rows or their credits",
+                      .detail = [&](int r) { return where(r); }});
+  }
+}
+
+}  // namespace
+
+void plan_outgoing(const proxy::Session& session, RowStreams& streams,
+                   std::span<const int64_t> rows_to) {
+  const uint64_t eager = session.layout().sizes().eager_bytes;
+  for (int d = 0; d < session.ranks(); ++d)
+    if (d != session.rank())
+      streams.out[d] = plan_stream(static_cast<uint64_t>(rows_to[d]), streams.format,
+                                   session.channel(d).slots(), eager);
+}
+
+void plan_incoming(const proxy::Session& session, RowStreams& streams,
+                   std::span<const int64_t> rows_from) {
+  const uint64_t eager = session.layout().sizes().eager_bytes;
+  for (int s = 0; s < session.ranks(); ++s)
+    if (s != session.rank())
+      streams.in[s] = plan_stream(static_cast<uint64_t>(rows_from[s]), streams.format,
+                                  session.channel(s).slots(), eager);
+}
+
+void require_row_fits(const proxy::Session& session, const ep::RowFormat& format,
+                      std::string_view phase) {
+  std::string why;
+  for (int r = 0; r < session.ranks(); ++r)
+    require(fits_one_row(format, session.channel(r).slots(), &why), phase, "{}", why);
+}
+
+void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
+                std::string_view phase) {
+  const int R = session.ranks(), me = session.rank();
+  for (int k = 1; k < R; ++k) {
+    const int d = (me + k) % R;
+    const ChunkPlan& p = streams.out[d];
+    if (!p.eager) continue;
+    ++stats.eager_streams;
+    proxy::PeerChannel& to = session.channel(d);
+    streams.fill(d, 0, p.rows, to.eager_buffer(call));
+    to.send_eager(call, area_bytes(p.rows, streams.format), phase);
+  }
+}
+
+void run_streams(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
+                 std::string_view phase) {
+  StreamRun(session, call, streams, stats, phase).run();
+}
+
+}  // namespace proxyep::integrations::normal

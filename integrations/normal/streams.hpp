@@ -1,0 +1,64 @@
+// One call's rows as chunk streams: every ordered pair of ranks (source, destination) is a
+// stream of chunks through the destination's slots (chunk_plan.hpp), moved through the peer
+// channels (proxy/peer_channel.hpp) by one loop per rank that both writes what the receivers'
+// slots allow and consumes what has arrived, until both directions are done. Because the same
+// loop does both, two ranks that wait for each other's credits always also drain each other: no
+// pair can deadlock.
+//
+// What the rows are is the call's business (dispatch_rows.hpp, combine_rows.hpp): a RowStreams
+// says how to fill a chunk and what to do with one that arrived.
+#pragma once
+
+#include "integrations/buffer.hpp"
+#include "integrations/normal/chunk_plan.hpp"
+#include "proxy/session.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace proxyep::integrations::normal {
+
+class RowStreams {
+ public:
+  RowStreams(const ep::RowFormat& format, int ranks)
+      : format(format), out(static_cast<size_t>(ranks)), in(static_cast<size_t>(ranks)) {}
+  virtual ~RowStreams() = default;
+
+  // Rows [first, first + rows) of the stream to `destination`, written into `slot` as
+  // ep::RowAreas of `rows` rows.
+  virtual void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) = 0;
+  // Chunk `chunk` from `source` (its rows [first, first + rows)) has arrived in `slot`; the slot
+  // is handed back when this returns (unless the stream has one chunk: see combine).
+  virtual void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
+                    const std::byte* slot) = 0;
+  // Once, after the first chunks are on their way (e.g. a rank's rows to itself).
+  virtual void local() {}
+
+  const ep::RowFormat format;
+  std::vector<ChunkPlan> out;  // by destination (this rank: none)
+  std::vector<ChunkPlan> in;   // by source (this rank: none)
+};
+
+// The plans of this rank's streams: out[d] for rows_to[d] rows, or in[s] for rows_from[s].
+void plan_outgoing(const proxy::Session& session, RowStreams& streams,
+                   std::span<const int64_t> rows_to);
+void plan_incoming(const proxy::Session& session, RowStreams& streams,
+                   std::span<const int64_t> rows_from);
+// Throws proxyep::Error(phase), before anything is sent, when a row of `format` fits no slot
+// of some peer's streams (the Buffer is too small for it).
+void require_row_fits(const proxy::Session& session, const ep::RowFormat& format,
+                      std::string_view phase);
+
+// Before the records of `call`: writes the rows of every eager stream of `streams`.
+void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
+                std::string_view phase);
+// Moves every other stream of `streams`: returns when this rank has sent every chunk and
+// consumed every chunk sent to it. A peer that makes no progress for the session's deadline, or
+// a node peer that exits, fails the call naming it.
+void run_streams(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
+                 std::string_view phase);
+
+}  // namespace proxyep::integrations::normal

@@ -1,0 +1,113 @@
+// ArenaLayout: where everything a session's ranks exchange lives in their shared memory. It is
+// the only code that computes a slot's place: the channels (peer_channel.hpp) and the protocols
+// above ask it, so sender and receiver can never disagree on an offset.
+//
+// Every rank computes the same layout from the same agreed sizes (SessionSizes: checked equal on
+// every rank when the session opens), so a sender knows where its bytes land in a receiver's
+// memory without asking. All offsets are in bytes from the start of the region.
+//
+// Arena (every rank; node peers map it, other nodes write it as fabric region kArenaRegion):
+//   records    0              2 parities x R sources x record_bytes    call k: [k % 2][source]
+//   words      words_base_    R published words, R consumed words      one per 64-byte line
+//   eager      eager_base_    2 parities x R sources x eager_bytes     call k: [k % 2][source]
+//   (padding to a page)
+//   data       data_base_     R - 1 shares of source_area, by source (the rank itself has none)
+// Staging (a rank with peers on other nodes; fabric region kStagingRegion, never remote):
+//   records    0              R destinations x record_bytes
+//   eager      R record_bytes 2 parities x R destinations x eager_bytes
+//   data       staging_data_  one share of stage_area per destination on another node, in rank
+//                             order; stage_window slots of remote_slot bytes each
+//
+// Streams (chunk j of a stream sits in slot j % window of the source's share):
+//  - node peers: a stream whose rows fit the share moves as one chunk; a larger one alternates
+//    between two half-share slots (node_slots());
+//  - other nodes: slots of remote_slot bytes (at most chunk_bytes, so the first writes are on
+//    the wire while later rows are still being packed), as many as fit the share, a power of two
+//    (a SequenceWindow's), at most kMaxStreamWindow (remote_slots()).
+#pragma once
+
+#include <cstdint>
+
+namespace proxyep::proxy {
+
+// Most chunks of one stream in flight (a power of two, within control::imm::kMaxWindow).
+inline constexpr uint32_t kMaxStreamWindow = 1024;
+// Every slot and area starts on this boundary (the row arrays inside are 64-byte aligned too).
+inline constexpr uint64_t kSlotAlignment = 64;
+
+// The sizes every rank of a session must agree on: together with the rank they fix every offset.
+struct SessionSizes {
+  int ranks = 1;
+  int ranks_per_node = 1;      // nodes hold consecutive ranks; the last may be smaller
+  uint64_t record_bytes = 0;   // one record slot (a multiple of kSlotAlignment, > 8)
+  uint64_t eager_bytes = 0;    // one eager slot (a multiple of kSlotAlignment; 0 = no eager)
+  uint64_t data_bytes = 0;     // the arena's data area (Buffer's num_nvl_bytes)
+  uint64_t staging_bytes = 0;  // the staging data area (num_rdma_bytes; 0 on one node)
+  uint64_t chunk_bytes = 0;    // largest chunk between nodes (ep.chunk_bytes)
+
+  bool spans_nodes() const { return ranks > ranks_per_node; }
+  friend bool operator==(const SessionSizes&, const SessionSizes&) = default;
+};
+
+// How a stream's chunks may use the receiver's share.
+struct SlotGeometry {
+  uint64_t whole_bytes = 0;  // a stream that fits this moves as one chunk (0: never)
+  uint64_t slot_bytes = 0;   // else: chunks of at most this many bytes...
+  uint32_t window = 0;       // ...with at most this many in flight
+};
+
+// One stream's use of its slots in one call: slot j % window at slot_bytes * (j % window).
+struct SlotShape {
+  uint64_t slot_bytes = 0;
+  uint32_t window = 1;
+};
+
+// Ranks on `rank`'s node.
+int node_size(int rank, int ranks, int ranks_per_node);
+
+class ArenaLayout {
+ public:
+  // Throws proxyep::Error("buffer") when the sizes are malformed or too small to give every
+  // stream one slot.
+  ArenaLayout(int rank, const SessionSizes& sizes);
+
+  const SessionSizes& sizes() const { return sizes_; }
+  int rank() const { return rank_; }
+  bool on_node(int peer) const { return peer / sizes_.ranks_per_node == node_; }
+
+  // ---- the arena ----
+  uint64_t arena_bytes() const { return data_base_ + sizes_.data_bytes; }
+  uint64_t record(uint64_t call, int source) const;
+  uint64_t published_word(int source) const;   // chunks `source` published into this arena
+  uint64_t consumed_word(int receiver) const;  // chunks `receiver` consumed of this arena's owner
+  uint64_t eager_slot(uint64_t call, int source) const;
+  // Chunk `chunk`'s slot of the stream source -> receiver, in the receiver's arena.
+  uint64_t chunk_slot(int receiver, int source, const SlotShape& shape, uint64_t chunk) const;
+  uint64_t data_base() const { return data_base_; }
+  uint64_t source_area() const { return source_area_; }
+
+  // ---- this rank's staging (only when the session spans nodes) ----
+  uint64_t staging_bytes() const;
+  uint64_t staging_record(int destination) const;
+  uint64_t staging_eager(uint64_t call, int destination) const;
+  uint64_t staging_slot(int destination, uint32_t slot) const;
+  uint32_t stage_window() const { return stage_window_; }
+
+  // ---- stream geometry ----
+  SlotGeometry node_slots() const;
+  SlotGeometry remote_slots() const;
+
+ private:
+  int rank_;
+  int node_;
+  SessionSizes sizes_;
+  uint64_t words_base_ = 0, eager_base_ = 0, data_base_ = 0;
+  uint64_t source_area_ = 0;    // bytes of a receiver's data area per source
+  uint64_t remote_slot_ = 0;    // bytes of one chunk between nodes (0: one node)
+  uint32_t remote_window_ = 0;  // chunks in flight per stream between nodes
+  uint64_t staging_data_ = 0;   // start of the staging data area
+  uint64_t stage_area_ = 0;     // staging bytes per destination on another node
+  uint32_t stage_window_ = 0;   // staging slots per destination on another node
+};
+
+}  // namespace proxyep::proxy

@@ -1,0 +1,165 @@
+// A peer on another node: writes through the ring, the proxy and the fabric (fabric_channel.hpp).
+#include "proxy/fabric_channel.hpp"
+
+#include "common/deadline.hpp"
+#include "common/error.hpp"
+#include "control/imm_layout.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace proxyep::proxy {
+
+FabricLink::FabricLink(ProxyEngine& engine, gpu_side::RingProducer& producer, size_t ring,
+                       std::byte* staging, control::CounterBank& counters,
+                       std::chrono::milliseconds timeout)
+    : engine_(engine),
+      producer_(producer),
+      ring_(ring),
+      staging_(staging),
+      counters_(counters),
+      timeout_(timeout) {}
+
+uint64_t FabricLink::post(int destination, uint64_t staging_offset, uint64_t arena_offset,
+                          uint64_t length, uint64_t call, uint32_t imm, std::string_view phase) {
+  gpu_side::Descriptor desc;
+  desc.op = length == 0 ? gpu_side::Op::signal : gpu_side::Op::write_imm;
+  desc.dst_rank = static_cast<uint32_t>(destination);
+  desc.local_region = kStagingRegion;
+  desc.remote_region = kArenaRegion;
+  desc.src_offset = staging_offset;
+  desc.dst_offset = arena_offset;
+  desc.length = length;
+  desc.cookie = call;
+  desc.imm = imm;
+  if (producer_.push(desc, Deadline(timeout_)) != Status::ok)
+    fail(std::string(phase),
+         "the descriptor ring stayed full (a write to rank {}): the proxy made no progress "
+         "before the deadline",
+         destination);
+  return pushed_++;
+}
+
+FabricChannel::FabricChannel(int peer, const ArenaLayout& layout, std::byte* local_arena,
+                             FabricLink& link)
+    : PeerChannel(peer, layout, local_arena),
+      link_(link),
+      window_(std::make_unique<control::SequenceWindow>(layout.remote_slots().window)),
+      credits_(std::make_unique<control::SenderCredits>(layout.remote_slots().window)),
+      staged_at_(layout.stage_window(), kNeverPosted) {}
+
+uint32_t FabricChannel::eager_key(int sender) const {
+  return static_cast<uint32_t>(layout().sizes().ranks + sender);
+}
+
+uint32_t FabricChannel::next_staging_slot() const {
+  return static_cast<uint32_t>(credits_->posted() % layout().stage_window());
+}
+
+std::span<std::byte> FabricChannel::record_buffer(uint64_t) {
+  return {link_.staging() + layout().staging_record(peer()) + kRecordWordBytes,
+          layout().sizes().record_bytes - kRecordWordBytes};
+}
+
+void FabricChannel::send_record(uint64_t call, uint64_t bytes, std::string_view phase) {
+  // The word travels in the same write; the counter immediate, not the word, says it landed.
+  const uint64_t word = call + 1;
+  std::memcpy(link_.staging() + layout().staging_record(peer()), &word, sizeof word);
+  const int self = layout().rank();
+  link_.post(peer(), layout().staging_record(peer()), layout().record(call, self),
+             kRecordWordBytes + bytes, call,
+             control::imm::encode_counter(call, static_cast<uint32_t>(self)), phase);
+}
+
+void FabricChannel::expect_record(uint64_t call, std::string_view phase) {
+  if (link_.counters().set_expected(call, static_cast<uint32_t>(peer()), 1) != Status::ok)
+    fail(std::string(phase), "the record from rank {}: {}", peer(), link_.counters().last_error());
+}
+
+bool FabricChannel::record_arrived(uint64_t call) const {
+  return link_.counters().ready(call, static_cast<uint32_t>(peer()));
+}
+
+std::byte* FabricChannel::eager_buffer(uint64_t call) {
+  return link_.staging() + layout().staging_eager(call, peer());
+}
+
+void FabricChannel::send_eager(uint64_t call, uint64_t bytes, std::string_view phase) {
+  const int self = layout().rank();
+  link_.post(peer(), layout().staging_eager(call, peer()), layout().eager_slot(call, self), bytes,
+             call, control::imm::encode_counter(call, eager_key(self)), phase);
+  count_sent(bytes);
+}
+
+void FabricChannel::expect_eager(uint64_t call, std::string_view phase) {
+  if (link_.counters().set_expected(call, eager_key(peer()), 1) != Status::ok)
+    fail(std::string(phase), "eager rows from rank {}: {}", peer(), link_.counters().last_error());
+}
+
+bool FabricChannel::eager_arrived(uint64_t call) const {
+  return link_.counters().ready(call, eager_key(peer()));
+}
+
+void FabricChannel::begin_streams(uint64_t call, std::string_view phase) {
+  call_ = call;
+  // Streams number their chunks across calls: this call's chunk j is receive_base_ + j.
+  receive_base_ = consumed_total_;
+  credited_ = 0;
+  // Receivers send no credit for a call's last `window` chunks (the sender needs none, and it
+  // may be gone when one would land): the peer's record of this call proved that it consumed
+  // every chunk of the previous call, which is that credit.
+  if (credits_->credit(static_cast<uint16_t>(credits_->posted())) != Status::ok)
+    fail(std::string(phase), "stream to rank {}: {}", peer(), credits_->last_error());
+}
+
+bool FabricChannel::can_send(uint64_t, const SlotShape&) const {
+  // The staging slot this chunk is packed into must have been read by its previous write.
+  const uint64_t previous = staged_at_[next_staging_slot()];
+  if (previous != kNeverPosted && !link_.retired(previous)) return false;
+  return credits_->available() > 0;
+}
+
+std::byte* FabricChannel::send_buffer(uint64_t, const SlotShape&) {
+  return link_.staging() + layout().staging_slot(peer(), next_staging_slot());
+}
+
+void FabricChannel::send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t bytes,
+                               std::string_view phase) {
+  const uint32_t slot = next_staging_slot();
+  uint16_t seq = 0;
+  if (credits_->acquire(seq) != Status::ok)
+    fail(std::string(phase), "stream to rank {}: no credit after all ({})", peer(),
+         credits_->last_error());
+  const int self = layout().rank();
+  staged_at_[slot] = link_.post(
+      peer(), layout().staging_slot(peer(), slot), layout().chunk_slot(peer(), self, shape, chunk),
+      bytes, call_, control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
+  count_sent(bytes);
+}
+
+uint64_t FabricChannel::landed() const {
+  return window_->tail() - receive_base_;
+}
+
+void FabricChannel::consumed(uint64_t upto, uint64_t chunks, const SlotShape& shape,
+                             std::string_view phase) {
+  consumed_total_ = receive_base_ + upto;
+  // Only credits that unlock one of this call's chunks: the sender posts its last chunk once it
+  // holds chunks - window of them, and waits for nothing after that.
+  const uint64_t useful = std::min(upto, chunks > shape.window ? chunks - shape.window : 0);
+  if (useful <= credited_) return;
+  credited_ = useful;
+  const int self = layout().rank();
+  link_.post(peer(), 0, 0, 0, call_,
+             control::imm::encode_credit(call_, static_cast<uint32_t>(self),
+                                         static_cast<uint16_t>(receive_base_ + useful)),
+             phase);
+}
+
+std::string FabricChannel::send_progress() const {
+  return fmt::format("credits for {} of {} posted", credits_->acked(), credits_->posted());
+}
+
+}  // namespace proxyep::proxy

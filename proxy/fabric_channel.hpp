@@ -1,0 +1,110 @@
+// FabricChannel: the PeerChannel to a rank on another node. Every write is a transfer descriptor
+// pushed into the session's ring; a proxy thread posts it as an RMA write with a 32-bit
+// immediate (control/imm_layout.hpp) from this rank's staging area into the peer's arena. Only
+// the receiver's completion of that immediate proves the bytes landed (EFA completes writes in
+// any order), so:
+//  - a record of call k: one write with counter immediate (epoch k, key = sender), expected once;
+//  - eager bytes of call k: one write with counter immediate (epoch k, key = R + sender);
+//  - chunk j of a stream: one write with stream immediate (stream = sender, 16-bit sequence
+//    numbered across calls); the receiver's SequenceWindow turns completions in any order into a
+//    landed prefix, and it returns credits (credit immediates, stream = receiver) to the sender's
+//    SenderCredits, which keep the sender within the receiver's window.
+// A staging slot is rewritten only after the write that read it has completed locally: the
+// channel remembers the ring position of that write and asks the engine's retired prefix.
+// Credits are sent only while the sender still needs them: the peer's record of the next call
+// proves it consumed the rest, so no write ever targets a rank that may already have left.
+#pragma once
+
+#include "control/counter_bank.hpp"
+#include "control/sequence_window.hpp"
+#include "gpu_side/descriptor.hpp"
+#include "gpu_side/ring.hpp"
+#include "proxy/peer_channel.hpp"
+#include "proxy/proxy_engine.hpp"
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+namespace proxyep::proxy {
+
+// What the fabric channels of one session share: the staging area they pack into, the ring they
+// post through (one producer: the session's protocol thread) and the counter bank that counts
+// records and eager bytes.
+class FabricLink {
+ public:
+  static constexpr uint32_t kArenaRegion = 0;    // every rank's arena, remote target
+  static constexpr uint32_t kStagingRegion = 1;  // this rank's staging, local source
+
+  FabricLink(ProxyEngine& engine, gpu_side::RingProducer& producer, size_t ring, std::byte* staging,
+             control::CounterBank& counters, std::chrono::milliseconds timeout);
+
+  // Posts `length` bytes at `staging_offset` to `arena_offset` of `destination`'s arena,
+  // carrying `imm`; with length 0 only the immediate (a signal). Returns the write's ring
+  // position.
+  uint64_t post(int destination, uint64_t staging_offset, uint64_t arena_offset, uint64_t length,
+                uint64_t call, uint32_t imm, std::string_view phase);
+  // Has the write at ring position `position` completed locally (its staging is free)?
+  bool retired(uint64_t position) const { return engine_.retired(ring_) > position; }
+  std::byte* staging() const { return staging_; }
+  control::CounterBank& counters() const { return counters_; }
+
+ private:
+  ProxyEngine& engine_;
+  gpu_side::RingProducer& producer_;
+  size_t ring_;
+  std::byte* staging_;
+  control::CounterBank& counters_;
+  std::chrono::milliseconds timeout_;
+  uint64_t pushed_ = 0;  // descriptors pushed so far = the ring position of the next one
+};
+
+class FabricChannel final : public PeerChannel {
+ public:
+  FabricChannel(int peer, const ArenaLayout& layout, std::byte* local_arena, FabricLink& link);
+
+  // The receiving window and the sending credits, for the session's signal router.
+  control::SequenceWindow& window() { return *window_; }
+  control::SenderCredits& credits() { return *credits_; }
+
+  PeerPath path() const override { return PeerPath::fabric; }
+  bool background() const override { return true; }
+  SlotGeometry slots() const override { return layout().remote_slots(); }
+
+  std::span<std::byte> record_buffer(uint64_t call) override;
+  void send_record(uint64_t call, uint64_t bytes, std::string_view phase) override;
+  void expect_record(uint64_t call, std::string_view phase) override;
+  bool record_arrived(uint64_t call) const override;
+
+  std::byte* eager_buffer(uint64_t call) override;
+  void send_eager(uint64_t call, uint64_t bytes, std::string_view phase) override;
+  void expect_eager(uint64_t call, std::string_view phase) override;
+  bool eager_arrived(uint64_t call) const override;
+
+  void begin_streams(uint64_t call, std::string_view phase) override;
+  bool can_send(uint64_t chunk, const SlotShape& shape) const override;
+  std::byte* send_buffer(uint64_t chunk, const SlotShape& shape) override;
+  void send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t bytes,
+                  std::string_view phase) override;
+  uint64_t landed() const override;
+  void consumed(uint64_t upto, uint64_t chunks, const SlotShape& shape,
+                std::string_view phase) override;
+  std::string send_progress() const override;
+
+ private:
+  static constexpr uint64_t kNeverPosted = ~uint64_t{0};
+  uint32_t eager_key(int sender) const;
+  uint32_t next_staging_slot() const;
+
+  FabricLink& link_;
+  std::unique_ptr<control::SequenceWindow> window_;  // chunks from the peer
+  std::unique_ptr<control::SenderCredits> credits_;  // chunks to the peer
+  // Ring position of the write that last read each staging slot (kNeverPosted before the first).
+  std::vector<uint64_t> staged_at_;
+  uint64_t call_ = 0;
+  uint64_t consumed_total_ = 0;  // chunks of the peer's stream consumed, over all calls
+  uint64_t receive_base_ = 0;    // consumed_total_ when this call's streams began
+  uint64_t credited_ = 0;        // this call's chunks whose credit was sent
+};
+
+}  // namespace proxyep::proxy

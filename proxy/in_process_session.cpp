@@ -1,0 +1,216 @@
+// The in-process session: construction, and the waits every protocol uses (in_process_session.hpp).
+#include "proxy/in_process_session.hpp"
+
+#include "common/deadline.hpp"
+#include "common/error.hpp"
+#include "control/imm_layout.hpp"
+#include "gpu_side/backoff.hpp"
+#include "proxy/node_channel.hpp"
+#include "proxy/region_exchange.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <thread>
+
+namespace proxyep::proxy {
+
+namespace {
+
+constexpr const char* kPhase = "buffer";
+constexpr uint64_t kRingSlots = 4096;
+constexpr uint32_t kSpinsBeforeYield = 64;  // see poll_until()
+constexpr uint32_t kPollsPerClockRead = 256;
+
+// Notices, while a wait polls, that a rank it waits for has left: a node peer's process exited
+// (its channel says so). Reading the clock on every poll cost ~4% of a small call, and kill() is
+// a system call, so it looks every 256th poll, at most every 50 ms.
+class DepartureWatch {
+ public:
+  DepartureWatch(InProcessSession& session, const Wait& wait) : session_(session), wait_(wait) {}
+
+  // Sticky: the engine's wait may call its predicate again after a true answer.
+  bool departed() {
+    if (!departure_.empty()) return true;
+    if (++polls_ < kPollsPerClockRead) return false;
+    polls_ = 0;
+    auto now = std::chrono::steady_clock::now();
+    if (now - last_look_ < std::chrono::milliseconds(50)) return false;
+    last_look_ = now;
+    for (int r = 0; r < session_.ranks(); ++r) {
+      if (r == session_.rank() || !wait_.pending(r)) continue;
+      if (auto gone = session_.channel(r).departed()) {
+        departure_ = *gone;
+        return true;
+      }
+    }
+    return false;
+  }
+  // True on the polls where departed() just read the clock (a cheap moment for a deadline).
+  bool looked() const { return polls_ == 0; }
+  const std::string& departure() const { return departure_; }
+
+ private:
+  InProcessSession& session_;
+  const Wait& wait_;
+  std::string departure_;
+  uint32_t polls_ = 0;
+  std::chrono::steady_clock::time_point last_look_ = std::chrono::steady_clock::now();
+};
+
+// Waits without a proxy (one node): spin briefly, then yield, then nap.
+template <typename Ready, typename Describe>
+void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_timeout,
+                std::string_view phase, const DepartureWatch& watch) {
+  // Spin only briefly before yielding: the peer we wait for is often runnable on this very core
+  // (a rank woken by our own message is placed next to us), and it runs only when we yield.
+  // With a spin of 2000 pauses both ranks of a 2-core machine took ~360 us per call after a
+  // barrier instead of ~20 us. Past ~20000 polls, short sleeps keep a long wait off the cores.
+  gpu_side::Backoff backoff(kSpinsBeforeYield);
+  uint64_t polls = 0;
+  while (!ready()) {
+    if (watch.looked() && deadline.expired()) fail(std::string(phase), "{}", describe_timeout());
+    if (++polls < 20000)
+      backoff.pause();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace
+
+InProcessSession::InProcessSession(control::Bootstrap& bootstrap, const SessionConfig& config)
+    : Session(ArenaLayout(bootstrap.rank(), config.sizes)), timeout_(config.timeout) {
+  try {
+    node_ =
+        std::make_unique<NodeMemory>(bootstrap, layout().arena_bytes(), ranks_per_node(), kPhase);
+    channels_.resize(static_cast<size_t>(ranks()));
+    for (int r = 0; r < ranks(); ++r)
+      if (layout().on_node(r)) channels_[r] = std::make_unique<NodeChannel>(r, layout(), *node_);
+    if (layout().sizes().spans_nodes()) open_fabric(bootstrap, config);
+    bootstrap.barrier("buffer(ready)");
+  } catch (...) {
+    bootstrap.set_progress({});  // it may point at the fabric about to go
+    stop();
+    throw;
+  }
+}
+
+InProcessSession::~InProcessSession() {
+  // Before the channels go: the proxy threads route completions into their windows.
+  stop();
+}
+
+void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config) {
+  require(static_cast<uint32_t>(ranks()) <= control::imm::kMaxStreams, kPhase,
+          "{} ranks exceed the {} chunk streams an immediate can name", ranks(),
+          control::imm::kMaxStreams);
+  fabric::FabricOptions fabric_options =
+      config.fabric ? *config.fabric : fabric::FabricOptions::from_params(rank());
+  fabric_options.rank = rank();
+  fabric_ = fabric::Fabric::open(fabric_options);
+  bootstrap.set_progress([this] { fabric_->progress(); });
+  fabric_->connect(bootstrap.allgather(fabric_->addresses(), "buffer(fabric addresses)"));
+  staging_ =
+      std::make_unique<gpu_side::RingMemory>(gpu_side::RingMemory::heap(layout().staging_bytes()));
+  arena_region_ = fabric_->register_memory(node_->local(), node_->bytes());
+  staging_region_ = fabric_->register_memory(staging_->host(), staging_->size());
+  counters_ = std::make_unique<control::CounterBank>(2u * static_cast<uint32_t>(ranks()));
+  router_.attach_counters(*counters_);
+
+  engine_ =
+      std::make_unique<ProxyEngine>(*fabric_, rank(), ranks(), router_,
+                                    config.engine ? *config.engine : EngineOptions::from_params());
+  share_region(bootstrap, engine_->regions(), FabricLink::kArenaRegion, *arena_region_, kPhase);
+  engine_->regions().add_local(FabricLink::kStagingRegion, *staging_region_);
+  ring_memory_ = std::make_unique<gpu_side::RingMemory>(
+      gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
+  auto ring = gpu_side::Ring::create(ring_memory_->bytes(), kRingSlots);
+  doorbell_ = std::make_unique<gpu_side::Doorbell>();
+  const size_t ring_index = engine_->add_ring(ring, doorbell_.get());
+  producer_ = std::make_unique<gpu_side::RingProducer>(
+      ring, gpu_side::ProducerOptions{.doorbell = doorbell_.get()});
+  link_ =
+      std::make_unique<FabricLink>(*engine_, *producer_, ring_index,
+                                   static_cast<std::byte*>(staging_->host()), *counters_, timeout_);
+  for (int r = 0; r < ranks(); ++r) {
+    if (layout().on_node(r)) continue;
+    auto channel = std::make_unique<FabricChannel>(r, layout(), node_->local(), *link_);
+    router_.attach_stream(static_cast<uint32_t>(r), channel->window());
+    router_.attach_credits(static_cast<uint32_t>(r), channel->credits());
+    channels_[r] = std::move(channel);
+  }
+  bootstrap.barrier("buffer(fabric ready)");
+  bootstrap.set_progress({});  // the proxy threads own the rails from here on
+  engine_->start();
+}
+
+void InProcessSession::stop() noexcept {
+  if (!engine_) return;
+  engine_->stop();
+}
+
+void InProcessSession::begin_call(uint64_t call) {
+  if (counters_ && call > 0 && counters_->begin_epoch(call) != Status::ok)
+    fail(kPhase, "call {}: writes of an earlier call were left over: {}", call,
+         counters_->last_leak());
+}
+
+void InProcessSession::check_health(std::string_view phase) const {
+  if (!engine_ || !engine_->health().failed()) return;
+  auto failure = engine_->health().failure();
+  fail(std::string(phase), "the Buffer's proxy failed earlier ({}: {}); create a new Buffer",
+       failure ? failure->phase : "?", failure ? failure->message : "?");
+}
+
+void InProcessSession::quiet(std::string_view phase) {
+  if (!engine_) return;
+  try {
+    engine_->quiet(Deadline(timeout_));
+  } catch (const Error& e) {
+    fail(std::string(phase), "{}", e.what());
+  }
+}
+
+void InProcessSession::await(const Wait& wait) {
+  const auto deadline = Deadline(timeout_);
+  DepartureWatch watch(*this, wait);
+  // Built only for messages: the polls allocate nothing.
+  auto describe = [&] {
+    std::vector<int> missing;
+    std::string where;
+    for (int r = 0; r < ranks(); ++r) {
+      if (!wait.pending(r)) continue;
+      missing.push_back(r);
+      if (wait.detail) where += fmt::format("; rank {}: {}", r, wait.detail(r));
+    }
+    return fmt::format("{} from rank(s) {} did not arrive within {} ms{}", wait.what,
+                       fmt::join(missing, ", "), timeout_.count(), where);
+  };
+  auto ready_or_departed = [&] { return wait.ready() || watch.departed(); };
+  if (engine_) {
+    try {
+      engine_->wait_until(ready_or_departed, deadline, std::function<std::string()>(describe));
+    } catch (const Error& e) {
+      fail(std::string(wait.phase), "{}", e.what());
+    }
+  } else {
+    poll_until(ready_or_departed, deadline, describe, wait.phase, watch);
+  }
+  if (!watch.departure().empty())
+    fail(std::string(wait.phase), "{} while this rank waited for {}", watch.departure(), wait.what);
+}
+
+std::string InProcessSession::describe() const {
+  const ArenaLayout& l = layout();
+  std::string out = fmt::format("{} ranks, {} per node, arena {} bytes ({} per source)", ranks(),
+                                ranks_per_node(), l.arena_bytes(), l.source_area());
+  if (l.sizes().spans_nodes())
+    out += fmt::format(
+        ", staging {} bytes, chunks of {} bytes between nodes, window {} "
+        "(staging {})",
+        l.staging_bytes(), l.remote_slots().slot_bytes, l.remote_slots().window, l.stage_window());
+  return out;
+}
+
+}  // namespace proxyep::proxy

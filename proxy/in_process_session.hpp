@@ -1,0 +1,64 @@
+// InProcessSession: the Session whose proxy threads run in this process (the embedded default:
+// nothing to start beside the ranks). Construction is collective:
+//  1. the sizes are checked equal on every rank (one versioned record through the bootstrap);
+//  2. every rank creates its arena in a memfd and the node's ranks map each other's
+//     (NodeMemory): NodeChannels for them and for the rank itself;
+//  3. when the group spans nodes: the fabric opens and connects, the arena (remote target) and
+//     the staging area (local source) are registered and their descriptors exchanged, a ring
+//     with a doorbell goes to a ProxyEngine, the counter bank and every FabricChannel's window
+//     and credits are attached to the signal router, and the proxy threads start.
+#pragma once
+
+#include "control/counter_bank.hpp"
+#include "control/signal_router.hpp"
+#include "fabric/fabric.hpp"
+#include "gpu_side/doorbell.hpp"
+#include "gpu_side/ring.hpp"
+#include "gpu_side/ring_memory.hpp"
+#include "proxy/fabric_channel.hpp"
+#include "proxy/node_memory.hpp"
+#include "proxy/proxy_engine.hpp"
+#include "proxy/session.hpp"
+
+#include <memory>
+#include <vector>
+
+namespace proxyep::proxy {
+
+class InProcessSession final : public Session {
+ public:
+  InProcessSession(control::Bootstrap& bootstrap, const SessionConfig& config);
+  ~InProcessSession() override;
+
+  PeerChannel& channel(int peer) const override { return *channels_.at(static_cast<size_t>(peer)); }
+  void begin_call(uint64_t call) override;
+  void await(const Wait& wait) override;
+  void quiet(std::string_view phase) override;
+  void check_health(std::string_view phase) const override;
+  void stop() noexcept override;
+  std::string describe() const override;
+
+ private:
+  void open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config);
+
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<NodeMemory> node_;
+  // The fabric path (only when the group spans nodes), in construction order.
+  std::unique_ptr<fabric::Fabric> fabric_;
+  std::unique_ptr<gpu_side::RingMemory> staging_;
+  std::unique_ptr<fabric::MemoryRegion> arena_region_, staging_region_;
+  // Records: key = source; eager bytes: key = R + source.
+  std::unique_ptr<control::CounterBank> counters_;
+  control::SignalRouter router_;
+  // Declared before the engine, which releases its claim on the ring when destroyed.
+  std::unique_ptr<gpu_side::RingMemory> ring_memory_;
+  std::unique_ptr<gpu_side::Doorbell> doorbell_;
+  std::unique_ptr<ProxyEngine> engine_;
+  std::unique_ptr<gpu_side::RingProducer> producer_;
+  std::unique_ptr<FabricLink> link_;
+  // By rank: NodeChannel for this node's ranks (this rank included), FabricChannel for others.
+  // The router points into the fabric channels: stop() ends the proxy threads before they go.
+  std::vector<std::unique_ptr<PeerChannel>> channels_;
+};
+
+}  // namespace proxyep::proxy

@@ -1,0 +1,105 @@
+// A node peer's channel: stores into its mapped arena (node_channel.hpp).
+#include "proxy/node_channel.hpp"
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <cstring>
+
+namespace proxyep::proxy {
+
+namespace {
+
+constexpr uint32_t kCountBits = 24;
+constexpr uint64_t kCountMask = (uint64_t{1} << kCountBits) - 1;
+static_assert(kMaxStreamChunks <= kCountMask, "a stream's chunk count must fit its word");
+
+uint64_t stream_word(uint64_t call, uint64_t count) {
+  return ((call + 1) << kCountBits) | count;
+}
+
+// The count a word holds for `call`: 0 when an earlier call wrote it.
+uint64_t count_in(uint64_t word, uint64_t call) {
+  return (word >> kCountBits) == (((call + 1) << kCountBits) >> kCountBits) ? word & kCountMask : 0;
+}
+
+uint64_t load_word(const uint64_t* word) {
+  // Pairs with the release store of the rank that wrote it: its stores to the slot (records,
+  // published) or its reads of the slot (consumed) happen before what follows the load.
+  return std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(word)).load(std::memory_order_acquire);
+}
+
+void store_word(uint64_t* word, uint64_t value) {
+  std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_release);
+}
+
+}  // namespace
+
+NodeChannel::NodeChannel(int peer, const ArenaLayout& layout, const NodeMemory& node)
+    : PeerChannel(peer, layout, node.local()), node_(node), remote_(node.peer(peer)) {}
+
+uint64_t* NodeChannel::word_in_peer(uint64_t offset) const {
+  return reinterpret_cast<uint64_t*>(remote_ + offset);
+}
+
+uint64_t* NodeChannel::word_here(uint64_t offset) const {
+  return reinterpret_cast<uint64_t*>(local() + offset);
+}
+
+std::span<std::byte> NodeChannel::record_buffer(uint64_t call) {
+  return {remote_ + layout().record(call, layout().rank()) + kRecordWordBytes,
+          layout().sizes().record_bytes - kRecordWordBytes};
+}
+
+void NodeChannel::send_record(uint64_t call, uint64_t, std::string_view) {
+  // The payload (and any eager bytes) were stored first; this release store publishes them.
+  store_word(word_in_peer(layout().record(call, layout().rank())), call + 1);
+}
+
+bool NodeChannel::record_arrived(uint64_t call) const {
+  return load_word(word_here(layout().record(call, peer()))) == call + 1;
+}
+
+std::byte* NodeChannel::eager_buffer(uint64_t call) {
+  return remote_ + layout().eager_slot(call, layout().rank());
+}
+
+void NodeChannel::send_eager(uint64_t, uint64_t bytes, std::string_view) {
+  count_sent(bytes);  // published by the record's release store
+}
+
+bool NodeChannel::can_send(uint64_t chunk, const SlotShape& shape) const {
+  // Chunk j reuses the slot of chunk j - window: the receiver must have consumed that one.
+  return chunk < shape.window ||
+         count_in(load_word(word_here(layout().consumed_word(peer()))), call_) + shape.window >
+             chunk;
+}
+
+std::byte* NodeChannel::send_buffer(uint64_t chunk, const SlotShape& shape) {
+  return remote_ + layout().chunk_slot(peer(), layout().rank(), shape, chunk);
+}
+
+void NodeChannel::send_chunk(uint64_t chunk, const SlotShape&, uint64_t bytes, std::string_view) {
+  store_word(word_in_peer(layout().published_word(layout().rank())), stream_word(call_, chunk + 1));
+  count_sent(bytes);
+}
+
+uint64_t NodeChannel::landed() const {
+  return count_in(load_word(word_here(layout().published_word(peer()))), call_);
+}
+
+void NodeChannel::consumed(uint64_t upto, uint64_t, const SlotShape&, std::string_view) {
+  store_word(word_in_peer(layout().consumed_word(layout().rank())), stream_word(call_, upto));
+}
+
+std::string NodeChannel::send_progress() const {
+  return fmt::format("consumed {}",
+                     count_in(load_word(word_here(layout().consumed_word(peer()))), call_));
+}
+
+std::optional<std::string> NodeChannel::departed() const {
+  if (node_.peer_alive(peer())) return std::nullopt;
+  return fmt::format("rank {} (pid {}) on this node exited", peer(), node_.peer_pid(peer()));
+}
+
+}  // namespace proxyep::proxy

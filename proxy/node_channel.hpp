@@ -1,0 +1,62 @@
+// NodeChannel: the PeerChannel to a rank on this node (or to the rank itself): ordinary stores
+// into the peer's arena, mapped here through NodeMemory (the CPU analog of NVLink through CUDA
+// IPC). No proxy and no fabric: a write is done when the store is.
+//
+// Publishing, and the memory order that makes it safe:
+//  - a record: the sender stores the payload, then release-stores the record's word (call + 1)
+//    in the peer's arena; the receiver's acquire load of that word sees the payload. Eager bytes
+//    are stored before the record, so the same release publishes them.
+//  - a chunk stream: the sender stores chunk j into its slot in the receiver's arena, then
+//    release-stores published[sender] = word(call, j + 1) there; the receiver acquire-loads it,
+//    copies chunks out, then release-stores consumed[receiver] = word(call, upto) in the
+//    sender's arena (its credit), which the sender acquire-loads before reusing a slot.
+// Stream words hold (call + 1) << 24 | count, so a word left by an earlier call reads as 0.
+#pragma once
+
+#include "proxy/node_memory.hpp"
+#include "proxy/peer_channel.hpp"
+
+namespace proxyep::proxy {
+
+class NodeChannel final : public PeerChannel {
+ public:
+  // `node` maps `peer`'s arena (the rank itself: its own).
+  NodeChannel(int peer, const ArenaLayout& layout, const NodeMemory& node);
+
+  PeerPath path() const override { return PeerPath::node; }
+  bool background() const override { return false; }
+  SlotGeometry slots() const override { return layout().node_slots(); }
+
+  std::span<std::byte> record_buffer(uint64_t call) override;
+  void send_record(uint64_t call, uint64_t bytes, std::string_view phase) override;
+  void expect_record(uint64_t, std::string_view) override {}
+  bool record_arrived(uint64_t call) const override;
+
+  std::byte* eager_buffer(uint64_t call) override;
+  void send_eager(uint64_t call, uint64_t bytes, std::string_view phase) override;
+  void expect_eager(uint64_t, std::string_view) override {}
+  // Stored before the record, whose release store published them.
+  bool eager_arrived(uint64_t) const override { return true; }
+
+  void begin_streams(uint64_t call, std::string_view) override { call_ = call; }
+  bool can_send(uint64_t chunk, const SlotShape& shape) const override;
+  std::byte* send_buffer(uint64_t chunk, const SlotShape& shape) override;
+  void send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t bytes,
+                  std::string_view phase) override;
+  uint64_t landed() const override;
+  void consumed(uint64_t upto, uint64_t chunks, const SlotShape& shape,
+                std::string_view phase) override;
+  std::string send_progress() const override;
+
+  std::optional<std::string> departed() const override;
+
+ private:
+  uint64_t* word_in_peer(uint64_t offset) const;
+  uint64_t* word_here(uint64_t offset) const;
+
+  const NodeMemory& node_;
+  std::byte* remote_;  // the peer's arena, mapped here
+  uint64_t call_ = 0;  // the call whose streams run (begin_streams)
+};
+
+}  // namespace proxyep::proxy

@@ -1,0 +1,123 @@
+// PeerChannel: everything one rank does to move a call's bytes to and from one peer. Protocol
+// code (integrations/) talks to every peer through this interface and never asks where the peer
+// lives; the session (session.hpp) picks the implementation:
+//   NodeChannel    a peer on this node (and the rank itself): stores into the peer's mapped
+//                  arena, published and consumed words (node_channel.hpp);
+//   FabricChannel  a peer on another node: descriptors through the ring, RMA writes with
+//                  immediates, sequence windows and credits (fabric_channel.hpp).
+//
+// What travels, per call k (every rank numbers its calls alike; the layout is arena_layout.hpp):
+//  - a record: this rank's announcement of call k to the peer (its content is the protocol's).
+//    The sender writes it into record_buffer(k) and publishes it; the receiver learns of it with
+//    record_arrived(k) and reads it with record(k).
+//  - eager bytes: a small payload sent before the record into the peer's eager slot [k % 2]
+//    without any credit (the protocol proves the slot is free: see integrations/normal). Valid
+//    to read once the record of k arrived and eager_arrived(k) holds.
+//  - a chunk stream: chunks 0, 1, ... in the peer's slots (SlotShape), chunk j written only once
+//    can_send(j) says its slot is free; the receiver sees landed() chunks and hands slots back
+//    with consumed().
+// Receiving always reads this rank's own arena, so the receive side's reads are common code.
+//
+// Threads: one caller (the rank's protocol thread). Calls that send throw proxyep::Error naming
+// `phase` when the transport fails or stays full past the session's deadline.
+#pragma once
+
+#include "proxy/arena_layout.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace proxyep::proxy {
+
+// Where the peer lives: for statistics and messages only.
+enum class PeerPath { node, fabric };
+
+// Most chunks a stream carries in one call (node peers count them in 24-bit words).
+inline constexpr uint64_t kMaxStreamChunks = (uint64_t{1} << 24) - 1;
+// A record slot starts with the word that publishes it (call + 1, stored last on the node
+// path); the payload follows.
+inline constexpr uint64_t kRecordWordBytes = 8;
+
+class PeerChannel {
+ public:
+  PeerChannel(int peer, const ArenaLayout& layout, std::byte* local_arena)
+      : peer_(peer), layout_(layout), local_(local_arena) {}
+  virtual ~PeerChannel() = default;
+  PeerChannel(const PeerChannel&) = delete;
+  PeerChannel& operator=(const PeerChannel&) = delete;
+
+  int peer() const { return peer_; }
+  virtual PeerPath path() const = 0;
+  // Writes to this peer complete in the background (start them before the ones that do not).
+  virtual bool background() const = 0;
+  // How this peer's streams may use their slots.
+  virtual SlotGeometry slots() const = 0;
+  // Payload bytes sent to the peer so far (eager and chunks), for Buffer::stats().
+  uint64_t bytes_sent() const { return bytes_sent_; }
+
+  // ---- records ----
+  // Where this rank writes its record of `call` for the peer (the payload; the channel adds
+  // what publishes it).
+  virtual std::span<std::byte> record_buffer(uint64_t call) = 0;
+  // Publishes the first `bytes` of record_buffer(call) to the peer.
+  virtual void send_record(uint64_t call, uint64_t bytes, std::string_view phase) = 0;
+  // Before waiting for the peer's record of `call`.
+  virtual void expect_record(uint64_t call, std::string_view phase) = 0;
+  virtual bool record_arrived(uint64_t call) const = 0;
+  // The peer's record of `call`, once it arrived.
+  std::span<const std::byte> record(uint64_t call) const {
+    return {local_ + layout_.record(call, peer_) + kRecordWordBytes,
+            layout_.sizes().record_bytes - kRecordWordBytes};
+  }
+
+  // ---- eager bytes ----
+  virtual std::byte* eager_buffer(uint64_t call) = 0;
+  // Sends the first `bytes` of eager_buffer(call); before send_record(call) (which may be what
+  // publishes them).
+  virtual void send_eager(uint64_t call, uint64_t bytes, std::string_view phase) = 0;
+  // Once the peer's record of `call` announced eager bytes.
+  virtual void expect_eager(uint64_t call, std::string_view phase) = 0;
+  virtual bool eager_arrived(uint64_t call) const = 0;
+  const std::byte* eager(uint64_t call) const { return local_ + layout_.eager_slot(call, peer_); }
+
+  // ---- chunk streams of one call ----
+  // Before the first chunk of `call` either way (after the peer's record of `call` arrived).
+  virtual void begin_streams(uint64_t call, std::string_view phase) = 0;
+  virtual bool can_send(uint64_t chunk, const SlotShape& shape) const = 0;
+  // Where chunk `chunk` is written before send_chunk().
+  virtual std::byte* send_buffer(uint64_t chunk, const SlotShape& shape) = 0;
+  virtual void send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t bytes,
+                          std::string_view phase) = 0;
+  // Chunks of this call that have landed here (a prefix; may exceed the stream's chunks only
+  // if the peer misbehaves: the caller clamps).
+  virtual uint64_t landed() const = 0;
+  const std::byte* chunk(uint64_t chunk, const SlotShape& shape) const {
+    return local_ + layout_.chunk_slot(layout_.rank(), peer_, shape, chunk);
+  }
+  // Chunks [0, upto) of a stream of `chunks` chunks were copied out: their slots are free.
+  virtual void consumed(uint64_t upto, uint64_t chunks, const SlotShape& shape,
+                        std::string_view phase) = 0;
+  // Where the sending side stands (credits), for timeout messages.
+  virtual std::string send_progress() const = 0;
+
+  // ---- liveness ----
+  // Set once the peer is known to be gone (a node peer's process exited): says so, naming it.
+  virtual std::optional<std::string> departed() const { return std::nullopt; }
+
+ protected:
+  const ArenaLayout& layout() const { return layout_; }
+  std::byte* local() const { return local_; }
+  void count_sent(uint64_t bytes) { bytes_sent_ += bytes; }
+
+ private:
+  int peer_;
+  const ArenaLayout& layout_;
+  std::byte* local_;
+  uint64_t bytes_sent_ = 0;
+};
+
+}  // namespace proxyep::proxy

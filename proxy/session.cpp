@@ -1,0 +1,73 @@
+// Session::open, and the check that every rank opens its session with the same sizes.
+#include "proxy/session.hpp"
+
+#include "fabric/wire.hpp"
+#include "proxy/in_process_session.hpp"
+
+namespace proxyep::proxy {
+
+namespace {
+
+constexpr const char* kPhase = "buffer";
+
+// The sizes as every rank sends them (little endian, fabric/wire.hpp):
+//   u32 magic "PXSZ" | u16 version | u16 0 | u64 ranks_per_node | u64 record_bytes |
+//   u64 eager_bytes | u64 data_bytes | u64 staging_bytes | u64 chunk_bytes
+constexpr uint32_t kSizesMagic = 0x5a535850;  // "PXSZ" read as little-endian bytes
+constexpr uint16_t kSizesVersion = 1;
+
+std::vector<uint8_t> encode(const SessionSizes& s) {
+  std::vector<uint8_t> out;
+  fabric::ByteWriter w(out);
+  w.u32(kSizesMagic);
+  w.u16(kSizesVersion);
+  w.u16(0);
+  for (uint64_t v : {static_cast<uint64_t>(s.ranks_per_node), s.record_bytes, s.eager_bytes,
+                     s.data_bytes, s.staging_bytes, s.chunk_bytes})
+    w.u64(v);
+  return out;
+}
+
+SessionSizes decode(std::span<const uint8_t> blob, int ranks, int from) {
+  fabric::ByteReader r(blob, kPhase);
+  require(r.u32("magic") == kSizesMagic && r.u16("version") == kSizesVersion, kPhase,
+          "rank {} sent its Buffer options in another format (another ProxyEP version?)", from);
+  (void)r.u16("reserved");
+  SessionSizes s;
+  s.ranks = ranks;
+  s.ranks_per_node = static_cast<int>(r.u64("ranks_per_node"));
+  s.record_bytes = r.u64("record_bytes");
+  s.eager_bytes = r.u64("eager_bytes");
+  s.data_bytes = r.u64("data_bytes");
+  s.staging_bytes = r.u64("staging_bytes");
+  s.chunk_bytes = r.u64("chunk_bytes");
+  r.expect_end("Buffer options");
+  return s;
+}
+
+// Every rank must open with the same sizes: they fix every offset (arena_layout.hpp).
+void check_agreed(control::Bootstrap& bootstrap, const SessionSizes& mine) {
+  auto all = bootstrap.allgather(encode(mine), "buffer(options)");
+  for (int r = 0; r < bootstrap.world_size(); ++r) {
+    SessionSizes theirs = decode(all[static_cast<size_t>(r)], mine.ranks, r);
+    require(theirs == mine, kPhase,
+            "rank {} created its Buffer with ranks_per_node {}, num_nvl_bytes {}, num_rdma_bytes "
+            "{}, ep.chunk_bytes {}, ep.eager_bytes {} (record slots of {} bytes); rank {} with "
+            "{}, {}, {}, {}, {} ({}): every rank must pass the same",
+            r, theirs.ranks_per_node, theirs.data_bytes, theirs.staging_bytes, theirs.chunk_bytes,
+            theirs.eager_bytes, theirs.record_bytes, bootstrap.rank(), mine.ranks_per_node,
+            mine.data_bytes, mine.staging_bytes, mine.chunk_bytes, mine.eager_bytes,
+            mine.record_bytes);
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Session> Session::open(control::Bootstrap& bootstrap, const SessionConfig& config) {
+  SessionConfig agreed = config;
+  agreed.sizes.ranks = bootstrap.world_size();
+  check_agreed(bootstrap, agreed.sizes);
+  return std::make_unique<InProcessSession>(bootstrap, agreed);
+}
+
+}  // namespace proxyep::proxy

@@ -1,0 +1,99 @@
+// Session: what a group of ranks needs to move bytes between them, behind one object. It owns
+// the shared memory (this rank's arena, the node peers' arenas mapped here, the staging area),
+// and, when the group spans nodes, the fabric, the registered regions, the descriptor ring, the
+// proxy engine, the signal router, the counter bank, the sequence windows and the credits. It
+// hands out one PeerChannel per rank (peer_channel.hpp) and the waits every protocol needs.
+//
+//   SessionConfig config{.sizes = {...}, .timeout = 8s};
+//   auto session = Session::open(bootstrap, config);          // collective
+//   session->begin_call(k);                                   // every call, on every rank
+//   PeerChannel& to = session->channel(peer);                 // write records, eager, chunks
+//   session->await({.ready = ..., .pending = ..., .phase = "dispatch", .what = "records"});
+//   session->quiet("dispatch");                               // every write completed
+//
+// Kinds: today the in-process session (proxy threads of this process, in_process_session.hpp).
+// The node's proxy daemon will add a client kind behind the same interface: channels then post
+// through rings the daemon drains, and waits read counters the daemon raises; protocols above do
+// not change.
+//
+// Threads: one protocol thread per session calls everything here; the proxy threads it runs
+// are its own business.
+#pragma once
+
+#include "control/bootstrap.hpp"
+#include "fabric/fabric.hpp"
+#include "proxy/arena_layout.hpp"
+#include "proxy/peer_channel.hpp"
+#include "proxy/proxy_engine.hpp"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace proxyep::proxy {
+
+struct SessionConfig {
+  // ranks comes from the bootstrap; every other field must be the same on every rank (checked
+  // when the session opens, naming the rank that differs).
+  SessionSizes sizes;
+  std::chrono::milliseconds timeout{100000};  // every wait's deadline (ep.timeout_ms)
+  // How the fabric opens and the proxy runs when the group spans nodes; unset: from the
+  // parameter registry (fabric.*, proxy.*). The rank in `fabric` is overwritten.
+  std::optional<fabric::FabricOptions> fabric;
+  std::optional<EngineOptions> engine;
+};
+
+// A wait of the protocol: until `ready()`, with the session's deadline. `pending(r)` says
+// whether rank r is one it still waits for (named in the error; node peers among them are
+// checked for liveness); `detail(r)`, when given, says where r stands (added to a timeout).
+struct Wait {
+  std::function<bool()> ready;
+  std::function<bool(int)> pending;
+  std::string_view phase;
+  std::string_view what;
+  std::function<std::string(int)> detail;
+};
+
+class Session {
+ public:
+  // Collective over `bootstrap` (which must outlive the session). Throws proxyep::Error for
+  // options that differ between ranks, memory that cannot be shared, or a fabric that fails.
+  static std::unique_ptr<Session> open(control::Bootstrap& bootstrap, const SessionConfig& config);
+
+  virtual ~Session() = default;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  int rank() const { return layout_.rank(); }
+  int ranks() const { return layout_.sizes().ranks; }
+  int ranks_per_node() const { return layout_.sizes().ranks_per_node; }
+  const ArenaLayout& layout() const { return layout_; }
+  // The channel to `peer`; peer == rank(): to this rank's own arena (records to itself).
+  virtual PeerChannel& channel(int peer) const = 0;
+
+  // Starts call `call` (0, 1, ...): signals of call - 2 are retired. Throws proxyep::Error when
+  // writes of an earlier call were left over (the ranks are out of step).
+  virtual void begin_call(uint64_t call) = 0;
+  // Waits as `wait` says; throws proxyep::Error(wait.phase) on timeout naming the pending ranks,
+  // when a pending node peer exits, or when the transport failed.
+  virtual void await(const Wait& wait) = 0;
+  // Waits until every write this rank posted has completed locally (staging may be rewritten).
+  virtual void quiet(std::string_view phase) = 0;
+  // Throws proxyep::Error(phase) if the transport failed earlier (e.g. a proxy thread's peer).
+  virtual void check_health(std::string_view phase) const = 0;
+  // Stops the transport's threads; later calls may only be destruction. Idempotent.
+  virtual void stop() noexcept = 0;
+  // One line for the debug log: sizes, paths, threads.
+  virtual std::string describe() const = 0;
+
+ protected:
+  explicit Session(ArenaLayout layout) : layout_(std::move(layout)) {}
+
+ private:
+  ArenaLayout layout_;
+};
+
+}  // namespace proxyep::proxy

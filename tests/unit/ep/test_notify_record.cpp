@@ -1,0 +1,95 @@
+// The notify record's wire format: what one rank encodes another decodes, and anything else (a
+// record of another version, a torn or truncated one, counts for another group size) fails
+// loudly, naming the sender.
+#include "integrations/normal/notify_record.hpp"
+
+#include "common/error.hpp"
+#include "gpu_side/ep/ep_shape.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <vector>
+
+using namespace proxyep;
+using namespace proxyep::integrations::normal;
+
+namespace {
+
+RecordHeader header() {
+  RecordHeader h;
+  h.kind = CallKind::dispatch;
+  h.num_tokens = 4096;
+  h.format = {.hidden_bytes = 14336, .scale_cols = 56, .topk = 8, .weights = 8, .src_index = 1};
+  h.num_experts = 64;
+  h.expert_alignment = 128;
+  h.num_worst_tokens = 9000;
+  return h;
+}
+
+// The encoded record in a slot as large as a group of `ranks` gets, the rest left as garbage.
+std::vector<std::byte> slot_with(std::span<const uint8_t> record, int ranks) {
+  std::vector<std::byte> slot(record_payload_bytes(ranks), std::byte{0xa5});
+  std::memcpy(slot.data(), record.data(), record.size());
+  return slot;
+}
+
+}  // namespace
+
+TEST_CASE("a record decodes to what was encoded, experts per destination") {
+  const std::vector<int64_t> rows_to{3, 0, 17, 4096};
+  const std::vector<int32_t> experts{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+  RecordEncoder encoder;
+  encoder.begin(header(), rows_to);
+  for (size_t n : {size_t{16}, size_t{0}, size_t{5}}) {
+    const auto bytes = encoder.finish(std::span(experts).first(n));
+    const auto slot = slot_with(bytes, 4);
+    const NotifyRecord r = decode_record(slot, 4, 2, "dispatch");
+    CHECK(r.header.kind == CallKind::dispatch);
+    CHECK(r.header.num_tokens == 4096);
+    CHECK(r.header.format == header().format);
+    CHECK(r.header.num_experts == 64);
+    CHECK(r.header.expert_alignment == 128);
+    CHECK(r.header.num_worst_tokens == 9000);
+    CHECK(r.rows_to == std::vector<int32_t>{3, 0, 17, 4096});
+    CHECK(r.experts == std::vector<int32_t>(experts.begin(), experts.begin() + n));
+  }
+}
+
+TEST_CASE("the largest record fits the slot size the group gets") {
+  const int ranks = 8;
+  std::vector<int64_t> rows_to(ranks, 1);
+  std::vector<int32_t> experts(ep::kMaxLocalExperts, 7);
+  RecordEncoder encoder;
+  encoder.begin(header(), rows_to);
+  CHECK(encoder.finish(experts).size() <= record_payload_bytes(ranks));
+}
+
+TEST_CASE("a record of another version, kind or group size is refused naming the sender") {
+  const std::vector<int64_t> rows_to{1, 2};
+  RecordEncoder encoder;
+  encoder.begin(header(), rows_to);
+  const auto bytes = encoder.finish({});
+  auto expect_refused = [](std::vector<std::byte> slot, int ranks, const char* text) {
+    CAPTURE(text);
+    try {
+      (void)decode_record(slot, ranks, 1, "combine");
+      FAIL("decoded a bad record");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("rank 1") != std::string::npos);
+      CHECK(std::string(e.what()).find(text) != std::string::npos);
+    }
+  };
+  auto slot = slot_with(bytes, 2);
+  slot[4] = std::byte{2};  // version 2
+  expect_refused(slot, 2, "version 2");
+  slot = slot_with(bytes, 2);
+  slot[6] = std::byte{9};  // call kind 9
+  expect_refused(slot, 2, "unknown call kind");
+  expect_refused(slot_with(bytes, 3), 3, "counts rows for 2 ranks");
+  expect_refused(slot_with(bytes, 2), 1, "claims 2 rows_to");
+  // Torn: the slot ends inside the record.
+  std::vector<std::byte> torn(bytes.size() - 3);
+  std::memcpy(torn.data(), bytes.data(), torn.size());
+  CHECK_THROWS_AS((void)decode_record(torn, 2, 1, "combine"), Error);
+}

@@ -1,0 +1,236 @@
+// Session and peer channels, without any protocol above them: ranks as threads of this process
+// (a real TCP bootstrap on loopback, real memfd arenas, a real fabric with the reorder shim)
+// send records, eager bytes and chunk streams of more chunks than the slots hold, through node
+// channels, fabric channels and both at once, and check every byte where it lands. A channel
+// that published before its bytes were written, reused a slot too early, or lost a credit fails
+// here by content or by deadline.
+#include "proxy/session.hpp"
+
+#include "common/error.hpp"
+#include "tests/unit/control/rank_threads.hpp"
+#include "tests/unit/fabric/fabric_pair.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace proxyep;
+using proxy::PeerChannel;
+using proxy::Session;
+
+namespace {
+
+constexpr int kCalls = 5;
+constexpr uint64_t kChunks = 40;  // more than any window below: slots and credits are reused
+constexpr uint64_t kRecordBytes = 24;
+
+struct Scenario {
+  std::string name;
+  int ranks, per_node;
+  std::string provider;
+  bool reorder;
+};
+
+// Byte `i` of what `from` sends `to` in `call` (kind tells records, eager bytes and chunks apart).
+std::byte pattern(uint64_t call, int from, int to, uint64_t kind, uint64_t i) {
+  return static_cast<std::byte>((call * 131 + static_cast<uint64_t>(from) * 31 +
+                                 static_cast<uint64_t>(to) * 7 + kind * 17 + i * 13) &
+                                0xff);
+}
+
+void fill(std::byte* out, uint64_t bytes, uint64_t call, int from, int to, uint64_t kind) {
+  for (uint64_t i = 0; i < bytes; ++i)
+    out[i] = pattern(call, from, to, kind, i);
+}
+
+void verify(const std::byte* got, uint64_t bytes, uint64_t call, int from, int to, uint64_t kind,
+            const char* what) {
+  for (uint64_t i = 0; i < bytes; ++i)
+    require(got[i] == pattern(call, from, to, kind, i), "test",
+            "call {}: {} from rank {} at rank {}: byte {} of {} is wrong", call, what, from, to, i,
+            bytes);
+}
+
+// The bytes chunk j of a stream carries: varying sizes, at most a slot.
+uint64_t chunk_bytes(const proxy::SlotShape& shape, uint64_t j) {
+  return std::min<uint64_t>(shape.slot_bytes, 64 + (j * 977) % shape.slot_bytes);
+}
+
+proxy::SlotShape shape_of(const PeerChannel& channel) {
+  const proxy::SlotGeometry g = channel.slots();
+  return {.slot_bytes = g.slot_bytes, .window = g.window};
+}
+
+void exchange_records(Session& s, uint64_t call, bool eager) {
+  const int R = s.ranks(), me = s.rank();
+  for (int d = 0; d < R; ++d) {
+    if (!eager || d == me) continue;
+    PeerChannel& to = s.channel(d);
+    fill(to.eager_buffer(call), 4096, call, me, d, 1);
+    to.send_eager(call, 4096, "test");
+  }
+  for (int d = 0; d < R; ++d) {
+    PeerChannel& to = s.channel(d);
+    fill(to.record_buffer(call).data(), kRecordBytes, call, me, d, 0);
+    to.send_record(call, kRecordBytes, "test");
+  }
+  for (int r = 0; r < R; ++r)
+    s.channel(r).expect_record(call, "test");
+  auto all = [&](auto&& ready) {
+    for (int r = 0; r < R; ++r)
+      if (!ready(r)) return false;
+    return true;
+  };
+  auto record_in = [&](int r) { return s.channel(r).record_arrived(call); };
+  s.await({.ready = [&] { return all(record_in); },
+           .pending = [&](int r) { return !record_in(r); },
+           .phase = "test",
+           .what = "records",
+           .detail = {}});
+  for (int r = 0; r < R; ++r)
+    verify(s.channel(r).record(call).data(), kRecordBytes, call, r, me, 0, "record");
+  if (!eager) return;
+  for (int r = 0; r < R; ++r)
+    if (r != me) s.channel(r).expect_eager(call, "test");
+  auto eager_in = [&](int r) { return r == me || s.channel(r).eager_arrived(call); };
+  s.await({.ready = [&] { return all(eager_in); },
+           .pending = [&](int r) { return !eager_in(r); },
+           .phase = "test",
+           .what = "eager bytes",
+           .detail = {}});
+  for (int r = 0; r < R; ++r)
+    if (r != me) verify(s.channel(r).eager(call), 4096, call, r, me, 1, "eager bytes");
+}
+
+// Every pair streams kChunks chunks; every chunk is checked as it is consumed.
+void exchange_streams(Session& s, uint64_t call) {
+  const int R = s.ranks(), me = s.rank();
+  std::vector<uint64_t> sent(static_cast<size_t>(R), 0), taken(static_cast<size_t>(R), 0);
+  for (int r = 0; r < R; ++r) {
+    sent[r] = taken[r] = r == me ? kChunks : 0;
+    if (r != me) s.channel(r).begin_streams(call, "test");
+  }
+  auto can_send = [&](int d) {
+    return sent[d] < kChunks && s.channel(d).can_send(sent[d], shape_of(s.channel(d)));
+  };
+  auto landed = [&](int r) { return std::min(s.channel(r).landed(), kChunks); };
+  auto pending = [&](int r) { return sent[r] < kChunks || taken[r] < kChunks; };
+  while (true) {
+    bool progressed = false;
+    for (int d = 0; d < R; ++d)
+      while (can_send(d)) {
+        PeerChannel& to = s.channel(d);
+        const auto shape = shape_of(to);
+        const uint64_t j = sent[d]++, bytes = chunk_bytes(shape, j);
+        fill(to.send_buffer(j, shape), bytes, call, me, d, 2 + j);
+        to.send_chunk(j, shape, bytes, "test");
+        progressed = true;
+      }
+    for (int r = 0; r < R; ++r) {
+      if (r == me || taken[r] >= landed(r)) continue;
+      PeerChannel& from = s.channel(r);
+      const auto shape = shape_of(from);
+      const uint64_t upto = landed(r);
+      for (uint64_t j = taken[r]; j < upto; ++j)
+        verify(from.chunk(j, shape), chunk_bytes(shape, j), call, r, me, 2 + j, "chunk");
+      taken[r] = upto;
+      from.consumed(upto, kChunks, shape, "test");
+      progressed = true;
+    }
+    bool done = true;
+    for (int r = 0; r < R; ++r)
+      done = done && !pending(r);
+    if (done) return;
+    if (!progressed)
+      s.await({.ready =
+                   [&] {
+                     for (int r = 0; r < R; ++r)
+                       if (r != me && (can_send(r) || landed(r) > taken[r])) return true;
+                     return false;
+                   },
+               .pending = pending,
+               .phase = "test",
+               .what = "chunks",
+               .detail = [&](int r) { return s.channel(r).send_progress(); }});
+  }
+}
+
+void run_rank(const Scenario& sc, control::Bootstrap::Options options) {
+  auto boot = control::Bootstrap::connect(options);
+  proxy::SessionConfig config;
+  config.sizes = {
+      .ranks = sc.ranks,
+      .ranks_per_node = sc.per_node,
+      .record_bytes = 128,
+      .eager_bytes = 4096,
+      .data_bytes = 64 << 10,
+      .staging_bytes =
+          16 << 10,  // fewer staging slots than the window: reuse waits for local completion
+      .chunk_bytes = 4096};
+  config.timeout = std::chrono::milliseconds(15000);
+  config.fabric = fabric::testing::options_for(sc.provider, boot->rank(), 1, sc.reorder, 11);
+  proxy::EngineOptions engine;
+  engine.placement.pin = false;  // every rank of the test shares this process's cores
+  config.engine = engine;
+  auto session = Session::open(*boot, config);
+  for (uint64_t call = 0; call < kCalls; ++call) {
+    session->begin_call(call);
+    exchange_records(*session, call, call % 2 == 1);
+    exchange_streams(*session, call);
+    session->quiet("test");
+  }
+  boot->barrier("test(done)");  // nobody stops its proxy while a peer still waits for a credit
+}
+
+void run_scenario(const Scenario& sc) {
+  CAPTURE(sc.name);
+  std::vector<control::testing::RankBody> bodies;
+  for (int r = 0; r < sc.ranks; ++r)
+    bodies.push_back([&](control::Bootstrap::Options options) { run_rank(sc, options); });
+  auto outcomes = control::testing::run_bodies(bodies, sc.ranks, std::chrono::milliseconds(20000));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    INFO("rank " << r << ": " << outcomes[r].error);
+    CHECK(outcomes[r].ok);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("node channels: records, eager bytes and streams through mapped arenas") {
+  run_scenario({"2 ranks on one node", 2, 2, "shm", false});
+  run_scenario({"3 ranks on one node", 3, 3, "shm", false});
+}
+
+TEST_CASE("fabric channels over an unordered fabric (reorder shim)") {
+  run_scenario({"2 ranks as 2 nodes, tcp", 2, 1, "tcp", true});
+  run_scenario({"2 ranks as 2 nodes, shm", 2, 1, "shm", true});
+}
+
+TEST_CASE("both kinds at once: 3 ranks as nodes of 2 and 1") {
+  run_scenario({"3 ranks, 2 per node, tcp", 3, 2, "tcp", true});
+}
+
+TEST_CASE("sizes that differ between ranks are refused on every rank, naming the rank") {
+  std::vector<control::testing::RankBody> bodies;
+  for (int r = 0; r < 2; ++r)
+    bodies.push_back([r](control::Bootstrap::Options options) {
+      auto boot = control::Bootstrap::connect(options);
+      proxy::SessionConfig config;
+      config.sizes = {.ranks = 2,
+                      .ranks_per_node = 2,
+                      .record_bytes = 128,
+                      .eager_bytes = 0,
+                      .data_bytes = static_cast<uint64_t>(r == 0 ? 64 << 10 : 128 << 10),
+                      .staging_bytes = 0,
+                      .chunk_bytes = 4096};
+      (void)Session::open(*boot, config);
+    });
+  auto outcomes = control::testing::run_bodies(bodies, 2, std::chrono::milliseconds(10000));
+  for (const auto& o : outcomes) {
+    CHECK_FALSE(o.ok);
+    CHECK(o.error.find("every rank must pass the same") != std::string::npos);
+  }
+}
