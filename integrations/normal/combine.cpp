@@ -89,8 +89,8 @@ CombineResult NormalMode::combine(const CombineArgs& a) {
   CombineStreams streams(backend_, in.format, dispatched, static_cast<const std::byte*>(a.x.data),
                          weights, in.topk, me);
   const std::vector<int64_t> rows_to = dispatched.received_from_each(me);
-  plan_outgoing(session_, streams, rows_to);
-  plan_incoming(session_, streams, dispatched.sent_by(me));
+  streams.out = plan_streams(session_, in.format, rows_to);
+  streams.in = plan_streams(session_, in.format, dispatched.sent_by(me));
 
   const uint64_t call = calls_.begin();
   // Before the records, which publish them.

@@ -28,7 +28,7 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& a) {
   TokenRouting routing = in.cached ? TokenRouting::cached(*a.handle, me)
                                    : TokenRouting::fresh(a.is_token_in_rank, R, me);
   DispatchStreams streams(backend_, in, a, routing, shape_for(in.num_experts), me);
-  plan_outgoing(session_, streams, routing.rows_to);
+  streams.out = plan_streams(session_, in.format, routing.rows_to);
 
   const uint64_t call = calls_.begin();
   // Before the records, which publish them.
@@ -45,7 +45,7 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& a) {
   for (int s = 0; s < R; ++s)
     first_row[s] = counts.first_from(s, me);
   streams.receive_into(out, std::move(first_row));
-  plan_incoming(session_, streams, counts.received_from_each(me));
+  streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
   calls_.step([&] { run_streams(session_, call, streams, stats_, kPhase); });
 
   clear_padding(out, in, num_recv);

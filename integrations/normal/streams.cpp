@@ -167,22 +167,15 @@ void StreamRun::run() {
 
 }  // namespace
 
-void plan_outgoing(const proxy::Session& session, RowStreams& streams,
-                   std::span<const int64_t> rows_to) {
+std::vector<ChunkPlan> plan_streams(const proxy::Session& session, const ep::RowFormat& format,
+                                    std::span<const int64_t> rows) {
   const uint64_t eager = session.layout().sizes().eager_bytes;
-  for (int d = 0; d < session.ranks(); ++d)
-    if (d != session.rank())
-      streams.out[d] = plan_stream(static_cast<uint64_t>(rows_to[d]), streams.format,
-                                   session.channel(d).slots(), eager);
-}
-
-void plan_incoming(const proxy::Session& session, RowStreams& streams,
-                   std::span<const int64_t> rows_from) {
-  const uint64_t eager = session.layout().sizes().eager_bytes;
-  for (int s = 0; s < session.ranks(); ++s)
-    if (s != session.rank())
-      streams.in[s] = plan_stream(static_cast<uint64_t>(rows_from[s]), streams.format,
-                                  session.channel(s).slots(), eager);
+  std::vector<ChunkPlan> plans(static_cast<size_t>(session.ranks()));
+  for (int r = 0; r < session.ranks(); ++r)
+    if (r != session.rank())
+      plans[r] =
+          plan_stream(static_cast<uint64_t>(rows[r]), format, session.channel(r).slots(), eager);
+  return plans;
 }
 
 void require_row_fits(const proxy::Session& session, const ep::RowFormat& format,

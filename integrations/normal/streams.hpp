@@ -42,11 +42,11 @@ class RowStreams {
   std::vector<ChunkPlan> in;   // by source (this rank: none)
 };
 
-// The plans of this rank's streams: out[d] for rows_to[d] rows, or in[s] for rows_from[s].
-void plan_outgoing(const proxy::Session& session, RowStreams& streams,
-                   std::span<const int64_t> rows_to);
-void plan_incoming(const proxy::Session& session, RowStreams& streams,
-                   std::span<const int64_t> rows_from);
+// The plans of this rank's streams with every peer for rows[r] rows between this rank and r
+// (either direction: a stream's plan depends only on its rows and the peer's slots). This rank's
+// own entry is an empty plan.
+std::vector<ChunkPlan> plan_streams(const proxy::Session& session, const ep::RowFormat& format,
+                                    std::span<const int64_t> rows);
 // Throws proxyep::Error(phase), before anything is sent, when a row of `format` fits no slot
 // of some peer's streams (the Buffer is too small for it).
 void require_row_fits(const proxy::Session& session, const ep::RowFormat& format,

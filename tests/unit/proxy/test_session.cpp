@@ -64,6 +64,21 @@ proxy::SlotShape shape_of(const PeerChannel& channel) {
   return {.slot_bytes = g.slot_bytes, .window = g.window};
 }
 
+// Waits until in(r) holds for every rank r.
+template <typename In>
+void await_all(Session& s, In&& in, std::string_view what) {
+  s.await({.ready =
+               [&] {
+                 for (int r = 0; r < s.ranks(); ++r)
+                   if (!in(r)) return false;
+                 return true;
+               },
+           .pending = [&](int r) { return !in(r); },
+           .phase = "test",
+           .what = what,
+           .detail = {}});
+}
+
 void exchange_records(Session& s, uint64_t call, bool eager) {
   const int R = s.ranks(), me = s.rank();
   for (int d = 0; d < R; ++d) {
@@ -79,28 +94,15 @@ void exchange_records(Session& s, uint64_t call, bool eager) {
   }
   for (int r = 0; r < R; ++r)
     s.channel(r).expect_record(call, "test");
-  auto all = [&](auto&& ready) {
-    for (int r = 0; r < R; ++r)
-      if (!ready(r)) return false;
-    return true;
-  };
-  auto record_in = [&](int r) { return s.channel(r).record_arrived(call); };
-  s.await({.ready = [&] { return all(record_in); },
-           .pending = [&](int r) { return !record_in(r); },
-           .phase = "test",
-           .what = "records",
-           .detail = {}});
+  await_all(
+      s, [&](int r) { return s.channel(r).record_arrived(call); }, "records");
   for (int r = 0; r < R; ++r)
     verify(s.channel(r).record(call).data(), kRecordBytes, call, r, me, 0, "record");
   if (!eager) return;
   for (int r = 0; r < R; ++r)
     if (r != me) s.channel(r).expect_eager(call, "test");
-  auto eager_in = [&](int r) { return r == me || s.channel(r).eager_arrived(call); };
-  s.await({.ready = [&] { return all(eager_in); },
-           .pending = [&](int r) { return !eager_in(r); },
-           .phase = "test",
-           .what = "eager bytes",
-           .detail = {}});
+  await_all(
+      s, [&](int r) { return r == me || s.channel(r).eager_arrived(call); }, "eager bytes");
   for (int r = 0; r < R; ++r)
     if (r != me) verify(s.channel(r).eager(call), 4096, call, r, me, 1, "eager bytes");
 }
