@@ -95,9 +95,9 @@
 //          attaches, after the claim.
 #pragma once
 
+#include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
-#include "gpu_side/backoff.hpp"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/ring_layout.hpp"
 

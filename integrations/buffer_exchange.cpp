@@ -1,9 +1,9 @@
 // Buffer::Impl: construction and the protocol steps every call shares (see buffer_impl.hpp).
+#include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/log.hpp"
 #include "common/params.hpp"
 #include "control/imm_layout.hpp"
-#include "gpu_side/backoff.hpp"
 #include "integrations/buffer_impl.hpp"
 #include "proxy/region_exchange.hpp"
 
@@ -428,7 +428,7 @@ void Buffer::Impl::await(const std::function<bool()>& ready,
     // yield. With a spin of 2000 pauses both ranks of a 2-core machine took ~360 us per call
     // after a barrier instead of ~20 us. Past ~20000 polls, short sleeps keep a long wait off
     // the cores.
-    gpu_side::Backoff backoff(kSpinsBeforeYield);
+    Backoff backoff(kSpinsBeforeYield);
     uint64_t polls = 0;
     while (!ready()) {
       if (check_peers()) break;
