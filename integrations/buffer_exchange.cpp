@@ -127,8 +127,8 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
     fabric = fabric::Fabric::open(fabric::FabricOptions::from_params(rank));
     boot.set_progress([this] { fabric->progress(); });
     fabric->connect(boot.allgather(fabric->addresses(), "buffer(fabric addresses)"));
-    staging = std::make_unique<gpu_side::RingMemory>(gpu_side::RingMemory::heap(
-        staging_data_offset() + static_cast<uint64_t>(opts.num_rdma_bytes)));
+    staging = std::make_unique<HostMemory>(
+        HostMemory::heap(staging_data_offset() + static_cast<uint64_t>(opts.num_rdma_bytes)));
     arena_region = fabric->register_memory(node->local(), node->bytes());
     staging_region = fabric->register_memory(staging->host(), staging->size());
     require(geometry.stage_window > 0, phase,
@@ -155,8 +155,8 @@ Buffer::Impl::Impl(control::Bootstrap& boot, const BufferOptions& opts)
     engine = std::make_unique<proxy::ProxyEngine>(*fabric, rank, ranks, router);
     proxy::share_region(boot, engine->regions(), kArenaRegion, *arena_region, phase);
     engine->regions().add_local(kStagingRegion, *staging_region);
-    ring_memory = std::make_unique<gpu_side::RingMemory>(
-        gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
+    ring_memory =
+        std::make_unique<HostMemory>(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
     auto ring = gpu_side::Ring::create(ring_memory->bytes(), kRingSlots);
     doorbell = std::make_unique<gpu_side::Doorbell>();
     ring_index = engine->add_ring(ring, doorbell.get());

@@ -38,6 +38,7 @@
 // 3. quiet: every write this rank posted has completed (notify records are rewritten next call).
 #pragma once
 
+#include "common/host_memory.hpp"
 #include "control/counter_bank.hpp"
 #include "control/sequence_window.hpp"
 #include "control/signal_router.hpp"
@@ -47,7 +48,6 @@
 #include "gpu_side/ep/host_executor.hpp"
 #include "gpu_side/ep/row_format.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 #include "integrations/buffer.hpp"
 #include "integrations/chunk_plan.hpp"
 #include "proxy/node_memory.hpp"
@@ -128,7 +128,7 @@ struct Buffer::Impl {
   StreamGeometry geometry;
   // Internode path (only when the group spans nodes).
   std::unique_ptr<fabric::Fabric> fabric;
-  std::unique_ptr<gpu_side::RingMemory> staging;
+  std::unique_ptr<HostMemory> staging;
   std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region;
   // Notify records: key = source; eager rows: key = R + source.
   std::unique_ptr<control::CounterBank> counters;
@@ -141,7 +141,7 @@ struct Buffer::Impl {
   static constexpr uint64_t kNeverPosted = ~uint64_t{0};
   control::SignalRouter router;
   // Declared before the engine, which releases its claim on the ring when destroyed.
-  std::unique_ptr<gpu_side::RingMemory> ring_memory;
+  std::unique_ptr<HostMemory> ring_memory;
   std::unique_ptr<gpu_side::Doorbell> doorbell;
   std::unique_ptr<proxy::ProxyEngine> engine;
   std::unique_ptr<gpu_side::RingProducer> producer;

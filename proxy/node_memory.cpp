@@ -27,7 +27,7 @@ struct Published {
 NodeMemory::NodeMemory(control::Bootstrap& bootstrap, size_t bytes, int ranks_per_node,
                        std::string_view phase)
     : rank_(bootstrap.rank()),
-      local_(gpu_side::RingMemory::memfd(bytes, "proxyep-arena-" + std::to_string(rank_))) {
+      local_(HostMemory::memfd(bytes, "proxyep-arena-" + std::to_string(rank_))) {
   Published mine{static_cast<int64_t>(::getpid()), local_.fd(), local_.size()};
   std::span<const uint8_t> wire(reinterpret_cast<const uint8_t*>(&mine), sizeof mine);
   auto all = bootstrap.allgather(wire, std::string(phase) + "(arenas)");
@@ -55,7 +55,7 @@ NodeMemory::NodeMemory(control::Bootstrap& bootstrap, size_t bytes, int ranks_pe
       continue;
     }
     try {
-      mapped_[static_cast<size_t>(r)].emplace(gpu_side::RingMemory::map_fd(fd));
+      mapped_[static_cast<size_t>(r)].emplace(HostMemory::map_fd(fd));
     } catch (const Error& e) {
       failure = fmt::format("cannot map the arena of rank {}: {}", r, e.what());
     }

@@ -1,4 +1,4 @@
-// GPU producer for a descriptor ring in mapped pinned host memory (RingMemory::cuda_pinned).
+// GPU producer for a descriptor ring in mapped pinned host memory (gpu_side/pinned_memory.hpp).
 //
 // The slot protocol and the encode() are the host producer's (ring.hpp, descriptor.hpp); what
 // changes is where each word lives, because every access to host memory crosses PCIe:

@@ -6,8 +6,8 @@
 #include "common/error.hpp"
 #include "gpu_side/cuda/ring_selftest.hpp"
 #include "gpu_side/doorbell.hpp"
+#include "gpu_side/pinned_memory.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 
 #include "tests/gpu/device_check.hpp"
 
@@ -57,7 +57,7 @@ void check_slot(const WireDescriptor& slot, const gpu::SelftestConfig& config,
 }
 
 int run(uint64_t capacity, const gpu::SelftestConfig& config) {
-  auto memory = RingMemory::cuda_pinned(Ring::bytes_for(capacity));
+  auto memory = cuda_pinned_memory(Ring::bytes_for(capacity));
   Ring ring = Ring::create(memory.bytes(), capacity);
   RingConsumer consumer(ring);
   RingWaiter waiter(consumer, nullptr, {.timed_sleep = 5us});  // GPU: no doorbell
