@@ -93,14 +93,10 @@ Status SignalRouter::route(uint32_t raw) {
   return status == Status::ok ? status : note(raw, "the control handler failed");
 }
 
-Status SignalRouter::route(const fabric::Completion& completion) {
-  if (completion.kind != fabric::Completion::Kind::remote_write) {
-    std::lock_guard lock(error_mutex_);
-    last_error_ = fmt::format("local_write completion (cookie {}, peer {}) is not a signal",
-                              completion.cookie, completion.peer);
-    return Status::error;
-  }
-  return route(completion.imm);
+Status SignalRouter::refuse(std::string what) {
+  std::lock_guard lock(error_mutex_);
+  last_error_ = std::move(what);
+  return Status::error;
 }
 
 Status SignalRouter::note(uint32_t raw, const std::string& what) {
