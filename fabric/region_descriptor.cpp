@@ -2,8 +2,9 @@
 //   u32 magic "PXRD" | u16 version | u16 rail count | u64 length | per rail: u64 address, u64 key
 // The magic and version make a blob from another build or a misrouted allgather fail loudly
 // instead of turning into writes at wrong addresses.
+#include "fabric/region_descriptor.hpp"
+
 #include "common/wire.hpp"
-#include "fabric/fabric.hpp"
 
 namespace proxyep::fabric {
 namespace {
