@@ -94,21 +94,11 @@ Status SignalRouter::route(uint32_t raw) {
 }
 
 Status SignalRouter::refuse(std::string what) {
-  std::lock_guard lock(error_mutex_);
-  last_error_ = std::move(what);
-  return Status::error;
+  return error_.note(std::move(what));
 }
 
 Status SignalRouter::note(uint32_t raw, const std::string& what) {
-  std::string message = fmt::format("{}: {}", describe(raw), what);
-  std::lock_guard lock(error_mutex_);
-  last_error_ = std::move(message);
-  return Status::error;
-}
-
-std::string SignalRouter::last_error() const {
-  std::lock_guard lock(error_mutex_);
-  return last_error_;
+  return error_.note(fmt::format("{}: {}", describe(raw), what));
 }
 
 }  // namespace proxyep::control

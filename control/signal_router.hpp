@@ -15,13 +15,13 @@
 #pragma once
 
 #include "common/error.hpp"
+#include "common/error_note.hpp"
 #include "control/counter_bank.hpp"
 #include "control/imm_layout.hpp"
 #include "control/sequence_window.hpp"
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -47,7 +47,7 @@ class SignalRouter {
   // signal).
   [[nodiscard]] Status refuse(std::string what);
 
-  std::string last_error() const;
+  std::string last_error() const { return error_.last(); }
 
  private:
   Status note(uint32_t imm, const std::string& what);
@@ -56,8 +56,7 @@ class SignalRouter {
   std::vector<SequenceWindow*> streams_;  // by stream id, imm::kMaxStreams entries
   std::vector<SenderCredits*> credits_;   // by stream id, imm::kMaxStreams entries
   ControlHandler control_;
-  mutable std::mutex error_mutex_;  // guards last_error_ (error path only)
-  std::string last_error_;
+  ErrorNote error_;
 };
 
 }  // namespace proxyep::control
