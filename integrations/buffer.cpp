@@ -6,6 +6,8 @@
 #include "gpu_side/ep/row_format.hpp"
 #include "integrations/buffer_impl.hpp"
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep {
 
 Buffer::Buffer(control::Bootstrap& bootstrap, BufferOptions options)

@@ -10,6 +10,8 @@
 
 #include <cstring>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep {
 
 namespace {

@@ -16,6 +16,8 @@
 #include <random>
 #include <thread>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep {
 
 namespace {

@@ -78,7 +78,7 @@ struct alignas(64) NotifyHeader {
   uint64_t seq = 0;  // call + 1; stored last (release) on the intranode path
   uint32_t kind = 0;
   uint32_t num_tokens = 0;
-  ep::RowFormat format;
+  gpu_side::ep::RowFormat format;
   uint32_t num_experts = 0;
   uint32_t expert_alignment = 0;
   uint64_t chunk_bytes = 0;
@@ -93,7 +93,7 @@ inline constexpr int64_t kMaxStreamRows = (int64_t{1} << 24) - 1;
 // `take` consumes chunk `chunk` from `source` out of its slot before the slot is handed back.
 // `local` runs once, after the first chunks are on their way (e.g. a rank's rows to itself).
 struct Transfer {
-  ep::RowFormat format;
+  gpu_side::ep::RowFormat format;
   std::vector<ChunkPlan> out;  // by destination (self: no chunks)
   std::vector<ChunkPlan> in;   // by source (self: no chunks)
   std::function<void(int destination, uint64_t first, uint64_t rows, std::byte* slot)> fill;
@@ -117,7 +117,7 @@ struct Buffer::Impl {
   uint64_t id = 0;  // for handles: which Buffer made them
   bool destroyed = false;
   std::chrono::milliseconds timeout{100000};
-  std::unique_ptr<ep::HostExecutor> executor;
+  std::unique_ptr<gpu_side::ep::HostExecutor> executor;
 
   size_t record_bytes = 0;         // one notify record
   uint64_t eager_bytes = 0;        // one eager slot (ep.eager_bytes; 0 = no eager rows)
@@ -207,9 +207,9 @@ struct Buffer::Impl {
       const std::function<std::span<const int32_t>(int)>& experts_for, std::string_view phase);
   // The plan of the stream from `source` to `destination` for `rows` rows of `format`.
   ChunkPlan plan_stream(int source, int destination, uint64_t rows,
-                        const ep::RowFormat& format) const;
+                        const gpu_side::ep::RowFormat& format) const;
   // Checks, before anything is sent, that a row of `format` fits the Buffer's slots.
-  void require_row_fits(const ep::RowFormat& format, std::string_view phase) const;
+  void require_row_fits(const gpu_side::ep::RowFormat& format, std::string_view phase) const;
   // Before the notify records of call `call`: writes the rows of every eager stream of
   // `transfer` (node peers: stores, published by the record's release store; other nodes: one
   // RMA write with counter immediate key R + this rank).
@@ -239,7 +239,9 @@ struct Buffer::Impl {
   void check_usable(std::string_view phase) const;
 
   // ---- the calls (buffer_dispatch.cpp, buffer_combine.cpp) ----
-  ep::EpShape shape_for(int num_experts) const { return {ranks, ranks_per_node, num_experts}; }
+  gpu_side::ep::EpShape shape_for(int num_experts) const {
+    return {ranks, ranks_per_node, num_experts};
+  }
   DispatchResult dispatch(const DispatchArgs& args);
   CombineResult combine(const CombineArgs& args);
 };

@@ -4,6 +4,8 @@
 
 #include <cstring>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep {
 
 ep::RowInput row_input(const RowSource& source) {

@@ -8,6 +8,8 @@
 
 #include <atomic>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep {
 
 namespace {

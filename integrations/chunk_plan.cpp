@@ -7,6 +7,8 @@
 
 #include <bit>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep {
 
 namespace {

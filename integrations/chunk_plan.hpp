@@ -72,18 +72,18 @@ struct ChunkPlan {
 };
 
 // Rows of `format` that fit `slot_bytes` (0 when not even one does).
-uint64_t rows_per_slot(uint64_t slot_bytes, const ep::RowFormat& format);
+uint64_t rows_per_slot(uint64_t slot_bytes, const gpu_side::ep::RowFormat& format);
 
 // The plan for `rows` rows between node peers / between nodes. rows_per_chunk is 0 (and chunks
 // 0) only when a single row does not fit a slot: check with fits_one_row() before sending.
-ChunkPlan plan_node_stream(uint64_t rows, const ep::RowFormat& format,
+ChunkPlan plan_node_stream(uint64_t rows, const gpu_side::ep::RowFormat& format,
                            const StreamGeometry& geometry);
-ChunkPlan plan_remote_stream(uint64_t rows, const ep::RowFormat& format,
+ChunkPlan plan_remote_stream(uint64_t rows, const gpu_side::ep::RowFormat& format,
                              const StreamGeometry& geometry);
 
 // Whether a row of `format` fits every kind of slot this Buffer uses; else the message says
 // which memory is too small.
-bool fits_one_row(const ep::RowFormat& format, const StreamGeometry& geometry, bool multi_node,
-                  std::string* why);
+bool fits_one_row(const gpu_side::ep::RowFormat& format, const StreamGeometry& geometry,
+                  bool multi_node, std::string* why);
 
 }  // namespace proxyep

@@ -25,7 +25,7 @@
 
 #include <cstdint>
 
-namespace proxyep::gpu_side::gpu {
+namespace proxyep::gpu_side::cuda {
 
 // Device-side handle of one ring; trivially copyable, passed to kernels by value.
 struct DeviceRing {
@@ -99,4 +99,4 @@ __device__ inline bool device_push(const DeviceRing& ring, const Descriptor& d,
   return true;
 }
 
-}  // namespace proxyep::gpu_side::gpu
+}  // namespace proxyep::gpu_side::cuda

@@ -19,10 +19,10 @@
 
 #include <cstdint>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 // For every t in [begin, end): what combine_token(in, t, HostLanes{}) writes, i.e. out[t] and
 // (topk > 0) out_weights[t]. Tokens are independent, so ranges may run on different threads.
 void reduce_tokens_host(const CombineInput& in, int64_t begin, int64_t end);
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

@@ -5,6 +5,8 @@
 
 #include <doctest/doctest.h>
 
+namespace ep = proxyep::gpu_side::ep;
+
 using namespace proxyep;
 
 namespace {
