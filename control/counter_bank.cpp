@@ -166,14 +166,7 @@ Status CounterBank::retire(uint64_t epoch) {
 
 Status CounterBank::note(std::string message) {
   errors_.fetch_add(1, kRelaxed);
-  std::lock_guard lock(error_mutex_);
-  last_error_ = std::move(message);
-  return Status::error;
-}
-
-std::string CounterBank::last_error() const {
-  std::lock_guard lock(error_mutex_);
-  return last_error_;
+  return error_.note(std::move(message));
 }
 
 }  // namespace proxyep::control

@@ -45,13 +45,13 @@
 #pragma once
 
 #include "common/error.hpp"
+#include "common/error_note.hpp"
 #include "control/imm_layout.hpp"
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 
 namespace proxyep::control {
@@ -101,7 +101,7 @@ class CounterBank {
   uint32_t keys() const { return keys_; }
   // The most recent error's description, from any thread (when several threads fail at once,
   // one of them); empty when none happened.
-  std::string last_error() const;
+  std::string last_error() const { return error_.last(); }
   // The last LEAK report of begin_epoch() (consumer thread), unaffected by arrivals' errors.
   const std::string& last_leak() const { return last_leak_; }
   uint64_t errors() const { return errors_.load(std::memory_order_relaxed); }
@@ -134,8 +134,7 @@ class CounterBank {
   Bank banks_[kBanks];
   alignas(64) std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> errors_{0};
-  mutable std::mutex error_mutex_;  // guards last_error_ (errors are rare; never on success)
-  std::string last_error_;
+  ErrorNote error_;
   std::string last_leak_;  // consumer thread only
 };
 

@@ -17,19 +17,19 @@ Status QuietTracker::post(Ticket& ticket) {
 Status QuietTracker::complete(Ticket ticket) {
   uint64_t posted = this->posted();  // acquire: partner of post()'s release store
   if (ticket >= posted)
-    return note(fmt::format("completion for ticket {}, but only tickets below {} were posted",
-                            ticket, posted));
+    return error_.note(fmt::format(
+        "completion for ticket {}, but only tickets below {} were posted", ticket, posted));
   switch (window_.mark(ticket)) {
     case PrefixWindow::Mark::ok:
       return Status::ok;
     case PrefixWindow::Mark::behind:
     case PrefixWindow::Mark::duplicate:
-      return note(fmt::format("ticket {} completed twice", ticket));
+      return error_.note(fmt::format("ticket {} completed twice", ticket));
     case PrefixWindow::Mark::beyond:
       break;
   }
-  return note(fmt::format("ticket {} is beyond the retirement window (retired prefix {})", ticket,
-                          retired_prefix()));
+  return error_.note(fmt::format("ticket {} is beyond the retirement window (retired prefix {})",
+                                 ticket, retired_prefix()));
 }
 
 uint64_t QuietTracker::outstanding(uint64_t target) const {
@@ -45,17 +45,6 @@ void QuietTracker::fail_timeout(uint64_t target, std::string_view phase) const {
        "quiet timed out: {} of the writes posted before ticket {} still outstanding (oldest "
        "ticket {}; {} posted, retired prefix {})",
        outstanding(target), target, oldest, posted(), oldest);
-}
-
-Status QuietTracker::note(std::string message) {
-  std::lock_guard lock(error_mutex_);
-  last_error_ = std::move(message);
-  return Status::error;
-}
-
-std::string QuietTracker::last_error() const {
-  std::lock_guard lock(error_mutex_);
-  return last_error_;
 }
 
 }  // namespace proxyep::control

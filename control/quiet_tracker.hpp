@@ -16,11 +16,11 @@
 
 #include "common/deadline.hpp"
 #include "common/error.hpp"
+#include "common/error_note.hpp"
 #include "control/sequence_window.hpp"
 
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -47,7 +47,7 @@ class QuietTracker {
   // Tickets below `target` that have not completed (exact; scans the window).
   uint64_t outstanding(uint64_t target) const;
   uint64_t capacity() const { return window_.capacity(); }
-  std::string last_error() const;
+  std::string last_error() const { return error_.last(); }
 
   // Waits until quiet(target), calling `progress` between checks (it returns Status or void;
   // anything but ok/again ends the wait). Throws proxyep::Error(phase, ...) on timeout, naming
@@ -63,12 +63,10 @@ class QuietTracker {
 
  private:
   [[noreturn]] void fail_timeout(uint64_t target, std::string_view phase) const;
-  Status note(std::string message);
 
   PrefixWindow window_;
   alignas(64) std::atomic<uint64_t> posted_{0};
-  mutable std::mutex error_mutex_;  // guards last_error_ (error path only)
-  std::string last_error_;
+  ErrorNote error_;
 };
 
 template <typename Progress>

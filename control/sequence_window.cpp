@@ -88,11 +88,11 @@ Status SequenceWindow::complete(uint16_t seq) {
   uint64_t w = window_.capacity();
   if (distance >= w) {
     if (distance > kHalfSeq)
-      return note(
+      return error_.note(
           fmt::format("chunk seq {} is behind the tail {} by {}: a duplicate of a "
                       "retired chunk",
                       seq, static_cast<uint16_t>(tail), imm::kSeqModulus - distance));
-    return note(
+    return error_.note(
         fmt::format("chunk seq {} is beyond the window [{}, {}+{}): the sender posted "
                     "without credit",
                     seq, static_cast<uint16_t>(tail), static_cast<uint16_t>(tail), w));
@@ -102,22 +102,11 @@ Status SequenceWindow::complete(uint16_t seq) {
       return Status::ok;
     case PrefixWindow::Mark::duplicate:
     case PrefixWindow::Mark::behind:
-      return note(fmt::format("chunk seq {} completed twice (duplicate)", seq));
+      return error_.note(fmt::format("chunk seq {} completed twice (duplicate)", seq));
     case PrefixWindow::Mark::beyond:
       break;
   }
-  return note(fmt::format("chunk seq {} is beyond the window", seq));
-}
-
-Status SequenceWindow::note(std::string message) {
-  std::lock_guard lock(error_mutex_);
-  last_error_ = std::move(message);
-  return Status::error;
-}
-
-std::string SequenceWindow::last_error() const {
-  std::lock_guard lock(error_mutex_);
-  return last_error_;
+  return error_.note(fmt::format("chunk seq {} is beyond the window", seq));
 }
 
 SenderCredits::SenderCredits(uint32_t window, uint16_t start)
@@ -139,7 +128,7 @@ Status SenderCredits::credit(uint16_t tail) {
     auto distance = static_cast<uint16_t>(tail - static_cast<uint16_t>(acked));
     if (distance == 0 || distance > kHalfSeq) return Status::ok;  // nothing new, or stale
     if (distance > posted - acked)
-      return note(
+      return error_.note(
           fmt::format("credit up to seq {} but only seqs before {} were posted "
                       "(acknowledged up to {})",
                       tail, static_cast<uint16_t>(posted), static_cast<uint16_t>(acked)));
@@ -152,17 +141,6 @@ uint32_t SenderCredits::available() const {
   uint64_t acked = acked_.load(kAcquire);  // first: acked <= posted read below
   uint64_t in_flight = posted_.load(kAcquire) - acked;
   return in_flight >= window_ ? 0 : static_cast<uint32_t>(window_ - in_flight);
-}
-
-Status SenderCredits::note(std::string message) {
-  std::lock_guard lock(error_mutex_);
-  last_error_ = std::move(message);
-  return Status::error;
-}
-
-std::string SenderCredits::last_error() const {
-  std::lock_guard lock(error_mutex_);
-  return last_error_;
 }
 
 }  // namespace proxyep::control

@@ -37,12 +37,12 @@
 #pragma once
 
 #include "common/error.hpp"
+#include "common/error_note.hpp"
 #include "control/imm_layout.hpp"
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 
 namespace proxyep::control {
@@ -88,14 +88,11 @@ class SequenceWindow {
   uint64_t tail() const { return window_.tail(); }
   uint16_t tail16() const { return static_cast<uint16_t>(window_.tail()); }
   uint32_t window() const { return static_cast<uint32_t>(window_.capacity()); }
-  std::string last_error() const;
+  std::string last_error() const { return error_.last(); }
 
  private:
-  Status note(std::string message);
-
   PrefixWindow window_;
-  mutable std::mutex error_mutex_;  // guards last_error_ (error path only)
-  std::string last_error_;
+  ErrorNote error_;
 };
 
 class SenderCredits {
@@ -114,16 +111,13 @@ class SenderCredits {
   uint64_t acked() const { return acked_.load(std::memory_order_acquire); }
   uint32_t available() const;  // credits left, as seen by the caller
   uint32_t window() const { return window_; }
-  std::string last_error() const;
+  std::string last_error() const { return error_.last(); }
 
  private:
-  Status note(std::string message);
-
   uint32_t window_;
   alignas(64) std::atomic<uint64_t> posted_;
   alignas(64) std::atomic<uint64_t> acked_;
-  mutable std::mutex error_mutex_;  // guards last_error_ (error path only)
-  std::string last_error_;
+  ErrorNote error_;
 };
 
 }  // namespace proxyep::control

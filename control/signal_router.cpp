@@ -93,26 +93,12 @@ Status SignalRouter::route(uint32_t raw) {
   return status == Status::ok ? status : note(raw, "the control handler failed");
 }
 
-Status SignalRouter::route(const fabric::Completion& completion) {
-  if (completion.kind != fabric::Completion::Kind::remote_write) {
-    std::lock_guard lock(error_mutex_);
-    last_error_ = fmt::format("local_write completion (cookie {}, peer {}) is not a signal",
-                              completion.cookie, completion.peer);
-    return Status::error;
-  }
-  return route(completion.imm);
+Status SignalRouter::refuse(std::string what) {
+  return error_.note(std::move(what));
 }
 
 Status SignalRouter::note(uint32_t raw, const std::string& what) {
-  std::string message = fmt::format("{}: {}", describe(raw), what);
-  std::lock_guard lock(error_mutex_);
-  last_error_ = std::move(message);
-  return Status::error;
-}
-
-std::string SignalRouter::last_error() const {
-  std::lock_guard lock(error_mutex_);
-  return last_error_;
+  return error_.note(fmt::format("{}: {}", describe(raw), what));
 }
 
 }  // namespace proxyep::control

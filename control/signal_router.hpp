@@ -1,5 +1,6 @@
-// SignalRouter: what a proxy thread calls on every remote_write completion. It decodes the
-// 32-bit immediate (control/imm_layout.hpp) and dispatches it:
+// SignalRouter: what a proxy thread calls on every remote_write completion (with its immediate:
+// proxy/route_completion.hpp takes the fabric's completion). It decodes the 32-bit immediate
+// (control/imm_layout.hpp) and dispatches it:
 //   counter -> CounterBank::arrive(epoch tag, key)
 //   stream  -> the SequenceWindow attached for that stream id: complete(seq)
 //   credit  -> the SenderCredits attached for that stream id: credit(tail)
@@ -14,14 +15,13 @@
 #pragma once
 
 #include "common/error.hpp"
+#include "common/error_note.hpp"
 #include "control/counter_bank.hpp"
 #include "control/imm_layout.hpp"
 #include "control/sequence_window.hpp"
-#include "fabric/transport.hpp"
 
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -42,11 +42,12 @@ class SignalRouter {
   // Dispatches one immediate. Status::error when nothing is attached for it or the target
   // rejects it.
   [[nodiscard]] Status route(uint32_t imm);
-  // A completion from Transport::poll(): remote_write ones are routed by their immediate;
-  // a local_write completion is the caller's to handle (Status::error here).
-  [[nodiscard]] Status route(const fabric::Completion& completion);
+  // Records `what` as last_error() and returns Status::error: for a caller that refuses
+  // something on the router's behalf (proxy/route_completion.hpp: a completion that is not a
+  // signal).
+  [[nodiscard]] Status refuse(std::string what);
 
-  std::string last_error() const;
+  std::string last_error() const { return error_.last(); }
 
  private:
   Status note(uint32_t imm, const std::string& what);
@@ -55,8 +56,7 @@ class SignalRouter {
   std::vector<SequenceWindow*> streams_;  // by stream id, imm::kMaxStreams entries
   std::vector<SenderCredits*> credits_;   // by stream id, imm::kMaxStreams entries
   ControlHandler control_;
-  mutable std::mutex error_mutex_;  // guards last_error_ (error path only)
-  std::string last_error_;
+  ErrorNote error_;
 };
 
 }  // namespace proxyep::control

@@ -1,17 +1,17 @@
 // Fabric: opens the rails of one rank, packs their addresses, registers memory on all of them.
 //
-// Address blob (little endian, fabric/wire.hpp):
+// Address blob (little endian, common/wire.hpp):
 //   u32 magic "PXFA" | u16 version | u16 rail count | per rail: u32 length, name bytes
 // Every rank must open the same number of rails; rail i of one rank talks to rail i of another.
 #include "fabric/fabric.hpp"
 
 #include "common/log.hpp"
 #include "common/params.hpp"
+#include "common/wire.hpp"
 #include "fabric/memory.hpp"
 #include "fabric/provider.hpp"
 #include "fabric/rail.hpp"
 #include "fabric/reorder_shim.hpp"
-#include "fabric/wire.hpp"
 
 namespace proxyep::fabric {
 namespace {

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "fabric/capabilities.hpp"
+#include "fabric/region_descriptor.hpp"
 #include "fabric/transport.hpp"
 
 #include <cstddef>
@@ -40,17 +41,6 @@ struct FabricOptions {
   ReorderOptions reorder;
 
   static FabricOptions from_params(int rank);  // fills every field from common/params.hpp
-};
-
-// What a peer needs to write into one of our regions: per rail, the base address to add
-// offsets to (VA or 0) and the key. Serialised for the bootstrap's allgather.
-struct RegionDescriptor {
-  uint64_t length = 0;
-  std::vector<RemoteTarget> rails;
-
-  RemoteTarget target(int rail, uint64_t offset) const;  // throws if offset is out of range
-  Bytes serialize() const;
-  static RegionDescriptor deserialize(std::span<const uint8_t> bytes);  // throws on malformed
 };
 
 // A buffer registered on every rail; deregistered on destruction. It keeps the domains it is

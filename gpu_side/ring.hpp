@@ -1,6 +1,6 @@
 // Descriptor ring: one consumer and either many producers (the default) or exactly one, in
 // memory that every party maps (ring_layout.hpp: a 512-byte header, then `capacity` 64-byte
-// slots; ring_memory.hpp: heap, memfd or CUDA mapped pinned memory).
+// slots; common/host_memory.hpp: heap or memfd memory, pinned_memory.hpp: CUDA mapped pinned).
 //
 // Shape (DPDK rte_ring): free-running 64-bit positions masked on access (2^64 descriptors at
 // 1e9/s take 584 years to wrap), capacity a power of two, producer and consumer state 128 bytes
@@ -95,9 +95,9 @@
 //          attaches, after the claim.
 #pragma once
 
+#include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
-#include "gpu_side/backoff.hpp"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/ring_layout.hpp"
 
@@ -125,7 +125,7 @@ inline std::atomic_ref<T> atomic(T& word) {
   return std::atomic_ref<T>(word);
 }
 
-// A view of a ring laid out in memory someone else owns (RingMemory); cheap to copy.
+// A view of a ring laid out in memory someone else owns (common/host_memory.hpp); cheap to copy.
 class Ring {
  public:
   static uint64_t bytes_for(uint64_t capacity) { return ring_bytes(capacity); }

@@ -15,6 +15,8 @@
 
 #include <random>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep {
 
 namespace {

@@ -44,10 +44,10 @@
 
 namespace proxyep {
 
-using ep::DispatchLayout;
-using ep::DType;
-using ep::Tensor;
-using ep::TensorRef;
+using gpu_side::ep::DispatchLayout;
+using gpu_side::ep::DType;
+using gpu_side::ep::Tensor;
+using gpu_side::ep::TensorRef;
 
 // What this rank's calls moved and how (Buffer::stats()): for tuning num_nvl_bytes,
 // num_rdma_bytes, ep.chunk_bytes and ep.eager_bytes, and for checking that calls streamed.

@@ -1,10 +1,10 @@
 // The in-process session: construction, and the waits every protocol uses (in_process_session.hpp).
 #include "proxy/in_process_session.hpp"
 
+#include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "control/imm_layout.hpp"
-#include "gpu_side/backoff.hpp"
 #include "proxy/node_channel.hpp"
 #include "proxy/region_exchange.hpp"
 
@@ -66,7 +66,7 @@ void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_tim
   // (a rank woken by our own message is placed next to us), and it runs only when we yield.
   // With a spin of 2000 pauses both ranks of a 2-core machine took ~360 us per call after a
   // barrier instead of ~20 us. Past ~20000 polls, short sleeps keep a long wait off the cores.
-  gpu_side::Backoff backoff(kSpinsBeforeYield);
+  Backoff backoff(kSpinsBeforeYield);
   uint64_t polls = 0;
   while (!ready()) {
     if (watch.looked() && deadline.expired()) fail(std::string(phase), "{}", describe_timeout());
@@ -111,8 +111,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   fabric_ = fabric::Fabric::open(fabric_options);
   bootstrap.set_progress([this] { fabric_->progress(); });
   fabric_->connect(bootstrap.allgather(fabric_->addresses(), "buffer(fabric addresses)"));
-  staging_ =
-      std::make_unique<gpu_side::RingMemory>(gpu_side::RingMemory::heap(layout().staging_bytes()));
+  staging_ = std::make_unique<HostMemory>(HostMemory::heap(layout().staging_bytes()));
   arena_region_ = fabric_->register_memory(node_->local(), node_->bytes());
   staging_region_ = fabric_->register_memory(staging_->host(), staging_->size());
   counters_ = std::make_unique<control::CounterBank>(2u * static_cast<uint32_t>(ranks()));
@@ -123,8 +122,8 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
                                     config.engine ? *config.engine : EngineOptions::from_params());
   share_region(bootstrap, engine_->regions(), FabricLink::kArenaRegion, *arena_region_, kPhase);
   engine_->regions().add_local(FabricLink::kStagingRegion, *staging_region_);
-  ring_memory_ = std::make_unique<gpu_side::RingMemory>(
-      gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
+  ring_memory_ =
+      std::make_unique<HostMemory>(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
   auto ring = gpu_side::Ring::create(ring_memory_->bytes(), kRingSlots);
   doorbell_ = std::make_unique<gpu_side::Doorbell>();
   const size_t ring_index = engine_->add_ring(ring, doorbell_.get());

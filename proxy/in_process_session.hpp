@@ -9,12 +9,12 @@
 //     and credits are attached to the signal router, and the proxy threads start.
 #pragma once
 
+#include "common/host_memory.hpp"
 #include "control/counter_bank.hpp"
 #include "control/signal_router.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/node_memory.hpp"
 #include "proxy/proxy_engine.hpp"
@@ -45,13 +45,13 @@ class InProcessSession final : public Session {
   std::unique_ptr<NodeMemory> node_;
   // The fabric path (only when the group spans nodes), in construction order.
   std::unique_ptr<fabric::Fabric> fabric_;
-  std::unique_ptr<gpu_side::RingMemory> staging_;
+  std::unique_ptr<HostMemory> staging_;
   std::unique_ptr<fabric::MemoryRegion> arena_region_, staging_region_;
   // Records: key = source; eager bytes: key = R + source.
   std::unique_ptr<control::CounterBank> counters_;
   control::SignalRouter router_;
   // Declared before the engine, which releases its claim on the ring when destroyed.
-  std::unique_ptr<gpu_side::RingMemory> ring_memory_;
+  std::unique_ptr<HostMemory> ring_memory_;
   std::unique_ptr<gpu_side::Doorbell> doorbell_;
   std::unique_ptr<ProxyEngine> engine_;
   std::unique_ptr<gpu_side::RingProducer> producer_;

@@ -1,6 +1,7 @@
 #include "proxy/node_memory.hpp"
 
 #include "common/error.hpp"
+#include "common/wire.hpp"
 
 #include <fmt/format.h>
 
@@ -16,31 +17,57 @@ namespace proxyep::proxy {
 
 namespace {
 
+// Where a rank's arena can be opened, as every rank publishes it (little endian, common/wire.hpp):
+//   u32 magic "PXAR" | u16 version | u16 0 | u64 pid | u64 fd | u64 bytes
+constexpr uint32_t kArenaMagic = 0x52415850;  // "PXAR" read as little-endian bytes
+constexpr uint16_t kArenaVersion = 1;
+
 struct Published {
   int64_t pid = 0;
   int64_t fd = -1;
   uint64_t bytes = 0;
 };
 
+std::vector<uint8_t> encode(const Published& p) {
+  std::vector<uint8_t> out;
+  ByteWriter w(out);
+  w.u32(kArenaMagic);
+  w.u16(kArenaVersion);
+  w.u16(0);
+  w.u64(static_cast<uint64_t>(p.pid));
+  w.u64(static_cast<uint64_t>(p.fd));
+  w.u64(p.bytes);
+  return out;
+}
+
+Published decode(std::span<const uint8_t> blob, int from, std::string_view phase) {
+  ByteReader r(blob, std::string(phase));
+  require(r.u32("magic") == kArenaMagic && r.u16("version") == kArenaVersion, phase,
+          "rank {} published its arena in another format (another ProxyEP version?)", from);
+  (void)r.u16("reserved");
+  Published p;
+  p.pid = static_cast<int64_t>(r.u64("pid"));
+  p.fd = static_cast<int64_t>(r.u64("fd"));
+  p.bytes = r.u64("bytes");
+  r.expect_end("arena record");
+  return p;
+}
+
 }  // namespace
 
 NodeMemory::NodeMemory(control::Bootstrap& bootstrap, size_t bytes, int ranks_per_node,
                        std::string_view phase)
     : rank_(bootstrap.rank()),
-      local_(gpu_side::RingMemory::memfd(bytes, "proxyep-arena-" + std::to_string(rank_))) {
-  Published mine{static_cast<int64_t>(::getpid()), local_.fd(), local_.size()};
-  std::span<const uint8_t> wire(reinterpret_cast<const uint8_t*>(&mine), sizeof mine);
-  auto all = bootstrap.allgather(wire, std::string(phase) + "(arenas)");
+      local_(HostMemory::memfd(bytes, "proxyep-arena-" + std::to_string(rank_))) {
+  const Published mine{static_cast<int64_t>(::getpid()), local_.fd(), local_.size()};
+  auto all = bootstrap.allgather(encode(mine), std::string(phase) + "(arenas)");
   int ranks = bootstrap.world_size();
   mapped_.resize(static_cast<size_t>(ranks));
   pids_.resize(static_cast<size_t>(ranks));
   int node = rank_ / ranks_per_node;
   std::string failure;
   for (int r = 0; r < ranks; ++r) {
-    Published theirs;
-    require(all[static_cast<size_t>(r)].size() == sizeof theirs, phase,
-            "rank {} published a malformed arena record", r);
-    std::memcpy(&theirs, all[static_cast<size_t>(r)].data(), sizeof theirs);
+    const Published theirs = decode(all[static_cast<size_t>(r)], r, phase);
     pids_[static_cast<size_t>(r)] = static_cast<pid_t>(theirs.pid);
     require(theirs.bytes == local_.size(), phase,
             "rank {} sized its arena {} bytes, this rank {}: every rank must pass the same "
@@ -55,7 +82,7 @@ NodeMemory::NodeMemory(control::Bootstrap& bootstrap, size_t bytes, int ranks_pe
       continue;
     }
     try {
-      mapped_[static_cast<size_t>(r)].emplace(gpu_side::RingMemory::map_fd(fd));
+      mapped_[static_cast<size_t>(r)].emplace(HostMemory::map_fd(fd));
     } catch (const Error& e) {
       failure = fmt::format("cannot map the arena of rank {}: {}", r, e.what());
     }

@@ -10,8 +10,8 @@
 // it), so a dead peer never turns into a SIGBUS here; waits detect it instead (peer_alive()).
 #pragma once
 
+#include "common/host_memory.hpp"
 #include "control/bootstrap.hpp"
-#include "gpu_side/ring_memory.hpp"
 
 #include <sys/types.h>
 
@@ -42,9 +42,8 @@ class NodeMemory {
 
  private:
   int rank_;
-  gpu_side::RingMemory local_;
-  std::vector<std::optional<gpu_side::RingMemory>>
-      mapped_;  // by rank; empty for other nodes and self
+  HostMemory local_;
+  std::vector<std::optional<HostMemory>> mapped_;  // by rank; empty for other nodes and self
   std::vector<pid_t> pids_;
 };
 

@@ -1,8 +1,8 @@
 #include "proxy/proxy_engine.hpp"
 
+#include "common/backoff.hpp"
 #include "common/log.hpp"
 #include "common/params.hpp"
-#include "gpu_side/backoff.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

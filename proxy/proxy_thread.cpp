@@ -2,9 +2,9 @@
 // descriptors -> writes, backlog, retirement) is in proxy_thread_data.cpp; design in the header.
 #include "proxy/proxy_thread.hpp"
 
+#include "common/backoff.hpp"
 #include "common/log.hpp"
 #include "common/topology.hpp"
-#include "gpu_side/backoff.hpp"
 
 #include <fmt/format.h>
 #include <poll.h>
@@ -127,7 +127,7 @@ void ProxyThread::run() {
     bool worked = pass();
     switch (idle_.after_pass(worked, keep_awake())) {
       case IdlePolicy::Step::spin:
-        gpu_side::cpu_relax();
+        cpu_relax();
         break;
       case IdlePolicy::Step::yield:
         sched_yield();

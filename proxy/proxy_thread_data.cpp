@@ -2,6 +2,8 @@
 // The loop, idling and health checks are in proxy_thread.cpp; the design is in proxy_thread.hpp.
 #include "proxy/proxy_thread.hpp"
 
+#include "proxy/route_completion.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,7 +27,7 @@ bool ProxyThread::drain_completions() {
         const fabric::Completion& c = completions_[i];
         if (c.kind == fabric::Completion::Kind::local_write) {
           on_local_completion(c);
-        } else if (router_.route(c.imm) == Status::ok) {
+        } else if (route_completion(router_, c) == Status::ok) {
           progressed_ = true;
           bump(counters_.remote);
         } else {

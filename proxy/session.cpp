@@ -1,7 +1,7 @@
 // Session::open, and the check that every rank opens its session with the same sizes.
 #include "proxy/session.hpp"
 
-#include "fabric/wire.hpp"
+#include "common/wire.hpp"
 #include "proxy/in_process_session.hpp"
 
 namespace proxyep::proxy {
@@ -10,7 +10,7 @@ namespace {
 
 constexpr const char* kPhase = "buffer";
 
-// The sizes as every rank sends them (little endian, fabric/wire.hpp):
+// The sizes as every rank sends them (little endian, common/wire.hpp):
 //   u32 magic "PXSZ" | u16 version | u16 0 | u64 ranks_per_node | u64 record_bytes |
 //   u64 eager_bytes | u64 data_bytes | u64 staging_bytes | u64 chunk_bytes
 constexpr uint32_t kSizesMagic = 0x5a535850;  // "PXSZ" read as little-endian bytes
@@ -18,7 +18,7 @@ constexpr uint16_t kSizesVersion = 1;
 
 std::vector<uint8_t> encode(const SessionSizes& s) {
   std::vector<uint8_t> out;
-  fabric::ByteWriter w(out);
+  ByteWriter w(out);
   w.u32(kSizesMagic);
   w.u16(kSizesVersion);
   w.u16(0);
@@ -29,7 +29,7 @@ std::vector<uint8_t> encode(const SessionSizes& s) {
 }
 
 SessionSizes decode(std::span<const uint8_t> blob, int ranks, int from) {
-  fabric::ByteReader r(blob, kPhase);
+  ByteReader r(blob, kPhase);
   require(r.u32("magic") == kSizesMagic && r.u16("version") == kSizesVersion, kPhase,
           "rank {} sent its Buffer options in another format (another ProxyEP version?)", from);
   (void)r.u16("reserved");

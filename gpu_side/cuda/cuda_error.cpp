@@ -2,10 +2,10 @@
 
 #include "common/error.hpp"
 
-namespace proxyep::gpu_side::gpu {
+namespace proxyep::gpu_side::cuda {
 
 void raise_cuda_error(const char* phase, const char* what, const char* message) {
   fail(phase, "{} failed: {}", what, message);
 }
 
-}  // namespace proxyep::gpu_side::gpu
+}  // namespace proxyep::gpu_side::cuda

@@ -3,9 +3,9 @@
 // compiled by the host compiler.
 #pragma once
 
-namespace proxyep::gpu_side::gpu {
+namespace proxyep::gpu_side::cuda {
 
 // Throws proxyep::Error(phase, "<what> failed: <message>").
 [[noreturn]] void raise_cuda_error(const char* phase, const char* what, const char* message);
 
-}  // namespace proxyep::gpu_side::gpu
+}  // namespace proxyep::gpu_side::cuda

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace proxyep::ep::gpu {
+namespace proxyep::gpu_side::cuda {
 
 struct BlockLanes {
   __device__ uint32_t lane() const { return threadIdx.x; }
@@ -29,4 +29,4 @@ struct BlockLanes {
   }
 };
 
-}  // namespace proxyep::ep::gpu
+}  // namespace proxyep::gpu_side::cuda

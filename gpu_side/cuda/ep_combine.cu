@@ -7,13 +7,13 @@
 
 #include <cuda_runtime.h>
 
-namespace proxyep::ep::gpu {
+namespace proxyep::gpu_side::cuda {
 namespace {
 
-__global__ void combine_kernel(CombineInput in, int64_t num_tokens) {
+__global__ void combine_kernel(ep::CombineInput in, int64_t num_tokens) {
   const BlockLanes lanes;
   for (int64_t t = blockIdx.x; t < num_tokens; t += gridDim.x)
-    combine_token(in, t, lanes);
+    ep::combine_token(in, t, lanes);
 }
 
 bool aligned16(const void* p) {
@@ -23,8 +23,8 @@ bool aligned16(const void* p) {
 }  // namespace
 
 cudaError_t launch_combine(const CombineParams& p, cudaStream_t stream) {
-  const CombineInput& in = p.input;
-  if (in.num_ranks < 1 || in.hidden <= 0 || in.hidden % kCombineChunk != 0 || in.topk < 0 ||
+  const ep::CombineInput& in = p.input;
+  if (in.num_ranks < 1 || in.hidden <= 0 || in.hidden % ep::kCombineChunk != 0 || in.topk < 0 ||
       p.num_tokens < 0 || p.threads < 32 || p.threads % 32 != 0 || p.threads > 1024)
     return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
@@ -38,4 +38,4 @@ cudaError_t launch_combine(const CombineParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace proxyep::ep::gpu
+}  // namespace proxyep::gpu_side::cuda

@@ -11,11 +11,12 @@
 
 #include <cuda_runtime.h>
 
-namespace proxyep::ep::gpu {
+namespace proxyep::gpu_side::cuda {
 namespace {
 
-__global__ void dispatch_rows_kernel(RowInput in, const int32_t* send_head, const RowSink* sinks,
-                                     int64_t num_tokens, int64_t tokens_per_block) {
+__global__ void dispatch_rows_kernel(ep::RowInput in, const int32_t* send_head,
+                                     const ep::RowSink* sinks, int64_t num_tokens,
+                                     int64_t tokens_per_block) {
   const int ranks = in.shape.num_ranks;
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * tokens_per_block;
   const int64_t end = begin + tokens_per_block < num_tokens ? begin + tokens_per_block : num_tokens;
@@ -25,30 +26,30 @@ __global__ void dispatch_rows_kernel(RowInput in, const int32_t* send_head, cons
       // Uniform across the block: every thread reads the same head and sink.
       const int32_t row = send_head[t * ranks + d];
       if (row < 0 || sinks[d].x == nullptr) continue;
-      dispatch_row(in, sinks[d], row, t, lanes);
+      ep::dispatch_row(in, sinks[d], row, t, lanes);
     }
 }
 
-__global__ void dispatch_chunk_kernel(RowInput in, const int32_t* tokens, RowSink sink,
+__global__ void dispatch_chunk_kernel(ep::RowInput in, const int32_t* tokens, ep::RowSink sink,
                                       int64_t rows, int64_t rows_per_block) {
   const int64_t begin = static_cast<int64_t>(blockIdx.x) * rows_per_block;
   const int64_t end = begin + rows_per_block < rows ? begin + rows_per_block : rows;
   const BlockLanes lanes;
   for (int64_t i = begin; i < end; ++i)
-    dispatch_row(in, sink, i, tokens[i], lanes);
+    ep::dispatch_row(in, sink, i, tokens[i], lanes);
 }
 
 // The launch checks both entry points share: the shape, the row format and the block size.
-bool valid_launch(const RowInput& in, int64_t work, int threads) {
-  const RowFormat& f = in.format;
+bool valid_launch(const ep::RowInput& in, int64_t work, int threads) {
+  const ep::RowFormat& f = in.format;
   return in.shape.num_ranks >= 1 && in.shape.num_experts % in.shape.num_ranks == 0 && work >= 0 &&
          threads >= 32 && threads % 32 == 0 && threads <= 1024 && f.hidden_bytes != 0 &&
-         f.topk <= static_cast<uint32_t>(kMaxTopk) && (f.weights == 0 || f.weights == f.topk);
+         f.topk <= static_cast<uint32_t>(ep::kMaxTopk) && (f.weights == 0 || f.weights == f.topk);
 }
 
 // The input arrays the row format reads are present.
-bool input_present(const RowInput& in) {
-  const RowFormat& f = in.format;
+bool input_present(const ep::RowInput& in) {
+  const ep::RowFormat& f = in.format;
   return in.x != nullptr && (f.scale_cols == 0 || in.scales != nullptr) &&
          (f.topk == 0 || in.topk_idx != nullptr) && (f.weights == 0 || in.topk_weights != nullptr);
 }
@@ -69,7 +70,7 @@ cudaError_t launch_dispatch_chunk(const ChunkParams& p, cudaStream_t stream) {
 }
 
 cudaError_t launch_dispatch_rows(const DispatchParams& p, cudaStream_t stream) {
-  const RowInput& in = p.input;
+  const ep::RowInput& in = p.input;
   if (!valid_launch(in, p.num_tokens, p.threads)) return cudaErrorInvalidValue;
   if (p.num_tokens == 0) return cudaSuccess;
   if (p.send_head == nullptr || p.sinks == nullptr || !input_present(in))
@@ -82,4 +83,4 @@ cudaError_t launch_dispatch_rows(const DispatchParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace proxyep::ep::gpu
+}  // namespace proxyep::gpu_side::cuda

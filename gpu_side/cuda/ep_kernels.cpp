@@ -9,11 +9,10 @@
 
 #include <algorithm>
 
-namespace proxyep::ep::gpu {
+namespace proxyep::gpu_side::cuda {
 
 void check_cuda(cudaError_t status, const char* phase, const char* what) {
-  if (status != cudaSuccess)
-    gpu_side::gpu::raise_cuda_error(phase, what, cudaGetErrorString(status));
+  if (status != cudaSuccess) raise_cuda_error(phase, what, cudaGetErrorString(status));
 }
 
 int multiprocessor_count() {
@@ -30,4 +29,4 @@ int grid_blocks(int64_t work, int requested) {
   return static_cast<int>(std::clamp<int64_t>(std::min(wanted, work), 1, int64_t{1} << 30));
 }
 
-}  // namespace proxyep::ep::gpu
+}  // namespace proxyep::gpu_side::cuda

@@ -18,7 +18,7 @@
 
 #include <cstdint>
 
-namespace proxyep::ep::gpu {
+namespace proxyep::gpu_side::cuda {
 
 // get_dispatch_layout. tokens_per_node may be null (DeepEP returns None for <= 8 ranks); the
 // counters are zeroed on `stream` first, so they need no preparation.
@@ -26,7 +26,7 @@ struct LayoutParams {
   const int64_t* topk_idx = nullptr;  // [num_tokens, topk], entries in [-1, num_experts)
   int64_t num_tokens = 0;
   int topk = 0;  // <= kMaxTopk
-  EpShape shape;
+  ep::EpShape shape;
   int32_t* tokens_per_rank = nullptr;    // [num_ranks]
   int32_t* tokens_per_node = nullptr;    // [num_nodes] or null
   int32_t* tokens_per_expert = nullptr;  // [num_experts]
@@ -39,9 +39,9 @@ cudaError_t launch_dispatch_layout(const LayoutParams& params, cudaStream_t stre
 // handles, e.g. one on another node that goes through staging and the fabric). One thread block
 // per token range, all threads of the block on one row at a time.
 struct DispatchParams {
-  RowInput input;                      // input.shape.num_ranks destinations
+  ep::RowInput input;                  // input.shape.num_ranks destinations
   const int32_t* send_head = nullptr;  // [num_tokens, num_ranks], -1 = not sent
-  const RowSink* sinks = nullptr;      // [num_ranks], the array itself in device memory
+  const ep::RowSink* sinks = nullptr;  // [num_ranks], the array itself in device memory
   int64_t num_tokens = 0;
   int blocks = 0;     // 0: enough to cover the GPU
   int threads = 256;  // per block, a multiple of 32
@@ -53,9 +53,9 @@ cudaError_t launch_dispatch_rows(const DispatchParams& params, cudaStream_t stre
 // RowAreas of `rows` rows, first_row 0), in a peer's IPC-mapped memory or in mapped staging.
 // Rows are spread over the blocks; all threads of a block cooperate on one row at a time.
 struct ChunkParams {
-  RowInput input;
+  ep::RowInput input;
   const int32_t* tokens = nullptr;  // [rows], device memory
-  RowSink sink;
+  ep::RowSink sink;
   int64_t rows = 0;
   int blocks = 0;     // 0: enough to cover the GPU
   int threads = 256;  // per block, a multiple of 32
@@ -65,7 +65,7 @@ cudaError_t launch_dispatch_chunk(const ChunkParams& params, cudaStream_t stream
 // Combine's reduce: out[t] for t in [0, num_tokens), one thread block per token at a time.
 // input.hidden must be a multiple of kCombineChunk and rows, biases and out 16-byte aligned.
 struct CombineParams {
-  CombineInput input;
+  ep::CombineInput input;
   int64_t num_tokens = 0;
   int blocks = 0;     // 0: enough to cover the GPU
   int threads = 128;  // per block, a multiple of 32
@@ -75,4 +75,4 @@ cudaError_t launch_combine(const CombineParams& params, cudaStream_t stream);
 // Throws proxyep::Error(phase, "<what> failed: <CUDA message>") unless status is cudaSuccess.
 void check_cuda(cudaError_t status, const char* phase, const char* what);
 
-}  // namespace proxyep::ep::gpu
+}  // namespace proxyep::gpu_side::cuda

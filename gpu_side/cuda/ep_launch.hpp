@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-namespace proxyep::ep::gpu {
+namespace proxyep::gpu_side::cuda {
 
 // Multiprocessors of the current device (1 when the query fails: a launch still works).
 int multiprocessor_count();
@@ -12,4 +12,4 @@ int multiprocessor_count();
 // to keep every multiprocessor busy (a few blocks each), never more than there are items.
 int grid_blocks(int64_t work, int requested);
 
-}  // namespace proxyep::ep::gpu
+}  // namespace proxyep::gpu_side::cuda

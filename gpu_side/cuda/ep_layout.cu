@@ -10,7 +10,7 @@
 
 #include <cuda_runtime.h>
 
-namespace proxyep::ep::gpu {
+namespace proxyep::gpu_side::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -43,12 +43,12 @@ __global__ void dispatch_layout_kernel(LayoutParams p, int num_nodes, bool share
       const int64_t expert = row[k];
       if (expert < 0) continue;
       atomicAdd(per_expert + expert, 1);
-      if (first_slot_of_rank(row, k, p.shape)) {
+      if (ep::first_slot_of_rank(row, k, p.shape)) {
         const int rank = p.shape.rank_of_expert(expert);
         atomicAdd(per_rank + rank, 1);
         in_rank[rank] = true;
       }
-      if (num_nodes > 0 && first_slot_of_node(row, k, p.shape))
+      if (num_nodes > 0 && ep::first_slot_of_node(row, k, p.shape))
         atomicAdd(per_node + p.shape.node_of_rank(p.shape.rank_of_expert(expert)), 1);
     }
   }
@@ -70,9 +70,9 @@ __global__ void dispatch_layout_kernel(LayoutParams p, int num_nodes, bool share
 }  // namespace
 
 cudaError_t launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream) {
-  const EpShape& s = p.shape;
+  const ep::EpShape& s = p.shape;
   if (s.num_ranks < 1 || s.ranks_per_node < 1 || s.num_experts < 1 ||
-      s.num_experts % s.num_ranks != 0 || p.num_tokens < 0 || p.topk < 0 || p.topk > kMaxTopk ||
+      s.num_experts % s.num_ranks != 0 || p.num_tokens < 0 || p.topk < 0 || p.topk > ep::kMaxTopk ||
       p.tokens_per_rank == nullptr || p.tokens_per_expert == nullptr ||
       (p.num_tokens > 0 && (p.topk_idx == nullptr || p.is_token_in_rank == nullptr)))
     return cudaErrorInvalidValue;
@@ -95,4 +95,4 @@ cudaError_t launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-}  // namespace proxyep::ep::gpu
+}  // namespace proxyep::gpu_side::cuda

@@ -1,4 +1,4 @@
-// GPU producer for a descriptor ring in mapped pinned host memory (RingMemory::cuda_pinned).
+// GPU producer for a descriptor ring in mapped pinned host memory (gpu_side/pinned_memory.hpp).
 //
 // The slot protocol and the encode() are the host producer's (ring.hpp, descriptor.hpp); what
 // changes is where each word lives, because every access to host memory crosses PCIe:
@@ -25,7 +25,7 @@
 
 #include <cstdint>
 
-namespace proxyep::gpu_side::gpu {
+namespace proxyep::gpu_side::cuda {
 
 // Device-side handle of one ring; trivially copyable, passed to kernels by value.
 struct DeviceRing {
@@ -99,4 +99,4 @@ __device__ inline bool device_push(const DeviceRing& ring, const Descriptor& d,
   return true;
 }
 
-}  // namespace proxyep::gpu_side::gpu
+}  // namespace proxyep::gpu_side::cuda

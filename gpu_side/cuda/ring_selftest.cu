@@ -5,7 +5,7 @@
 
 #include <cuda_runtime.h>
 
-namespace proxyep::gpu_side::gpu {
+namespace proxyep::gpu_side::cuda {
 namespace {
 
 constexpr const char* kPhase = "gpu_side.ring_selftest";
@@ -68,4 +68,4 @@ uint64_t RingSelftest::finish() {
   return failures;
 }
 
-}  // namespace proxyep::gpu_side::gpu
+}  // namespace proxyep::gpu_side::cuda

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <memory>
 
-namespace proxyep::gpu_side::gpu {
+namespace proxyep::gpu_side::cuda {
 
 struct SelftestConfig {
   uint32_t blocks = 16;
@@ -55,4 +55,4 @@ class RingSelftest {
   std::unique_ptr<State> state_;
 };
 
-}  // namespace proxyep::gpu_side::gpu
+}  // namespace proxyep::gpu_side::cuda

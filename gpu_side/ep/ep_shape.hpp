@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 // FP8 scales: one float32 per 128 channels of a token (DEEPEP_COMPAT 2.7).
 inline constexpr int kScaleBlock = 128;
@@ -42,4 +42,4 @@ struct EpShape {
   }
 };
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

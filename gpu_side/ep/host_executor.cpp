@@ -13,7 +13,7 @@
 
 #include <utility>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 HostExecutor::HostExecutor(int threads) {
   require(threads >= 1, "host_executor", "threads must be >= 1; got {}", threads);
@@ -114,4 +114,4 @@ void HostExecutor::drain() {
   if (finished_ == blocks_) done_.notify_all();
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

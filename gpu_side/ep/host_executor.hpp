@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 class HostExecutor {
  public:
@@ -41,4 +41,4 @@ class HostExecutor {
   std::exception_ptr error_;
 };
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

@@ -17,7 +17,7 @@
 // a call in the hot loop would stop its vectorisation, so the helpers are forced inline.
 #define PROXYEP_REDUCE_INLINE __attribute__((always_inline)) inline
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 namespace {
 
 // Elements one pass over the sources sums: their 256 bytes of float sums stay in L1 while each
@@ -113,4 +113,4 @@ void reduce_tokens_host(const CombineInput& in, int64_t begin, int64_t end) {
   }
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

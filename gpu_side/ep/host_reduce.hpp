@@ -11,18 +11,18 @@
 // The one thing those operations leave to the compiler is which NaN an add of two NaNs returns
 // (it depends on operand order, so combine_token's own bits there change between -O0, -O2 and
 // -O3 builds); the reduce pins the answer GCC's -O2 build of combine_token gives on x86
-// (host_reduce.cpp). tests/unit/ep/test_host_reduce.cpp compares the two bit for bit, and checks
-// NaN-meets-NaN elements against that pinned rule.
+// (host_reduce.cpp). tests/unit/gpu_side/ep/test_host_reduce.cpp compares the two bit for bit, and
+// checks NaN-meets-NaN elements against that pinned rule.
 #pragma once
 
 #include "gpu_side/ep/row_rules.hpp"
 
 #include <cstdint>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 // For every t in [begin, end): what combine_token(in, t, HostLanes{}) writes, i.e. out[t] and
 // (topk > 0) out_weights[t]. Tokens are independent, so ranges may run on different threads.
 void reduce_tokens_host(const CombineInput& in, int64_t begin, int64_t end);
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

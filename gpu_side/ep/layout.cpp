@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 namespace {
 
@@ -100,4 +100,4 @@ DispatchLayout compute_dispatch_layout(const TensorRef& topk_idx, const EpShape&
   return layout;
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

@@ -7,7 +7,7 @@
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/tensor.hpp"
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 class HostExecutor;
 
@@ -26,4 +26,4 @@ void validate_topk_idx(const TensorRef& topk_idx, const EpShape& shape, std::str
 DispatchLayout compute_dispatch_layout(const TensorRef& topk_idx, const EpShape& shape,
                                        HostExecutor* executor = nullptr);
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

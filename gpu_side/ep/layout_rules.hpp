@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 // True when slot k selects an expert whose rank no earlier slot of the row selected: the slot
 // that "sends" the token to that rank.
@@ -68,4 +68,4 @@ PROXYEP_HOST_DEVICE inline void count_token(const int64_t* row, int topk, const 
   }
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

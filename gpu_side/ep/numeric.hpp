@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 inline constexpr float kFp8E4m3Max = 448.0f;
 
@@ -93,4 +93,4 @@ PROXYEP_HOST_DEVICE inline uint8_t float_to_e4m3(float value) {
   return static_cast<uint8_t>(sign | code);
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 namespace {
 
@@ -253,4 +253,4 @@ ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
   return out;
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

@@ -17,7 +17,7 @@
 #include <span>
 #include <vector>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 // One rank's dispatch inputs as views: x is bf16 [N, H], or fp8 [N, H] with scales [N, S], S >= 1,
 // float32 (S = H/128 in DeepEP's use) or int32 packed UE8M0 (S = H/512). Like DeepEP, the
@@ -57,4 +57,4 @@ ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
                                    int rank, int num_tokens, const TensorRef& bias0 = {},
                                    const TensorRef& bias1 = {});
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

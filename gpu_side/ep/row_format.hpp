@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 // What one row carries; every field 0 means "not carried".
 struct RowFormat {
@@ -53,4 +53,4 @@ struct RowAreas {
   }
 };
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

@@ -32,7 +32,7 @@
 #include <cstdint>
 #include <cstring>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 // One lane on the calling host thread; the token bytes go through memcpy.
 struct HostLanes {
@@ -216,4 +216,4 @@ PROXYEP_HOST_DEVICE inline void combine_token(const CombineInput& in, int64_t t,
   combine_token_weights(in, t, lanes);
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

@@ -7,7 +7,7 @@
 #include <mutex>
 #include <new>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
@@ -221,4 +221,4 @@ void require_host(const TensorRef& t, std::string_view phase, std::string_view n
           "{} is CUDA memory; this build's Buffer runs the CPU backend (host tensors)", name);
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

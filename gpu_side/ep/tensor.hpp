@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 enum class DType : uint8_t { bf16, fp8_e4m3, f32, i32, i64, boolean, u8 };
 
@@ -106,13 +106,13 @@ void require_shape(const TensorRef& t, int64_t rows, int64_t cols, std::string_v
 void require_contiguous(const TensorRef& t, std::string_view phase, std::string_view name);
 void require_host(const TensorRef& t, std::string_view phase, std::string_view name);
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep
 
 // Lets checks pass a TensorRef itself as a message argument (require(ok, phase, "... {}", x)):
 // it is described only when the message is made, not on every successful check.
 template <>
-struct fmt::formatter<proxyep::ep::TensorRef> : fmt::formatter<std::string_view> {
-  auto format(const proxyep::ep::TensorRef& t, fmt::format_context& ctx) const {
+struct fmt::formatter<proxyep::gpu_side::ep::TensorRef> : fmt::formatter<std::string_view> {
+  auto format(const proxyep::gpu_side::ep::TensorRef& t, fmt::format_context& ctx) const {
     return fmt::formatter<std::string_view>::format(t.describe(), ctx);
   }
 };

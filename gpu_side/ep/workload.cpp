@@ -17,7 +17,7 @@
 #include <numeric>
 #include <random>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 namespace {
 
@@ -323,4 +323,4 @@ void cast_to_fp8_ue8m0(const Tensor& x_bf16, Tensor& x_fp8, Tensor& packed_scale
   }
 }
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

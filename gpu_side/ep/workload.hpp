@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-namespace proxyep::ep {
+namespace proxyep::gpu_side::ep {
 
 enum class Routing : uint8_t {
   random,     // top-k of random scores: roughly uniform expert load
@@ -65,4 +65,4 @@ inline constexpr int kUe8m0PackBlock = 4 * kScaleBlock;
 // reused, like cast_to_fp8.
 void cast_to_fp8_ue8m0(const Tensor& x_bf16, Tensor& x_fp8, Tensor& packed_scales);
 
-}  // namespace proxyep::ep
+}  // namespace proxyep::gpu_side::ep

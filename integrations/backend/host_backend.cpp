@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <cstring>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::integrations {
 
 namespace {

@@ -17,23 +17,24 @@ class HostBackend final : public RowBackend {
 
   int threads() const { return executor_.threads(); }
 
-  ep::Tensor allocate(ep::DType dtype, int64_t rows, int64_t cols) override;
-  ep::Tensor allocate(ep::DType dtype, int64_t rows) override;
-  ep::DispatchLayout layout(const ep::TensorRef& topk_idx, const ep::EpShape& shape) override;
-  void pack_rows(const RowSource& source, const ep::RowSink& sink,
+  gpu_side::ep::Tensor allocate(gpu_side::ep::DType dtype, int64_t rows, int64_t cols) override;
+  gpu_side::ep::Tensor allocate(gpu_side::ep::DType dtype, int64_t rows) override;
+  gpu_side::ep::DispatchLayout layout(const gpu_side::ep::TensorRef& topk_idx,
+                                      const gpu_side::ep::EpShape& shape) override;
+  void pack_rows(const RowSource& source, const gpu_side::ep::RowSink& sink,
                  std::span<const int32_t> tokens) override;
-  void place_routed_rows(const RowSource& source, const ep::RowSink& sink,
+  void place_routed_rows(const RowSource& source, const gpu_side::ep::RowSink& sink,
                          const TokenRoutes& routes) override;
   void copy_rows(std::byte* to, const std::byte* from, int64_t rows, uint64_t row_bytes) override;
   void fill(std::byte* to, uint8_t value, uint64_t bytes) override;
-  void reduce(const ep::CombineInput& input, int64_t num_tokens) override;
+  void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) override;
 
  private:
   // body(begin, end) over token ranges covering [0, tokens), on the executor.
   template <typename Body>
   void for_each_token_block(int64_t tokens, Body&& body);
 
-  ep::HostExecutor executor_;
+  gpu_side::ep::HostExecutor executor_;
 };
 
 }  // namespace proxyep::integrations

@@ -22,9 +22,9 @@ namespace proxyep::integrations {
 
 // The sender's rows, as the call passed them.
 struct RowSource {
-  ep::TensorRef x, x_scales, topk_idx, topk_weights;
-  ep::RowFormat format;
-  ep::EpShape shape;
+  gpu_side::ep::TensorRef x, x_scales, topk_idx, topk_weights;
+  gpu_side::ep::RowFormat format;
+  gpu_side::ep::EpShape shape;
 };
 
 // Where each of a rank's tokens goes: is_token_in_rank and its positions (send_head).
@@ -39,24 +39,25 @@ class RowBackend {
  public:
   virtual ~RowBackend() = default;
 
-  virtual ep::Tensor allocate(ep::DType dtype, int64_t rows, int64_t cols) = 0;
-  virtual ep::Tensor allocate(ep::DType dtype, int64_t rows) = 0;
+  virtual gpu_side::ep::Tensor allocate(gpu_side::ep::DType dtype, int64_t rows, int64_t cols) = 0;
+  virtual gpu_side::ep::Tensor allocate(gpu_side::ep::DType dtype, int64_t rows) = 0;
   // get_dispatch_layout of `topk_idx` (already validated).
-  virtual ep::DispatchLayout layout(const ep::TensorRef& topk_idx, const ep::EpShape& shape) = 0;
+  virtual gpu_side::ep::DispatchLayout layout(const gpu_side::ep::TensorRef& topk_idx,
+                                              const gpu_side::ep::EpShape& shape) = 0;
 
   // Dispatch: token tokens[i] of `source` becomes row sink.first_row + i of `sink`.
-  virtual void pack_rows(const RowSource& source, const ep::RowSink& sink,
+  virtual void pack_rows(const RowSource& source, const gpu_side::ep::RowSink& sink,
                          std::span<const int32_t> tokens) = 0;
   // Dispatch: every token routed to sink.rank becomes row sink.first_row + its send_head there.
-  virtual void place_routed_rows(const RowSource& source, const ep::RowSink& sink,
+  virtual void place_routed_rows(const RowSource& source, const gpu_side::ep::RowSink& sink,
                                  const TokenRoutes& routes) = 0;
   // `rows` rows of `row_bytes` from `from` to `to`.
   virtual void copy_rows(std::byte* to, const std::byte* from, int64_t rows,
                          uint64_t row_bytes) = 0;
   // `bytes` bytes at `to` set to `value`.
   virtual void fill(std::byte* to, uint8_t value, uint64_t bytes) = 0;
-  // Combine: what ep::combine_token gives for tokens [0, num_tokens).
-  virtual void reduce(const ep::CombineInput& input, int64_t num_tokens) = 0;
+  // Combine: what gpu_side::ep::combine_token gives for tokens [0, num_tokens).
+  virtual void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) = 0;
 };
 
 }  // namespace proxyep::integrations

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::integrations::normal {
 
 uint64_t rows_per_slot(uint64_t slot_bytes, const ep::RowFormat& format) {

@@ -5,7 +5,7 @@
 // so a sender always knows which slot of the receiver a chunk goes to.
 //
 // Chunk j carries rows [j * rows_per_chunk, ...) of the rows the source sends the destination in
-// this call, laid out in its slot as ep::RowAreas of its own row count.
+// this call, laid out in its slot as gpu_side::ep::RowAreas of its own row count.
 #pragma once
 
 #include "gpu_side/ep/row_format.hpp"
@@ -44,25 +44,25 @@ struct ChunkPlan {
 };
 
 // Rows of `format` that fit `slot_bytes` (0 when not even one does).
-uint64_t rows_per_slot(uint64_t slot_bytes, const ep::RowFormat& format);
+uint64_t rows_per_slot(uint64_t slot_bytes, const gpu_side::ep::RowFormat& format);
 
 // Whether `rows` rows of `format` travel with the record (they fit `eager_bytes`).
-bool fits_eager(uint64_t rows, const ep::RowFormat& format, uint64_t eager_bytes);
+bool fits_eager(uint64_t rows, const gpu_side::ep::RowFormat& format, uint64_t eager_bytes);
 
 // The plan for `rows` rows through slots of `geometry`: one chunk when they fit
 // geometry.whole_bytes, else chunks of at most slot_bytes. rows_per_chunk is 0 (and chunks 0)
 // only when a single row does not fit a slot: check with fits_one_row() before sending.
-ChunkPlan plan_in_slots(uint64_t rows, const ep::RowFormat& format,
+ChunkPlan plan_in_slots(uint64_t rows, const gpu_side::ep::RowFormat& format,
                         const proxy::SlotGeometry& geometry);
 
 // The plan of a stream between two different ranks: eager when the rows fit `eager_bytes`,
 // else through the slots of `geometry`.
-ChunkPlan plan_stream(uint64_t rows, const ep::RowFormat& format,
+ChunkPlan plan_stream(uint64_t rows, const gpu_side::ep::RowFormat& format,
                       const proxy::SlotGeometry& geometry, uint64_t eager_bytes);
 
 // Whether a row of `format` fits a slot of `geometry`; else `why` says which memory is too
 // small.
-bool fits_one_row(const ep::RowFormat& format, const proxy::SlotGeometry& geometry,
+bool fits_one_row(const gpu_side::ep::RowFormat& format, const proxy::SlotGeometry& geometry,
                   std::string* why);
 
 }  // namespace proxyep::integrations::normal

@@ -8,6 +8,8 @@
 #include "integrations/normal/row_counts.hpp"
 #include "integrations/normal/streams.hpp"
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::integrations::normal {
 
 namespace {

@@ -1,6 +1,8 @@
 // A combine's streams (combine_rows.hpp).
 #include "integrations/normal/combine_rows.hpp"
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::integrations::normal {
 
 CombineStreams::CombineStreams(RowBackend& backend, const ep::RowFormat& format,

@@ -15,8 +15,9 @@ namespace proxyep::integrations::normal {
 class CombineStreams final : public RowStreams {
  public:
   // `x` [num_recv, hidden] and `weights` (f32 [num_recv, topk] or null): the rows to return.
-  CombineStreams(RowBackend& backend, const ep::RowFormat& format, const RowCounts& counts,
-                 const std::byte* x, const float* weights, int topk, int me);
+  CombineStreams(RowBackend& backend, const gpu_side::ep::RowFormat& format,
+                 const RowCounts& counts, const std::byte* x, const float* weights, int topk,
+                 int me);
 
   void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
   void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
@@ -35,7 +36,8 @@ class CombineStreams final : public RowStreams {
   uint64_t row_bytes_;
   std::vector<const uint16_t*> block_rows_;
   std::vector<const float*> block_weights_;
-  std::vector<ep::Tensor> gathered_x_, gathered_weights_;  // by rank, when it sent several chunks
+  std::vector<gpu_side::ep::Tensor> gathered_x_,
+      gathered_weights_;  // by rank, when it sent several chunks
 };
 
 }  // namespace proxyep::integrations::normal

@@ -5,6 +5,8 @@
 #include "gpu_side/ep/layout.hpp"
 #include "proxy/peer_channel.hpp"
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::integrations::normal {
 
 namespace {

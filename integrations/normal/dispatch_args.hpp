@@ -18,7 +18,7 @@ struct DispatchInput {
   int topk = 0;  // 0: no top-k selections travel (cached, or none given)
   bool weights = false;
   int num_experts = 0;  // fresh dispatches only
-  ep::RowFormat format;
+  gpu_side::ep::RowFormat format;
 };
 
 // `ranks`, `ranks_per_node`: the group's; `buffer_id`: the Buffer whose handles are valid.

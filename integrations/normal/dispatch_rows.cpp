@@ -1,6 +1,8 @@
 // A dispatch's routing and streams (dispatch_rows.hpp).
 #include "integrations/normal/dispatch_rows.hpp"
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::integrations::normal {
 
 TokenRouting TokenRouting::fresh(const ep::TensorRef& is_token_in_rank, int R, int me) {

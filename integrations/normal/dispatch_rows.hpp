@@ -14,13 +14,14 @@
 namespace proxyep::integrations::normal {
 
 struct TokenRouting {
-  ep::Tensor in_rank;    // bool [N, R] (the handle keeps it)
-  ep::Tensor send_head;  // i32 [N, R]: the token's position among the rows to each rank, or -1
+  gpu_side::ep::Tensor in_rank;  // bool [N, R] (the handle keeps it)
+  gpu_side::ep::Tensor
+      send_head;  // i32 [N, R]: the token's position among the rows to each rank, or -1
   std::vector<int64_t> rows_to;                 // [R]
   std::vector<std::vector<int32_t>> tokens_to;  // by destination (not this rank): in row order
 
   // From the layout's is_token_in_rank (rows to a rank are in token order).
-  static TokenRouting fresh(const ep::TensorRef& is_token_in_rank, int ranks, int me);
+  static TokenRouting fresh(const gpu_side::ep::TensorRef& is_token_in_rank, int ranks, int me);
   // Replays the routing of the dispatch that made `handle`.
   static TokenRouting cached(const DispatchHandle& handle, int me);
 
@@ -34,7 +35,7 @@ struct TokenRouting {
 class DispatchStreams final : public RowStreams {
  public:
   DispatchStreams(RowBackend& backend, const DispatchInput& input, const DispatchArgs& args,
-                  const TokenRouting& routing, const ep::EpShape& shape, int me);
+                  const TokenRouting& routing, const gpu_side::ep::EpShape& shape, int me);
 
   // The outputs the arriving rows go to; rows from source s start at row first_row[s].
   void receive_into(DispatchResult& out, std::vector<int64_t> first_row);

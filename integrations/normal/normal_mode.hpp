@@ -36,7 +36,7 @@ class NormalMode {
   void check_usable(std::string_view phase) const { calls_.check_usable(phase); }
   // Calls, eager streams, chunks and stalls (bytes are the channels' to count).
   const BufferStats& stats() const { return stats_; }
-  ep::EpShape shape_for(int num_experts) const {
+  gpu_side::ep::EpShape shape_for(int num_experts) const {
     return {session_.ranks(), session_.ranks_per_node(), num_experts};
   }
 

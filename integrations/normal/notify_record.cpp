@@ -2,8 +2,10 @@
 #include "integrations/normal/notify_record.hpp"
 
 #include "common/error.hpp"
-#include "fabric/wire.hpp"
+#include "common/wire.hpp"
 #include "gpu_side/ep/ep_shape.hpp"
+
+namespace ep = proxyep::gpu_side::ep;
 
 namespace proxyep::integrations::normal {
 
@@ -15,14 +17,14 @@ constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 + 4;
 
 // Counts are row or token counts of one call: below 2^24 (proxy::kMaxStreamChunks).
 template <typename Count>
-void write_counts(fabric::ByteWriter& w, std::span<const Count> counts) {
+void write_counts(ByteWriter& w, std::span<const Count> counts) {
   w.u32(static_cast<uint32_t>(counts.size()));
   for (Count c : counts)
     w.u32(static_cast<uint32_t>(static_cast<int32_t>(c)));
 }
 
-std::vector<int32_t> read_counts(fabric::ByteReader& r, uint32_t at_most, const char* what,
-                                 int from, std::string_view phase) {
+std::vector<int32_t> read_counts(ByteReader& r, uint32_t at_most, const char* what, int from,
+                                 std::string_view phase) {
   const uint32_t n = r.u32(what);
   require(n <= at_most, phase, "the record from rank {} claims {} {}, at most {} fit", from, n,
           what, at_most);
@@ -52,7 +54,7 @@ uint64_t record_payload_bytes(int ranks) {
 
 void RecordEncoder::begin(const RecordHeader& h, std::span<const int64_t> rows_to) {
   bytes_.clear();
-  fabric::ByteWriter w(bytes_);
+  ByteWriter w(bytes_);
   w.u32(kRecordMagic);
   w.u16(kRecordVersion);
   w.u16(static_cast<uint16_t>(h.kind));
@@ -66,15 +68,15 @@ void RecordEncoder::begin(const RecordHeader& h, std::span<const int64_t> rows_t
 
 std::span<const uint8_t> RecordEncoder::finish(std::span<const int32_t> experts) {
   bytes_.resize(common_);
-  fabric::ByteWriter w(bytes_);
+  ByteWriter w(bytes_);
   write_counts(w, experts);
   return bytes_;
 }
 
 NotifyRecord decode_record(std::span<const std::byte> payload, int ranks, int from,
                            std::string_view phase) {
-  fabric::ByteReader r({reinterpret_cast<const uint8_t*>(payload.data()), payload.size()},
-                       std::string(phase));
+  ByteReader r({reinterpret_cast<const uint8_t*>(payload.data()), payload.size()},
+               std::string(phase));
   const uint32_t magic = r.u32("magic");
   const uint16_t version = r.u16("version");
   require(magic == kRecordMagic && version == kRecordVersion, phase,

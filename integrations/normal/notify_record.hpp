@@ -3,7 +3,7 @@
 // destination's experts). Its wire format is versioned and size-checked, so a rank running
 // another build, or a record torn by a bug, fails loudly instead of misplacing rows.
 //
-// Wire format (little endian, fabric/wire.hpp), in the payload of a record slot:
+// Wire format (little endian, common/wire.hpp), in the payload of a record slot:
 //   u32 magic "PXNR" | u16 version | u16 kind | u32 num_tokens |
 //   u32 hidden_bytes | u32 scale_cols | u32 topk | u32 weights | u32 src_index |
 //   u32 num_experts | u32 expert_alignment | u32 num_worst_tokens |
@@ -29,7 +29,7 @@ const char* call_name(CallKind kind);
 struct RecordHeader {
   CallKind kind = CallKind::dispatch;
   uint32_t num_tokens = 0;
-  ep::RowFormat format;
+  gpu_side::ep::RowFormat format;
   uint32_t num_experts = 0;
   uint32_t expert_alignment = 0;
   uint32_t num_worst_tokens = 0;

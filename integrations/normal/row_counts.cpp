@@ -1,6 +1,8 @@
 // The per-call row count matrix (row_counts.hpp).
 #include "integrations/normal/row_counts.hpp"
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::integrations::normal {
 
 RowCounts RowCounts::from_records(const std::vector<NotifyRecord>& records) {

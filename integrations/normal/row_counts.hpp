@@ -29,7 +29,7 @@ class RowCounts {
   std::vector<int64_t> sent_by(int s) const;
   std::vector<int64_t> received_from_each(int d) const;
   // DeepEP's rank_prefix_matrix: i32 [R, R], [s][d] = rows ranks 0..s send to rank d.
-  ep::Tensor prefix_matrix() const;
+  gpu_side::ep::Tensor prefix_matrix() const;
 
  private:
   explicit RowCounts(int ranks) : ranks_(ranks), counts_(static_cast<size_t>(ranks * ranks), 0) {}

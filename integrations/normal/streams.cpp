@@ -7,6 +7,8 @@
 
 #include <algorithm>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::integrations::normal {
 
 namespace {

@@ -23,12 +23,12 @@ namespace proxyep::integrations::normal {
 
 class RowStreams {
  public:
-  RowStreams(const ep::RowFormat& format, int ranks)
+  RowStreams(const gpu_side::ep::RowFormat& format, int ranks)
       : format(format), out(static_cast<size_t>(ranks)), in(static_cast<size_t>(ranks)) {}
   virtual ~RowStreams() = default;
 
   // Rows [first, first + rows) of the stream to `destination`, written into `slot` as
-  // ep::RowAreas of `rows` rows.
+  // gpu_side::ep::RowAreas of `rows` rows.
   virtual void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) = 0;
   // Chunk `chunk` from `source` (its rows [first, first + rows)) has arrived in `slot`; the slot
   // is handed back when this returns (unless the stream has one chunk: see combine).
@@ -37,7 +37,7 @@ class RowStreams {
   // Once, after the first chunks are on their way (e.g. a rank's rows to itself).
   virtual void local() {}
 
-  const ep::RowFormat format;
+  const gpu_side::ep::RowFormat format;
   std::vector<ChunkPlan> out;  // by destination (this rank: none)
   std::vector<ChunkPlan> in;   // by source (this rank: none)
 };
@@ -45,11 +45,12 @@ class RowStreams {
 // The plans of this rank's streams with every peer for rows[r] rows between this rank and r
 // (either direction: a stream's plan depends only on its rows and the peer's slots). This rank's
 // own entry is an empty plan.
-std::vector<ChunkPlan> plan_streams(const proxy::Session& session, const ep::RowFormat& format,
+std::vector<ChunkPlan> plan_streams(const proxy::Session& session,
+                                    const gpu_side::ep::RowFormat& format,
                                     std::span<const int64_t> rows);
 // Throws proxyep::Error(phase), before anything is sent, when a row of `format` fits no slot
 // of some peer's streams (the Buffer is too small for it).
-void require_row_fits(const proxy::Session& session, const ep::RowFormat& format,
+void require_row_fits(const proxy::Session& session, const gpu_side::ep::RowFormat& format,
                       std::string_view phase);
 
 // Before the records of `call`: writes the rows of every eager stream of `streams`.

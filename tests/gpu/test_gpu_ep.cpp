@@ -29,7 +29,7 @@
 #include <vector>
 
 using namespace proxyep;
-using namespace proxyep::ep;
+using namespace proxyep::gpu_side::ep;
 
 namespace {
 
@@ -37,7 +37,7 @@ constexpr const char* kPhase = "test_gpu_ep";
 constexpr unsigned char kFiller = 0x5a;  // arena bytes no row writes keep this value
 
 void check(cudaError_t status, const char* what) {
-  gpu::check_cuda(status, kPhase, what);
+  gpu_side::cuda::check_cuda(status, kPhase, what);
 }
 
 // One device allocation (256-byte aligned, like every cudaMalloc).
@@ -121,7 +121,7 @@ bool check_layout(const Case& c, const TensorRef& topk_idx, int rank) {
   DeviceMemory per_rank(sizeof(int32_t) * R), per_expert(sizeof(int32_t) * c.shape.num_experts);
   DeviceMemory per_node(sizeof(int32_t) * c.shape.num_nodes()), in_rank(n * R);
   check(cudaMemset(in_rank.as<void>(), 0xff, n * R), "cudaMemset");  // the kernel writes all
-  gpu::LayoutParams p;
+  gpu_side::cuda::LayoutParams p;
   p.topk_idx = idx.as<int64_t>();
   p.num_tokens = n;
   p.topk = static_cast<int>(topk_idx.cols);
@@ -130,7 +130,7 @@ bool check_layout(const Case& c, const TensorRef& topk_idx, int rank) {
   p.tokens_per_node = host.num_tokens_per_rdma_rank.defined() ? per_node.as<int32_t>() : nullptr;
   p.tokens_per_expert = per_expert.as<int32_t>();
   p.is_token_in_rank = in_rank.as<bool>();
-  check(gpu::launch_dispatch_layout(p, nullptr), "launch_dispatch_layout");
+  check(gpu_side::cuda::launch_dispatch_layout(p, nullptr), "launch_dispatch_layout");
   check(cudaDeviceSynchronize(), "dispatch_layout_kernel");
   bool ok = same("num_tokens_per_rank", c, rank, host.num_tokens_per_rank.raw(),
                  per_rank.download<int32_t>(R).data(), sizeof(int32_t) * R);
@@ -272,14 +272,14 @@ bool check_dispatch(const Case& c, const std::vector<Source>& sources) {
     // The kernel.
     DeviceMemory dhead(src.send_head.raw(), src.send_head.bytes());
     DeviceMemory dsinks(device_sinks.data(), sizeof(RowSink) * R);
-    gpu::DispatchParams p;
+    gpu_side::cuda::DispatchParams p;
     p.input = rows.device;
     p.send_head = dhead.as<int32_t>();
     p.sinks = dsinks.as<RowSink>();
     p.num_tokens = n;
     if (c.blocks > 0) p.blocks = c.blocks;
     if (c.threads > 0) p.threads = c.threads;
-    check(gpu::launch_dispatch_rows(p, nullptr), "launch_dispatch_rows");
+    check(gpu_side::cuda::launch_dispatch_rows(p, nullptr), "launch_dispatch_rows");
     check(cudaDeviceSynchronize(), "dispatch_rows_kernel");
     for (int d = 0; d < R; ++d)
       base[d] += src.rows_to[d];
@@ -300,7 +300,7 @@ bool check_dispatch_chunks(const Case& c, const std::vector<Source>& sources) {
   for (int s = 0; s < R; ++s) {
     const Source& src = sources[s];
     SourceRows source_rows(c, src, f);
-    gpu::ChunkParams p;
+    gpu_side::cuda::ChunkParams p;
     p.input = source_rows.device;
     if (c.blocks > 0) p.blocks = c.blocks;
     if (c.threads > 0) p.threads = c.threads;
@@ -325,7 +325,7 @@ bool check_dispatch_chunks(const Case& c, const std::vector<Source>& sources) {
         p.tokens = dtokens.as<int32_t>() + first;
         p.sink = RowSink::at(slot.as<std::byte>(), areas, 0, d);
         p.rows = m;
-        check(gpu::launch_dispatch_chunk(p, nullptr), "launch_dispatch_chunk");
+        check(gpu_side::cuda::launch_dispatch_chunk(p, nullptr), "launch_dispatch_chunk");
         check(cudaDeviceSynchronize(), "dispatch_chunk_kernel");
         ok &= same("dispatch chunk", c, d, host_slot.data(),
                    slot.download<std::byte>(areas.end).data(), areas.end);
@@ -405,7 +405,7 @@ bool check_combine(const Case& c, const std::vector<Source>& sources) {
     DeviceMemory dhead(src.send_head.raw(), src.send_head.bytes());
     DeviceMemory db0(bias0.data(), bias0.size() * 2), db1(bias1.data(), bias1.size() * 2);
     DeviceMemory dout(host_out.size() * 2), dout_w(host_w.size() * 4);
-    gpu::CombineParams p;
+    gpu_side::cuda::CombineParams p;
     p.input = in;
     p.input.block_rows = reinterpret_cast<const uint16_t* const*>(drow_ptrs.as<void*>());
     p.input.block_weights =
@@ -418,7 +418,7 @@ bool check_combine(const Case& c, const std::vector<Source>& sources) {
     p.num_tokens = n;
     if (c.blocks > 0) p.blocks = c.blocks;
     if (c.threads > 0) p.threads = c.threads;
-    check(gpu::launch_combine(p, nullptr), "launch_combine");
+    check(gpu_side::cuda::launch_combine(p, nullptr), "launch_combine");
     check(cudaDeviceSynchronize(), "combine_kernel");
     ok &= same("combined_x", c, s, host_out.data(), dout.download<uint16_t>(host_out.size()).data(),
                host_out.size() * 2);

@@ -6,8 +6,8 @@
 #include "common/error.hpp"
 #include "gpu_side/cuda/ring_selftest.hpp"
 #include "gpu_side/doorbell.hpp"
+#include "gpu_side/pinned_memory.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 
 #include "tests/gpu/device_check.hpp"
 
@@ -26,7 +26,7 @@ struct Tally {
   uint64_t received = 0, corrupt = 0, wrong = 0, duplicate = 0;
 };
 
-void check_slot(const WireDescriptor& slot, const gpu::SelftestConfig& config,
+void check_slot(const WireDescriptor& slot, const gpu_side::cuda::SelftestConfig& config,
                 std::vector<bool>& seen, Tally& tally) {
   Descriptor d;
   if (decode(slot, d) != DecodeResult::ok) {
@@ -40,7 +40,7 @@ void check_slot(const WireDescriptor& slot, const gpu::SelftestConfig& config,
   }
   const auto block = static_cast<uint32_t>(d.cookie / config.per_block);
   const Descriptor expected =
-      gpu::selftest_descriptor(block, d.cookie % config.per_block, config.per_block);
+      gpu_side::cuda::selftest_descriptor(block, d.cookie % config.per_block, config.per_block);
   if (d.op != expected.op || d.flags != expected.flags || d.dst_rank != expected.dst_rank ||
       d.local_region != expected.local_region || d.remote_region != expected.remote_region ||
       d.src_offset != expected.src_offset || d.dst_offset != expected.dst_offset ||
@@ -56,12 +56,12 @@ void check_slot(const WireDescriptor& slot, const gpu::SelftestConfig& config,
   ++tally.received;
 }
 
-int run(uint64_t capacity, const gpu::SelftestConfig& config) {
-  auto memory = RingMemory::cuda_pinned(Ring::bytes_for(capacity));
+int run(uint64_t capacity, const gpu_side::cuda::SelftestConfig& config) {
+  auto memory = cuda_pinned_memory(Ring::bytes_for(capacity));
   Ring ring = Ring::create(memory.bytes(), capacity);
   RingConsumer consumer(ring);
   RingWaiter waiter(consumer, nullptr, {.timed_sleep = 5us});  // GPU: no doorbell
-  gpu::RingSelftest selftest(memory.device(), capacity, config);
+  gpu_side::cuda::RingSelftest selftest(memory.device(), capacity, config);
   const uint64_t total = uint64_t{config.blocks} * config.per_block;
   std::vector<bool> seen(total, false);
   Tally tally;

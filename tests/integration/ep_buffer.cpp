@@ -29,6 +29,8 @@
 #include <thread>
 #include <vector>
 
+namespace ep = proxyep::gpu_side::ep;
+
 using namespace proxyep;
 
 namespace {

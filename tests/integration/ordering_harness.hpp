@@ -97,7 +97,7 @@ class Harness {
         continue;
       }
       observe(batch[i].imm);
-      if (router_.route(batch[i]) != Status::ok) route_error(router_.last_error());
+      if (router_.route(batch[i].imm) != Status::ok) route_error(router_.last_error());
     }
     if (deadline_.expired())
       fail("ordering", "the run passed its {} ms deadline", options_.timeout_ms);

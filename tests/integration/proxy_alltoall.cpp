@@ -11,6 +11,7 @@
 // must fail within their timeouts with an error naming rank R, and exit 1.
 #include "common/deadline.hpp"
 #include "common/error.hpp"
+#include "common/host_memory.hpp"
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
 #include "control/counter_bank.hpp"
@@ -18,7 +19,6 @@
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "proxy/region_exchange.hpp"
 
@@ -76,7 +76,7 @@ struct Rank {
   int me = 0, n = 1;
   std::vector<uint8_t> send, recv;
   std::unique_ptr<fabric::MemoryRegion> send_region, recv_region;
-  std::vector<gpu_side::RingMemory> ring_memory;
+  std::vector<HostMemory> ring_memory;
   std::vector<gpu_side::Ring> rings;
   std::vector<std::unique_ptr<gpu_side::Doorbell>> doorbells;
   std::unique_ptr<control::CounterBank> bank;
@@ -203,7 +203,7 @@ void run(const Options& o) {
   proxy::share_region(*boot, rank.engine->regions(), kRecvRegion, *rank.recv_region,
                       "proxy_alltoall");
   for (int r = 0; r < o.rings; ++r) {
-    rank.ring_memory.push_back(gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
+    rank.ring_memory.push_back(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
     rank.rings.push_back(gpu_side::Ring::create(rank.ring_memory.back().bytes(), kRingSlots));
     rank.doorbells.push_back(std::make_unique<gpu_side::Doorbell>());
     rank.engine->add_ring(rank.rings.back(), rank.doorbells.back().get());

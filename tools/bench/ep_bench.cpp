@@ -9,6 +9,8 @@
 #include <chrono>
 #include <string>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::tools {
 namespace {
 

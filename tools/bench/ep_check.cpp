@@ -9,6 +9,8 @@
 #include <cstring>
 #include <numeric>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::tools {
 namespace {
 

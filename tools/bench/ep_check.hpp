@@ -25,7 +25,8 @@ namespace proxyep::tools {
 
 // The BF16 combine input a rank derives from its dispatch output (see above). For BF16 the
 // result shares recv_x's storage.
-ep::Tensor expert_output(const ep::Tensor& recv_x, const ep::Tensor& recv_x_scales);
+gpu_side::ep::Tensor expert_output(const gpu_side::ep::Tensor& recv_x,
+                                   const gpu_side::ep::Tensor& recv_x_scales);
 
 // Bytes of DeepEP's bandwidth conventions (DEEPEP_COMPAT 4.1, 4.2), per rank, and the load.
 struct EpTraffic {
@@ -45,33 +46,34 @@ struct EpTraffic {
 class EpReference {
  public:
   // Regenerates every rank's inputs and computes every rank's reference dispatch.
-  explicit EpReference(const ep::WorkloadOptions& options);
+  explicit EpReference(const gpu_side::ep::WorkloadOptions& options);
 
-  const ep::WorkloadOptions& options() const { return options_; }
-  const ep::RankInputs& inputs(int rank) const { return inputs_.at(rank); }
-  const ep::ReferenceDispatch& dispatch(int rank) const { return dispatched_.at(rank); }
+  const gpu_side::ep::WorkloadOptions& options() const { return options_; }
+  const gpu_side::ep::RankInputs& inputs(int rank) const { return inputs_.at(rank); }
+  const gpu_side::ep::ReferenceDispatch& dispatch(int rank) const { return dispatched_.at(rank); }
   // Source `rank`'s combined output when every rank feeds expert_output(its dispatch).
-  ep::ReferenceCombine combine(int rank) const;
+  gpu_side::ep::ReferenceCombine combine(int rank) const;
   const EpTraffic& traffic() const { return traffic_; }
 
  private:
-  ep::WorkloadOptions options_;
-  std::vector<ep::RankInputs> inputs_;
-  std::vector<ep::DispatchLayout> layouts_;
-  std::vector<ep::ReferenceDispatch> dispatched_;
+  gpu_side::ep::WorkloadOptions options_;
+  std::vector<gpu_side::ep::RankInputs> inputs_;
+  std::vector<gpu_side::ep::DispatchLayout> layouts_;
+  std::vector<gpu_side::ep::ReferenceDispatch> dispatched_;
   EpTraffic traffic_;
 };
 
 // A rank's dispatch outputs as views; undefined members are not compared.
 struct DispatchOutputs {
-  ep::TensorRef recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx;
+  gpu_side::ep::TensorRef recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx;
   const std::vector<int>* num_recv_tokens_per_expert = nullptr;
 };
 
 // Exact comparisons; each returns "" when equal, else the first difference in words
 // ("recv_x: row 12 column 7 differs", "recv_topk_idx: shape [3, 8], expected [4, 8]").
-std::string compare_tensor(const ep::TensorRef& got, const ep::TensorRef& want,
+std::string compare_tensor(const gpu_side::ep::TensorRef& got, const gpu_side::ep::TensorRef& want,
                            std::string_view name);
-std::string compare_dispatch(const DispatchOutputs& got, const ep::ReferenceDispatch& want);
+std::string compare_dispatch(const DispatchOutputs& got,
+                             const gpu_side::ep::ReferenceDispatch& want);
 
 }  // namespace proxyep::tools

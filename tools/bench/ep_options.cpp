@@ -2,6 +2,8 @@
 
 #include "common/error.hpp"
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::tools {
 
 void add_ep_workload_options(CLI::App& cmd, EpWorkloadCli& cli) {

@@ -34,7 +34,8 @@ void add_ep_workload_options(CLI::App& cmd, EpWorkloadCli& cli);
 // Checks what the workload generator does not (iteration counts); throws proxyep::Error.
 void validate(const EpWorkloadCli& cli);
 
-ep::WorkloadOptions to_workload(const EpWorkloadCli& cli, const ep::EpShape& shape);
+gpu_side::ep::WorkloadOptions to_workload(const EpWorkloadCli& cli,
+                                          const gpu_side::ep::EpShape& shape);
 
 // The same options as command-line flags, for the baseline program.
 std::vector<std::string> to_args(const EpWorkloadCli& cli);

@@ -2,11 +2,11 @@
 
 #include "common/deadline.hpp"
 #include "common/error.hpp"
+#include "common/host_memory.hpp"
 #include "control/counter_bank.hpp"
 #include "control/signal_router.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "proxy/region_exchange.hpp"
 #include "proxy/thread_cpu.hpp"
@@ -34,7 +34,7 @@ class ProxySide {
  public:
   ProxySide(control::Bootstrap& bootstrap, fabric::Fabric& fabric,
             const fabric::MemoryRegion& region, uint32_t keys, size_t window)
-      : memory_(gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kRingSlots))),
+      : memory_(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots))),
         ring_(gpu_side::Ring::create(memory_.bytes(), kRingSlots)),
         bank_(keys),
         peer_(1 - bootstrap.rank()) {
@@ -74,7 +74,7 @@ class ProxySide {
   }
 
  private:
-  gpu_side::RingMemory memory_;
+  HostMemory memory_;
   gpu_side::Ring ring_;
   gpu_side::Doorbell doorbell_;
   control::CounterBank bank_;

@@ -1,8 +1,8 @@
 #include "tools/bench/ring_bench.hpp"
 
+#include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
-#include "gpu_side/backoff.hpp"
 #include "tools/bench/ring_bench_queues.hpp"
 #include "tools/bench/stats.hpp"
 
@@ -84,7 +84,7 @@ struct Run {
 // it runs on producer threads, where an exception would terminate the process.)
 template <typename Queue>
 bool spin_push(typename Queue::Producer& producer, const Descriptor& d, const Deadline& deadline) {
-  gpu_side::Backoff backoff;
+  Backoff backoff;
   for (uint32_t i = 0; !producer.try_push(d); ++i) {
     if (i % 4096 == 4095 && deadline.expired()) return false;
     backoff.pause();
@@ -97,7 +97,7 @@ template <typename Queue>
 void produce_bursts(typename Queue::Producer& producer, int id, uint64_t count, size_t burst,
                     const Deadline& deadline) {
   std::vector<Descriptor> batch(burst);
-  gpu_side::Backoff backoff;
+  Backoff backoff;
   for (uint64_t i = 0, attempts = 0; i < count; ++attempts) {
     const size_t n = static_cast<size_t>(std::min<uint64_t>(burst, count - i));
     for (size_t k = 0; k < n; ++k)
@@ -119,7 +119,7 @@ void produce_bursts(typename Queue::Producer& producer, int id, uint64_t count, 
 // gets the CPU.
 void idle(uint32_t pauses, uint32_t& empty_polls) {
   for (uint32_t i = 0; i < pauses; ++i)
-    gpu_side::cpu_relax();
+    cpu_relax();
   if (++empty_polls % 64 == 0) std::this_thread::yield();
 }
 
@@ -153,7 +153,7 @@ double throughput_rep(const Run& run, std::vector<uint64_t>& samples) {
     threads.emplace_back([&, id] {
       typename Queue::Producer producer(queue, id);
       while (!go.load(std::memory_order_acquire))
-        gpu_side::cpu_relax();
+        cpu_relax();
       if (run.options.push_burst > 1) {
         produce_bursts<Queue>(producer, id, each, run.options.push_burst, deadline);
         return;
@@ -207,7 +207,7 @@ void latency_rep(const Run& run, std::vector<uint64_t>& samples) {
       auto& seen = observed[static_cast<size_t>(id)].count;
       for (uint64_t i = 0; i < each; ++i) {
         if (!spin_push<Queue>(producer, bench_descriptor(id, i, ticks()), deadline)) return;
-        gpu_side::Backoff backoff;
+        Backoff backoff;
         // acquire: pairs with the consumer's release store below (only the count matters).
         while (seen.load(std::memory_order_acquire) <= i && !deadline.expired())
           backoff.pause();

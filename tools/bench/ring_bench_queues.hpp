@@ -6,10 +6,10 @@
 // producer only), and moodycamel::ConcurrentQueue.
 #pragma once
 
+#include "common/host_memory.hpp"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 
 #include <concurrentqueue/concurrentqueue.h>
 
@@ -33,7 +33,7 @@ class RingQueue {
       Mode == gpu_side::ProducerMode::single ? "ring_spsc" : "ring";
 
   explicit RingQueue(const QueueConfig& config)
-      : memory_(gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(config.capacity))),
+      : memory_(HostMemory::heap(gpu_side::Ring::bytes_for(config.capacity))),
         ring_(gpu_side::Ring::create(memory_.bytes(), config.capacity, Mode)),
         fence_(config.spsc_fence) {}
 
@@ -65,7 +65,7 @@ class RingQueue {
   };
 
  private:
-  gpu_side::RingMemory memory_;
+  HostMemory memory_;
   gpu_side::Ring ring_;
   gpu_side::Doorbell doorbell_;
   bool fence_;

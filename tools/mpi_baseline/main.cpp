@@ -19,6 +19,8 @@
 #include <cstdio>
 #include <string>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::tools {
 namespace {
 

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cstring>
 
+namespace ep = proxyep::gpu_side::ep;
+
 namespace proxyep::tools {
 namespace {
 

@@ -28,21 +28,21 @@
 namespace proxyep::tools {
 
 struct MpiDispatchInputs {
-  ep::TensorRef x;                 // bf16 [N, H] or fp8 [N, H]
-  ep::TensorRef x_scales;          // f32 [N, H / 128] with fp8, contiguous
-  ep::TensorRef topk_idx;          // i64 [N, K]
-  ep::TensorRef topk_weights;      // f32 [N, K]
-  ep::TensorRef is_token_in_rank;  // bool [N, R]
+  gpu_side::ep::TensorRef x;                 // bf16 [N, H] or fp8 [N, H]
+  gpu_side::ep::TensorRef x_scales;          // f32 [N, H / 128] with fp8, contiguous
+  gpu_side::ep::TensorRef topk_idx;          // i64 [N, K]
+  gpu_side::ep::TensorRef topk_weights;      // f32 [N, K]
+  gpu_side::ep::TensorRef is_token_in_rank;  // bool [N, R]
 };
 
 struct MpiDispatched {
-  ep::Tensor recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx;
+  gpu_side::ep::Tensor recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, recv_src_idx;
   std::vector<int> num_recv_tokens_per_expert;
 };
 
 class MpiAlltoallvEp {
  public:
-  MpiAlltoallvEp(MPI_Comm comm, const ep::EpShape& shape, int hidden, int topk, bool fp8);
+  MpiAlltoallvEp(MPI_Comm comm, const gpu_side::ep::EpShape& shape, int hidden, int topk, bool fp8);
   ~MpiAlltoallvEp();
   MpiAlltoallvEp(const MpiAlltoallvEp&) = delete;
   MpiAlltoallvEp& operator=(const MpiAlltoallvEp&) = delete;
@@ -50,7 +50,7 @@ class MpiAlltoallvEp {
   MpiDispatched dispatch(const MpiDispatchInputs& in);
   // Combines `expert_out` (bf16 [rows received by the last dispatch, H], receive order) back to
   // the sources of the last dispatch: bf16 [N, H].
-  ep::Tensor combine(const ep::TensorRef& expert_out);
+  gpu_side::ep::Tensor combine(const gpu_side::ep::TensorRef& expert_out);
 
  private:
   // Byte offsets inside one dispatch record.
@@ -63,7 +63,7 @@ class MpiAlltoallvEp {
   MpiDispatched unpack(int64_t rows) const;
 
   MPI_Comm comm_;
-  ep::EpShape shape_;
+  gpu_side::ep::EpShape shape_;
   int rank_ = 0;
   int hidden_, topk_;
   bool fp8_;

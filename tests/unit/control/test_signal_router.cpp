@@ -11,18 +11,11 @@ using proxyep::control::CounterBank;
 using proxyep::control::SenderCredits;
 using proxyep::control::SequenceWindow;
 using proxyep::control::SignalRouter;
-using proxyep::fabric::Completion;
 namespace imm = proxyep::control::imm;
 
 namespace {
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-Completion remote(uint32_t raw) {
-  Completion c;
-  c.kind = Completion::Kind::remote_write;
-  c.imm = raw;
-  return c;
 }
 }  // namespace
 
@@ -41,9 +34,9 @@ TEST_CASE("signal router: each op reaches its target") {
   });
 
   REQUIRE(bank.set_expected(0, 9, 2) == Status::ok);
-  REQUIRE(router.route(remote(imm::encode_counter(0, 9))) == Status::ok);
+  REQUIRE(router.route(imm::encode_counter(0, 9)) == Status::ok);
   CHECK_FALSE(bank.ready(0, 9));
-  REQUIRE(router.route(remote(imm::encode_counter(0, 9))) == Status::ok);
+  REQUIRE(router.route(imm::encode_counter(0, 9)) == Status::ok);
   CHECK(bank.ready(0, 9));
 
   REQUIRE(router.route(imm::encode_stream(0, 1023, 1)) == Status::ok);
@@ -89,11 +82,8 @@ TEST_CASE("signal router: errors name the immediate and the target's complaint")
   router.set_control_handler([](uint32_t, uint32_t) { return Status::error; });
   CHECK(router.route(imm::encode_control(0, 1)) == Status::error);
 
-  Completion local;
-  local.kind = Completion::Kind::local_write;
-  local.cookie = 42;
-  CHECK(router.route(local) == Status::error);
-  CHECK(contains(router.last_error(), "cookie 42"));
+  CHECK(router.refuse("not a signal") == Status::error);
+  CHECK(router.last_error() == "not a signal");
 
   CHECK_THROWS_AS(router.attach_counters(bank), Error);
   CHECK_THROWS_AS(router.attach_stream(2, window), Error);

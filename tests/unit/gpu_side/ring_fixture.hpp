@@ -3,10 +3,10 @@
 #pragma once
 
 #include "common/deadline.hpp"
+#include "common/host_memory.hpp"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 
 #include <doctest/doctest.h>
 
@@ -23,9 +23,9 @@ namespace proxyep::gpu_side::testing {
 
 struct HeapRing {
   explicit HeapRing(uint64_t capacity, ProducerMode mode = ProducerMode::multi)
-      : memory(RingMemory::heap(Ring::bytes_for(capacity))),
+      : memory(HostMemory::heap(Ring::bytes_for(capacity))),
         ring(Ring::create(memory.bytes(), capacity, mode)) {}
-  RingMemory memory;
+  HostMemory memory;
   Ring ring;
 };
 

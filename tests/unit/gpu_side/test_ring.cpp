@@ -15,7 +15,7 @@ using namespace proxyep::gpu_side::testing;
 using namespace std::chrono_literals;
 
 TEST_CASE("ring creation validates capacity and memory; attach validates the header") {
-  auto memory = RingMemory::heap(Ring::bytes_for(64));
+  auto memory = HostMemory::heap(Ring::bytes_for(64));
   CHECK_THROWS_AS(Ring::create(memory.bytes(), 48), Error);  // not a power of two
   CHECK_THROWS_AS(Ring::create(memory.bytes(), 1), Error);
   CHECK_THROWS_AS(Ring::create(memory.bytes(), 128), Error);             // does not fit

@@ -41,7 +41,7 @@ uint64_t shared_head(const Ring& ring) {
 }  // namespace
 
 TEST_CASE("the producer mode is in the header; attach reads it; old layouts are refused") {
-  auto memory = RingMemory::heap(Ring::bytes_for(16));
+  auto memory = HostMemory::heap(Ring::bytes_for(16));
   Ring multi = Ring::create(memory.bytes(), 16);
   CHECK(multi.producer_mode() == ProducerMode::multi);
   CHECK(Ring::attach(memory.bytes()).producer_mode() == ProducerMode::multi);
@@ -366,7 +366,7 @@ TEST_CASE("single producer: no lost wake-up in thousands of sleep/publish races"
 
 TEST_CASE("a forked child is the single producer; the parent's producer is refused") {
   constexpr uint64_t kCount = 50'000;
-  auto memory = RingMemory::memfd(Ring::bytes_for(64), "proxyep-test-spsc-fork");
+  auto memory = HostMemory::memfd(Ring::bytes_for(64), "proxyep-test-spsc-fork");
   Ring ring = Ring::create(memory.bytes(), 64, ProducerMode::single);
   Doorbell bell;
   const int fd = memory.fd();
@@ -376,7 +376,7 @@ TEST_CASE("a forked child is the single producer; the parent's producer is refus
   if (child == 0) {
     int code = 0;
     try {
-      auto mapping = RingMemory::map_fd(fd);
+      auto mapping = HostMemory::map_fd(fd);
       RingProducer producer(Ring::attach(mapping.bytes()), {.doorbell = &bell});
       for (uint64_t i = 0; i < kCount && code == 0; ++i) {
         if (producer.push(make_descriptor(7, i), Deadline(20s)) != Status::ok) code = 3;

@@ -7,7 +7,7 @@
 // producer's 5 s deadline for the round.
 #pragma once
 
-#include "gpu_side/backoff.hpp"
+#include "common/backoff.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "tests/unit/gpu_side/ring_fixture.hpp"
 

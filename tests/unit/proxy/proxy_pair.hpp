@@ -4,11 +4,11 @@
 // region 1 = its receive buffer (remote writes land there).
 #pragma once
 
+#include "common/host_memory.hpp"
 #include "control/counter_bank.hpp"
 #include "control/signal_router.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
 
@@ -34,7 +34,7 @@ inline EngineOptions test_options() {
 }
 
 struct ProxyRank {
-  gpu_side::RingMemory memory = gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kRingSlots));
+  HostMemory memory = HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots));
   gpu_side::Ring ring = gpu_side::Ring::create(memory.bytes(), kRingSlots);
   gpu_side::Doorbell doorbell;
   control::CounterBank bank{64};

@@ -2,11 +2,11 @@
 // on their own domains (split_fabric.hpp), so the engine runs one proxy thread per domain. Two
 // rings per rank, each drained by its own thread and fed by its own producer thread; both
 // threads route remote completions into one counter bank at once, and quiet() spans both.
+#include "common/host_memory.hpp"
 #include "control/counter_bank.hpp"
 #include "control/signal_router.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "gpu_side/ring_memory.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
 #include "tests/unit/proxy/split_fabric.hpp"
@@ -29,7 +29,7 @@ struct Side {
   std::unique_ptr<SplitFabric> fabric;
   std::vector<uint8_t> send = std::vector<uint8_t>(kBytes), recv = std::vector<uint8_t>(kBytes);
   std::unique_ptr<fabric::MemoryRegion> send_region, recv_region;
-  std::vector<gpu_side::RingMemory> memory;
+  std::vector<HostMemory> memory;
   std::vector<gpu_side::Ring> rings;
   std::vector<std::unique_ptr<gpu_side::Doorbell>> doorbells;
   control::CounterBank bank{4};
@@ -68,7 +68,7 @@ void set_up(Side (&sides)[2], const std::string& provider) {
     Side& s = sides[r];
     s.engine->regions().add_remote(1 - r, 1, sides[1 - r].recv_region->descriptor());
     for (int i = 0; i < kRings; ++i) {
-      s.memory.push_back(gpu_side::RingMemory::heap(gpu_side::Ring::bytes_for(kSlots)));
+      s.memory.push_back(HostMemory::heap(gpu_side::Ring::bytes_for(kSlots)));
       s.rings.push_back(gpu_side::Ring::create(s.memory.back().bytes(), kSlots));
       s.doorbells.push_back(std::make_unique<gpu_side::Doorbell>());
       s.engine->add_ring(s.rings.back(), s.doorbells.back().get());

@@ -9,7 +9,7 @@
 #include <vector>
 
 using namespace proxyep;
-using namespace proxyep::ep;
+using namespace proxyep::gpu_side::ep;
 
 namespace {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <limits>
 
-using namespace proxyep::ep;
+using namespace proxyep::gpu_side::ep;
 
 namespace {
 

@@ -1,13 +1,13 @@
 // Spin-then-yield backoff for waits on shared memory. Spinning keeps a handoff at cache-miss
 // latency when both sides run; yielding keeps a waiter from burning the time slice of the thread
 // it waits for when there are more runnable threads than cores (2 producers and a consumer on
-// this 2-core machine). Long waits sleep elsewhere (RingWaiter, doorbell.hpp).
+// this 2-core machine). Long waits sleep elsewhere (gpu_side/ring.hpp RingWaiter, doorbell.hpp).
 #pragma once
 
 #include <cstdint>
 #include <thread>
 
-namespace proxyep::gpu_side {
+namespace proxyep {
 
 // One iteration of a spin loop: tells the core to ease off (and a sibling hyperthread to run).
 inline void cpu_relax() {
@@ -37,4 +37,4 @@ class Backoff {
   uint32_t count_ = 0;
 };
 
-}  // namespace proxyep::gpu_side
+}  // namespace proxyep

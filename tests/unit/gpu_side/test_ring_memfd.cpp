@@ -1,7 +1,7 @@
-// Ring memory: heap, and a memfd mapped twice (two mappings in one process, and a forked child
-// producer that maps the fd anew and kicks the parent through a shared eventfd).
+// A ring in a memfd (common/host_memory.hpp) mapped twice: two mappings in one process, and a
+// forked child producer that maps the fd anew and kicks the parent through a shared eventfd.
+#include "common/host_memory.hpp"
 #include "gpu_side/doorbell.hpp"
-#include "gpu_side/ring_memory.hpp"
 #include "tests/unit/gpu_side/ring_fixture.hpp"
 
 #include <doctest/doctest.h>
@@ -17,27 +17,12 @@ using namespace proxyep::gpu_side;
 using namespace proxyep::gpu_side::testing;
 using namespace std::chrono_literals;
 
-TEST_CASE("heap ring memory is page-aligned, zeroed and movable") {
-  auto memory = RingMemory::heap(1000);
-  CHECK(memory.size() == 4096);
-  CHECK(reinterpret_cast<uintptr_t>(memory.host()) % 4096 == 0);
-  CHECK(memory.kind() == RingMemory::Kind::heap);
-  CHECK(memory.fd() == -1);
-  CHECK(memory.device() == nullptr);
-  for (std::byte b : memory.bytes())
-    REQUIRE(b == std::byte{0});
-  void* address = memory.host();
-  RingMemory moved = std::move(memory);
-  CHECK(moved.host() == address);
-  CHECK(memory.host() == nullptr);
-}
-
 TEST_CASE("a memfd ring mapped twice in one process: produce on one mapping, consume on other") {
   constexpr uint64_t kCount = 200'000;
-  auto owner = RingMemory::memfd(Ring::bytes_for(128), "proxyep-test-ring");
+  auto owner = HostMemory::memfd(Ring::bytes_for(128), "proxyep-test-ring");
   REQUIRE(owner.fd() >= 0);
   Ring ring = Ring::create(owner.bytes(), 128);
-  auto second = RingMemory::map_fd(owner.fd());
+  auto second = HostMemory::map_fd(owner.fd());
   CHECK(second.host() != owner.host());
   CHECK(second.fd() != owner.fd());
   Ring other = Ring::attach(second.bytes());
@@ -70,7 +55,7 @@ TEST_CASE("a memfd ring mapped twice in one process: produce on one mapping, con
 
 TEST_CASE("a forked child maps the memfd and produces; the parent consumes, woken by eventfd") {
   constexpr uint64_t kCount = 50'000;
-  auto memory = RingMemory::memfd(Ring::bytes_for(64), "proxyep-test-fork");
+  auto memory = HostMemory::memfd(Ring::bytes_for(64), "proxyep-test-fork");
   Ring ring = Ring::create(memory.bytes(), 64);
   Doorbell bell;
   const int fd = memory.fd();
@@ -81,7 +66,7 @@ TEST_CASE("a forked child maps the memfd and produces; the parent consumes, woke
     // Child: a fresh mapping of the fd (as the proxy daemon's client would make), then produce.
     int code = 0;
     try {
-      auto mapping = RingMemory::map_fd(fd);
+      auto mapping = HostMemory::map_fd(fd);
       RingProducer producer(Ring::attach(mapping.bytes()), {.doorbell = &bell});
       for (uint64_t i = 0; i < kCount && code == 0; ++i)
         if (producer.push(make_descriptor(7, i), Deadline(20s)) != Status::ok) code = 3;

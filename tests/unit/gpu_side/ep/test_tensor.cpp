@@ -3,7 +3,7 @@
 #include <doctest/doctest.h>
 
 using namespace proxyep;
-using namespace proxyep::ep;
+using namespace proxyep::gpu_side::ep;
 
 TEST_CASE("tensor: shapes, copies and argument checks") {
   Tensor t = Tensor::zeros(DType::f32, 3, 4);

@@ -1,4 +1,4 @@
-#include "gpu_side/ring_memory.hpp"
+#include "common/host_memory.hpp"
 
 #include "common/error.hpp"
 
@@ -12,14 +12,10 @@
 #include <new>
 #include <utility>
 
-#if PROXYEP_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
-namespace proxyep::gpu_side {
+namespace proxyep {
 namespace {
 
-constexpr const char* kPhase = "gpu_side.ring_memory";
+constexpr const char* kPhase = "host_memory";
 constexpr size_t kPage = 4096;
 
 size_t round_to_page(size_t bytes) {
@@ -35,16 +31,16 @@ void* map_shared(int fd, size_t bytes) {
 
 }  // namespace
 
-RingMemory RingMemory::heap(size_t bytes) {
-  require(bytes > 0, kPhase, "ring memory of 0 bytes");
+HostMemory HostMemory::heap(size_t bytes) {
+  require(bytes > 0, kPhase, "host memory of 0 bytes");
   const size_t size = round_to_page(bytes);
   void* address = ::operator new (size, std::align_val_t{kPage});
   std::memset(address, 0, size);
-  return RingMemory(Kind::heap, address, size);
+  return HostMemory(Kind::heap, address, size);
 }
 
-RingMemory RingMemory::memfd(size_t bytes, const std::string& name) {
-  require(bytes > 0, kPhase, "ring memory of 0 bytes");
+HostMemory HostMemory::memfd(size_t bytes, const std::string& name) {
+  require(bytes > 0, kPhase, "host memory of 0 bytes");
   const size_t size = round_to_page(bytes);
   int fd = ::memfd_create(name.c_str(), MFD_CLOEXEC);
   require(fd >= 0, kPhase, "memfd_create('{}') failed: {}", name, std::strerror(errno));
@@ -61,15 +57,15 @@ RingMemory RingMemory::memfd(size_t bytes, const std::string& name) {
     ::close(fd);
     throw;
   }
-  RingMemory memory(Kind::memfd, address, size);
+  HostMemory memory(Kind::memfd, address, size);
   memory.fd_ = fd;
   return memory;
 }
 
-RingMemory RingMemory::map_fd(int fd) {
+HostMemory HostMemory::map_fd(int fd) {
   struct stat info {};
   require(::fstat(fd, &info) == 0, kPhase, "fstat of fd {} failed: {}", fd, std::strerror(errno));
-  require(info.st_size > 0, kPhase, "fd {} is empty: not a ring memfd", fd);
+  require(info.st_size > 0, kPhase, "fd {} is empty: not a shared memfd", fd);
   int own = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   require(own >= 0, kPhase, "dup of fd {} failed: {}", fd, std::strerror(errno));
   const auto size = static_cast<size_t>(info.st_size);
@@ -80,40 +76,35 @@ RingMemory RingMemory::map_fd(int fd) {
     ::close(own);
     throw;
   }
-  RingMemory memory(Kind::memfd, address, size);
+  HostMemory memory(Kind::memfd, address, size);
   memory.fd_ = own;
   return memory;
 }
 
-#if PROXYEP_HAVE_CUDA
-RingMemory RingMemory::cuda_pinned(size_t bytes) {
-  require(bytes > 0, kPhase, "ring memory of 0 bytes");
-  const size_t size = round_to_page(bytes);
-  void* host = nullptr;
-  cudaError_t status = cudaHostAlloc(&host, size, cudaHostAllocMapped | cudaHostAllocPortable);
-  require(status == cudaSuccess, kPhase, "cudaHostAlloc of {} bytes failed: {}", size,
-          cudaGetErrorString(status));
-  std::memset(host, 0, size);
-  RingMemory memory(Kind::cuda_pinned, host, size);
-  status = cudaHostGetDevicePointer(&memory.device_, host, 0);
-  require(status == cudaSuccess, kPhase, "cudaHostGetDevicePointer failed: {}",
-          cudaGetErrorString(status));
+HostMemory HostMemory::adopt(void* host, size_t size, void* device, Deleter release) {
+  require(host != nullptr && size > 0, kPhase, "adopting {} bytes at {}: nothing to own", size,
+          host);
+  require(static_cast<bool>(release), kPhase, "adopting {} bytes at {} without a deleter", size,
+          host);
+  HostMemory memory(Kind::adopted, host, size);
+  memory.device_ = device;
+  memory.deleter_ = std::move(release);
   return memory;
 }
-#endif
 
-RingMemory::~RingMemory() {
+HostMemory::~HostMemory() {
   release();
 }
 
-RingMemory::RingMemory(RingMemory&& other) noexcept
+HostMemory::HostMemory(HostMemory&& other) noexcept
     : kind_(other.kind_),
       host_(std::exchange(other.host_, nullptr)),
       device_(std::exchange(other.device_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      fd_(std::exchange(other.fd_, -1)) {}
+      fd_(std::exchange(other.fd_, -1)),
+      deleter_(std::exchange(other.deleter_, nullptr)) {}
 
-RingMemory& RingMemory::operator=(RingMemory&& other) noexcept {
+HostMemory& HostMemory::operator=(HostMemory&& other) noexcept {
   if (this != &other) {
     release();
     kind_ = other.kind_;
@@ -121,11 +112,12 @@ RingMemory& RingMemory::operator=(RingMemory&& other) noexcept {
     device_ = std::exchange(other.device_, nullptr);
     size_ = std::exchange(other.size_, 0);
     fd_ = std::exchange(other.fd_, -1);
+    deleter_ = std::exchange(other.deleter_, nullptr);
   }
   return *this;
 }
 
-void RingMemory::release() noexcept {
+void HostMemory::release() noexcept {
   if (host_ != nullptr) {
     switch (kind_) {
       case Kind::heap:
@@ -134,17 +126,17 @@ void RingMemory::release() noexcept {
       case Kind::memfd:
         ::munmap(host_, size_);
         break;
-      case Kind::cuda_pinned:
-#if PROXYEP_HAVE_CUDA
-        (void)cudaFreeHost(host_);
-#endif
+      case Kind::adopted:
+        if (deleter_) deleter_(host_);
         break;
     }
   }
   if (fd_ >= 0) ::close(fd_);
   host_ = nullptr;
   device_ = nullptr;
+  size_ = 0;
   fd_ = -1;
+  deleter_ = nullptr;
 }
 
-}  // namespace proxyep::gpu_side
+}  // namespace proxyep

@@ -12,7 +12,7 @@
 #include <set>
 
 using namespace proxyep;
-using namespace proxyep::ep;
+using namespace proxyep::gpu_side::ep;
 
 namespace {
 

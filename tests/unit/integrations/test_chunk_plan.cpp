@@ -6,7 +6,10 @@
 
 #include <doctest/doctest.h>
 
+namespace ep = proxyep::gpu_side::ep;
+
 using namespace proxyep;
+namespace ep = proxyep::gpu_side::ep;
 using namespace proxyep::integrations::normal;
 
 namespace {

@@ -12,6 +12,7 @@
 #include <vector>
 
 using namespace proxyep;
+namespace ep = proxyep::gpu_side::ep;
 using namespace proxyep::integrations::normal;
 
 namespace {

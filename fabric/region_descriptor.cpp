@@ -1,9 +1,10 @@
-// RegionDescriptor wire format (little endian, see fabric/wire.hpp):
+// RegionDescriptor wire format (little endian, see common/wire.hpp):
 //   u32 magic "PXRD" | u16 version | u16 rail count | u64 length | per rail: u64 address, u64 key
 // The magic and version make a blob from another build or a misrouted allgather fail loudly
 // instead of turning into writes at wrong addresses.
-#include "fabric/fabric.hpp"
-#include "fabric/wire.hpp"
+#include "fabric/region_descriptor.hpp"
+
+#include "common/wire.hpp"
 
 namespace proxyep::fabric {
 namespace {

@@ -2,6 +2,7 @@
 // what registration puts into a descriptor on each provider.
 #include "fabric/context_pool.hpp"
 #include "fabric/fabric.hpp"
+#include "fabric/region_descriptor.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
 
 #include <doctest/doctest.h>

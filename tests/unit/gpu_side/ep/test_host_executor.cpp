@@ -13,7 +13,7 @@
 #include <vector>
 
 using namespace proxyep;
-using namespace proxyep::ep;
+using namespace proxyep::gpu_side::ep;
 
 TEST_CASE("host_executor: every block runs exactly once, on several threads") {
   HostExecutor executor(4);

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <vector>
 
-using namespace proxyep::ep;
+using namespace proxyep::gpu_side::ep;
 
 namespace {
 
