@@ -11,6 +11,7 @@
 
 #include "common/error.hpp"
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -36,6 +37,16 @@ class ByteWriter {
   void u16(uint16_t value) { put(value, 2); }
   void u32(uint32_t value) { put(value, 4); }
   void u64(uint64_t value) { put(value, 8); }
+  // Each value as a u32 (two's complement). On little-endian hosts the array's own bytes are
+  // those fields, so it is one copy instead of a loop per byte (records carry hundreds).
+  void i32s(std::span<const int32_t> values) {
+    if constexpr (std::endian::native == std::endian::little) {
+      bytes({reinterpret_cast<const uint8_t*>(values.data()), values.size_bytes()});
+    } else {
+      for (int32_t v : values)
+        u32(static_cast<uint32_t>(v));
+    }
+  }
   void bytes(std::span<const uint8_t> data) {
     if (out_ != nullptr) {
       out_->insert(out_->end(), data.begin(), data.end());
@@ -87,6 +98,16 @@ class ByteReader {
   uint16_t u16(const char* what) { return static_cast<uint16_t>(get(2, what)); }
   uint32_t u32(const char* what) { return static_cast<uint32_t>(get(4, what)); }
   uint64_t u64(const char* what) { return get(8, what); }
+  // out.size() u32 fields as int32 (ByteWriter::i32s).
+  void i32s(std::span<int32_t> out, const char* what) {
+    if constexpr (std::endian::native == std::endian::little) {
+      const auto raw = bytes(out.size_bytes(), what);
+      if (!raw.empty()) std::memcpy(out.data(), raw.data(), raw.size());
+    } else {
+      for (int32_t& v : out)
+        v = static_cast<int32_t>(u32(what));
+    }
+  }
   std::span<const uint8_t> bytes(size_t count, const char* what) {
     need(count, what);
     auto out = data_.subspan(pos_, count);

@@ -4,8 +4,6 @@
 #include "common/error.hpp"
 #include "integrations/normal/chunk_plan.hpp"
 
-#include <cstring>
-
 namespace proxyep::integrations::normal {
 
 namespace {
@@ -15,14 +13,10 @@ void send_records(proxy::Session& session, uint64_t call, RecordEncoder& encoder
                   const ExpertsFor& experts_for, std::string_view phase) {
   encoder.begin(header, rows_to);
   for (int d = 0; d < session.ranks(); ++d) {
-    const auto record = encoder.finish(experts_for ? experts_for(d) : std::span<const int32_t>{});
     proxy::PeerChannel& to = session.channel(d);
-    const std::span<std::byte> slot = to.record_buffer(call);
-    require(record.size() <= slot.size(), phase,
-            "a record of {} bytes does not fit its {}-byte slot (too many local experts?)",
-            record.size(), slot.size());
-    std::memcpy(slot.data(), record.data(), record.size());
-    to.send_record(call, record.size(), phase);
+    const uint64_t bytes = encoder.write(
+        to.record_buffer(call), experts_for ? experts_for(d) : std::span<const int32_t>{}, phase);
+    to.send_record(call, bytes, phase);
   }
 }
 

@@ -15,22 +15,13 @@ constexpr uint32_t kRecordMagic = 0x524e5850;  // "PXNR" read as little-endian b
 constexpr uint16_t kRecordVersion = 1;
 constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 + 4;
 
-// Counts are row or token counts of one call: below 2^24 (proxy::kMaxStreamChunks).
-template <typename Count>
-void write_counts(ByteWriter& w, std::span<const Count> counts) {
-  w.u32(static_cast<uint32_t>(counts.size()));
-  for (Count c : counts)
-    w.u32(static_cast<uint32_t>(static_cast<int32_t>(c)));
-}
-
 std::vector<int32_t> read_counts(ByteReader& r, uint32_t at_most, const char* what, int from,
                                  std::string_view phase) {
   const uint32_t n = r.u32(what);
   require(n <= at_most, phase, "the record from rank {} claims {} {}, at most {} fit", from, n,
           what, at_most);
   std::vector<int32_t> out(n);
-  for (int32_t& c : out)
-    c = static_cast<int32_t>(r.u32(what));
+  r.i32s(out, what);
   return out;
 }
 
@@ -53,8 +44,8 @@ uint64_t record_payload_bytes(int ranks) {
 }
 
 void RecordEncoder::begin(const RecordHeader& h, std::span<const int64_t> rows_to) {
-  bytes_.clear();
-  ByteWriter w(bytes_);
+  common_.clear();
+  ByteWriter w(common_);
   w.u32(kRecordMagic);
   w.u16(kRecordVersion);
   w.u16(static_cast<uint16_t>(h.kind));
@@ -62,15 +53,19 @@ void RecordEncoder::begin(const RecordHeader& h, std::span<const int64_t> rows_t
   for (uint32_t v : {h.format.hidden_bytes, h.format.scale_cols, h.format.topk, h.format.weights,
                      h.format.src_index, h.num_experts, h.expert_alignment, h.num_worst_tokens})
     w.u32(v);
-  write_counts(w, rows_to);
-  common_ = bytes_.size();
+  // Row counts of one call are below 2^24 (proxy::kMaxStreamChunks): they fit an int32.
+  w.u32(static_cast<uint32_t>(rows_to.size()));
+  for (int64_t rows : rows_to)
+    w.u32(static_cast<uint32_t>(static_cast<int32_t>(rows)));
 }
 
-std::span<const uint8_t> RecordEncoder::finish(std::span<const int32_t> experts) {
-  bytes_.resize(common_);
-  ByteWriter w(bytes_);
-  write_counts(w, experts);
-  return bytes_;
+uint64_t RecordEncoder::write(std::span<std::byte> slot, std::span<const int32_t> experts,
+                              std::string_view phase) const {
+  ByteWriter w(slot, phase);
+  w.bytes(common_);
+  w.u32(static_cast<uint32_t>(experts.size()));
+  w.i32s(experts);
+  return w.written();
 }
 
 NotifyRecord decode_record(std::span<const std::byte> payload, int ranks, int from,

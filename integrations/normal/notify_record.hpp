@@ -45,17 +45,18 @@ struct NotifyRecord {
 uint64_t record_payload_bytes(int ranks);
 
 // Encodes a call's records: the part every destination gets alike once, then each
-// destination's experts. Reused across calls, it allocates nothing once it has grown.
+// destination's record straight into its slot. Reused across calls, it allocates nothing once
+// it has grown.
 class RecordEncoder {
  public:
   void begin(const RecordHeader& header, std::span<const int64_t> rows_to);
-  // The whole record for a destination whose local experts' counts are `experts`; valid until
-  // the next call of finish() or begin().
-  std::span<const uint8_t> finish(std::span<const int32_t> experts);
+  // Writes the record for a destination whose local experts' counts are `experts` into `slot`;
+  // returns its size. Throws proxyep::Error(phase) when it does not fit.
+  uint64_t write(std::span<std::byte> slot, std::span<const int32_t> experts,
+                 std::string_view phase) const;
 
  private:
-  std::vector<uint8_t> bytes_;
-  size_t common_ = 0;
+  std::vector<uint8_t> common_;
 };
 
 // Decodes the record rank `from` sent in a group of `ranks`. Throws proxyep::Error(phase)

@@ -105,3 +105,25 @@ TEST_CASE("wire: the fixed-span writer fills a caller's buffer and refuses to ov
   CHECK_THROWS_WITH_AS(small_writer.u64(1), doctest::Contains("test.small: record overflow"),
                        Error);
 }
+
+TEST_CASE("wire: int32 arrays are u32 fields, two's complement, little endian") {
+  const std::vector<int32_t> values = {0, 1, -1, 0x12345678, INT32_MIN};
+  std::vector<uint8_t> blob;
+  ByteWriter writer(blob);
+  writer.i32s(values);
+  REQUIRE(blob.size() == 4 * values.size());
+  CHECK(blob[4] == 0x01);  // 1: low byte first
+  CHECK(blob[8] == 0xff);  // -1: every bit set
+  CHECK(blob[12] == 0x78);
+  CHECK(blob[15] == 0x12);
+  ByteReader same(blob, "test.wire");
+  CHECK(same.u32("one by one") == 0);
+  CHECK(same.u32("one by one") == 1);
+  ByteReader reader(blob, "test.wire");
+  std::vector<int32_t> back(values.size());
+  reader.i32s(back, "values");
+  CHECK(back == values);
+  ByteReader short_reader(std::span<const uint8_t>(blob).first(7), "test.wire");
+  std::vector<int32_t> two(2);
+  CHECK_THROWS_AS(short_reader.i32s(two, "values"), Error);
+}

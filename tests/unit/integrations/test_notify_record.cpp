@@ -28,10 +28,11 @@ RecordHeader header() {
   return h;
 }
 
-// The encoded record in a slot as large as a group of `ranks` gets, the rest left as garbage.
-std::vector<std::byte> slot_with(std::span<const uint8_t> record, int ranks) {
+// A record written into a slot as large as a group of `ranks` gets, the rest left as garbage.
+std::vector<std::byte> slot_with(const RecordEncoder& encoder, std::span<const int32_t> experts,
+                                 int ranks) {
   std::vector<std::byte> slot(record_payload_bytes(ranks), std::byte{0xa5});
-  std::memcpy(slot.data(), record.data(), record.size());
+  CHECK(encoder.write(slot, experts, "test") <= slot.size());
   return slot;
 }
 
@@ -43,8 +44,7 @@ TEST_CASE("a record decodes to what was encoded, experts per destination") {
   RecordEncoder encoder;
   encoder.begin(header(), rows_to);
   for (size_t n : {size_t{16}, size_t{0}, size_t{5}}) {
-    const auto bytes = encoder.finish(std::span(experts).first(n));
-    const auto slot = slot_with(bytes, 4);
+    const auto slot = slot_with(encoder, std::span(experts).first(n), 4);
     const NotifyRecord r = decode_record(slot, 4, 2, "dispatch");
     CHECK(r.header.kind == CallKind::dispatch);
     CHECK(r.header.num_tokens == 4096);
@@ -63,14 +63,17 @@ TEST_CASE("the largest record fits the slot size the group gets") {
   std::vector<int32_t> experts(ep::kMaxLocalExperts, 7);
   RecordEncoder encoder;
   encoder.begin(header(), rows_to);
-  CHECK(encoder.finish(experts).size() <= record_payload_bytes(ranks));
+  std::vector<std::byte> slot(record_payload_bytes(ranks));
+  CHECK(encoder.write(slot, experts, "test") <= slot.size());
+  // One expert count more than the slot holds is refused, not written past its end.
+  std::vector<std::byte> small(slot.size() - 1);
+  CHECK_THROWS_AS((void)encoder.write(small, experts, "test"), Error);
 }
 
 TEST_CASE("a record of another version, kind or group size is refused naming the sender") {
   const std::vector<int64_t> rows_to{1, 2};
   RecordEncoder encoder;
   encoder.begin(header(), rows_to);
-  const auto bytes = encoder.finish({});
   auto expect_refused = [](std::vector<std::byte> slot, int ranks, const char* text) {
     CAPTURE(text);
     try {
@@ -81,16 +84,17 @@ TEST_CASE("a record of another version, kind or group size is refused naming the
       CHECK(std::string(e.what()).find(text) != std::string::npos);
     }
   };
-  auto slot = slot_with(bytes, 2);
+  auto slot = slot_with(encoder, {}, 2);
   slot[4] = std::byte{2};  // version 2
   expect_refused(slot, 2, "version 2");
-  slot = slot_with(bytes, 2);
+  slot = slot_with(encoder, {}, 2);
   slot[6] = std::byte{9};  // call kind 9
   expect_refused(slot, 2, "unknown call kind");
-  expect_refused(slot_with(bytes, 3), 3, "counts rows for 2 ranks");
-  expect_refused(slot_with(bytes, 2), 1, "claims 2 rows_to");
+  expect_refused(slot_with(encoder, {}, 3), 3, "counts rows for 2 ranks");
+  expect_refused(slot_with(encoder, {}, 2), 1, "claims 2 rows_to");
   // Torn: the slot ends inside the record.
-  std::vector<std::byte> torn(bytes.size() - 3);
-  std::memcpy(torn.data(), bytes.data(), torn.size());
+  std::vector<std::byte> whole(256);
+  std::vector<std::byte> torn(encoder.write(whole, {}, "test") - 3);
+  std::memcpy(torn.data(), whole.data(), torn.size());
   CHECK_THROWS_AS((void)decode_record(torn, 2, 1, "combine"), Error);
 }
