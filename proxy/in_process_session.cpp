@@ -4,6 +4,7 @@
 #include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "control/imm_layout.hpp"
 #include "proxy/node_channel.hpp"
 #include "proxy/region_exchange.hpp"
@@ -82,90 +83,102 @@ void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_tim
 InProcessSession::InProcessSession(control::Bootstrap& bootstrap, const SessionConfig& config)
     : Session(ArenaLayout(bootstrap.rank(), config.sizes)), timeout_(config.timeout) {
   try {
-    node_ =
+    state_->node =
         std::make_unique<NodeMemory>(bootstrap, layout().arena_bytes(), ranks_per_node(), kPhase);
-    channels_.resize(static_cast<size_t>(ranks()));
+    state_->channels.resize(static_cast<size_t>(ranks()));
     for (int r = 0; r < ranks(); ++r)
-      if (layout().on_node(r)) channels_[r] = std::make_unique<NodeChannel>(r, layout(), *node_);
+      if (layout().on_node(r))
+        state_->channels[r] = std::make_unique<NodeChannel>(r, layout(), *state_->node);
     if (layout().sizes().spans_nodes()) open_fabric(bootstrap, config);
     bootstrap.barrier("buffer(ready)");
   } catch (...) {
     bootstrap.set_progress({});  // it may point at the fabric about to go
-    stop();
+    stop_and_settle();
     throw;
   }
 }
 
 InProcessSession::~InProcessSession() {
+  stop_and_settle();
+}
+
+void InProcessSession::stop_and_settle() noexcept {
   // Before the channels go: the proxy threads route completions into their windows.
   stop();
+  if (state_->engine && state_->engine->abandoned()) {
+    log::warn(
+        "buffer: a proxy thread is stuck inside the fabric provider; its fabric, memory "
+        "and signal targets are kept for the life of the process");
+    (void)state_.release();
+  }
 }
 
 void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config) {
+  State& s = *state_;
   require(static_cast<uint32_t>(ranks()) <= control::imm::kMaxStreams, kPhase,
           "{} ranks exceed the {} chunk streams an immediate can name", ranks(),
           control::imm::kMaxStreams);
   fabric::FabricOptions fabric_options =
       config.fabric ? *config.fabric : fabric::FabricOptions::from_params(rank());
   fabric_options.rank = rank();
-  fabric_ = fabric::Fabric::open(fabric_options);
-  bootstrap.set_progress([this] { fabric_->progress(); });
-  fabric_->connect(bootstrap.allgather(fabric_->addresses(), "buffer(fabric addresses)"));
-  staging_ = std::make_unique<HostMemory>(HostMemory::heap(layout().staging_bytes()));
-  arena_region_ = fabric_->register_memory(node_->local(), node_->bytes());
-  staging_region_ = fabric_->register_memory(staging_->host(), staging_->size());
-  counters_ = std::make_unique<control::CounterBank>(2u * static_cast<uint32_t>(ranks()));
-  router_.attach_counters(*counters_);
+  s.fabric = fabric::Fabric::open(fabric_options);
+  bootstrap.set_progress([&s] { s.fabric->progress(); });
+  s.fabric->connect(bootstrap.allgather(s.fabric->addresses(), "buffer(fabric addresses)"));
+  s.staging = std::make_unique<HostMemory>(HostMemory::heap(layout().staging_bytes()));
+  s.arena_region = s.fabric->register_memory(s.node->local(), s.node->bytes());
+  s.staging_region = s.fabric->register_memory(s.staging->host(), s.staging->size());
+  s.counters = std::make_unique<control::CounterBank>(2u * static_cast<uint32_t>(ranks()));
+  s.router.attach_counters(*s.counters);
 
-  engine_ =
-      std::make_unique<ProxyEngine>(*fabric_, rank(), ranks(), router_,
+  s.engine =
+      std::make_unique<ProxyEngine>(*s.fabric, rank(), ranks(), s.router,
                                     config.engine ? *config.engine : EngineOptions::from_params());
-  share_region(bootstrap, engine_->regions(), FabricLink::kArenaRegion, *arena_region_, kPhase);
-  engine_->regions().add_local(FabricLink::kStagingRegion, *staging_region_);
-  ring_memory_ =
+  share_region(bootstrap, s.engine->regions(), FabricLink::kArenaRegion, *s.arena_region, kPhase);
+  s.engine->regions().add_local(FabricLink::kStagingRegion, *s.staging_region);
+  s.ring_memory =
       std::make_unique<HostMemory>(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
-  auto ring = gpu_side::Ring::create(ring_memory_->bytes(), kRingSlots);
-  doorbell_ = std::make_unique<gpu_side::Doorbell>();
-  const size_t ring_index = engine_->add_ring(ring, doorbell_.get());
-  producer_ = std::make_unique<gpu_side::RingProducer>(
-      ring, gpu_side::ProducerOptions{.doorbell = doorbell_.get()});
-  link_ =
-      std::make_unique<FabricLink>(*engine_, *producer_, ring_index,
-                                   static_cast<std::byte*>(staging_->host()), *counters_, timeout_);
+  auto ring = gpu_side::Ring::create(s.ring_memory->bytes(), kRingSlots);
+  s.doorbell = std::make_unique<gpu_side::Doorbell>();
+  const size_t ring_index = s.engine->add_ring(ring, s.doorbell.get());
+  s.producer = std::make_unique<gpu_side::RingProducer>(
+      ring, gpu_side::ProducerOptions{.doorbell = s.doorbell.get()});
+  s.link = std::make_unique<FabricLink>(*s.engine, *s.producer, ring_index,
+                                        static_cast<std::byte*>(s.staging->host()), *s.counters,
+                                        timeout_);
   for (int r = 0; r < ranks(); ++r) {
     if (layout().on_node(r)) continue;
-    auto channel = std::make_unique<FabricChannel>(r, layout(), node_->local(), *link_);
-    router_.attach_stream(static_cast<uint32_t>(r), channel->window());
-    router_.attach_credits(static_cast<uint32_t>(r), channel->credits());
-    channels_[r] = std::move(channel);
+    auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link);
+    s.router.attach_stream(static_cast<uint32_t>(r), channel->window());
+    s.router.attach_credits(static_cast<uint32_t>(r), channel->credits());
+    s.channels[r] = std::move(channel);
   }
   bootstrap.barrier("buffer(fabric ready)");
   bootstrap.set_progress({});  // the proxy threads own the rails from here on
-  engine_->start();
+  s.engine->start();
 }
 
 void InProcessSession::stop() noexcept {
-  if (!engine_) return;
-  engine_->stop();
+  if (!state_->engine) return;
+  state_->engine->stop();
 }
 
 void InProcessSession::begin_call(uint64_t call) {
-  if (counters_ && call > 0 && counters_->begin_epoch(call) != Status::ok)
+  if (state_->counters && call > 0 && state_->counters->begin_epoch(call) != Status::ok)
     fail(kPhase, "call {}: writes of an earlier call were left over: {}", call,
-         counters_->last_leak());
+         state_->counters->last_leak());
 }
 
 void InProcessSession::check_health(std::string_view phase) const {
-  if (!engine_ || !engine_->health().failed()) return;
-  auto failure = engine_->health().failure();
+  if (!state_->engine || !state_->engine->health().failed()) return;
+  auto failure = state_->engine->health().failure();
   fail(std::string(phase), "the Buffer's proxy failed earlier ({}: {}); create a new Buffer",
        failure ? failure->phase : "?", failure ? failure->message : "?");
 }
 
 void InProcessSession::quiet(std::string_view phase) {
-  if (!engine_) return;
+  if (!state_->engine) return;
   try {
-    engine_->quiet(Deadline(timeout_));
+    state_->engine->quiet(Deadline(timeout_));
   } catch (const Error& e) {
     fail(std::string(phase), "{}", e.what());
   }
@@ -187,9 +200,10 @@ void InProcessSession::await(const Wait& wait) {
                        fmt::join(missing, ", "), timeout_.count(), where);
   };
   auto ready_or_departed = [&] { return wait.ready() || watch.departed(); };
-  if (engine_) {
+  if (state_->engine) {
     try {
-      engine_->wait_until(ready_or_departed, deadline, std::function<std::string()>(describe));
+      state_->engine->wait_until(ready_or_departed, deadline,
+                                 std::function<std::string()>(describe));
     } catch (const Error& e) {
       fail(std::string(wait.phase), "{}", e.what());
     }

@@ -30,7 +30,9 @@ class InProcessSession final : public Session {
   InProcessSession(control::Bootstrap& bootstrap, const SessionConfig& config);
   ~InProcessSession() override;
 
-  PeerChannel& channel(int peer) const override { return *channels_.at(static_cast<size_t>(peer)); }
+  PeerChannel& channel(int peer) const override {
+    return *state_->channels.at(static_cast<size_t>(peer));
+  }
   void begin_call(uint64_t call) override;
   void await(const Wait& wait) override;
   void quiet(std::string_view phase) override;
@@ -40,25 +42,35 @@ class InProcessSession final : public Session {
 
  private:
   void open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // Stops the proxy threads; when one had to be detached, leaks the state it may touch.
+  void stop_and_settle() noexcept;
+
+  // Everything the proxy threads may touch, in construction order. When stop() had to detach a
+  // thread stuck inside the provider (ProxyEngine::abandoned), the destructor leaks it whole:
+  // the thread may return at any time and use the fabric, the router, the banks, the windows
+  // and the registered memory.
+  struct State {
+    std::unique_ptr<NodeMemory> node;
+    // The fabric path (only when the group spans nodes).
+    std::unique_ptr<fabric::Fabric> fabric;
+    std::unique_ptr<HostMemory> staging;
+    std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region;
+    // Records: key = source; eager bytes: key = R + source.
+    std::unique_ptr<control::CounterBank> counters;
+    control::SignalRouter router;
+    // Before the engine, which releases its claim on the ring when destroyed.
+    std::unique_ptr<HostMemory> ring_memory;
+    std::unique_ptr<gpu_side::Doorbell> doorbell;
+    std::unique_ptr<ProxyEngine> engine;
+    std::unique_ptr<gpu_side::RingProducer> producer;
+    std::unique_ptr<FabricLink> link;
+    // By rank: NodeChannel for this node's ranks (this rank included), FabricChannel for
+    // others. The router points into the fabric channels: stop() ends the proxy threads first.
+    std::vector<std::unique_ptr<PeerChannel>> channels;
+  };
 
   std::chrono::milliseconds timeout_;
-  std::unique_ptr<NodeMemory> node_;
-  // The fabric path (only when the group spans nodes), in construction order.
-  std::unique_ptr<fabric::Fabric> fabric_;
-  std::unique_ptr<HostMemory> staging_;
-  std::unique_ptr<fabric::MemoryRegion> arena_region_, staging_region_;
-  // Records: key = source; eager bytes: key = R + source.
-  std::unique_ptr<control::CounterBank> counters_;
-  control::SignalRouter router_;
-  // Declared before the engine, which releases its claim on the ring when destroyed.
-  std::unique_ptr<HostMemory> ring_memory_;
-  std::unique_ptr<gpu_side::Doorbell> doorbell_;
-  std::unique_ptr<ProxyEngine> engine_;
-  std::unique_ptr<gpu_side::RingProducer> producer_;
-  std::unique_ptr<FabricLink> link_;
-  // By rank: NodeChannel for this node's ranks (this rank included), FabricChannel for others.
-  // The router points into the fabric channels: stop() ends the proxy threads before they go.
-  std::vector<std::unique_ptr<PeerChannel>> channels_;
+  std::unique_ptr<State> state_ = std::make_unique<State>();
 };
 
 }  // namespace proxyep::proxy

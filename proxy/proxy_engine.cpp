@@ -115,6 +115,12 @@ ProxyEngine::~ProxyEngine() {
   if (leak) (void)shared_.release();
 }
 
+bool ProxyEngine::abandoned() const {
+  for (bool a : abandoned_)
+    if (a) return true;
+  return false;
+}
+
 size_t ProxyEngine::add_ring(gpu_side::Ring ring, const gpu_side::Doorbell* doorbell) {
   require(!running_ && !stopped_, kPhase, "rings must be added before start()");
   size_t thread = rings_.size() % threads_.size();

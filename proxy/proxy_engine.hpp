@@ -96,6 +96,11 @@ class ProxyEngine {
   void stop() noexcept;
   static constexpr std::chrono::milliseconds kStopTimeout{3000};
   bool running() const { return running_.load(std::memory_order_acquire); }
+  // True once stop() had to detach a thread. Such a thread may still touch the fabric, the
+  // router and whatever they reach (registered memory, counter banks, windows) whenever it
+  // returns from the provider: their owner must then keep them alive for the rest of the
+  // process (in_process_session.hpp does), never destroy them.
+  bool abandoned() const;
 
   // Waits until every descriptor reserved in any ring before the call has completed locally.
   // "Reserved" is the ring's host producer head: a GPU producer keeps its head in device memory

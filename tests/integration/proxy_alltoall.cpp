@@ -188,7 +188,22 @@ void run(const Options& o) {
   auto fab = fabric::Fabric::open(fabric::FabricOptions::from_params(boot->rank()));
   boot->set_progress([&fab] { fab->progress(); });
   fab->connect(boot->allgather(fab->addresses(), "proxy_alltoall(addresses)"));
-  Rank rank;
+  auto owned = std::make_unique<Rank>();
+  Rank& rank = *owned;
+  // A proxy thread that stop() had to detach (stuck inside the provider after a peer died) may
+  // still use the fabric and all it reaches: then both are kept for the rest of the process
+  // (ProxyEngine::abandoned), as the Buffer's session does.
+  struct KeepIfAbandoned {
+    std::unique_ptr<fabric::Fabric>& fabric;
+    std::unique_ptr<Rank>& rank;
+    ~KeepIfAbandoned() {
+      if (!rank->engine) return;
+      rank->engine->stop();
+      if (!rank->engine->abandoned()) return;
+      (void)fabric.release();
+      (void)rank.release();
+    }
+  } keep{fab, owned};
   rank.me = boot->rank();
   rank.n = boot->world_size();
   rank.send.assign(static_cast<size_t>(rank.n) * o.max_block, 0);

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Soak: the failure tests and the EP integration tests, over and over for N minutes, while CPU
+# hogs keep every core busy, so that races that show once in a hundred runs show here instead of
+# in CI. Not part of the default test command. Every failing run's output is kept.
+#
+#   ./scripts/soak.sh [minutes=30] [hogs=cores]   (extra ctest filters: SOAK_REGEX)
+#
+# Prints a line per round and a table at the end (test, runs, failures); exits non-zero when any
+# run failed. Logs: build/release/soak/<start time>/round-<k>/ (ctest's output of each round).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+minutes=${1:-30}
+hogs=${2:-$(nproc)}
+regex=${SOAK_REGEX:-'^(failure\.|integration\.ep\.|integration\.bench_ep\.|integration\.ll\.|integration\.proxy_alltoall\.)'}
+
+"$root/scripts/build.sh" release >/dev/null
+build="$root/build/release"
+out="$build/soak/$(date +%Y%m%d-%H%M%S)"
+mkdir -p "$out"
+
+# CPU hogs: plain busy loops at normal priority, one per core unless told otherwise. They are
+# this script's children, ended by pid when it exits however it exits.
+hog_pids=()
+stop_hogs() {
+  for pid in "${hog_pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+}
+trap stop_hogs EXIT
+for ((i = 0; i < hogs; i++)); do
+  (exec yes >/dev/null) &
+  hog_pids+=($!)
+done
+
+end=$((SECONDS + minutes * 60))
+round=0
+while ((SECONDS < end)); do
+  round=$((round + 1))
+  dir="$out/round-$round"
+  mkdir -p "$dir"
+  # One test at a time, as the suite runs them; each test's own TIMEOUT bounds a hang.
+  if (cd "$build" && ctest -R "$regex" --output-on-failure --output-junit "$dir/junit.xml" \
+        >"$dir/ctest.log" 2>&1); then
+    echo "soak: round $round passed ($(((end - SECONDS + 59) / 60)) min left)"
+    rm -f "$dir/ctest.log"  # keep the logs of failing rounds only; junit.xml keeps the counts
+  else
+    echo "soak: round $round FAILED: $dir/ctest.log"
+  fi
+done
+stop_hogs
+
+/usr/bin/python3 - "$out" <<'EOF'
+# Sums the rounds' JUnit reports: runs and failures per test, failing rounds named.
+import glob, os, sys
+import xml.etree.ElementTree as ET
+runs, failed = {}, {}
+for path in sorted(glob.glob(os.path.join(sys.argv[1], "round-*", "junit.xml"))):
+    round_name = os.path.basename(os.path.dirname(path))
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = case.get("name")
+        if case.get("status") == "notrun" or case.find("skipped") is not None:
+            continue
+        runs[name] = runs.get(name, 0) + 1
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed.setdefault(name, []).append(round_name)
+print(f"\n{'test':60} {'runs':>6} {'failed':>7}")
+for name in sorted(runs):
+    print(f"{name:60} {runs[name]:6d} {len(failed.get(name, [])):7d}  {' '.join(failed.get(name, []))}")
+total = sum(runs.values())
+bad = sum(len(v) for v in failed.values())
+print(f"\nsoak: {total} runs, {bad} failed; logs in {sys.argv[1]}")
+sys.exit(1 if bad else 0)
+EOF
