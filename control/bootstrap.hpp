@@ -20,6 +20,7 @@
 #pragma once
 
 #include "control/launch_env.hpp"
+#include "control/peer_watch.hpp"
 
 #include <chrono>
 #include <cstdint>
@@ -60,6 +61,10 @@ class Bootstrap {
   virtual void barrier(std::string_view phase) = 0;
   // Root's `data` reaches every rank (others' `data` is ignored).
   virtual Bytes broadcast(std::span<const uint8_t> data, int root, std::string_view phase) = 0;
+
+  // Peers known to have left the job (any thread, at any time; liveness.hpp). Null when this
+  // bootstrap cannot tell (a world of one).
+  virtual const PeerWatch* peer_watch() const { return nullptr; }
 };
 
 }  // namespace proxyep::control

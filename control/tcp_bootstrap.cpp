@@ -23,12 +23,15 @@ TcpBootstrap::TcpBootstrap(Options options)
   require(timeout_.count() > 0, "bootstrap.rendezvous", "the timeout must be positive, got {} ms",
           timeout_.count());
   if (env_.world_size == 1) return;  // nobody to meet
+  const std::string bind_host =
+      options.listen_address.empty() ? env_.master_addr : options.listen_address;
   EndpointContext context{env_, timeout_, std::move(options.listen_address), &progress_};
   if (env_.rank == 0) {
     endpoint_ = std::make_unique<StarServer>(std::move(context));
   } else {
     endpoint_ = std::make_unique<StarClient>(std::move(context));
   }
+  liveness_ = Liveness::start(*this, bind_host, env_.master_addr, timeout_);
 }
 
 TcpBootstrap::~TcpBootstrap() = default;

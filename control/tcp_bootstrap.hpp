@@ -23,6 +23,7 @@
 #pragma once
 
 #include "control/bootstrap.hpp"
+#include "control/liveness.hpp"
 #include "control/star_endpoint.hpp"
 
 #include <memory>
@@ -43,6 +44,7 @@ class TcpBootstrap final : public Bootstrap {
   std::vector<Bytes> allgather(std::span<const uint8_t> mine, std::string_view phase) override;
   void barrier(std::string_view phase) override;
   Bytes broadcast(std::span<const uint8_t> data, int root, std::string_view phase) override;
+  const PeerWatch* peer_watch() const override { return liveness_.get(); }
 
  private:
   // Runs one collective on the endpoint, latching the first failure and aborting the peers.
@@ -54,6 +56,8 @@ class TcpBootstrap final : public Bootstrap {
   std::unique_ptr<StarEndpoint> endpoint_;  // null for a world of one
   uint32_t seq_ = 0;                        // collectives called so far
   std::string failure_;                     // the first failure; non-empty = unusable
+  // Declared last: destroyed first, saying goodbye while the star is still up.
+  std::unique_ptr<Liveness> liveness_;  // null for a world of one
 };
 
 }  // namespace proxyep::control

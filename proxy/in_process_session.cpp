@@ -28,11 +28,18 @@ constexpr uint32_t kPollsPerClockRead = 256;
 // a system call, so it looks every 256th poll, at most every 50 ms.
 class DepartureWatch {
  public:
-  DepartureWatch(InProcessSession& session, const Wait& wait) : session_(session), wait_(wait) {}
+  DepartureWatch(InProcessSession& session, const Wait& wait, const control::PeerWatch* peers)
+      : session_(session), wait_(wait), peers_(peers) {}
 
   // Sticky: the engine's wait may call its predicate again after a true answer.
   bool departed() {
     if (!departure_.empty()) return true;
+    // A rank anywhere in the job that died: the bootstrap's liveness (one atomic load).
+    if (peers_ != nullptr)
+      if (auto gone = peers_->failure()) {
+        departure_ = fmt::format("rank {} left the job ({})", gone->rank, gone->reason);
+        return true;
+      }
     if (++polls_ < kPollsPerClockRead) return false;
     polls_ = 0;
     auto now = std::chrono::steady_clock::now();
@@ -54,6 +61,7 @@ class DepartureWatch {
  private:
   InProcessSession& session_;
   const Wait& wait_;
+  const control::PeerWatch* peers_;
   std::string departure_;
   uint32_t polls_ = 0;
   std::chrono::steady_clock::time_point last_look_ = std::chrono::steady_clock::now();
@@ -81,7 +89,9 @@ void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_tim
 }  // namespace
 
 InProcessSession::InProcessSession(control::Bootstrap& bootstrap, const SessionConfig& config)
-    : Session(ArenaLayout(bootstrap.rank(), config.sizes)), timeout_(config.timeout) {
+    : Session(ArenaLayout(bootstrap.rank(), config.sizes)),
+      timeout_(config.timeout),
+      peers_(bootstrap.peer_watch()) {
   try {
     state_->node =
         std::make_unique<NodeMemory>(bootstrap, layout().arena_bytes(), ranks_per_node(), kPhase);
@@ -133,6 +143,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.engine =
       std::make_unique<ProxyEngine>(*s.fabric, rank(), ranks(), s.router,
                                     config.engine ? *config.engine : EngineOptions::from_params());
+  s.engine->watch_peers(peers_);
   share_region(bootstrap, s.engine->regions(), FabricLink::kArenaRegion, *s.arena_region, kPhase);
   s.engine->regions().add_local(FabricLink::kStagingRegion, *s.staging_region);
   s.ring_memory =
@@ -186,7 +197,7 @@ void InProcessSession::quiet(std::string_view phase) {
 
 void InProcessSession::await(const Wait& wait) {
   const auto deadline = Deadline(timeout_);
-  DepartureWatch watch(*this, wait);
+  DepartureWatch watch(*this, wait, peers_);
   // Built only for messages: the polls allocate nothing.
   auto describe = [&] {
     std::vector<int> missing;

@@ -70,6 +70,7 @@ class InProcessSession final : public Session {
   };
 
   std::chrono::milliseconds timeout_;
+  const control::PeerWatch* peers_;  // the bootstrap's liveness (null: a world of one)
   std::unique_ptr<State> state_ = std::make_unique<State>();
 };
 

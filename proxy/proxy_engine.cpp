@@ -203,6 +203,7 @@ void ProxyEngine::wait(Ready&& ready, const Deadline& deadline, std::string_view
   // wait_spin, then sleep until a proxy pass signals progress.
   const auto spin_end = Deadline::Clock::now() + options_.wait_spin;
   while (!ready()) {
+    note_departed_peer();
     shared_->health.throw_if_failed();
     if (deadline.expired())
       fail(std::string(phase), "{}{}", describe_timeout(), stuck_threads(passes_before));
@@ -214,10 +215,19 @@ void ProxyEngine::wait(Ready&& ready, const Deadline& deadline, std::string_view
                                                                       Deadline::Clock::now());
     auto nap = std::clamp(left, std::chrono::microseconds(1), kMaxNap);
     shared_->notifier.sleep(nap, [&] { return !ready() && !shared_->health.failed(); });
+    // (A departed peer is noticed at the next turn: naps last at most kMaxNap.)
   }
   // A failure recorded while the condition came true is still reported: the data the caller is
   // about to use may be incomplete (e.g. a write to a dead peer was dropped).
   shared_->health.throw_if_failed();
+}
+
+void ProxyEngine::note_departed_peer() {
+  if (peers_ == nullptr) return;
+  if (auto gone = peers_->failure())
+    shared_->health.record(
+        Failure{"proxy.peer", gone->rank,
+                fmt::format("rank {} left the job: {}", gone->rank, gone->reason)});
 }
 
 // Threads that made no loop pass during a whole wait are stuck inside a provider call.

@@ -37,6 +37,7 @@
 
 #include "common/deadline.hpp"
 #include "control/counter_bank.hpp"
+#include "control/peer_watch.hpp"
 #include "control/signal_router.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
@@ -125,6 +126,11 @@ class ProxyEngine {
   void wait_flag(const control::CounterBank& bank, uint64_t epoch, uint32_t key,
                  const Deadline& deadline, std::string_view what);
 
+  // Peers known to have left the job (the bootstrap's liveness, control/peer_watch.hpp): every
+  // wait fails at once when one has, naming it, and the failure is kept in health(). Set before
+  // start(); the watch must outlive the engine. Null: none.
+  void watch_peers(const control::PeerWatch* watch) { peers_ = watch; }
+
   const Health& health() const { return shared_->health; }
   void kick() const;
   int threads() const { return static_cast<int>(threads_.size()); }
@@ -142,6 +148,8 @@ class ProxyEngine {
   void wait(Ready&& ready, const Deadline& deadline, std::string_view phase,
             const std::function<std::string()>& describe_timeout);
   std::string stuck_threads(const std::vector<uint64_t>& passes_before) const;
+  // Records a peer the watch reports gone as the engine's failure.
+  void note_departed_peer();
 
   fabric::Fabric& fabric_;
   control::SignalRouter& router_;
@@ -165,6 +173,7 @@ class ProxyEngine {
   std::vector<RingRef> rings_;
   std::vector<bool> abandoned_;       // per thread: detached by stop(), leaked by the destructor
   std::atomic<bool> running_{false};  // release by start()/stop(), acquire by waits
+  const control::PeerWatch* peers_ = nullptr;
   bool stopped_ = false;
 };
 

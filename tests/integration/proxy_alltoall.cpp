@@ -213,6 +213,7 @@ void run(const Options& o) {
   rank.bank = std::make_unique<control::CounterBank>(static_cast<uint32_t>(rank.n));
   rank.router.attach_counters(*rank.bank);
   rank.engine = std::make_unique<proxy::ProxyEngine>(*fab, rank.me, rank.n, rank.router);
+  rank.engine->watch_peers(boot->peer_watch());  // a rank that dies is named at once
   proxy::share_region(*boot, rank.engine->regions(), kSendRegion, *rank.send_region,
                       "proxy_alltoall");
   proxy::share_region(*boot, rank.engine->regions(), kRecvRegion, *rank.recv_region,
