@@ -7,7 +7,10 @@ Param<std::string> fabric_provider{"fabric.provider", "auto",
     "libfabric provider by name (efa, efa-direct, verbs, tcp, shm, ...); 'auto' picks efa-direct, "
     "then efa, when present, else shm"};
 Param<std::string> fabric_domain{"fabric.domain", "",
-    "only use NICs (libfabric domains) whose name contains this text; empty = any"};
+    "only use NICs (libfabric domains) named this, or if none is, whose name contains it; empty = "
+    "any but the loopback interface (unless it is the only one). For tcp a domain is a network "
+    "interface and the endpoints listen on its address: 'lo' keeps a one-host job on 127.0.0.1, "
+    "a multi-node job needs the interface the other nodes reach"};
 Param<int64_t> fabric_rails{"fabric.rails", 1,
     "NICs (domain + endpoint + CQ + AV each) per rank; memory is registered on every one. On "
     "providers with one NIC, several rails open several endpoints on it"};
