@@ -23,7 +23,12 @@ TcpBootstrap::TcpBootstrap(Options options)
   require(timeout_.count() > 0, "bootstrap.rendezvous", "the timeout must be positive, got {} ms",
           timeout_.count());
   if (env_.world_size == 1) return;  // nobody to meet
-  EndpointContext context{env_, timeout_, std::move(options.listen_address), &progress_};
+  EndpointContext context{env_,
+                          timeout_,
+                          std::move(options.listen_address),
+                          &progress_,
+                          std::move(options.job_id),
+                          std::move(options.secret)};
   if (env_.rank == 0) {
     endpoint_ = std::make_unique<StarServer>(std::move(context));
   } else {
