@@ -8,6 +8,8 @@ find_package(fmt REQUIRED)
 find_package(spdlog REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
+# libcrypto: HMAC-SHA256 and the CSPRNG behind the bootstrap's membership proof and memory keys.
+find_package(OpenSSL 3 REQUIRED COMPONENTS Crypto)
 if(PROXYEP_BUILD_TESTS)
   find_package(doctest REQUIRED)
 endif()

@@ -7,7 +7,10 @@ Param<std::string> fabric_provider{"fabric.provider", "auto",
     "libfabric provider by name (efa, efa-direct, verbs, tcp, shm, ...); 'auto' picks efa-direct, "
     "then efa, when present, else shm"};
 Param<std::string> fabric_domain{"fabric.domain", "",
-    "only use NICs (libfabric domains) whose name contains this text; empty = any"};
+    "only use NICs (libfabric domains) named this, or if none is, whose name contains it; empty = "
+    "any but the loopback interface (unless it is the only one). For tcp a domain is a network "
+    "interface and the endpoints listen on its address: 'lo' keeps a one-host job on 127.0.0.1, "
+    "a multi-node job needs the interface the other nodes reach"};
 Param<int64_t> fabric_rails{"fabric.rails", 1,
     "NICs (domain + endpoint + CQ + AV each) per rank; memory is registered on every one. On "
     "providers with one NIC, several rails open several endpoints on it"};
@@ -30,6 +33,19 @@ Param<int64_t> bootstrap_timeout_ms{"bootstrap.timeout_ms", 30000,
     "deadline of every bootstrap wait (rendezvous, allgather, barrier, broadcast), in ms"};
 Param<std::string> bootstrap_interface{"bootstrap.interface", "",
     "address the rendezvous server of rank 0 binds to; empty = MASTER_ADDR"};
+Param<std::string> bootstrap_job_id{"bootstrap.job_id", "",
+    "identity of the job, the same on every rank: rank 0 refuses (and logs) ranks of another job, "
+    "and those fail naming both ids; a label, not a secret; empty = torchrun's "
+    "TORCHELASTIC_RUN_ID when set, else none. `proxyep launch` gives each launch its own"};
+Param<std::string> bootstrap_secret_file{"bootstrap.secret_file", "",
+    "file holding the job's secret (16..4096 bytes, trailing newlines ignored; owned by the job's "
+    "user, mode 0600): ranks and rank 0 prove they know it (HMAC-SHA256 over the rendezvous "
+    "handshake) or are refused; empty = no secret (only bootstrap.job_id keeps jobs apart). "
+    "`proxyep launch` writes one per launch and removes it afterwards. See docs/SECURITY.md"};
+Param<std::string> bootstrap_secret{"bootstrap.secret", "",
+    "the job's secret itself, instead of bootstrap.secret_file: taken only from the environment, "
+    "never printed; processes the ranks start inherit it, so prefer the file",
+    config::Sensitivity::secret};
 
 Param<std::string> log_level{"log.level", "info",
     "log level: trace, debug, info, warn, error, off"};

@@ -23,6 +23,9 @@ extern Param<int64_t> fabric_reorder_max_held;
 // control/
 extern Param<int64_t> bootstrap_timeout_ms;
 extern Param<std::string> bootstrap_interface;
+extern Param<std::string> bootstrap_job_id;
+extern Param<std::string> bootstrap_secret_file;
+extern Param<std::string> bootstrap_secret;  // Sensitivity::secret: never printed
 
 // common
 extern Param<std::string> log_level;

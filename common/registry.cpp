@@ -119,11 +119,13 @@ std::string_view to_string(Source source) {
   return "unknown";
 }
 
-ParamBase::ParamBase(std::string name, std::string type_name, std::string description)
+ParamBase::ParamBase(std::string name, std::string type_name, std::string description,
+                     Sensitivity sensitivity)
     : name_(std::move(name)),
       env_name_(env_name_for(name_)),
       type_name_(std::move(type_name)),
-      description_(std::move(description)) {}
+      description_(std::move(description)),
+      sensitivity_(sensitivity) {}
 
 Source ParamBase::source() const {
   std::lock_guard lock(mutex_);
@@ -132,12 +134,20 @@ Source ParamBase::source() const {
 
 void ParamBase::set_text(std::string_view text, Source source) {
   std::lock_guard lock(mutex_);
+  if (secret()) {
+    require(source == Source::environment || source == Source::code, "config",
+            "{} is a secret and is not taken from the {}: every user of this host can read a "
+            "command line, and config files get copied; set {} in the environment or use a file "
+            "only you can read (see docs/SECURITY.md)",
+            name_, to_string(source), env_name_);
+  }
   if (source < source_) return;  // a higher-precedence source already set it
   try {
     store_parsed(text);
   } catch (const std::invalid_argument& e) {
-    fail("config", "invalid value '{}' for {} (env {}, from {}): {}", text, name_, env_name_,
-         to_string(source), e.what());
+    fail("config", "invalid value '{}' for {} (env {}, from {}): {}",
+         secret() ? std::string_view("<redacted>") : text, name_, env_name_, to_string(source),
+         e.what());
   }
   source_ = source;
 }
@@ -149,8 +159,8 @@ void ParamBase::reset() {
 }
 
 template <typename T>
-Param<T>::Param(std::string name, T default_value, std::string description)
-    : ParamBase(std::move(name), type_name_of<T>(), std::move(description)),
+Param<T>::Param(std::string name, T default_value, std::string description, Sensitivity sensitivity)
+    : ParamBase(std::move(name), type_name_of<T>(), std::move(description), sensitivity),
       default_value_(default_value),
       value_(std::move(default_value)) {
   Registry::global().add(this);
@@ -174,6 +184,7 @@ void Param<T>::set(T value, Source source) {
 template <typename T>
 std::string Param<T>::value_string() const {
   std::lock_guard lock(mutex_);
+  if (secret() && value_ != default_value_) return "<redacted>";
   return format_value(value_);
 }
 

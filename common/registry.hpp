@@ -22,9 +22,16 @@ namespace proxyep::config {
 enum class Source { default_value, config_file, environment, command_line, code };
 std::string_view to_string(Source source);
 
+// A secret parameter's value is never shown: value_string() (what `proxyep config`, its JSON and
+// every message print) reads "<redacted>" once it is set, and a malformed value is not echoed.
+// It is taken only from the environment or code: a command line is readable by every user of the
+// host (/proc/PID/cmdline) and config files get copied around, so those sources are refused.
+enum class Sensitivity { plain, secret };
+
 class ParamBase {
  public:
-  ParamBase(std::string name, std::string type_name, std::string description);
+  ParamBase(std::string name, std::string type_name, std::string description,
+            Sensitivity sensitivity = Sensitivity::plain);
   virtual ~ParamBase() = default;
   ParamBase(const ParamBase&) = delete;
   ParamBase& operator=(const ParamBase&) = delete;
@@ -33,6 +40,7 @@ class ParamBase {
   const std::string& env_name() const { return env_name_; }
   const std::string& type_name() const { return type_name_; }
   const std::string& description() const { return description_; }
+  bool secret() const { return sensitivity_ == Sensitivity::secret; }
   Source source() const;
 
   virtual std::string value_string() const = 0;
@@ -55,17 +63,19 @@ class ParamBase {
   std::string env_name_;
   std::string type_name_;
   std::string description_;
+  Sensitivity sensitivity_;
 };
 
 // Supported types: bool, int64_t, double, std::string.
 template <typename T>
 class Param final : public ParamBase {
  public:
-  Param(std::string name, T default_value, std::string description);
+  Param(std::string name, T default_value, std::string description,
+        Sensitivity sensitivity = Sensitivity::plain);
 
   T get() const;
   void set(T value, Source source = Source::code);
-  std::string value_string() const override;
+  std::string value_string() const override;  // "<redacted>" for a secret that is set
   std::string default_string() const override;
 
  private:

@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/params.hpp"
+#include "control/job_credentials.hpp"
 #include "control/tcp_bootstrap.hpp"
 
 namespace proxyep::control {
@@ -22,6 +23,9 @@ std::unique_ptr<Bootstrap> Bootstrap::from_environment(std::function<void()> pro
           timeout_ms);
   options.timeout = std::chrono::milliseconds(timeout_ms);
   options.listen_address = params::bootstrap_interface.get();
+  auto credentials = JobCredentials::from_environment();
+  options.job_id = std::move(credentials.job_id);
+  options.secret = std::move(credentials.secret);
   options.progress = std::move(progress);
   return connect(std::move(options));
 }

@@ -15,10 +15,15 @@
 // - Errors: proxyep::Error whose phase is "bootstrap.rendezvous" or "bootstrap.<op>(<phase>)",
 //   e.g. "bootstrap.allgather(fabric addresses)". After a failure the object is unusable (every
 //   call throws, repeating the first failure); destroy it to close the connections.
+// - Only the job's own ranks join: every rank carries the job's id and, when the job has a
+//   secret, proves it to rank 0 and rank 0 proves it back; a stranger's connection is refused,
+//   logged and dropped without ending or disturbing the rendezvous
+//   (control/rendezvous_auth.hpp).
 // - One thread uses an instance at a time; the progress hook runs on that thread.
 // Implementation and wire protocol: control/tcp_bootstrap.hpp.
 #pragma once
 
+#include "common/crypto.hpp"
 #include "control/launch_env.hpp"
 #include "control/peer_watch.hpp"
 
@@ -42,11 +47,16 @@ class Bootstrap {
     std::chrono::milliseconds timeout{30000};
     std::function<void()> progress;  // called between socket polls while waiting; may be empty
     std::string listen_address;      // rank 0 binds here (bootstrap.interface); empty = master_addr
+    // Membership (control/rendezvous_auth.hpp): every rank must carry the same job id, and
+    // with a secret, prove it in the handshake.
+    std::string job_id;                         // "" = none
+    std::shared_ptr<const SecretBytes> secret;  // null = none
   };
 
   // TCP rendezvous over env.master_addr:master_port. Returns once every rank has connected.
   static std::unique_ptr<Bootstrap> connect(Options options);
-  // Options from the environment and the parameter registry (bootstrap.timeout_ms).
+  // Options from the environment and the parameter registry (bootstrap.timeout_ms,
+  // bootstrap.interface; the job id and secret as control/job_credentials.hpp reads them).
   static std::unique_ptr<Bootstrap> from_environment(std::function<void()> progress = {});
 
   virtual ~Bootstrap() = default;

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace proxyep::control::wire {
 namespace {
 
@@ -20,6 +22,7 @@ class Reader {
  public:
   explicit Reader(std::span<const uint8_t> bytes) : bytes_(bytes) {}
 
+  uint8_t u8() { return take(1)[0]; }
   uint32_t u32() {
     auto field = take(4);
     return uint32_t{field[0]} | uint32_t{field[1]} << 8 | uint32_t{field[2]} << 16 |
@@ -34,11 +37,46 @@ class Reader {
     return field;
   }
   size_t left() const { return bytes_.size() - offset_; }
+  std::string text(size_t max_bytes, std::string_view what) {
+    uint32_t length = u32();
+    if (length > max_bytes)
+      throw BadFrame(
+          fmt::format("{} of {} bytes exceeds the limit of {}", what, length, max_bytes));
+    return as_text(take(length));
+  }
+  template <size_t N>
+  void copy_to(std::array<uint8_t, N>& out) {
+    auto field = take(N);
+    std::copy(field.begin(), field.end(), out.begin());
+  }
+  std::optional<Mac> mac() {
+    uint8_t length = u8();
+    if (length == 0) return std::nullopt;
+    if (length != kMacBytes)
+      throw BadFrame(fmt::format("a MAC of {} bytes (expected 0 or {})", length, kMacBytes));
+    Mac value{};
+    copy_to(value);
+    return value;
+  }
+  void expect_end(std::string_view what) {
+    if (left() != 0) throw BadFrame(fmt::format("{} has {} trailing bytes", what, left()));
+  }
 
  private:
   std::span<const uint8_t> bytes_;
   size_t offset_ = 0;
 };
+
+void put_text(Bytes& out, std::string_view text) {
+  put_u32(out, static_cast<uint32_t>(text.size()));
+  auto bytes = as_bytes(text);
+  out.insert(out.end(), bytes.begin(), bytes.end());
+}
+
+void put_mac(Bytes& out, const std::optional<Mac>& mac) {
+  out.push_back(mac ? static_cast<uint8_t>(mac->size()) : 0);
+  if (mac) out.insert(out.end(), mac->begin(), mac->end());
+}
 
 uint16_t get_u16(std::span<const uint8_t> bytes, size_t at) {
   return static_cast<uint16_t>(bytes[at] | bytes[at + 1] << 8);
@@ -65,6 +103,8 @@ std::string_view to_string(Kind kind) {
       return "result";
     case Kind::abort:
       return "abort";
+    case Kind::challenge:
+      return "challenge";
   }
   return "unknown";
 }
@@ -115,6 +155,60 @@ Header decode_header(std::span<const uint8_t> bytes) {
     throw BadFrame(fmt::format("payload of {} bytes exceeds the limit of {}", header.length,
                                kMaxPayloadBytes));
   return header;
+}
+
+Bytes encode_challenge(const Challenge& challenge) {
+  Bytes out;
+  out.push_back(challenge.secret_required ? 1 : 0);
+  out.insert(out.end(), challenge.nonce.begin(), challenge.nonce.end());
+  put_text(out, challenge.job_id);
+  return out;
+}
+
+Challenge decode_challenge(std::span<const uint8_t> payload) {
+  Reader reader(payload);
+  Challenge challenge;
+  uint8_t flags = reader.u8();
+  if ((flags & ~1u) != 0) throw BadFrame(fmt::format("unknown challenge flags 0x{:02x}", flags));
+  challenge.secret_required = (flags & 1u) != 0;
+  reader.copy_to(challenge.nonce);
+  challenge.job_id = reader.text(kMaxJobIdBytes, "the job id");
+  reader.expect_end("the challenge");
+  return challenge;
+}
+
+Bytes encode_hello(const Hello& hello) {
+  Bytes out;
+  put_text(out, hello.job_id);
+  out.insert(out.end(), hello.nonce.begin(), hello.nonce.end());
+  put_mac(out, hello.mac);
+  auto identity = as_bytes(hello.identity);
+  out.insert(out.end(), identity.begin(), identity.end());
+  return out;
+}
+
+Hello decode_hello(std::span<const uint8_t> payload) {
+  Reader reader(payload);
+  Hello hello;
+  hello.job_id = reader.text(kMaxJobIdBytes, "the job id");
+  reader.copy_to(hello.nonce);
+  hello.mac = reader.mac();
+  hello.identity = as_text(reader.take(reader.left()));
+  return hello;
+}
+
+Bytes encode_welcome(const Welcome& welcome) {
+  Bytes out;
+  put_mac(out, welcome.mac);
+  return out;
+}
+
+Welcome decode_welcome(std::span<const uint8_t> payload) {
+  Reader reader(payload);
+  Welcome welcome;
+  welcome.mac = reader.mac();
+  reader.expect_end("the welcome");
+  return welcome;
 }
 
 Bytes encode_contribution(std::string_view phase, std::span<const uint8_t> data) {

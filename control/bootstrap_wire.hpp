@@ -14,15 +14,28 @@
 //       20    4 length   payload bytes, at most kMaxPayloadBytes
 //
 // Conversation (rank 0 is the server of a star; the other ranks are clients):
-//   client -> 0: hello(rank, world size, "pid P on host H")
-//   0 -> client: welcome                      once every rank has said hello
+//   0 -> client: challenge(payload = flags, server nonce Ns, rank 0's job id)   on accept
+//   client -> 0: hello(rank, world size, payload = job id, client nonce Nc, MAC, "pid P on host H")
+//   0 -> client: welcome(payload = MAC)       once every rank has said hello
+//   0 -> client: abort(reason)                instead, when rank 0 refuses the hello
 //   per collective, seq = 1, 2, ...:
 //   0 -> client: enter(seq)                   rank 0 is inside collective seq: its deadline runs
 //   client -> 0: contribute(seq, op, root, payload = phase text + data)
 //   0 -> client: result(seq, op, payload)     allgather: encode_list(); broadcast: root's bytes
 //   either way:  abort(payload = reason)      the sender failed; the receiver fails with reason
+// The MACs (control/rendezvous_auth.hpp) are HMAC-SHA256 under the job's secret, empty when the
+// job has none; the handshake payloads are at most kMaxHandshakeBytes.
+//
+// Handshake payloads (after the header; integers little-endian, strings as u32 length + bytes):
+//   challenge: u8 flags (bit 0: rank 0 has a job secret) | Ns[32] | job id
+//   hello:     job id | Nc[32] | u8 MAC length (0 or 32) | MAC | identity text (to the end)
+//   welcome:   u8 MAC length (0 or 32) | MAC
+// Version 1 (no challenge, no job id, no MAC) is refused by version 2's rank 0 as a stranger.
 #pragma once
 
+#include "common/crypto.hpp"
+
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -37,10 +50,15 @@ namespace proxyep::control::wire {
 using Bytes = std::vector<uint8_t>;
 
 constexpr uint32_t kMagic = 0x42455850;  // "PXEB" in little-endian byte order
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;         // 2: challenge, job id and MACs in the handshake
 constexpr size_t kHeaderBytes = 24;
 // Bootstrap traffic is addresses and region descriptors (KiB); a larger length is garbage.
 constexpr uint32_t kMaxPayloadBytes = 256u << 20;
+// Before a connection has proven it belongs to the job, rank 0 takes at most this much from it.
+constexpr uint32_t kMaxHandshakeBytes = 4096;
+constexpr size_t kMaxJobIdBytes = 256;
+constexpr size_t kNonceBytes = 32;
+using Nonce = std::array<uint8_t, kNonceBytes>;
 
 enum class Kind : uint8_t {
   hello = 1,
@@ -48,7 +66,8 @@ enum class Kind : uint8_t {
   enter = 3,
   contribute = 4,
   result = 5,
-  abort = 6
+  abort = 6,
+  challenge = 7
 };
 enum class Op : uint8_t { rendezvous = 0, allgather = 1, barrier = 2, broadcast = 3 };
 
@@ -82,6 +101,29 @@ Bytes encode_frame(Header header, std::span<const uint8_t> payload);
 // Decodes the header at the start of `bytes` (at least kHeaderBytes). Throws BadFrame on a wrong
 // magic or an oversized length; the version is left for the handshake to judge.
 Header decode_header(std::span<const uint8_t> bytes);
+
+struct Challenge {
+  bool secret_required = false;  // rank 0 has a job secret: a hello must carry a MAC
+  Nonce nonce{};                 // Ns: fresh per connection, so a recorded hello is worthless
+  std::string job_id;
+};
+struct Hello {
+  std::string job_id;
+  Nonce nonce{};           // Nc: fresh per connection, so a recorded welcome is worthless
+  std::optional<Mac> mac;  // present when this rank has a job secret
+  std::string identity;    // "pid P on host H", for messages
+};
+struct Welcome {
+  std::optional<Mac> mac;  // present when rank 0 has a job secret
+};
+
+// Handshake payloads; the decoders throw BadFrame on a truncated, oversized or trailing field.
+Bytes encode_challenge(const Challenge& challenge);
+Challenge decode_challenge(std::span<const uint8_t> payload);
+Bytes encode_hello(const Hello& hello);
+Hello decode_hello(std::span<const uint8_t> payload);
+Bytes encode_welcome(const Welcome& welcome);
+Welcome decode_welcome(std::span<const uint8_t> payload);
 
 // Contribution payload: u32 phase length, phase text, data.
 Bytes encode_contribution(std::string_view phase, std::span<const uint8_t> data);

@@ -1,5 +1,6 @@
 #include "control/framed_connection.hpp"
 
+#include <fmt/format.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -49,6 +50,8 @@ bool FramedConnection::flush() {
 
 void FramedConnection::receive() {
   while (!closed_) {
+    // Enough for one whole frame is waiting: leave the rest in the socket until it is popped.
+    if (inbox_.size() - consumed_ > wire::kHeaderBytes + max_payload_) return;
     size_t old_size = inbox_.size();
     inbox_.resize(old_size + kReadChunk);
     ssize_t n = ::recv(socket_.fd(), inbox_.data() + old_size, kReadChunk, MSG_DONTWAIT);
@@ -69,6 +72,10 @@ std::optional<wire::Frame> FramedConnection::pop_frame() {
   std::span<const uint8_t> pending(inbox_.data() + consumed_, inbox_.size() - consumed_);
   if (pending.size() < wire::kHeaderBytes) return std::nullopt;
   wire::Header header = wire::decode_header(pending);
+  if (header.length > max_payload_)
+    throw wire::BadFrame(
+        fmt::format("a '{}' frame of {} bytes exceeds this connection's limit of {}",
+                    wire::to_string(header.kind), header.length, max_payload_));
   if (pending.size() < wire::kHeaderBytes + header.length) return std::nullopt;
   wire::Frame frame{header, {}};
   auto payload = pending.subspan(wire::kHeaderBytes, header.length);

@@ -21,6 +21,10 @@ class FramedConnection {
   int fd() const { return socket_.fd(); }
   const std::string& peer() const { return peer_; }  // "127.0.0.1:41234"
 
+  // The largest payload this connection accepts: a longer frame is a BadFrame, and receive()
+  // stops buffering once a whole frame of this size is waiting (strangers get little memory).
+  void limit_payload(uint32_t bytes) { max_payload_ = bytes; }
+
   void queue(const wire::Header& header, std::span<const uint8_t> payload);
   bool wants_write() const { return sent_ < outbox_.size(); }
   // Sends what the socket takes now. Returns false (and marks the connection closed) when the
@@ -29,7 +33,8 @@ class FramedConnection {
   // Reads everything available now. EOF or a reset marks the connection closed; frames that
   // arrived before it can still be popped.
   void receive();
-  // The next complete frame, if one has arrived. Throws wire::BadFrame on a malformed header.
+  // The next complete frame, if one has arrived. Throws wire::BadFrame on a malformed header or
+  // a payload over the limit.
   std::optional<wire::Frame> pop_frame();
   void discard_inbox();
 
@@ -47,6 +52,7 @@ class FramedConnection {
   std::string peer_;
   wire::Bytes inbox_;
   size_t consumed_ = 0;  // inbox_ bytes already popped as frames
+  uint32_t max_payload_ = wire::kMaxPayloadBytes;
   wire::Bytes outbox_;
   size_t sent_ = 0;  // outbox_ bytes already written to the socket
   bool closed_ = false;

@@ -2,6 +2,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "control/rendezvous_auth.hpp"
 
 #include <unistd.h>
 
@@ -75,11 +76,58 @@ void StarClient::connect_to_server() {
 }
 
 void StarClient::handshake() {
-  wire::Header hello{.kind = wire::Kind::hello,
-                     .rank = static_cast<uint32_t>(context_.env.rank),
-                     .aux = static_cast<uint32_t>(context_.env.world_size)};
-  connection_->queue(hello, wire::as_bytes(identity()));
-  auto wait = context_.timeout + verdict_grace(context_.timeout);
+  const auto& env = context_.env;
+  const auto wait = context_.timeout + verdict_grace(context_.timeout);
+  wire::Challenge challenge = receive_challenge(wait);
+  wire::Hello hello{context_.job_id, fresh_nonce(), std::nullopt, identity()};
+  HandshakeClaims claims{static_cast<uint32_t>(env.rank),
+                         static_cast<uint32_t>(env.world_size),
+                         hello.job_id,
+                         &challenge.nonce,
+                         &hello.nonce,
+                         hello.identity};
+  if (context_.secret) hello.mac = hello_mac(*context_.secret, claims);
+  // Sent even when this rank sees below that it will not join: rank 0 logs the refusal.
+  connection_->queue(wire::Header{.kind = wire::Kind::hello,
+                                  .rank = static_cast<uint32_t>(env.rank),
+                                  .aux = static_cast<uint32_t>(env.world_size)},
+                     wire::encode_hello(hello));
+  connection_->flush();
+  require(challenge.job_id == context_.job_id, kPhase,
+          "{} serves another job: its job id is {}, this rank's is {} (two jobs share "
+          "MASTER_ADDR:MASTER_PORT, or this job's ranks were given different job ids: "
+          "bootstrap.job_id, TORCHELASTIC_RUN_ID)",
+          server(), job_label(challenge.job_id), job_label(context_.job_id));
+  require(challenge.secret_required || !context_.secret, kPhase,
+          "this rank has a job secret but {} has none (or is not this job's rank 0): give every "
+          "rank the same bootstrap.secret_file",
+          server());
+  require(!challenge.secret_required || context_.secret, kPhase,
+          "{} requires the job's secret but this rank has none: give every rank the same "
+          "bootstrap.secret_file (proxyep launch makes one for its ranks)",
+          server());
+  receive_welcome(claims, wait);
+  log::debug("bootstrap: rank {} joined {} (job {}{})", env.rank, server(),
+             job_label(context_.job_id), context_.secret ? ", rank 0 proved the secret" : "");
+}
+
+wire::Challenge StarClient::receive_challenge(std::chrono::milliseconds wait) {
+  auto frame = next_frame(Deadline(wait), kPhase, "the rendezvous");
+  require(frame.has_value(), kPhase,
+          "{} accepted the connection of rank {} but sent no challenge within {} ms (not a "
+          "ProxyEP rendezvous of this version?)",
+          server(), context_.env.rank, wait.count());
+  require(frame->header.kind == wire::Kind::challenge, kPhase,
+          "{} sent an unexpected '{}' frame instead of its challenge", server(),
+          wire::to_string(frame->header.kind));
+  try {
+    return wire::decode_challenge(frame->payload);
+  } catch (const wire::BadFrame& e) {
+    fail(kPhase, "{} sent a malformed challenge: {}", server(), e.what());
+  }
+}
+
+void StarClient::receive_welcome(const HandshakeClaims& claims, std::chrono::milliseconds wait) {
   auto frame = next_frame(Deadline(wait), kPhase, "the rendezvous");
   require(frame.has_value(), kPhase,
           "{} accepted the connection of rank {} but did not complete the rendezvous within {} ms",
@@ -87,7 +135,19 @@ void StarClient::handshake() {
   require(frame->header.kind == wire::Kind::welcome, kPhase,
           "{} sent an unexpected '{}' frame during the rendezvous", server(),
           wire::to_string(frame->header.kind));
-  log::debug("bootstrap: rank {} joined {}", context_.env.rank, server());
+  wire::Welcome welcome;
+  try {
+    welcome = wire::decode_welcome(frame->payload);
+  } catch (const wire::BadFrame& e) {
+    fail(kPhase, "{} sent a malformed welcome: {}", server(), e.what());
+  }
+  if (!context_.secret) return;
+  bool proven = welcome.mac.has_value() &&
+                constant_time_equal(*welcome.mac, welcome_mac(*context_.secret, claims));
+  require(proven, kPhase,
+          "{} did not prove that it knows the job's secret: it is not this job's rank 0 (or was "
+          "given another secret); this rank does not join it",
+          server());
 }
 
 std::optional<wire::Frame> StarClient::next_frame(const Deadline& deadline,

@@ -1,7 +1,9 @@
 // A non-zero rank's side of the TCP bootstrap star. The constructor connects to rank 0 at
 // MASTER_ADDR:MASTER_PORT, retrying with a short backoff until the timeout (rank 0 may start
-// later), sends its handshake and waits for rank 0's welcome; run() sends one contribution and
-// waits for the result.
+// later), answers rank 0's challenge with its hello (and proof of the job's secret), checks that
+// rank 0 serves this job, and waits for the welcome, whose proof it checks before it trusts rank
+// 0 (control/rendezvous_auth.hpp); run() sends one contribution and waits for the result. A
+// refusal by rank 0 arrives as an abort frame and fails this rank with rank 0's reason.
 //
 // Deadlines: a wait for rank 0 runs for the timeout plus verdict_grace(). Rank 0 starts its
 // own clock no later than we do (it listens before it accepts us; it sends `enter` when it joins
@@ -11,6 +13,7 @@
 #pragma once
 
 #include "control/framed_connection.hpp"
+#include "control/rendezvous_auth.hpp"
 #include "control/star_endpoint.hpp"
 
 #include <memory>
@@ -28,6 +31,9 @@ class StarClient final : public StarEndpoint {
  private:
   void connect_to_server();
   void handshake();
+  wire::Challenge receive_challenge(std::chrono::milliseconds wait);
+  // Fails unless rank 0's welcome arrives in time and, with a secret, proves it for `claims`.
+  void receive_welcome(const HandshakeClaims& claims, std::chrono::milliseconds wait);
   // Waits for the next frame from rank 0 until `deadline`: nullopt on timeout. Fails the phase
   // at once on an abort frame, a malformed frame or a closed connection (naming rank 0).
   std::optional<wire::Frame> next_frame(const Deadline& deadline, const std::string& phase,

@@ -4,11 +4,13 @@
 // phases and decodes the results, the endpoints move the bytes and enforce the deadlines.
 #pragma once
 
+#include "common/crypto.hpp"
 #include "control/bootstrap_wire.hpp"
 #include "control/launch_env.hpp"
 #include "control/tcp_socket.hpp"
 
 #include <chrono>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -24,13 +26,16 @@ struct CollectiveCall {
   std::string error_phase;  // "bootstrap.allgather(fabric addresses)": phase of our errors
 };
 
-// What both roles share: who we are, how long any wait may take, and the hook to drive while
-// waiting (owned by the TcpBootstrap, which may replace it between calls).
+// What both roles share: who we are, how long any wait may take, the job's credentials
+// (control/rendezvous_auth.hpp), and the hook to drive while waiting (owned by the TcpBootstrap,
+// which may replace it between calls).
 struct EndpointContext {
   LaunchEnv env;
   std::chrono::milliseconds timeout{30000};
   std::string listen_address;  // rank 0 binds here; empty = env.master_addr
   const ProgressFn* progress = nullptr;
+  std::string job_id;                         // every rank's must be equal; "" = none
+  std::shared_ptr<const SecretBytes> secret;  // null = the job has no secret
 };
 
 class StarEndpoint {

@@ -29,8 +29,10 @@ void StarServer::pump(const Deadline& deadline, const std::string& phase) {
     fds.push_back({connection->fd(), events, 0});
     owners.push_back(connection.get());
   };
-  for (const auto& connection : pending_)
-    watch(connection);
+  for (const auto& pending : pending_)
+    watch(pending.connection);
+  for (const auto& closing : closing_)
+    watch(closing.connection);
   for (const auto& connection : peers_)
     watch(connection);
   poll_slice(fds, deadline, progress(), phase);
@@ -53,6 +55,10 @@ void StarServer::send_to_all(const wire::Header& header, std::span<const uint8_t
                              const std::string& phase) {
   for (auto& peer : peers_)
     if (peer) peer->queue(header, payload);
+  flush_to_all(header.kind, phase);
+}
+
+void StarServer::flush_to_all(wire::Kind kind, const std::string& phase) {
   Deadline deadline(context_.timeout);
   while (true) {
     std::vector<int> behind;
@@ -62,12 +68,12 @@ void StarServer::send_to_all(const wire::Header& header, std::span<const uint8_t
       peer.flush();
       require(!peer.closed(), phase,
               "rank {} closed its bootstrap connection before receiving the {} ({})", rank,
-              wire::to_string(header.kind), peer.close_reason());
+              wire::to_string(kind), peer.close_reason());
       if (peer.wants_write()) behind.push_back(static_cast<int>(rank));
     }
     if (behind.empty()) return;
     require(!deadline.expired(), phase, "{} did not take the {} within {} ms", ranks_text(behind),
-            wire::to_string(header.kind), context_.timeout.count());
+            wire::to_string(kind), context_.timeout.count());
     pump(deadline, phase);
   }
 }
@@ -168,16 +174,17 @@ void StarServer::abort(const std::string& reason) noexcept {
       connection->queue(header, wire::as_bytes(reason));
       open.push_back(connection.get());
     };
-    for (auto& connection : pending_)
-      notify(connection);
+    for (auto& pending : pending_)
+      notify(pending.connection);
     for (auto& connection : peers_)
       notify(connection);
     close_gracefully(open, kAbortLinger);
   } catch (...) {
     // Telling the peers is best effort; closing below is not.
   }
-  for (auto& connection : pending_)
-    if (connection) connection->close();
+  for (auto& pending : pending_)
+    if (pending.connection) pending.connection->close();
+  closing_.clear();
   for (auto& connection : peers_)
     if (connection) connection->close();
   listener_.close();

@@ -25,7 +25,12 @@ TcpBootstrap::TcpBootstrap(Options options)
   if (env_.world_size == 1) return;  // nobody to meet
   const std::string bind_host =
       options.listen_address.empty() ? env_.master_addr : options.listen_address;
-  EndpointContext context{env_, timeout_, std::move(options.listen_address), &progress_};
+  EndpointContext context{env_,
+                          timeout_,
+                          std::move(options.listen_address),
+                          &progress_,
+                          std::move(options.job_id),
+                          std::move(options.secret)};
   if (env_.rank == 0) {
     endpoint_ = std::make_unique<StarServer>(std::move(context));
   } else {

@@ -2,11 +2,13 @@
 // MASTER_ADDR:MASTER_PORT, collectives relayed through rank 0.
 //
 // Protocol (frames in control/bootstrap_wire.hpp):
-// - Rendezvous: rank 0 listens (SO_REUSEADDR); ranks 1..N-1 connect, retrying with a short
-//   backoff until the timeout, and send hello{rank, world size, pid/host}. Rank 0 admits one
-//   connection per rank, drops strays that do not speak the protocol (with a warning), and
-//   fails the world on a rank claimed twice, a different WORLD_SIZE or protocol version. When
-//   all have joined it sends welcome, and stops listening.
+// - Rendezvous: rank 0 listens (SO_REUSEADDR) and challenges every connection (a fresh nonce,
+//   its job id); ranks 1..N-1 connect, retrying with a short backoff until the timeout, and
+//   answer with hello{rank, world size, job id, nonce, pid/host, MAC under the job's secret}.
+//   Rank 0 refuses (logs, tells, drops) every connection that does not prove it belongs to the
+//   job (control/rendezvous_auth.hpp), admits one proven member per rank, and fails the world
+//   when proven members conflict (a rank claimed twice, a different WORLD_SIZE). When all have
+//   joined it sends each its welcome (with rank 0's own proof), and stops listening.
 // - Collective k (k = 1, 2, ... in call order on every rank): rank 0 sends enter(k) to every
 //   client, each client sends contribute(k, op, root, phase, data), rank 0 checks that every
 //   contribution names the same collective as its own call (else: error naming the rank and

@@ -61,6 +61,7 @@ Capabilities capabilities_from(const fi_info& info) {
   caps.mr_mode = static_cast<uint64_t>(info.domain_attr->mr_mode);
   caps.mr_virt_addr = (caps.mr_mode & FI_MR_VIRT_ADDR) != 0;
   caps.mr_prov_key = (caps.mr_mode & FI_MR_PROV_KEY) != 0;
+  caps.mr_key_size = info.domain_attr->mr_key_size;
   caps.mr_local = (caps.mr_mode & FI_MR_LOCAL) != 0;
   caps.hmem = (info.caps & FI_HMEM) != 0;
   caps.manual_progress = info.domain_attr->data_progress == FI_PROGRESS_MANUAL;
@@ -86,6 +87,7 @@ nlohmann::json Capabilities::to_json() const {
       {"mr_mode", mr_mode_text(mr_mode)},
       {"mr_virt_addr", mr_virt_addr},
       {"mr_prov_key", mr_prov_key},
+      {"mr_key_size", mr_key_size},
       {"mr_local", mr_local},
       {"hmem", hmem},
       {"manual_progress", manual_progress},

@@ -32,6 +32,7 @@ struct Capabilities {
   uint64_t mr_mode = 0;
   bool mr_virt_addr = false;     // FI_MR_VIRT_ADDR: remote addresses are VAs, else region offsets
   bool mr_prov_key = false;      // FI_MR_PROV_KEY: keys come from fi_mr_key, else app-chosen
+  size_t mr_key_size = 0;        // bytes of a memory key; an app-chosen key must fit them
   bool mr_local = false;         // FI_MR_LOCAL: every operation must pass a local descriptor
   bool hmem = false;             // FI_HMEM: device (CUDA) memory can be registered
   bool manual_progress = false;  // FI_PROGRESS_MANUAL: the target must poll for data to move

@@ -65,9 +65,9 @@ class FabricImpl final : public Fabric {
     for (int index = 0; index < options_.rails; ++index)
       open_rail(index);
     const Capabilities& caps = rails_[0].transport->capabilities();
-    log::info("fabric: rank {} opened {} rail(s) on {} over {} domain(s) ({}){}", options_.rank,
-              options_.rails, caps.provider, domains_.size(), caps.domain_name,
-              options_.reorder.enabled ? ", reorder shim on" : "");
+    log::info("fabric: rank {} opened {} rail(s) on {} over {} domain(s) ({}), rail 0 at {}{}",
+              options_.rank, options_.rails, caps.provider, domains_.size(), caps.domain_name,
+              rails_[0].rail->address_text(), options_.reorder.enabled ? ", reorder shim on" : "");
   }
 
   const Capabilities& capabilities() const override { return rails_[0].transport->capabilities(); }

@@ -66,7 +66,7 @@ class RegisteredRegion final : public MemoryRegion {
     attr.mr_iov = &iov;
     attr.iov_count = 1;
     attr.access = kAccess;
-    attr.requested_key = caps.mr_prov_key ? 0 : domain.next_requested_key();
+    attr.requested_key = caps.mr_prov_key ? 0 : domain.requested_key();
     describe_memory(attr, data_, kind_, caps);
     fid_mr* raw = nullptr;
     std::string what = fmt::format("registering {} bytes at {} on rail {} ({} {})", size_, data_,

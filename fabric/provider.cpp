@@ -144,25 +144,37 @@ std::string describe_available_providers() {
   return items.empty() ? std::string("none") : join(items);
 }
 
-namespace {
-
-// One entry per domain name, in fi_getinfo order (the first fabric listed for a domain wins,
-// which on tcp is its IPv4 subnet).
-std::vector<InfoPtr> distinct_domains(std::vector<InfoPtr> infos, std::string_view filter) {
-  std::vector<InfoPtr> picked;
-  std::set<std::string> names;
-  for (auto& info : infos) {
-    std::string name = domain_name(*info);
-    if (!filter.empty() && name.find(filter) == std::string::npos) continue;
-    if (names.insert(name).second) picked.push_back(std::move(info));
+std::vector<std::string> filter_domain_names(const std::vector<std::string>& names,
+                                             std::string_view filter) {
+  bool exact = !filter.empty() && std::find(names.begin(), names.end(), filter) != names.end();
+  std::vector<std::string> picked;
+  for (const auto& name : names) {
+    if (exact ? name != filter : name.find(filter) == std::string::npos) continue;
+    if (std::find(picked.begin(), picked.end(), name) == picked.end()) picked.push_back(name);
   }
   // Loopback rails cannot reach another host: keep them only when asked for or alone.
-  bool has_other = std::any_of(picked.begin(), picked.end(), [](const InfoPtr& info) {
-    return domain_name(*info) != kLoopbackDomain;
-  });
-  if (filter.empty() && has_other)
-    std::erase_if(picked,
-                  [](const InfoPtr& info) { return domain_name(*info) == kLoopbackDomain; });
+  bool has_other = std::any_of(picked.begin(), picked.end(),
+                               [](const std::string& name) { return name != kLoopbackDomain; });
+  if (filter.empty() && has_other) std::erase(picked, std::string(kLoopbackDomain));
+  return picked;
+}
+
+namespace {
+
+// One entry per picked domain name, in fi_getinfo order (the first fabric listed for a domain
+// wins, which on tcp is its IPv4 subnet).
+std::vector<InfoPtr> distinct_domains(std::vector<InfoPtr> infos, std::string_view filter) {
+  std::vector<std::string> names;
+  for (const auto& info : infos)
+    names.push_back(domain_name(*info));
+  std::vector<std::string> wanted = filter_domain_names(names, filter);
+  std::vector<InfoPtr> picked;
+  std::set<std::string> taken;
+  for (auto& info : infos) {
+    std::string name = domain_name(*info);
+    if (std::find(wanted.begin(), wanted.end(), name) == wanted.end()) continue;
+    if (taken.insert(name).second) picked.push_back(std::move(info));
+  }
   return picked;
 }
 

@@ -38,12 +38,19 @@ std::vector<ProviderRequest> requests_for(std::string_view user_name);
 std::vector<InfoPtr> query_infos(const ProviderRequest& request);
 
 // The entries the rails of one rank will use: one per physical domain, at most `rails`, in
-// fi_getinfo order. Domains whose name does not contain `domain_filter` are skipped; so is the
-// loopback interface ("lo") unless the filter names it or it is the only domain, because rails
-// on it cannot reach another host. Throws proxyep::Error("fabric.open") listing what exists when
-// the provider is unknown or unavailable or no domain matches.
+// fi_getinfo order. With a `domain_filter`, only the domain of exactly that name when there is
+// one, else those whose name contains it; the loopback interface ("lo") is skipped unless the
+// filter names it or it is the only domain, because rails on it cannot reach another host. For
+// tcp a domain is a network interface and the endpoints listen on its address (its first
+// subnet, IPv4 before IPv6), so the filter decides where peers, and anyone else who can reach
+// that interface, can connect: "lo" keeps a single-host job on 127.0.0.1. Throws
+// proxyep::Error("fabric.open") listing what exists when the provider is unknown or unavailable or
+// no domain matches.
 std::vector<InfoPtr> select_domains(std::string_view user_name, std::string_view domain_filter,
                                     int rails);
+// The rule above on domain names alone (distinct, in the given order).
+std::vector<std::string> filter_domain_names(const std::vector<std::string>& names,
+                                             std::string_view filter);
 
 // "tcp;ofi_rxm [eth0, lo], shm [shm]": what this host offers, for error messages.
 std::string describe_available_providers();

@@ -38,12 +38,21 @@ Rail::Rail(std::shared_ptr<DomainContext> domain, const RailOptions& options)
   receives_to_post_ = receives;
   check_fi(static_cast<int>(post_receives()), "fabric.open",
            fmt::format("rail {}: posting receives for FI_RX_CQ_DATA", options_.index));
-  log::debug("fabric: rail {} open on {} {} (address {} bytes, {} write slots{})", options_.index,
-             caps.provider, caps.domain_name, address_.size(), slots,
+  log::debug("fabric: rail {} open on {} {} (address {}, {} write slots{})", options_.index,
+             caps.provider, caps.domain_name, address_text(), slots,
              rx_cq_data_ ? fmt::format(", {} receives for FI_RX_CQ_DATA", receives) : "");
 }
 
 Rail::~Rail() = default;
+
+std::string Rail::address_text() const {
+  std::string text(256, '\0');
+  size_t length = text.size();
+  if (fi_av_straddr(av_.get(), address_.data(), text.data(), &length) == nullptr)
+    return fmt::format("{} bytes", address_.size());
+  text.resize(std::min(length, text.size()) - (length > 0 ? 1 : 0));  // length counts the NUL
+  return text;
+}
 
 size_t Rail::writes_in_flight() const {
   return writes_->in_use();

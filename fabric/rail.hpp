@@ -61,6 +61,9 @@ class Rail final : public Transport {
   const Capabilities& capabilities() const override { return domain_->capabilities(); }
   int rail_index() const override { return options_.index; }
   Bytes address() const override { return address_; }
+  // The address in libfabric's text form (fi_av_straddr): for tcp the IP and port its endpoint
+  // listens on, e.g. "fi_sockaddr_in://127.0.0.1:41234".
+  std::string address_text() const;
   void connect(const std::vector<Bytes>& addresses_by_rank) override;
 
   [[nodiscard]] Status write(const WriteOp& op) override { return write_raw(op, op.imm); }

@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libfabric-dev libfabric-bin libhwloc-dev hwloc liburing-dev
   libconcurrentqueue-dev doctest-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  libssl-dev  # libcrypto: HMAC-SHA256 and the CSPRNG (bootstrap membership proof, memory keys)
   openmpi-bin libopenmpi-dev  # the MPI_Alltoallv baseline of `proxyep bench ep --baseline mpi`
 )
 

@@ -1,5 +1,6 @@
-// `proxyep launch -n N [--ranks-per-node M] [--timeout S] [--grace-ms MS] -- CMD ARGS...`:
-// runs CMD as N local ranks with torchrun's environment (tools/launcher.hpp does the work).
+// `proxyep launch -n N [--ranks-per-node M] [--timeout S] [--grace-ms MS] [--master-port P] --
+// CMD ARGS...`: runs CMD as N local ranks with torchrun's environment and a job id and secret of
+// their own (tools/launcher.hpp does the work).
 #include "common/registry.hpp"
 #include "tools/commands.hpp"
 #include "tools/launcher.hpp"
@@ -15,6 +16,7 @@ struct LaunchArgs {
   int ranks_per_node = 0;
   double timeout_s = 0;
   int64_t grace_ms = 3000;
+  int master_port = 0;
   std::vector<std::string> command;
 };
 
@@ -38,6 +40,7 @@ int run_launch(const LaunchArgs& args) {
   options.command = args.command;
   options.timeout = std::chrono::milliseconds(std::llround(args.timeout_s * 1000));
   options.grace = std::chrono::milliseconds(args.grace_ms);
+  options.master_port = args.master_port;
   options.extra_env = forwarded_parameters();
   LocalLauncher launcher(std::move(options));
   return launcher.run().exit_code;
@@ -61,6 +64,9 @@ void register_launch(CLI::App& app, Action& action) {
   cmd->add_option("--grace-ms", args->grace_ms, "after SIGTERM, wait this long before SIGKILL")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--master-port", args->master_port,
+                  "rendezvous port of rank 0 (MASTER_PORT); default: a free loopback port")
+      ->check(CLI::Range(1, 65535));
   cmd->add_option("command", args->command, "the command and its arguments, after --")->required();
   cmd->footer(
       "Each rank's output lines are prefixed with \"[rank k] \". When a rank fails, the others "

@@ -2,6 +2,7 @@
 
 #include "common/error.hpp"
 #include "control/tcp_socket.hpp"
+#include "tools/launch_credentials.hpp"
 #include "tools/launch_signals.hpp"
 
 #include <fcntl.h>
@@ -370,7 +371,12 @@ LocalLauncher::LocalLauncher(LaunchOptions options) : options_(std::move(options
 
 LaunchResult LocalLauncher::run() {
   int port = options_.master_port != 0 ? options_.master_port : control::find_free_loopback_port();
-  Session session(options_, port);
+  // The job's id and secret, for these ranks only; the secret file goes when the job ends.
+  LaunchCredentials credentials;
+  LaunchOptions options = options_;
+  const auto& ours = credentials.environment();
+  options.extra_env.insert(options.extra_env.end(), ours.begin(), ours.end());
+  Session session(options, port);
   return session.run();
 }
 

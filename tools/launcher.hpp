@@ -6,6 +6,9 @@
 //   exists before the launcher can signal it), with MASTER_ADDR=127.0.0.1, a MASTER_PORT that
 //   was free, RANK, WORLD_SIZE, LOCAL_RANK = rank % M, LOCAL_WORLD_SIZE = M, GROUP_RANK = rank / M
 //   on top of the launcher's own environment; stdin is /dev/null.
+// - The ranks share a job id and a secret no other process has (tools/launch_credentials.hpp:
+//   PROXYEP_BOOTSTRAP_JOB_ID, PROXYEP_BOOTSTRAP_SECRET_FILE), unless the launcher's configuration
+//   names them; the secret file is removed when run() returns.
 // - Every line of a rank's stdout/stderr reaches the sink as a whole line (prefixed "[rank k] " by
 //   default), partial last lines included.
 // - When a rank exits non-zero or by a signal, the launcher sends SIGTERM to the other ranks'

@@ -108,3 +108,33 @@ TEST_CASE("to_json lists every parameter with value, source and env name") {
     }
   CHECK(found);
 }
+
+// A secret of this test's own (bootstrap.secret is the real one).
+config::Param<std::string> test_secret{"test.secret", "", "a secret for this test",
+                                       config::Sensitivity::secret};
+
+TEST_CASE("a secret parameter is never shown and comes from the environment only") {
+  ResetRegistry reset;
+  auto& registry = Registry::global();
+  CHECK(test_secret.secret());
+  CHECK_FALSE(registry.at("fabric.provider").secret());
+  CHECK(test_secret.value_string().empty());  // unset: nothing to hide
+  const std::string value = "a-secret-value-0123456789";
+  for (Source source : {Source::command_line, Source::config_file}) {
+    try {
+      registry.set("test.secret", value, source);
+      FAIL("a secret was taken from " << config::to_string(source));
+    } catch (const Error& e) {
+      std::string what = e.what();
+      CHECK(what.find("is a secret") != std::string::npos);
+      CHECK(what.find(value) == std::string::npos);
+    }
+  }
+  CHECK(test_secret.get().empty());
+  ::setenv("PROXYEP_TEST_SECRET", value.c_str(), 1);
+  registry.load_environment();
+  ::unsetenv("PROXYEP_TEST_SECRET");
+  CHECK(test_secret.get() == value);                  // the code gets it
+  CHECK(test_secret.value_string() == "<redacted>");  // every printer does not
+  CHECK(registry.to_json().dump().find(value) == std::string::npos);
+}

@@ -1,5 +1,6 @@
 // The local launcher behind `proxyep launch`, driven directly (no CLI): real child processes.
 #include "common/error.hpp"
+#include "common/params.hpp"
 #include "tools/launcher.hpp"
 
 #include <doctest/doctest.h>
@@ -8,10 +9,13 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <unistd.h>
 
 using namespace proxyep::tools;
 using namespace std::chrono_literals;
@@ -212,4 +216,65 @@ TEST_CASE("launcher: default variables apply only where the environment lacks th
   unsetenv("FI_TCP_IFACE");
   CHECK(result2.exit_code == 0);
   CHECK(chosen.out[0] == std::vector<std::string>{"iface=eth7"});
+}
+
+TEST_CASE("launcher: the ranks share a fresh job id and a private secret file, gone afterwards") {
+  // Each rank reports the job id, the secret file's path, its mode and its directory's, and the
+  // secret's length; never the secret.
+  auto script =
+      "f=$PROXYEP_BOOTSTRAP_SECRET_FILE; echo \"$PROXYEP_BOOTSTRAP_JOB_ID|$f|$(stat -c %a \"$f\")|"
+      "$(stat -c %a \"$(dirname \"$f\")\")|$(stat -c %u \"$f\")|$(wc -c < \"$f\")\"";
+  std::vector<std::string> seen;
+  for (int launch_index = 0; launch_index < 2; ++launch_index) {
+    Captured captured;
+    auto [result, elapsed] = launch(shell(2, script), captured);
+    REQUIRE(result.exit_code == 0);
+    REQUIRE(captured.out[0].size() == 1);
+    CHECK(captured.out[1] == captured.out[0]);  // both ranks: the same job and file
+    auto fields = captured.out[0][0];
+    CAPTURE(fields);
+    std::vector<std::string> parts;
+    for (size_t start = 0, bar; start <= fields.size(); start = bar + 1) {
+      bar = fields.find('|', start);
+      if (bar == std::string::npos) bar = fields.size();
+      parts.push_back(fields.substr(start, bar - start));
+    }
+    REQUIRE(parts.size() == 6);
+    CHECK(parts[0].rfind("launch-", 0) == 0);
+    CHECK(parts[0].size() == 7 + 16);
+    CHECK(parts[2] == "600");
+    CHECK(parts[3] == "700");
+    CHECK(parts[4] == std::to_string(geteuid()));
+    CHECK(parts[5] == "64");  // 32 random bytes as hex
+    // Removed when the job ended: the file and its directory.
+    CHECK_FALSE(std::filesystem::exists(parts[1]));
+    CHECK_FALSE(std::filesystem::exists(std::filesystem::path(parts[1]).parent_path()));
+    seen.push_back(parts[0]);
+  }
+  CHECK(seen[0] != seen[1]);  // every launch is its own job
+}
+
+TEST_CASE("launcher: the secret file is removed when the job fails, too") {
+  Captured captured;
+  auto [result, elapsed] = launch(
+      shell(2, "echo $PROXYEP_BOOTSTRAP_SECRET_FILE; [ $RANK = 1 ] && exit 4; sleep 30"), captured);
+  CHECK(result.exit_code == 4);
+  REQUIRE_FALSE(captured.out[0].empty());
+  CHECK_FALSE(captured.out[0][0].empty());
+  CHECK_FALSE(std::filesystem::exists(captured.out[0][0]));
+}
+
+TEST_CASE("launcher: a job id and secret the user configured are left to the ranks") {
+  proxyep::params::bootstrap_job_id.set("users-job", proxyep::config::Source::environment);
+  proxyep::params::bootstrap_secret_file.set("/some/file", proxyep::config::Source::environment);
+  Captured captured;
+  auto [result, elapsed] = launch(shell(1,
+                                        "echo \"[${PROXYEP_BOOTSTRAP_JOB_ID:-unset}] "
+                                        "[${PROXYEP_BOOTSTRAP_SECRET_FILE:-unset}]\""),
+                                  captured);
+  proxyep::params::bootstrap_job_id.reset();
+  proxyep::params::bootstrap_secret_file.reset();
+  CHECK(result.exit_code == 0);
+  // The launcher adds neither (its own environment, which the ranks inherit, has the user's).
+  CHECK(captured.out[0] == std::vector<std::string>{"[unset] [unset]"});
 }
