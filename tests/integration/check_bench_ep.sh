@@ -18,7 +18,7 @@ else
   echo "check_bench_ep: no MPI baseline built (or no mpirun); checking ProxyEP's side only" >&2
 fi
 rc=0
-out=$(timeout 240 "$proxyep" bench ep "${args[@]}" --json) || rc=$?
+out=$(timeout 25 "$proxyep" bench ep "${args[@]}" --json) || rc=$?
 echo "$out"
 [[ $rc -eq 0 ]] || { echo "check_bench_ep: proxyep bench ep exited with $rc" >&2; exit 1; }
 # dump(2) indents top-level keys by exactly two spaces; nested "verified" keys sit deeper.

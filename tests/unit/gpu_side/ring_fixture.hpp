@@ -160,11 +160,11 @@ inline void write_slot_slowly(const Ring& ring, uint64_t position, const Descrip
   atomic(slot.seq).store(position + 1, std::memory_order_release);
 }
 
-// Consumes through `waiter` into `checker` until `count` slots were popped or 30 s passed.
+// Consumes through `waiter` into `checker` until `count` slots were popped or 15 s passed.
 inline void drain(RingWaiter& waiter, RingConsumer& consumer, ArrivalChecker& checker,
                   uint64_t count) {
   std::vector<WireDescriptor> out(32);
-  const Deadline deadline(std::chrono::seconds(30));
+  const Deadline deadline(std::chrono::seconds(15));
   while (checker.popped() < count) {
     if (waiter.wait(deadline) != Status::ok) break;
     checker.check(std::span(out).first(consumer.pop_burst(out)));

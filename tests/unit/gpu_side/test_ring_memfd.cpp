@@ -41,7 +41,7 @@ TEST_CASE("a memfd ring mapped twice in one process: produce on one mapping, con
   RingWaiter waiter(consumer, &bell);
   ArrivalChecker checker(1);
   std::vector<WireDescriptor> out(32);
-  const Deadline deadline(30s);
+  const Deadline deadline(15s);
   while (checker.popped() < kCount && producer_ok) {
     if (waiter.wait(deadline) != Status::ok) break;
     checker.check(std::span(out).first(consumer.pop_burst(out)));

@@ -221,7 +221,7 @@ namespace {
 // seq == c + 1 would copy a mixture of two laps.
 void slow_single_produce(Ring ring, uint64_t count, std::atomic<bool>& failed) {
   RingHeader& header = ring.header();
-  const Deadline deadline(30s);
+  const Deadline deadline(15s);
   for (uint64_t position = 0; position < count; ++position) {
     while (position - atomic(header.consumer.tail).load(std::memory_order_acquire) >=
            ring.capacity()) {
@@ -246,7 +246,7 @@ TEST_CASE("single producer: the consumer never acts on a half-written slot") {
   constexpr uint64_t kCount = 2000;
   std::thread producer(slow_single_produce, r.ring, kCount, std::ref(failed));
   std::vector<WireDescriptor> out(4);
-  const Deadline deadline(60s);
+  const Deadline deadline(15s);
   uint64_t polls = 0;
   while (checker.popped() < kCount && !deadline.expired() && !failed) {
     ++polls;
@@ -273,7 +273,7 @@ TEST_CASE("single producer thread and consumer thread: every descriptor once, in
       std::atomic<bool> producer_ok{true};
       std::thread producer_thread([&] {
         RingProducer producer(r.ring, {.fence_per_publish = fence});
-        const Deadline deadline(30s);
+        const Deadline deadline(15s);
         std::array<Descriptor, 5> batch;
         Backoff backoff;
         for (uint64_t i = 0; i < kCount;) {
@@ -298,7 +298,7 @@ TEST_CASE("single producer thread and consumer thread: every descriptor once, in
           backoff.pause();
         }
       });
-      const bool drained = drain(consumer, checker, kCount, Deadline(60s), 7);
+      const bool drained = drain(consumer, checker, kCount, Deadline(15s), 7);
       producer_thread.join();
       CHECK(producer_ok);
       CHECK_MESSAGE(drained, checker.summary());
