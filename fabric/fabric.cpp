@@ -121,6 +121,16 @@ class FabricImpl final : public Fabric {
     return register_region(rails, data, size, kind);
   }
 
+  std::optional<ReorderStats> reorder_stats() const override {
+    std::optional<ReorderStats> sum;
+    for (const RailEntry& entry : rails_) {
+      if (entry.shim == nullptr) continue;
+      if (!sum) sum.emplace();
+      *sum += entry.shim->stats();
+    }
+    return sum;
+  }
+
   void progress() override {
     for (RailEntry& entry : rails_) {
       if (entry.shim != nullptr)
@@ -132,7 +142,8 @@ class FabricImpl final : public Fabric {
 
  private:
   struct RailEntry {
-    std::unique_ptr<Transport> transport;  // the rail itself, or the shim that owns it
+    // The rail itself, or the shim that owns it, or what options.wrap_rail made of either.
+    std::unique_ptr<Transport> transport;
     Rail* rail = nullptr;
     ReorderShim* shim = nullptr;
   };
@@ -155,6 +166,11 @@ class FabricImpl final : public Fabric {
     } else {
       entry.transport = std::move(rail);
     }
+    if (options_.wrap_rail) {
+      entry.transport = options_.wrap_rail(std::move(entry.transport));
+      require(entry.transport != nullptr, "fabric.open",
+              "wrap_rail returned no transport for rail {}", index);
+    }
     rails_.push_back(std::move(entry));
   }
 
@@ -170,6 +186,16 @@ size_t positive(int64_t value, const config::ParamBase& param) {
 }
 
 }  // namespace
+
+ReorderStats& ReorderStats::operator+=(const ReorderStats& other) {
+  writes += other.writes;
+  split_writes += other.split_writes;
+  segments += other.segments;
+  segments_out_of_order += other.segments_out_of_order;
+  remote_out_of_order += other.remote_out_of_order;
+  local_out_of_order += other.local_out_of_order;
+  return *this;
+}
 
 FabricOptions FabricOptions::from_params(int rank) {
   FabricOptions options;

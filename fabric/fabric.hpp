@@ -16,7 +16,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,21 @@ struct ReorderOptions {
   size_t max_held = 32;         // completions held back before one must be released
 };
 
+// What the reorder shim did (fabric/reorder_shim.hpp), so tests can prove it really reordered:
+// a shim that delivers in order would let every ordering bug through the tests that rely on it.
+struct ReorderStats {
+  uint64_t writes = 0;                 // writes accepted
+  uint64_t split_writes = 0;           // writes of more than one segment
+  uint64_t segments = 0;               // segments posted
+  uint64_t segments_out_of_order = 0;  // posted before a segment accepted earlier
+  // Delivered to the user after the completion of a later write: remote ones per source rank
+  // (by the source's write order), local ones by this rail's write order.
+  uint64_t remote_out_of_order = 0;
+  uint64_t local_out_of_order = 0;
+
+  ReorderStats& operator+=(const ReorderStats& other);
+};
+
 struct FabricOptions {
   std::string provider = "auto";  // auto: efa when present, else shm
   std::string domain_filter;      // only domains whose name contains this
@@ -39,6 +56,13 @@ struct FabricOptions {
   size_t cq_batch = 64;
   int rank = 0;  // for error messages and the shim's seed
   ReorderOptions reorder;
+  // A decorator hook: when set, each rail's Transport (the reorder shim when on, else the
+  // libfabric rail) is handed to it once, in rail order, while the Fabric opens, and rail(i)
+  // returns what it gives back. It sits above the shim, so it sees every flag the caller sets
+  // (the shim clears FI_MORE on the segments it posts). Tests interpose doubles here (e.g. a
+  // doorbell provider that holds FI_MORE writes, tests/unit/fabric/doorbell_transport.hpp);
+  // progress() still drives the rails beneath it, which a decorator sees only through poll().
+  std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)> wrap_rail;
 
   static FabricOptions from_params(int rank);  // fills every field from common/params.hpp
 };
@@ -58,8 +82,8 @@ class MemoryRegion {
 class Fabric {
  public:
   // Chooses the provider and domains, opens one fabric/domain/endpoint/CQ/AV per rail (wrapped
-  // in the reorder shim when enabled). Throws proxyep::Error naming the provider on failure,
-  // listing the providers that do exist when the name is unknown.
+  // in the reorder shim when enabled, then in options.wrap_rail when set). Throws proxyep::Error
+  // naming the provider on failure, listing the providers that do exist when the name is unknown.
   static std::unique_ptr<Fabric> open(const FabricOptions& options);
   virtual ~Fabric() = default;
 
@@ -76,6 +100,9 @@ class Fabric {
 
   virtual std::unique_ptr<MemoryRegion> register_memory(void* data, size_t size,
                                                         MemoryKind kind = MemoryKind::host) = 0;
+  // Summed over the rails: what the reorder shim did; nullopt when the shim is off. Safe from any
+  // thread (monitoring; the counters a proxy thread is bumping may be a little behind).
+  virtual std::optional<ReorderStats> reorder_stats() const = 0;
   // Polls every rail once (for waits that must keep manual-progress providers moving);
   // completions found are buffered and returned by the next poll of that rail. Same thread as
   // the rails' users: rails may share a domain opened FI_THREAD_DOMAIN.

@@ -76,6 +76,21 @@ void ReorderShim::connect(const std::vector<Bytes>& addresses_by_rank) {
           "{} ranks exceed the reorder shim's header ({} at most)", addresses_by_rank.size(),
           ShimHeader::kMaxRanks);
   inner_->connect(addresses_by_rank);
+  last_remote_.assign(addresses_by_rank.size(), kNoSequence);
+}
+
+ReorderShim::Stats ReorderShim::stats() const {
+  auto read = [](const std::atomic<uint64_t>& counter) {
+    return counter.load(std::memory_order_relaxed);
+  };
+  Stats out;
+  out.writes = read(counters_.writes);
+  out.split_writes = read(counters_.split_writes);
+  out.segments = read(counters_.segments);
+  out.segments_out_of_order = read(counters_.segments_out_of_order);
+  out.remote_out_of_order = read(counters_.remote_out_of_order);
+  out.local_out_of_order = read(counters_.local_out_of_order);
+  return out;
 }
 
 size_t ReorderShim::random_below(size_t bound) {
@@ -112,8 +127,9 @@ Status ReorderShim::write(const WriteOp& op) {
   state.header.source = static_cast<uint32_t>(rank_);
   state.header.sequence = next_sequence_++ & (ShimHeader::kSequenceWindow - 1);
   state.header.segments = static_cast<uint32_t>(segments);
-  state.number = ++stats_.writes;
-  if (segments > 1) ++stats_.split_writes;
+  state.number = ++accepted_;
+  bump(counters_.writes);
+  if (segments > 1) bump(counters_.split_writes);
   state.unposted = static_cast<uint32_t>(segments);
   for (size_t i = 0; i < segments; ++i)
     queued_.push_back({write, static_cast<uint32_t>(i)});
@@ -159,9 +175,9 @@ bool ReorderShim::post_one(size_t queue_index) {
   drop();
   if (status == Status::ok) {
     ++state.outstanding;
-    ++stats_.segments;
+    bump(counters_.segments);
     uint64_t position = (state.number << ShimHeader::kSegmentBits) | segment.index;
-    if (position < last_posted_) ++stats_.segments_out_of_order;
+    if (position < last_posted_) bump(counters_.segments_out_of_order);
     last_posted_ = position;
     return true;
   }
@@ -182,7 +198,7 @@ void ReorderShim::retire_if_done(uint32_t write) {
     completion.kind = Completion::Kind::local_write;
     completion.cookie = state.op.cookie;
     completion.peer = state.op.peer;
-    held_.push_back({completion, polls_});
+    held_.push_back({completion, polls_, state.number, 0});
   }
   free_states_.push_back(write);
 }

@@ -15,6 +15,10 @@
 //   into a hold-back set and leave it in random order: a poll releases a random share, anything
 //   beyond max_held, anything held kMaxHoldPolls polls, and everything when the poll found
 //   nothing new. So no completion is held forever and a waiting loop always sees it.
+// - Stats (fabric.hpp ReorderStats) count what was reordered: segments posted out of order, and
+//   completions delivered after a later write's (remote: per source, by its write sequence;
+//   local: by this rail's write order). The --reorder integration tests require some, so a shim
+//   that stopped reordering fails them.
 // - Errors: a failed segment fails its write once (error status naming the user's cookie and
 //   peer); later segment failures of the same write are not reported again.
 //
@@ -30,6 +34,7 @@
 #include "fabric/fabric.hpp"
 #include "fabric/rail.hpp"
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -80,17 +85,14 @@ class ReorderShim final : public Transport {
   size_t writes_in_flight() const override { return states_.size() - free_states_.size(); }
   const std::string& last_error() const override { return last_error_; }
 
-  // What the shim did, so tests can tell it really reordered.
-  struct Stats {
-    uint64_t writes = 0;                 // writes accepted
-    uint64_t split_writes = 0;           // writes of more than one segment
-    uint64_t segments = 0;               // segments posted
-    uint64_t segments_out_of_order = 0;  // posted before a segment accepted earlier
-  };
+  // What the shim did, so tests can tell it really reordered (fabric.hpp).
+  using Stats = ReorderStats;
 
   // Posts queued segments and reads the inner rail once; releases nothing (see poll()).
   void progress();
-  const Stats& stats() const { return stats_; }
+  // A snapshot, safe from any thread: the counters are written by the rail's one thread only
+  // (relaxed, like the proxy's ThreadStats), so another thread may see them a little behind.
+  Stats stats() const;
   uint64_t seed() const { return seed_; }
   Rail& inner() { return *inner_; }
 
@@ -116,7 +118,15 @@ class ReorderShim final : public Transport {
   struct Held {
     Completion completion;
     uint64_t since_poll = 0;
+    // For Stats: local: the write's number; remote: the source's write sequence, and the source.
+    uint64_t order = 0;
+    uint32_t source = 0;
   };
+  struct Counters {
+    std::atomic<uint64_t> writes{0}, split_writes{0}, segments{0}, segments_out_of_order{0},
+        remote_out_of_order{0}, local_out_of_order{0};
+  };
+  static constexpr uint32_t kNoSequence = ~uint32_t{0};
   struct Failure {
     Status status = Status::error;
     std::string text;
@@ -130,7 +140,11 @@ class ReorderShim final : public Transport {
   void on_inner_failure(Status status);
   void retire_if_done(uint32_t write);
   void release(std::span<Completion> out, size_t& count, bool everything);
-  void release_at(size_t index, std::span<Completion> out, size_t& count);
+  void take(size_t index);
+  void count_release(const Held& held);
+  static void bump(std::atomic<uint64_t>& counter) {
+    counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
   Status reject(std::string text);
   size_t random_below(size_t bound);
 
@@ -147,11 +161,17 @@ class ReorderShim final : public Transport {
   uint32_t next_sequence_ = 0;
   std::unordered_map<uint32_t, Arrival> arrivals_;  // key: source << kSequenceBits | sequence
   std::vector<Held> held_;
+  std::vector<Held> releasing_;  // what one poll releases, in delivery order
   std::deque<Failure> failures_;
   std::vector<RawCompletion> inner_batch_;
   uint64_t polls_ = 0;
+  uint64_t accepted_ = 0;     // writes accepted: the next write's number - 1
   uint64_t last_posted_ = 0;  // (write number << kSegmentBits | segment) of the last post
-  Stats stats_;
+  // Latest delivered in order: per source rank, the sequence of a remote completion
+  // (kNoSequence: none yet); the number of a local one.
+  std::vector<uint32_t> last_remote_;
+  uint64_t last_local_ = 0;
+  Counters counters_;
   std::string last_error_;
 };
 

@@ -3,6 +3,8 @@
 
 #include "common/log.hpp"
 
+#include <algorithm>
+
 namespace proxyep::fabric {
 
 // Reads one batch from the inner rail; returns how many entries it found.
@@ -55,7 +57,7 @@ void ReorderShim::on_remote(const RawCompletion& completion) {
   Completion user;
   user.kind = Completion::Kind::remote_write;
   user.imm = imm;
-  held_.push_back({user, polls_});
+  held_.push_back({user, polls_, header.sequence, header.source});
 }
 
 void ReorderShim::on_inner_failure(Status status) {
@@ -98,8 +100,29 @@ Status ReorderShim::poll(std::span<Completion> out, size_t& count) {
   return failure.status;
 }
 
-void ReorderShim::release_at(size_t index, std::span<Completion> out, size_t& count) {
-  out[count++] = held_[index].completion;
+// Counts a completion delivered after a later write's: a local one by this rail's write order, a
+// remote one by its source's write sequence (modulo the window; at most half of it is in flight).
+void ReorderShim::count_release(const Held& held) {
+  if (held.completion.kind == Completion::Kind::local_write) {
+    if (held.order < last_local_)
+      bump(counters_.local_out_of_order);
+    else
+      last_local_ = held.order;
+    return;
+  }
+  if (held.source >= last_remote_.size()) return;
+  uint32_t& last = last_remote_[held.source];
+  const auto sequence = static_cast<uint32_t>(held.order);
+  const uint32_t behind = (last - sequence) & (ShimHeader::kSequenceWindow - 1);
+  if (last != kNoSequence && behind != 0 && behind < ShimHeader::kSequenceWindow / 2)
+    bump(counters_.remote_out_of_order);
+  else
+    last = sequence;
+}
+
+// Moves held_[index] to the completions this poll releases.
+void ReorderShim::take(size_t index) {
+  releasing_.push_back(held_[index]);
   held_[index] = held_.back();
   held_.pop_back();
 }
@@ -108,22 +131,27 @@ void ReorderShim::release_at(size_t index, std::span<Completion> out, size_t& co
 // new), else whatever has waited kMaxHoldPolls polls, whatever exceeds max_held, and a random
 // share of the rest.
 void ReorderShim::release(std::span<Completion> out, size_t& count, bool everything) {
-  for (size_t i = 0; i < held_.size() && count < out.size();) {
+  releasing_.clear();
+  const size_t room = out.size() - count;
+  for (size_t i = 0; i < held_.size() && releasing_.size() < room;) {
     if (everything || polls_ - held_[i].since_poll >= kMaxHoldPolls)
-      release_at(i, out, count);
+      take(i);
     else
       ++i;
   }
-  if (everything) {  // the loop above took them in index order: shuffle what it gave out
-    std::shuffle(out.begin(), out.begin() + static_cast<ptrdiff_t>(count), random_);
-    return;
+  if (everything) {  // the loop above took them in index order: shuffle them
+    std::shuffle(releasing_.begin(), releasing_.end(), random_);
+  } else {
+    while (held_.size() > options_.max_held && releasing_.size() < room)
+      take(random_below(held_.size()));
+    size_t extra = held_.empty() ? 0 : random_below(held_.size() + 1);
+    for (size_t i = 0; i < extra && releasing_.size() < room; ++i)
+      take(random_below(held_.size()));
   }
-  while (held_.size() > options_.max_held && count < out.size())
-    release_at(random_below(held_.size()), out, count);
-  if (held_.empty()) return;
-  size_t extra = random_below(held_.size() + 1);
-  for (size_t i = 0; i < extra && count < out.size(); ++i)
-    release_at(random_below(held_.size()), out, count);
+  for (const Held& held : releasing_) {
+    count_release(held);
+    out[count++] = held.completion;
+  }
 }
 
 }  // namespace proxyep::fabric

@@ -126,6 +126,8 @@ BufferStats Buffer::stats() const {
     (to.path() == proxy::PeerPath::node ? stats.bytes_to_node : stats.bytes_to_fabric) +=
         to.bytes_sent();
   }
+  if (auto reorder = session.reorder_stats())
+    stats.reordered_completions = reorder->remote_out_of_order + reorder->local_out_of_order;
   return stats;
 }
 

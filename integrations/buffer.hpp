@@ -59,6 +59,10 @@ struct BufferStats {
   uint64_t credit_stalls = 0;    // times a pair with chunks left waited for a credit or a slot
   uint64_t bytes_to_node = 0;    // row bytes stored into node peers' arenas
   uint64_t bytes_to_fabric = 0;  // row bytes posted to other nodes
+  // With fabric.reorder (a testing aid): completions the reorder shim delivered here after a
+  // later write's (writes from other nodes landing, and this rank's writes to them completing);
+  // unset without a fabric or with the shim off.
+  std::optional<uint64_t> reordered_completions;
 };
 
 struct BufferOptions {

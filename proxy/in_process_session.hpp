@@ -39,6 +39,9 @@ class InProcessSession final : public Session {
   void check_health(std::string_view phase) const override;
   void stop() noexcept override;
   std::string describe() const override;
+  std::optional<fabric::ReorderStats> reorder_stats() const override {
+    return state_->fabric ? state_->fabric->reorder_stats() : std::nullopt;
+  }
 
  private:
   void open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config);

@@ -88,6 +88,9 @@ class Session {
   virtual void stop() noexcept = 0;
   // One line for the debug log: sizes, paths, threads.
   virtual std::string describe() const = 0;
+  // What the fabric's reorder shim (fabric.reorder, a testing aid) did, so a test can prove its
+  // writes really were reordered; nullopt without a fabric (one node) or with the shim off.
+  virtual std::optional<fabric::ReorderStats> reorder_stats() const = 0;
 
  protected:
   explicit Session(ArenaLayout layout) : layout_(std::move(layout)) {}

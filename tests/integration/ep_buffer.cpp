@@ -16,6 +16,7 @@
 #include "gpu_side/ep/reference.hpp"
 #include "gpu_side/ep/workload.hpp"
 #include "integrations/buffer.hpp"
+#include "reorder_check.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -346,8 +347,14 @@ int run(const Options& o) {
     params::ep_eager_bytes.set(row);  // only the smallest pairs skip the streams
   }
   Buffer buffer(*boot, options);
+  // With --reorder, the calls' writes between nodes must really have been reordered.
+  auto require_reordered = [&] {
+    if (o.reorder)
+      testing::require_reordered(*boot, buffer.stats().reordered_completions, "ep_buffer");
+  };
   if (o.bad_input) {
     run_bad_input(buffer, o);
+    require_reordered();
     return 0;
   }
   if (o.die_after_ms > 0) {
@@ -389,6 +396,7 @@ int run(const Options& o) {
     group_eager += theirs;
   }
   check_stats(stats, group_eager, o, R);
+  require_reordered();
   if (boot->rank() == 0)
     fmt::print("ep_buffer: {} ranks, {} per node, provider {}, reorder {}: all cases OK\n", R,
                buffer.ranks_per_node(), o.provider, o.reorder ? "on" : "off");

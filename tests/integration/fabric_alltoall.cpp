@@ -10,6 +10,7 @@
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
 #include "fabric/fabric.hpp"
+#include "reorder_check.hpp"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -182,6 +183,8 @@ int main(int argc, char** argv) {
     size_t writes = 0, bytes = 0;
     for (int round = 0; round < rounds; ++round)
       run_round(*boot, *fab, seed, round, max_block, timeout_ms, writes, bytes);
+    if (reorder)
+      testing::require_reordered(*boot, testing::out_of_order(fab->reorder_stats()), "alltoall");
     if (boot->rank() == 0)
       fmt::print("alltoall: {} ranks, provider {}, reorder {}, {} rails, {} rounds: OK\n",
                  boot->world_size(), fab->capabilities().provider, reorder ? "on" : "off", rails,

@@ -11,6 +11,7 @@
 #include "control/quiet_tracker.hpp"
 #include "control/signal_router.hpp"
 #include "fabric/fabric.hpp"
+#include "reorder_check.hpp"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -129,6 +130,12 @@ class Harness {
   }
 
   const Deadline& deadline() const { return deadline_; }
+
+  // Collective, at the end of a run: with --reorder, the shim must have delivered some
+  // completions out of order (reorder_check.hpp).
+  void finish(const std::string& program) {
+    if (options_.reorder) require_reordered(*boot_, out_of_order(fab_->reorder_stats()), program);
+  }
 
  private:
   HarnessOptions options_;

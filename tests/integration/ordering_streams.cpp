@@ -177,6 +177,7 @@ int main(int argc, char** argv) {
     Harness h(cfg.harness);
     StreamRank rank(cfg, h);
     rank.run();
+    h.finish("ordering_streams");
     if (h.rank() == 0)
       fmt::print("ordering_streams: {} ranks, provider {}, reorder {}: OK\n", h.world(),
                  h.fabric().capabilities().provider, cfg.harness.reorder ? "on" : "off");

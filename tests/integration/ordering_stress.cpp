@@ -389,6 +389,7 @@ int main(int argc, char** argv) {
     Harness h(cfg.harness);
     StressRank rank(cfg, h);
     rank.run();
+    h.finish("ordering_stress");
     if (h.rank() == 0)
       fmt::print(
           "ordering_stress: {} ranks, provider {}, reorder {}, {} writes over {} epochs: "

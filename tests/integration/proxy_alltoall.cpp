@@ -21,6 +21,7 @@
 #include "gpu_side/ring.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "proxy/region_exchange.hpp"
+#include "reorder_check.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -230,6 +231,9 @@ void run(const Options& o) {
     run_round(*boot, rank, o, round);
   auto stats = rank.engine->stats();
   rank.engine->stop();
+  if (o.reorder)
+    testing::require_reordered(*boot, testing::out_of_order(fab->reorder_stats()),
+                               "proxy_alltoall");
   if (rank.me == 0)
     fmt::print(
         "proxy_alltoall: {} ranks, provider {}, reorder {}, {} rings x {} producers, {} "

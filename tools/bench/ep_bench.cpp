@@ -6,7 +6,9 @@
 #include "tools/bench/ep_check.hpp"
 #include "tools/bench/ep_stats.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <optional>
 #include <string>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -19,6 +21,7 @@ using Clock = std::chrono::steady_clock;
 // What one rank keeps from its run: timings and the last iteration's outputs, to check.
 struct RankRun {
   EpRankTimings timings;
+  std::optional<uint64_t> reordered;  // BufferStats::reordered_completions (fabric.reorder)
   DispatchResult fresh;
   DispatchResult cached;
   CombineResult combined;
@@ -110,11 +113,13 @@ std::string check_rank(const RankRun& run, const EpReference& reference, int ran
 }
 
 nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
-  return {{"dispatch", run.timings.dispatch},
-          {"cached_dispatch", run.timings.cached_dispatch},
-          {"combine", run.timings.combine},
-          {"total", run.timings.total},
-          {"diff", diff}};
+  nlohmann::json report = {{"dispatch", run.timings.dispatch},
+                           {"cached_dispatch", run.timings.cached_dispatch},
+                           {"combine", run.timings.combine},
+                           {"total", run.timings.total},
+                           {"diff", diff}};
+  if (run.reordered) report["reordered_completions"] = *run.reordered;
+  return report;
 }
 
 // Rank 0: every rank's report -> the figures.
@@ -149,6 +154,15 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& reports, const EpRef
   }
   out["verified"] = verified;
   out["mismatches"] = mismatches;
+  // With the reorder shim on (fabric.reorder, internode only): completions it delivered after a
+  // later write's, summed over the ranks; the --reorder smoke test requires some.
+  if (std::all_of(reports.begin(), reports.end(),
+                  [](const nlohmann::json& r) { return r.contains("reordered_completions"); })) {
+    uint64_t sum = 0;
+    for (const auto& r : reports)
+      sum += r.at("reordered_completions").get<uint64_t>();
+    out["reorder_shim"] = {{"completions_out_of_order", sum}};
+  }
   return out;
 }
 
@@ -167,6 +181,7 @@ nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions&
   {
     Buffer buffer(bootstrap, sizes);
     run = run_iterations(bootstrap, buffer, inputs, options);
+    run.reordered = buffer.stats().reordered_completions;
     log::info("bench ep: timed loop done");
     // The Buffer goes before the reference is built: its arenas are the largest allocation.
   }

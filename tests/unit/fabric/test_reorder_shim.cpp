@@ -22,6 +22,22 @@ bool sorted(const std::vector<size_t>& order) {
   return std::is_sorted(order.begin(), order.end());
 }
 
+// Completions of rail `rail` (write i went to rail i % rails) delivered after a later write's:
+// what the shim's Stats must count.
+uint64_t late(const std::vector<size_t>& order, int rail, int rails) {
+  uint64_t count = 0;
+  bool any = false;
+  size_t latest = 0;
+  for (size_t i : order) {
+    if (static_cast<int>(i % static_cast<size_t>(rails)) != rail) continue;
+    if (any && i < latest)
+      ++count;
+    else
+      latest = i, any = true;
+  }
+  return count;
+}
+
 }  // namespace
 
 TEST_CASE("shim header round trip at the field limits") {
@@ -64,6 +80,11 @@ TEST_CASE("reorder shim: every payload and immediate exactly once, in permuted o
           segments += stats.segments;
           CHECK(stats.split_writes > 0);
           CHECK(stats.segments_out_of_order > 0);
+          // The delivery-order counters say exactly what this rank saw.
+          CHECK(stats.remote_out_of_order == late(order.remote[r], rail, rails));
+          CHECK(stats.local_out_of_order == late(order.local[r], rail, rails));
+          CHECK(stats.remote_out_of_order > 0);
+          CHECK(stats.local_out_of_order > 0);
         }
         CHECK(writes == 300);
         CHECK(segments > writes);

@@ -9,6 +9,7 @@
 #include "gpu_side/ring.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -55,7 +57,11 @@ inline bool same(const Descriptor& a, const Descriptor& b) {
 
 // Checks popped slots: each decodes, is the next one of its producer, and equals what that
 // producer pushed. Nops (owed positions) are counted apart. Counts failures instead of asserting
-// per descriptor so a million checks stay fast; the test asserts the totals.
+// per descriptor so a million checks stay fast; the test asserts the totals (check_intact()).
+// A slot that does not decode is corrupt: the consumer copied it before its payload was complete
+// (a torn slot: the sequence word was visible first) or from an earlier lap. Every popped slot is
+// consumed for good, so a wait for `n` descriptors ends once `n` slots were popped, whatever they
+// held: a torn slot fails the test at once instead of leaving it waiting for its deadline.
 class ArrivalChecker {
  public:
   explicit ArrivalChecker(uint32_t producers) : next_(producers, 0) {}
@@ -76,6 +82,10 @@ class ArrivalChecker {
       if (producer >= next_.size() || index != next_[producer] ||
           !same(d, make_descriptor(producer, index))) {
         ++wrong_;
+        // After a gap (a corrupt slot, a lost one), count on from here: one fault, not all later.
+        if (producer < next_.size() && index > next_[producer] &&
+            same(d, make_descriptor(producer, index)))
+          next_[producer] = index + 1;
         continue;
       }
       ++next_[producer];
@@ -87,6 +97,13 @@ class ArrivalChecker {
   uint64_t corrupt() const { return corrupt_; }
   uint64_t wrong() const { return wrong_; }
   uint64_t nops() const { return nops_; }
+  uint64_t popped() const { return received_ + corrupt_ + wrong_ + nops_; }
+  std::string summary() const {
+    return fmt::format(
+        "{} slots popped: {} intact, {} corrupt (did not decode: read before the payload was "
+        "complete, or a stale lap), {} wrong (out of order or altered), {} nops",
+        popped(), received_, corrupt_, wrong_, nops_);
+  }
   uint64_t next(uint32_t producer) const { return next_[producer]; }
 
  private:
@@ -94,12 +111,21 @@ class ArrivalChecker {
   uint64_t received_ = 0, corrupt_ = 0, wrong_ = 0, nops_ = 0;
 };
 
-// Pops into `checker` until it has `total` descriptors or `deadline` passes; false on timeout.
+// The totals of a run that pushed `expected` descriptors (and no nops), with a message that
+// counts the corrupt and wrong slots.
+inline void check_intact(const ArrivalChecker& checker, uint64_t expected) {
+  CHECK_MESSAGE(checker.corrupt() == 0, checker.summary());
+  CHECK_MESSAGE(checker.wrong() == 0, checker.summary());
+  CHECK_MESSAGE(checker.received() == expected, checker.summary());
+}
+
+// Pops into `checker` until `total` slots were popped (see ArrivalChecker) or `deadline` passes;
+// false on timeout.
 inline bool drain(RingConsumer& consumer, ArrivalChecker& checker, uint64_t total,
                   const Deadline& deadline, size_t burst = 32) {
   std::vector<WireDescriptor> buffer(burst);
   uint32_t idle = 0;
-  while (checker.received() < total) {
+  while (checker.popped() < total) {
     size_t n = consumer.pop_burst(buffer);
     if (n != 0) {
       checker.check(std::span(buffer).first(n));
@@ -134,12 +160,12 @@ inline void write_slot_slowly(const Ring& ring, uint64_t position, const Descrip
   atomic(slot.seq).store(position + 1, std::memory_order_release);
 }
 
-// Consumes through `waiter` into `checker` until `count` descriptors arrived or 30 s passed.
+// Consumes through `waiter` into `checker` until `count` slots were popped or 15 s passed.
 inline void drain(RingWaiter& waiter, RingConsumer& consumer, ArrivalChecker& checker,
                   uint64_t count) {
   std::vector<WireDescriptor> out(32);
-  const Deadline deadline(std::chrono::seconds(30));
-  while (checker.received() < count) {
+  const Deadline deadline(std::chrono::seconds(15));
+  while (checker.popped() < count) {
     if (waiter.wait(deadline) != Status::ok) break;
     checker.check(std::span(out).first(consumer.pop_burst(out)));
   }

@@ -42,7 +42,7 @@ inline WakeupRaces sleep_produce_races(ProducerMode mode, bool fence, bool burst
     RingWaiter waiter(consumer, &bell, {.spins = 0, .yields = 0, .max_block = 60s});
     std::vector<WireDescriptor> out(8);
     while (!stop.load()) {
-      if (waiter.wait(Deadline(30s)) != Status::ok) {
+      if (waiter.wait(Deadline(15s)) != Status::ok) {
         ++consumer_timeouts;
         break;
       }

@@ -14,6 +14,7 @@
 
 #include <doctest/doctest.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -47,8 +48,13 @@ class ProxyPair {
  public:
   ProxyPair(const std::string& provider, bool reorder, size_t bytes,
             EngineOptions options = test_options())
-      : fabrics_([&](int r) { return fabric::testing::options_for(provider, r, 1, reorder); },
-                 bytes) {
+      : ProxyPair([&](int r) { return fabric::testing::options_for(provider, r, 1, reorder); },
+                  bytes, options) {}
+  // Each rank's fabric opened with `fabric_options(rank)`. With start = false the engines wait
+  // for start(), so descriptors pushed before then are popped as one burst.
+  ProxyPair(const std::function<fabric::FabricOptions(int)>& fabric_options, size_t bytes,
+            EngineOptions options, bool start = true)
+      : fabrics_(fabric_options, bytes) {
     for (int r = 0; r < 2; ++r) {
       ProxyRank& rank = ranks_[r];
       rank.router.attach_counters(rank.bank);
@@ -64,12 +70,16 @@ class ProxyPair {
       rank.producer = std::make_unique<gpu_side::RingProducer>(
           rank.ring, gpu_side::ProducerOptions{.doorbell = &rank.doorbell});
     }
-    for (auto& rank : ranks_)
-      rank.engine->start();
+    if (start) this->start();
   }
   ~ProxyPair() {
     for (auto& rank : ranks_)
       if (rank.engine) rank.engine->stop();
+  }
+
+  void start() {
+    for (auto& rank : ranks_)
+      rank.engine->start();
   }
 
   ProxyRank& rank(int r) { return ranks_[r]; }

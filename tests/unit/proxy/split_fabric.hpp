@@ -8,6 +8,7 @@
 #include "fabric/fabric.hpp"
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,16 @@ class SplitFabric final : public fabric::Fabric {
     for (auto& part : parts_)
       regions.push_back(part->register_memory(data, size, kind));
     return std::make_unique<SplitRegion>(std::move(regions));
+  }
+  std::optional<fabric::ReorderStats> reorder_stats() const override {
+    std::optional<fabric::ReorderStats> sum;
+    for (const auto& part : parts_) {
+      auto stats = part->reorder_stats();
+      if (!stats) continue;
+      if (!sum) sum.emplace();
+      *sum += *stats;
+    }
+    return sum;
   }
   void progress() override {
     for (auto& part : parts_)
