@@ -290,10 +290,15 @@ TEST_CASE("launcher: SIGTERM while ranks are still starting stops the spawning a
 }
 
 TEST_CASE("launcher: a rank that crashes after the stop request is reported with its signal") {
-  // Rank 1 fails; rank 0 answers the launcher's SIGTERM by crashing (SIGSEGV).
+  // Rank 1 fails once rank 0 has set its trap; rank 0 answers the launcher's SIGTERM by crashing
+  // (SIGSEGV). The ready file is named after this launch's port, unique while it runs.
   auto options = shell(2,
-                       "if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; ulimit -c 0; "
-                       "trap 'kill -SEGV $$' TERM; sleep 30 & wait");
+                       "ready=/tmp/proxyep-launcher-test-$MASTER_PORT.ready; "
+                       "if [ $RANK = 1 ]; then "
+                       "  for i in $(seq 300); do [ -e $ready ] && break; sleep 0.1; done; "
+                       "  rm -f $ready; exit 3; "
+                       "fi; "
+                       "ulimit -c 0; trap 'kill -SEGV $$' TERM; touch $ready; sleep 30 & wait");
   Captured captured;
   auto [result, elapsed] = launch(options, captured);
   CHECK(result.exit_code == 3);
@@ -302,7 +307,7 @@ TEST_CASE("launcher: a rank that crashes after the stop request is reported with
   CHECK(result.ranks[0].signaled);
   CHECK(result.ranks[0].code == SIGSEGV);
   CHECK(any_contains(captured.reports, "rank 0 was killed by SIGSEGV after the stop request"));
-  CHECK(elapsed < 5s);
+  CHECK(elapsed < 20s);
 }
 
 TEST_CASE("launcher: a rank that crashes on its own is named with its signal") {
