@@ -314,8 +314,10 @@ void Session::collect(Child& child, int status) {
     begin_stop(exit.describe(), exit.signaled ? 128 + exit.code : exit.code);
   }
   if (!exit.removed_regions.empty())
-    report(fmt::format("removed {} that rank {} (pid {}) left behind",
-                       fmt::join(exit.removed_regions, ", "), exit.rank, exit.pid));
+    report(fmt::format("removed {}: shm {} named after rank {}'s pid {}, which has exited",
+                       fmt::join(exit.removed_regions, ", "),
+                       exit.removed_regions.size() == 1 ? "region" : "regions", exit.rank,
+                       exit.pid));
 }
 
 void Session::begin_stop(std::string why, int exit_code) {
