@@ -10,7 +10,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 mkdir "$work/pids"
 start_ms=$(($(date +%s%N) / 1000000))
-"$proxyep" launch -n "$ranks" --grace-ms 2000 -- \
+timeout --kill-after=5 30 "$proxyep" launch -n "$ranks" --grace-ms 2000 -- \
   sh -c 'echo $$ > "$0/$RANK"; [ "$RANK" = 0 ] && kill -TERM $PPID; exec sleep 60' "$work/pids" \
   >"$work/output" 2>&1
 code=$?
