@@ -1,104 +1,165 @@
 #include "common/params.hpp"
 
+#include "common/error.hpp"
+#include "common/topology.hpp"
+
+#include <algorithm>
+#include <cctype>
+
 namespace proxyep::params {
+namespace {
+
+constexpr int64_t kDayMs = int64_t{24} * 3600 * 1000;
+
+// "auto" or a libfabric provider name as fi_getinfo takes it ("tcp", "tcp;ofi_rxm", "efa-direct").
+// Whether this host's libfabric has it is fabric/'s question (fabric::require_provider).
+Valid<std::string> provider_name() {
+  return config::matching(
+      "auto, or a libfabric provider name (letters, digits, '_', '-'; 'core;utility')",
+      [](const std::string& name) -> std::string {
+        bool chars_ok = std::all_of(name.begin(), name.end(), [](unsigned char c) {
+          return std::isalnum(c) || c == '_' || c == '-' || c == ';';
+        });
+        if (name.empty() || !chars_ok || name.front() == ';' || name.back() == ';')
+          return "must be auto or a provider name such as efa, tcp, shm or tcp;ofi_rxm";
+        return "";
+      });
+}
+
+Valid<std::string> host_or_empty() {
+  return config::matching("empty, or an address or host name", [](const std::string& host) {
+    bool spaces = std::any_of(host.begin(), host.end(),
+                              [](unsigned char c) { return std::isspace(c) || !std::isprint(c); });
+    return spaces || host.size() > 253 ? std::string("must be an address or host name")
+                                       : std::string();
+  });
+}
+
+Valid<std::string> cpu_list_or_empty() {
+  return config::matching("empty, or a cpu list like 0-3,8", [](const std::string& list) {
+    if (list.empty()) return std::string();
+    try {
+      topology::parse_cpu_list(list);
+      return std::string();
+    } catch (const Error& e) {
+      return e.message();
+    }
+  });
+}
+
+}  // namespace
+
+using config::any_text;
+using config::at_least;
+using config::in_range;
+using config::one_of;
 
 // clang-format off
-Param<std::string> fabric_provider{"fabric.provider", "auto",
+Param<std::string> fabric_provider{"fabric.provider", "auto", provider_name(),
     "libfabric provider by name (efa, efa-direct, verbs, tcp, shm, ...); 'auto' picks efa-direct, "
     "then efa, when present, else shm"};
-Param<std::string> fabric_domain{"fabric.domain", "",
+Param<std::string> fabric_domain{"fabric.domain", "", any_text(),
     "only use NICs (libfabric domains) named this, or if none is, whose name contains it; empty = "
     "any but the loopback interface (unless it is the only one). For tcp a domain is a network "
     "interface and the endpoints listen on its address: 'lo' keeps a one-host job on 127.0.0.1, "
     "a multi-node job needs the interface the other nodes reach"};
-Param<int64_t> fabric_rails{"fabric.rails", 1,
+Param<int64_t> fabric_rails{"fabric.rails", 1, in_range(1, 64),
     "NICs (domain + endpoint + CQ + AV each) per rank; memory is registered on every one. On "
     "providers with one NIC, several rails open several endpoints on it"};
-Param<int64_t> fabric_cq_size{"fabric.cq_size", 16384,
+Param<int64_t> fabric_cq_size{"fabric.cq_size", 16384, in_range(1, int64_t{1} << 24),
     "completion queue entries per rail; EFA does not protect against CQ overrun, so size for the "
     "largest burst of remote and local completions"};
-Param<int64_t> fabric_cq_batch{"fabric.cq_batch", 64,
+Param<int64_t> fabric_cq_batch{"fabric.cq_batch", 64, in_range(1, 4096),
     "completions drained per fi_cq_read call"};
 Param<bool> fabric_reorder{"fabric.reorder", false,
     "reorder shim: split writes into segments posted in random order and deliver completions in "
     "random order, reproducing EFA SRD semantics on tcp and shm"};
-Param<int64_t> fabric_reorder_seed{"fabric.reorder_seed", 0,
+Param<int64_t> fabric_reorder_seed{"fabric.reorder_seed", 0, at_least(0),
     "seed of the reorder shim's generator; 0 = derive one from the clock and the rank and log it"};
 Param<int64_t> fabric_reorder_segment_bytes{"fabric.reorder_segment_bytes", 4096,
+    in_range(1, int64_t{1} << 30),
     "size of the segments the reorder shim splits each write into"};
-Param<int64_t> fabric_reorder_max_held{"fabric.reorder_max_held", 32,
+Param<int64_t> fabric_reorder_max_held{"fabric.reorder_max_held", 32, in_range(0, 65536),
     "completions the reorder shim may hold back before it must release one"};
 
-Param<int64_t> bootstrap_timeout_ms{"bootstrap.timeout_ms", 30000,
+Param<int64_t> bootstrap_timeout_ms{"bootstrap.timeout_ms", 30000, in_range(1, kDayMs),
     "deadline of every bootstrap wait (rendezvous, allgather, barrier, broadcast), in ms"};
-Param<std::string> bootstrap_interface{"bootstrap.interface", "",
+Param<std::string> bootstrap_interface{"bootstrap.interface", "", host_or_empty(),
     "address the rendezvous server of rank 0 binds to; empty = MASTER_ADDR"};
 Param<std::string> bootstrap_job_id{"bootstrap.job_id", "",
+    any_text("empty, or printable ASCII without spaces, at most 256 bytes (checked with TORCHELASTIC_RUN_ID when the bootstrap reads it)"),
     "identity of the job, the same on every rank: rank 0 refuses (and logs) ranks of another job, "
     "and those fail naming both ids; a label, not a secret; empty = torchrun's "
     "TORCHELASTIC_RUN_ID when set, else none. `proxyep launch` gives each launch its own"};
-Param<std::string> bootstrap_secret_file{"bootstrap.secret_file", "",
+Param<std::string> bootstrap_secret_file{"bootstrap.secret_file", "", any_text("empty, or a file path"),
     "file holding the job's secret (16..4096 bytes, trailing newlines ignored; owned by the job's "
     "user, mode 0600): ranks and rank 0 prove they know it (HMAC-SHA256 over the rendezvous "
     "handshake) or are refused; empty = no secret (only bootstrap.job_id keeps jobs apart). "
     "`proxyep launch` writes one per launch and removes it afterwards. See docs/SECURITY.md"};
-Param<std::string> bootstrap_secret{"bootstrap.secret", "",
+Param<std::string> bootstrap_secret{"bootstrap.secret", "", any_text("any text"),
     "the job's secret itself, instead of bootstrap.secret_file: taken only from the environment, "
     "never printed; processes the ranks start inherit it, so prefer the file",
     config::Sensitivity::secret};
 
 Param<std::string> log_level{"log.level", "info",
-    "log level: trace, debug, info, warn, error, off"};
+    one_of({"trace", "debug", "info", "warn", "error", "critical", "off"}),
+    "log level: trace, debug, info, warn, error, critical, off"};
 
 // proxy/
-Param<int64_t> proxy_threads{"proxy.threads", 0,
+Param<int64_t> proxy_threads{"proxy.threads", 0, in_range(0, 256),
     "proxy threads per rank; 0 = one per NIC (libfabric domain), at most cores - 1. Rails that "
     "share a domain are driven by one thread (FI_THREAD_DOMAIN), so more threads than domains "
     "are not started"};
 Param<bool> proxy_pin{"proxy.pin", true,
     "pin each proxy thread to the cores nearest its NIC (hwloc), or to proxy.cpus"};
-Param<std::string> proxy_cpus{"proxy.cpus", "",
+Param<std::string> proxy_cpus{"proxy.cpus", "", cpu_list_or_empty(),
     "CPUs the proxy threads may be pinned to, as a cpu list (\"2-3,6\"); empty = the cores "
     "nearest each thread's NIC"};
-Param<int64_t> proxy_burst{"proxy.burst", 32,
+Param<int64_t> proxy_burst{"proxy.burst", 32, in_range(1, 4096),
     "descriptors a proxy thread pops from one ring per pass; all but the last write of a burst "
     "are posted with FI_MORE"};
-Param<int64_t> proxy_spin_passes{"proxy.spin_passes", 64,
+Param<int64_t> proxy_spin_passes{"proxy.spin_passes", 64, in_range(0, 1000000000),
     "empty passes a proxy thread busy-polls before it starts to back off (long spins starve "
     "the threads it waits for when threads outnumber cores)"};
-Param<int64_t> proxy_yield_passes{"proxy.yield_passes", 2000,
+Param<int64_t> proxy_yield_passes{"proxy.yield_passes", 2000, in_range(0, 1000000000),
     "empty passes with sched_yield() between them, after spinning and before sleeping"};
-Param<int64_t> proxy_idle_sleep_us{"proxy.idle_sleep_us", 5000,
+Param<int64_t> proxy_idle_sleep_us{"proxy.idle_sleep_us", 5000, in_range(1, 1000000),
     "longest sleep of an idle proxy thread (nothing in flight, nobody waiting) before it polls "
     "its completion queues again; ring doorbells and waiters wake it at once. Each wake-up costs "
     "~35 us of CPU on a small VM: 5 ms keeps an idle thread near 0.5% of a core"};
-Param<int64_t> proxy_credits_writes{"proxy.credits_writes", 64,
+Param<int64_t> proxy_credits_writes{"proxy.credits_writes", 64, in_range(1, 65536),
     "writes a proxy thread may have in flight to one destination rank"};
 Param<int64_t> proxy_credits_bytes{"proxy.credits_bytes", 8 << 20,
+    in_range(1, int64_t{1} << 40),
     "bytes a proxy thread may have in flight to one destination rank (a larger single write "
     "goes alone)"};
-Param<int64_t> proxy_peer_timeout_ms{"proxy.peer_timeout_ms", 30000,
+Param<int64_t> proxy_peer_timeout_ms{"proxy.peer_timeout_ms", 30000, in_range(1, kDayMs),
     "a destination whose writes make no progress for this long is declared failed, and every "
     "waiter gets an error naming it"};
-Param<int64_t> proxy_wait_spin_us{"proxy.wait_spin_us", -1,
+Param<int64_t> proxy_wait_spin_us{"proxy.wait_spin_us", -1, in_range(-1, 1000000),
     "a thread waiting on the proxy engine (flag, quiet) polls this long, yielding the core, "
     "before it sleeps until a proxy thread signals progress; -1 = 50 on hosts with 4 or more "
     "cores, 0 below (a polling waiter there steals the core its proxy needs)"};
-Param<int64_t> ep_timeout_ms{"ep.timeout_ms", 100000,
+Param<int64_t> ep_timeout_ms{"ep.timeout_ms", 100000, in_range(1, kDayMs),
     "a Buffer call (dispatch, combine, construction) waits this long for its peers before it "
     "fails naming the ranks that did not arrive (DeepEP's CPU timeout is 100 s)"};
-Param<int64_t> ep_host_threads{"ep.host_threads", 0,
+Param<int64_t> ep_host_threads{"ep.host_threads", 0, in_range(0, 64),
     "threads of a rank's CPU executor (the CPU twins of the EP kernels), the calling thread "
     "included; 0 = the cores of this host divided by the ranks on the node, at least 1, at most 8"};
-Param<int64_t> ep_chunk_bytes{"ep.chunk_bytes", 1 << 20,
+Param<int64_t> ep_chunk_bytes{"ep.chunk_bytes", 1 << 20, in_range(4096, int64_t{1} << 30),
     "largest chunk of a Buffer stream between nodes (one fabric write; smaller when num_nvl_bytes "
     "or num_rdma_bytes leave less per peer), so the first chunks are on the wire while later rows "
     "are still being packed; every rank must use the same value"};
-Param<int64_t> ep_eager_bytes{"ep.eager_bytes", 128 << 10,
+Param<int64_t> ep_eager_bytes{"ep.eager_bytes", 128 << 10, in_range(0, 64 << 20),
     "a Buffer call's rows from one rank to another that fit this many bytes travel with the "
     "call's notify record instead of after it (one synchronisation per call instead of two); "
     "costs 2 x ranks x this in every arena and staging area; 0 = never; every rank must use the "
     "same value"};
+
+// tools/ (the local launcher, tools/launcher.hpp)
+Param<int64_t> launch_max_ranks{"launch.max_ranks", 256, in_range(1, 65536),
+    "most ranks `proxyep launch` (and a benchmark that starts its own ranks) starts on this "
+    "machine; more are refused before any starts (`proxyep launch --max-ranks` raises it)"};
 // clang-format on
 
 }  // namespace proxyep::params

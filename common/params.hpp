@@ -8,6 +8,7 @@
 namespace proxyep::params {
 
 using config::Param;
+using config::Valid;
 
 // fabric/
 extern Param<std::string> fabric_provider;
@@ -48,5 +49,8 @@ extern Param<int64_t> ep_timeout_ms;
 extern Param<int64_t> ep_host_threads;
 extern Param<int64_t> ep_chunk_bytes;
 extern Param<int64_t> ep_eager_bytes;
+
+// launch.* : the local launcher (tools/launcher.hpp)
+extern Param<int64_t> launch_max_ranks;
 
 }  // namespace proxyep::params

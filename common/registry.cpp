@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <stdexcept>
 
 extern char** environ;  // NOLINT: POSIX, for the scan for misspelt PROXYEP_* variables
@@ -53,9 +55,13 @@ int64_t parse_int(std::string_view text) {
   }
   int64_t value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+  if (text.empty() || end != text.data() + text.size() ||
+      (ec != std::errc() && ec != std::errc::result_out_of_range))
     throw std::invalid_argument("expected an integer (optionally with a K, M or G suffix)");
-  return value * multiplier;
+  int64_t scaled = 0;
+  if (ec == std::errc::result_out_of_range || __builtin_mul_overflow(value, multiplier, &scaled))
+    throw std::invalid_argument("does not fit a 64-bit integer");
+  return scaled;
 }
 
 double parse_double(std::string_view text) {
@@ -89,6 +95,17 @@ std::string format_value(const T& value) {
     return fmt::format("{}", value);
 }
 
+// 4096 -> "4K", 1073741824 -> "1G", 1000 -> "1000", 86400000 -> "86400000" (not "84375K"):
+// sizes the way the parser takes them, other numbers as they are.
+std::string format_int(int64_t value) {
+  constexpr std::pair<int64_t, char> kSuffixes[] = {
+      {int64_t{1} << 30, 'G'}, {int64_t{1} << 20, 'M'}, {int64_t{1} << 10, 'K'}};
+  for (auto [unit, suffix] : kSuffixes)
+    if (value != 0 && value % unit == 0 && (value / unit < 1024 || suffix == 'G'))
+      return fmt::format("{}{}", value / unit, suffix);
+  return fmt::format("{}", value);
+}
+
 template <typename T>
 constexpr const char* type_name_of() {
   if constexpr (std::is_same_v<T, bool>)
@@ -119,6 +136,48 @@ std::string_view to_string(Source source) {
   return "unknown";
 }
 
+Valid<int64_t> in_range(int64_t lo, int64_t hi) {
+  std::string lo_text = format_int(lo);
+  std::string hi_text = format_int(hi);
+  std::string reason = fmt::format("must be between {} and {}", lo_text, hi_text);
+  if (lo_text != std::to_string(lo) || hi_text != std::to_string(hi))
+    reason += fmt::format(" ({} and {})", lo, hi);
+  return {lo_text + ".." + hi_text, [lo, hi, reason](const int64_t& value) {
+            return lo <= value && value <= hi ? "" : reason;
+          }};
+}
+
+Valid<int64_t> at_least(int64_t lo) {
+  std::string reason = fmt::format("must be at least {}", format_int(lo));
+  return {fmt::format(">= {}", format_int(lo)),
+          [lo, reason](const int64_t& value) { return value >= lo ? "" : reason; }};
+}
+
+Valid<double> in_real_range(double lo, double hi) {
+  std::string reason = fmt::format("must be between {} and {}", lo, hi);
+  return {fmt::format("{}..{}", lo, hi), [lo, hi, reason](const double& value) {
+            return value >= lo && value <= hi ? "" : reason;  // false for NaN
+          }};
+}
+
+Valid<std::string> one_of(std::vector<std::string> names) {
+  std::string list = fmt::format("{}", fmt::join(names, ", "));
+  return {list, [names = std::move(names), list](const std::string& value) {
+            return std::find(names.begin(), names.end(), value) != names.end()
+                       ? std::string()
+                       : "must be one of " + list;
+          }};
+}
+
+Valid<std::string> any_text(std::string text) {
+  return {std::move(text), [](const std::string&) { return std::string(); }};
+}
+
+Valid<std::string> matching(std::string text,
+                            std::function<std::string(const std::string&)> check) {
+  return {std::move(text), std::move(check)};
+}
+
 ParamBase::ParamBase(std::string name, std::string type_name, std::string description,
                      Sensitivity sensitivity)
     : name_(std::move(name)),
@@ -132,7 +191,17 @@ Source ParamBase::source() const {
   return source_;
 }
 
+void ParamBase::reject(std::string_view text, Source source, std::string_view reason) const {
+  // A secret's value is never echoed, not even a malformed one.
+  fail("config", "invalid value '{}' for {} (env {}, from {}): {}",
+       secret() ? std::string_view("<redacted>") : text, name_, env_name_, to_string(source),
+       reason);
+}
+
 void ParamBase::set_text(std::string_view text, Source source) {
+  // Checked before the precedence test: a bad value is an error even where a higher source
+  // would have won, so a typo in a config file never hides behind an environment variable.
+  if (std::string reason = check_text(text); !reason.empty()) reject(text, source, reason);
   std::lock_guard lock(mutex_);
   if (secret()) {
     require(source == Source::environment || source == Source::code, "config",
@@ -142,13 +211,7 @@ void ParamBase::set_text(std::string_view text, Source source) {
             name_, to_string(source), env_name_);
   }
   if (source < source_) return;  // a higher-precedence source already set it
-  try {
-    store_parsed(text);
-  } catch (const std::invalid_argument& e) {
-    fail("config", "invalid value '{}' for {} (env {}, from {}): {}",
-         secret() ? std::string_view("<redacted>") : text, name_, env_name_, to_string(source),
-         e.what());
-  }
+  store_parsed(text);
   source_ = source;
 }
 
@@ -159,10 +222,22 @@ void ParamBase::reset() {
 }
 
 template <typename T>
-Param<T>::Param(std::string name, T default_value, std::string description, Sensitivity sensitivity)
+Param<T>::Param(std::string name, T default_value,
+                std::string description) requires std::is_same_v<T, bool>
+    : ParamBase(std::move(name), type_name_of<T>(), std::move(description)),
+      default_value_(default_value),
+      value_(default_value),
+      valid_{"true, false (also 1/0, yes/no, on/off)", [](const T&) { return std::string(); }} {
+  Registry::global().add(this);
+}
+
+template <typename T>
+Param<T>::Param(std::string name, T default_value, Valid<T> valid, std::string description,
+                Sensitivity sensitivity) requires(!std::is_same_v<T, bool>)
     : ParamBase(std::move(name), type_name_of<T>(), std::move(description), sensitivity),
       default_value_(default_value),
-      value_(std::move(default_value)) {
+      value_(std::move(default_value)),
+      valid_(std::move(valid)) {
   Registry::global().add(this);
 }
 
@@ -175,10 +250,31 @@ T Param<T>::get() const {
 
 template <typename T>
 void Param<T>::set(T value, Source source) {
+  if (std::string reason = problem(value); !reason.empty())
+    reject(format_value(value), source, reason);
   std::lock_guard lock(mutex_);
   if (source < source_) return;
   value_ = std::move(value);
   source_ = source;
+}
+
+template <typename T>
+std::string Param<T>::problem(const T& value) const {
+  return valid_.check ? valid_.check(value) : std::string();
+}
+
+template <typename T>
+std::string Param<T>::valid_text() const {
+  return valid_.text;
+}
+
+template <typename T>
+std::string Param<T>::check_text(std::string_view text) const {
+  try {
+    return problem(parse_value<T>(text));
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
 }
 
 template <typename T>
@@ -194,7 +290,7 @@ std::string Param<T>::default_string() const {
 }
 
 template <typename T>
-void Param<T>::store_parsed(std::string_view text) {
+void Param<T>::store_parsed(std::string_view text) {  // check_text() accepted it
   value_ = parse_value<T>(text);
 }
 
@@ -247,10 +343,30 @@ void Registry::set(std::string_view name, std::string_view text, Source source) 
   at(name).set_text(text, source);
 }
 
+namespace {
+
+// Sets every (parameter, text) pair; throws one Error naming every value that was refused.
+void set_all(const std::vector<std::pair<ParamBase*, std::string>>& values, Source source) {
+  std::vector<std::string> refused;
+  for (const auto& [param, text] : values) {
+    try {
+      param->set_text(text, source);
+    } catch (const Error& e) {
+      refused.push_back(e.message());
+    }
+  }
+  if (refused.size() == 1) fail("config", "{}", refused[0]);
+  if (!refused.empty())
+    fail("config", "{} invalid parameter values: {}", refused.size(), fmt::join(refused, "; "));
+}
+
+}  // namespace
+
 void Registry::load_environment() {
+  std::vector<std::pair<ParamBase*, std::string>> values;
   for (auto* param : all())
     if (const char* value = std::getenv(param->env_name().c_str()))
-      param->set_text(value, Source::environment);
+      values.emplace_back(param, value);
   for (char** entry = environ; entry && *entry; ++entry) {
     std::string_view var(*entry);
     if (var.rfind("PROXYEP_", 0) != 0) continue;
@@ -258,6 +374,7 @@ void Registry::load_environment() {
     if (!find(name))
       log::warn("environment variable {} is not a ProxyEP parameter (ignored)", name);
   }
+  set_all(values, Source::environment);
 }
 
 void Registry::ensure_environment_loaded() {
@@ -277,10 +394,12 @@ void Registry::load_file(const std::string& path) {
     fail("config", "config file '{}' is not valid JSON: {}", path, e.what());
   }
   require(doc.is_object(), "config", "config file '{}' must hold a JSON object", path);
+  std::vector<std::pair<ParamBase*, std::string>> values;
   for (auto& [name, value] : doc.items()) {
     std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-    set(name, text, Source::config_file);
+    values.emplace_back(&at(name), std::move(text));
   }
+  set_all(values, Source::config_file);
 }
 
 nlohmann::json Registry::to_json() const {
@@ -290,6 +409,7 @@ nlohmann::json Registry::to_json() const {
                    {"value", param->value_string()},
                    {"default", param->default_string()},
                    {"type", param->type_name()},
+                   {"valid", param->valid_text()},
                    {"source", std::string(to_string(param->source()))},
                    {"env", param->env_name()},
                    {"description", param->description()}});

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <memory>
 #include <system_error>
@@ -299,6 +300,40 @@ std::string format_cpu_list(std::vector<int> pus) {
     i = j + 1;
   }
   return text;
+}
+
+namespace {
+
+int parse_cpu(std::string_view text, std::string_view whole) {
+  int value = -1;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  require(ec == std::errc() && end == text.data() + text.size() && value >= 0, "cpu list",
+          "'{}' is not a cpu list like \"0-3,8\" (bad entry '{}')", whole, text);
+  require(value < kMaxCpu, "cpu list", "'{}' names CPU {}; CPUs are numbered below {}", whole,
+          value, kMaxCpu);
+  return value;
+}
+
+}  // namespace
+
+std::vector<int> parse_cpu_list(std::string_view text) {
+  std::vector<int> cpus;
+  std::string_view rest = text;
+  while (!rest.empty()) {
+    auto comma = rest.find(',');
+    std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    auto dash = item.find('-');
+    int lo = parse_cpu(item.substr(0, dash), text);
+    int hi = dash == std::string_view::npos ? lo : parse_cpu(item.substr(dash + 1), text);
+    require(lo <= hi, "cpu list", "'{}': range {} is backwards", text, item);
+    for (int cpu = lo; cpu <= hi; ++cpu)
+      cpus.push_back(cpu);
+  }
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  require(!cpus.empty(), "cpu list", "the cpu list '{}' names no CPU", text);
+  return cpus;
 }
 
 Hwloc::Hwloc(bool io_devices) : topology_(load_topology(io_devices, nullptr)) {}

@@ -89,6 +89,11 @@ std::vector<int> pus_of(const std::vector<Core>& cores);
 // deduplicates; "" for an empty list.
 std::string format_cpu_list(std::vector<int> pus);
 
+// The other way: "0-3,8,10-11" -> {0, 1, 2, 3, 8, 10, 11}, sorted and deduplicated. Throws
+// proxyep::Error("cpu list") when malformed, empty, or naming a CPU at or above kMaxCpu.
+inline constexpr int kMaxCpu = 1 << 16;
+std::vector<int> parse_cpu_list(std::string_view text);
+
 // RAII owner of a loaded hwloc topology of this host.
 class Hwloc {
  public:

@@ -4,21 +4,12 @@
 #include "common/log.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 
 namespace proxyep::proxy {
 namespace {
 
 constexpr const char* kPhase = "proxy.placement";
-
-int parse_cpu(std::string_view text, std::string_view whole) {
-  int value = -1;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  require(ec == std::errc() && end == text.data() + text.size() && value >= 0, "proxy.cpus",
-          "'{}' is not a cpu list like \"0-3,8\" (bad entry '{}')", whole, text);
-  return value;
-}
 
 // The hwloc NIC a libfabric domain lives on: the device whose name starts the domain's name
 // ("rdmap16s27" for "rdmap16s27-rdm", "mlx5_0" for "mlx5_0", "eth0" for tcp's "eth0").
@@ -37,26 +28,6 @@ int default_threads(size_t domains, const topology::Topology* topo) {
 }
 
 }  // namespace
-
-std::vector<int> parse_cpu_list(std::string_view text) {
-  std::vector<int> cpus;
-  std::string_view rest = text;
-  while (!rest.empty()) {
-    auto comma = rest.find(',');
-    std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    auto dash = item.find('-');
-    int lo = parse_cpu(item.substr(0, dash), text);
-    int hi = dash == std::string_view::npos ? lo : parse_cpu(item.substr(dash + 1), text);
-    require(lo <= hi, "proxy.cpus", "'{}': range {} is backwards", text, item);
-    for (int cpu = lo; cpu <= hi; ++cpu)
-      cpus.push_back(cpu);
-  }
-  std::sort(cpus.begin(), cpus.end());
-  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
-  require(!cpus.empty(), "proxy.cpus", "the cpu list '{}' names no CPU", text);
-  return cpus;
-}
 
 std::vector<ThreadPlan> plan_threads(fabric::Fabric& fabric, const PlacementOptions& options,
                                      const topology::Topology* topology) {
@@ -86,7 +57,8 @@ std::vector<ThreadPlan> plan_threads(fabric::Fabric& fabric, const PlacementOpti
     plan.rails.insert(plan.rails.end(), groups[g].second.begin(), groups[g].second.end());
   }
   if (!options.pin) return plans;
-  std::vector<int> cpus = options.cpus.empty() ? std::vector<int>{} : parse_cpu_list(options.cpus);
+  std::vector<int> cpus =
+      options.cpus.empty() ? std::vector<int>{} : topology::parse_cpu_list(options.cpus);
   for (size_t t = 0; t < plans.size(); ++t) {
     if (!cpus.empty()) {
       plans[t].pus = {cpus[t % cpus.size()]};

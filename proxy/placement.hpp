@@ -36,7 +36,4 @@ struct ThreadPlan {
 std::vector<ThreadPlan> plan_threads(fabric::Fabric& fabric, const PlacementOptions& options,
                                      const topology::Topology* topology);
 
-// "0-3,8,10-11" -> {0, 1, 2, 3, 8, 10, 11}. Throws proxyep::Error("proxy.cpus") when malformed.
-std::vector<int> parse_cpu_list(std::string_view text);
-
 }  // namespace proxyep::proxy

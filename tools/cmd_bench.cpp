@@ -10,6 +10,7 @@
 #include "tools/bench/proxy_bench.hpp"
 #include "tools/bench/rank_setup.hpp"
 #include "tools/bench/ring_bench.hpp"
+#include "tools/cli_checks.hpp"
 #include "tools/commands.hpp"
 #include "tools/self_launch.hpp"
 
@@ -34,19 +35,29 @@ void register_bench_fabric(CLI::App& bench, Action& action) {
   auto* cmd = bench.add_subcommand(
       "fabric", "RMA write-with-immediate bandwidth and latency between 2 ranks (size sweep)");
   add_fabric_cli_options(*cmd, cli->fabric, /*with_rails=*/true);
-  cmd->add_option("--sizes", cli->bench.sizes, "write sizes in bytes (default 4 KiB..1 MiB)");
-  cmd->add_option("--window", cli->bench.window, "writes in flight")->capture_default_str();
+  cmd->add_option("--sizes", cli->bench.sizes, "write sizes in bytes (default 4 KiB..1 MiB)")
+      ->check(cli_checks::at_least(1));
+  cmd->add_option("--window", cli->bench.window, "writes in flight")
+      ->check(cli_checks::at_least(1))
+      ->capture_default_str();
   cmd->add_option("--reps", cli->bench.reps, "timed bandwidth repetitions per size")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--bytes-per-rep", cli->bench.bytes_per_rep, "bytes streamed per repetition")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--latency-iters", cli->bench.latency_iters, "timed ping-pongs per size")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--timeout-ms", cli->bench.timeout_ms, "deadline of every wait")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->callback([cli, &action] {
     action = [cli] {
-      if (!self_launch::under_launcher()) return self_launch::relaunch_as_ranks(2, 2);
+      if (!self_launch::under_launcher()) {
+        check_fabric_cli(cli->fabric, "bench.fabric");  // before any rank starts
+        return self_launch::relaunch_as_ranks(2, 2);
+      }
       return run_fabric_bench_rank(*cli);
     };
   });

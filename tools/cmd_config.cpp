@@ -1,4 +1,6 @@
-// `proxyep config`: every parameter, its value and where the value came from.
+// `proxyep config`: every parameter, its value, where the value came from and what is valid.
+// Invalid values never get this far: main() loads the config file, --set and the environment
+// first, and the registry refuses them there, naming each one (exit code 1).
 #include "common/registry.hpp"
 #include "tools/commands.hpp"
 
@@ -21,17 +23,17 @@ void register_config(CLI::App& app, Action& action) {
         return 0;
       }
       if (*markdown) {
-        fmt::print("| parameter | environment | type | default | description |\n");
-        fmt::print("|---|---|---|---|---|\n");
+        fmt::print("| parameter | environment | type | default | valid | description |\n");
+        fmt::print("|---|---|---|---|---|---|\n");
         for (auto* p : registry.all())
-          fmt::print("| `{}` | `{}` | {} | `{}` | {} |\n", p->name(), p->env_name(), p->type_name(),
-                     p->default_string(), p->description());
+          fmt::print("| `{}` | `{}` | {} | `{}` | {} | {} |\n", p->name(), p->env_name(),
+                     p->type_name(), p->default_string(), p->valid_text(), p->description());
         return 0;
       }
       for (auto* p : registry.all()) {
-        fmt::print("{:<32} = {:<12} [{}]  ({}, {}, default {})\n    {}\n", p->name(),
+        fmt::print("{:<32} = {:<12} [{}]  ({}, {} {}, default {})\n    {}\n", p->name(),
                    p->value_string(), config::to_string(p->source()), p->env_name(), p->type_name(),
-                   p->default_string(), p->description());
+                   p->valid_text(), p->default_string(), p->description());
       }
       return 0;
     };

@@ -1,7 +1,10 @@
-// `proxyep launch -n N [--ranks-per-node M] [--timeout S] [--grace-ms MS] [--master-port P] --
-// CMD ARGS...`: runs CMD as N local ranks with torchrun's environment and a job id and secret of
-// their own (tools/launcher.hpp does the work).
+// `proxyep launch -n N [--ranks-per-node M] [--timeout S] [--grace-ms MS] [--max-ranks K]
+// [--master-port P] -- CMD ARGS...`: runs CMD as N local ranks with torchrun's environment and a
+// job id and secret of their own (tools/launcher.hpp does the work, and checks the whole launch
+// before it starts anything).
+#include "common/params.hpp"
 #include "common/registry.hpp"
+#include "tools/cli_checks.hpp"
 #include "tools/commands.hpp"
 #include "tools/launcher.hpp"
 
@@ -17,6 +20,7 @@ struct LaunchArgs {
   double timeout_s = 0;
   int64_t grace_ms = 3000;
   int master_port = 0;
+  int64_t max_ranks = 0;  // 0 = the launch.max_ranks parameter
   std::vector<std::string> command;
 };
 
@@ -34,6 +38,8 @@ std::vector<std::pair<std::string, std::string>> forwarded_parameters() {
 }
 
 int run_launch(const LaunchArgs& args) {
+  if (args.max_ranks > 0)
+    params::launch_max_ranks.set(args.max_ranks, config::Source::command_line);
   LaunchOptions options;
   options.ranks = args.ranks;
   options.ranks_per_node = args.ranks_per_node;
@@ -54,24 +60,30 @@ void register_launch(CLI::App& app, Action& action) {
   auto args = std::make_shared<LaunchArgs>();
   cmd->add_option("-n,--nranks", args->ranks, "number of ranks")
       ->required()
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::at_least(1));
   cmd->add_option("--ranks-per-node", args->ranks_per_node,
                   "ranks per emulated node (LOCAL_WORLD_SIZE); default: all on one node")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::at_least(1));
   cmd->add_option("--timeout", args->timeout_s,
                   "stop every rank after this many seconds and fail (default: no limit)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::real_at_least(0));
   cmd->add_option("--grace-ms", args->grace_ms, "after SIGTERM, wait this long before SIGKILL")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::at_least(0));
+  cmd->add_option("--max-ranks", args->max_ranks,
+                  "raise (or lower) the cap on ranks on this machine (launch.max_ranks, default "
+                  "256); larger -n is refused before anything starts")
+      ->check(cli_checks::accepted_by(params::launch_max_ranks));
   cmd->add_option("--master-port", args->master_port,
                   "rendezvous port of rank 0 (MASTER_PORT); default: a free loopback port")
-      ->check(CLI::Range(1, 65535));
+      ->check(cli_checks::in_range(1, 65535));
   cmd->add_option("command", args->command, "the command and its arguments, after --")->required();
   cmd->footer(
       "Each rank's output lines are prefixed with \"[rank k] \". When a rank fails, the others "
       "get SIGTERM (SIGKILL after the grace period) and the launcher exits with the failing "
-      "rank's code (128+N for signal N; 124 on timeout; 127 if the command cannot run).\n"
+      "rank's code (128+N for signal N; 124 on timeout; 127 if the command cannot run; 128+N "
+      "when the launcher gets signal N, while it is still starting ranks too). Shm regions a "
+      "dead rank left in /dev/shm are removed.\n"
       "Example: proxyep launch -n 4 --ranks-per-node 2 -- ./fabric_alltoall --provider shm\n");
   cmd->callback([&action, args] { action = [args] { return run_launch(*args); }; });
 }

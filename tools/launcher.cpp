@@ -1,13 +1,16 @@
 #include "tools/launcher.hpp"
 
 #include "common/error.hpp"
+#include "common/params.hpp"
 #include "control/tcp_socket.hpp"
+#include "fabric/shm_stale.hpp"
 #include "tools/launch_credentials.hpp"
 #include "tools/launch_signals.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -31,6 +34,11 @@ constexpr std::chrono::milliseconds kPollSlice{50};  // SIGCHLD cuts it short
 constexpr std::chrono::milliseconds kDrain{500};
 constexpr int kExecFailedCode = 127;  // the shell's "command not found"
 constexpr int kTimeoutCode = 124;     // timeout(1)'s
+// Ranks spawned per turn of the loop; between turns it reads output, reaps and looks at signals,
+// so a stop request or a failing rank ends the spawning within one batch.
+constexpr int kSpawnBatch = 8;
+// File descriptors the launcher keeps besides two pipes per rank (stdio, sockets, libraries).
+constexpr rlim_t kSpareDescriptors = 64;
 
 // The launcher's own variables, which replace any the launcher itself inherited.
 const std::vector<std::string> kLaunchVariables = {"MASTER_ADDR", "MASTER_PORT", "RANK",
@@ -54,6 +62,48 @@ std::string variable_name(const char* entry) {
   return eq ? std::string(entry, eq) : std::string(entry);
 }
 
+// "0-3, 5, 6, 8-11": runs of three or more become ranges, so rank lists stay short however
+// many ranks there are.
+std::string rank_list(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1)
+      ++j;
+    if (j - i >= 2) {
+      parts.push_back(fmt::format("{}-{}", ranks[i], ranks[j]));
+    } else {
+      for (size_t k = i; k <= j; ++k)
+        parts.push_back(std::to_string(ranks[k]));
+    }
+    i = j + 1;
+  }
+  return fmt::format("{}", fmt::join(parts, ", "));
+}
+
+std::string ranks_word(const std::vector<int>& ranks) {
+  return ranks.size() == 1 ? "rank" : "ranks";
+}
+
+// Two pipes per rank stay open in the launcher: raise the soft limit on open files up to the
+// hard one if that is needed, or refuse before anything starts.
+void ensure_descriptors(int ranks) {
+  const rlim_t needed = 2 * static_cast<rlim_t>(ranks) + kSpareDescriptors;
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY ||
+      limit.rlim_cur >= needed)
+    return;
+  require(limit.rlim_max == RLIM_INFINITY || limit.rlim_max >= needed, "launch",
+          "{} ranks need {} open files in the launcher (two pipes each), but the limit is {} "
+          "(ulimit -n)",
+          ranks, needed, limit.rlim_max);
+  rlimit raised = limit;
+  raised.rlim_cur = needed;
+  require(::setrlimit(RLIMIT_NOFILE, &raised) == 0, "launch",
+          "{} ranks need {} open files in the launcher; raising the limit from {} failed: {}",
+          ranks, needed, limit.rlim_cur, control::errno_text(errno));
+}
+
 // One run of the launcher: the children, their pipes, and the stop sequence.
 class Session {
  public:
@@ -66,10 +116,12 @@ class Session {
  private:
   std::vector<std::string> environment_for(int rank) const;
   int spawn(Child& child);  // 0 or the errno of the failed spawn
-  void spawn_all();
+  void spawn_batch();
+  bool spawning() const { return !stopping_ && next_ < children_.size(); }
   void pump_output(std::chrono::milliseconds wait);
   void read_pipe(int& fd, LineSplitter& lines);
   void reap();
+  void collect(Child& child, int status);
   void begin_stop(std::string why, int exit_code);
   void signal_unreaped(int signal);
   bool all_reaped() const;
@@ -80,6 +132,7 @@ class Session {
   const LaunchOptions& options_;
   int port_;
   std::vector<Child> children_;
+  size_t next_ = 0;  // the next rank to spawn
   bool stopping_ = false;
   bool killed_ = false;
   Clock::time_point kill_at_{};
@@ -179,8 +232,11 @@ int Session::spawn(Child& child) {
   return 0;
 }
 
-void Session::spawn_all() {
-  for (auto& child : children_) {
+void Session::spawn_batch() {
+  for (int n = 0; n < kSpawnBatch && spawning(); ++n) {
+    // A stop request ends the spawning before the next rank, not after the last one.
+    if (SignalScope::pending_stop_signal() != 0) return;
+    Child& child = children_[next_++];
     int error = spawn(child);
     if (error == 0) continue;
     begin_stop(fmt::format("rank {} could not start '{}': {}", child.exit.rank, options_.command[0],
@@ -209,32 +265,60 @@ void Session::read_pipe(int& fd, LineSplitter& lines) {
 
 void Session::pump_output(std::chrono::milliseconds wait) {
   std::vector<pollfd> fds;
-  for (const auto& child : children_) {
-    if (child.out_fd >= 0) fds.push_back({child.out_fd, POLLIN, 0});
-    if (child.err_fd >= 0) fds.push_back({child.err_fd, POLLIN, 0});
+  std::vector<std::pair<Child*, bool>> owners;  // (child, is stdout) of each entry of fds
+  for (auto& child : children_) {
+    if (child.out_fd >= 0) {
+      fds.push_back({child.out_fd, POLLIN, 0});
+      owners.emplace_back(&child, true);
+    }
+    if (child.err_fd >= 0) {
+      fds.push_back({child.err_fd, POLLIN, 0});
+      owners.emplace_back(&child, false);
+    }
   }
   // EINTR (SIGCHLD, SIGINT) just ends the wait early; the caller looks at what happened.
-  ::poll(fds.data(), fds.size(), static_cast<int>(wait.count()));
-  for (auto& child : children_) {
-    read_pipe(child.out_fd, child.out_lines);
-    read_pipe(child.err_fd, child.err_lines);
+  if (::poll(fds.data(), fds.size(), static_cast<int>(wait.count())) <= 0) return;
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    auto [child, out] = owners[i];
+    if (out)
+      read_pipe(child->out_fd, child->out_lines);
+    else
+      read_pipe(child->err_fd, child->err_lines);
   }
 }
 
 void Session::reap() {
   for (auto& child : children_) {
     if (child.reaped) continue;
+    // Look without reaping: until waitpid() below, the exited rank is a zombie whose pid no
+    // other process can get, so the shm regions named after it are certainly its leftovers.
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(child.exit.pid), &info, WEXITED | WNOHANG | WNOWAIT) !=
+            0 ||
+        info.si_pid != child.exit.pid)
+      continue;
+    child.exit.removed_regions = fabric::remove_shm_regions_of(child.exit.pid);
     int status = 0;
-    pid_t rc = ::waitpid(child.exit.pid, &status, WNOHANG);
-    if (rc != child.exit.pid) continue;
-    child.reaped = true;
-    child.exit.signaled = WIFSIGNALED(status);
-    child.exit.code = child.exit.signaled ? WTERMSIG(status) : WEXITSTATUS(status);
-    if (!child.exit.failed() || stopping_) continue;
-    failed_rank_ = child.exit.rank;
-    int code = child.exit.signaled ? 128 + child.exit.code : child.exit.code;
-    begin_stop(child.exit.describe(), code);
+    if (::waitpid(child.exit.pid, &status, 0) != child.exit.pid) continue;
+    collect(child, status);
   }
+}
+
+void Session::collect(Child& child, int status) {
+  child.reaped = true;
+  RankExit& exit = child.exit;
+  exit.signaled = WIFSIGNALED(status);
+  exit.code = exit.signaled ? WTERMSIG(status) : WEXITSTATUS(status);
+  if (exit.failed() && !stopping_) {
+    failed_rank_ = exit.rank;
+    begin_stop(exit.describe(), exit.signaled ? 128 + exit.code : exit.code);
+  }
+  if (!exit.removed_regions.empty())
+    report(fmt::format("removed {}: shm {} named after rank {}'s pid {}, which has exited",
+                       fmt::join(exit.removed_regions, ", "),
+                       exit.removed_regions.size() == 1 ? "region" : "regions", exit.rank,
+                       exit.pid));
 }
 
 void Session::begin_stop(std::string why, int exit_code) {
@@ -243,16 +327,18 @@ void Session::begin_stop(std::string why, int exit_code) {
   stop_reason_ = std::move(why);
   stop_code_ = exit_code;
   kill_at_ = Clock::now() + options_.grace;
-  std::vector<int> running;
-  for (const auto& child : children_)
-    if (!child.reaped) running.push_back(child.exit.rank);
-  if (running.empty()) {
-    report(stop_reason_);
-  } else {
-    report(fmt::format("{}; stopping {} {} (SIGTERM, then SIGKILL after {} ms)", stop_reason_,
-                       running.size() == 1 ? "rank" : "ranks", fmt::join(running, ", "),
-                       options_.grace.count()));
+  std::vector<int> running, unstarted;
+  for (size_t i = 0; i < children_.size(); ++i) {
+    if (!children_[i].reaped) running.push_back(static_cast<int>(i));
+    if (i >= next_) unstarted.push_back(static_cast<int>(i));
   }
+  std::string message = stop_reason_;
+  if (!running.empty())
+    message += fmt::format("; stopping {} {} (SIGTERM, then SIGKILL after {} ms)",
+                           ranks_word(running), rank_list(running), options_.grace.count());
+  if (!unstarted.empty())
+    message += fmt::format("; {} {} not started", ranks_word(unstarted), rank_list(unstarted));
+  report(message);
   signal_unreaped(SIGTERM);
 }
 
@@ -288,19 +374,20 @@ void Session::report(const std::string& message) const {
 
 LaunchResult Session::run() {
   SignalScope signals;
-  spawn_all();
   const auto start = Clock::now();
   std::optional<Clock::time_point> drain_until;
   while (true) {
-    if (all_reaped()) {
+    spawn_batch();
+    if (!spawning() && all_reaped()) {
       if (!drain_until) drain_until = Clock::now() + kDrain;
       if (!pipes_open() || Clock::now() >= *drain_until) break;
     }
-    pump_output(kPollSlice);
+    // While ranks remain to be started, only look at what is ready: no waiting.
+    pump_output(spawning() ? std::chrono::milliseconds(0) : kPollSlice);
     reap();
     if (int signal = SignalScope::pending_stop_signal(); signal != 0 && !stopping_) {
       interrupted_ = true;
-      begin_stop(fmt::format("interrupted by signal {} ({})", signal, strsignal(signal)),
+      begin_stop(fmt::format("interrupted by {} (signal {})", signal_name(signal), signal),
                  128 + signal);
     }
     if (options_.timeout.count() > 0 && !stopping_ && Clock::now() - start >= options_.timeout) {
@@ -322,6 +409,7 @@ LaunchResult Session::finish() {
   result.failed_rank = failed_rank_;
   result.timed_out = timed_out_;
   result.interrupted = interrupted_;
+  result.started = static_cast<int>(next_);
   for (auto& child : children_) {
     // Pipes still held by a leaked grandchild: deliver what we have and let go.
     for (int* fd : {&child.out_fd, &child.err_fd}) {
@@ -336,13 +424,19 @@ LaunchResult Session::finish() {
   result.exit_code = stop_code_ != 0 ? stop_code_ : 1;
   result.summary = stop_reason_;
   // Worth telling beyond the first failure: ranks that failed on their own before we stopped
-  // them (often the echo of the first failure), and ranks that needed SIGKILL.
+  // them (often the echo of the first failure), ranks that needed SIGKILL, and ranks that died
+  // by some other signal once asked to stop (a crash in a shutdown path is still a crash).
   std::vector<std::string> notes;
   for (const auto& exit : result.ranks) {
     if (exit.pid < 0 || !exit.failed() || exit.rank == failed_rank_.value_or(-1)) continue;
-    if (!exit.stopped) notes.push_back(exit.describe());
-    if (exit.stopped && exit.signaled && exit.code == SIGKILL)
+    if (!exit.stopped) {
+      notes.push_back(exit.describe());
+    } else if (exit.signaled && exit.code == SIGKILL && killed_) {
       notes.push_back(fmt::format("rank {} ignored SIGTERM and was killed", exit.rank));
+    } else if (exit.signaled && exit.code != SIGTERM) {
+      notes.push_back(fmt::format("rank {} was killed by {} after the stop request", exit.rank,
+                                  signal_name(exit.code)));
+    }
   }
   if (!notes.empty()) report(fmt::format("also: {}", fmt::join(notes, "; ")));
   return result;
@@ -350,14 +444,29 @@ LaunchResult Session::finish() {
 
 }  // namespace
 
+std::string signal_name(int signal) {
+  if (const char* abbreviation = ::sigabbrev_np(signal)) return fmt::format("SIG{}", abbreviation);
+  return fmt::format("signal {}", signal);
+}
+
 std::string RankExit::describe() const {
-  if (signaled) return fmt::format("rank {} killed by signal {} ({})", rank, code, strsignal(code));
+  if (signaled)
+    return fmt::format("rank {} was killed by {} (signal {})", rank, signal_name(code), code);
+  // A shell reports a child killed by signal N as its exit code 128 + N.
+  if (code > 128 && ::sigabbrev_np(code - 128) != nullptr)
+    return fmt::format("rank {} exited with code {} (as a shell reports a command killed by {})",
+                       rank, code, signal_name(code - 128));
   return fmt::format("rank {} exited with code {}", rank, code);
 }
 
 LocalLauncher::LocalLauncher(LaunchOptions options) : options_(std::move(options)) {
   auto& o = options_;
   require(o.ranks >= 1, "launch", "-n must be at least 1, got {}", o.ranks);
+  if (o.max_ranks == 0) o.max_ranks = static_cast<int>(params::launch_max_ranks.get());
+  require(o.ranks <= o.max_ranks, "launch",
+          "{} ranks are more than the {} this machine is allowed to run (launch.max_ranks; raise "
+          "it with `proxyep launch --max-ranks N` or PROXYEP_LAUNCH_MAX_RANKS=N)",
+          o.ranks, o.max_ranks);
   if (o.ranks_per_node == 0) o.ranks_per_node = o.ranks;
   require(o.ranks_per_node >= 1 && o.ranks % o.ranks_per_node == 0, "launch",
           "--ranks-per-node {} must be at least 1 and divide -n {}", o.ranks_per_node, o.ranks);
@@ -367,6 +476,7 @@ LocalLauncher::LocalLauncher(LaunchOptions options) : options_(std::move(options
   require(o.master_port >= 0 && o.master_port <= 65535, "launch",
           "MASTER_PORT {} is outside 1..65535", o.master_port);
   if (!o.sink) o.sink = prefixing_sink();
+  ensure_descriptors(o.ranks);
 }
 
 LaunchResult LocalLauncher::run() {

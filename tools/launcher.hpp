@@ -2,6 +2,10 @@
 // torchrun's environment, the way torchrun would across nodes.
 //
 // What it guarantees:
+// - Nothing starts unless the whole launch is possible: N >= 1, the ranks per node divide N, N
+//   is within the machine's cap (`launch.max_ranks`, 256 unless raised) and the launcher has
+//   file descriptors for two pipes per rank (the soft limit is raised up to the hard one when
+//   needed). The constructor checks all of it.
 // - Each rank is its own process group (posix_spawn with POSIX_SPAWN_SETPGROUP, so the group
 //   exists before the launcher can signal it), with MASTER_ADDR=127.0.0.1, a MASTER_PORT that
 //   was free, RANK, WORLD_SIZE, LOCAL_RANK = rank % M, LOCAL_WORLD_SIZE = M, GROUP_RANK = rank / M
@@ -9,11 +13,20 @@
 // - The ranks share a job id and a secret no other process has (tools/launch_credentials.hpp:
 //   PROXYEP_BOOTSTRAP_JOB_ID, PROXYEP_BOOTSTRAP_SECRET_FILE), unless the launcher's configuration
 //   names them; the secret file is removed when run() returns.
+// - Spawning is one step of the launcher's loop, a few ranks at a time, with output, exits and
+//   signals handled in between: SIGINT/SIGTERM/SIGHUP, a rank that fails or a rank that cannot
+//   start stops the spawning at once (the ranks not yet started never start) and stops the
+//   started ones.
 // - Every line of a rank's stdout/stderr reaches the sink as a whole line (prefixed "[rank k] " by
 //   default), partial last lines included.
 // - When a rank exits non-zero or by a signal, the launcher sends SIGTERM to the other ranks'
 //   process groups, SIGKILL after the grace period, and reports the first failure. The same
-//   happens at the timeout and when the launcher itself gets SIGINT/SIGTERM/SIGHUP.
+//   happens at the timeout and when the launcher itself gets SIGINT/SIGTERM/SIGHUP. A rank that
+//   then dies by another signal than the launcher's ("rank 2 was killed by SIGSEGV after the stop
+//   request") is reported too.
+// - When a rank has exited, and before it is reaped (so its pid cannot belong to anyone else
+//   yet), the shm regions named after its pid that it left in /dev/shm are removed and reported
+//   (fabric/shm_stale.hpp): a rank killed with an shm endpoint open leaves 16 MiB of RAM there.
 // - It signals only process groups of children it started and has not yet reaped (a reaped
 //   child's pid may already belong to someone else).
 // Single-threaded: run() owns the children from start to finish and returns when all are
@@ -36,6 +49,7 @@ namespace proxyep::tools {
 struct LaunchOptions {
   int ranks = 1;
   int ranks_per_node = 0;  // 0 = all ranks on one node
+  int max_ranks = 0;       // the cap on ranks; 0 = the launch.max_ranks parameter
   std::vector<std::string> command;
   std::chrono::milliseconds timeout{0};   // 0 = no time limit
   std::chrono::milliseconds grace{3000};  // between SIGTERM and SIGKILL
@@ -55,15 +69,19 @@ struct LaunchOptions {
 
 struct RankExit {
   int rank = 0;
-  pid_t pid = -1;
+  pid_t pid = -1;         // -1: never started
   bool signaled = false;  // killed by a signal (else: exited)
   int code = 0;           // exit code, or the signal number
   bool stopped = false;   // the launcher signalled it (after another failure, timeout, ...)
+  std::vector<std::string> removed_regions;  // shm regions named after its pid, removed
 
   bool failed() const { return signaled || code != 0; }
-  // "rank 2 exited with code 3", "rank 1 killed by signal 9 (Killed)"
+  // "rank 2 exited with code 3", "rank 1 was killed by SIGKILL (signal 9)"
   std::string describe() const;
 };
+
+// "SIGSEGV" (or "signal 77" for a number without a name).
+std::string signal_name(int signal);
 
 struct LaunchResult {
   int exit_code = 0;               // 0 = every rank exited 0; else see LocalLauncher::run()
@@ -73,16 +91,18 @@ struct LaunchResult {
   bool interrupted = false;
   int master_port = 0;
   std::vector<RankExit> ranks;  // index = rank; ranks never started keep pid -1
+  int started = 0;              // ranks that were spawned
 };
 
 class LocalLauncher {
  public:
-  // Validates the options; throws proxyep::Error (phase "launch") on bad ones.
+  // Validates the options and the machine's limits for them; throws proxyep::Error (phase
+  // "launch") before anything starts.
   explicit LocalLauncher(LaunchOptions options);
 
   // Starts the ranks and waits for all of them. Exit code: the first failing rank's exit code
   // (128 + N for signal N); 127 when the command cannot be executed; 124 on timeout; 128 + N
-  // when the launcher was interrupted by signal N.
+  // when the launcher was interrupted by signal N (while spawning too).
   LaunchResult run();
 
  private:

@@ -6,12 +6,62 @@
 #include "tools/commands.hpp"
 #include "tools/self_launch.hpp"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <new>
+#include <optional>
+
+namespace {
+
+using namespace proxyep;
+
+// CLI11 answers `proxyep nonsense` (and `proxyep bench nonsense`) with "A subcommand is
+// required", which does not say that the word was taken for a command, nor which commands exist.
+std::optional<std::string> unknown_command(CLI::App& app) {
+  CLI::App* level = &app;
+  while (!level->get_subcommands().empty())
+    level = level->get_subcommands().front();
+  auto rest = level->remaining();
+  auto choices = level->get_subcommands([](CLI::App*) { return true; });
+  if (rest.empty() || rest.front().starts_with("-") || choices.empty()) return std::nullopt;
+  std::vector<std::string> names;
+  for (const auto* choice : choices)
+    names.push_back(choice->get_name());
+  std::string where = level == &app ? "proxyep" : "proxyep " + level->get_name();
+  return fmt::format("{}: unknown command '{}' (commands: {})", where, rest.front(),
+                     fmt::join(names, ", "));
+}
+
+// The config file, --set and the environment, in that order; every invalid value of every
+// source is named before the command runs (each source lists all of its own).
+void load_parameters(const std::string& config_file, const std::vector<std::string>& overrides) {
+  auto& registry = config::Registry::global();
+  std::vector<std::string> problems;
+  auto attempt = [&](auto&& step) {
+    try {
+      step();
+    } catch (const Error& e) {
+      problems.push_back(e.message());
+    }
+  };
+  if (!config_file.empty()) attempt([&] { registry.load_file(config_file); });
+  for (const auto& item : overrides) {
+    attempt([&] {
+      auto eq = item.find('=');
+      require(eq != std::string::npos, "config", "--set expects name=value, got '{}'", item);
+      registry.set(item.substr(0, eq), item.substr(eq + 1), config::Source::command_line);
+    });
+  }
+  attempt([&] { registry.ensure_environment_loaded(); });
+  if (!problems.empty()) fail("config", "{}", fmt::join(problems, "; "));
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  using namespace proxyep;
   tools::self_launch::remember_argv(argc, argv);
   CLI::App app{"ProxyEP: CPU-proxy expert-parallel transport runtime"};
   app.require_subcommand(1);
@@ -30,20 +80,23 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (auto unknown = unknown_command(app)) {
+      std::fprintf(stderr, "%s\nRun with --help for more information.\n", unknown->c_str());
+      return static_cast<int>(CLI::ExitCodes::ExtrasError);
+    }
     return app.exit(e);
   }
   try {
-    auto& registry = config::Registry::global();
-    if (!config_file.empty()) registry.load_file(config_file);
-    for (const auto& item : overrides) {
-      auto eq = item.find('=');
-      require(eq != std::string::npos, "config", "--set expects name=value, got '{}'", item);
-      registry.set(item.substr(0, eq), item.substr(eq + 1), config::Source::command_line);
-    }
-    registry.ensure_environment_loaded();
+    load_parameters(config_file, overrides);
     return action ? action() : 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "proxyep: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // Sizes are checked before the large allocations; this is what slips through.
+    std::fprintf(stderr,
+                 "proxyep: error: out of memory (an allocation failed: the workload needs more "
+                 "memory than this machine gives the process)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "proxyep: unexpected error: %s\n", e.what());

@@ -80,11 +80,12 @@ class NormalSource {
   bool has_spare_ = false;
 };
 
-void validate(const WorkloadOptions& o, int rank) {
+}  // namespace
+
+void check_workload(const WorkloadOptions& o) {
   const EpShape& s = o.shape;
   require(s.num_ranks >= 1 && s.ranks_per_node >= 1, kPhase,
           "num_ranks ({}) and ranks_per_node ({}) must be positive", s.num_ranks, s.ranks_per_node);
-  require(rank >= 0 && rank < s.num_ranks, kPhase, "rank {} is outside [0, {})", rank, s.num_ranks);
   require(s.num_experts >= 1 && s.num_experts % s.num_ranks == 0, kPhase,
           "num_experts ({}) must be a positive multiple of num_ranks ({})", s.num_experts,
           s.num_ranks);
@@ -111,6 +112,14 @@ void validate(const WorkloadOptions& o, int rank) {
             o.tokens_per_rank[r]);
   require(o.drop_fraction >= 0.0 && o.drop_fraction <= 1.0, kPhase,
           "drop_fraction must be in [0, 1]; got {}", o.drop_fraction);
+}
+
+namespace {
+
+void validate(const WorkloadOptions& o, int rank) {
+  check_workload(o);
+  const EpShape& s = o.shape;
+  require(rank >= 0 && rank < s.num_ranks, kPhase, "rank {} is outside [0, {})", rank, s.num_ranks);
 }
 
 Tensor make_x(int64_t tokens, int hidden, std::mt19937_64 gen) {

@@ -46,7 +46,11 @@ struct RankInputs {
 };
 
 // Throws proxyep::Error("workload") for inconsistent options (experts not divisible by ranks,
-// topk > experts, hidden not a multiple of 128 with fp8 or of 512 with fp8 + ue8m0, ...).
+// topk > experts, hidden not a multiple of 128 with fp8 or of 512 with fp8 + ue8m0, ...), so a
+// program can check them before it starts any rank.
+void check_workload(const WorkloadOptions& options);
+
+// Checks the options (check_workload) and the rank, then generates the rank's inputs.
 RankInputs make_rank_inputs(const WorkloadOptions& options, int rank);
 
 // Per-token FP8 cast the way DeepEP's tests do it: per 128 channels, amax clamped to 1e-4,

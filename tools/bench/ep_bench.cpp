@@ -169,9 +169,9 @@ nlohmann::json summarize(const std::vector<nlohmann::json>& reports, const EpRef
 }  // namespace
 
 nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions& options) {
-  validate(options.workload);
   const auto& env = bootstrap.env();
   ep::EpShape shape{env.world_size, env.local_world_size, options.workload.experts};
+  validate(options.workload, shape);
   auto workload = to_workload(options.workload, shape);
   int rank = bootstrap.rank();
   ep::RankInputs inputs = ep::make_rank_inputs(workload, rank);

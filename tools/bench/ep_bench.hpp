@@ -45,6 +45,17 @@ struct EpBenchOptions {
 // ProxyEP's side on one rank (collective). Returns the results on rank 0, {} elsewhere.
 nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions& options);
 
+// Everything about a run that can be checked before any rank starts (ep_preflight.cpp), for
+// `ranks` ranks with `ranks_per_node` per node of which `ranks_here` run on this machine: the
+// workload (ep_options.hpp: validate), the memory the ranks here need at least (inputs, the
+// Buffer's arena and staging, outputs, the reference) against what this machine has available, and
+// the fabric provider of the internode path, which libfabric must know even when the ranks never
+// open a fabric. Throws proxyep::Error("bench.ep").
+void check_ep_bench(const EpBenchOptions& options, int ranks, int ranks_per_node, int ranks_here);
+
+// The memory the run needs at least on each rank, in bytes (what check_ep_bench compares).
+double ep_rank_memory_floor(const EpBenchOptions& options, const gpu_side::ep::EpShape& shape);
+
 // Adds `proxyep bench ep` under `bench` (called by register_bench in cmd_bench.cpp).
 void register_bench_ep(CLI::App& bench, Action& action);
 

@@ -8,6 +8,7 @@
 #include "tools/bench/ep_baseline.hpp"
 #include "tools/bench/ep_bench.hpp"
 #include "tools/bench/ep_report.hpp"
+#include "tools/cli_checks.hpp"
 #include "tools/self_launch.hpp"
 
 #include <fmt/format.h>
@@ -36,6 +37,9 @@ int run_rank(const EpBenchOptions& options, bool ranks_given) {
         "bench ep: --ranks {} / --ranks-per-node {} ignored: the launcher started {} ranks, "
         "{} per node",
         options.ranks, options.ranks_per_node, env.world_size, env.local_world_size);
+  // Started by another launcher: each rank checks what the self-launch checks before spawning,
+  // before it joins the others (the ranks on this node count against this machine's memory).
+  check_ep_bench(options, env.world_size, env.local_world_size, env.local_world_size);
   apply_fabric_options(options, env);
   nlohmann::json results;
   {
@@ -80,11 +84,11 @@ void register_bench_ep(CLI::App& bench, Action& action) {
       "EP dispatch/combine through the DeepEP-compatible Buffer (DeepEP's test parameters and "
       "byte conventions), checked against a reference, optionally against MPI_Alltoallv");
   cmd->add_option("--ranks", options->ranks, "ranks to start when run alone")
-      ->check(CLI::PositiveNumber)
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--ranks-per-node", options->ranks_per_node,
                   "ranks per emulated node (default: all on one node)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli_checks::at_least(1));
   add_ep_workload_options(*cmd, options->workload);
   cmd->add_option("--provider", options->provider,
                   "fabric provider of the internode path (default tcp when the ranks span nodes)");
@@ -96,16 +100,17 @@ void register_bench_ep(CLI::App& bench, Action& action) {
       ->capture_default_str();
   cmd->add_option("--baseline-timeout", options->baseline_timeout_s,
                   "seconds the MPI baseline may take")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--mpirun-arg", options->mpirun_args,
                   "extra mpirun argument (repeatable; --mpirun-arg=--mca ...)");
   cmd->add_option("--nvl-bytes", options->nvl_bytes,
                   "the Buffer's num_nvl_bytes (default: room for a whole call; smaller Buffers "
                   "stream each call in chunks, as DeepEP's Config-sized buffers do)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::at_least(0));
   cmd->add_option("--rdma-bytes", options->rdma_bytes,
                   "the Buffer's num_rdma_bytes (default: room for a whole call)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(cli_checks::at_least(0));
   cmd->add_flag("--json", options->json, "print one JSON document (rank 0) on stdout");
   cmd->callback([options, cmd, &action] {
     bool ranks_given = cmd->count("--ranks") + cmd->count("--ranks-per-node") > 0;
@@ -114,8 +119,8 @@ void register_bench_ep(CLI::App& bench, Action& action) {
       if (options->baseline == "mpi") check_mpi_baseline_available();
       if (!self_launch::under_launcher()) {
         int per_node = options->ranks_per_node > 0 ? options->ranks_per_node : options->ranks;
-        require(options->ranks % per_node == 0, "bench.ep",
-                "--ranks {} is not a multiple of --ranks-per-node {}", options->ranks, per_node);
+        // The whole run is checked before any rank starts (all of them run on this machine).
+        check_ep_bench(*options, options->ranks, per_node, options->ranks);
         return self_launch::relaunch_as_ranks(options->ranks, per_node);
       }
       return run_rank(*options, ranks_given);

@@ -31,8 +31,9 @@ struct EpWorkloadCli {
 // Adds --tokens --hidden --topk --experts --routing --fp8 --warmup --iters --seed to `cmd`.
 void add_ep_workload_options(CLI::App& cmd, EpWorkloadCli& cli);
 
-// Checks what the workload generator does not (iteration counts); throws proxyep::Error.
-void validate(const EpWorkloadCli& cli);
+// Checks the workload for `shape` before anything runs (iterations, tokens, hidden size, experts
+// against the ranks, and what the workload generator checks); throws proxyep::Error.
+void validate(const EpWorkloadCli& cli, const gpu_side::ep::EpShape& shape);
 
 gpu_side::ep::WorkloadOptions to_workload(const EpWorkloadCli& cli,
                                           const gpu_side::ep::EpShape& shape);

@@ -5,6 +5,7 @@
 #include "fabric/fabric.hpp"
 #include "tools/bench/proxy_bench.hpp"
 #include "tools/bench/rank_setup.hpp"
+#include "tools/cli_checks.hpp"
 #include "tools/self_launch.hpp"
 
 #include <fmt/format.h>
@@ -35,23 +36,34 @@ void register_bench_proxy(CLI::App& bench, Action& action) {
       "descriptor-to-remote-flag latency and descriptors/s through the proxy threads, "
       "against the raw fabric ping-pong of the same size (2 ranks)");
   add_fabric_cli_options(*cmd, cli->fabric, /*with_rails=*/false);
-  cmd->add_option("--size", cli->bench.size, "bytes per write")->capture_default_str();
+  cmd->add_option("--size", cli->bench.size, "bytes per write")
+      ->check(cli_checks::at_least(1))
+      ->capture_default_str();
   cmd->add_option("--runs", cli->bench.runs, "repetitions of raw + proxy (medians over them)")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--latency-iters", cli->bench.latency_iters, "timed ping-pongs per run")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--stream", cli->bench.stream_writes, "descriptors streamed per run")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--window", cli->bench.window, "writes in flight (raw window, proxy credits)")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->add_option("--idle-seconds", cli->bench.idle_seconds,
                   "window for the idle proxy CPU measurement; 0 skips it")
+      ->check(cli_checks::real_at_least(0))
       ->capture_default_str();
   cmd->add_option("--timeout-ms", cli->bench.timeout_ms, "deadline of every wait")
+      ->check(cli_checks::at_least(1))
       ->capture_default_str();
   cmd->callback([cli, &action] {
     action = [cli] {
-      if (!self_launch::under_launcher()) return self_launch::relaunch_as_ranks(2, 2);
+      if (!self_launch::under_launcher()) {
+        check_fabric_cli(cli->fabric, "bench.proxy");  // before any rank starts
+        return self_launch::relaunch_as_ranks(2, 2);
+      }
       return run_rank(*cli);
     };
   });

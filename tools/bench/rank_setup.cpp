@@ -1,6 +1,9 @@
 #include "tools/bench/rank_setup.hpp"
 
+#include "common/error.hpp"
 #include "common/params.hpp"
+#include "fabric/provider.hpp"
+#include "tools/cli_checks.hpp"
 
 #include <fmt/format.h>
 
@@ -9,9 +12,20 @@ namespace proxyep::tools {
 void add_fabric_cli_options(CLI::App& cmd, FabricCli& cli, bool with_rails) {
   cmd.add_option("--provider", cli.provider, "libfabric provider (shm, tcp, efa, ...)");
   if (with_rails)
-    cmd.add_option("--rails", cli.rails, "NICs (endpoints) per rank; writes stripe over them");
+    cmd.add_option("--rails", cli.rails, "NICs (endpoints) per rank; writes stripe over them")
+        ->check(cli_checks::accepted_by(params::fabric_rails));
   cmd.add_flag("--reorder", cli.reorder, "run through the reorder shim (EFA SRD semantics)");
   cmd.add_flag("--json", cli.json, "print one JSON document (rank 0) on stdout");
+}
+
+void check_fabric_cli(const FabricCli& cli, const std::string& phase) {
+  const std::string provider = cli.provider.empty() ? params::fabric_provider.get() : cli.provider;
+  const int64_t rails = cli.rails > 0 ? cli.rails : params::fabric_rails.get();
+  try {
+    fabric::select_domains(provider, params::fabric_domain.get(), static_cast<int>(rails));
+  } catch (const Error& e) {
+    fail(phase, "{}", e.message());
+  }
 }
 
 ConnectedRank connect_rank(const FabricCli& cli, const std::string& phase) {

@@ -31,6 +31,10 @@ struct ConnectedRank {
   std::unique_ptr<fabric::Fabric> fabric;
 };
 
+// Before any rank starts: the provider the ranks will open (--provider, else fabric.provider)
+// with fabric.domain and the rails must exist on this host. Throws proxyep::Error(`phase`).
+void check_fabric_cli(const FabricCli& cli, const std::string& phase);
+
 // Applies the options to the parameter registry, joins the ranks, opens the fabric and exchanges
 // addresses; the bootstrap's waits drive the fabric's progress.
 ConnectedRank connect_rank(const FabricCli& cli, const std::string& phase);

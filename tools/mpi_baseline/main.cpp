@@ -85,9 +85,9 @@ int run(const BaselineCli& cli) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
-  validate(cli.workload);
   ep::EpShape shape{ranks, cli.ranks_per_node > 0 ? cli.ranks_per_node : ranks,
                     cli.workload.experts};
+  validate(cli.workload, shape);
   auto options = to_workload(cli.workload, shape);
   auto inputs = ep::make_rank_inputs(options, rank);
   auto layout = ep::compute_dispatch_layout(inputs.topk_idx, shape);

@@ -17,6 +17,25 @@ namespace {
 struct ResetRegistry {
   ~ResetRegistry() { Registry::global().reset_all(); }
 };
+
+// The message of the Error `action` throws ("" when it throws none).
+template <typename Action>
+std::string error_of(Action&& action) {
+  try {
+    action();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// A parameter of every checked kind the catalogue does not use yet.
+config::Param<double> test_ratio{"test.ratio", 0.5, config::in_real_range(0.0, 1.0),
+                                 "a ratio, for the registry's own tests"};
 }  // namespace
 
 TEST_CASE("parameters are declared once, with derived environment names") {
@@ -25,7 +44,8 @@ TEST_CASE("parameters are declared once, with derived environment names") {
   CHECK(param.type_name() == "string");
   CHECK(param.default_string() == "auto");
   CHECK_FALSE(param.description().empty());
-  CHECK_THROWS_AS(config::Param<int64_t>("fabric.rails", 2, "duplicate"), Error);
+  CHECK_THROWS_AS(config::Param<int64_t>("fabric.rails", 2, config::at_least(1), "duplicate"),
+                  Error);
 }
 
 TEST_CASE("typed parsing with clear errors") {
@@ -110,8 +130,8 @@ TEST_CASE("to_json lists every parameter with value, source and env name") {
 }
 
 // A secret of this test's own (bootstrap.secret is the real one).
-config::Param<std::string> test_secret{"test.secret", "", "a secret for this test",
-                                       config::Sensitivity::secret};
+config::Param<std::string> test_secret{"test.secret", "", config::any_text(),
+                                       "a secret for this test", config::Sensitivity::secret};
 
 TEST_CASE("a secret parameter is never shown and comes from the environment only") {
   ResetRegistry reset;
@@ -137,4 +157,111 @@ TEST_CASE("a secret parameter is never shown and comes from the environment only
   CHECK(test_secret.get() == value);                  // the code gets it
   CHECK(test_secret.value_string() == "<redacted>");  // every printer does not
   CHECK(registry.to_json().dump().find(value) == std::string::npos);
+}
+
+TEST_CASE("every parameter declares what it accepts, and its default is accepted") {
+  for (auto* param : Registry::global().all()) {
+    CAPTURE(param->name());
+    CHECK_FALSE(param->valid_text().empty());
+    CHECK(param->check_text(param->default_string()) == "");
+  }
+}
+
+TEST_CASE("ranges are checked for every source, naming parameter, source, value and range") {
+  ResetRegistry reset;
+  auto& registry = Registry::global();
+
+  // The environment: every invalid value is named, the valid ones are still stored.
+  ::setenv("PROXYEP_EP_CHUNK_BYTES", "0", 1);
+  ::setenv("PROXYEP_FABRIC_CQ_SIZE", "-1", 1);
+  ::setenv("PROXYEP_FABRIC_RAILS", "2", 1);
+  std::string env_error = error_of([&] { registry.load_environment(); });
+  ::unsetenv("PROXYEP_EP_CHUNK_BYTES");
+  ::unsetenv("PROXYEP_FABRIC_CQ_SIZE");
+  ::unsetenv("PROXYEP_FABRIC_RAILS");
+  CHECK(contains(env_error, "2 invalid parameter values"));
+  CHECK(contains(env_error,
+                 "invalid value '0' for ep.chunk_bytes (env PROXYEP_EP_CHUNK_BYTES, "
+                 "from environment): must be between 4K and 1G (4096 and 1073741824)"));
+  CHECK(contains(env_error,
+                 "invalid value '-1' for fabric.cq_size (env PROXYEP_FABRIC_CQ_SIZE, "
+                 "from environment): must be between 1 and 16M (1 and 16777216)"));
+  CHECK(params::ep_chunk_bytes.get() == 1 << 20);  // refused: the default stays
+  CHECK(params::fabric_rails.get() == 2);          // valid: stored
+
+  // A config file.
+  const char* path = "test_registry_ranges.json";
+  {
+    std::ofstream out(path);
+    out << R"({"ep.eager_bytes": -5, "log.level": "loud"})";
+  }
+  std::string file_error = error_of([&] { registry.load_file(path); });
+  std::remove(path);
+  CHECK(contains(file_error,
+                 "invalid value '-5' for ep.eager_bytes (env PROXYEP_EP_EAGER_BYTES, "
+                 "from config file): must be between 0 and 64M (0 and 67108864)"));
+  CHECK(contains(file_error,
+                 "invalid value 'loud' for log.level (env PROXYEP_LOG_LEVEL, from "
+                 "config file): must be one of trace, debug, info, warn, error, "
+                 "critical, off"));
+  CHECK(params::log_level.get() == "info");
+
+  // The command line (--set, a command's flags).
+  CHECK(error_of([&] { registry.set("ep.timeout_ms", "0", Source::command_line); }) ==
+        "config: invalid value '0' for ep.timeout_ms (env PROXYEP_EP_TIMEOUT_MS, from command "
+        "line): must be between 1 and 86400000");
+  CHECK(params::ep_timeout_ms.get() == 100000);
+
+  // Code, typed: no way around the range.
+  CHECK(error_of([] { params::ep_host_threads.set(100000); }) ==
+        "config: invalid value '100000' for ep.host_threads (env PROXYEP_EP_HOST_THREADS, from "
+        "code): must be between 0 and 64");
+  CHECK(error_of([] { params::fabric_rails.set(0); }) != "");
+  CHECK(params::fabric_rails.get() == 2);
+  params::ep_host_threads.set(64);
+  CHECK(params::ep_host_threads.get() == 64);
+
+  // A bad value is refused even where a higher source already set the parameter.
+  registry.set("proxy.burst", "8", Source::code);
+  CHECK(error_of([&] { registry.set("proxy.burst", "0", Source::config_file); }) != "");
+  registry.set("proxy.burst", "16", Source::config_file);  // valid, lower: ignored
+  CHECK(params::proxy_burst.get() == 8);
+}
+
+TEST_CASE("names, syntaxes and real ranges") {
+  ResetRegistry reset;
+  auto& registry = Registry::global();
+  auto& provider = registry.at("fabric.provider");
+  for (const char* good : {"auto", "tcp", "tcp;ofi_rxm", "efa-direct", "shm"})
+    CHECK(provider.check_text(good) == "");
+  for (const char* bad : {"", "t cp", ";tcp", "tcp;", "shm\n"}) {
+    CAPTURE(bad);
+    CHECK(provider.check_text(bad) != "");
+  }
+  auto& cpus = registry.at("proxy.cpus");
+  CHECK(cpus.check_text("") == "");
+  CHECK(cpus.check_text("0-3,8") == "");
+  CHECK(contains(cpus.check_text("3-1"), "backwards"));
+  CHECK(contains(cpus.check_text("0-99999999"), "CPUs are numbered below"));
+  CHECK(registry.at("bootstrap.interface").check_text("10.0.0.1") == "");
+  CHECK(registry.at("bootstrap.interface").check_text("two words") != "");
+  CHECK(registry.at("log.level").check_text("warn") == "");
+
+  CHECK(test_ratio.valid_text() == "0..1");
+  test_ratio.set(0.25);
+  CHECK(test_ratio.get() == 0.25);
+  CHECK(error_of([] { test_ratio.set(1.5); }) ==
+        "config: invalid value '1.5' for test.ratio (env PROXYEP_TEST_RATIO, from code): must be "
+        "between 0 and 1");
+  CHECK(test_ratio.check_text("nan") == "must be between 0 and 1");
+  CHECK(test_ratio.check_text("half") == "expected a number");
+  test_ratio.reset();
+}
+
+TEST_CASE("integers that do not fit are refused, not wrapped") {
+  auto& cq = Registry::global().at("fabric.cq_size");
+  CHECK(cq.check_text("9223372036854775807G") == "does not fit a 64-bit integer");
+  CHECK(cq.check_text("99999999999999999999") == "does not fit a 64-bit integer");
+  CHECK(cq.check_text("16M") == "");
+  CHECK(cq.check_text("16M1") != "");
 }

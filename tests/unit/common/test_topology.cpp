@@ -274,6 +274,18 @@ TEST_CASE("format_cpu_list writes the kernel's cpu-list format") {
   CHECK(format_cpu_list({0, 2, 4}) == "0,2,4");
 }
 
+TEST_CASE("cpu lists parse like the kernel's, and back") {
+  CHECK(parse_cpu_list("0-3,8,10-11") == std::vector<int>{0, 1, 2, 3, 8, 10, 11});
+  CHECK(parse_cpu_list("5,1,1") == std::vector<int>{1, 5});
+  CHECK(format_cpu_list(parse_cpu_list("10-11,0-3,8")) == "0-3,8,10-11");
+  // A CPU id no machine has would make a list of billions of entries.
+  for (const char* bad : {"", "a", "1-", "3-1", "1,,2", "-2", "1 ,2", "0-2000000000", "65536"}) {
+    CAPTURE(bad);
+    CHECK_THROWS_AS(parse_cpu_list(bad), Error);
+  }
+  CHECK(parse_cpu_list("65535") == std::vector<int>{65535});
+}
+
 TEST_CASE("device kinds have names") {
   CHECK(to_string(DeviceKind::network) == "network");
   CHECK(to_string(DeviceKind::openfabrics) == "openfabrics");

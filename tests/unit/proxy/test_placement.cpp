@@ -8,15 +8,6 @@ using namespace proxyep;
 using namespace proxyep::proxy;
 using namespace proxyep::fabric::testing;
 
-TEST_CASE("cpu lists parse like the kernel's") {
-  CHECK(parse_cpu_list("0-3,8,10-11") == std::vector<int>{0, 1, 2, 3, 8, 10, 11});
-  CHECK(parse_cpu_list("5,1,1") == std::vector<int>{1, 5});
-  for (const char* bad : {"", "a", "1-", "3-1", "1,,2", "-2", "1 ,2"}) {
-    CAPTURE(bad);
-    CHECK_THROWS_AS(parse_cpu_list(bad), Error);
-  }
-}
-
 TEST_CASE("fake rails on one domain are driven by one thread") {
   auto fabric = fabric::Fabric::open(options_for("shm", 0, 3));
   auto topo = topology::discover();

@@ -5,11 +5,17 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -112,7 +118,7 @@ TEST_CASE("launcher: a rank killed by a signal is reported as such") {
       launch(shell(2, "if [ $RANK = 1 ]; then kill -9 $$; fi; exec sleep 30"), captured);
   CHECK(result.exit_code == 128 + 9);
   CHECK(result.failed_rank == 1);
-  CHECK(result.summary.find("rank 1 killed by signal 9") == 0);
+  CHECK(result.summary == "rank 1 was killed by SIGKILL (signal 9)");
   CHECK(elapsed < 5s);
 }
 
@@ -196,7 +202,7 @@ TEST_CASE("launcher: SIGTERM to the launcher stops the ranks and fails") {
   sender.join();
   CHECK(result.interrupted);
   CHECK(result.exit_code == 128 + SIGTERM);
-  CHECK(result.summary.find("interrupted by signal 15") == 0);
+  CHECK(result.summary == "interrupted by SIGTERM (signal 15)");
   CHECK(result.ranks[0].stopped);
   CHECK(result.ranks[1].stopped);
   CHECK(elapsed < 5s);
@@ -277,4 +283,144 @@ TEST_CASE("launcher: a job id and secret the user configured are left to the ran
   CHECK(result.exit_code == 0);
   // The launcher adds neither (its own environment, which the ranks inherit, has the user's).
   CHECK(captured.out[0] == std::vector<std::string>{"[unset] [unset]"});
+}
+
+TEST_CASE("launcher: more ranks than the machine's cap are refused before anything starts") {
+  auto many = shell(100000, "true");
+  CHECK_THROWS_WITH_AS(LocalLauncher{many},
+                       doctest::Contains("100000 ranks are more than the 256 this machine is "
+                                         "allowed to run (launch.max_ranks"),
+                       proxyep::Error);
+  // The cap is the launch.max_ranks parameter, or the options' own.
+  auto some = shell(300, "true");
+  CHECK_THROWS_AS(LocalLauncher{some}, proxyep::Error);
+  proxyep::params::launch_max_ranks.set(300);
+  CHECK_NOTHROW(LocalLauncher{some});
+  proxyep::params::launch_max_ranks.reset();
+  some.max_ranks = 300;
+  CHECK_NOTHROW(LocalLauncher{some});
+  some.max_ranks = 299;
+  CHECK_THROWS_WITH_AS(LocalLauncher{some}, doctest::Contains("more than the 299"), proxyep::Error);
+}
+
+TEST_CASE("launcher: the open-file limit is raised for two pipes per rank, or the launch refused") {
+  rlimit saved{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < 200) return;  // nothing to raise to
+  rlimit low = saved;
+  low.rlim_cur = 100;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  auto options = shell(64, "true");
+  CHECK_NOTHROW(LocalLauncher{options});  // 64 ranks need 2 x 64 + 64 descriptors
+  rlimit now{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &now) == 0);
+  CHECK(now.rlim_cur >= 192);
+  if (saved.rlim_max != RLIM_INFINITY && saved.rlim_max < 2 * 65536) {
+    auto huge = shell(65536, "true");
+    huge.max_ranks = 65536;
+    CHECK_THROWS_WITH_AS(LocalLauncher{huge}, doctest::Contains("(ulimit -n)"), proxyep::Error);
+  }
+  ::setrlimit(RLIMIT_NOFILE, &saved);
+}
+
+TEST_CASE("launcher: SIGTERM while ranks are still starting stops the spawning at once") {
+  // Rank 0 sends SIGTERM to the launcher (its parent) as soon as it runs; the other ranks would
+  // sleep. The launcher must start no rank after the signal, stop those it started and reap them.
+  constexpr int kRanks = 256;
+  auto options = shell(kRanks, "[ \"$RANK\" = 0 ] && kill -TERM $PPID; exec sleep 30");
+  options.grace = 1000ms;
+  Captured captured;
+  auto [result, elapsed] = launch(options, captured);
+  CHECK(result.interrupted);
+  CHECK(result.exit_code == 128 + SIGTERM);
+  CHECK(result.summary == "interrupted by SIGTERM (signal 15)");
+  CAPTURE(result.started);
+  CHECK(result.started >= 1);
+  CHECK(result.started < kRanks);
+  REQUIRE(result.ranks.size() == size_t{kRanks});
+  for (const auto& exit : result.ranks) {
+    CAPTURE(exit.rank);
+    if (exit.rank >= result.started) {
+      CHECK(exit.pid == -1);  // never started
+      continue;
+    }
+    CHECK(exit.pid > 0);
+    CHECK(exit.stopped);
+    // Reaped, so gone (a reaped pid might be reused, but not this quickly by a live process of
+    // ours; ESRCH is what a reaped child gives).
+    CHECK((::kill(exit.pid, 0) != 0 && errno == ESRCH));
+  }
+  CHECK(any_contains(captured.reports, "not started"));
+  CHECK(elapsed < 10s);
+}
+
+TEST_CASE("launcher: a rank that crashes after the stop request is reported with its signal") {
+  // Rank 1 fails once rank 0 has set its trap; rank 0 answers the launcher's SIGTERM by crashing
+  // (SIGSEGV). The ready file is named after this launch's port, unique while it runs.
+  auto options = shell(2,
+                       "ready=/tmp/proxyep-launcher-test-$MASTER_PORT.ready; "
+                       "if [ $RANK = 1 ]; then "
+                       "  for i in $(seq 300); do [ -e $ready ] && break; sleep 0.1; done; "
+                       "  rm -f $ready; exit 3; "
+                       "fi; "
+                       "ulimit -c 0; trap 'kill -SEGV $$' TERM; touch $ready; sleep 30 & wait");
+  Captured captured;
+  auto [result, elapsed] = launch(options, captured);
+  CHECK(result.exit_code == 3);
+  CHECK(result.summary == "rank 1 exited with code 3");
+  CHECK(result.ranks[0].stopped);
+  CHECK(result.ranks[0].signaled);
+  CHECK(result.ranks[0].code == SIGSEGV);
+  CHECK(any_contains(captured.reports, "rank 0 was killed by SIGSEGV after the stop request"));
+  CHECK(elapsed < 20s);
+}
+
+TEST_CASE("launcher: a rank that crashes on its own is named with its signal") {
+  Captured captured;
+  auto [result, elapsed] = launch(
+      shell(2, "if [ $RANK = 1 ]; then ulimit -c 0; kill -SEGV $$; fi; exec sleep 30"), captured);
+  CHECK(result.exit_code == 128 + SIGSEGV);
+  CHECK(result.summary == "rank 1 was killed by SIGSEGV (signal 11)");
+  // A shell that reports its command's crash as 128 + N is decoded too.
+  RankExit shell_report;
+  shell_report.rank = 4;
+  shell_report.code = 128 + SIGBUS;
+  CHECK(shell_report.describe() ==
+        "rank 4 exited with code 135 (as a shell reports a command killed by SIGBUS)");
+  CHECK(signal_name(SIGTERM) == "SIGTERM");
+}
+
+TEST_CASE("launcher: shm regions a dead rank left are removed, and only those") {
+  // What libfabric's shm provider leaves when a process dies with an endpoint open: a file named
+  // "<pid>:..." in /dev/shm. Rank 0 leaves one and exits 0 (as _exit does), rank 1 leaves one
+  // and is killed; a region named after a live process (this one) must stay.
+  const std::string ours = fmt::format("/dev/shm/{}:launcher-test:0", ::getpid());
+  { std::ofstream(ours) << "ours"; }
+  // Rank 1 is killed only once rank 0 has made its region and exited (else the launcher could
+  // stop rank 0 before it made one).
+  auto options = shell(2,
+                       "echo region > /dev/shm/$$:launcher-test:0; "
+                       "done=/tmp/proxyep-launcher-test-$MASTER_PORT.done; "
+                       "if [ $RANK = 0 ]; then touch $done; exit 0; fi; "
+                       "for i in $(seq 300); do [ -e $done ] && break; sleep 0.1; done; "
+                       "rm -f $done; kill -9 $$");
+  Captured captured;
+  auto [result, elapsed] = launch(options, captured);
+  CHECK(result.exit_code == 128 + 9);
+  for (int rank : {0, 1}) {
+    CAPTURE(rank);
+    const auto& exit = result.ranks[rank];
+    std::string region = fmt::format("/dev/shm/{}:launcher-test:0", exit.pid);
+    CAPTURE(fmt::format("{}", fmt::join(exit.removed_regions, ", ")));
+    // Contains, not equals: a region an earlier process with this pid left goes too.
+    CHECK(std::find(exit.removed_regions.begin(), exit.removed_regions.end(), region) !=
+          exit.removed_regions.end());
+    CHECK_FALSE(std::filesystem::exists(region));
+    CHECK(any_contains(captured.reports, region));
+    CHECK(any_contains(
+        captured.reports,
+        fmt::format("named after rank {}'s pid {}, which has exited", rank, exit.pid)));
+  }
+  CHECK(std::filesystem::exists(ours));
+  std::filesystem::remove(ours);
 }
