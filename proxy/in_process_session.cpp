@@ -1,6 +1,7 @@
 // The in-process session: construction, and the waits every protocol uses (in_process_session.hpp).
 #include "proxy/in_process_session.hpp"
 
+#include "common/keep_forever.hpp"
 #include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
@@ -119,7 +120,7 @@ void InProcessSession::stop_and_settle() noexcept {
     log::warn(
         "buffer: a proxy thread is stuck inside the fabric provider; its fabric, memory "
         "and signal targets are kept for the life of the process");
-    (void)state_.release();
+    (void)keep_forever(std::move(state_));
   }
 }
 

@@ -1,5 +1,6 @@
 #include "proxy/proxy_engine.hpp"
 
+#include "common/keep_forever.hpp"
 #include "common/backoff.hpp"
 #include "common/log.hpp"
 #include "common/params.hpp"
@@ -109,10 +110,10 @@ ProxyEngine::~ProxyEngine() {
   bool leak = false;
   for (size_t t = 0; t < threads_.size(); ++t) {
     if (!abandoned_[t]) continue;
-    (void)threads_[t].release();
+    (void)keep_forever(std::move(threads_[t]));
     leak = true;
   }
-  if (leak) (void)shared_.release();
+  if (leak) (void)keep_forever(std::move(shared_));
 }
 
 bool ProxyEngine::abandoned() const {

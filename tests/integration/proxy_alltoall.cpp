@@ -9,6 +9,7 @@
 // --die-rank R --die-after N: rank R calls _exit(0) after pushing N descriptors (a peer that
 // vanishes mid-stream, exit code 0 so the launcher leaves the others running). The survivors
 // must fail within their timeouts with an error naming rank R, and exit 1.
+#include "common/keep_forever.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/host_memory.hpp"
@@ -201,8 +202,8 @@ void run(const Options& o) {
       if (!rank->engine) return;
       rank->engine->stop();
       if (!rank->engine->abandoned()) return;
-      (void)fabric.release();
-      (void)rank.release();
+      (void)keep_forever(std::move(fabric));
+      (void)keep_forever(std::move(rank));
     }
   } keep{fab, owned};
   rank.me = boot->rank();
