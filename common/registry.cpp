@@ -10,6 +10,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <stdexcept>
 
 extern char** environ;  // NOLINT: POSIX, for the scan for misspelt PROXYEP_* variables
@@ -257,18 +258,23 @@ void Registry::ensure_environment_loaded() {
 }
 
 void Registry::load_file(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   require(in.good(), "config", "cannot open config file '{}'", path);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  load_text(text, path);
+}
+
+void Registry::load_text(std::string_view text, const std::string& origin) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(in);
+    doc = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    fail("config", "config file '{}' is not valid JSON: {}", path, e.what());
+    fail("config", "config file '{}' is not valid JSON: {}", origin, e.what());
   }
-  require(doc.is_object(), "config", "config file '{}' must hold a JSON object", path);
+  require(doc.is_object(), "config", "config file '{}' must hold a JSON object", origin);
   for (auto& [name, value] : doc.items()) {
-    std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-    set(name, text, Source::config_file);
+    const std::string value_text = value.is_string() ? value.get<std::string>() : value.dump();
+    set(name, value_text, Source::config_file);
   }
 }
 

@@ -92,6 +92,8 @@ class Registry {
   void ensure_environment_loaded();
   // JSON object {"fabric.provider": "tcp", "bootstrap.timeout_ms": 5000, ...}.
   void load_file(const std::string& path);
+  // The same from a config file's text (what load_file reads); `origin` names it in errors.
+  void load_text(std::string_view text, const std::string& origin);
   nlohmann::json to_json() const;
   void reset_all();
 

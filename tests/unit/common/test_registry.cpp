@@ -95,6 +95,24 @@ TEST_CASE("config files are JSON objects of name: value") {
   CHECK_THROWS_AS(Registry::global().load_file("/nonexistent/proxyep.json"), Error);
 }
 
+TEST_CASE("config text loads as a file does, and errors name where it came from") {
+  ResetRegistry reset;
+  auto& registry = Registry::global();
+  registry.load_text(R"({"fabric.rails": 2, "fabric.provider": "tcp"})", "inline.json");
+  CHECK(params::fabric_rails.get() == 2);
+  CHECK(params::fabric_provider.get() == "tcp");
+  CHECK(registry.at("fabric.rails").source() == Source::config_file);
+  for (const std::string text : {"[1, 2", "[1, 2]"}) {
+    CAPTURE(text);
+    try {
+      registry.load_text(text, "inline.json");
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("inline.json") != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("to_json lists every parameter with value, source and env name") {
   auto doc = Registry::global().to_json();
   REQUIRE(doc.is_array());
