@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <stdexcept>
 
 extern char** environ;  // NOLINT: POSIX, for the scan for misspelt PROXYEP_* variables
@@ -56,6 +57,9 @@ int64_t parse_int(std::string_view text) {
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size())
     throw std::invalid_argument("expected an integer (optionally with a K, M or G suffix)");
+  if (value > std::numeric_limits<int64_t>::max() / multiplier ||
+      value < std::numeric_limits<int64_t>::min() / multiplier)
+    throw std::invalid_argument("out of the 64-bit integer range");
   return value * multiplier;
 }
 

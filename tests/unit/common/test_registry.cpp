@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -49,6 +50,24 @@ TEST_CASE("typed parsing with clear errors") {
   CHECK(params::bootstrap_timeout_ms.get() == 30000);  // a bad value leaves the old one
   CHECK_THROWS_AS(registry.set("fabric.reorder", "maybe", Source::code), Error);
   CHECK_THROWS_AS(registry.set("no.such.param", "1", Source::code), Error);
+}
+
+// Found with fuzz_config (tests/fuzz): "8589934592G" overflowed int64 (undefined behaviour, a
+// negative size in practice) instead of being refused.
+TEST_CASE("a size suffix that overflows 64 bits is refused; the limits are accepted") {
+  ResetRegistry reset;
+  auto& registry = Registry::global();
+  registry.set("ep.chunk_bytes", "8589934591G", Source::code);  // 2^63 - 2^30
+  CHECK(params::ep_chunk_bytes.get() == INT64_MAX - (int64_t{1} << 30) + 1);
+  registry.set("ep.chunk_bytes", "-8589934592G", Source::code);  // -2^63
+  CHECK(params::ep_chunk_bytes.get() == INT64_MIN);
+  for (const std::string text :
+       {"8589934592G", "-8589934593G", "9007199254740992K", "9223372036854775807M"}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(registry.set("ep.chunk_bytes", text, Source::code),
+                         doctest::Contains(text.c_str()), Error);
+  }
+  CHECK(params::ep_chunk_bytes.get() == INT64_MIN);  // a refused value leaves the old one
 }
 
 TEST_CASE("precedence: default < config file < environment < command line < code") {
