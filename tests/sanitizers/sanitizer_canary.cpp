@@ -28,7 +28,9 @@ int leak() {
 
 int signed_overflow() {
   volatile int value = INT_MAX;
-  return value + 1 > 0 ? 0 : 1;
+  // Stored, not compared: GCC folds `value + 1 > 0` to `value > -1` before UBSan sees the add.
+  volatile int sum = value + 1;
+  return sum > 0 ? 0 : 1;
 }
 
 int race() {
