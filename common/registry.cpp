@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 
@@ -385,19 +386,24 @@ void Registry::ensure_environment_loaded() {
 }
 
 void Registry::load_file(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   require(in.good(), "config", "cannot open config file '{}'", path);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  load_text(text, path);
+}
+
+void Registry::load_text(std::string_view text, const std::string& origin) {
   nlohmann::json doc;
   try {
-    doc = nlohmann::json::parse(in);
+    doc = nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::exception& e) {
-    fail("config", "config file '{}' is not valid JSON: {}", path, e.what());
+    fail("config", "config file '{}' is not valid JSON: {}", origin, e.what());
   }
-  require(doc.is_object(), "config", "config file '{}' must hold a JSON object", path);
+  require(doc.is_object(), "config", "config file '{}' must hold a JSON object", origin);
   std::vector<std::pair<ParamBase*, std::string>> values;
   for (auto& [name, value] : doc.items()) {
-    std::string text = value.is_string() ? value.get<std::string>() : value.dump();
-    values.emplace_back(&at(name), std::move(text));
+    std::string value_text = value.is_string() ? value.get<std::string>() : value.dump();
+    values.emplace_back(&at(name), std::move(value_text));
   }
   set_all(values, Source::config_file);
 }

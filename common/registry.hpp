@@ -147,6 +147,8 @@ class Registry {
   // JSON object {"fabric.provider": "tcp", "bootstrap.timeout_ms": 5000, ...}. Every invalid
   // entry is named in one Error (after the valid ones are stored).
   void load_file(const std::string& path);
+  // The same from a config file's text (what load_file reads); `origin` names it in errors.
+  void load_text(std::string_view text, const std::string& origin);
   nlohmann::json to_json() const;
   void reset_all();
 

@@ -140,6 +140,8 @@ Bytes encode_frame(Header header, std::span<const uint8_t> payload) {
 }
 
 Header decode_header(std::span<const uint8_t> bytes) {
+  if (bytes.size() < kHeaderBytes)
+    throw BadFrame(fmt::format("header truncated: {} bytes of {}", bytes.size(), kHeaderBytes));
   Header header;
   header.magic = get_u32(bytes, 0);
   if (header.magic != kMagic)

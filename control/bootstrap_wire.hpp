@@ -98,8 +98,9 @@ class BadFrame : public std::runtime_error {
 
 // Header + payload, ready to send. Sets header.length from the payload size.
 Bytes encode_frame(Header header, std::span<const uint8_t> payload);
-// Decodes the header at the start of `bytes` (at least kHeaderBytes). Throws BadFrame on a wrong
-// magic or an oversized length; the version is left for the handshake to judge.
+// Decodes the header at the start of `bytes`. Throws BadFrame when `bytes` is shorter than
+// kHeaderBytes, on a wrong magic or an oversized length; the version is left for the handshake
+// to judge.
 Header decode_header(std::span<const uint8_t> bytes);
 
 struct Challenge {

@@ -9,6 +9,9 @@ packages=(
   libconcurrentqueue-dev doctest-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   libssl-dev  # libcrypto: HMAC-SHA256 and the CSPRNG (bootstrap membership proof, memory keys)
   openmpi-bin libopenmpi-dev  # the MPI_Alltoallv baseline of `proxyep bench ep --baseline mpi`
+  # The sanitizer builds (presets sanitize, tsan): Clang, its sanitizer and libFuzzer runtimes
+  # (-fsanitize=fuzzer links libclang-rt-14-dev's), and llvm-symbolizer in PATH for the reports.
+  clang-14 libclang-rt-14-dev llvm
 )
 
 missing=()

@@ -4,10 +4,11 @@
 # For pairs (lower layer L, header H of a layer above or beside L), a one-line probe
 # `#include "H"` is compiled with exactly L's library's include directories and definitions (as
 # CMake computed them for the build, written to <flags-dir>/L.includes and L.defines) and must
-# fail with "H: No such file or directory". The same probe including a header of L, or of a layer
-# below L, must compile, so the test cannot pass because the flags are broken; and every probed
-# header must exist, so it cannot pass because a header was renamed. Finally, no layer may
-# include through "../" (a path relative to the including file escapes the include roots).
+# fail for want of H (GCC: "H: No such file or directory"; Clang: "'H' file not found"). The same
+# probe including a header of L, or of a layer below L, must compile, so the test cannot pass
+# because the flags are broken; and every probed header must exist, so it cannot pass because a
+# header was renamed. Finally, no layer may include through "../" (a path relative to the
+# including file escapes the include roots).
 #
 # Usage: check_layers.sh <c++ compiler> <flags-dir> <include-roots-dir> <repository root>
 set -euo pipefail
@@ -62,8 +63,9 @@ blind() {
   if [[ $rc -eq 0 ]]; then
     fail "$1 can include $2 (an include pointing up a layer compiles)"
   elif [[ $rc -ne 2 ]]; then
-    if grep -qF "$2: No such file or directory" "$work/err"; then
-      echo "ok: $1 cannot include $2: $(grep -F 'No such file' "$work/err" | head -1)"
+    # GCC: "H: No such file or directory"; Clang: "'H' file not found".
+    if grep -qF -e "$2: No such file or directory" -e "'$2' file not found" "$work/err"; then
+      echo "ok: $1 cannot include $2: $(grep -E 'No such file|file not found' "$work/err" | head -1)"
     else
       fail "$1 including $2 failed, but not for want of the header:"
       sed 's/^/    /' "$work/err" | head -20

@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -71,6 +72,29 @@ TEST_CASE("typed parsing with clear errors") {
   CHECK_THROWS_AS(registry.set("no.such.param", "1", Source::code), Error);
 }
 
+// Found with fuzz_config (tests/fuzz): "8589934592G" overflowed int64 (undefined behaviour, a
+// negative size in practice) instead of being refused. A parameter of this test's own, which
+// accepts every int64, so the parser's limits are what is checked.
+config::Param<int64_t> test_wide{"test.wide", 0, config::in_range(INT64_MIN, INT64_MAX),
+                                 "any 64-bit integer, for this test"};
+
+TEST_CASE("a size suffix that overflows 64 bits is refused; the limits are accepted") {
+  ResetRegistry reset;
+  auto& registry = Registry::global();
+  registry.set("test.wide", "8589934591G", Source::code);  // 2^63 - 2^30
+  CHECK(test_wide.get() == INT64_MAX - (int64_t{1} << 30) + 1);
+  registry.set("test.wide", "-8589934592G", Source::code);  // -2^63
+  CHECK(test_wide.get() == INT64_MIN);
+  for (const std::string text :
+       {"8589934592G", "-8589934593G", "9007199254740992K", "9223372036854775807M"}) {
+    CAPTURE(text);
+    CHECK_THROWS_WITH_AS(registry.set("test.wide", text, Source::code),
+                         doctest::Contains(text.c_str()), Error);
+  }
+  CHECK(test_wide.get() == INT64_MIN);  // a refused value leaves the old one
+  test_wide.reset();
+}
+
 TEST_CASE("precedence: default < config file < environment < command line < code") {
   ResetRegistry reset;
   auto& registry = Registry::global();
@@ -113,6 +137,24 @@ TEST_CASE("config files are JSON objects of name: value") {
   CHECK_THROWS_AS(Registry::global().load_file(path), Error);
   std::remove(path);
   CHECK_THROWS_AS(Registry::global().load_file("/nonexistent/proxyep.json"), Error);
+}
+
+TEST_CASE("config text loads as a file does, and errors name where it came from") {
+  ResetRegistry reset;
+  auto& registry = Registry::global();
+  registry.load_text(R"({"fabric.rails": 2, "fabric.provider": "tcp"})", "inline.json");
+  CHECK(params::fabric_rails.get() == 2);
+  CHECK(params::fabric_provider.get() == "tcp");
+  CHECK(registry.at("fabric.rails").source() == Source::config_file);
+  for (const std::string text : {"[1, 2", "[1, 2]"}) {
+    CAPTURE(text);
+    try {
+      registry.load_text(text, "inline.json");
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()).find("inline.json") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("to_json lists every parameter with value, source and env name") {

@@ -4,6 +4,8 @@
 
 #include <doctest/doctest.h>
 
+#include <span>
+
 using namespace proxyep::control;
 
 TEST_CASE("wire: a frame round-trips through encode and decode") {
@@ -35,6 +37,16 @@ TEST_CASE("wire: strays and garbage are recognised") {
   auto frame = wire::encode_frame(wire::Header{.kind = wire::Kind::hello}, {});
   frame[23] = 0xff;  // length's top byte: 4 GiB
   CHECK_THROWS_WITH_AS(wire::decode_header(frame), doctest::Contains("exceeds"), wire::BadFrame);
+}
+
+// Found by fuzz_bootstrap_wire (tests/fuzz): a header shorter than 24 bytes was read past its end.
+TEST_CASE("wire: a header cut short is a BadFrame, never a read past its end") {
+  const auto frame = wire::encode_frame(wire::Header{.kind = wire::Kind::hello}, {});
+  for (size_t size = 0; size < wire::kHeaderBytes; ++size) {
+    CAPTURE(size);
+    CHECK_THROWS_WITH_AS(wire::decode_header(std::span(frame).first(size)),
+                         doctest::Contains("truncated"), wire::BadFrame);
+  }
 }
 
 TEST_CASE("wire: contributions and lists round-trip; truncation is caught") {

@@ -196,8 +196,10 @@ TEST_CASE("reference: fp8 scales of any column count and any hidden move as raw 
   World w = make_world(false);
   const EpShape& shape = w.options.shape;
   const int64_t hidden = 100;  // not a multiple of 128: DeepEP's normal mode does not care
-  for (auto [dtype, cols] :
-       {std::pair{DType::i32, int64_t{3}}, std::pair{DType::f32, int64_t{1}}}) {
+  for (const auto& param : {std::pair{DType::i32, int64_t{3}}, std::pair{DType::f32, int64_t{1}}}) {
+    // Plain variables, not a structured binding: CAPTURE's lambda cannot use one before Clang 16.
+    const DType dtype = param.first;
+    const int64_t cols = param.second;
     CAPTURE(dtype_name(dtype));
     CAPTURE(cols);
     std::vector<Tensor> xs;
