@@ -31,6 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // Refused, naming the file and the parameter: fine (values set before the bad one stay).
   }
   for (auto* param : registry.all()) {
+    // A secret is never printed ("<redacted>") nor taken from a file, by design.
+    if (param->secret()) continue;
     const std::string shown = param->value_string();
     try {
       param->set_text(shown, Source::config_file);

@@ -55,7 +55,8 @@ Bytes head(const Bytes& bytes, size_t count) {
   return {bytes.begin(), bytes.begin() + count};
 }
 
-// bootstrap_wire: the first byte picks the decoder (0 header, 1 contribution, 2 list).
+// bootstrap_wire: the first byte picks the decoder (0 header, 1 contribution, 2 list,
+// 3 challenge, 4 hello, 5 welcome).
 void bootstrap_wire() {
   wire::Header hello;
   hello.kind = wire::Kind::hello;
@@ -84,6 +85,29 @@ void bootstrap_wire() {
   seed("bootstrap_wire", "list", cat({{2}, list}));
   seed("bootstrap_wire", "list_empty", cat({{2}, wire::encode_list({})}));
   seed("bootstrap_wire", "list_trailing", cat({{2}, list, {0}}));
+
+  wire::Challenge challenge;
+  challenge.secret_required = true;
+  challenge.nonce.fill(0x5a);
+  challenge.job_id = "launch-0123456789abcdef";
+  seed("bootstrap_wire", "challenge", cat({{3}, wire::encode_challenge(challenge)}));
+  wire::Hello with_mac;
+  with_mac.job_id = challenge.job_id;
+  with_mac.nonce.fill(0x3c);
+  with_mac.mac.emplace();
+  with_mac.mac->fill(0xa7);
+  with_mac.identity = "pid 4242 on host node-a";
+  const Bytes hello_payload = wire::encode_hello(with_mac);
+  seed("bootstrap_wire", "hello_mac", cat({{4}, hello_payload}));
+  wire::Hello plain;
+  plain.identity = "pid 7 on host node-b";
+  seed("bootstrap_wire", "hello_plain", cat({{4}, wire::encode_hello(plain)}));
+  seed("bootstrap_wire", "hello_truncated", cat({{4}, head(hello_payload, 30)}));
+  wire::Welcome welcome;
+  welcome.mac.emplace();
+  welcome.mac->fill(0x11);
+  seed("bootstrap_wire", "welcome", cat({{5}, wire::encode_welcome(welcome)}));
+  seed("bootstrap_wire", "welcome_plain", cat({{5}, wire::encode_welcome({})}));
 }
 
 // descriptor: a 64-byte slot image, then a byte whose bit 0 recomputes the check word.

@@ -62,7 +62,8 @@ failed=0
 fail() { echo "expect_failure: FAIL: $*"; failed=1; }
 if [[ -s "$work/sid" ]]; then
   sid=$(<"$work/sid")
-  left=$(ps -o pid= --sid "$sid" 2>/dev/null | tr -s ' \n' ' ')
+  # Zombies are not running (a sanitizer's llvm-symbolizer child can linger as one briefly).
+  left=$(ps -o pid=,stat= --sid "$sid" 2>/dev/null | awk '$2 !~ /^Z/ {print $1}' | tr -s ' \n' ' ')
   if [[ -n "${left// /}" ]]; then
     fail "processes left running:"
     ps -o pid=,args= --sid "$sid"

@@ -34,9 +34,15 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// The tests' own parameters are constructed at first use, not during static initialisation: the
+// registry reads every registered parameter when one registers, and reading another file's
+// globals while initialising is what ASan's init-order check (rightly) refuses.
 // A parameter of every checked kind the catalogue does not use yet.
-config::Param<double> test_ratio{"test.ratio", 0.5, config::in_real_range(0.0, 1.0),
-                                 "a ratio, for the registry's own tests"};
+config::Param<double>& test_ratio() {
+  static config::Param<double> param{"test.ratio", 0.5, config::in_real_range(0.0, 1.0),
+                                     "a ratio, for the registry's own tests"};
+  return param;
+}
 }  // namespace
 
 TEST_CASE("parameters are declared once, with derived environment names") {
@@ -75,24 +81,28 @@ TEST_CASE("typed parsing with clear errors") {
 // Found with fuzz_config (tests/fuzz): "8589934592G" overflowed int64 (undefined behaviour, a
 // negative size in practice) instead of being refused. A parameter of this test's own, which
 // accepts every int64, so the parser's limits are what is checked.
-config::Param<int64_t> test_wide{"test.wide", 0, config::in_range(INT64_MIN, INT64_MAX),
-                                 "any 64-bit integer, for this test"};
+config::Param<int64_t>& test_wide() {
+  static config::Param<int64_t> param{"test.wide", 0, config::in_range(INT64_MIN, INT64_MAX),
+                                      "any 64-bit integer, for this test"};
+  return param;
+}
 
 TEST_CASE("a size suffix that overflows 64 bits is refused; the limits are accepted") {
+  (void)test_wide();  // registered before it is set by name
   ResetRegistry reset;
   auto& registry = Registry::global();
   registry.set("test.wide", "8589934591G", Source::code);  // 2^63 - 2^30
-  CHECK(test_wide.get() == INT64_MAX - (int64_t{1} << 30) + 1);
+  CHECK(test_wide().get() == INT64_MAX - (int64_t{1} << 30) + 1);
   registry.set("test.wide", "-8589934592G", Source::code);  // -2^63
-  CHECK(test_wide.get() == INT64_MIN);
+  CHECK(test_wide().get() == INT64_MIN);
   for (const std::string text :
        {"8589934592G", "-8589934593G", "9007199254740992K", "9223372036854775807M"}) {
     CAPTURE(text);
     CHECK_THROWS_WITH_AS(registry.set("test.wide", text, Source::code),
                          doctest::Contains(text.c_str()), Error);
   }
-  CHECK(test_wide.get() == INT64_MIN);  // a refused value leaves the old one
-  test_wide.reset();
+  CHECK(test_wide().get() == INT64_MIN);  // a refused value leaves the old one
+  test_wide().reset();
 }
 
 TEST_CASE("precedence: default < config file < environment < command line < code") {
@@ -172,15 +182,19 @@ TEST_CASE("to_json lists every parameter with value, source and env name") {
 }
 
 // A secret of this test's own (bootstrap.secret is the real one).
-config::Param<std::string> test_secret{"test.secret", "", config::any_text(),
-                                       "a secret for this test", config::Sensitivity::secret};
+config::Param<std::string>& test_secret() {
+  static config::Param<std::string> param{"test.secret", "", config::any_text(),
+                                          "a secret for this test", config::Sensitivity::secret};
+  return param;
+}
 
 TEST_CASE("a secret parameter is never shown and comes from the environment only") {
+  (void)test_secret();  // registered before it is set by name
   ResetRegistry reset;
   auto& registry = Registry::global();
-  CHECK(test_secret.secret());
+  CHECK(test_secret().secret());
   CHECK_FALSE(registry.at("fabric.provider").secret());
-  CHECK(test_secret.value_string().empty());  // unset: nothing to hide
+  CHECK(test_secret().value_string().empty());  // unset: nothing to hide
   const std::string value = "a-secret-value-0123456789";
   for (Source source : {Source::command_line, Source::config_file}) {
     try {
@@ -192,12 +206,12 @@ TEST_CASE("a secret parameter is never shown and comes from the environment only
       CHECK(what.find(value) == std::string::npos);
     }
   }
-  CHECK(test_secret.get().empty());
+  CHECK(test_secret().get().empty());
   ::setenv("PROXYEP_TEST_SECRET", value.c_str(), 1);
   registry.load_environment();
   ::unsetenv("PROXYEP_TEST_SECRET");
-  CHECK(test_secret.get() == value);                  // the code gets it
-  CHECK(test_secret.value_string() == "<redacted>");  // every printer does not
+  CHECK(test_secret().get() == value);                  // the code gets it
+  CHECK(test_secret().value_string() == "<redacted>");  // every printer does not
   CHECK(registry.to_json().dump().find(value) == std::string::npos);
 }
 
@@ -289,15 +303,15 @@ TEST_CASE("names, syntaxes and real ranges") {
   CHECK(registry.at("bootstrap.interface").check_text("two words") != "");
   CHECK(registry.at("log.level").check_text("warn") == "");
 
-  CHECK(test_ratio.valid_text() == "0..1");
-  test_ratio.set(0.25);
-  CHECK(test_ratio.get() == 0.25);
-  CHECK(error_of([] { test_ratio.set(1.5); }) ==
+  CHECK(test_ratio().valid_text() == "0..1");
+  test_ratio().set(0.25);
+  CHECK(test_ratio().get() == 0.25);
+  CHECK(error_of([] { test_ratio().set(1.5); }) ==
         "config: invalid value '1.5' for test.ratio (env PROXYEP_TEST_RATIO, from code): must be "
         "between 0 and 1");
-  CHECK(test_ratio.check_text("nan") == "must be between 0 and 1");
-  CHECK(test_ratio.check_text("half") == "expected a number");
-  test_ratio.reset();
+  CHECK(test_ratio().check_text("nan") == "must be between 0 and 1");
+  CHECK(test_ratio().check_text("half") == "expected a number");
+  test_ratio().reset();
 }
 
 TEST_CASE("integers that do not fit are refused, not wrapped") {
