@@ -36,6 +36,7 @@
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/tensor.hpp"
 #include "integrations/config.hpp"
+#include "integrations/low_latency_types.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -151,6 +152,17 @@ class Buffer {
   DispatchLayout get_dispatch_layout(const TensorRef& topk_idx, int num_experts);
   DispatchResult dispatch(const DispatchArgs& args);
   CombineResult combine(const CombineArgs& args);
+
+  // ---- low-latency mode (DEEPEP_COMPAT 1.4 items 5-8, 2.8; integrations/low_latency/) ----
+  // Bytes of num_rdma_bytes that hold LL calls of these sizes (BF16 or FP8, two calls in flight).
+  static int64_t get_low_latency_rdma_size_hint(int num_max_dispatch_tokens_per_rank, int hidden,
+                                                int num_ranks, int num_experts);
+  // Collective: agrees on the LL sizes and makes the LL slots ready after normal-mode calls.
+  void clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int hidden, int num_experts);
+  LowLatencyDispatchResult low_latency_dispatch(const LowLatencyDispatchArgs& args);
+  LowLatencyCombineResult low_latency_combine(const LowLatencyCombineArgs& args);
+  // bf16 [E_local * R*T, H]: where a zero_copy combine of `handle` reads its expert outputs.
+  Tensor get_next_low_latency_combine_buffer(const LowLatencyHandle& handle);
 
   // Collective; required before destruction when explicitly_destroy, allowed otherwise. After
   // it every call throws.

@@ -1,0 +1,112 @@
+// The low-latency mode's arguments and results (DEEPEP_COMPAT 1.4 items 5-8, 2.7, 2.8):
+// DeepEP's tuples as named structs. Buffer::low_latency_dispatch / low_latency_combine take and
+// return these (buffer.hpp); the protocol is integrations/low_latency/.
+//
+// Three-dimensional outputs are stored as 2-D tensors with the leading dimensions flattened, so
+// a Python binding makes DeepEP's views from them without copying:
+//   recv_x        [E_local * R * T, H]   = DeepEP's [E_local, R*T, H] (row-major)
+//   recv_x_scales [E_local * S, R * T]   = DeepEP's [E_local, R*T, S] with strides (S*R*T, 1, R*T):
+//                                          column-major in the last two dimensions (TMA layout)
+// where E_local = experts per rank, R = ranks, T = num_max_dispatch_tokens_per_rank, H = hidden,
+// S = H / 128 float32 scales (or H / 512 int32 words of four UE8M0 exponent bytes).
+#pragma once
+
+#include "gpu_side/ep/tensor.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+namespace proxyep {
+
+namespace integrations::low_latency {
+struct CallState;  // what a call in flight keeps (low_latency/ll_call.hpp)
+}
+
+// DeepEP's LL handle (src_info, layout_range, T, H, E) plus what combine needs.
+struct LowLatencyHandle {
+  gpu_side::ep::Tensor src_info;      // i32 [E_local, R*T]: token index at its source rank
+  gpu_side::ep::Tensor layout_range;  // i64 [E_local, R]: (begin << 32) | count per source rank
+  int num_max_dispatch_tokens_per_rank = 0;
+  int hidden = 0;
+  int num_experts = 0;
+  // The dispatch this handle came from (which Buffer, which call, what this rank sent where).
+  std::shared_ptr<const integrations::low_latency::CallState> dispatched;
+};
+
+// Completes the receive phase of a call started with return_recv_hook (DeepEP's `hook()`).
+// Calling it twice is a no-op; a hook that is never called keeps its call in flight (the third
+// call in flight is refused).
+class RecvHook {
+ public:
+  RecvHook() = default;
+  explicit RecvHook(std::function<void()> receive) : receive_(std::move(receive)) {}
+  bool defined() const { return static_cast<bool>(receive_); }
+  void operator()() const {
+    if (receive_) receive_();
+  }
+
+ private:
+  std::function<void()> receive_;
+};
+
+// The event of an async_finish call: set when its receive phase completed in the background.
+class CallEvent {
+ public:
+  CallEvent() = default;
+  explicit CallEvent(std::function<void()> wait) : wait_(std::move(wait)) {}
+  bool defined() const { return static_cast<bool>(wait_); }
+  // Waits for the call; rethrows its error (proxyep::Error naming the phase and the peer).
+  void wait() const {
+    if (wait_) wait_();
+  }
+
+ private:
+  std::function<void()> wait_;
+};
+
+struct LowLatencyDispatchArgs {
+  gpu_side::ep::TensorRef x;                 // bf16 [T', H], T' <= num_max_dispatch_tokens_per_rank
+  gpu_side::ep::TensorRef topk_idx;          // i64 [T', K], -1 = no expert
+  int num_max_dispatch_tokens_per_rank = 0;  // the same on every rank
+  int num_experts = 0;
+  // Written in place when given: i32 [E_local] += tokens received per local expert; i64 [R]
+  // += nanoseconds this rank waited for each source rank's data.
+  gpu_side::ep::TensorRef cumulative_local_expert_recv_stats;
+  gpu_side::ep::TensorRef dispatch_wait_recv_cost_stats;
+  bool use_fp8 = true;
+  bool round_scale = false;  // scales rounded up to powers of two
+  bool use_ue8m0 = false;    // scales as exponent bytes, four per int32 (needs round_scale)
+  bool async_finish = false;
+  bool return_recv_hook = false;
+};
+
+struct LowLatencyDispatchResult {
+  gpu_side::ep::Tensor recv_x;         // fp8_e4m3 or bf16 [E_local * R*T, H]
+  gpu_side::ep::Tensor recv_x_scales;  // f32 [E_local * H/128, R*T] or i32 [E_local * H/512, R*T]
+  gpu_side::ep::Tensor recv_count;     // i32 [E_local]: valid rows per local expert
+  LowLatencyHandle handle;
+  CallEvent event;  // with async_finish
+  RecvHook hook;    // with return_recv_hook
+};
+
+struct LowLatencyCombineArgs {
+  gpu_side::ep::TensorRef x;             // bf16 [E_local * R*T, H] (ignored with zero_copy)
+  gpu_side::ep::TensorRef topk_idx;      // i64 [T', K]: this rank's routing at dispatch
+  gpu_side::ep::TensorRef topk_weights;  // f32 [T', K]
+  const LowLatencyHandle* handle = nullptr;
+  bool use_logfmt = false;  // refused: LogFMT is not implemented
+  bool zero_copy = false;   // x was written into get_next_low_latency_combine_buffer(handle)
+  bool async_finish = false;
+  bool return_recv_hook = false;
+  gpu_side::ep::TensorRef out;  // bf16 [T', H], written in place when given
+  gpu_side::ep::TensorRef combine_wait_recv_cost_stats;  // i64 [R], += ns waited per source
+};
+
+struct LowLatencyCombineResult {
+  gpu_side::ep::Tensor combined_x;  // bf16 [T', H]; undefined when `out` was given (it holds it)
+  CallEvent event;
+  RecvHook hook;
+};
+
+}  // namespace proxyep
