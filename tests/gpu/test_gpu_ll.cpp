@@ -220,28 +220,21 @@ bool run_case(const Case& c) {
   return ok;
 }
 
-LlFormat format(uint32_t hidden, bool fp8, bool round_scale = false, bool ue8m0 = false) {
-  LlFormat f;
-  f.hidden = hidden;
-  f.fp8 = fp8;
-  f.round_scale = round_scale;
-  f.ue8m0 = ue8m0;
-  return f;
-}
-
 std::vector<Case> cases() {
   std::vector<Case> all;
-  all.push_back({"fp8, hidden 7168", format(7168, true), 128, 8, 0, 0});
-  all.push_back(
-      {"fp8 round_scale, hidden 7168, 32 threads", format(7168, true, true), 64, 8, 0, 32});
-  all.push_back(
-      {"fp8 UE8M0, hidden 7168 (padded messages)", format(7168, true, true, true), 96, 8, 5, 0});
-  all.push_back(
-      {"fp8 UE8M0, hidden 2048, 256 threads", format(2048, true, true, true), 33, 8, 0, 256});
-  all.push_back({"bf16, hidden 7168, top-8", format(7168, false), 128, 8, 0, 0});
-  all.push_back(
-      {"bf16, hidden 4096, top-11, 3 blocks of 64", format(4096, false), 77, kLlMaxTopk, 3, 64});
-  all.push_back({"bf16, hidden 128, top-1", format(128, false), 5, 1, 0, 32});
+  all.push_back({"fp8, hidden 7168", LlFormat{.hidden = 7168, .fp8 = true}, 128, 8, 0, 0});
+  all.push_back({"fp8 round_scale, hidden 7168, 32 threads",
+                 LlFormat{.hidden = 7168, .fp8 = true, .round_scale = true}, 64, 8, 0, 32});
+  all.push_back({"fp8 UE8M0, hidden 7168 (padded messages)",
+                 LlFormat{.hidden = 7168, .fp8 = true, .round_scale = true, .ue8m0 = true}, 96, 8,
+                 5, 0});
+  all.push_back({"fp8 UE8M0, hidden 2048, 256 threads",
+                 LlFormat{.hidden = 2048, .fp8 = true, .round_scale = true, .ue8m0 = true}, 33, 8,
+                 0, 256});
+  all.push_back({"bf16, hidden 7168, top-8", LlFormat{.hidden = 7168, .fp8 = false}, 128, 8, 0, 0});
+  all.push_back({"bf16, hidden 4096, top-11, 3 blocks of 64",
+                 LlFormat{.hidden = 4096, .fp8 = false}, 77, kLlMaxTopk, 3, 64});
+  all.push_back({"bf16, hidden 128, top-1", LlFormat{.hidden = 128, .fp8 = false}, 5, 1, 0, 32});
   return all;
 }
 
