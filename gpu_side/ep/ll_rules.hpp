@@ -35,8 +35,10 @@
 // Inputs must be finite (DeepEP assumes it too: with an infinite amax its power of two wraps).
 //
 // Accepted hidden sizes (ll_hidden_error): FP8 needs hidden % 512 == 0 (whole UE8M0 words;
-// DeepEP's FP8 LL requires it too), BF16 hidden % 128 == 0. Messages and rows are therefore
-// multiples of 16 bytes, which the kernels rely on for 16-byte accesses.
+// DeepEP's FP8 LL requires it too), BF16 hidden % 128 == 0. Payloads, scale areas and rows then
+// start 16-byte aligned in a 16-byte-aligned message (message_bytes() is a multiple of 16; a
+// UE8M0 message ends in up to 12 zero bytes, 8 for H = 7168), which the kernels' 16-byte
+// accesses rely on.
 //
 // Who does the work is row_rules.hpp's `Lanes` policy (HostLanes on the host, the thread block's
 // BlockLanes in the kernels): the cast's lanes stride over 128-channel groups (a group's amax

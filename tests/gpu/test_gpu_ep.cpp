@@ -16,6 +16,7 @@
 #include "gpu_side/ep/workload.hpp"
 
 #include "tests/gpu/device_check.hpp"
+#include "tests/gpu/device_memory.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -30,6 +31,8 @@
 
 using namespace proxyep;
 using namespace proxyep::gpu_side::ep;
+using proxyep::testing::DeviceMemory;
+using proxyep::testing::first_difference;
 
 namespace {
 
@@ -39,42 +42,6 @@ constexpr unsigned char kFiller = 0x5a;  // arena bytes no row writes keep this 
 void check(cudaError_t status, const char* what) {
   gpu_side::cuda::check_cuda(status, kPhase, what);
 }
-
-// One device allocation (256-byte aligned, like every cudaMalloc).
-class DeviceMemory {
- public:
-  explicit DeviceMemory(size_t bytes) : bytes_(bytes) {
-    check(cudaMalloc(&data_, bytes == 0 ? 1 : bytes), "cudaMalloc");
-  }
-  DeviceMemory(const void* host, size_t bytes) : DeviceMemory(bytes) { upload(host, bytes); }
-  ~DeviceMemory() {
-    if (data_ != nullptr) (void)cudaFree(data_);
-  }
-  DeviceMemory(DeviceMemory&& other) noexcept
-      : data_(std::exchange(other.data_, nullptr)), bytes_(other.bytes_) {}
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(DeviceMemory&&) = delete;
-
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(data_);
-  }
-  void upload(const void* host, size_t bytes) {
-    if (bytes > 0) check(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "upload");
-  }
-  template <typename T>
-  std::vector<T> download(size_t count) const {
-    std::vector<T> out(count);
-    if (count > 0)
-      check(cudaMemcpy(out.data(), data_, count * sizeof(T), cudaMemcpyDeviceToHost), "download");
-    return out;
-  }
-
- private:
-  void* data_ = nullptr;
-  size_t bytes_ = 0;
-};
 
 struct Case {
   std::string name;
@@ -92,15 +59,6 @@ struct Case {
   int biases = 2;
   int blocks = 0, threads = 0;  // 0: the launch functions' defaults
 };
-
-// The first differing byte, or -1.
-int64_t first_difference(const void* a, const void* b, size_t bytes) {
-  const auto* x = static_cast<const unsigned char*>(a);
-  const auto* y = static_cast<const unsigned char*>(b);
-  for (size_t i = 0; i < bytes; ++i)
-    if (x[i] != y[i]) return static_cast<int64_t>(i);
-  return -1;
-}
 
 bool same(const char* what, const Case& c, int rank, const void* host, const void* device,
           size_t bytes) {

@@ -1,0 +1,256 @@
+// The low-latency kernels (gpu_side/cuda/ll_kernels.hpp) against their CPU twins, bit for bit:
+// each kernel runs one gpu_side/ep/ll_rules.hpp rule over many items with a thread block per
+// item, the twin runs the same rule on HostLanes, and every byte of the output areas (filler
+// that no item writes included) must agree:
+//   - pack: tokens packed into messages at permuted offsets (some tokens twice), every format;
+//   - unpack: those messages into three experts' rows, scales and src_info, rows permuted;
+//   - combine: tokens with up to kLlMaxTopk rows, some skipped, weights of both signs.
+// Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
+#include "common/error.hpp"
+#include "gpu_side/cuda/ll_kernels.hpp"
+#include "gpu_side/ep/ll_rules.hpp"
+#include "gpu_side/ep/numeric.hpp"
+
+#include "tests/gpu/device_check.hpp"
+#include "tests/gpu/device_memory.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+using namespace proxyep;
+using namespace proxyep::gpu_side::ep;
+using proxyep::testing::check_cuda;
+using proxyep::testing::DeviceMemory;
+using proxyep::testing::first_difference;
+
+namespace {
+
+constexpr std::byte kFiller{0x5a};  // output bytes no item writes keep this value
+
+struct Case {
+  std::string name;
+  LlFormat format;
+  int tokens = 64;
+  int topk = 8;
+  int blocks = 0, threads = 0;  // 0: the launch functions' defaults
+};
+
+bool same(const Case& c, const char* what, const void* host, const void* device, size_t bytes) {
+  const int64_t at = first_difference(host, device, bytes);
+  if (at < 0) return true;
+  std::printf("FAIL %s: %s differs at byte %lld of %zu\n", c.name.c_str(), what,
+              static_cast<long long>(at), bytes);
+  return false;
+}
+
+// bf16 rows whose 128-channel groups have magnitudes from 2^-20 to 2^20, with an all-zero group
+// (the amax floor) and a group at bf16's largest values in every row.
+std::vector<uint16_t> make_x(std::mt19937_64& rng, int tokens, uint32_t hidden) {
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> exponent(-20, 20);
+  std::vector<uint16_t> x(static_cast<size_t>(tokens) * hidden);
+  for (int t = 0; t < tokens; ++t)
+    for (uint32_t g = 0; g < hidden / 128; ++g) {
+      uint16_t* group = x.data() + static_cast<size_t>(t) * hidden + g * 128;
+      const int e = exponent(rng);
+      for (int i = 0; i < 128; ++i)
+        group[i] = (g + t) % 7 == 0   ? uint16_t{0}
+                   : (g + t) % 7 == 3 ? uint16_t(i % 2 ? 0x7f7f : 0xff7e)
+                                      : float_to_bf16(std::ldexp(normal(rng), e));
+    }
+  return x;
+}
+
+// Packs every token once at a permuted slot and the first quarter again at the last slots;
+// returns the host messages for the unpack check.
+bool check_pack(const Case& c, const std::vector<uint16_t>& x, std::mt19937_64& rng,
+                std::vector<std::byte>& messages, int& slots) {
+  const LlFormat& f = c.format;
+  slots = c.tokens + c.tokens / 4;
+  std::vector<int> slot(c.tokens);
+  for (int t = 0; t < c.tokens; ++t)
+    slot[t] = t;
+  std::shuffle(slot.begin(), slot.end(), rng);
+  std::vector<gpu_side::cuda::LlPackItem> items;
+  for (int t = 0; t < c.tokens; ++t)
+    items.push_back({static_cast<uint64_t>(slot[t]) * f.message_bytes(), t});
+  for (int t = 0; t < c.tokens / 4; ++t)
+    items.push_back({static_cast<uint64_t>(c.tokens + t) * f.message_bytes(), t});
+
+  messages.assign(static_cast<size_t>(slots) * f.message_bytes(), kFiller);
+  for (const auto& item : items)
+    ll_pack_message(f, x.data() + static_cast<size_t>(item.token) * f.hidden, item.token,
+                    messages.data() + item.offset, HostLanes{});
+
+  DeviceMemory x_d(x.data(), x.size() * 2);
+  DeviceMemory items_d(items.data(), items.size() * sizeof(items[0]));
+  DeviceMemory out_d(messages.size());
+  check_cuda(cudaMemset(out_d.as<void>(), static_cast<int>(kFiller), messages.size()), "memset");
+  gpu_side::cuda::LlPackParams p;
+  p.format = f;
+  p.x = x_d.as<uint16_t>();
+  p.items = items_d.as<gpu_side::cuda::LlPackItem>();
+  p.messages = out_d.as<std::byte>();
+  p.num_items = static_cast<int64_t>(items.size());
+  p.blocks = c.blocks;
+  if (c.threads > 0) p.threads = c.threads;
+  check_cuda(gpu_side::cuda::launch_ll_pack(p, nullptr), "launch_ll_pack");
+  check_cuda(cudaDeviceSynchronize(), "ll_pack_kernel");
+  return same(c, "packed messages", messages.data(),
+              out_d.download<std::byte>(messages.size()).data(), messages.size());
+}
+
+// The messages into three experts' outputs: slot i goes to expert i % 3 at a permuted row.
+bool check_unpack(const Case& c, const std::vector<std::byte>& messages, int slots,
+                  std::mt19937_64& rng) {
+  const LlFormat& f = c.format;
+  constexpr int kExperts = 3;
+  const int64_t rows = slots;  // rows per expert (R * T), more than any expert receives
+  const uint32_t S = f.scale_words();
+  const size_t x_bytes = kExperts * rows * f.payload_bytes();
+  const size_t scale_words = kExperts * std::max<size_t>(S, 1) * rows;
+  const size_t info_words = kExperts * rows;
+  std::vector<std::byte> recv_x(x_bytes, kFiller);
+  std::vector<uint32_t> scales(scale_words, 0x5a5a5a5au);
+  std::vector<int32_t> src_info(info_words, 0x5a5a5a5a);
+
+  DeviceMemory messages_d(messages.data(), messages.size());
+  DeviceMemory x_d(x_bytes), scales_d(scale_words * 4), info_d(info_words * 4);
+  x_d.upload(recv_x.data(), x_bytes);
+  scales_d.upload(scales.data(), scale_words * 4);
+  info_d.upload(src_info.data(), info_words * 4);
+  std::vector<LlExpertSink> host_sinks, device_sinks;
+  for (int e = 0; e < kExperts; ++e) {
+    host_sinks.push_back({recv_x.data() + e * rows * f.payload_bytes(),
+                          scales.data() + e * S * rows, rows, src_info.data() + e * rows});
+    device_sinks.push_back({x_d.as<std::byte>() + e * rows * f.payload_bytes(),
+                            scales_d.as<uint32_t>() + e * S * rows, rows,
+                            info_d.as<int32_t>() + e * rows});
+  }
+  std::vector<int64_t> row_of(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    row_of[r] = r;
+  std::shuffle(row_of.begin(), row_of.end(), rng);
+  std::vector<gpu_side::cuda::LlUnpackItem> items;
+  for (int i = 0; i < slots; ++i) {
+    const std::byte* message = messages.data() + static_cast<size_t>(i) * f.message_bytes();
+    const gpu_side::cuda::LlUnpackItem item{message, row_of[i], i % kExperts};
+    ll_unpack_message(f, item.message, host_sinks[item.sink], item.row, HostLanes{});
+    items.push_back(
+        {messages_d.as<std::byte>() + (message - messages.data()), item.row, item.sink});
+  }
+  DeviceMemory sinks_d(device_sinks.data(), device_sinks.size() * sizeof(LlExpertSink));
+  DeviceMemory items_d(items.data(), items.size() * sizeof(items[0]));
+  gpu_side::cuda::LlUnpackParams p;
+  p.format = f;
+  p.items = items_d.as<gpu_side::cuda::LlUnpackItem>();
+  p.sinks = sinks_d.as<LlExpertSink>();
+  p.num_items = static_cast<int64_t>(items.size());
+  p.blocks = c.blocks;
+  if (c.threads > 0) p.threads = c.threads;
+  check_cuda(gpu_side::cuda::launch_ll_unpack(p, nullptr), "launch_ll_unpack");
+  check_cuda(cudaDeviceSynchronize(), "ll_unpack_kernel");
+  bool ok = same(c, "recv_x", recv_x.data(), x_d.download<std::byte>(x_bytes).data(), x_bytes);
+  ok &= same(c, "recv_x_scales", scales.data(), scales_d.download<uint32_t>(scale_words).data(),
+             scale_words * 4);
+  ok &= same(c, "src_info", src_info.data(), info_d.download<int32_t>(info_words).data(),
+             info_words * 4);
+  return ok;
+}
+
+// Tokens reduce top-k rows of a table of expert outputs; -1 entries are skipped.
+bool check_combine(const Case& c, std::mt19937_64& rng) {
+  const uint32_t hidden = c.format.hidden;
+  const int K = c.topk;
+  const int64_t table_rows = 97;
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> table(table_rows * hidden);
+  for (uint16_t& v : table)
+    v = float_to_bf16(normal(rng) * 4.0f);
+  std::vector<int64_t> pick(static_cast<size_t>(c.tokens) * K);
+  std::vector<float> weights(pick.size());
+  for (size_t i = 0; i < pick.size(); ++i) {
+    pick[i] = rng() % 5 == 0 ? -1 : static_cast<int64_t>(rng() % table_rows);
+    weights[i] = normal(rng);
+  }
+  DeviceMemory table_d(table.data(), table.size() * 2);
+  std::vector<const uint16_t*> host_rows(pick.size()), device_rows(pick.size());
+  for (size_t i = 0; i < pick.size(); ++i) {
+    host_rows[i] = pick[i] < 0 ? nullptr : table.data() + pick[i] * hidden;
+    device_rows[i] = pick[i] < 0 ? nullptr : table_d.as<uint16_t>() + pick[i] * hidden;
+  }
+  std::vector<uint16_t> out(static_cast<size_t>(c.tokens) * hidden, 0x5a5a);
+  for (int t = 0; t < c.tokens; ++t)
+    ll_combine_token(host_rows.data() + t * K, weights.data() + t * K, K, hidden,
+                     out.data() + static_cast<size_t>(t) * hidden, HostLanes{});
+  DeviceMemory rows_d(device_rows.data(), device_rows.size() * sizeof(device_rows[0]));
+  DeviceMemory weights_d(weights.data(), weights.size() * 4);
+  DeviceMemory out_d(out.size() * 2);
+  gpu_side::cuda::LlCombineParams p;
+  p.rows = rows_d.as<const uint16_t*>();
+  p.weights = weights_d.as<float>();
+  p.out = out_d.as<uint16_t>();
+  p.num_tokens = c.tokens;
+  p.topk = K;
+  p.hidden = hidden;
+  p.blocks = c.blocks;
+  if (c.threads > 0) p.threads = c.threads;
+  check_cuda(gpu_side::cuda::launch_ll_combine(p, nullptr), "launch_ll_combine");
+  check_cuda(cudaDeviceSynchronize(), "ll_combine_kernel");
+  return same(c, "combined", out.data(), out_d.download<uint16_t>(out.size()).data(),
+              out.size() * 2);
+}
+
+bool run_case(const Case& c) {
+  std::mt19937_64 rng(1234 + c.format.hidden + c.threads);
+  const std::vector<uint16_t> x = make_x(rng, c.tokens, c.format.hidden);
+  std::vector<std::byte> messages;
+  int slots = 0;
+  bool ok = check_pack(c, x, rng, messages, slots);
+  ok &= check_unpack(c, messages, slots, rng);
+  if (!c.format.fp8) ok &= check_combine(c, rng);  // combine is BF16; once per hidden size
+  std::printf("%s %s\n", ok ? "ok  " : "FAIL", c.name.c_str());
+  return ok;
+}
+
+std::vector<Case> cases() {
+  std::vector<Case> all;
+  all.push_back({"fp8, hidden 7168", LlFormat{.hidden = 7168, .fp8 = true}, 128, 8, 0, 0});
+  all.push_back({"fp8 round_scale, hidden 7168, 32 threads",
+                 LlFormat{.hidden = 7168, .fp8 = true, .round_scale = true}, 64, 8, 0, 32});
+  all.push_back({"fp8 UE8M0, hidden 7168 (padded messages)",
+                 LlFormat{.hidden = 7168, .fp8 = true, .round_scale = true, .ue8m0 = true}, 96, 8,
+                 5, 0});
+  all.push_back({"fp8 UE8M0, hidden 2048, 256 threads",
+                 LlFormat{.hidden = 2048, .fp8 = true, .round_scale = true, .ue8m0 = true}, 33, 8,
+                 0, 256});
+  all.push_back({"bf16, hidden 7168, top-8", LlFormat{.hidden = 7168, .fp8 = false}, 128, 8, 0, 0});
+  all.push_back({"bf16, hidden 4096, top-11, 3 blocks of 64",
+                 LlFormat{.hidden = 4096, .fp8 = false}, 77, kLlMaxTopk, 3, 64});
+  all.push_back({"bf16, hidden 128, top-1", LlFormat{.hidden = 128, .fp8 = false}, 5, 1, 0, 32});
+  return all;
+}
+
+}  // namespace
+
+int main() {
+  if (!proxyep::testing::cuda_device_present()) return proxyep::testing::kSkipExitCode;
+  try {
+    check_cuda(cudaSetDevice(0), "cudaSetDevice");
+    bool ok = true;
+    for (const Case& c : cases())
+      ok &= run_case(c);
+    std::printf("%s\n", ok ? "PASS" : "FAIL");
+    return ok ? 0 : 1;
+  } catch (const Error& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+}
