@@ -95,26 +95,19 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.src_info = backend_.allocate(ep::DType::i32, local, rows);
   st.layout_range = backend_.allocate(ep::DType::i64, local, R);
 
-  st.call = calls_.begin(CallKind::deferred, kPhase);
   const uint64_t message = format.message_bytes();
-  calls_.step([&] {
-    for (int s = 0; s < R; ++s)
-      session_.channel(s).expect_record(st.call, kPhase);
-    calls_.await_slots_free(st.call, kPhase);
-    send_all(
-        st,
-        [&](int d, std::byte* slot, std::vector<int32_t>& counts) {
-          counts.assign(expert_counts_.begin() + d * local,
-                        expert_counts_.begin() + (d + 1) * local);
-          const std::vector<int32_t>& tokens_to = order_[d];
-          for (size_t i = 0; i < tokens_to.size(); ++i)
-            std::memcpy(slot + i * message,
-                        token_messages_.data() + static_cast<uint64_t>(tokens_to[i]) * message,
-                        message);
-          return static_cast<uint64_t>(tokens_to.size()) * message;
-        },
-        kPhase);
-  });
+  send_call(
+      st,
+      [&](int d, std::byte* slot, std::vector<int32_t>& counts) {
+        counts.assign(expert_counts_.begin() + d * local, expert_counts_.begin() + (d + 1) * local);
+        const std::vector<int32_t>& tokens_to = order_[d];
+        for (size_t i = 0; i < tokens_to.size(); ++i)
+          std::memcpy(slot + i * message,
+                      token_messages_.data() + static_cast<uint64_t>(tokens_to[i]) * message,
+                      message);
+        return static_cast<uint64_t>(tokens_to.size()) * message;
+      },
+      kPhase);
 
   LowLatencyDispatchResult out;
   out.recv_x = st.recv_x;

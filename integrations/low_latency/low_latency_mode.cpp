@@ -106,6 +106,16 @@ void LowLatencyMode::agree(const LlShape& shape, std::string_view phase) {
   agreed_ = shape;
 }
 
+void LowLatencyMode::send_call(CallState& state, const Pack& pack, std::string_view phase) {
+  state.call = calls_.begin(CallKind::deferred, phase);
+  calls_.step([&] {
+    for (int s = 0; s < session_.ranks(); ++s)
+      session_.channel(s).expect_record(state.call, phase);
+    calls_.await_slots_free(state.call, phase);
+    send_all(state, pack, phase);
+  });
+}
+
 void LowLatencyMode::send_all(const CallState& state, const Pack& pack, std::string_view phase) {
   const int R = session_.ranks();
   // Writes to other nodes complete in the background: start them before the stores.

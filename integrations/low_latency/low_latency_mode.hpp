@@ -62,6 +62,9 @@ class LowLatencyMode {
   // Sends `state`'s records (and the messages `pack(d, slot)` writes, returning their bytes)
   // to every rank, peers on other nodes first.
   using Pack = std::function<uint64_t(int, std::byte*, std::vector<int32_t>&)>;
+  // The send phase of `state`: begins its call (a deferred one), waits until every rank freed
+  // the slots it reuses, and sends every rank its record and the messages `pack` writes.
+  void send_call(CallState& state, const Pack& pack, std::string_view phase);
   void send_all(const CallState& state, const Pack& pack, std::string_view phase);
   // Waits for every rank's record and eager bytes of `state`'s call; returns the records, and
   // the nanoseconds each source took from `start`.

@@ -241,16 +241,5 @@ std::vector<Case> cases() {
 }  // namespace
 
 int main() {
-  if (!proxyep::testing::cuda_device_present()) return proxyep::testing::kSkipExitCode;
-  try {
-    check_cuda(cudaSetDevice(0), "cudaSetDevice");
-    bool ok = true;
-    for (const Case& c : cases())
-      ok &= run_case(c);
-    std::printf("%s\n", ok ? "PASS" : "FAIL");
-    return ok ? 0 : 1;
-  } catch (const Error& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
-  }
+  return proxyep::testing::run_gpu_cases(cases(), run_case);
 }

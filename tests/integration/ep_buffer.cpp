@@ -12,6 +12,7 @@
 #include "common/error.hpp"
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
+#include "ep_test_options.hpp"
 #include "gpu_side/ep/numeric.hpp"
 #include "gpu_side/ep/reference.hpp"
 #include "gpu_side/ep/workload.hpp"
@@ -36,13 +37,7 @@ using namespace proxyep;
 
 namespace {
 
-struct Options {
-  std::string provider = "shm";
-  bool reorder = false;
-  int ranks_per_node = 0;
-  uint64_t seed = 1;
-  bool bad_input = false;
-  int die_rank = -1;
+struct Options : testing::EpTestOptions {
   int die_after_ms = 0;  // with die_rank: it vanishes this long after start, whatever it is doing
   bool small_buffer = false;  // a Buffer that holds a few rows per peer: every call streams
 };
@@ -323,9 +318,7 @@ void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, i
 }
 
 int run(const Options& o) {
-  params::fabric_provider.set(o.provider);
-  params::fabric_reorder.set(o.reorder);
-  params::fabric_reorder_seed.set(static_cast<int64_t>(o.seed));
+  testing::set_fabric_params(o);
   auto boot = control::Bootstrap::from_environment();
   const int R = boot->world_size();
   BufferOptions options;
@@ -408,20 +401,9 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"proxyep::Buffer integration test (run under proxyep launch)"};
   Options o;
-  app.add_option("--provider", o.provider, "fabric provider for ranks on other nodes");
-  app.add_flag("--reorder", o.reorder, "reorder shim on");
-  app.add_option("--ranks-per-node", o.ranks_per_node, "0 = LOCAL_WORLD_SIZE");
-  app.add_option("--seed", o.seed);
-  app.add_flag("--bad-input", o.bad_input, "invalid calls first, then a valid one");
-  app.add_option("--die-rank", o.die_rank, "this rank leaves before its second case");
+  testing::add_ep_test_options(app, o);
   app.add_option("--die-after-ms", o.die_after_ms,
                  "with --die-rank: it vanishes this long after the start instead, mid-call");
   app.add_flag("--small-buffer", o.small_buffer, "a Buffer of a few rows per peer (streaming)");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    return run(o);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "ep_buffer: error: %s\n", e.what());
-    return 1;
-  }
+  return testing::run_ep_test("ep_buffer", app, argc, argv, [&] { return run(o); });
 }

@@ -13,6 +13,7 @@
 #include "common/error.hpp"
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
+#include "ep_test_options.hpp"
 #include "gpu_side/ep/ll_reference.hpp"
 #include "gpu_side/ep/numeric.hpp"
 #include "gpu_side/ep/reference.hpp"
@@ -37,13 +38,7 @@ namespace {
 
 constexpr const char* kProgram = "ep_low_latency";
 
-struct Options {
-  std::string provider = "shm";
-  bool reorder = false;
-  int ranks_per_node = 0;
-  uint64_t seed = 1;
-  bool bad_input = false;
-  int die_rank = -1;
+struct Options : testing::EpTestOptions {
   bool no_nvlink = false;  // allow_nvlink_for_low_latency_mode = false
 };
 
@@ -440,9 +435,7 @@ void run_bad_input(Buffer& buffer, const Options& o) {
 }
 
 int run(const Options& o) {
-  params::fabric_provider.set(o.provider);
-  params::fabric_reorder.set(o.reorder);
-  params::fabric_reorder_seed.set(static_cast<int64_t>(o.seed));
+  testing::set_fabric_params(o);
   auto boot = control::Bootstrap::from_environment();
   const int R = boot->world_size();
   BufferOptions options;
@@ -493,18 +486,7 @@ int run(const Options& o) {
 int main(int argc, char** argv) {
   CLI::App app{"proxyep::Buffer low-latency integration test (run under proxyep launch)"};
   Options o;
-  app.add_option("--provider", o.provider, "fabric provider for ranks on other nodes");
-  app.add_flag("--reorder", o.reorder, "reorder shim on");
-  app.add_option("--ranks-per-node", o.ranks_per_node, "0 = LOCAL_WORLD_SIZE");
-  app.add_option("--seed", o.seed);
-  app.add_flag("--bad-input", o.bad_input, "invalid calls first, then valid ones");
-  app.add_option("--die-rank", o.die_rank, "this rank leaves before its second case");
+  testing::add_ep_test_options(app, o);
   app.add_flag("--no-nvlink", o.no_nvlink, "allow_nvlink_for_low_latency_mode = false");
-  CLI11_PARSE(app, argc, argv);
-  try {
-    return run(o);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "%s: error: %s\n", kProgram, e.what());
-    return 1;
-  }
+  return testing::run_ep_test(kProgram, app, argc, argv, [&] { return run(o); });
 }

@@ -9,10 +9,10 @@
 // --die-rank R --die-after N: rank R calls _exit(0) after pushing N descriptors (a peer that
 // vanishes mid-stream, exit code 0 so the launcher leaves the others running). The survivors
 // must fail within their timeouts with an error naming rank R, and exit 1.
-#include "common/keep_forever.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/host_memory.hpp"
+#include "common/keep_forever.hpp"
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
 #include "control/counter_bank.hpp"
