@@ -1,7 +1,10 @@
 #include "tools/bench/ep_options.hpp"
 
 #include "common/error.hpp"
+#include "gpu_side/ep/ll_rules.hpp"
 #include "tools/cli_checks.hpp"
+
+#include <algorithm>
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -30,7 +33,7 @@ void add_ep_workload_options(CLI::App& cmd, EpWorkloadCli& cli) {
       ->check(cli_checks::at_least(8))
       ->capture_default_str();
   cmd.add_option("--topk", cli.topk, "experts per token")
-      ->check(cli_checks::in_range(1, ll ? kLowLatencyMaxTopk : ep::kMaxTopk))
+      ->check(cli_checks::in_range(1, ll ? ep::kLlMaxTopk : ep::kMaxTopk))
       ->capture_default_str();
   cmd.add_option("--experts", cli.experts, "experts in total (divisible by the ranks)")
       ->check(cli_checks::at_least(1))
@@ -61,13 +64,15 @@ void validate(const EpWorkloadCli& cli, const ep::EpShape& shape) {
   require(cli.tokens >= 1, phase, "--tokens must be at least 1, got {}", cli.tokens);
   if (cli.low_latency) {
     // DeepEP's LL limits (DEEPEP_COMPAT 2.7, 2.8); the test data marks the last 128 channels.
-    require(cli.topk <= kLowLatencyMaxTopk, phase,
+    require(cli.topk <= ep::kLlMaxTopk, phase,
             "--topk {} exceeds the low-latency limit of {} (DeepEP's num_topk <= 11)", cli.topk,
-            kLowLatencyMaxTopk);
-    const int multiple = cli.fp8 ? 512 : ep::kScaleBlock;
-    require(cli.hidden % multiple == 0, phase,
-            "--hidden {} must be a multiple of {} in low-latency mode{}", cli.hidden, multiple,
-            cli.fp8 ? " with FP8 dispatch (DeepEP's rule; --bf16 needs a multiple of 128)" : "");
+            ep::kLlMaxTopk);
+    ep::LlFormat format;
+    format.hidden = static_cast<uint32_t>(std::max(cli.hidden, 0));
+    format.fp8 = cli.fp8;
+    if (const char* why = ep::ll_hidden_error(format))
+      fail(phase, "--hidden {}: {}{}", cli.hidden, why,
+           cli.fp8 ? " (DeepEP's rule; with --bf16, of 128)" : "");
   }
   // Rows travel in 16-byte units (DeepEP's int4 copies): BF16 rows need 8 elements per unit.
   require(cli.hidden >= 8 && cli.hidden % 8 == 0, phase,

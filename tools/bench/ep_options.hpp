@@ -38,9 +38,6 @@ struct EpWorkloadCli {
 // DeepEP's low-latency defaults (DEEPEP_COMPAT 4.3; 64 experts: the two-rank target).
 EpWorkloadCli low_latency_workload_defaults();
 
-// DeepEP's limit on top-k in low-latency mode (DEEPEP_COMPAT 2.8).
-inline constexpr int kLowLatencyMaxTopk = 11;
-
 // Adds --tokens --hidden --topk --experts --warmup --iters (alias --iterations) --seed to `cmd`,
 // and --routing --fp8 (normal form) or --bf16 (low-latency form).
 void add_ep_workload_options(CLI::App& cmd, EpWorkloadCli& cli);

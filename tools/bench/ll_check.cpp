@@ -61,34 +61,6 @@ LlTraffic compute_traffic(const ep::WorkloadOptions& options,
   return traffic;
 }
 
-// The low-latency outputs' forms, before any element is read.
-std::string check_forms(const LlDispatchOutputs& d, const ep::WorkloadOptions& o) {
-  const auto& s = o.shape;
-  const int64_t local = s.experts_per_rank(), slots = int64_t{s.num_ranks} * o.num_tokens;
-  auto form = [](const ep::TensorRef& t, ep::DType dtype, int64_t numel, const char* name,
-                 const std::string& want) -> std::string {
-    if (t.dtype == dtype && t.numel() == numel && t.contiguous()) return "";
-    return fmt::format("{}: got {}, expected contiguous {}", name, t.describe(), want);
-  };
-  std::string diff = form(
-      d.recv_x, o.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * slots * o.hidden, "recv_x",
-      fmt::format("{}[{}, {}]", o.fp8 ? "fp8_e4m3" : "bf16", local * slots, o.hidden));
-  if (diff.empty() && o.fp8) {
-    const int64_t groups = o.hidden / ep::kScaleBlock;
-    diff = form(d.recv_x_scales, ep::DType::f32, local * groups * slots, "recv_x_scales",
-                fmt::format("f32[{}, {}]", local * groups, slots));
-  }
-  if (diff.empty())
-    diff = form(d.recv_count, ep::DType::i32, local, "recv_count", fmt::format("i32[{}]", local));
-  if (diff.empty())
-    diff = form(d.src_info, ep::DType::i32, local * slots, "src_info",
-                fmt::format("i32[{}, {}]", local, slots));
-  if (diff.empty())
-    diff = form(d.layout_range, ep::DType::i64, local * s.num_ranks, "layout_range",
-                fmt::format("i64[{}, {}]", local, s.num_ranks));
-  return diff;
-}
-
 }  // namespace
 
 ep::RankInputs make_ll_inputs(const ep::WorkloadOptions& options, int rank) {
@@ -132,33 +104,40 @@ nlohmann::json LlTraffic::to_json(int nodes) const {
   return j;
 }
 
+void ll_dequantise_row(const std::byte* payload, const float* scales, int64_t scale_stride,
+                       int64_t hidden, bool fp8, uint16_t* out) {
+  if (!fp8) {
+    std::memcpy(out, payload, static_cast<size_t>(hidden) * 2);
+    return;
+  }
+  const auto* q = reinterpret_cast<const uint8_t*>(payload);
+  for (int64_t g = 0; g < hidden / ep::kScaleBlock; ++g) {
+    const float scale = scales[g * scale_stride];
+    for (int64_t c = g * ep::kScaleBlock; c < (g + 1) * ep::kScaleBlock; ++c)
+      out[c] = ep::float_to_bf16(ep::e4m3_to_float(q[c]) * scale);
+  }
+}
+
 void ll_expert_output(const LlDispatchOutputs& d, int local_experts, ep::Tensor& out) {
   const int64_t rows = d.recv_x.rows, hidden = d.recv_x.cols;
-  require(d.recv_x.col_stride == 1 && local_experts > 0 && rows % local_experts == 0, kPhase,
-          "expert output: recv_x {} is not [E_local * R*T, H] with E_local {}", d.recv_x.describe(),
-          local_experts);
+  const bool fp8 = d.recv_x.dtype == ep::DType::fp8_e4m3;
+  require(d.recv_x.contiguous() && local_experts > 0 && rows % local_experts == 0 &&
+              (!fp8 || d.recv_x_scales.contiguous()),
+          kPhase, "expert output: recv_x {} is not a contiguous [E_local * R*T, H] with E_local {}",
+          d.recv_x.describe(), local_experts);
   if (!out.defined() || out.dtype() != ep::DType::bf16 || out.rows() != rows ||
       out.cols() != hidden)
     out = ep::Tensor::zeros(ep::DType::bf16, rows, hidden);
-  const bool fp8 = d.recv_x.dtype == ep::DType::fp8_e4m3;
   const int64_t per_expert = rows / local_experts, groups = hidden / ep::kScaleBlock;
-  auto* dst = out.data<uint16_t>();
+  const size_t row_bytes = static_cast<size_t>(hidden) * ep::dtype_size(d.recv_x.dtype);
   for (int e = 0; e < local_experts; ++e) {
     const int64_t count = d.recv_count.as<int32_t>()[e];
     for (int64_t i = 0; i < count; ++i) {
       const int64_t row = e * per_expert + i;
-      const auto* src = static_cast<const std::byte*>(d.recv_x.data) +
-                        row * d.recv_x.row_stride * ep::dtype_size(d.recv_x.dtype);
-      if (!fp8) {
-        std::memcpy(dst + row * hidden, src, static_cast<size_t>(hidden) * 2);
-        continue;
-      }
-      const auto* q = reinterpret_cast<const uint8_t*>(src);
-      for (int64_t g = 0; g < groups; ++g) {
-        const float scale = d.recv_x_scales.at<float>(e * groups + g, i);
-        for (int64_t c = g * ep::kScaleBlock; c < (g + 1) * ep::kScaleBlock; ++c)
-          dst[row * hidden + c] = ep::float_to_bf16(ep::e4m3_to_float(q[c]) * scale);
-      }
+      const float* scales =
+          fp8 ? d.recv_x_scales.as<float>() + e * groups * per_expert + i : nullptr;
+      ll_dequantise_row(static_cast<const std::byte*>(d.recv_x.data) + row * row_bytes, scales,
+                        per_expert, hidden, fp8, out.data<uint16_t>() + row * hidden);
     }
   }
 }
@@ -166,86 +145,20 @@ void ll_expert_output(const LlDispatchOutputs& d, int local_experts, ep::Tensor&
 LlReference::LlReference(const ep::WorkloadOptions& options) : options_(options) {
   for (int r = 0; r < options.shape.num_ranks; ++r)
     inputs_.push_back(make_ll_inputs(options, r));
+  for (const auto& in : inputs_)
+    views_.push_back({in.x, in.topk_idx, in.topk_weights});
   traffic_ = compute_traffic(options, inputs_);
 }
 
+ep::LlFormat LlReference::format() const {
+  ep::LlFormat f;
+  f.hidden = static_cast<uint32_t>(options_.hidden);
+  f.fp8 = options_.fp8;
+  return f;
+}
+
 std::string LlReference::check_dispatch(int rank, const LlDispatchOutputs& d) const {
-  const auto& o = options_;
-  const auto& s = o.shape;
-  if (std::string diff = check_forms(d, o); !diff.empty()) return diff;
-  const int local = s.experts_per_rank(), ranks = s.num_ranks, topk = o.topk;
-  const int64_t slots = int64_t{ranks} * o.num_tokens, hidden = o.hidden;
-  const int64_t groups = hidden / ep::kScaleBlock;
-  // want[e][s]: the tokens of rank s that selected local expert e, ascending.
-  std::vector<std::vector<std::vector<int32_t>>> want(
-      static_cast<size_t>(local), std::vector<std::vector<int32_t>>(static_cast<size_t>(ranks)));
-  for (int src = 0; src < ranks; ++src) {
-    const auto& idx = inputs_[src].topk_idx;
-    for (int64_t t = 0; t < idx.rows(); ++t)
-      for (int k = 0; k < topk; ++k) {
-        int64_t e = s.local_expert(idx.data<int64_t>()[t * topk + k], rank);
-        if (e >= 0) want[e][src].push_back(static_cast<int32_t>(t));
-      }
-  }
-  const auto* counts = d.recv_count.as<int32_t>();
-  const auto* src_info = d.src_info.as<int32_t>();
-  const auto* ranges = d.layout_range.as<int64_t>();
-  for (int e = 0; e < local; ++e) {
-    int64_t expected = 0;
-    for (const auto& tokens : want[e])
-      expected += static_cast<int64_t>(tokens.size());
-    if (counts[e] != expected)
-      return fmt::format("recv_count[{}] = {}, expected {}", e, counts[e], expected);
-    std::vector<uint8_t> covered(static_cast<size_t>(expected), 0);
-    for (int src = 0; src < ranks; ++src) {
-      const auto range = static_cast<uint64_t>(ranges[e * ranks + src]);
-      const int64_t begin = static_cast<int64_t>(range >> 32), count = range & 0xffffffffu;
-      if (count != static_cast<int64_t>(want[e][src].size()))
-        return fmt::format("layout_range[{}][{}]: count {}, expected {}", e, src, count,
-                           want[e][src].size());
-      if (count == 0) continue;
-      if (begin + count > expected)
-        return fmt::format("layout_range[{}][{}]: rows [{}, {}) pass recv_count {}", e, src, begin,
-                           begin + count, expected);
-      std::vector<int32_t> got;
-      for (int64_t i = begin; i < begin + count; ++i) {
-        if (covered[i]) return fmt::format("expert {}: row {} is in two source blocks", e, i);
-        covered[i] = 1;
-        const int32_t t = src_info[e * slots + i];
-        if (t < 0 || t >= inputs_[src].x.rows())
-          return fmt::format("src_info[{}][{}] = {} is no token of rank {}", e, i, t, src);
-        got.push_back(t);
-        const uint16_t* x = inputs_[src].x.data<uint16_t>() + int64_t{t} * hidden;
-        const int64_t row = e * slots + i;
-        if (!o.fp8) {
-          if (std::memcmp(d.recv_x.as<uint16_t>() + row * hidden, x,
-                          static_cast<size_t>(hidden) * 2) != 0)
-            return fmt::format("recv_x: expert {} row {} differs from rank {}'s token {}", e, i,
-                               src, t);
-          continue;
-        }
-        const uint8_t* q = d.recv_x.as<uint8_t>() + row * hidden;
-        for (int64_t c = 0; c < hidden; ++c) {
-          const float scale = d.recv_x_scales.at<float>(e * groups + c / ep::kScaleBlock, i);
-          const float got_value = ep::e4m3_to_float(q[c]) * scale;
-          const float want_value = ep::bf16_to_float(x[c]);
-          // e4m3 keeps 3 mantissa bits (relative rounding <= 2^-4); subnormals step by 2^-9.
-          const float tolerance = std::abs(want_value) * 0.0625f + scale * (1.0f / 512.0f);
-          if (!(std::abs(got_value - want_value) <= tolerance))
-            return fmt::format(
-                "recv_x: expert {} row {} (rank {} token {}) column {}: dequantised {}, "
-                "expected {}",
-                e, i, src, t, c, got_value, want_value);
-        }
-      }
-      std::sort(got.begin(), got.end());
-      if (got != want[e][src])
-        return fmt::format(
-            "expert {}: the block of rank {} holds other tokens than those that selected it", e,
-            src);
-    }
-  }
-  return "";
+  return ep::check_ll_dispatch(views_, options_.shape, options_.num_tokens, format(), rank, d);
 }
 
 std::string LlReference::check_combine(int rank, const ep::TensorRef& combined,
@@ -278,6 +191,28 @@ std::string LlReference::check_combine(int rank, const ep::TensorRef& combined,
   if (!(value < limit))
     return fmt::format("combined_x: calc_diff against x * sum(weights) is {:.3g}, limit {:g}",
                        value, limit);
+  // Exactly: every expert's output row of a token is its dispatch row dequantised, and the
+  // dispatch rows are DeepEP LL's cast of the token (the dispatch check's reference).
+  const auto f = format();
+  std::vector<uint8_t> payload(f.payload_bytes());
+  std::vector<uint32_t> scale_words(f.scale_words());
+  ep::Tensor rows = ep::Tensor::empty(ep::DType::bf16, tokens, hidden);
+  for (int64_t t = 0; t < tokens; ++t) {
+    ep::ll_cast_reference(f, in.x.data<uint16_t>() + t * hidden, payload.data(),
+                          scale_words.data());
+    ll_dequantise_row(reinterpret_cast<const std::byte*>(payload.data()),
+                      reinterpret_cast<const float*>(scale_words.data()), 1, hidden, f.fp8,
+                      rows.data<uint16_t>() + t * hidden);
+  }
+  ep::Tensor want = ep::reference_ll_combine(
+      in.topk_idx, in.topk_weights, f.hidden, rank,
+      [&](int64_t, int, int64_t t) { return rows.data<uint16_t>() + t * hidden; });
+  const auto* got_bits = combined.as<uint16_t>();
+  for (int64_t i = 0; i < tokens * hidden; ++i)
+    if (got_bits[i] != want.data<uint16_t>()[i])
+      return fmt::format("combined_x: token {} column {}: {} differs from the reference's {}",
+                         i / hidden, i % hidden, ep::bf16_to_float(got_bits[i]),
+                         ep::bf16_to_float(want.data<uint16_t>()[i]));
   return "";
 }
 

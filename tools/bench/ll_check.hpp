@@ -7,19 +7,15 @@
 // |randn| + 1 scores over the experts, then 10 random (token, slot) entries set to -1; weights
 // |randn|. Reproducible from the seed, so every rank regenerates every rank's inputs.
 //
-// Checks, as DeepEP's test makes them. Dispatch, per local expert e: recv_count[e] = the number of
-// (rank, token) pairs that selected e = the sum of layout_range[e][*]'s counts; the source-rank
-// blocks [begin, begin + count) tile [0, recv_count[e]); block s holds exactly the tokens of rank
-// s that selected e (src_info), in any order; every row equals its source token's x (BF16:
-// exactly; FP8: dequantised, within e4m3's rounding of the 128-channel group's scale). Combine:
-// calc_diff(combined, x * sum of the valid weights) below 1e-5 (BF16 dispatch) or 9e-4 (FP8), no
-// NaN -- expert outputs being the dequantised dispatch rows (ll_expert_output).
-//
-// Layouts (integrations/low_latency_types.hpp): recv_x [E_local * R*T, H]; recv_x_scales f32
-// [E_local * H/128, R*T] (column-major per expert: scale (e, row i, group j) at
-// [(e * H/128 + j) * R*T + i]); src_info i32 [E_local, R*T]; layout_range i64 [E_local, R].
+// Checks (LlReference): dispatch with the shared checker, gpu_side/ep/ll_reference.hpp's
+// check_ll_dispatch (DeepEP's checks, exact: counts, source blocks tiling each expert's rows,
+// src_info, payload and scales equal to DeepEP LL's cast of the token). Combine, with every
+// expert's output being the dequantised dispatch row (ll_expert_output): equal to
+// reference_ll_combine's bf16 output, and DeepEP's own test on top: calc_diff(combined,
+// x * sum of the valid weights) below 1e-5 (BF16 dispatch) or 9e-4 (FP8), no NaN.
 #pragma once
 
+#include "gpu_side/ep/ll_reference.hpp"
 #include "gpu_side/ep/tensor.hpp"
 #include "gpu_side/ep/workload.hpp"
 
@@ -48,9 +44,12 @@ struct LlTraffic {
 };
 
 // A rank's low-latency dispatch outputs as views (Buffer's, and the MPI baseline's).
-struct LlDispatchOutputs {
-  gpu_side::ep::TensorRef recv_x, recv_x_scales, recv_count, src_info, layout_range;
-};
+using gpu_side::ep::LlDispatchOutputs;
+
+// One row's expert output: bf16(float(e4m3 payload[c]) * scale of c's 128-channel group), the
+// group's scale at scales[g * scale_stride]; BF16 rows are copied.
+void ll_dequantise_row(const std::byte* payload, const float* scales, int64_t scale_stride,
+                       int64_t hidden, bool fp8, uint16_t* out);
 
 // Writes the expert output of `d` -- each valid row dequantised (FP8) or copied (BF16) as bf16 --
 // into `out`, bf16 [E_local * R*T, H], allocated (zeroed) when it has not that form. Rows past an
@@ -64,7 +63,8 @@ class LlReference {
 
   const std::vector<gpu_side::ep::RankInputs>& inputs() const { return inputs_; }
   const LlTraffic& traffic() const { return traffic_; }
-  // "" when rank `rank`'s outputs pass DeepEP's checks (above), else the first failure in words.
+  gpu_side::ep::LlFormat format() const;
+  // "" when rank `rank`'s outputs pass the checks (above), else the first failure in words.
   std::string check_dispatch(int rank, const LlDispatchOutputs& d) const;
   // `diff` (optional) receives calc_diff's value.
   std::string check_combine(int rank, const gpu_side::ep::TensorRef& combined,
@@ -73,6 +73,7 @@ class LlReference {
  private:
   gpu_side::ep::WorkloadOptions options_;
   std::vector<gpu_side::ep::RankInputs> inputs_;
+  std::vector<gpu_side::ep::LlRankInputs> views_;  // of inputs_, for the shared checker
   LlTraffic traffic_;
 };
 
