@@ -37,11 +37,37 @@ LlDispatchOutputs views(const LowLatencyDispatchResult& d) {
   return {d.recv_x, d.recv_x_scales, d.recv_count, d.handle.src_info, d.handle.layout_range};
 }
 
+// One timed phase (dispatch or combine): barrier, start, the call, sent, its hook (with --hook;
+// without, the call received already), received.
+struct PhaseTimes {
+  Clock::time_point start, sent, received;
+};
+
+template <class Call>
+auto timed_phase(control::Bootstrap& bootstrap, const char* barrier, bool hook, PhaseTimes& t,
+                 Call call) {
+  bootstrap.barrier(barrier);
+  t.start = Clock::now();
+  auto result = call();
+  t.sent = Clock::now();
+  if (hook) result.hook();
+  t.received = Clock::now();
+  return result;
+}
+
+void record(LlRankRun& run, const std::string& phase, const PhaseTimes& t, bool hook) {
+  run.timings[phase].push_back(seconds_between(t.start, t.received));
+  if (!hook) return;
+  run.timings[phase + "_send"].push_back(seconds_between(t.start, t.sent));
+  run.timings[phase + "_recv"].push_back(seconds_between(t.sent, t.received));
+}
+
 // The timed loop of the low-latency phase and the check of its last iteration's outputs.
 LlRankRun run_low_latency(control::Bootstrap& bootstrap, const EpBenchOptions& options,
                           const ep::EpShape& shape, const ep::RankInputs& in,
                           const LlReference& reference) {
   const auto& cli = options.workload;
+  const bool hook = options.hook;
   BufferOptions sizes;
   sizes.low_latency_mode = true;
   sizes.num_rdma_bytes =
@@ -49,41 +75,33 @@ LlRankRun run_low_latency(control::Bootstrap& bootstrap, const EpBenchOptions& o
   sizes.num_qps_per_rank = shape.experts_per_rank();  // as DeepEP's test does
   sizes.ranks_per_node = shape.ranks_per_node;
   Buffer buffer(bootstrap, sizes);
-
   LowLatencyDispatchArgs dispatch_args;
   dispatch_args.x = in.x;
   dispatch_args.topk_idx = in.topk_idx;
   dispatch_args.num_max_dispatch_tokens_per_rank = cli.tokens;
   dispatch_args.num_experts = cli.experts;
   dispatch_args.use_fp8 = cli.fp8;
-  dispatch_args.return_recv_hook = options.hook;
+  dispatch_args.return_recv_hook = hook;
+  LowLatencyCombineArgs combine_args;
+  combine_args.topk_idx = in.topk_idx;
+  combine_args.topk_weights = in.topk_weights;
+  combine_args.return_recv_hook = hook;
   ep::Tensor expert_out;  // bf16 [E_local * R*T, H], reused
 
   LlRankRun run;
   run.num_rdma_bytes = sizes.num_rdma_bytes;
   for (int i = 0; i < cli.warmup + cli.iters; ++i) {
-    const bool last = i + 1 == cli.warmup + cli.iters;
-    bootstrap.barrier("bench.ll(dispatch)");
-    auto t0 = Clock::now();
-    LowLatencyDispatchResult d = buffer.low_latency_dispatch(dispatch_args);
-    auto t1 = Clock::now();
-    if (options.hook) d.hook();
-    auto t2 = Clock::now();
-    ll_expert_output(views(d), shape.experts_per_rank(), expert_out);
-
-    LowLatencyCombineArgs combine_args;
+    PhaseTimes dispatch_times, combine_times;
+    LowLatencyDispatchResult d =
+        timed_phase(bootstrap, "bench.ll(dispatch)", hook, dispatch_times,
+                    [&] { return buffer.low_latency_dispatch(dispatch_args); });
+    ll_expert_output(views(d), shape.experts_per_rank(), expert_out);  // untimed
     combine_args.x = expert_out;
-    combine_args.topk_idx = in.topk_idx;
-    combine_args.topk_weights = in.topk_weights;
     combine_args.handle = &d.handle;
-    combine_args.return_recv_hook = options.hook;
-    bootstrap.barrier("bench.ll(combine)");
-    auto t3 = Clock::now();
-    LowLatencyCombineResult c = buffer.low_latency_combine(combine_args);
-    auto t4 = Clock::now();
-    if (options.hook) c.hook();
-    auto t5 = Clock::now();
-    if (last) {
+    LowLatencyCombineResult c =
+        timed_phase(bootstrap, "bench.ll(combine)", hook, combine_times,
+                    [&] { return buffer.low_latency_combine(combine_args); });
+    if (i + 1 == cli.warmup + cli.iters) {
       run.diff = reference.check_dispatch(bootstrap.rank(), views(d));
       if (!run.diff.empty())
         run.diff = "low-latency dispatch: " + run.diff;
@@ -93,14 +111,10 @@ LlRankRun run_low_latency(control::Bootstrap& bootstrap, const EpBenchOptions& o
         run.diff = "low-latency combine: " + diff;
     }
     if (i < cli.warmup) continue;
-    run.timings["dispatch"].push_back(seconds_between(t0, t2));
-    run.timings["combine"].push_back(seconds_between(t3, t5));
-    run.timings["total"].push_back(seconds_between(t0, t2) + seconds_between(t3, t5));
-    if (!options.hook) continue;
-    run.timings["dispatch_send"].push_back(seconds_between(t0, t1));
-    run.timings["dispatch_recv"].push_back(seconds_between(t1, t2));
-    run.timings["combine_send"].push_back(seconds_between(t3, t4));
-    run.timings["combine_recv"].push_back(seconds_between(t4, t5));
+    record(run, "dispatch", dispatch_times, hook);
+    record(run, "combine", combine_times, hook);
+    run.timings["total"].push_back(seconds_between(dispatch_times.start, dispatch_times.received) +
+                                   seconds_between(combine_times.start, combine_times.received));
   }
   run.reordered = buffer.stats().reordered_completions;
   return run;
