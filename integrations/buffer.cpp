@@ -1,5 +1,6 @@
 // proxyep::Buffer, the facade: checks the options, opens the transport session (proxy/session.hpp)
-// and the host backend, and hands each call to the normal-mode protocol (normal/normal_mode.hpp).
+// and the host backend, and hands each call to the normal-mode protocol (normal/normal_mode.hpp)
+// or the low-latency one (low_latency/low_latency_mode.hpp), which share one call sequence.
 #include "integrations/buffer.hpp"
 
 #include "common/log.hpp"
@@ -7,6 +8,10 @@
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/row_format.hpp"
 #include "integrations/backend/host_backend.hpp"
+#include "integrations/call_sequence.hpp"
+#include "integrations/low_latency/ll_record.hpp"
+#include "integrations/low_latency/ll_sizes.hpp"
+#include "integrations/low_latency/low_latency_mode.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify_record.hpp"
 #include "proxy/session.hpp"
@@ -30,17 +35,22 @@ uint64_t align_up(uint64_t value, uint64_t alignment) {
 // The session's sizes from the Buffer's options and the ep.* parameters; throws for bad options.
 proxy::SessionConfig session_config(const control::Bootstrap& boot, const BufferOptions& opts,
                                     int ranks_per_node) {
-  require(!opts.low_latency_mode, kPhase,
-          "low_latency_mode is not supported yet (ProxyEP implements normal mode)");
+  require(!opts.enable_shrink, kPhase,
+          "enable_shrink (rank masking) is not supported yet: pass enable_shrink=False");
   // Nodes hold consecutive ranks; the last one may be smaller (3 ranks, 2 per node: {0, 1}, {2}).
   require(ranks_per_node >= 1, kPhase, "ranks_per_node must be >= 1; got {}", ranks_per_node);
-  require(opts.num_nvl_bytes > 0 && opts.num_nvl_bytes % 128 == 0, kPhase,
-          "num_nvl_bytes must be a positive multiple of 128 (this backend receives into it); got "
-          "{}",
-          opts.num_nvl_bytes);
+  const bool ll = opts.low_latency_mode;
+  require((ll ? opts.num_nvl_bytes >= 0 : opts.num_nvl_bytes > 0) && opts.num_nvl_bytes % 128 == 0,
+          kPhase,
+          "num_nvl_bytes must be a {} multiple of 128 (this backend receives normal-mode rows "
+          "into it); got {}",
+          ll ? "non-negative" : "positive", opts.num_nvl_bytes);
   require(opts.num_rdma_bytes >= 0 && opts.num_rdma_bytes % 128 == 0, kPhase,
           "num_rdma_bytes must be a non-negative multiple of 128; got {}", opts.num_rdma_bytes);
   const int ranks = boot.world_size();
+  require(!ll || opts.num_rdma_bytes > 0, kPhase,
+          "low_latency_mode needs num_rdma_bytes > 0 (it holds the low-latency slots; see "
+          "Buffer::get_low_latency_rdma_size_hint)");
   require(ranks <= ranks_per_node || opts.num_rdma_bytes > 0, kPhase,
           "the group spans {} nodes of {} ranks: num_rdma_bytes must be > 0 (it stages the rows "
           "sent to other nodes; see Buffer::rdma_bytes_hint)",
@@ -48,12 +58,17 @@ proxy::SessionConfig session_config(const control::Bootstrap& boot, const Buffer
   proxy::SessionConfig config;
   proxy::SessionSizes& s = config.sizes;
   s.ranks = ranks;
-  s.ranks_per_node = ranks_per_node;
-  s.record_bytes =
-      align_up(proxy::kRecordWordBytes + integrations::normal::record_payload_bytes(ranks),
-               proxy::kSlotAlignment);
-  s.eager_bytes = static_cast<uint64_t>(std::max<int64_t>(0, params::ep_eager_bytes.get())) /
+  // Without NVLink for LL calls, every peer is reached through the fabric (one rank per node).
+  s.ranks_per_node = ll && !opts.allow_nvlink_for_low_latency_mode ? 1 : ranks_per_node;
+  s.record_bytes = align_up(
+      proxy::kRecordWordBytes + std::max(integrations::normal::record_payload_bytes(ranks),
+                                         integrations::low_latency::ll_record_payload_bytes()),
+      proxy::kSlotAlignment);
+  s.eager_limit = static_cast<uint64_t>(std::max<int64_t>(0, params::ep_eager_bytes.get())) /
                   proxy::kSlotAlignment * proxy::kSlotAlignment;
+  s.eager_bytes = std::max(
+      s.eager_limit,
+      ll ? integrations::low_latency::ll_slot_from_rdma_bytes(opts.num_rdma_bytes, ranks) : 0);
   s.data_bytes = static_cast<uint64_t>(opts.num_nvl_bytes);
   s.staging_bytes = static_cast<uint64_t>(opts.num_rdma_bytes);
   s.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
@@ -75,13 +90,29 @@ struct Buffer::Impl {
         ranks_per_node(opts.ranks_per_node > 0 ? opts.ranks_per_node : boot.env().local_world_size),
         backend(integrations::HostBackend::default_threads(ranks_per_node)),
         session(proxy::Session::open(boot, session_config(boot, opts, ranks_per_node))),
-        mode(*session, backend, new_buffer_id()) {
+        calls(*session),
+        buffer_id(new_buffer_id()),
+        mode(*session, backend, calls, buffer_id),
+        low_latency(*session, backend, calls, buffer_id) {
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
   }
 
-  void check_usable(std::string_view phase) const {
+  // Every call starts here: calls completing in the background finish first (stream order).
+  void check_usable(std::string_view phase) {
     require(!destroyed, phase, "the Buffer was destroyed");
+    low_latency.settle();
     mode.check_usable(phase);
+  }
+  void check_normal(std::string_view phase) {
+    check_usable(phase);
+    calls.check_can_begin(integrations::CallKind::sync, phase);
+    require(options.num_nvl_bytes > 0, phase,
+            "this Buffer was made for low-latency calls only (num_nvl_bytes 0)");
+  }
+  void check_low_latency(std::string_view phase) {
+    check_usable(phase);
+    require(options.low_latency_mode, phase,
+            "the Buffer was not created with low_latency_mode=True");
   }
 
   control::Bootstrap& bootstrap;
@@ -89,7 +120,10 @@ struct Buffer::Impl {
   int ranks_per_node;
   integrations::HostBackend backend;
   std::unique_ptr<proxy::Session> session;
+  integrations::CallSequence calls;
+  uint64_t buffer_id;
   integrations::normal::NormalMode mode;
+  integrations::low_latency::LowLatencyMode low_latency;
   bool destroyed = false;
 };
 
@@ -112,6 +146,9 @@ int64_t Buffer::num_nvl_bytes() const {
 }
 int64_t Buffer::num_rdma_bytes() const {
   return impl_->options.num_rdma_bytes;
+}
+bool Buffer::low_latency_mode() const {
+  return impl_->options.low_latency_mode;
 }
 bool Buffer::explicitly_destroy() const {
   return impl_->options.explicitly_destroy;
@@ -178,17 +215,52 @@ DispatchLayout Buffer::get_dispatch_layout(const TensorRef& topk_idx, int num_ex
 }
 
 DispatchResult Buffer::dispatch(const DispatchArgs& args) {
-  impl_->check_usable("dispatch");
+  impl_->check_normal("dispatch");
   return impl_->mode.dispatch(args);
 }
 
 CombineResult Buffer::combine(const CombineArgs& args) {
-  impl_->check_usable("combine");
+  impl_->check_normal("combine");
   return impl_->mode.combine(args);
+}
+
+int64_t Buffer::get_low_latency_rdma_size_hint(int num_max_dispatch_tokens_per_rank, int hidden,
+                                               int num_ranks, int num_experts) {
+  const integrations::low_latency::LlShape shape{
+      .tokens = num_max_dispatch_tokens_per_rank, .hidden = hidden, .experts = num_experts};
+  require(num_ranks >= 1, "get_low_latency_rdma_size_hint", "num_ranks must be >= 1; got {}",
+          num_ranks);
+  integrations::low_latency::check_shape(shape, num_ranks, "get_low_latency_rdma_size_hint");
+  return integrations::low_latency::ll_size_hint(shape, num_ranks);
+}
+
+void Buffer::clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int hidden,
+                                      int num_experts) {
+  impl_->check_low_latency("clean_low_latency_buffer");
+  impl_->low_latency.clean(
+      {.tokens = num_max_dispatch_tokens_per_rank, .hidden = hidden, .experts = num_experts});
+}
+
+LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchArgs& args) {
+  impl_->check_low_latency("low_latency_dispatch");
+  return impl_->low_latency.dispatch(args);
+}
+
+LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs& args) {
+  impl_->check_low_latency("low_latency_combine");
+  return impl_->low_latency.combine(args);
+}
+
+Tensor Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) {
+  impl_->check_low_latency("get_next_low_latency_combine_buffer");
+  return impl_->low_latency.next_combine_buffer(handle);
 }
 
 void Buffer::destroy() {
   if (impl_->destroyed) return;
+  impl_->low_latency.settle();
+  // Releases of the last low-latency calls must land before a peer may leave.
+  impl_->session->quiet("destroy");
   impl_->bootstrap.barrier("buffer(destroy)");
   impl_->destroyed = true;
   impl_->session->stop();

@@ -1,5 +1,6 @@
-// proxyep::Buffer: DeepEP V1's deep_ep.Buffer (DEEPEP_COMPAT 1.2-1.5, 2.1-2.5) in C++, normal
-// mode, CPU backend. Named structs replace DeepEP's tuples (layout, dispatch result, handle).
+// proxyep::Buffer: DeepEP V1's deep_ep.Buffer (DEEPEP_COMPAT 1.2-1.5, 2.1-2.8) in C++, normal
+// and low-latency modes, CPU backend. Named structs replace DeepEP's tuples (layout, dispatch
+// result, handle).
 //
 //   auto boot = control::Bootstrap::from_environment();
 //   Buffer buffer(*boot, {.num_nvl_bytes = Buffer::nvl_bytes_hint(4096, 7168 * 2, 8, world)});
@@ -67,10 +68,17 @@ struct BufferStats {
 };
 
 struct BufferOptions {
-  int64_t num_nvl_bytes = 0;      // receive arena, shared with the node's ranks and registered
-  int64_t num_rdma_bytes = 0;     // staging for rows sent to other nodes (0 on a single node)
-  bool low_latency_mode = false;  // not supported yet: the constructor throws
-  int num_qps_per_rank = 24;      // accepted for compatibility; the fabric has its own rails
+  int64_t num_nvl_bytes = 0;   // receive arena, shared with the node's ranks and registered
+  int64_t num_rdma_bytes = 0;  // staging for rows sent to other nodes (0 on a single node)
+  // Low-latency calls (integrations/low_latency/): num_rdma_bytes then also holds their slots
+  // (size it with get_low_latency_rdma_size_hint); num_nvl_bytes may be 0 for a Buffer that
+  // makes LL calls only.
+  bool low_latency_mode = false;
+  int num_qps_per_rank = 24;  // accepted for compatibility; the fabric has its own rails
+  // With low_latency_mode: false sends to this node's ranks through the fabric too (DeepEP's
+  // NVSHMEM_DISABLE_P2P), for normal calls as well.
+  bool allow_nvlink_for_low_latency_mode = true;
+  bool enable_shrink = false;  // rank masking: not supported yet (the constructor throws)
   bool explicitly_destroy = false;
   int ranks_per_node = 0;  // 0: the bootstrap's LOCAL_WORLD_SIZE
 };
@@ -138,7 +146,7 @@ class Buffer {
   int ranks_per_node() const;
   int64_t num_nvl_bytes() const;
   int64_t num_rdma_bytes() const;
-  bool low_latency_mode() const { return false; }
+  bool low_latency_mode() const;
   bool explicitly_destroy() const;
   BufferStats stats() const;
 

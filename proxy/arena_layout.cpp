@@ -49,11 +49,15 @@ ArenaLayout::ArenaLayout(int rank, const SessionSizes& sizes)
               sizes.eager_bytes % kSlotAlignment == 0,
           kPhase, "record slots ({} bytes) and eager slots ({} bytes) must be multiples of {}",
           sizes.record_bytes, sizes.eager_bytes, kSlotAlignment);
+  require(sizes.eager_limit <= sizes.eager_bytes, kPhase,
+          "the eager limit ({} bytes) exceeds the eager slots ({} bytes)", sizes.eager_limit,
+          sizes.eager_bytes);
   words_base_ = 2 * R * sizes.record_bytes;
-  eager_base_ = words_base_ + 2 * R * kWordBytes;
+  eager_base_ = words_base_ + 4 * R * kWordBytes;
   data_base_ = align_up(eager_base_ + 2 * R * sizes.eager_bytes, kPage);
   source_area_ = floor_slot(sizes.data_bytes / std::max<uint64_t>(1, R - 1));
-  if (!sizes.spans_nodes()) return;
+  // Without a data area (a Buffer for low-latency calls only) there are no streams.
+  if (!sizes.spans_nodes() || sizes.data_bytes == 0) return;
 
   // One chunk size for every stream between nodes: it must fit the smallest staging share.
   uint64_t slot = std::min(sizes.chunk_bytes, source_area_);
@@ -66,7 +70,7 @@ ArenaLayout::ArenaLayout(int rank, const SessionSizes& sizes)
           "one chunk slot",
           sizes.data_bytes, sizes.staging_bytes, sizes.ranks);
   remote_window_ = window_for(source_area_, remote_slot_);
-  staging_data_ = R * sizes.record_bytes + 2 * R * sizes.eager_bytes;
+  staging_data_ = 2 * R * sizes.record_bytes + 2 * R * sizes.eager_bytes;
   stage_area_ = floor_slot(
       sizes.staging_bytes /
       static_cast<uint64_t>(std::max(1, remote_peers(rank, sizes.ranks, sizes.ranks_per_node))));
@@ -87,6 +91,12 @@ uint64_t ArenaLayout::consumed_word(int receiver) const {
          (static_cast<uint64_t>(sizes_.ranks) + static_cast<uint64_t>(receiver)) * kWordBytes;
 }
 
+uint64_t ArenaLayout::released_word(uint64_t call, int receiver) const {
+  return words_base_ +
+         ((2 + call % 2) * static_cast<uint64_t>(sizes_.ranks) + static_cast<uint64_t>(receiver)) *
+             kWordBytes;
+}
+
 uint64_t ArenaLayout::eager_slot(uint64_t call, int source) const {
   return eager_base_ +
          ((call % 2) * static_cast<uint64_t>(sizes_.ranks) + static_cast<uint64_t>(source)) *
@@ -101,15 +111,19 @@ uint64_t ArenaLayout::chunk_slot(int receiver, int source, const SlotShape& shap
 }
 
 uint64_t ArenaLayout::staging_bytes() const {
-  return sizes_.spans_nodes() ? staging_data_ + sizes_.staging_bytes : 0;
+  if (!sizes_.spans_nodes()) return 0;
+  const uint64_t records_and_eager =
+      2 * static_cast<uint64_t>(sizes_.ranks) * (sizes_.record_bytes + sizes_.eager_bytes);
+  return sizes_.data_bytes == 0 ? records_and_eager : staging_data_ + sizes_.staging_bytes;
 }
 
-uint64_t ArenaLayout::staging_record(int destination) const {
-  return static_cast<uint64_t>(destination) * sizes_.record_bytes;
+uint64_t ArenaLayout::staging_record(uint64_t call, int destination) const {
+  return ((call % 2) * static_cast<uint64_t>(sizes_.ranks) + static_cast<uint64_t>(destination)) *
+         sizes_.record_bytes;
 }
 
 uint64_t ArenaLayout::staging_eager(uint64_t call, int destination) const {
-  return static_cast<uint64_t>(sizes_.ranks) * sizes_.record_bytes +
+  return 2 * static_cast<uint64_t>(sizes_.ranks) * sizes_.record_bytes +
          ((call % 2) * static_cast<uint64_t>(sizes_.ranks) + static_cast<uint64_t>(destination)) *
              sizes_.eager_bytes;
 }

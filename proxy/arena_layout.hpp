@@ -8,13 +8,14 @@
 //
 // Arena (every rank; node peers map it, other nodes write it as fabric region kArenaRegion):
 //   records    0              2 parities x R sources x record_bytes    call k: [k % 2][source]
-//   words      words_base_    R published words, R consumed words      one per 64-byte line
+//   words      words_base_    R published words, R consumed words,     one per 64-byte line
+//                             2 parities x R released words
 //   eager      eager_base_    2 parities x R sources x eager_bytes     call k: [k % 2][source]
 //   (padding to a page)
 //   data       data_base_     R - 1 shares of source_area, by source (the rank itself has none)
 // Staging (a rank with peers on other nodes; fabric region kStagingRegion, never remote):
-//   records    0              R destinations x record_bytes
-//   eager      R record_bytes 2 parities x R destinations x eager_bytes
+//   records    0              2 parities x R destinations x record_bytes  call k: [k % 2][dest]
+//   eager      2R records     2 parities x R destinations x eager_bytes
 //   data       staging_data_  one share of stage_area per destination on another node, in rank
 //                             order; stage_window slots of remote_slot bytes each
 //
@@ -41,6 +42,7 @@ struct SessionSizes {
   int ranks_per_node = 1;      // nodes hold consecutive ranks; the last may be smaller
   uint64_t record_bytes = 0;   // one record slot (a multiple of kSlotAlignment, > 8)
   uint64_t eager_bytes = 0;    // one eager slot (a multiple of kSlotAlignment; 0 = no eager)
+  uint64_t eager_limit = 0;    // streams of at most this many bytes go eagerly (<= eager_bytes)
   uint64_t data_bytes = 0;     // the arena's data area (Buffer's num_nvl_bytes)
   uint64_t staging_bytes = 0;  // the staging data area (num_rdma_bytes; 0 on one node)
   uint64_t chunk_bytes = 0;    // largest chunk between nodes (ep.chunk_bytes)
@@ -80,6 +82,9 @@ class ArenaLayout {
   uint64_t record(uint64_t call, int source) const;
   uint64_t published_word(int source) const;   // chunks `source` published into this arena
   uint64_t consumed_word(int receiver) const;  // chunks `receiver` consumed of this arena's owner
+  // The last call of parity `call % 2` whose record and eager bytes from this arena's owner
+  // `receiver` has finished reading (+ 1): the owner may write call + 2 there.
+  uint64_t released_word(uint64_t call, int receiver) const;
   uint64_t eager_slot(uint64_t call, int source) const;
   // Chunk `chunk`'s slot of the stream source -> receiver, in the receiver's arena.
   uint64_t chunk_slot(int receiver, int source, const SlotShape& shape, uint64_t chunk) const;
@@ -88,7 +93,7 @@ class ArenaLayout {
 
   // ---- this rank's staging (only when the session spans nodes) ----
   uint64_t staging_bytes() const;
-  uint64_t staging_record(int destination) const;
+  uint64_t staging_record(uint64_t call, int destination) const;
   uint64_t staging_eager(uint64_t call, int destination) const;
   uint64_t staging_slot(int destination, uint32_t slot) const;
   uint32_t stage_window() const { return stage_window_; }

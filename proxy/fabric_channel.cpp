@@ -46,31 +46,39 @@ FabricChannel::FabricChannel(int peer, const ArenaLayout& layout, std::byte* loc
                              FabricLink& link)
     : PeerChannel(peer, layout, local_arena),
       link_(link),
-      window_(std::make_unique<control::SequenceWindow>(layout.remote_slots().window)),
-      credits_(std::make_unique<control::SenderCredits>(layout.remote_slots().window)),
+      // A session without a data area has no streams (window 0): a window of one stays unused.
+      window_(std::make_unique<control::SequenceWindow>(
+          std::max<uint32_t>(1, layout.remote_slots().window))),
+      credits_(std::make_unique<control::SenderCredits>(
+          std::max<uint32_t>(1, layout.remote_slots().window))),
       staged_at_(layout.stage_window(), kNeverPosted) {}
 
 uint32_t FabricChannel::eager_key(int sender) const {
   return static_cast<uint32_t>(layout().sizes().ranks + sender);
 }
 
+uint32_t FabricChannel::release_key(int receiver) const {
+  return static_cast<uint32_t>(2 * layout().sizes().ranks + receiver);
+}
+
 uint32_t FabricChannel::next_staging_slot() const {
   return static_cast<uint32_t>(credits_->posted() % layout().stage_window());
 }
 
-std::span<std::byte> FabricChannel::record_buffer(uint64_t) {
-  return {link_.staging() + layout().staging_record(peer()) + kRecordWordBytes,
+std::span<std::byte> FabricChannel::record_buffer(uint64_t call) {
+  return {link_.staging() + layout().staging_record(call, peer()) + kRecordWordBytes,
           layout().sizes().record_bytes - kRecordWordBytes};
 }
 
 void FabricChannel::send_record(uint64_t call, uint64_t bytes, std::string_view phase) {
   // The word travels in the same write; the counter immediate, not the word, says it landed.
   const uint64_t word = call + 1;
-  std::memcpy(link_.staging() + layout().staging_record(peer()), &word, sizeof word);
+  std::memcpy(link_.staging() + layout().staging_record(call, peer()), &word, sizeof word);
   const int self = layout().rank();
-  link_.post(peer(), layout().staging_record(peer()), layout().record(call, self),
-             kRecordWordBytes + bytes, call,
-             control::imm::encode_counter(call, static_cast<uint32_t>(self)), phase);
+  note_parity_write(
+      call, link_.post(peer(), layout().staging_record(call, peer()), layout().record(call, self),
+                       kRecordWordBytes + bytes, call,
+                       control::imm::encode_counter(call, static_cast<uint32_t>(self)), phase));
 }
 
 void FabricChannel::expect_record(uint64_t call, std::string_view phase) {
@@ -88,8 +96,9 @@ std::byte* FabricChannel::eager_buffer(uint64_t call) {
 
 void FabricChannel::send_eager(uint64_t call, uint64_t bytes, std::string_view phase) {
   const int self = layout().rank();
-  link_.post(peer(), layout().staging_eager(call, peer()), layout().eager_slot(call, self), bytes,
-             call, control::imm::encode_counter(call, eager_key(self)), phase);
+  note_parity_write(call, link_.post(peer(), layout().staging_eager(call, peer()),
+                                     layout().eager_slot(call, self), bytes, call,
+                                     control::imm::encode_counter(call, eager_key(self)), phase));
   count_sent(bytes);
 }
 
@@ -160,6 +169,24 @@ void FabricChannel::consumed(uint64_t upto, uint64_t chunks, const SlotShape& sh
 
 std::string FabricChannel::send_progress() const {
   return fmt::format("credits for {} of {} posted", credits_->acked(), credits_->posted());
+}
+
+void FabricChannel::release(uint64_t call, std::string_view phase) {
+  const int self = layout().rank();
+  link_.post(peer(), 0, 0, 0, call, control::imm::encode_counter(call + 1, release_key(self)),
+             phase);
+}
+
+void FabricChannel::expect_release(uint64_t call, std::string_view phase) {
+  if (link_.counters().set_expected(call + 1, release_key(peer()), 1) != Status::ok)
+    fail(std::string(phase), "the release of call {} from rank {}: {}", call, peer(),
+         link_.counters().last_error());
+}
+
+bool FabricChannel::released(uint64_t call) const {
+  const uint64_t staged = parity_posted_at_[call % 2];
+  if (staged != kNeverPosted && !link_.retired(staged)) return false;
+  return link_.counters().ready(call + 1, release_key(peer()));
 }
 
 }  // namespace proxyep::proxy

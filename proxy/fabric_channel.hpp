@@ -5,6 +5,8 @@
 // any order), so:
 //  - a record of call k: one write with counter immediate (epoch k, key = sender), expected once;
 //  - eager bytes of call k: one write with counter immediate (epoch k, key = R + sender);
+//  - a release of call k: a signal (no bytes) with counter immediate (epoch k + 1, key =
+//    2R + receiver), expected once by the sender of call k before it writes call k + 2;
 //  - chunk j of a stream: one write with stream immediate (stream = sender, 16-bit sequence
 //    numbered across calls); the receiver's SequenceWindow turns completions in any order into a
 //    landed prefix, and it returns credits (credit immediates, stream = receiver) to the sender's
@@ -91,9 +93,19 @@ class FabricChannel final : public PeerChannel {
                 std::string_view phase) override;
   std::string send_progress() const override;
 
+  void release(uint64_t call, std::string_view phase) override;
+  void expect_release(uint64_t call, std::string_view phase) override;
+  bool released(uint64_t call) const override;
+
  private:
   static constexpr uint64_t kNeverPosted = ~uint64_t{0};
   uint32_t eager_key(int sender) const;
+  uint32_t release_key(int receiver) const;
+  // Records and eager bytes of a call's parity are staged in their own slots: remember the
+  // last write that read them.
+  void note_parity_write(uint64_t call, uint64_t position) {
+    parity_posted_at_[call % 2] = position;
+  }
   uint32_t next_staging_slot() const;
 
   FabricLink& link_;
@@ -101,6 +113,7 @@ class FabricChannel final : public PeerChannel {
   std::unique_ptr<control::SenderCredits> credits_;  // chunks to the peer
   // Ring position of the write that last read each staging slot (kNeverPosted before the first).
   std::vector<uint64_t> staged_at_;
+  uint64_t parity_posted_at_[2] = {kNeverPosted, kNeverPosted};
   uint64_t call_ = 0;
   uint64_t consumed_total_ = 0;  // chunks of the peer's stream consumed, over all calls
   uint64_t receive_base_ = 0;    // consumed_total_ when this call's streams began

@@ -1,10 +1,10 @@
 // The in-process session: construction, and the waits every protocol uses (in_process_session.hpp).
 #include "proxy/in_process_session.hpp"
 
-#include "common/keep_forever.hpp"
 #include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
+#include "common/keep_forever.hpp"
 #include "common/log.hpp"
 #include "control/imm_layout.hpp"
 #include "proxy/node_channel.hpp"
@@ -138,7 +138,8 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.staging = std::make_unique<HostMemory>(HostMemory::heap(layout().staging_bytes()));
   s.arena_region = s.fabric->register_memory(s.node->local(), s.node->bytes());
   s.staging_region = s.fabric->register_memory(s.staging->host(), s.staging->size());
-  s.counters = std::make_unique<control::CounterBank>(2u * static_cast<uint32_t>(ranks()));
+  // Keys: records [0, R), eager bytes [R, 2R), releases [2R, 3R) (fabric_channel.hpp).
+  s.counters = std::make_unique<control::CounterBank>(3u * static_cast<uint32_t>(ranks()));
   s.router.attach_counters(*s.counters);
 
   s.engine =

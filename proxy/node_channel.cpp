@@ -97,6 +97,15 @@ std::string NodeChannel::send_progress() const {
                      count_in(load_word(word_here(layout().consumed_word(peer()))), call_));
 }
 
+void NodeChannel::release(uint64_t call, std::string_view) {
+  store_word(word_in_peer(layout().released_word(call, layout().rank())), call + 1);
+}
+
+bool NodeChannel::released(uint64_t call) const {
+  // Words of one parity only grow (call, call + 2, ...), whatever order the hooks ran in.
+  return load_word(word_here(layout().released_word(call, peer()))) >= call + 1;
+}
+
 std::optional<std::string> NodeChannel::departed() const {
   if (node_.peer_alive(peer())) return std::nullopt;
   return fmt::format("rank {} (pid {}) on this node exited", peer(), node_.peer_pid(peer()));

@@ -48,6 +48,12 @@ class NodeChannel final : public PeerChannel {
                 std::string_view phase) override;
   std::string send_progress() const override;
 
+  // The receiver release-stores released[receiver][call % 2] = call + 1 in the sender's arena
+  // after its reads; the sender's acquire load orders its next writes after them.
+  void release(uint64_t call, std::string_view phase) override;
+  void expect_release(uint64_t, std::string_view) override {}
+  bool released(uint64_t call) const override;
+
   std::optional<std::string> departed() const override;
 
  private:

@@ -16,6 +16,10 @@
 //  - a chunk stream: chunks 0, 1, ... in the peer's slots (SlotShape), chunk j written only once
 //    can_send(j) says its slot is free; the receiver sees landed() chunks and hands slots back
 //    with consumed().
+//  - a release: a protocol whose receive phase may run after its next call was sent (low-latency
+//    mode's hooks) cannot prove by the call sequence alone that a peer finished reading the
+//    slots of call k before this rank writes call k + 2 into them; the peer says so with
+//    release(k), and the sender waits for released(k).
 // Receiving always reads this rank's own arena, so the receive side's reads are common code.
 //
 // Threads: one caller (the rank's protocol thread). Calls that send throw proxyep::Error naming
@@ -103,6 +107,16 @@ class PeerChannel {
                         std::string_view phase) = 0;
   // Where the sending side stands (credits), for timeout messages.
   virtual std::string send_progress() const = 0;
+
+  // ---- slot release ----
+  // This rank finished reading the peer's record and eager bytes of `call`: the peer may write
+  // call + 2 into those slots.
+  virtual void release(uint64_t call, std::string_view phase) = 0;
+  // Before waiting for released(call).
+  virtual void expect_release(uint64_t call, std::string_view phase) = 0;
+  // The peer released this rank's slots of `call`, and this rank's own writes of that call's
+  // parity have left its staging: call + 2 may be written.
+  virtual bool released(uint64_t call) const = 0;
 
   // ---- liveness ----
   // Set once the peer is known to be gone (a node peer's process exited): says so, naming it.

@@ -1,7 +1,7 @@
 #include "proxy/proxy_engine.hpp"
 
-#include "common/keep_forever.hpp"
 #include "common/backoff.hpp"
+#include "common/keep_forever.hpp"
 #include "common/log.hpp"
 #include "common/params.hpp"
 

@@ -12,9 +12,9 @@ constexpr const char* kPhase = "buffer";
 
 // The sizes as every rank sends them (little endian, common/wire.hpp):
 //   u32 magic "PXSZ" | u16 version | u16 0 | u64 ranks_per_node | u64 record_bytes |
-//   u64 eager_bytes | u64 data_bytes | u64 staging_bytes | u64 chunk_bytes
+//   u64 eager_bytes | u64 eager_limit | u64 data_bytes | u64 staging_bytes | u64 chunk_bytes
 constexpr uint32_t kSizesMagic = 0x5a535850;  // "PXSZ" read as little-endian bytes
-constexpr uint16_t kSizesVersion = 1;
+constexpr uint16_t kSizesVersion = 2;
 
 std::vector<uint8_t> encode(const SessionSizes& s) {
   std::vector<uint8_t> out;
@@ -23,7 +23,7 @@ std::vector<uint8_t> encode(const SessionSizes& s) {
   w.u16(kSizesVersion);
   w.u16(0);
   for (uint64_t v : {static_cast<uint64_t>(s.ranks_per_node), s.record_bytes, s.eager_bytes,
-                     s.data_bytes, s.staging_bytes, s.chunk_bytes})
+                     s.eager_limit, s.data_bytes, s.staging_bytes, s.chunk_bytes})
     w.u64(v);
   return out;
 }
@@ -38,6 +38,7 @@ SessionSizes decode(std::span<const uint8_t> blob, int ranks, int from) {
   s.ranks_per_node = static_cast<int>(r.u64("ranks_per_node"));
   s.record_bytes = r.u64("record_bytes");
   s.eager_bytes = r.u64("eager_bytes");
+  s.eager_limit = r.u64("eager_limit");
   s.data_bytes = r.u64("data_bytes");
   s.staging_bytes = r.u64("staging_bytes");
   s.chunk_bytes = r.u64("chunk_bytes");
@@ -52,12 +53,12 @@ void check_agreed(control::Bootstrap& bootstrap, const SessionSizes& mine) {
     SessionSizes theirs = decode(all[static_cast<size_t>(r)], mine.ranks, r);
     require(theirs == mine, kPhase,
             "rank {} created its Buffer with ranks_per_node {}, num_nvl_bytes {}, num_rdma_bytes "
-            "{}, ep.chunk_bytes {}, ep.eager_bytes {} (record slots of {} bytes); rank {} with "
-            "{}, {}, {}, {}, {} ({}): every rank must pass the same",
+            "{}, ep.chunk_bytes {}, ep.eager_bytes {} (record slots of {} bytes, eager slots of "
+            "{}); rank {} with {}, {}, {}, {}, {} ({}, {}): every rank must pass the same",
             r, theirs.ranks_per_node, theirs.data_bytes, theirs.staging_bytes, theirs.chunk_bytes,
-            theirs.eager_bytes, theirs.record_bytes, bootstrap.rank(), mine.ranks_per_node,
-            mine.data_bytes, mine.staging_bytes, mine.chunk_bytes, mine.eager_bytes,
-            mine.record_bytes);
+            theirs.eager_limit, theirs.record_bytes, theirs.eager_bytes, bootstrap.rank(),
+            mine.ranks_per_node, mine.data_bytes, mine.staging_bytes, mine.chunk_bytes,
+            mine.eager_limit, mine.record_bytes, mine.eager_bytes);
   }
 }
 

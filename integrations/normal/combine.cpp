@@ -94,7 +94,8 @@ CombineResult NormalMode::combine(const CombineArgs& a) {
   streams.out = plan_streams(session_, in.format, rows_to);
   streams.in = plan_streams(session_, in.format, dispatched.sent_by(me));
 
-  const uint64_t call = calls_.begin();
+  const uint64_t call = calls_.begin(integrations::CallKind::sync, kPhase);
+  calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
   calls_.step([&] { send_eager(session_, call, streams, stats_, kPhase); });
   RecordHeader header;

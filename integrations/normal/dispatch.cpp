@@ -16,8 +16,9 @@ constexpr const char* kPhase = "dispatch";
 
 }  // namespace
 
-NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, uint64_t buffer_id)
-    : session_(session), backend_(backend), buffer_id_(buffer_id), calls_(session) {}
+NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
+                       uint64_t buffer_id)
+    : session_(session), backend_(backend), buffer_id_(buffer_id), calls_(calls) {}
 
 DispatchResult NormalMode::dispatch(const DispatchArgs& a) {
   calls_.check_usable(kPhase);
@@ -30,7 +31,8 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& a) {
   DispatchStreams streams(backend_, in, a, routing, shape_for(in.num_experts), me);
   streams.out = plan_streams(session_, in.format, routing.rows_to);
 
-  const uint64_t call = calls_.begin();
+  const uint64_t call = calls_.begin(integrations::CallKind::sync, kPhase);
+  calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
   calls_.step([&] { send_eager(session_, call, streams, stats_, kPhase); });
   const auto records = calls_.step([&] { return notify_dispatch(call, in, a, routing); });

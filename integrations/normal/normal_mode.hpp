@@ -12,7 +12,7 @@
 
 #include "integrations/backend/row_backend.hpp"
 #include "integrations/buffer.hpp"
-#include "integrations/normal/call_sequence.hpp"
+#include "integrations/call_sequence.hpp"
 #include "integrations/normal/notify_record.hpp"
 #include "proxy/session.hpp"
 
@@ -27,8 +27,9 @@ class RowCounts;
 
 class NormalMode {
  public:
-  // `buffer_id` tells this Buffer's handles from others'.
-  NormalMode(proxy::Session& session, RowBackend& backend, uint64_t buffer_id);
+  // `buffer_id` tells this Buffer's handles from others'; `calls` is shared with the
+  // low-latency mode.
+  NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls, uint64_t buffer_id);
 
   DispatchResult dispatch(const DispatchArgs& args);
   CombineResult combine(const CombineArgs& args);
@@ -56,7 +57,7 @@ class NormalMode {
   proxy::Session& session_;
   RowBackend& backend_;
   uint64_t buffer_id_;
-  CallSequence calls_;
+  CallSequence& calls_;
   RecordEncoder encoder_;
   BufferStats stats_;
 };

@@ -2,6 +2,7 @@
 #include "integrations/normal/notify.hpp"
 
 #include "common/error.hpp"
+#include "integrations/await_every.hpp"
 #include "integrations/normal/chunk_plan.hpp"
 
 namespace proxyep::integrations::normal {
@@ -30,21 +31,13 @@ std::vector<NotifyRecord> exchange_records(proxy::Session& session, uint64_t cal
   send_records(session, call, encoder, header, rows_to, experts_for, phase);
   for (int s = 0; s < R; ++s)
     session.channel(s).expect_record(call, phase);
-  auto arrived = [&](int s) { return session.channel(s).record_arrived(call); };
-  session.await({.ready =
-                     [&] {
-                       for (int s = 0; s < R; ++s)
-                         if (!arrived(s)) return false;
-                       return true;
-                     },
-                 .pending = [&](int s) { return !arrived(s); },
-                 .phase = phase,
-                 .what = "the notify record (call start)",
-                 .detail = {}});
+  await_every(
+      session, [&](int s) { return session.channel(s).record_arrived(call); }, phase,
+      "the notify record (call start)");
 
   std::vector<NotifyRecord> records;
   records.reserve(static_cast<size_t>(R));
-  const uint64_t eager_bytes = session.layout().sizes().eager_bytes;
+  const uint64_t eager_bytes = session.layout().sizes().eager_limit;
   for (int s = 0; s < R; ++s) {
     records.push_back(decode_record(session.channel(s).record(call), R, s, phase));
     const NotifyRecord& r = records.back();

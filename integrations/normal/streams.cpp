@@ -171,7 +171,7 @@ void StreamRun::run() {
 
 std::vector<ChunkPlan> plan_streams(const proxy::Session& session, const ep::RowFormat& format,
                                     std::span<const int64_t> rows) {
-  const uint64_t eager = session.layout().sizes().eager_bytes;
+  const uint64_t eager = session.layout().sizes().eager_limit;
   std::vector<ChunkPlan> plans(static_cast<size_t>(session.ranks()));
   for (int r = 0; r < session.ranks(); ++r)
     if (r != session.rank())

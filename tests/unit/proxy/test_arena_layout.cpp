@@ -59,6 +59,8 @@ std::vector<Place> arena_places(const ArenaLayout& l) {
   for (int r = 0; r < s.ranks; ++r) {
     out.push_back({l.published_word(r), l.published_word(r) + 8, "published word"});
     out.push_back({l.consumed_word(r), l.consumed_word(r) + 8, "consumed word"});
+    for (uint64_t call : {0, 1})
+      out.push_back({l.released_word(call, r), l.released_word(call, r) + 8, "released word"});
   }
   for (int src = 0; src < s.ranks; ++src) {
     if (src == l.rank()) continue;
@@ -97,11 +99,12 @@ TEST_CASE("staging: records, eager slots and per-destination shares never overla
         const SessionSizes& s = l.sizes();
         std::vector<Place> places;
         for (int d = 0; d < ranks; ++d) {
-          places.push_back(
-              {l.staging_record(d), l.staging_record(d) + s.record_bytes, "staging record"});
-          for (uint64_t call : {0, 1})
+          for (uint64_t call : {0, 1}) {
+            places.push_back({l.staging_record(call, d), l.staging_record(call, d) + s.record_bytes,
+                              "staging record"});
             places.push_back({l.staging_eager(call, d), l.staging_eager(call, d) + s.eager_bytes,
                               "staging eager"});
+          }
           if (l.on_node(d)) continue;
           for (uint32_t slot = 0; slot < l.stage_window(); ++slot)
             places.push_back({l.staging_slot(d, slot),

@@ -15,6 +15,7 @@
 
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace proxyep;
@@ -199,7 +200,92 @@ void run_scenario(const Scenario& sc) {
   }
 }
 
+// Calls whose receive phase lags one call behind (as low-latency hooks do): call k is received
+// after call k + 1 was sent. A slot of call k's parity is written again by call k + 2 only
+// after the peer released call k; the rank `slow` sleeps before each receive, so a sender that
+// did not wait would overwrite bytes that are still to be read (and verify() would fail).
+void receive_lagging(Session& s, uint64_t call) {
+  const int R = s.ranks(), me = s.rank();
+  await_all(
+      s, [&](int r) { return s.channel(r).record_arrived(call); }, "records");
+  for (int r = 0; r < R; ++r)
+    s.channel(r).expect_eager(call, "test");
+  await_all(
+      s, [&](int r) { return s.channel(r).eager_arrived(call); }, "eager bytes");
+  for (int r = 0; r < R; ++r) {
+    verify(s.channel(r).record(call).data(), kRecordBytes, call, r, me, 0, "record");
+    verify(s.channel(r).eager(call), 4096, call, r, me, 1, "eager bytes");
+    s.channel(r).release(call, "test");
+  }
+}
+
+void run_lagging_rank(const Scenario& sc, int slow, control::Bootstrap::Options options) {
+  auto boot = control::Bootstrap::connect(options);
+  proxy::SessionConfig config;
+  config.sizes = {.ranks = sc.ranks,
+                  .ranks_per_node = sc.per_node,
+                  .record_bytes = 128,
+                  .eager_bytes = 4096,
+                  .data_bytes = 0,  // no streams: records and eager bytes only
+                  .staging_bytes = 0,
+                  .chunk_bytes = 4096};
+  config.timeout = std::chrono::milliseconds(15000);
+  config.fabric = fabric::testing::options_for(sc.provider, boot->rank(), 1, sc.reorder, 12);
+  proxy::EngineOptions engine;
+  engine.placement.pin = false;
+  config.engine = engine;
+  auto session = Session::open(*boot, config);
+  Session& s = *session;
+  const int R = s.ranks(), me = s.rank();
+  for (uint64_t call = 0; call < kCalls + 3; ++call) {
+    s.begin_call(call);
+    for (int r = 0; r < R; ++r)
+      s.channel(r).expect_record(call, "test");
+    if (call >= 2) {
+      for (int d = 0; d < R; ++d)
+        s.channel(d).expect_release(call - 2, "test");
+      await_all(
+          s, [&](int d) { return s.channel(d).released(call - 2); }, "releases");
+    }
+    for (int d = 0; d < R; ++d) {
+      PeerChannel& to = s.channel(d);
+      fill(to.eager_buffer(call), 4096, call, me, d, 1);
+      to.send_eager(call, 4096, "test");
+      fill(to.record_buffer(call).data(), kRecordBytes, call, me, d, 0);
+      to.send_record(call, kRecordBytes, "test");
+    }
+    if (call == 0) continue;
+    if (me == slow) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    receive_lagging(s, call - 1);
+  }
+  receive_lagging(s, kCalls + 2);
+  s.quiet("test");
+  boot->barrier("test(done)");
+}
+
+void run_lagging(const Scenario& sc, int slow) {
+  CAPTURE(sc.name);
+  CAPTURE(slow);
+  std::vector<control::testing::RankBody> bodies;
+  for (int r = 0; r < sc.ranks; ++r)
+    bodies.push_back(
+        [&](control::Bootstrap::Options options) { run_lagging_rank(sc, slow, options); });
+  auto outcomes = control::testing::run_bodies(bodies, sc.ranks, std::chrono::milliseconds(20000));
+  for (size_t r = 0; r < outcomes.size(); ++r) {
+    INFO("rank " << r << ": " << outcomes[r].error);
+    CHECK(outcomes[r].ok);
+  }
+}
+
 }  // namespace
+
+TEST_CASE("released slots: call k + 2 waits until every peer read call k") {
+  for (int slow : {0, 1}) {
+    run_lagging({"2 ranks on one node", 2, 2, "shm", false}, slow);
+    run_lagging({"2 ranks as 2 nodes, tcp", 2, 1, "tcp", true}, slow);
+  }
+  run_lagging({"3 ranks, 2 per node, tcp", 3, 2, "tcp", true}, 2);
+}
 
 TEST_CASE("node channels: records, eager bytes and streams through mapped arenas") {
   run_scenario({"2 ranks on one node", 2, 2, "shm", false});

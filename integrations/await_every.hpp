@@ -1,0 +1,27 @@
+// await_every: the protocols' most common wait, "until `done(r)` holds for every rank r", with
+// the session's deadline; the ranks still pending are named when it expires.
+#pragma once
+
+#include "proxy/session.hpp"
+
+#include <string_view>
+
+namespace proxyep::integrations {
+
+template <typename Done>
+void await_every(proxy::Session& session, Done&& done, std::string_view phase,
+                 std::string_view what) {
+  const int R = session.ranks();
+  session.await({.ready =
+                     [&] {
+                       for (int r = 0; r < R; ++r)
+                         if (!done(r)) return false;
+                       return true;
+                     },
+                 .pending = [&](int r) { return !done(r); },
+                 .phase = phase,
+                 .what = what,
+                 .detail = {}});
+}
+
+}  // namespace proxyep::integrations

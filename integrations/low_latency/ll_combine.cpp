@@ -1,0 +1,143 @@
+// low_latency_combine: checks, the send phase (each received row back to its home rank, in the
+// order it arrived) and the receive phase (the weighted reduce) (low_latency_mode.hpp).
+#include "common/error.hpp"
+#include "integrations/low_latency/ll_tensors.hpp"
+#include "integrations/low_latency/low_latency_mode.hpp"
+
+#include <cstring>
+
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::integrations::low_latency {
+
+namespace {
+
+constexpr const char* kPhase = "low_latency_combine";
+
+}  // namespace
+
+LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) {
+  calls_.check_usable(kPhase);
+  require(!(a.async_finish && a.return_recv_hook), kPhase,
+          "async_finish and return_recv_hook cannot be used together (as in DeepEP)");
+  require(!a.use_logfmt, kPhase,
+          "use_logfmt is not supported: ProxyEP combines in BF16 (pass use_logfmt=False)");
+  require(a.handle != nullptr && a.handle->dispatched != nullptr &&
+              a.handle->dispatched->buffer_id == buffer_id_,
+          kPhase, "the handle was not made by this Buffer's low_latency_dispatch");
+  std::shared_ptr<const CallState> dispatched = a.handle->dispatched;
+  const CallState& d = *dispatched;
+  require(d.received, kPhase,
+          "the dispatch of this handle has not received its tokens yet: call its hook (or wait "
+          "for its event) first");
+  const int R = d.ranks, local = d.shape.experts / R, H = d.shape.hidden;
+  const int64_t rows = static_cast<int64_t>(local) * R * d.shape.tokens;
+  const std::byte* x = nullptr;
+  if (a.zero_copy) {
+    require(combine_buffer_.rows() == rows && combine_buffer_.cols() == H, kPhase,
+            "zero_copy: write the expert outputs into get_next_low_latency_combine_buffer(handle) "
+            "first");
+    x = combine_buffer_.raw();
+  } else {
+    check_tensor(a.x, ep::DType::bf16, rows, H, true, kPhase, "x");
+    x = static_cast<const std::byte*>(a.x.data);
+  }
+  check_tensor(a.topk_idx, ep::DType::i64, d.num_tokens, d.topk, false, kPhase, "topk_idx");
+  for (int t = 0; t < d.num_tokens; ++t)
+    for (int k = 0; k < d.topk; ++k)
+      require(a.topk_idx.at<int64_t>(t, k) == d.topk_idx[static_cast<size_t>(t) * d.topk + k],
+              kPhase, "topk_idx[{}][{}] differs from the one this handle's dispatch routed by", t,
+              k);
+  check_tensor(a.topk_weights, ep::DType::f32, d.num_tokens, d.topk, false, kPhase, "topk_weights");
+  if (a.out.defined()) check_tensor(a.out, ep::DType::bf16, d.num_tokens, H, true, kPhase, "out");
+  if (a.combine_wait_recv_cost_stats.defined())
+    check_tensor(a.combine_wait_recv_cost_stats, ep::DType::i64, R, -1, false, kPhase,
+                 "combine_wait_recv_cost_stats");
+  calls_.check_can_begin(CallKind::deferred, kPhase);
+
+  auto state = std::make_shared<CallState>();
+  CallState& st = *state;
+  st.buffer_id = buffer_id_;
+  st.kind = LlKind::combine;
+  st.shape = d.shape;
+  st.format = ep::LlFormat{.hidden = static_cast<uint32_t>(H), .fp8 = false};
+  st.ranks = R;
+  st.rank = d.rank;
+  st.num_tokens = d.num_tokens;
+  st.topk = d.topk;
+  st.dispatched = dispatched;
+  st.wait_stats = a.combine_wait_recv_cost_stats;
+  st.weights.resize(static_cast<size_t>(d.num_tokens) * d.topk);
+  for (int t = 0; t < d.num_tokens; ++t)
+    for (int k = 0; k < d.topk; ++k)
+      st.weights[static_cast<size_t>(t) * d.topk + k] = a.topk_weights.at<float>(t, k);
+  if (a.out.defined()) {
+    st.out = const_cast<uint16_t*>(a.out.as<uint16_t>());
+  } else {
+    st.combined = backend_.allocate(ep::DType::bf16, d.num_tokens, H);
+    st.out = st.combined.data<uint16_t>();
+  }
+
+  st.call = calls_.begin(CallKind::deferred, kPhase);
+  const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
+  const auto* ranges = d.layout_range.data<int64_t>();
+  calls_.step([&] {
+    for (int s = 0; s < R; ++s)
+      session_.channel(s).expect_record(st.call, kPhase);
+    calls_.await_slots_free(st.call, kPhase);
+    send_all(
+        st,
+        [&](int home, std::byte* slot, std::vector<int32_t>&) {
+          // The rows of home's block of each local expert, expert by expert: the order in which
+          // home packed its messages (ll_dispatch.cpp).
+          uint64_t bytes = 0;
+          for (int e = 0; e < local; ++e) {
+            const int64_t range = ranges[static_cast<size_t>(e) * R + home];
+            const int64_t begin = range >> 32, count = range & 0xffffffff;
+            const int64_t first = static_cast<int64_t>(e) * R * d.shape.tokens + begin;
+            std::memcpy(slot + bytes, x + static_cast<uint64_t>(first) * row_bytes,
+                        static_cast<uint64_t>(count) * row_bytes);
+            bytes += static_cast<uint64_t>(count) * row_bytes;
+          }
+          return bytes;
+        },
+        kPhase);
+  });
+
+  LowLatencyCombineResult out;
+  out.combined_x = st.combined;
+  complete(state, a.return_recv_hook, a.async_finish, out.hook, out.event);
+  return out;
+}
+
+void LowLatencyMode::receive_combine(CallState& st) {
+  const CallState& d = *st.dispatched;
+  const int R = st.ranks, K = st.topk, H = st.shape.hidden;
+  std::vector<int64_t> waited;
+  const std::vector<LlRecord> records = receive_all(st, waited, kPhase);
+  const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
+  std::vector<const uint16_t*> from(static_cast<size_t>(R), nullptr);
+  for (int s = 0; s < R; ++s) {
+    require(records[s].eager_bytes == static_cast<uint64_t>(d.sent_to[s]) * row_bytes, kPhase,
+            "rank {} sent back {} bytes for the {} tokens this rank dispatched to it", s,
+            records[s].eager_bytes, d.sent_to[s]);
+    if (d.sent_to[s] > 0)
+      from[s] = reinterpret_cast<const uint16_t*>(session_.channel(s).eager(st.call));
+  }
+  std::vector<const uint16_t*> rows(static_cast<size_t>(K));
+  for (int t = 0; t < st.num_tokens; ++t) {
+    for (int k = 0; k < K; ++k) {
+      const size_t i = static_cast<size_t>(t) * K + k;
+      rows[k] =
+          d.dest_of[i] < 0 ? nullptr : from[d.dest_of[i]] + static_cast<size_t>(d.slot_of[i]) * H;
+    }
+    ep::ll_combine_token(rows.data(), st.weights.data() + static_cast<size_t>(t) * K, K,
+                         static_cast<uint32_t>(H), st.out + static_cast<size_t>(t) * H,
+                         ep::HostLanes{});
+  }
+  if (st.wait_stats.defined())
+    for (int s = 0; s < R; ++s)
+      written_at<int64_t>(st.wait_stats, s) += waited[s];
+}
+
+}  // namespace proxyep::integrations::low_latency

@@ -1,0 +1,243 @@
+// low_latency_dispatch: checks, routing, the FP8 cast, the send phase and the receive phase
+// (low_latency_mode.hpp).
+#include "common/error.hpp"
+#include "integrations/low_latency/ll_sizes.hpp"
+#include "integrations/low_latency/ll_tensors.hpp"
+#include "integrations/low_latency/low_latency_mode.hpp"
+
+#include <cstring>
+
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::integrations::low_latency {
+
+namespace {
+
+constexpr const char* kPhase = "low_latency_dispatch";
+
+uint32_t flags_of(const ep::LlFormat& f) {
+  return (f.fp8 ? kFlagFp8 : 0) | (f.round_scale ? kFlagRoundScale : 0) |
+         (f.ue8m0 ? kFlagUe8m0 : 0);
+}
+
+}  // namespace
+
+LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& a) {
+  calls_.check_usable(kPhase);
+  const int R = session_.ranks();
+  require(!(a.async_finish && a.return_recv_hook), kPhase,
+          "async_finish and return_recv_hook cannot be used together (as in DeepEP)");
+  ep::require_defined(a.x, kPhase, "x");
+  require(a.x.dims == 2, kPhase, "x must be 2-D [tokens, hidden]; got {}", a.x);
+  const LlShape shape{.tokens = a.num_max_dispatch_tokens_per_rank,
+                      .hidden = static_cast<int>(a.x.cols),
+                      .experts = a.num_experts};
+  check_shape(shape, R, kPhase);
+  const int64_t tokens = a.x.rows;
+  require(tokens <= shape.tokens, kPhase,
+          "x has {} tokens, more than num_max_dispatch_tokens_per_rank ({})", tokens, shape.tokens);
+  check_tensor(a.x, ep::DType::bf16, tokens, shape.hidden, true, kPhase, "x");
+  ep::require_defined(a.topk_idx, kPhase, "topk_idx");
+  const int64_t K = a.topk_idx.dims == 2 ? a.topk_idx.cols : 0;
+  require(K >= 1 && K <= ep::kLlMaxTopk, kPhase,
+          "topk_idx must be [tokens, k] with 1 <= k <= {} (DeepEP's low-latency limit); got {}",
+          ep::kLlMaxTopk, a.topk_idx);
+  check_tensor(a.topk_idx, ep::DType::i64, tokens, K, false, kPhase, "topk_idx");
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t e = a.topk_idx.at<int64_t>(t, k);
+      require(e >= -1 && e < shape.experts, kPhase,
+              "topk_idx[{}][{}] = {} is not an expert (num_experts {}) or -1", t, k, e,
+              shape.experts);
+    }
+  const ep::LlFormat format{.hidden = static_cast<uint32_t>(shape.hidden),
+                            .fp8 = a.use_fp8,
+                            .round_scale = a.round_scale,
+                            .ue8m0 = a.use_ue8m0};
+  require(!a.use_ue8m0 || (a.use_fp8 && a.round_scale), kPhase,
+          "use_ue8m0 needs use_fp8 and round_scale (as in DeepEP)");
+  if (const char* why = ep::ll_hidden_error(format))
+    fail(kPhase, "hidden {}: {}", shape.hidden, why);
+  const int local = shape.experts / R;
+  if (a.cumulative_local_expert_recv_stats.defined())
+    check_tensor(a.cumulative_local_expert_recv_stats, ep::DType::i32, local, -1, false, kPhase,
+                 "cumulative_local_expert_recv_stats");
+  if (a.dispatch_wait_recv_cost_stats.defined())
+    check_tensor(a.dispatch_wait_recv_cost_stats, ep::DType::i64, R, -1, false, kPhase,
+                 "dispatch_wait_recv_cost_stats");
+  check_slot_fits(shape, kPhase);
+  calls_.check_can_begin(CallKind::deferred, kPhase);
+  if (!agreed_ || !(*agreed_ == shape)) agree(shape, kPhase);
+
+  auto state = std::make_shared<CallState>();
+  CallState& st = *state;
+  st.buffer_id = buffer_id_;
+  st.kind = LlKind::dispatch;
+  st.shape = shape;
+  st.format = format;
+  st.flags = flags_of(format);
+  st.ranks = R;
+  st.rank = session_.rank();
+  st.num_tokens = static_cast<int>(tokens);
+  st.topk = static_cast<int>(K);
+  st.recv_stats = a.cumulative_local_expert_recv_stats;
+  st.wait_stats = a.dispatch_wait_recv_cost_stats;
+  route(st, a.topk_idx);
+  cast_tokens(st, a.x);
+
+  const int64_t rows = static_cast<int64_t>(R) * shape.tokens;  // per local expert
+  st.recv_x = backend_.allocate(format.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * rows,
+                                shape.hidden);
+  if (format.fp8)
+    st.recv_x_scales = backend_.allocate(format.ue8m0 ? ep::DType::i32 : ep::DType::f32,
+                                         local * static_cast<int64_t>(format.scale_words()), rows);
+  st.recv_count = backend_.allocate(ep::DType::i32, local);
+  st.src_info = backend_.allocate(ep::DType::i32, local, rows);
+  st.layout_range = backend_.allocate(ep::DType::i64, local, R);
+
+  st.call = calls_.begin(CallKind::deferred, kPhase);
+  const uint64_t message = format.message_bytes();
+  calls_.step([&] {
+    for (int s = 0; s < R; ++s)
+      session_.channel(s).expect_record(st.call, kPhase);
+    calls_.await_slots_free(st.call, kPhase);
+    send_all(
+        st,
+        [&](int d, std::byte* slot, std::vector<int32_t>& counts) {
+          counts.assign(expert_counts_.begin() + d * local,
+                        expert_counts_.begin() + (d + 1) * local);
+          const std::vector<int32_t>& tokens_to = order_[d];
+          for (size_t i = 0; i < tokens_to.size(); ++i)
+            std::memcpy(slot + i * message,
+                        token_messages_.data() + static_cast<uint64_t>(tokens_to[i]) * message,
+                        message);
+          return static_cast<uint64_t>(tokens_to.size()) * message;
+        },
+        kPhase);
+  });
+
+  LowLatencyDispatchResult out;
+  out.recv_x = st.recv_x;
+  out.recv_x_scales = st.recv_x_scales;
+  out.recv_count = st.recv_count;
+  out.handle.src_info = st.src_info;
+  out.handle.layout_range = st.layout_range;
+  out.handle.num_max_dispatch_tokens_per_rank = shape.tokens;
+  out.handle.hidden = shape.hidden;
+  out.handle.num_experts = shape.experts;
+  out.handle.dispatched = state;
+  complete(state, a.return_recv_hook, a.async_finish, out.hook, out.event);
+  return out;
+}
+
+// Messages to rank d are grouped by its local expert, tokens ascending within an expert; a
+// (token, k)'s message index there is what combine finds its row by.
+void LowLatencyMode::route(CallState& st, const ep::TensorRef& topk_idx) {
+  const int R = st.ranks, local = st.shape.experts / R, K = st.topk;
+  const auto selections = static_cast<size_t>(st.num_tokens) * static_cast<size_t>(K);
+  st.topk_idx.resize(selections);
+  st.dest_of.assign(selections, -1);
+  st.slot_of.assign(selections, -1);
+  expert_counts_.assign(static_cast<size_t>(R) * static_cast<size_t>(local), 0);
+  for (int t = 0; t < st.num_tokens; ++t)
+    for (int k = 0; k < K; ++k) {
+      const int64_t e = topk_idx.at<int64_t>(t, k);
+      st.topk_idx[static_cast<size_t>(t) * K + k] = e;
+      if (e >= 0) ++expert_counts_[static_cast<size_t>(e)];  // experts are laid out by rank
+    }
+  // Where each (rank, local expert) group starts among the messages to that rank.
+  std::vector<int32_t> next(expert_counts_.size());
+  st.sent_to.assign(static_cast<size_t>(R), 0);
+  order_.resize(static_cast<size_t>(R));
+  for (int d = 0; d < R; ++d) {
+    int32_t at = 0;
+    for (int e = 0; e < local; ++e) {
+      next[static_cast<size_t>(d) * local + e] = at;
+      at += expert_counts_[static_cast<size_t>(d) * local + e];
+    }
+    st.sent_to[d] = at;
+    order_[d].resize(static_cast<size_t>(at));
+  }
+  for (int t = 0; t < st.num_tokens; ++t)
+    for (int k = 0; k < K; ++k) {
+      const size_t i = static_cast<size_t>(t) * K + k;
+      const int64_t e = st.topk_idx[i];
+      if (e < 0) continue;
+      const int d = static_cast<int>(e / local);
+      const int32_t slot = next[static_cast<size_t>(e)]++;
+      st.dest_of[i] = d;
+      st.slot_of[i] = slot;
+      order_[d][static_cast<size_t>(slot)] = t;
+    }
+}
+
+void LowLatencyMode::cast_tokens(const CallState& st, const ep::TensorRef& x) {
+  const uint64_t message = st.format.message_bytes();
+  token_messages_.resize(static_cast<size_t>(st.num_tokens) * message);
+  const auto* rows = x.as<uint16_t>();
+  for (int t = 0; t < st.num_tokens; ++t) {
+    bool sent = false;
+    for (int k = 0; k < st.topk && !sent; ++k)
+      sent = st.dest_of[static_cast<size_t>(t) * st.topk + k] >= 0;
+    if (!sent) continue;
+    ep::ll_pack_message(st.format, rows + static_cast<size_t>(t) * st.shape.hidden, t,
+                        token_messages_.data() + static_cast<size_t>(t) * message, ep::HostLanes{});
+  }
+}
+
+void LowLatencyMode::receive_dispatch(CallState& st) {
+  const int R = st.ranks, local = st.shape.experts / R;
+  std::vector<int64_t> waited;
+  const std::vector<LlRecord> records = receive_all(st, waited, kPhase);
+  const uint64_t message = st.format.message_bytes();
+  for (int s = 0; s < R; ++s) {
+    const LlRecord& r = records[s];
+    require(static_cast<int>(r.counts.size()) == local, kPhase,
+            "rank {} announced {} expert counts, this rank has {} experts", s, r.counts.size(),
+            local);
+    uint64_t messages = 0;
+    for (int32_t c : r.counts) {
+      require(c >= 0 && c <= st.shape.tokens, kPhase,
+              "rank {} announced {} messages for one expert (at most {} fit)", s, c,
+              st.shape.tokens);
+      messages += static_cast<uint64_t>(c);
+    }
+    require(messages * message == r.eager_bytes, kPhase,
+            "rank {} sent {} bytes for {} messages of {} bytes", s, r.eager_bytes, messages,
+            message);
+  }
+  const int64_t rows = static_cast<int64_t>(R) * st.shape.tokens;
+  const uint32_t scale_words = st.format.scale_words();
+  std::vector<uint64_t> first(static_cast<size_t>(R), 0);  // source's first message of expert e
+  auto* counts = st.recv_count.data<int32_t>();
+  auto* ranges = st.layout_range.data<int64_t>();
+  for (int e = 0; e < local; ++e) {
+    ep::LlExpertSink sink;
+    sink.x = st.recv_x.raw() + static_cast<uint64_t>(e) * rows * st.format.payload_bytes();
+    if (scale_words > 0)
+      sink.scales =
+          st.recv_x_scales.data<uint32_t>() + static_cast<uint64_t>(e) * scale_words * rows;
+    sink.scale_stride = rows;
+    sink.src_info = st.src_info.data<int32_t>() + static_cast<uint64_t>(e) * rows;
+    int64_t begin = 0;
+    for (int s = 0; s < R; ++s) {
+      const int32_t count = records[s].counts[e];
+      ranges[static_cast<size_t>(e) * R + s] = (begin << 32) | count;
+      const std::byte* from = count > 0 ? session_.channel(s).eager(st.call) : nullptr;
+      for (int32_t i = 0; i < count; ++i)
+        ep::ll_unpack_message(st.format, from + (first[s] + static_cast<uint64_t>(i)) * message,
+                              sink, begin + i, ep::HostLanes{});
+      first[s] += static_cast<uint64_t>(count);
+      begin += count;
+    }
+    counts[e] = static_cast<int32_t>(begin);
+  }
+  if (st.recv_stats.defined())
+    for (int e = 0; e < local; ++e)
+      written_at<int32_t>(st.recv_stats, e) += counts[e];
+  if (st.wait_stats.defined())
+    for (int s = 0; s < R; ++s)
+      written_at<int64_t>(st.wait_stats, s) += waited[s];
+}
+
+}  // namespace proxyep::integrations::low_latency

@@ -1,0 +1,215 @@
+// What both LL calls share: the agreement on sizes, sending to every rank, receiving from every
+// rank, releasing slots, and when the receive phase runs (low_latency_mode.hpp).
+#include "integrations/low_latency/low_latency_mode.hpp"
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "integrations/await_every.hpp"
+#include "integrations/low_latency/ll_sizes.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::integrations::low_latency {
+
+namespace {
+
+constexpr const char* kCleanPhase = "clean_low_latency_buffer";
+
+int64_t nanoseconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() -
+                                                              start)
+      .count();
+}
+
+}  // namespace
+
+LowLatencyMode::LowLatencyMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
+                               uint64_t buffer_id)
+    : session_(session),
+      backend_(backend),
+      calls_(calls),
+      buffer_id_(buffer_id),
+      alive_(std::make_shared<LowLatencyMode*>(this)) {}
+
+LowLatencyMode::~LowLatencyMode() {
+  try {
+    settle();
+  } catch (const Error& e) {
+    log::warn("buffer: a low-latency call receiving in the background failed: {}", e.what());
+  }
+}
+
+void LowLatencyMode::settle() {
+  auto pending = std::move(background_);
+  background_.clear();
+  for (auto& done : pending)
+    done.get();  // rethrows; the rest were joined by their own get() or are still joined below
+}
+
+void LowLatencyMode::check_slot_fits(const LlShape& shape, std::string_view phase) const {
+  const uint64_t need = ll_slot_bytes(shape, session_.ranks());
+  const uint64_t have = session_.layout().sizes().eager_bytes;
+  require(need <= have, phase,
+          "num_rdma_bytes is too small for low-latency calls of {} on {} ranks: they need {} "
+          "bytes (Buffer.get_low_latency_rdma_size_hint({}, {}, {}, {}))",
+          describe(shape), session_.ranks(), ll_size_hint(shape, session_.ranks()), shape.tokens,
+          shape.hidden, session_.ranks(), shape.experts);
+}
+
+void LowLatencyMode::clean(const LlShape& shape) {
+  check_shape(shape, session_.ranks(), kCleanPhase);
+  check_slot_fits(shape, kCleanPhase);
+  agree(shape, kCleanPhase);
+}
+
+// A sync call: every rank sends its shape to every rank and compares. A disagreement fails every
+// rank alike after a complete exchange, so the sequence stays intact and the Buffer usable.
+void LowLatencyMode::agree(const LlShape& shape, std::string_view phase) {
+  calls_.check_can_begin(CallKind::sync, phase);
+  const int R = session_.ranks();
+  const uint64_t call = calls_.begin(CallKind::sync, phase);
+  std::vector<LlRecord> records;
+  calls_.step([&] {
+    for (int s = 0; s < R; ++s)
+      session_.channel(s).expect_record(call, phase);
+    calls_.await_slots_free(call, phase);
+    LlRecord mine;
+    mine.kind = LlKind::agree;
+    mine.shape = shape;
+    for (int d = 0; d < R; ++d) {
+      proxy::PeerChannel& to = session_.channel(d);
+      to.send_record(call, encode_ll_record(mine, to.record_buffer(call), phase), phase);
+    }
+    await_every(
+        session_, [&](int s) { return session_.channel(s).record_arrived(call); }, phase,
+        "the low-latency sizes");
+    for (int s = 0; s < R; ++s) {
+      records.push_back(decode_ll_record(session_.channel(s).record(call), s, phase));
+      require(records.back().kind == LlKind::agree, phase,
+              "rank {} made a {} call while this rank agrees on the low-latency sizes: every "
+              "rank must make the same calls in the same order",
+              s, kind_name(records.back().kind));
+    }
+    session_.quiet(phase);
+  });
+  std::string differ;
+  for (int s = 0; s < R; ++s)
+    if (!(records[s].shape == shape))
+      differ += fmt::format("; rank {}: {}", s, describe(records[s].shape));
+  require(differ.empty(), phase,
+          "every rank must use the same low-latency sizes: rank {} uses {}{}", session_.rank(),
+          describe(shape), differ);
+  agreed_ = shape;
+}
+
+void LowLatencyMode::send_all(const CallState& state, const Pack& pack, std::string_view phase) {
+  const int R = session_.ranks();
+  // Writes to other nodes complete in the background: start them before the stores.
+  for (bool background : {true, false})
+    for (int d = 0; d < R; ++d) {
+      proxy::PeerChannel& to = session_.channel(d);
+      if (to.background() != background) continue;
+      LlRecord record;
+      record.kind = state.kind;
+      record.shape = state.shape;
+      record.flags = state.flags;
+      record.eager_bytes = pack(d, to.eager_buffer(state.call), record.counts);
+      if (record.eager_bytes > 0) to.send_eager(state.call, record.eager_bytes, phase);
+      to.send_record(state.call, encode_ll_record(record, to.record_buffer(state.call), phase),
+                     phase);
+    }
+}
+
+std::vector<LlRecord> LowLatencyMode::receive_all(const CallState& state,
+                                                  std::vector<int64_t>& waited_ns,
+                                                  std::string_view phase) {
+  const int R = session_.ranks();
+  const auto start = std::chrono::steady_clock::now();
+  waited_ns.assign(static_cast<size_t>(R), -1);
+  // A source counts as arrived once its record and (when it announced some) its messages are.
+  std::vector<LlRecord> records(static_cast<size_t>(R));
+  std::vector<uint8_t> have_record(static_cast<size_t>(R), 0);
+  auto arrived = [&](int s) {
+    if (waited_ns[s] >= 0) return true;
+    proxy::PeerChannel& from = session_.channel(s);
+    if (!have_record[s]) {
+      if (!from.record_arrived(state.call)) return false;
+      records[s] = decode_ll_record(from.record(state.call), s, phase);
+      have_record[s] = 1;
+      if (records[s].eager_bytes > 0) from.expect_eager(state.call, phase);
+    }
+    if (records[s].eager_bytes > 0 && !from.eager_arrived(state.call)) return false;
+    waited_ns[s] = nanoseconds_since(start);
+    return true;
+  };
+  await_every(session_, arrived, phase,
+              state.kind == LlKind::dispatch ? "the dispatched tokens" : "the combined rows");
+  for (int s = 0; s < R; ++s) {
+    const LlRecord& r = records[s];
+    require(r.kind == state.kind, phase,
+            "rank {} made a {} call while this rank made a {} call: every rank must make the "
+            "same calls in the same order",
+            s, kind_name(r.kind), kind_name(state.kind));
+    require(r.shape == state.shape && r.flags == state.flags, phase,
+            "rank {} called {} with {} (flags {:#x}), this rank with {} (flags {:#x}): every "
+            "rank must pass the same sizes and formats",
+            s, kind_name(state.kind), describe(r.shape), r.flags, describe(state.shape),
+            state.flags);
+  }
+  return records;
+}
+
+void LowLatencyMode::receive(CallState& state) {
+  if (state.received) return;
+  const char* phase = kind_name(state.kind);
+  calls_.check_usable(phase);
+  calls_.step([&] {
+    if (state.kind == LlKind::dispatch)
+      receive_dispatch(state);
+    else
+      receive_combine(state);
+  });
+  state.received = true;
+  calls_.finish_deferred(state.call, phase);
+}
+
+void LowLatencyMode::complete(const std::shared_ptr<CallState>& state, bool hook, bool async,
+                              RecvHook& out_hook, CallEvent& out_event) {
+  std::weak_ptr<LowLatencyMode*> alive = alive_;
+  auto run = [alive, state] {
+    auto mode = alive.lock();
+    require(mode != nullptr, kind_name(state->kind),
+            "the Buffer was destroyed before this call's receive phase");
+    (*mode)->receive(*state);
+  };
+  if (hook) {
+    out_hook = RecvHook([alive, run] {
+      if (auto mode = alive.lock()) (*mode)->settle();
+      run();
+    });
+  } else if (async) {
+    auto done = std::async(std::launch::async, run).share();
+    background_.push_back(done);
+    out_event = CallEvent([done] { done.get(); });
+  } else {
+    receive(*state);
+  }
+}
+
+gpu_side::ep::Tensor LowLatencyMode::next_combine_buffer(const LowLatencyHandle& handle) {
+  constexpr const char* kPhase = "get_next_low_latency_combine_buffer";
+  require(handle.dispatched != nullptr && handle.dispatched->buffer_id == buffer_id_, kPhase,
+          "the handle was not made by this Buffer's low_latency_dispatch");
+  const LlShape& s = handle.dispatched->shape;
+  const int64_t rows =
+      static_cast<int64_t>(s.experts / session_.ranks()) * session_.ranks() * s.tokens;
+  if (combine_buffer_.rows() != rows || combine_buffer_.cols() != s.hidden)
+    combine_buffer_ = ep::Tensor::zeros(ep::DType::bf16, rows, s.hidden);
+  return combine_buffer_;
+}
+
+}  // namespace proxyep::integrations::low_latency

@@ -1,0 +1,98 @@
+// LowLatencyMode: DeepEP's low-latency dispatch and combine (DEEPEP_COMPAT 2.7-2.8) as a protocol
+// over a Session's peer channels. One message per (token, destination expert); every call
+// sends to every rank, and the sizes are agreed once (clean_low_latency_buffer, or the first
+// call of a new shape) so no call needs a notify round trip:
+//
+//   send phase      check the arguments (nothing is sent for bad input); route; cast each token
+//                   once (FP8, or BF16 as is); for every rank, wait until it released the slots
+//                   this call reuses (call_sequence.hpp), copy its messages into its eager slot
+//                   [k % 2][me], grouped by its local expert, then send the record with the
+//                   per-expert counts (ll_record.hpp)
+//   receive phase   wait for every rank's record and messages; unpack each expert's messages in
+//                   blocks by source rank (ascending; layout_range says where each begins) into
+//                   recv_x [E_local, R*T, H]; release every source's slots
+//
+// Combine sends each received row back to its home rank in the order it arrived, so the home
+// rank finds the row of its (token, k) at the index it gave the message, and reduces with the
+// top-k weights in float32, k ascending (gpu_side/ep/ll_rules.hpp).
+//
+// The receive phase runs at once, in `hook()` (return_recv_hook), or on a background thread
+// (async_finish; every later Buffer call first waits for it, like stream order). At most two
+// calls are in flight (CallSequence); a third is refused.
+#pragma once
+
+#include "integrations/backend/row_backend.hpp"
+#include "integrations/call_sequence.hpp"
+#include "integrations/low_latency/ll_call.hpp"
+#include "integrations/low_latency_types.hpp"
+#include "proxy/session.hpp"
+
+#include <cstdint>
+#include <functional>
+#include <future>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace proxyep::integrations::low_latency {
+
+class LowLatencyMode {
+ public:
+  LowLatencyMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
+                 uint64_t buffer_id);
+  ~LowLatencyMode();
+  LowLatencyMode(const LowLatencyMode&) = delete;
+  LowLatencyMode& operator=(const LowLatencyMode&) = delete;
+
+  // clean_low_latency_buffer: a collective call that agrees on `shape` (every rank fails,
+  // naming the ranks that differ, when they do not agree) and frees the LL slots.
+  void clean(const LlShape& shape);
+  LowLatencyDispatchResult dispatch(const LowLatencyDispatchArgs& args);
+  LowLatencyCombineResult combine(const LowLatencyCombineArgs& args);
+  gpu_side::ep::Tensor next_combine_buffer(const LowLatencyHandle& handle);
+
+  // Waits for receive phases running in the background (async_finish); rethrows the first
+  // failure. Every Buffer call starts with it.
+  void settle();
+
+ private:
+  // ---- both calls (low_latency_mode.cpp) ----
+  void agree(const LlShape& shape, std::string_view phase);
+  void check_slot_fits(const LlShape& shape, std::string_view phase) const;
+  // Sends `state`'s records (and the messages `pack(d, slot)` writes, returning their bytes)
+  // to every rank, peers on other nodes first.
+  using Pack = std::function<uint64_t(int, std::byte*, std::vector<int32_t>&)>;
+  void send_all(const CallState& state, const Pack& pack, std::string_view phase);
+  // Waits for every rank's record and eager bytes of `state`'s call; returns the records, and
+  // the nanoseconds each source took from `start`.
+  std::vector<LlRecord> receive_all(const CallState& state, std::vector<int64_t>& waited_ns,
+                                    std::string_view phase);
+  // Runs `receive` now, in a hook, or in the background, as the call asked.
+  void complete(const std::shared_ptr<CallState>& state, bool hook, bool async, RecvHook& out_hook,
+                CallEvent& out_event);
+  void receive(CallState& state);
+
+  // ---- dispatch (ll_dispatch.cpp) ----
+  void route(CallState& state, const gpu_side::ep::TensorRef& topk_idx);
+  void cast_tokens(const CallState& state, const gpu_side::ep::TensorRef& x);
+  void receive_dispatch(CallState& state);
+
+  // ---- combine (ll_combine.cpp) ----
+  void receive_combine(CallState& state);
+
+  proxy::Session& session_;
+  RowBackend& backend_;
+  CallSequence& calls_;
+  uint64_t buffer_id_;
+  std::optional<LlShape> agreed_;
+  // Send-phase scratch of dispatch, reused across calls:
+  std::vector<std::byte> token_messages_;    // [T', message]: each token cast once
+  std::vector<int32_t> expert_counts_;       // [R * E_local]: messages per (rank, local expert)
+  std::vector<std::vector<int32_t>> order_;  // [R][messages]: the token of each message
+  gpu_side::ep::Tensor combine_buffer_;      // zero_copy combine's input
+  // Hooks and events hold a weak reference: called after the Buffer is gone they throw.
+  std::shared_ptr<LowLatencyMode*> alive_;
+  std::vector<std::shared_future<void>> background_;
+};
+
+}  // namespace proxyep::integrations::low_latency
