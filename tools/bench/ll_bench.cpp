@@ -117,6 +117,10 @@ LlRankRun run_low_latency(control::Bootstrap& bootstrap, const EpBenchOptions& o
                                    seconds_between(combine_times.start, combine_times.received));
   }
   run.reordered = buffer.stats().reordered_completions;
+  // Every rank's last call done before any Buffer goes: a rank whose last combine has received
+  // all it waits for may still have sends of its own in flight (held by the reorder shim, say)
+  // that a peer's combine waits for; destroying its Buffer then would strand that peer.
+  bootstrap.barrier("bench.ll(done)");
   return run;
 }
 
