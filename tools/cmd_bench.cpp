@@ -70,6 +70,7 @@ void register_bench(CLI::App& app, Action& action) {
   bench->require_subcommand(1);
   register_bench_ep(*bench, action);
   register_bench_fabric(*bench, action);
+  register_bench_ll(*bench, action);
   register_bench_proxy(*bench, action);
   register_bench_ring(*bench, action);
 }

@@ -51,6 +51,7 @@ std::vector<std::string> mpi_baseline_command(const MpiBaselineRequest& request,
     cmd.insert(cmd.end(), {"--mca", "btl", "vader,self"});
   cmd.insert(cmd.end(), request.extra_mpirun_args.begin(), request.extra_mpirun_args.end());
   cmd.push_back(binary);
+  if (request.workload.low_latency) cmd.emplace_back("ll");  // the low-latency baseline
   auto args = to_args(request.workload);
   cmd.insert(cmd.end(), args.begin(), args.end());
   cmd.insert(cmd.end(), {"--ranks-per-node", std::to_string(request.ranks_per_node)});

@@ -1,6 +1,7 @@
-// The MPI baseline of `proxyep bench ep`: starts proxyep-mpi-baseline (tools/mpi_baseline/,
-// installed next to the proxyep executable) through Open MPI's mpirun on the same workload and
-// returns its JSON. Transport, like the ProxyEP side's and loopback only: ranks on one node ->
+// The MPI baseline of `proxyep bench ep` and `bench ll` (the baseline's `ll` mode): starts
+// proxyep-mpi-baseline (tools/mpi_baseline/, installed next to the proxyep executable) through Open
+// MPI's mpirun on the same workload and returns its JSON. Transport, like the ProxyEP side's and
+// loopback only: ranks on one node ->
 // `--mca btl vader,self` (shared memory); ranks spanning nodes -> `--mca btl tcp,self` over lo
 // (every rank of this machine then talks TCP, as the target comparison with tcp;ofi_rxm wants).
 // pml ob1 keeps Open MPI on those BTLs (no UCX/OFI MTL), and its runtime's own TCP traffic is

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <optional>
+#include <span>
 #include <string>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -123,90 +124,80 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
 }
 
 // Rank 0: every rank's report -> the figures.
-nlohmann::json summarize(const std::vector<nlohmann::json>& reports, const EpReference& reference,
+nlohmann::json summarize(const RankReports& reports, const EpReference& reference,
                          const ep::EpShape& shape) {
-  auto slowest = [&](const char* phase) {
-    std::vector<std::vector<double>> per_rank;
-    for (const auto& r : reports)
-      per_rank.push_back(r.at(phase).get<std::vector<double>>());
-    return slowest_rank(per_rank);
-  };
   const auto& traffic = reference.traffic();
   bool multi_node = shape.num_nodes() > 1;
   auto rdma = [&](const std::vector<double>& bytes) {
     return multi_node ? bytes : std::vector<double>{};
   };
   nlohmann::json out = {
-      {"dispatch",
-       phase_json(slowest("dispatch"), traffic.dispatch_bytes, rdma(traffic.rdma_dispatch_bytes))},
-      {"cached_dispatch", phase_json(slowest("cached_dispatch"), traffic.dispatch_bytes,
-                                     rdma(traffic.rdma_dispatch_bytes))},
-      {"combine",
-       phase_json(slowest("combine"), traffic.combine_bytes, rdma(traffic.rdma_combine_bytes))},
-      {"total", phase_json(slowest("total"), {})}};
-  bool verified = true;
-  nlohmann::json mismatches = nlohmann::json::array();
-  for (size_t r = 0; r < reports.size(); ++r) {
-    auto diff = reports[r].at("diff").get<std::string>();
-    if (diff.empty()) continue;
-    verified = false;
-    mismatches.push_back(fmt::format("rank {}: {}", r, diff));
-  }
-  out["verified"] = verified;
-  out["mismatches"] = mismatches;
-  // With the reorder shim on (fabric.reorder, internode only): completions it delivered after a
-  // later write's, summed over the ranks; the --reorder smoke test requires some.
-  if (std::all_of(reports.begin(), reports.end(),
-                  [](const nlohmann::json& r) { return r.contains("reordered_completions"); })) {
-    uint64_t sum = 0;
-    for (const auto& r : reports)
-      sum += r.at("reordered_completions").get<uint64_t>();
-    out["reorder_shim"] = {{"completions_out_of_order", sum}};
-  }
+      {"dispatch", phase_json(slowest_rank(reports, "dispatch"), traffic.dispatch_bytes,
+                              rdma(traffic.rdma_dispatch_bytes))},
+      {"cached_dispatch", phase_json(slowest_rank(reports, "cached_dispatch"),
+                                     traffic.dispatch_bytes, rdma(traffic.rdma_dispatch_bytes))},
+      {"combine", phase_json(slowest_rank(reports, "combine"), traffic.combine_bytes,
+                             rdma(traffic.rdma_combine_bytes))},
+      {"total", phase_json(slowest_rank(reports, "total"), {})}};
+  add_verdict(out, reports);
   return out;
 }
 
 }  // namespace
 
-nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions& options) {
-  const auto& env = bootstrap.env();
-  ep::EpShape shape{env.world_size, env.local_world_size, options.workload.experts};
-  validate(options.workload, shape);
-  auto workload = to_workload(options.workload, shape);
-  int rank = bootstrap.rank();
-  ep::RankInputs inputs = ep::make_rank_inputs(workload, rank);
+RankReports gather_reports(control::Bootstrap& bootstrap, const nlohmann::json& mine,
+                           const std::string& label) {
+  auto text = mine.dump();
+  auto all = bootstrap.allgather(
+      std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()), label);
+  RankReports reports;
+  if (bootstrap.rank() != 0) return reports;
+  for (const auto& bytes : all)
+    reports.push_back(nlohmann::json::parse(bytes));
+  return reports;
+}
 
+nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptions& options,
+                               const ep::EpShape& shape, const ep::RankInputs& inputs,
+                               const std::function<EpReference()>& make_reference) {
+  int rank = bootstrap.rank();
   RankRun run;
   const BufferOptions sizes = buffer_options(options, shape);
   {
     Buffer buffer(bootstrap, sizes);
     run = run_iterations(bootstrap, buffer, inputs, options);
     run.reordered = buffer.stats().reordered_completions;
-    log::info("bench ep: timed loop done");
+    log::info("bench: normal-mode timed loop done");
     // The Buffer goes before the reference is built: its arenas are the largest allocation.
   }
-  EpReference reference(workload);
+  EpReference reference = make_reference();
   std::string diff = check_rank(run, reference, rank);
-  log::info("bench ep: outputs checked against the reference");
-  if (!diff.empty()) log::error("bench ep: output differs from the reference: {}", diff);
+  log::info("bench: normal-mode outputs checked against the reference");
+  if (!diff.empty()) log::error("bench: normal-mode output differs from the reference: {}", diff);
 
-  auto mine = rank_report(run, diff).dump();
-  auto all = bootstrap.allgather(
-      std::span(reinterpret_cast<const uint8_t*>(mine.data()), mine.size()), "bench.ep(results)");
+  auto reports = gather_reports(bootstrap, rank_report(run, diff), "bench.ep(results)");
   if (rank != 0) return {};
-  std::vector<nlohmann::json> reports;
-  for (const auto& bytes : all)
-    reports.push_back(nlohmann::json::parse(bytes));
+  return {{"num_nvl_bytes", sizes.num_nvl_bytes},
+          {"num_rdma_bytes", sizes.num_rdma_bytes},
+          {"traffic", reference.traffic().to_json(shape.num_nodes())},
+          {"proxyep", summarize(reports, reference, shape)}};
+}
 
+nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions& options) {
+  const auto& env = bootstrap.env();
+  ep::EpShape shape{env.world_size, env.local_world_size, options.workload.experts};
+  validate(options.workload, shape);
+  auto workload = to_workload(options.workload, shape);
+  ep::RankInputs inputs = ep::make_rank_inputs(workload, bootstrap.rank());
+  auto normal =
+      run_normal_mode(bootstrap, options, shape, inputs, [&] { return EpReference(workload); });
+  if (bootstrap.rank() != 0) return {};
   nlohmann::json out = {{"benchmark", "ep"},
                         {"ranks", shape.num_ranks},
                         {"ranks_per_node", shape.ranks_per_node},
                         {"nodes", shape.num_nodes()},
-                        {"num_nvl_bytes", sizes.num_nvl_bytes},
-                        {"num_rdma_bytes", sizes.num_rdma_bytes},
-                        {"workload", to_json(options.workload)},
-                        {"traffic", reference.traffic().to_json(shape.num_nodes())}};
-  out["proxyep"] = summarize(reports, reference, shape);
+                        {"workload", to_json(options.workload)}};
+  out.update(normal);
   return out;
 }
 

@@ -18,18 +18,23 @@
 #pragma once
 
 #include "control/bootstrap.hpp"
+#include "tools/bench/ep_check.hpp"
 #include "tools/bench/ep_options.hpp"
+#include "tools/bench/ep_stats.hpp"
 #include "tools/commands.hpp"
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
 #include <string>
 #include <vector>
 
 namespace proxyep::tools {
 
+// The options of `bench ep` and `bench ll` (workload.low_latency tells them apart).
 struct EpBenchOptions {
   EpWorkloadCli workload;
+  bool hook = false;  // bench ll: return_recv_hook, send and receive phases timed apart
   int ranks = 2;
   int ranks_per_node = 0;  // 0 = ranks (one node)
   std::string provider;    // fabric provider of the internode path; "" = tcp across nodes
@@ -45,18 +50,33 @@ struct EpBenchOptions {
 // ProxyEP's side on one rank (collective). Returns the results on rank 0, {} elsewhere.
 nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions& options);
 
+// The normal-mode measurement on one rank's `inputs` (collective; the body of run_ep_bench, which
+// `bench ll` also runs on its tokens): a Buffer sized by its hints, the timed loop, then the check
+// against make_reference() (called once the Buffer is gone). Returns on rank 0 {"num_nvl_bytes",
+// "num_rdma_bytes", "traffic", "proxyep": figures and verdict}, {} elsewhere.
+nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptions& options,
+                               const gpu_side::ep::EpShape& shape,
+                               const gpu_side::ep::RankInputs& inputs,
+                               const std::function<EpReference()>& make_reference);
+
+// Every rank's report on rank 0 (empty elsewhere); collective.
+RankReports gather_reports(control::Bootstrap& bootstrap, const nlohmann::json& mine,
+                           const std::string& label);
+
 // Everything about a run that can be checked before any rank starts (ep_preflight.cpp), for
 // `ranks` ranks with `ranks_per_node` per node of which `ranks_here` run on this machine: the
 // workload (ep_options.hpp: validate), the memory the ranks here need at least (inputs, the
 // Buffer's arena and staging, outputs, the reference) against what this machine has available, and
 // the fabric provider of the internode path, which libfabric must know even when the ranks never
-// open a fabric. Throws proxyep::Error("bench.ep").
+// open a fabric. Throws proxyep::Error("bench.ep", or "bench.ll" for the low-latency form, whose
+// floor is the larger of its low-latency phase's and its normal-mode phase's).
 void check_ep_bench(const EpBenchOptions& options, int ranks, int ranks_per_node, int ranks_here);
 
 // The memory the run needs at least on each rank, in bytes (what check_ep_bench compares).
 double ep_rank_memory_floor(const EpBenchOptions& options, const gpu_side::ep::EpShape& shape);
 
-// Adds `proxyep bench ep` under `bench` (called by register_bench in cmd_bench.cpp).
+// Adds `proxyep bench ep` / `proxyep bench ll` under `bench` (register_bench in cmd_bench.cpp).
 void register_bench_ep(CLI::App& bench, Action& action);
+void register_bench_ll(CLI::App& bench, Action& action);
 
 }  // namespace proxyep::tools

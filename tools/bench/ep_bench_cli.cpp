@@ -1,5 +1,6 @@
-// `proxyep bench ep` on the command line: options, self-launch of N ranks (M per node) when run
-// alone, one rank's run, and on rank 0 the baseline and the report (ep_bench.hpp).
+// `proxyep bench ep` and `proxyep bench ll` on the command line: options, self-launch of N ranks
+// (M per node) when run alone, one rank's run, and on rank 0 the baseline and the report
+// (ep_bench.hpp, ll_bench.hpp). The two share all of it but the workload's form and the run.
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/params.hpp"
@@ -8,6 +9,7 @@
 #include "tools/bench/ep_baseline.hpp"
 #include "tools/bench/ep_bench.hpp"
 #include "tools/bench/ep_report.hpp"
+#include "tools/bench/ll_bench.hpp"
 #include "tools/cli_checks.hpp"
 #include "tools/self_launch.hpp"
 
@@ -28,15 +30,20 @@ void apply_fabric_options(const EpBenchOptions& options, const control::LaunchEn
   if (options.reorder) params::fabric_reorder.set(true, config::Source::command_line);
 }
 
+const char* command_name(const EpBenchOptions& options) {
+  return options.workload.low_latency ? "bench ll" : "bench ep";
+}
+
 int run_rank(const EpBenchOptions& options, bool ranks_given) {
   auto env = control::LaunchEnv::from_environment();
+  const bool ll = options.workload.low_latency;
   if (ranks_given &&
       (options.ranks != env.world_size ||
        (options.ranks_per_node > 0 && options.ranks_per_node != env.local_world_size)))
     log::warn(
-        "bench ep: --ranks {} / --ranks-per-node {} ignored: the launcher started {} ranks, "
-        "{} per node",
-        options.ranks, options.ranks_per_node, env.world_size, env.local_world_size);
+        "{}: --ranks {} / --ranks-per-node {} ignored: the launcher started {} ranks, {} per node",
+        command_name(options), options.ranks, options.ranks_per_node, env.world_size,
+        env.local_world_size);
   // Started by another launcher: each rank checks what the self-launch checks before spawning,
   // before it joins the others (the ranks on this node count against this machine's memory).
   check_ep_bench(options, env.world_size, env.local_world_size, env.local_world_size);
@@ -46,7 +53,7 @@ int run_rank(const EpBenchOptions& options, bool ranks_given) {
     // The bootstrap (and the Buffer inside run_ep_bench) are gone before the baseline starts:
     // our ranks must not compete with MPI's for the cores.
     auto bootstrap = control::Bootstrap::from_environment();
-    results = run_ep_bench(*bootstrap, options);
+    results = ll ? run_ll_bench(*bootstrap, options) : run_ep_bench(*bootstrap, options);
   }
   if (env.rank != 0) return 0;
   results["provider"] = params::fabric_provider.get();
@@ -67,12 +74,75 @@ int run_rank(const EpBenchOptions& options, bool ranks_given) {
   attach_baseline(results, std::move(baseline));
   if (options.json)
     fmt::print("{}\n", results.dump(2));
+  else if (ll)
+    print_ll_report(results);
   else
     print_ep_report(results);
   if (baseline_failed)
-    fmt::print(stderr, "proxyep bench ep: baseline failed: {}\n",
+    fmt::print(stderr, "proxyep {}: baseline failed: {}\n", command_name(options),
                results["baseline_error"].get<std::string>());
   return results["verified"].get<bool>() && !baseline_failed ? 0 : 1;
+}
+
+// The options both commands take besides the workload's, and the action.
+void add_run_options(CLI::App& cmd, EpBenchOptions& options) {
+  cmd.add_option("--ranks", options.ranks, "ranks to start when run alone")
+      ->check(cli_checks::at_least(1))
+      ->capture_default_str();
+  cmd.add_option("--ranks-per-node", options.ranks_per_node,
+                 "ranks per emulated node (default: all on one node)")
+      ->check(cli_checks::at_least(1));
+  add_ep_workload_options(cmd, options.workload);
+  cmd.add_option("--provider", options.provider,
+                 "fabric provider of the internode path (default tcp when the ranks span nodes)");
+  cmd.add_flag("--reorder", options.reorder,
+               "internode writes through the reorder shim (EFA SRD semantics)");
+  cmd.add_option("--baseline", options.baseline,
+                 "also run the same workload with MPI_Alltoallv (Open MPI, through mpirun)")
+      ->check(CLI::IsMember({"none", "mpi"}))
+      ->capture_default_str();
+  cmd.add_option("--baseline-timeout", options.baseline_timeout_s,
+                 "seconds the MPI baseline may take")
+      ->check(cli_checks::at_least(1))
+      ->capture_default_str();
+  cmd.add_option("--mpirun-arg", options.mpirun_args,
+                 "extra mpirun argument (repeatable; --mpirun-arg=--mca ...)");
+  const char* normal = options.workload.low_latency ? "the normal-mode Buffer's " : "the Buffer's ";
+  cmd.add_option("--nvl-bytes", options.nvl_bytes,
+                 std::string(normal) +
+                     "num_nvl_bytes (default: room for a whole call; smaller Buffers stream each "
+                     "call in chunks, as DeepEP's Config-sized buffers do)")
+      ->check(cli_checks::at_least(0));
+  cmd.add_option("--rdma-bytes", options.rdma_bytes,
+                 std::string(normal) + "num_rdma_bytes (default: room for a whole call)")
+      ->check(cli_checks::at_least(0));
+  cmd.add_flag("--json", options.json, "print one JSON document (rank 0) on stdout");
+}
+
+void set_action(CLI::App* cmd, const std::shared_ptr<EpBenchOptions>& options, Action& action) {
+  cmd->callback([options, cmd, &action] {
+    bool ranks_given = cmd->count("--ranks") + cmd->count("--ranks-per-node") > 0;
+    action = [options, ranks_given] {
+      // After the options' checks (bad input is named first), before the run.
+      auto check_runnable = [&options] {
+        if (options->workload.low_latency)
+          require(low_latency_available(), "bench.ll",
+                  "this build has no low-latency implementation (Buffer::low_latency_dispatch / "
+                  "low_latency_combine): rebuild once it has landed");
+        // Fail before the run, not after it, when the baseline cannot run.
+        if (options->baseline == "mpi") check_mpi_baseline_available();
+      };
+      if (!self_launch::under_launcher()) {
+        int per_node = options->ranks_per_node > 0 ? options->ranks_per_node : options->ranks;
+        // The whole run is checked before any rank starts (all of them run on this machine).
+        check_ep_bench(*options, options->ranks, per_node, options->ranks);
+        check_runnable();
+        return self_launch::relaunch_as_ranks(options->ranks, per_node);
+      }
+      check_runnable();
+      return run_rank(*options, ranks_given);
+    };
+  });
 }
 
 }  // namespace
@@ -83,49 +153,23 @@ void register_bench_ep(CLI::App& bench, Action& action) {
       "ep",
       "EP dispatch/combine through the DeepEP-compatible Buffer (DeepEP's test parameters and "
       "byte conventions), checked against a reference, optionally against MPI_Alltoallv");
-  cmd->add_option("--ranks", options->ranks, "ranks to start when run alone")
-      ->check(cli_checks::at_least(1))
-      ->capture_default_str();
-  cmd->add_option("--ranks-per-node", options->ranks_per_node,
-                  "ranks per emulated node (default: all on one node)")
-      ->check(cli_checks::at_least(1));
-  add_ep_workload_options(*cmd, options->workload);
-  cmd->add_option("--provider", options->provider,
-                  "fabric provider of the internode path (default tcp when the ranks span nodes)");
-  cmd->add_flag("--reorder", options->reorder,
-                "internode writes through the reorder shim (EFA SRD semantics)");
-  cmd->add_option("--baseline", options->baseline,
-                  "also run the same workload with MPI_Alltoallv (Open MPI, through mpirun)")
-      ->check(CLI::IsMember({"none", "mpi"}))
-      ->capture_default_str();
-  cmd->add_option("--baseline-timeout", options->baseline_timeout_s,
-                  "seconds the MPI baseline may take")
-      ->check(cli_checks::at_least(1))
-      ->capture_default_str();
-  cmd->add_option("--mpirun-arg", options->mpirun_args,
-                  "extra mpirun argument (repeatable; --mpirun-arg=--mca ...)");
-  cmd->add_option("--nvl-bytes", options->nvl_bytes,
-                  "the Buffer's num_nvl_bytes (default: room for a whole call; smaller Buffers "
-                  "stream each call in chunks, as DeepEP's Config-sized buffers do)")
-      ->check(cli_checks::at_least(0));
-  cmd->add_option("--rdma-bytes", options->rdma_bytes,
-                  "the Buffer's num_rdma_bytes (default: room for a whole call)")
-      ->check(cli_checks::at_least(0));
-  cmd->add_flag("--json", options->json, "print one JSON document (rank 0) on stdout");
-  cmd->callback([options, cmd, &action] {
-    bool ranks_given = cmd->count("--ranks") + cmd->count("--ranks-per-node") > 0;
-    action = [options, ranks_given] {
-      // Fail before the run, not after it, when the baseline cannot run.
-      if (options->baseline == "mpi") check_mpi_baseline_available();
-      if (!self_launch::under_launcher()) {
-        int per_node = options->ranks_per_node > 0 ? options->ranks_per_node : options->ranks;
-        // The whole run is checked before any rank starts (all of them run on this machine).
-        check_ep_bench(*options, options->ranks, per_node, options->ranks);
-        return self_launch::relaunch_as_ranks(options->ranks, per_node);
-      }
-      return run_rank(*options, ranks_given);
-    };
-  });
+  add_run_options(*cmd, *options);
+  set_action(cmd, options, action);
+}
+
+void register_bench_ll(CLI::App& bench, Action& action) {
+  auto options = std::make_shared<EpBenchOptions>();
+  options->workload = low_latency_workload_defaults();
+  auto* cmd = bench.add_subcommand(
+      "ll",
+      "low-latency dispatch/combine through the Buffer (DeepEP's test_low_latency.py data and "
+      "byte conventions), beside normal mode on the same tokens, checked, optionally against "
+      "MPI_Alltoallv");
+  add_run_options(*cmd, *options);
+  cmd->add_flag("--hook", options->hook,
+                "return_recv_hook: time the send phase (the call) and the receive phase (hook()) "
+                "apart");
+  set_action(cmd, options, action);
 }
 
 }  // namespace proxyep::tools

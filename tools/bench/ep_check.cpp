@@ -92,12 +92,27 @@ nlohmann::json EpTraffic::to_json(int nodes) const {
   return j;
 }
 
-EpReference::EpReference(const ep::WorkloadOptions& options) : options_(options) {
+namespace {
+
+std::vector<ep::RankInputs> all_rank_inputs(const ep::WorkloadOptions& options) {
+  std::vector<ep::RankInputs> all;
+  for (int r = 0; r < options.shape.num_ranks; ++r)
+    all.push_back(ep::make_rank_inputs(options, r));
+  return all;
+}
+
+}  // namespace
+
+EpReference::EpReference(const ep::WorkloadOptions& options)
+    : EpReference(options, all_rank_inputs(options)) {}
+
+EpReference::EpReference(const ep::WorkloadOptions& options, std::vector<ep::RankInputs> inputs)
+    : options_(options), inputs_(std::move(inputs)) {
   const auto& shape = options.shape;
+  require(static_cast<int>(inputs_.size()) == shape.num_ranks, "bench.ep",
+          "reference: {} ranks' inputs for {} ranks", inputs_.size(), shape.num_ranks);
   std::vector<ep::DispatchInputs> all;
-  for (int r = 0; r < shape.num_ranks; ++r) {
-    inputs_.push_back(ep::make_rank_inputs(options, r));
-    const auto& in = inputs_.back();
+  for (const auto& in : inputs_) {
     all.push_back({options.fp8 ? in.x_fp8.ref() : in.x.ref(),
                    options.fp8 ? in.x_scales.ref() : ep::TensorRef{}, in.topk_idx.ref(),
                    in.topk_weights.ref()});

@@ -47,6 +47,9 @@ class EpReference {
  public:
   // Regenerates every rank's inputs and computes every rank's reference dispatch.
   explicit EpReference(const gpu_side::ep::WorkloadOptions& options);
+  // The same from given inputs (every rank's, indexed by rank; `bench ll`'s DeepEP test data).
+  EpReference(const gpu_side::ep::WorkloadOptions& options,
+              std::vector<gpu_side::ep::RankInputs> inputs);
 
   const gpu_side::ep::WorkloadOptions& options() const { return options_; }
   const gpu_side::ep::RankInputs& inputs(int rank) const { return inputs_.at(rank); }

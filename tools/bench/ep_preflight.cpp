@@ -17,7 +17,6 @@ namespace ep = proxyep::gpu_side::ep;
 namespace proxyep::tools {
 namespace {
 
-constexpr const char* kPhase = "bench.ep";
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 // "MemAvailable:   22295368 kB" from /proc/meminfo, in bytes.
@@ -63,9 +62,32 @@ std::optional<std::string> provider_to_check(const EpBenchOptions& options, bool
   return std::nullopt;
 }
 
+// The low-latency phase of `bench ll`: every rank's inputs (the reference regenerates them), the
+// Buffer's LL area by DeepEP's LowLatencyLayout (DEEPEP_COMPAT 3.4: two halves of send + receive
+// buffers), and the [E_local, R*T, H] outputs kept at once: the last iteration's dispatch and the
+// current one's, and the BF16 expert output.
+double ll_phase_memory_floor(const EpWorkloadCli& w, const ep::EpShape& shape) {
+  const double tokens = w.tokens, hidden = w.hidden, experts = w.experts;
+  const double inputs = shape.num_ranks * tokens * hidden * (w.fp8 ? 3.0 + 4.0 / 128.0 : 2.0);
+  const double dispatch_msg = 16.0 + std::max(2.0 * hidden, hidden + hidden / 32.0);
+  const double combine_msg = hidden / 32.0 + 2.0 * hidden;
+  const double send = std::max(tokens * dispatch_msg, experts * tokens * combine_msg);
+  const double recv = experts * tokens * std::max(dispatch_msg, combine_msg);
+  const double slots = shape.experts_per_rank() * double(shape.num_ranks) * tokens;
+  const double recv_x = slots * hidden * (w.fp8 ? 1.0 + 4.0 / 128.0 : 2.0);
+  return inputs + 2.0 * (send + recv) + 2.0 * recv_x + slots * hidden * 2.0;
+}
+
 }  // namespace
 
 double ep_rank_memory_floor(const EpBenchOptions& options, const ep::EpShape& shape) {
+  // bench ll runs its phases one after the other, each with a Buffer of its own.
+  if (options.workload.low_latency) {
+    EpBenchOptions normal = options;
+    normal.workload.low_latency = false;
+    return std::max(ll_phase_memory_floor(options.workload, shape),
+                    ep_rank_memory_floor(normal, shape));
+  }
   // In double: huge options must give a huge figure, not a wrapped one.
   const auto& w = options.workload;
   const double tokens = w.tokens;
@@ -90,7 +112,8 @@ double ep_rank_memory_floor(const EpBenchOptions& options, const ep::EpShape& sh
 }
 
 void check_ep_bench(const EpBenchOptions& options, int ranks, int ranks_per_node, int ranks_here) {
-  require(ranks >= 1 && ranks_per_node >= 1 && ranks % ranks_per_node == 0, kPhase,
+  const char* phase = options.workload.low_latency ? "bench.ll" : "bench.ep";
+  require(ranks >= 1 && ranks_per_node >= 1 && ranks % ranks_per_node == 0, phase,
           "--ranks {} is not a multiple of --ranks-per-node {}", ranks, ranks_per_node);
   ep::EpShape shape{ranks, ranks_per_node, options.workload.experts};
   validate(options.workload, shape);
@@ -98,7 +121,7 @@ void check_ep_bench(const EpBenchOptions& options, int ranks, int ranks_per_node
   const double per_rank = ep_rank_memory_floor(options, shape);
   const double needed = per_rank * ranks_here;
   if (auto available = memory_available(); available && needed > *available)
-    fail(kPhase,
+    fail(phase,
          "--tokens {} --hidden {} on {} ranks needs at least {:.1f} GiB of memory on this machine "
          "({} x {:.2f} GiB: inputs, the Buffer's arena, outputs, the reference), but only "
          "{:.1f} GiB are available: lower --tokens or --hidden",
@@ -110,7 +133,7 @@ void check_ep_bench(const EpBenchOptions& options, int ranks, int ranks_per_node
       fabric::select_domains(*provider, params::fabric_domain.get(),
                              static_cast<int>(params::fabric_rails.get()));
     } catch (const Error& e) {
-      fail(kPhase, "{}", e.message());
+      fail(phase, "{}", e.message());
     }
   }
 }

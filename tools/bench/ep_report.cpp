@@ -29,6 +29,12 @@ const char* yes_no(bool value) {
 
 void attach_baseline(nlohmann::json& results, nlohmann::json baseline) {
   bool verified = results.at("proxyep").at("verified").get<bool>();
+  if (results.contains("normal")) {  // bench ll: normal mode on the same tokens
+    const auto& normal = results["normal"];
+    verified = verified && normal.at("verified").get<bool>();
+    double ours = p50_of(results["proxyep"], "total");
+    results["speedup_vs_normal"] = ours > 0 ? p50_of(normal, "total") / ours : 0.0;
+  }
   if (baseline.is_null()) {
     results["baseline"] = nullptr;
     results["speedup_vs_baseline"] = nullptr;

@@ -8,7 +8,8 @@ namespace proxyep::tools {
 
 // Adds the baseline (or null) to rank 0's results and derives "verified" (ProxyEP's and the
 // baseline's outputs matched the reference) and "speedup_vs_baseline" (the baseline's
-// dispatch+combine p50 over ours; null without a baseline).
+// dispatch+combine p50 over ours; null without a baseline). With "normal" (bench ll: normal mode
+// on the same tokens) its verdict counts too, and "speedup_vs_normal" is its p50 over ours.
 void attach_baseline(nlohmann::json& results, nlohmann::json baseline);
 
 void print_ep_report(const nlohmann::json& results);

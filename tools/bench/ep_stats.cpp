@@ -2,6 +2,8 @@
 
 #include "tools/bench/stats.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <numeric>
 
@@ -30,7 +32,8 @@ std::vector<double> slowest_rank(const std::vector<std::vector<double>>& per_ran
 }
 
 nlohmann::json phase_json(const std::vector<double>& seconds, const std::vector<double>& bytes,
-                          const std::vector<double>& rdma_bytes) {
+                          const std::vector<double>& rdma_bytes,
+                          const std::vector<double>& messages) {
   std::vector<double> us(seconds.size());
   std::transform(seconds.begin(), seconds.end(), us.begin(), [](double s) { return s * 1e6; });
   double p50 = percentile(us, 50);
@@ -43,7 +46,37 @@ nlohmann::json phase_json(const std::vector<double>& seconds, const std::vector<
                       {"samples_us", us}};
   if (!bytes.empty()) j["gbps"] = gbps(mean(bytes), p50 * 1e-6);
   if (!rdma_bytes.empty()) j["rdma_gbps"] = gbps(mean(rdma_bytes), p50 * 1e-6);
+  if (!messages.empty()) j["msgs_per_s"] = p50 > 0 ? mean(messages) / (p50 * 1e-6) : 0.0;
   return j;
+}
+
+std::vector<double> slowest_rank(const RankReports& reports, const char* phase) {
+  std::vector<std::vector<double>> per_rank;
+  for (const auto& r : reports)
+    per_rank.push_back(r.at(phase).get<std::vector<double>>());
+  return slowest_rank(per_rank);
+}
+
+void add_verdict(nlohmann::json& out, const RankReports& reports) {
+  bool verified = true;
+  nlohmann::json mismatches = nlohmann::json::array();
+  for (size_t r = 0; r < reports.size(); ++r) {
+    auto diff = reports[r].at("diff").get<std::string>();
+    if (diff.empty()) continue;
+    verified = false;
+    mismatches.push_back(fmt::format("rank {}: {}", r, diff));
+  }
+  out["verified"] = verified;
+  out["mismatches"] = mismatches;
+  // With the reorder shim on (fabric.reorder, internode only): completions it delivered after a
+  // later write's, summed over the ranks; the --reorder smoke tests require some.
+  if (std::all_of(reports.begin(), reports.end(),
+                  [](const nlohmann::json& r) { return r.contains("reordered_completions"); })) {
+    uint64_t sum = 0;
+    for (const auto& r : reports)
+      sum += r.at("reordered_completions").get<uint64_t>();
+    out["reorder_shim"] = {{"completions_out_of_order", sum}};
+  }
 }
 
 }  // namespace proxyep::tools

@@ -1,15 +1,19 @@
-// proxyep-mpi-baseline: the MPI side of `proxyep bench ep --baseline mpi` (tools/bench/ep_bench.hpp
-// starts it through mpirun with the same workload flags). Runs the same inputs as the bench
-// (gpu_side/ep/workload.hpp) through pack + MPI_Alltoall + MPI_Alltoallv + unpack (mpi_ep.hpp),
-// times it with the bench's protocol (barrier, then each phase; the slowest rank per iteration),
-// checks the outputs against the reference, and prints one JSON object on rank 0's stdout.
+// proxyep-mpi-baseline: the MPI side of `proxyep bench ep --baseline mpi` and, as
+// `proxyep-mpi-baseline ll`, of `proxyep bench ll --baseline mpi` (tools/bench/ep_bench.hpp and
+// ll_bench.hpp start it through mpirun with the same workload flags). Runs the same inputs as the
+// bench (gpu_side/ep/workload.hpp; tools/bench/ll_check.hpp) through pack + MPI_Alltoall +
+// MPI_Alltoallv + unpack (mpi_ep.hpp; mpi_ll.hpp), times it with the bench's protocol (barrier,
+// then each phase; the slowest rank per iteration), checks the outputs against the reference, and
+// prints one JSON object on rank 0's stdout.
 #include "common/error.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/workload.hpp"
 #include "tools/bench/ep_check.hpp"
 #include "tools/bench/ep_options.hpp"
 #include "tools/bench/ep_stats.hpp"
+#include "tools/bench/ll_check.hpp"
 #include "tools/mpi_baseline/mpi_ep.hpp"
+#include "tools/mpi_baseline/mpi_ll.hpp"
 
 #include <fmt/format.h>
 #include <mpi.h>
@@ -81,6 +85,50 @@ std::string mpi_library_version() {
   return version.substr(0, version.find_first_of(",\n"));
 }
 
+// What the report divides by, per rank (DeepEP's conventions; the remote figures only when the
+// ranks span nodes).
+struct PhaseVolumes {
+  std::vector<double> dispatch_bytes, combine_bytes, remote_dispatch_bytes, remote_combine_bytes;
+  std::vector<double> remote_messages;  // low-latency: messages to ranks on other nodes
+};
+
+// The verdict over ranks (`diff` is this rank's check), the slowest rank's timings, and rank 0's
+// JSON line. Collective.
+int finish(const BaselineCli& cli, const ep::EpShape& shape, const EpRankTimings& timings,
+           const std::string& diff, const char* implementation, const PhaseVolumes& volumes) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const int ranks = shape.num_ranks;
+  if (!diff.empty())
+    std::fprintf(stderr, "proxyep-mpi-baseline: rank %d: %s\n", rank, diff.c_str());
+  int ok = diff.empty() ? 1 : 0, all_ok = 0;
+  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
+  auto dispatch = slowest_rank(gather_samples(timings.dispatch, ranks));
+  auto combine = slowest_rank(gather_samples(timings.combine, ranks));
+  auto total = slowest_rank(gather_samples(timings.total, ranks));
+  if (rank != 0) return 0;
+  const bool multi_node = shape.num_nodes() > 1;
+  auto remote = [&](const std::vector<double>& values) {
+    return multi_node ? values : std::vector<double>{};
+  };
+  nlohmann::json out = {
+      {"implementation", implementation},
+      {"mpi_library", mpi_library_version()},
+      {"ranks", ranks},
+      {"ranks_per_node", shape.ranks_per_node},
+      {"workload", to_json(cli.workload)},
+      {"dispatch",
+       phase_json(dispatch, volumes.dispatch_bytes, remote(volumes.remote_dispatch_bytes),
+                  remote(volumes.remote_messages))},
+      {"combine", phase_json(combine, volumes.combine_bytes, remote(volumes.remote_combine_bytes),
+                             remote(volumes.remote_messages))},
+      {"total", phase_json(total, {})},
+      {"verified", all_ok != 0}};
+  if (!diff.empty()) out["mismatch"] = fmt::format("rank 0: {}", diff);
+  std::printf("%s\n", out.dump().c_str());
+  return 0;
+}
+
 int run(const BaselineCli& cli) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -108,33 +156,57 @@ int run(const BaselineCli& cli) {
                        reference.dispatch(rank));
   if (diff.empty())
     diff = compare_tensor(result.last_combined, reference.combine(rank).combined_x, "combined_x");
-  if (!diff.empty())
-    std::fprintf(stderr, "proxyep-mpi-baseline: rank %d: %s\n", rank, diff.c_str());
-  int ok = diff.empty() ? 1 : 0, all_ok = 0;
-  MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, MPI_COMM_WORLD);
-
-  auto dispatch = slowest_rank(gather_samples(result.timings.dispatch, ranks));
-  auto combine = slowest_rank(gather_samples(result.timings.combine, ranks));
-  auto total = slowest_rank(gather_samples(result.timings.total, ranks));
-  if (rank != 0) return 0;
   const auto& traffic = reference.traffic();
-  bool multi_node = shape.num_nodes() > 1;
-  nlohmann::json out = {
-      {"implementation",
-       "pack + MPI_Alltoall(counts) + MPI_Alltoallv + unpack; reverse for combine"},
-      {"mpi_library", mpi_library_version()},
-      {"ranks", ranks},
-      {"ranks_per_node", shape.ranks_per_node},
-      {"workload", to_json(cli.workload)},
-      {"dispatch", phase_json(dispatch, traffic.dispatch_bytes,
-                              multi_node ? traffic.rdma_dispatch_bytes : std::vector<double>{})},
-      {"combine", phase_json(combine, traffic.combine_bytes,
-                             multi_node ? traffic.rdma_combine_bytes : std::vector<double>{})},
-      {"total", phase_json(total, {})},
-      {"verified", all_ok != 0}};
-  if (!diff.empty()) out["mismatch"] = fmt::format("rank 0: {}", diff);
-  std::printf("%s\n", out.dump().c_str());
-  return 0;
+  return finish(cli, shape, result.timings, diff,
+                "pack + MPI_Alltoall(counts) + MPI_Alltoallv + unpack; reverse for combine",
+                {traffic.dispatch_bytes,
+                 traffic.combine_bytes,
+                 traffic.rdma_dispatch_bytes,
+                 traffic.rdma_combine_bytes,
+                 {}});
+}
+
+// Low-latency semantics (mpi_ll.hpp) on DeepEP's test data, timed as `bench ll` times its loop:
+// barrier, dispatch; the expert output (untimed); barrier, combine.
+int run_ll(const BaselineCli& cli) {
+  int rank = 0, ranks = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  const auto& w = cli.workload;
+  ep::EpShape shape{ranks, cli.ranks_per_node > 0 ? cli.ranks_per_node : ranks, w.experts};
+  validate(w, shape);
+  LlReference reference(to_workload(w, shape));
+  const auto& in = reference.inputs().at(rank);
+  MpiAlltoallvLl ll(MPI_COMM_WORLD, shape, w.tokens, w.hidden, w.topk, w.fp8);
+  EpRankTimings timings;
+  ep::Tensor expert_out;
+  std::string diff;
+  for (int i = 0; i < w.warmup + w.iters; ++i) {
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto t0 = Clock::now();
+    MpiLlDispatched d = ll.dispatch(in.x, in.topk_idx);
+    auto t1 = Clock::now();
+    LlDispatchOutputs views{d.recv_x, d.recv_x_scales, d.recv_count, d.src_info, d.layout_range};
+    ll_expert_output(views, shape.experts_per_rank(), expert_out);
+    MPI_Barrier(MPI_COMM_WORLD);
+    auto t2 = Clock::now();
+    ep::Tensor combined = ll.combine(expert_out, in.topk_weights);
+    auto t3 = Clock::now();
+    if (i + 1 == w.warmup + w.iters) {
+      diff = reference.check_dispatch(rank, views);
+      if (diff.empty()) diff = reference.check_combine(rank, combined);
+    }
+    if (i < w.warmup) continue;
+    timings.dispatch.push_back(seconds_between(t0, t1));
+    timings.combine.push_back(seconds_between(t2, t3));
+    timings.total.push_back(seconds_between(t0, t1) + seconds_between(t2, t3));
+  }
+  const auto& traffic = reference.traffic();
+  return finish(cli, shape, timings, diff,
+                "FP8 cast + per-expert pack + MPI_Alltoall(counts) + MPI_Alltoallv + unpack to "
+                "[E_local, R*T, H]; MPI_Alltoallv back + weighted float32 reduce for combine",
+                {traffic.dispatch_bytes, traffic.combine_bytes, traffic.remote_dispatch_bytes,
+                 traffic.remote_combine_bytes, traffic.remote_selections});
 }
 
 }  // namespace
@@ -142,11 +214,16 @@ int run(const BaselineCli& cli) {
 
 int main(int argc, char** argv) {
   using namespace proxyep::tools;
-  BaselineCli cli;
+  BaselineCli cli, ll_cli;
+  ll_cli.workload = low_latency_workload_defaults();
   CLI::App app{"proxyep-mpi-baseline: EP dispatch/combine with MPI_Alltoallv (run under mpirun)"};
   add_ep_workload_options(app, cli.workload);
-  app.add_option("--ranks-per-node", cli.ranks_per_node,
-                 "ranks per node, for the RDMA byte figures (0 = all on one node)");
+  const char* ranks_per_node_help =
+      "ranks per node, for the RDMA byte figures (0 = all on one node)";
+  app.add_option("--ranks-per-node", cli.ranks_per_node, ranks_per_node_help);
+  auto* ll = app.add_subcommand("ll", "DeepEP's low-latency semantics (bench ll's baseline)");
+  add_ep_workload_options(*ll, ll_cli.workload);
+  ll->add_option("--ranks-per-node", ll_cli.ranks_per_node, ranks_per_node_help);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -155,7 +232,7 @@ int main(int argc, char** argv) {
   MPI_Init(&argc, &argv);
   int code = 0;
   try {
-    code = run(cli);
+    code = ll->parsed() ? run_ll(ll_cli) : run(cli);
   } catch (const std::exception& e) {
     // The other ranks may be inside a collective: only MPI_Abort ends the job in bounded time.
     std::fprintf(stderr, "proxyep-mpi-baseline: error: %s\n", e.what());

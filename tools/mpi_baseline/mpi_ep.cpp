@@ -15,6 +15,8 @@ constexpr size_t align_up(size_t value, size_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
+}  // namespace
+
 void check_mpi(int rc, const char* what) {
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING];
@@ -22,8 +24,6 @@ void check_mpi(int rc, const char* what) {
   MPI_Error_string(rc, text, &length);
   fail("mpi_baseline", "{} failed: {}", what, std::string(text, static_cast<size_t>(length)));
 }
-
-}  // namespace
 
 MpiAlltoallvEp::MpiAlltoallvEp(MPI_Comm comm, const ep::EpShape& shape, int hidden, int topk,
                                bool fp8)

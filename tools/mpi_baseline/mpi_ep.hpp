@@ -27,6 +27,10 @@
 
 namespace proxyep::tools {
 
+// Throws proxyep::Error("mpi_baseline") naming `what` and MPI's error text unless rc is
+// MPI_SUCCESS.
+void check_mpi(int rc, const char* what);
+
 struct MpiDispatchInputs {
   gpu_side::ep::TensorRef x;                 // bf16 [N, H] or fp8 [N, H]
   gpu_side::ep::TensorRef x_scales;          // f32 [N, H / 128] with fp8, contiguous
