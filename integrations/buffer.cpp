@@ -130,7 +130,17 @@ struct Buffer::Impl {
 Buffer::Buffer(control::Bootstrap& bootstrap, BufferOptions options)
     : impl_(std::make_unique<Impl>(bootstrap, options)) {}
 
-Buffer::~Buffer() = default;
+Buffer::~Buffer() {
+  if (impl_->destroyed) return;
+  // Without destroy() there is no barrier: at least let this rank's last writes (a low-latency
+  // call's rows, whose peers may still wait for them) leave before the proxy stops.
+  try {
+    impl_->low_latency.settle();
+    impl_->session->quiet("buffer teardown");
+  } catch (const Error& e) {
+    log::warn("buffer: teardown: {}", e.what());
+  }
+}
 
 int Buffer::rank() const {
   return impl_->session->rank();

@@ -39,7 +39,8 @@ namespace {
 constexpr const char* kProgram = "ep_low_latency";
 
 struct Options : testing::EpTestOptions {
-  bool no_nvlink = false;  // allow_nvlink_for_low_latency_mode = false
+  bool no_destroy = false;  // end with the Buffer's destructor (no barrier) instead of destroy()
+  bool no_nvlink = false;   // allow_nvlink_for_low_latency_mode = false
 };
 
 // The sizes the Buffer is made for (every case fits them).
@@ -471,9 +472,11 @@ int run(const Options& o) {
   run_two_in_flight(buffer, o, recv_stats, expected_recv);
   run_normal(buffer, o, 1);
   buffer.clean_low_latency_buffer(kMaxTokens, kHidden, kExpertsPerRank * R);
+  require_reordered();  // (collective: a barrier, so it comes before the last call)
+  // The last call, then straight to teardown: a rank that finished must not leave before the
+  // rows its peers still wait for have left it (with --no-destroy, no barrier helps).
   run_case(buffer, cases().front(), o, index++, recv_stats, expected_recv);
-  require_reordered();
-  buffer.destroy();
+  if (!o.no_destroy) buffer.destroy();
   if (boot->rank() == 0)
     fmt::print("{}: {} ranks, {} per node{}, provider {}, reorder {}: all cases OK\n", kProgram, R,
                buffer.ranks_per_node(), o.no_nvlink ? " (no NVLink: all through the fabric)" : "",
@@ -488,5 +491,6 @@ int main(int argc, char** argv) {
   Options o;
   testing::add_ep_test_options(app, o);
   app.add_flag("--no-nvlink", o.no_nvlink, "allow_nvlink_for_low_latency_mode = false");
+  app.add_flag("--no-destroy", o.no_destroy, "leave through the destructor, without a barrier");
   return testing::run_ep_test(kProgram, app, argc, argv, [&] { return run(o); });
 }
