@@ -165,6 +165,7 @@ bool Buffer::explicitly_destroy() const {
 }
 
 BufferStats Buffer::stats() const {
+  impl_->low_latency.settle();  // a send phase may still run in the background
   BufferStats stats = impl_->mode.stats();
   const proxy::Session& session = *impl_->session;
   for (int r = 0; r < session.ranks(); ++r) {

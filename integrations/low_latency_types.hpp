@@ -75,10 +75,10 @@ struct LowLatencyDispatchArgs {
   gpu_side::ep::TensorRef cumulative_local_expert_recv_stats;
   gpu_side::ep::TensorRef dispatch_wait_recv_cost_stats;
   bool use_fp8 = true;
-  bool round_scale = false;  // scales rounded up to powers of two
-  bool use_ue8m0 = false;    // scales as exponent bytes, four per int32 (needs round_scale)
-  bool async_finish = false;
-  bool return_recv_hook = false;
+  bool round_scale = false;       // scales rounded up to powers of two
+  bool use_ue8m0 = false;         // scales as exponent bytes, four per int32 (needs round_scale)
+  bool async_finish = false;      // send and receive in the background; `event` joins them
+  bool return_recv_hook = false;  // send in the background, receive in `hook`
 };
 
 struct LowLatencyDispatchResult {
@@ -90,6 +90,8 @@ struct LowLatencyDispatchResult {
   RecvHook hook;    // with return_recv_hook
 };
 
+// With return_recv_hook or async_finish, combine's send phase runs in the background: x (or the
+// zero-copy buffer) must stay unchanged until the hook returns or the event is set.
 struct LowLatencyCombineArgs {
   gpu_side::ep::TensorRef x;             // bf16 [E_local * R*T, H] (ignored with zero_copy)
   gpu_side::ep::TensorRef topk_idx;      // i64 [T', K]: this rank's routing at dispatch

@@ -78,29 +78,35 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) 
     st.out = st.combined.data<uint16_t>();
   }
 
-  const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
-  const auto* ranges = d.layout_range.data<int64_t>();
-  send_call(
-      st,
-      [&](int home, std::byte* slot, std::vector<int32_t>&) {
-        // The rows of home's block of each local expert, expert by expert: the order in which
-        // home packed its messages (ll_dispatch.cpp).
-        uint64_t bytes = 0;
-        for (int e = 0; e < local; ++e) {
-          const int64_t range = ranges[static_cast<size_t>(e) * R + home];
-          const int64_t begin = range >> 32, count = range & 0xffffffff;
-          const int64_t first = static_cast<int64_t>(e) * R * d.shape.tokens + begin;
-          std::memcpy(slot + bytes, x + static_cast<uint64_t>(first) * row_bytes,
-                      static_cast<uint64_t>(count) * row_bytes);
-          bytes += static_cast<uint64_t>(count) * row_bytes;
-        }
-        return bytes;
-      },
-      kPhase);
+  // With a hook or async_finish this runs in the background: x (or the zero-copy buffer) is read
+  // until the hook returns or the event is set, as a GPU kernel would read it.
+  auto send = [this, state, x, local, R, H] {
+    const CallState& st = *state;
+    const CallState& d = *st.dispatched;
+    const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
+    const auto* ranges = d.layout_range.data<int64_t>();
+    send_phase(
+        st,
+        [&](int home, std::byte* slot, std::vector<int32_t>&) {
+          // The rows of home's block of each local expert, expert by expert: the order in which
+          // home packed its messages (ll_dispatch.cpp).
+          uint64_t bytes = 0;
+          for (int e = 0; e < local; ++e) {
+            const int64_t range = ranges[static_cast<size_t>(e) * R + home];
+            const int64_t begin = range >> 32, count = range & 0xffffffff;
+            const int64_t first = static_cast<int64_t>(e) * R * d.shape.tokens + begin;
+            std::memcpy(slot + bytes, x + static_cast<uint64_t>(first) * row_bytes,
+                        static_cast<uint64_t>(count) * row_bytes);
+            bytes += static_cast<uint64_t>(count) * row_bytes;
+          }
+          return bytes;
+        },
+        kPhase);
+  };
 
   LowLatencyCombineResult out;
   out.combined_x = st.combined;
-  complete(state, a.return_recv_hook, a.async_finish, out.hook, out.event);
+  launch(state, send, a.return_recv_hook, a.async_finish, out.hook, out.event);
   return out;
 }
 

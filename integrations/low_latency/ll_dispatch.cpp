@@ -83,7 +83,13 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.recv_stats = a.cumulative_local_expert_recv_stats;
   st.wait_stats = a.dispatch_wait_recv_cost_stats;
   route(st, a.topk_idx);
-  cast_tokens(st, a.x);
+  // In the background the cast reads a copy: the caller may reuse x as soon as the call returns.
+  const bool background = a.return_recv_hook || a.async_finish;
+  ep::TensorRef x = a.x;
+  if (background) {
+    x_copy_.assign(a.x.as<uint16_t>(), a.x.as<uint16_t>() + a.x.numel());
+    x = ep::TensorRef::matrix(x_copy_.data(), ep::DType::bf16, tokens, shape.hidden);
+  }
 
   const int64_t rows = static_cast<int64_t>(R) * shape.tokens;  // per local expert
   st.recv_x = backend_.allocate(format.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * rows,
@@ -95,19 +101,24 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.src_info = backend_.allocate(ep::DType::i32, local, rows);
   st.layout_range = backend_.allocate(ep::DType::i64, local, R);
 
-  const uint64_t message = format.message_bytes();
-  send_call(
-      st,
-      [&](int d, std::byte* slot, std::vector<int32_t>& counts) {
-        counts.assign(expert_counts_.begin() + d * local, expert_counts_.begin() + (d + 1) * local);
-        const std::vector<int32_t>& tokens_to = order_[d];
-        for (size_t i = 0; i < tokens_to.size(); ++i)
-          std::memcpy(slot + i * message,
-                      token_messages_.data() + static_cast<uint64_t>(tokens_to[i]) * message,
-                      message);
-        return static_cast<uint64_t>(tokens_to.size()) * message;
-      },
-      kPhase);
+  auto send = [this, state, x, local] {
+    CallState& st = *state;
+    cast_tokens(st, x);
+    const uint64_t message = st.format.message_bytes();
+    send_phase(
+        st,
+        [&](int d, std::byte* slot, std::vector<int32_t>& counts) {
+          counts.assign(expert_counts_.begin() + d * local,
+                        expert_counts_.begin() + (d + 1) * local);
+          const std::vector<int32_t>& tokens_to = order_[d];
+          for (size_t i = 0; i < tokens_to.size(); ++i)
+            std::memcpy(slot + i * message,
+                        token_messages_.data() + static_cast<uint64_t>(tokens_to[i]) * message,
+                        message);
+          return static_cast<uint64_t>(tokens_to.size()) * message;
+        },
+        kPhase);
+  };
 
   LowLatencyDispatchResult out;
   out.recv_x = st.recv_x;
@@ -119,7 +130,7 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   out.handle.hidden = shape.hidden;
   out.handle.num_experts = shape.experts;
   out.handle.dispatched = state;
-  complete(state, a.return_recv_hook, a.async_finish, out.hook, out.event);
+  launch(state, send, a.return_recv_hook, a.async_finish, out.hook, out.event);
   return out;
 }
 

@@ -106,8 +106,7 @@ void LowLatencyMode::agree(const LlShape& shape, std::string_view phase) {
   agreed_ = shape;
 }
 
-void LowLatencyMode::send_call(CallState& state, const Pack& pack, std::string_view phase) {
-  state.call = calls_.begin(CallKind::deferred, phase);
+void LowLatencyMode::send_phase(const CallState& state, const Pack& pack, std::string_view phase) {
   calls_.step([&] {
     for (int s = 0; s < session_.ranks(); ++s)
       session_.channel(s).expect_record(state.call, phase);
@@ -187,25 +186,32 @@ void LowLatencyMode::receive(CallState& state) {
   calls_.finish_deferred(state.call, phase);
 }
 
-void LowLatencyMode::complete(const std::shared_ptr<CallState>& state, bool hook, bool async,
-                              RecvHook& out_hook, CallEvent& out_event) {
+void LowLatencyMode::launch(const std::shared_ptr<CallState>& state, std::function<void()> send,
+                            bool hook, bool async, RecvHook& out_hook, CallEvent& out_event) {
+  state->call = calls_.begin(CallKind::deferred, kind_name(state->kind));
   std::weak_ptr<LowLatencyMode*> alive = alive_;
-  auto run = [alive, state] {
+  auto receive_phase = [alive, state] {
     auto mode = alive.lock();
     require(mode != nullptr, kind_name(state->kind),
             "the Buffer was destroyed before this call's receive phase");
     (*mode)->receive(*state);
   };
   if (hook) {
-    out_hook = RecvHook([alive, run] {
+    // Every later Buffer call, the hook included, first waits for it (settle()).
+    background_.push_back(std::async(std::launch::async, std::move(send)).share());
+    out_hook = RecvHook([alive, receive_phase] {
       if (auto mode = alive.lock()) (*mode)->settle();
-      run();
+      receive_phase();
     });
   } else if (async) {
-    auto done = std::async(std::launch::async, run).share();
+    auto done = std::async(std::launch::async, [send = std::move(send), receive_phase] {
+                  send();
+                  receive_phase();
+                }).share();
     background_.push_back(done);
     out_event = CallEvent([done] { done.get(); });
   } else {
+    send();
     receive(*state);
   }
 }

@@ -62,17 +62,19 @@ class LowLatencyMode {
   // Sends `state`'s records (and the messages `pack(d, slot)` writes, returning their bytes)
   // to every rank, peers on other nodes first.
   using Pack = std::function<uint64_t(int, std::byte*, std::vector<int32_t>&)>;
-  // The send phase of `state`: begins its call (a deferred one), waits until every rank freed
-  // the slots it reuses, and sends every rank its record and the messages `pack` writes.
-  void send_call(CallState& state, const Pack& pack, std::string_view phase);
+  // Waits until every rank freed the slots `state`'s call reuses, then sends every rank its
+  // record and the messages `pack` writes.
+  void send_phase(const CallState& state, const Pack& pack, std::string_view phase);
   void send_all(const CallState& state, const Pack& pack, std::string_view phase);
   // Waits for every rank's record and eager bytes of `state`'s call; returns the records, and
   // the nanoseconds each source took from `start`.
   std::vector<LlRecord> receive_all(const CallState& state, std::vector<int64_t>& waited_ns,
                                     std::string_view phase);
-  // Runs `receive` now, in a hook, or in the background, as the call asked.
-  void complete(const std::shared_ptr<CallState>& state, bool hook, bool async, RecvHook& out_hook,
-                CallEvent& out_event);
+  // Begins `state`'s call and runs `send` (its send phase) and then its receive phase as the
+  // call asked: both now; the send in the background and the receive in the hook (as a GPU
+  // runs a launched kernel: the call returns at once); or both in the background (async).
+  void launch(const std::shared_ptr<CallState>& state, std::function<void()> send, bool hook,
+              bool async, RecvHook& out_hook, CallEvent& out_event);
   void receive(CallState& state);
 
   // ---- dispatch (ll_dispatch.cpp) ----
@@ -90,6 +92,7 @@ class LowLatencyMode {
   std::optional<LlShape> agreed_;
   // Send-phase scratch of dispatch, reused across calls:
   std::vector<std::byte> token_messages_;    // [T', message]: each token cast once
+  std::vector<uint16_t> x_copy_;             // x, when the cast runs in the background
   std::vector<int32_t> expert_counts_;       // [R * E_local]: messages per (rank, local expert)
   std::vector<std::vector<int32_t>> order_;  // [R][messages]: the token of each message
   gpu_side::ep::Tensor combine_buffer_;      // zero_copy combine's input
