@@ -291,6 +291,7 @@ void Liveness::monitor() {
 
 bool Liveness::drain(Peer& peer) {
   uint8_t buffer[512];
+  std::optional<std::string> ended;  // why the connection ended, if it did
   while (true) {
     ssize_t n = ::recv(peer.socket.fd(), buffer, sizeof buffer, MSG_DONTWAIT);
     if (n > 0) {
@@ -299,11 +300,13 @@ bool Liveness::drain(Peer& peer) {
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
     if (n < 0 && errno == EINTR) continue;
-    closed(peer, n == 0 ? "its connection closed without a goodbye: the process died, or its "
-                          "host is unreachable"
-                        : fmt::format("its connection failed ({})", errno_text(errno)));
-    return false;
+    ended = n == 0 ? "its connection closed without a goodbye: the process died, or its host is "
+                     "unreachable"
+                   : fmt::format("its connection failed ({})", errno_text(errno));
+    break;
   }
+  // Messages first: a peer that leaves cleanly sends its goodbye and closes at once, so the
+  // goodbye and the end of the stream often arrive in one drain.
   try {
     while (auto m = pop(peer.inbox)) {
       if (m->kind == Kind::bye) peer.said_bye = true;
@@ -313,7 +316,9 @@ bool Liveness::drain(Peer& peer) {
     closed(peer, fmt::format("it sent garbage ({})", e.what()));
     return false;
   }
-  return true;
+  if (!ended) return true;
+  closed(peer, *ended);
+  return false;
 }
 
 void Liveness::closed(Peer& peer, const std::string& why) {

@@ -4,12 +4,14 @@
 #include "tests/unit/control/rank_threads.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -274,4 +276,28 @@ TEST_CASE("bootstrap: a stray connection during the rendezvous is ignored") {
   stray.join();
   for (const auto& outcome : outcomes)
     CHECK_MESSAGE(outcome.ok, outcome.error);
+}
+
+TEST_CASE("liveness: a rank that leaves cleanly is not reported as gone") {
+  // Its goodbye and the end of its connection usually arrive together; a monitor that looked at
+  // the end before the goodbye reported "closed without a goodbye" (and failed waits on it).
+  for (int round = 0; round < 10; ++round) {
+    CAPTURE(round);
+    std::vector<RankBody> bodies(3, [](Bootstrap::Options options) {
+      auto boot = Bootstrap::connect(std::move(options));
+      boot->barrier("start");
+      const int rank = boot->rank();
+      if (rank == 0) return;  // leaves at once, cleanly: the others hear its goodbye
+      std::this_thread::sleep_for(200ms);
+      const PeerWatch* watch = boot->peer_watch();
+      if (watch == nullptr) throw std::runtime_error("no liveness watch");
+      if (auto gone = watch->failure())
+        throw std::runtime_error(
+            fmt::format("rank {} reported as gone: {}", gone->rank, gone->reason));
+    });
+    for (const auto& outcome : run_bodies(bodies, 3, 10s)) {
+      CAPTURE(outcome.error);
+      CHECK(outcome.ok);
+    }
+  }
 }
