@@ -89,6 +89,9 @@ class Tensor {
   TensorRef ref() const;
   operator TensorRef() const { return ref(); }  // NOLINT: a tensor is usable wherever a view is
   Tensor clone() const;
+  // Handles sharing this tensor's storage, this one included (0 when undefined): a pool may
+  // reuse storage only it still holds.
+  long use_count() const { return storage_.use_count(); }
 
  private:
   std::shared_ptr<std::byte[]> storage_;

@@ -96,6 +96,15 @@ class LowLatencyMode {
   std::vector<int32_t> expert_counts_;       // [R * E_local]: messages per (rank, local expert)
   std::vector<std::vector<int32_t>> order_;  // [R][messages]: the token of each message
   gpu_side::ep::Tensor combine_buffer_;      // zero_copy combine's input
+  // Output tensors of earlier calls, by call parity, reused once nobody else holds them: a fresh
+  // large allocation costs a page fault for every page the receive phase touches.
+  struct Outputs {
+    gpu_side::ep::Tensor recv_x, recv_x_scales, recv_count, src_info, layout_range, combined;
+  };
+  Outputs outputs_[2];
+  // `pooled` if only the pool holds it and its form fits, else a new tensor (kept in the pool).
+  gpu_side::ep::Tensor output(gpu_side::ep::Tensor& pooled, gpu_side::ep::DType dtype, int64_t rows,
+                              int64_t cols);
   // Hooks and events hold a weak reference: called after the Buffer is gone they throw.
   std::shared_ptr<LowLatencyMode*> alive_;
   std::vector<std::shared_future<void>> background_;

@@ -27,6 +27,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -173,9 +174,18 @@ LowLatencyDispatchArgs dispatch_args(const Inputs& in, const Case& c, int me,
   return a;
 }
 
-// One dispatch + combine of `c`, checked.
+// A dispatch's outputs kept by the caller while later calls run: the Buffer must not reuse
+// their memory (it pools outputs of calls nobody holds any more).
+struct Kept {
+  Case c;
+  std::optional<Inputs> in;
+  std::optional<LowLatencyDispatchResult> d;
+  std::string at;
+};
+
+// One dispatch + combine of `c`, checked; with `keep`, the dispatch's outputs are kept there.
 void run_case(Buffer& buffer, const Case& c, const Options& o, int index, ep::Tensor& recv_stats,
-              std::vector<int64_t>& expected_recv) {
+              std::vector<int64_t>& expected_recv, Kept* keep = nullptr) {
   const int R = buffer.group_size(), me = buffer.rank();
   const std::string at = fmt::format("case {} ({})", index, c.name);
   const Inputs in = make_inputs(c, R, o.seed * 1000 + static_cast<uint64_t>(index));
@@ -221,6 +231,7 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int index, ep::Te
   if (c.async) r.event.wait();
   check(c.out != r.combined_x.defined(), "{}: combined_x defined although out= was given", at);
   check_combine(c.out ? out : r.combined_x, in, me, at);
+  if (keep != nullptr) *keep = Kept{c, in, std::move(d), at + ", kept"};
 }
 
 // Two dispatches in flight before either hook (DeepEP's two micro-batches), then their combines
@@ -462,12 +473,16 @@ int run(const Options& o) {
   std::vector<int64_t> expected_recv(kExpertsPerRank, 0);
   int index = 0;
   run_normal(buffer, o, 0);  // normal -> LL -> normal
+  Kept kept;  // the outputs of the case before last, checked again after the next two
   for (const Case& c : cases()) {
     if (index == 1 && boot->rank() == o.die_rank) {
       std::fprintf(stderr, "%s: rank %d: leaving before dispatch (test)\n", kProgram, o.die_rank);
       ::_exit(0);  // exit code 0 keeps the launcher from stopping the others
     }
-    run_case(buffer, c, o, index++, recv_stats, expected_recv);
+    Kept next;
+    run_case(buffer, c, o, index++, recv_stats, expected_recv, &next);
+    if (kept.d) check_dispatch(*kept.d, *kept.in, kept.c, buffer.rank(), R, kept.at);
+    if (index % 2 == 0) kept = std::move(next);
   }
   run_two_in_flight(buffer, o, recv_stats, expected_recv);
   run_normal(buffer, o, 1);
