@@ -1,6 +1,7 @@
 // low_latency_combine: checks, the send phase (each received row back to its home rank, in the
 // order it arrived) and the receive phase (the weighted reduce) (low_latency_mode.hpp).
 #include "common/error.hpp"
+#include "integrations/low_latency/ll_args.hpp"
 #include "integrations/low_latency/ll_tensors.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
 
@@ -18,41 +19,10 @@ constexpr const char* kPhase = "low_latency_combine";
 
 LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) {
   calls_.check_usable(kPhase);
-  require(!(a.async_finish && a.return_recv_hook), kPhase,
-          "async_finish and return_recv_hook cannot be used together (as in DeepEP)");
-  require(!a.use_logfmt, kPhase,
-          "use_logfmt is not supported: ProxyEP combines in BF16 (pass use_logfmt=False)");
-  require(a.handle != nullptr && a.handle->dispatched != nullptr &&
-              a.handle->dispatched->buffer_id == buffer_id_,
-          kPhase, "the handle was not made by this Buffer's low_latency_dispatch");
+  const std::byte* x = check_combine_args(a, buffer_id_, combine_buffer_);
   std::shared_ptr<const CallState> dispatched = a.handle->dispatched;
   const CallState& d = *dispatched;
-  require(d.received, kPhase,
-          "the dispatch of this handle has not received its tokens yet: call its hook (or wait "
-          "for its event) first");
   const int R = d.ranks, local = d.shape.experts / R, H = d.shape.hidden;
-  const int64_t rows = static_cast<int64_t>(local) * R * d.shape.tokens;
-  const std::byte* x = nullptr;
-  if (a.zero_copy) {
-    require(combine_buffer_.rows() == rows && combine_buffer_.cols() == H, kPhase,
-            "zero_copy: write the expert outputs into get_next_low_latency_combine_buffer(handle) "
-            "first");
-    x = combine_buffer_.raw();
-  } else {
-    check_tensor(a.x, ep::DType::bf16, rows, H, true, kPhase, "x");
-    x = static_cast<const std::byte*>(a.x.data);
-  }
-  check_tensor(a.topk_idx, ep::DType::i64, d.num_tokens, d.topk, false, kPhase, "topk_idx");
-  for (int t = 0; t < d.num_tokens; ++t)
-    for (int k = 0; k < d.topk; ++k)
-      require(a.topk_idx.at<int64_t>(t, k) == d.topk_idx[static_cast<size_t>(t) * d.topk + k],
-              kPhase, "topk_idx[{}][{}] differs from the one this handle's dispatch routed by", t,
-              k);
-  check_tensor(a.topk_weights, ep::DType::f32, d.num_tokens, d.topk, false, kPhase, "topk_weights");
-  if (a.out.defined()) check_tensor(a.out, ep::DType::bf16, d.num_tokens, H, true, kPhase, "out");
-  if (a.combine_wait_recv_cost_stats.defined())
-    check_tensor(a.combine_wait_recv_cost_stats, ep::DType::i64, R, -1, false, kPhase,
-                 "combine_wait_recv_cost_stats");
   calls_.check_can_begin(CallKind::deferred, kPhase);
 
   auto state = std::make_shared<CallState>();

@@ -1,7 +1,7 @@
 // low_latency_dispatch: checks, routing, the FP8 cast, the send phase and the receive phase
 // (low_latency_mode.hpp).
 #include "common/error.hpp"
-#include "integrations/low_latency/ll_sizes.hpp"
+#include "integrations/low_latency/ll_args.hpp"
 #include "integrations/low_latency/ll_tensors.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
 
@@ -15,56 +15,16 @@ namespace {
 
 constexpr const char* kPhase = "low_latency_dispatch";
 
-uint32_t flags_of(const ep::LlFormat& f) {
-  return (f.fp8 ? kFlagFp8 : 0) | (f.round_scale ? kFlagRoundScale : 0) |
-         (f.ue8m0 ? kFlagUe8m0 : 0);
-}
-
 }  // namespace
 
 LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& a) {
   calls_.check_usable(kPhase);
   const int R = session_.ranks();
-  require(!(a.async_finish && a.return_recv_hook), kPhase,
-          "async_finish and return_recv_hook cannot be used together (as in DeepEP)");
-  ep::require_defined(a.x, kPhase, "x");
-  require(a.x.dims == 2, kPhase, "x must be 2-D [tokens, hidden]; got {}", a.x);
-  const LlShape shape{.tokens = a.num_max_dispatch_tokens_per_rank,
-                      .hidden = static_cast<int>(a.x.cols),
-                      .experts = a.num_experts};
-  check_shape(shape, R, kPhase);
-  const int64_t tokens = a.x.rows;
-  require(tokens <= shape.tokens, kPhase,
-          "x has {} tokens, more than num_max_dispatch_tokens_per_rank ({})", tokens, shape.tokens);
-  check_tensor(a.x, ep::DType::bf16, tokens, shape.hidden, true, kPhase, "x");
-  ep::require_defined(a.topk_idx, kPhase, "topk_idx");
-  const int64_t K = a.topk_idx.dims == 2 ? a.topk_idx.cols : 0;
-  require(K >= 1 && K <= ep::kLlMaxTopk, kPhase,
-          "topk_idx must be [tokens, k] with 1 <= k <= {} (DeepEP's low-latency limit); got {}",
-          ep::kLlMaxTopk, a.topk_idx);
-  check_tensor(a.topk_idx, ep::DType::i64, tokens, K, false, kPhase, "topk_idx");
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t e = a.topk_idx.at<int64_t>(t, k);
-      require(e >= -1 && e < shape.experts, kPhase,
-              "topk_idx[{}][{}] = {} is not an expert (num_experts {}) or -1", t, k, e,
-              shape.experts);
-    }
-  const ep::LlFormat format{.hidden = static_cast<uint32_t>(shape.hidden),
-                            .fp8 = a.use_fp8,
-                            .round_scale = a.round_scale,
-                            .ue8m0 = a.use_ue8m0};
-  require(!a.use_ue8m0 || (a.use_fp8 && a.round_scale), kPhase,
-          "use_ue8m0 needs use_fp8 and round_scale (as in DeepEP)");
-  if (const char* why = ep::ll_hidden_error(format))
-    fail(kPhase, "hidden {}: {}", shape.hidden, why);
+  const DispatchInput in = check_dispatch_args(a, R);
+  const LlShape& shape = in.shape;
+  const ep::LlFormat& format = in.format;
+  const int64_t tokens = in.tokens, K = in.topk;
   const int local = shape.experts / R;
-  if (a.cumulative_local_expert_recv_stats.defined())
-    check_tensor(a.cumulative_local_expert_recv_stats, ep::DType::i32, local, -1, false, kPhase,
-                 "cumulative_local_expert_recv_stats");
-  if (a.dispatch_wait_recv_cost_stats.defined())
-    check_tensor(a.dispatch_wait_recv_cost_stats, ep::DType::i64, R, -1, false, kPhase,
-                 "dispatch_wait_recv_cost_stats");
   check_slot_fits(shape, kPhase);
   calls_.check_can_begin(CallKind::deferred, kPhase);
   if (!agreed_ || !(*agreed_ == shape)) agree(shape, kPhase);
@@ -75,7 +35,7 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.kind = LlKind::dispatch;
   st.shape = shape;
   st.format = format;
-  st.flags = flags_of(format);
+  st.flags = record_flags(format);
   st.ranks = R;
   st.rank = session_.rank();
   st.num_tokens = static_cast<int>(tokens);
