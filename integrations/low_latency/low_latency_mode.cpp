@@ -46,8 +46,15 @@ LowLatencyMode::~LowLatencyMode() {
 void LowLatencyMode::settle() {
   auto pending = std::move(background_);
   background_.clear();
-  for (auto& done : pending)
-    done.get();  // rethrows; the rest were joined by their own get() or are still joined below
+  std::exception_ptr first;
+  for (auto& task : pending) {
+    try {
+      task->run_or_wait();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
 }
 
 void LowLatencyMode::check_slot_fits(const LlShape& shape, std::string_view phase) const {
@@ -197,19 +204,27 @@ void LowLatencyMode::launch(const std::shared_ptr<CallState>& state, std::functi
     (*mode)->receive(*state);
   };
   if (hook) {
-    // Every later Buffer call, the hook included, first waits for it (settle()).
-    background_.push_back(std::async(std::launch::async, std::move(send)).share());
+    // Every later Buffer call, the hook included, first finishes it (settle()): it runs the send
+    // itself if the worker has not started it, so a late worker never delays the receive.
+    auto task = std::make_shared<StealableTask>(std::move(send));
+    background_.push_back(task);
+    worker_.submit(task);
     out_hook = RecvHook([alive, receive_phase] {
       if (auto mode = alive.lock()) (*mode)->settle();
       receive_phase();
     });
   } else if (async) {
-    auto done = std::async(std::launch::async, [send = std::move(send), receive_phase] {
-                  send();
-                  receive_phase();
-                }).share();
-    background_.push_back(done);
-    out_event = CallEvent([done] { done.get(); });
+    auto task = std::make_shared<StealableTask>([send = std::move(send), receive_phase] {
+      send();
+      receive_phase();
+    });
+    background_.push_back(task);
+    worker_.submit(task);
+    // In submission order: the calls before it finish first (settle()), as on a stream.
+    out_event = CallEvent([alive, task] {
+      if (auto mode = alive.lock()) (*mode)->settle();
+      task->run_or_wait();
+    });
   } else {
     send();
     receive(*state);

@@ -21,6 +21,7 @@
 // calls are in flight (CallSequence); a third is refused.
 #pragma once
 
+#include "common/background_worker.hpp"
 #include "integrations/backend/row_backend.hpp"
 #include "integrations/call_sequence.hpp"
 #include "integrations/low_latency/ll_call.hpp"
@@ -29,7 +30,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <future>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -107,7 +107,10 @@ class LowLatencyMode {
                               int64_t cols);
   // Hooks and events hold a weak reference: called after the Buffer is gone they throw.
   std::shared_ptr<LowLatencyMode*> alive_;
-  std::vector<std::shared_future<void>> background_;
+  // Send phases (hooks) and whole calls (async_finish) not yet known to be finished; settle()
+  // runs the ones the worker has not started yet, here.
+  std::vector<std::shared_ptr<StealableTask>> background_;
+  BackgroundWorker worker_;  // last: its destructor may still run tasks that use the above
 };
 
 }  // namespace proxyep::integrations::low_latency
