@@ -7,6 +7,7 @@
 #include "control/bootstrap_wire.hpp"
 #include "fabric/region_descriptor.hpp"
 #include "gpu_side/descriptor.hpp"
+#include "integrations/low_latency/ll_record.hpp"
 #include "integrations/normal/notify_record.hpp"
 
 #include <cstddef>
@@ -25,6 +26,7 @@ namespace fs = std::filesystem;
 namespace wire = proxyep::control::wire;
 namespace gs = proxyep::gpu_side;
 namespace normal = proxyep::integrations::normal;
+namespace ll = proxyep::integrations::low_latency;
 using Bytes = std::vector<uint8_t>;
 
 namespace {
@@ -198,6 +200,35 @@ void notify_record() {
        record(1, {normal::CallKind::cached_dispatch, 0, {256, 2, 1, 0, 1}, 8, 0, 0}, rows1, {}));
 }
 
+// ll_record: the slot's payload.
+Bytes ll_record_bytes(const ll::LlRecord& record) {
+  std::vector<std::byte> slot(ll::ll_record_payload_bytes());
+  const uint64_t size = ll::encode_ll_record(record, slot, "fuzz_seeds");
+  const auto* bytes = reinterpret_cast<const uint8_t*>(slot.data());
+  return Bytes(bytes, bytes + size);
+}
+
+void ll_record() {
+  ll::LlRecord dispatch;
+  dispatch.kind = ll::LlKind::dispatch;
+  dispatch.shape = {128, 7168, 64};
+  dispatch.flags = ll::kFlagFp8 | ll::kFlagRoundScale;
+  dispatch.eager_bytes = 7 * 7408;
+  dispatch.counts = {3, 0, 4, 0, 0, 0, 0, 0};
+  const Bytes dispatch_bytes = ll_record_bytes(dispatch);
+  seed("ll_record", "dispatch", dispatch_bytes);
+  seed("ll_record", "dispatch_truncated", head(dispatch_bytes, dispatch_bytes.size() - 5));
+  ll::LlRecord combine;
+  combine.kind = ll::LlKind::combine;
+  combine.shape = {16, 1024, 8};
+  combine.eager_bytes = 2048 * 5;
+  seed("ll_record", "combine", ll_record_bytes(combine));
+  ll::LlRecord agree;
+  agree.kind = ll::LlKind::agree;
+  agree.shape = {48, 2048, 12};
+  seed("ll_record", "agree", ll_record_bytes(agree));
+}
+
 void config() {
   seed("config", "typical",
        text(R"({"fabric.provider": "tcp", "fabric.rails": 2, "fabric.reorder": true,
@@ -228,6 +259,7 @@ int main(int argc, char** argv) {
     descriptor();
     region_descriptor();
     notify_record();
+    ll_record();
     config();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "fuzz_seeds: %s\n", e.what());
