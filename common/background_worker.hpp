@@ -6,8 +6,10 @@
 //                   background thread may not be scheduled for milliseconds).
 //   BackgroundWorker one thread, started on first use, that runs submitted tasks in order (a
 //                   CPU analog of a GPU stream): it starts a task only after the one before it
-//                   finished, wherever that one ran. Its destructor runs or waits for every
-//                   task, then joins.
+//                   finished, wherever that one ran. It runs at the lowest priority (nice 19): it
+//                   uses cores nobody else wants, and never takes one from the caller, who runs a
+//                   task itself when it needs the result first. Its destructor runs or waits for
+//                   every task, then joins.
 // Tasks never overlap as long as whoever steals them also takes them in submission order, each
 // after the previous finished (LowLatencyMode::settle() does).
 //
@@ -15,6 +17,9 @@
 // everything it did happens-before run_or_wait() returns (the state's release/acquire and the
 // mutex).
 #pragma once
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -92,6 +97,8 @@ class BackgroundWorker {
 
  private:
   void run() {
+    // Linux gives every thread its own nice value. Failing to lower it only costs overlap.
+    (void)::setpriority(PRIO_PROCESS, static_cast<id_t>(::gettid()), 19);
     std::unique_lock lock(mutex_);
     while (true) {
       wake_.wait(lock, [&] { return stop_ || !queue_.empty(); });
