@@ -63,7 +63,16 @@ TEST_CASE("a push wakes a sleeping proxy at once; the peer's flag follows") {
   for (int round = 0; round < kRounds; ++round) {
     uint32_t key = static_cast<uint32_t>(round);
     REQUIRE(pair.rank(1).bank.set_expected(0, key, 1) == Status::ok);
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));  // both proxies asleep
+    // Both proxies asleep: usually within a few ms, but the yield stage can take far longer on a
+    // loaded machine (2000 sched_yield()s behind other runnable threads), so wait until each has
+    // slept once more rather than for a fixed time.
+    const uint64_t slept0 = pair.engine(0).stats().sleeps, slept1 = pair.engine(1).stats().sleeps;
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    const auto asleep_by = Deadline::after_ms(10000);
+    while ((pair.engine(0).stats().sleeps == slept0 || pair.engine(1).stats().sleeps == slept1) &&
+           !asleep_by.expired())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    REQUIRE_MESSAGE(!asleep_by.expired(), "an idle proxy did not sleep within 10 s");
     auto start = Clock::now();
     pair.push(0, write_descriptor(0, 0, 64, key));
     if (round % 2 == 0) {
