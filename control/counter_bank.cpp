@@ -19,6 +19,9 @@ CounterBank::CounterBank(uint32_t keys, RaiseHook on_raise)
     : keys_(keys), on_raise_(std::move(on_raise)) {
   require(keys > 0 && keys <= imm::kMaxKeys, "control.counter_bank",
           "{} keys requested; the immediate's key field holds 1..{}", keys, imm::kMaxKeys);
+  ignored_ = std::make_unique<std::atomic<bool>[]>(keys);
+  for (uint32_t k = 0; k < keys; ++k)
+    ignored_[k].store(false, kRelaxed);
   for (Bank& bank : banks_) {
     bank.slots = std::make_unique<Slot[]>(keys);
     bank.flags = std::make_unique<std::atomic<uint32_t>[]>(keys);
@@ -50,6 +53,10 @@ Status CounterBank::arrive(uint32_t epoch_tag, uint32_t key) {
     return note(fmt::format("counter arrival for key {} (epoch tag {}): only {} keys exist", key,
                             epoch_tag, keys_));
   if (epoch_tag >= kBanks) return note(fmt::format("counter arrival with epoch tag {}", epoch_tag));
+  if (ignored_[key].load(kAcquire)) {  // a masked peer's write, late or not
+    ignored_arrivals_.fetch_add(1, kRelaxed);
+    return Status::ok;
+  }
   Bank& bank = banks_[epoch_tag];
   // Dekker entry: seq_cst increment, then seq_cst load of epoch_ (partner: begin_epoch's store
   // of epoch_ followed by its load of active).
@@ -105,6 +112,22 @@ Status CounterBank::apply(Bank& bank, uint64_t epoch, uint32_t key, int64_t delt
                   key, epoch, now - kKnownBias + expected, expected, by));
 }
 
+void CounterBank::ignore_key(uint32_t key, bool ignored) {
+  if (key < keys_) ignored_[key].store(ignored, kRelease);
+}
+
+void CounterBank::cancel_expected(uint64_t epoch, uint32_t key) {
+  if (key >= keys_ || !in_window(epoch)) return;
+  Bank& bank = bank_of(epoch);
+  Slot& slot = bank.slots[key];
+  int64_t expected = slot.expected.load(kRelaxed);
+  if (expected == kUnset || bank.flags[key].load(kAcquire) == flag_value(epoch)) return;
+  const int64_t count = expected;
+  if (!slot.expected.compare_exchange_strong(expected, kUnset, kRelaxed)) return;
+  // Undo set_expected's add: the value counts arrivals only again, as before it.
+  slot.value.fetch_add(-(kKnownBias - count), kAcqRel);
+}
+
 void CounterBank::raise(Bank& bank, uint64_t epoch, uint32_t key) {
   // partner: the consumer's acquire load in ready()/flag()
   bank.flags[key].store(flag_value(epoch), kRelease);
@@ -144,7 +167,8 @@ Status CounterBank::retire(uint64_t epoch) {
     Slot& slot = bank.slots[key];
     int64_t value = slot.value.load(kRelaxed);  // ordered by the acquire load of active
     int64_t expected = slot.expected.load(kRelaxed);
-    bool clean = expected == kUnset ? value == 0 : value == kKnownBias;
+    bool clean =
+        ignored_[key].load(kAcquire) || (expected == kUnset ? value == 0 : value == kKnownBias);
     if (!clean) {
       if (++leaked <= kLeakKeysNamed)
         named.push_back(expected == kUnset

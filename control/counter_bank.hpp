@@ -89,6 +89,19 @@ class CounterBank {
   // the reset happens even when a leak is reported). Status::error on a LEAK (last_leak()).
   [[nodiscard]] Status begin_epoch(uint64_t epoch);
 
+  // Rank masking (a protocol that carries on without a lost peer): while a key is ignored its
+  // arrivals are dropped (counted in ignored_arrivals()) whatever their epoch, and retiring an
+  // epoch does not call it a leak. Consumer thread.
+  void ignore_key(uint32_t key, bool ignored);
+  bool ignored(uint32_t key) const {
+    return key < keys_ && ignored_[key].load(std::memory_order_acquire);
+  }
+  uint64_t ignored_arrivals() const { return ignored_arrivals_.load(std::memory_order_relaxed); }
+  // Withdraws the expectation of `key` in `epoch` (e - 1, e or e + 1) when it has not been met,
+  // so a peer given up mid-call leaves no leak behind. No-op without one. Consumer thread; the
+  // key should be ignored first (an arrival racing with it could count otherwise).
+  void cancel_expected(uint64_t epoch, uint32_t key);
+
   // Has `key` reached its expected count in `epoch`? (acquire: the landed data is visible)
   bool ready(uint64_t epoch, uint32_t key) const;
   // The raw flag word, for pollers that compare it with flag_value(epoch) themselves.
@@ -131,6 +144,8 @@ class CounterBank {
 
   uint32_t keys_;
   RaiseHook on_raise_;
+  std::unique_ptr<std::atomic<bool>[]> ignored_;  // per key
+  std::atomic<uint64_t> ignored_arrivals_{0};
   Bank banks_[kBanks];
   alignas(64) std::atomic<uint64_t> epoch_{0};
   std::atomic<uint64_t> errors_{0};

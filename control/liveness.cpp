@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -265,12 +266,22 @@ std::optional<PeerFailure> Liveness::failure() const {
   return failure_;
 }
 
+bool Liveness::departed(int rank) const {
+  if (!failed_.load(std::memory_order_acquire)) return false;
+  std::lock_guard lock(mutex_);
+  return std::find(departed_.begin(), departed_.end(), rank) != departed_.end();
+}
+
 void Liveness::record(int rank, const std::string& reason) {
   std::lock_guard lock(mutex_);
-  if (failure_) return;  // the first is the cause; later ones are usually its consequences
+  const bool known =
+      rank >= 0 && std::find(departed_.begin(), departed_.end(), rank) != departed_.end();
+  if (rank >= 0 && !known) departed_.push_back(rank);
+  if (!known && (rank >= 0 || !failure_))
+    log::warn("bootstrap: rank {} left the job: {}", rank, reason);
+  if (failure_) return;  // the first is the cause of what fails; failure() keeps it
   failure_ = PeerFailure{rank, reason};
   failed_.store(true, std::memory_order_release);
-  log::warn("bootstrap: rank {} left the job: {}", rank, reason);
 }
 
 void Liveness::monitor() {

@@ -17,9 +17,9 @@
 // relays it to every other rank; a rank whose connection to rank 0 closes without a bye records
 // rank 0. A rank that leaves on purpose (its bootstrap is destroyed) says bye first.
 //
-// Threads: one monitor thread per rank owns the sockets after setup; failure() may be read from
-// any thread (the first failure is stored under a mutex, published by a release store of a flag
-// that failure() loads with acquire). The destructor stops the thread, then says bye.
+// Threads: one monitor thread per rank owns the sockets after setup; failure() and departed() may
+// be read from any thread (failures are stored under a mutex, published by a release store of a
+// flag that both load with acquire first). The destructor stops the thread, then says bye.
 #pragma once
 
 #include "control/bootstrap.hpp"
@@ -50,6 +50,7 @@ class Liveness final : public PeerWatch {
   Liveness& operator=(const Liveness&) = delete;
 
   std::optional<PeerFailure> failure() const override;
+  bool departed(int rank) const override;
 
   // One peer connection and what has arrived of its next message.
   struct Peer {
@@ -74,6 +75,7 @@ class Liveness final : public PeerWatch {
   std::thread thread_;
   mutable std::mutex mutex_;
   std::optional<PeerFailure> failure_;
+  std::vector<int> departed_;        // every rank recorded, under mutex_
   std::atomic<bool> failed_{false};  // release after failure_ is set, acquire in failure()
 };
 

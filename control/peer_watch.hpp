@@ -21,6 +21,12 @@ class PeerWatch {
   virtual ~PeerWatch() = default;
   // The first peer known to have left the job without saying goodbye; nullopt while none has.
   virtual std::optional<PeerFailure> failure() const = 0;
+  // Whether `rank` is known to have left the job without saying goodbye (any of them, not only
+  // the first: a job that carries on without lost ranks needs to know each).
+  virtual bool departed(int rank) const {
+    auto first = failure();
+    return first && first->rank == rank;
+  }
 };
 
 }  // namespace proxyep::control

@@ -81,7 +81,7 @@ class Rail final : public Transport {
   void progress();
   // The cookie of the write whose failure the last error status reported; empty when that error
   // was not tied to one of our writes (a failed incoming write, a CQ failure).
-  std::optional<uint64_t> last_failed_cookie() const { return last_failed_cookie_; }
+  std::optional<uint64_t> last_failed_cookie() const override { return last_failed_cookie_; }
 
   DomainContext& domain() const { return *domain_; }
   std::shared_ptr<DomainContext> domain_handle() const { return domain_; }

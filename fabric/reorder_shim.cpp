@@ -99,6 +99,7 @@ size_t ReorderShim::random_below(size_t bound) {
 
 Status ReorderShim::reject(std::string text) {
   last_error_ = std::move(text);
+  last_failed_cookie_.reset();
   return Status::error;
 }
 
@@ -182,10 +183,12 @@ bool ReorderShim::post_one(size_t queue_index) {
     return true;
   }
   state.failed = true;
-  failures_.push_back({status, fmt::format("{} [reorder shim: segment {}/{} of the write with "
-                                           "cookie {} to rank {}]",
-                                           inner_->last_error(), segment.index + 1,
-                                           state.header.segments, state.op.cookie, state.op.peer)});
+  failures_.push_back({status,
+                       fmt::format("{} [reorder shim: segment {}/{} of the write with "
+                                   "cookie {} to rank {}]",
+                                   inner_->last_error(), segment.index + 1, state.header.segments,
+                                   state.op.cookie, state.op.peer),
+                       state.op.cookie});
   retire_if_done(segment.write);
   return true;
 }

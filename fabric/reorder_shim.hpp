@@ -84,6 +84,7 @@ class ReorderShim final : public Transport {
   [[nodiscard]] Status poll(std::span<Completion> out, size_t& count) override;
   size_t writes_in_flight() const override { return states_.size() - free_states_.size(); }
   const std::string& last_error() const override { return last_error_; }
+  std::optional<uint64_t> last_failed_cookie() const override { return last_failed_cookie_; }
 
   // What the shim did, so tests can tell it really reordered (fabric.hpp).
   using Stats = ReorderStats;
@@ -130,6 +131,7 @@ class ReorderShim final : public Transport {
   struct Failure {
     Status status = Status::error;
     std::string text;
+    std::optional<uint64_t> cookie;  // the user's write, when the failure is one of ours
   };
 
   bool post_one(size_t queue_index);
@@ -173,6 +175,7 @@ class ReorderShim final : public Transport {
   uint64_t last_local_ = 0;
   Counters counters_;
   std::string last_error_;
+  std::optional<uint64_t> last_failed_cookie_;  // of the failure poll() last returned
 };
 
 }  // namespace proxyep::fabric

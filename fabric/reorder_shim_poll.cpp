@@ -48,7 +48,8 @@ void ReorderShim::on_remote(const RawCompletion& completion) {
                      "{} segments / imm {:#x} after {} segments / imm {:#x} (sequence reused "
                      "before all segments landed)",
                      rail_index(), rank_, header.sequence, header.source, header.segments, imm,
-                     arrival.segments, arrival.imm)});
+                     arrival.segments, arrival.imm),
+         std::nullopt});
     arrivals_.erase(it);
     return;
   }
@@ -63,7 +64,7 @@ void ReorderShim::on_remote(const RawCompletion& completion) {
 void ReorderShim::on_inner_failure(Status status) {
   std::optional<uint64_t> cookie = inner_->last_failed_cookie();
   if (!cookie || *cookie >= states_.size()) {  // not one of our writes: pass it through
-    failures_.push_back({status, inner_->last_error()});
+    failures_.push_back({status, inner_->last_error(), std::nullopt});
     return;
   }
   auto write = static_cast<uint32_t>(*cookie);
@@ -71,9 +72,10 @@ void ReorderShim::on_inner_failure(Status status) {
   if (state.outstanding > 0) --state.outstanding;
   if (!state.failed) {
     state.failed = true;
-    failures_.push_back(
-        {status, fmt::format("{} [reorder shim: the write with cookie {} to rank {}]",
-                             inner_->last_error(), state.op.cookie, state.op.peer)});
+    failures_.push_back({status,
+                         fmt::format("{} [reorder shim: the write with cookie {} to rank {}]",
+                                     inner_->last_error(), state.op.cookie, state.op.peer),
+                         state.op.cookie});
   }
   retire_if_done(write);
 }
@@ -97,6 +99,7 @@ Status ReorderShim::poll(std::span<Completion> out, size_t& count) {
   Failure failure = std::move(failures_.front());
   failures_.pop_front();
   last_error_ = std::move(failure.text);
+  last_failed_cookie_ = failure.cookie;
   return failure.status;
 }
 

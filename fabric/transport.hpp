@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,6 +79,9 @@ class Transport {
   virtual size_t writes_in_flight() const = 0;
 
   virtual const std::string& last_error() const = 0;
+  // The cookie of the write whose failure the last error status reported; empty when the error
+  // was not tied to one of this transport's writes (so a caller can name the write's peer).
+  virtual std::optional<uint64_t> last_failed_cookie() const { return std::nullopt; }
 };
 
 }  // namespace proxyep::fabric

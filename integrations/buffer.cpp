@@ -35,8 +35,8 @@ uint64_t align_up(uint64_t value, uint64_t alignment) {
 // The session's sizes from the Buffer's options and the ep.* parameters; throws for bad options.
 proxy::SessionConfig session_config(const control::Bootstrap& boot, const BufferOptions& opts,
                                     int ranks_per_node) {
-  require(!opts.enable_shrink, kPhase,
-          "enable_shrink (rank masking) is not supported yet: pass enable_shrink=False");
+  require(!opts.enable_shrink || opts.low_latency_mode, kPhase,
+          "enable_shrink (rank masking) needs low_latency_mode=True (as in DeepEP)");
   // Nodes hold consecutive ranks; the last one may be smaller (3 ranks, 2 per node: {0, 1}, {2}).
   require(ranks_per_node >= 1, kPhase, "ranks_per_node must be >= 1; got {}", ranks_per_node);
   const bool ll = opts.low_latency_mode;
@@ -73,6 +73,7 @@ proxy::SessionConfig session_config(const control::Bootstrap& boot, const Buffer
   s.staging_bytes = static_cast<uint64_t>(opts.num_rdma_bytes);
   s.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
   config.timeout = std::chrono::milliseconds(params::ep_timeout_ms.get());
+  config.tolerate_peer_failures = opts.enable_shrink;
   return config;
 }
 
@@ -93,7 +94,7 @@ struct Buffer::Impl {
         calls(*session),
         buffer_id(new_buffer_id()),
         mode(*session, backend, calls, buffer_id),
-        low_latency(*session, backend, calls, buffer_id) {
+        low_latency(*session, backend, calls, buffer_id, opts.enable_shrink) {
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
   }
 
@@ -106,6 +107,8 @@ struct Buffer::Impl {
   void check_normal(std::string_view phase) {
     check_usable(phase);
     calls.check_can_begin(integrations::CallKind::sync, phase);
+    require(!low_latency.any_masked(), phase,
+            "ranks are masked (enable_shrink): normal-mode calls need every rank");
     require(options.num_nvl_bytes > 0, phase,
             "this Buffer was made for low-latency calls only (num_nvl_bytes 0)");
   }
@@ -260,6 +263,21 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
 LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs& args) {
   impl_->check_low_latency("low_latency_combine");
   return impl_->low_latency.combine(args);
+}
+
+void Buffer::low_latency_update_mask_buffer(int rank_to_mask, bool mask) {
+  impl_->check_low_latency("low_latency_update_mask_buffer");
+  impl_->low_latency.update_mask(rank_to_mask, mask);
+}
+
+void Buffer::low_latency_query_mask_buffer(const TensorRef& mask_status) {
+  impl_->check_low_latency("low_latency_query_mask_buffer");
+  impl_->low_latency.query_mask(mask_status);
+}
+
+void Buffer::low_latency_clean_mask_buffer() {
+  impl_->check_low_latency("low_latency_clean_mask_buffer");
+  impl_->low_latency.clean_mask();
 }
 
 Tensor Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) {

@@ -78,7 +78,10 @@ struct BufferOptions {
   // With low_latency_mode: false sends to this node's ranks through the fabric too (DeepEP's
   // NVSHMEM_DISABLE_P2P), for normal calls as well.
   bool allow_nvlink_for_low_latency_mode = true;
-  bool enable_shrink = false;  // rank masking: not supported yet (the constructor throws)
+  // Rank masking (with low_latency_mode): a peer that is lost or does not deliver within
+  // ep.timeout_ms is masked and low-latency calls complete for the others, its contributions
+  // skipped; normal-mode calls are refused while a rank is masked.
+  bool enable_shrink = false;
   bool explicitly_destroy = false;
   int ranks_per_node = 0;  // 0: the bootstrap's LOCAL_WORLD_SIZE
 };
@@ -171,6 +174,11 @@ class Buffer {
   LowLatencyCombineResult low_latency_combine(const LowLatencyCombineArgs& args);
   // bf16 [E_local * R*T, H]: where a zero_copy combine of `handle` reads its expert outputs.
   Tensor get_next_low_latency_combine_buffer(const LowLatencyHandle& handle);
+  // Rank masking (enable_shrink): mask (or unmask) a rank by hand; read the mask into an i32 [R]
+  // tensor (1 = masked); unmask every rank.
+  void low_latency_update_mask_buffer(int rank_to_mask, bool mask = false);
+  void low_latency_query_mask_buffer(const TensorRef& mask_status);
+  void low_latency_clean_mask_buffer();
 
   // Collective; required before destruction when explicitly_destroy, allowed otherwise. After
   // it every call throws.

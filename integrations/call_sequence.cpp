@@ -54,7 +54,7 @@ void CallSequence::finish_deferred(uint64_t call, std::string_view phase) {
 
 void CallSequence::release(uint64_t call, std::string_view phase) {
   for (int s = 0; s < session_.ranks(); ++s)
-    session_.channel(s).release(call, phase);
+    if (active(s)) session_.channel(s).release(call, phase);
 }
 
 void CallSequence::await_slots_free(uint64_t call, std::string_view phase) {
@@ -63,10 +63,10 @@ void CallSequence::await_slots_free(uint64_t call, std::string_view phase) {
   if (kind_of(call - 2) == CallKind::deferred) {
     step([&] {
       for (int d = 0; d < R; ++d)
-        session_.channel(d).expect_release(call - 2, phase);
+        if (active(d)) session_.channel(d).expect_release(call - 2, phase);
       await_every(
-          session_, [&](int d) { return session_.channel(d).released(call - 2); }, phase,
-          "the release of the call before last (its receive phase)");
+          session_, [&](int d) { return !active(d) || session_.channel(d).released(call - 2); },
+          phase, "the release of the call before last (its receive phase)", lost_policy(call));
     });
     return;
   }
@@ -75,8 +75,8 @@ void CallSequence::await_slots_free(uint64_t call, std::string_view phase) {
   if (kind_of(call) == CallKind::sync) return;
   step([&] {
     await_every(
-        session_, [&](int d) { return session_.channel(d).record_arrived(call - 1); }, phase,
-        "the record of the previous call (slots still being read)");
+        session_, [&](int d) { return !active(d) || session_.channel(d).record_arrived(call - 1); },
+        phase, "the record of the previous call (slots still being read)", lost_policy(call));
   });
 }
 

@@ -27,6 +27,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,6 +58,13 @@ class CallSequence {
   // Waits until every peer finished reading the slots `call` will write (see above).
   void await_slots_free(uint64_t call, std::string_view phase);
   uint64_t calls() const { return next_; }
+  // Rank masking: peers for which `active` is false are neither waited for nor released, and a
+  // peer lost during a slot wait is offered to `on_lost` (proxy::Wait::on_lost).
+  void set_peer_policy(std::function<bool(int)> active,
+                       std::function<bool(int, const std::string&)> on_lost) {
+    active_ = std::move(active);
+    on_lost_ = std::move(on_lost);
+  }
   const std::vector<uint64_t>& in_flight() const { return in_flight_; }
 
   // Runs `step` of a call; an Error from it breaks the sequence and propagates.
@@ -80,7 +88,14 @@ class CallSequence {
 
   std::vector<uint64_t> in_flight_;   // deferred calls begun and not finished
   std::vector<uint64_t> unreleased_;  // read, to release when the next call begins
-  std::string broken_;                // the failure that broke the sequence; empty while it holds
+  std::function<bool(int)> active_;   // unset: every peer
+  std::function<bool(int, const std::string&)> on_lost_;
+  bool active(int peer) const { return !active_ || active_(peer); }
+  // Only deferred calls carry on without a lost peer; a sync call needs every rank.
+  std::function<bool(int, const std::string&)> lost_policy(uint64_t call) const {
+    return kind_of(call) == CallKind::deferred ? on_lost_ : nullptr;
+  }
+  std::string broken_;  // the failure that broke the sequence; empty while it holds
 };
 
 }  // namespace proxyep::integrations

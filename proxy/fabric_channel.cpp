@@ -183,6 +183,13 @@ void FabricChannel::expect_release(uint64_t call, std::string_view phase) {
          link_.counters().last_error());
 }
 
+void FabricChannel::forget(uint64_t call) {
+  control::CounterBank& counters = link_.counters();
+  counters.cancel_expected(call, static_cast<uint32_t>(peer()));
+  counters.cancel_expected(call, eager_key(peer()));
+  if (call >= 1) counters.cancel_expected(call - 1, release_key(peer()));
+}
+
 bool FabricChannel::released(uint64_t call) const {
   const uint64_t staged = parity_posted_at_[call % 2];
   if (staged != kNeverPosted && !link_.retired(staged)) return false;

@@ -96,6 +96,7 @@ class FabricChannel final : public PeerChannel {
   void release(uint64_t call, std::string_view phase) override;
   void expect_release(uint64_t call, std::string_view phase) override;
   bool released(uint64_t call) const override;
+  void forget(uint64_t call) override;
 
  private:
   static constexpr uint64_t kNeverPosted = ~uint64_t{0};

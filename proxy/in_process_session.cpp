@@ -142,9 +142,9 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.counters = std::make_unique<control::CounterBank>(3u * static_cast<uint32_t>(ranks()));
   s.router.attach_counters(*s.counters);
 
-  s.engine =
-      std::make_unique<ProxyEngine>(*s.fabric, rank(), ranks(), s.router,
-                                    config.engine ? *config.engine : EngineOptions::from_params());
+  EngineOptions engine_options = config.engine ? *config.engine : EngineOptions::from_params();
+  engine_options.tolerate_peer_failures = config.tolerate_peer_failures;
+  s.engine = std::make_unique<ProxyEngine>(*s.fabric, rank(), ranks(), s.router, engine_options);
   s.engine->watch_peers(peers_);
   share_region(bootstrap, s.engine->regions(), FabricLink::kArenaRegion, *s.arena_region, kPhase);
   s.engine->regions().add_local(FabricLink::kStagingRegion, *s.staging_region);
@@ -188,6 +188,63 @@ void InProcessSession::check_health(std::string_view phase) const {
        failure ? failure->phase : "?", failure ? failure->message : "?");
 }
 
+std::optional<std::string> InProcessSession::peer_lost(int rank) const {
+  if (rank == this->rank()) return std::nullopt;
+  if (peers_ != nullptr && peers_->departed(rank)) return fmt::format("rank {} left the job", rank);
+  if (auto gone = channel(rank).departed()) return gone;
+  if (state_->engine)
+    if (auto failure = state_->engine->health().peer_failure(rank))
+      return fmt::format("{}: {}", failure->phase, failure->message);
+  return std::nullopt;
+}
+
+void InProcessSession::ignore_peer(int rank, bool ignored) {
+  if (!state_->counters) return;  // node peers send no signals
+  const auto R = static_cast<uint32_t>(ranks()), r = static_cast<uint32_t>(rank);
+  for (uint32_t key : {r, R + r, 2 * R + r})  // record, eager bytes, release (fabric_channel.hpp)
+    state_->counters->ignore_key(key, ignored);
+}
+
+void InProcessSession::await_tolerant(const Wait& wait) {
+  const auto deadline = Deadline(timeout_);
+  auto offer = [&](int r, const std::string& why) {
+    if (!wait.on_lost(r, why))
+      fail(std::string(wait.phase), "{} while this rank waited for {}", why, wait.what);
+  };
+  while (!wait.ready()) {
+    // Waits in ticks of 20 ms (the waits' own deadline is beyond ours: a tick ends them) and
+    // looks for lost ranks between ticks, then for late ones at the deadline.
+    const auto tick_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
+    auto ready_or_tick = [&] {
+      return wait.ready() || std::chrono::steady_clock::now() >= tick_end;
+    };
+    const auto slack = Deadline(timeout_ + std::chrono::seconds(10));
+    auto never = [] { return std::string("(not reached)"); };
+    if (state_->engine) {
+      try {
+        state_->engine->wait_until(ready_or_tick, slack, std::function<std::string()>(never));
+      } catch (const Error& e) {
+        fail(std::string(wait.phase), "{}", e.what());
+      }
+    } else {
+      Backoff backoff(kSpinsBeforeYield);
+      while (!ready_or_tick())
+        backoff.pause();
+    }
+    if (wait.ready()) return;
+    for (int r = 0; r < ranks(); ++r)
+      if (wait.pending(r))
+        if (auto why = peer_lost(r)) offer(r, *why);
+    if (!deadline.expired()) continue;
+    for (int r = 0; r < ranks(); ++r)
+      if (wait.pending(r))
+        offer(r, fmt::format("rank {} did not deliver {} within {} ms", r, wait.what,
+                             timeout_.count()));
+    if (!wait.ready())
+      fail(std::string(wait.phase), "{} did not arrive within {} ms", wait.what, timeout_.count());
+  }
+}
+
 void InProcessSession::quiet(std::string_view phase) {
   if (!state_->engine) return;
   try {
@@ -198,6 +255,10 @@ void InProcessSession::quiet(std::string_view phase) {
 }
 
 void InProcessSession::await(const Wait& wait) {
+  if (wait.on_lost) {
+    await_tolerant(wait);
+    return;
+  }
   const auto deadline = Deadline(timeout_);
   DepartureWatch watch(*this, wait, peers_);
   // Built only for messages: the polls allocate nothing.

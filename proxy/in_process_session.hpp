@@ -37,6 +37,8 @@ class InProcessSession final : public Session {
   void await(const Wait& wait) override;
   void quiet(std::string_view phase) override;
   void check_health(std::string_view phase) const override;
+  std::optional<std::string> peer_lost(int rank) const override;
+  void ignore_peer(int rank, bool ignored) override;
   void stop() noexcept override;
   std::string describe() const override;
   std::optional<fabric::ReorderStats> reorder_stats() const override {
@@ -45,6 +47,8 @@ class InProcessSession final : public Session {
 
  private:
   void open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // await() for a wait with on_lost: lost and late ranks are offered to it.
+  void await_tolerant(const Wait& wait);
   // Stops the proxy threads; when one had to be detached, leaks the state it may touch.
   void stop_and_settle() noexcept;
 

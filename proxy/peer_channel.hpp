@@ -118,6 +118,11 @@ class PeerChannel {
   // parity have left its staging: call + 2 may be written.
   virtual bool released(uint64_t call) const = 0;
 
+  // ---- a peer given up (rank masking) ----
+  // Withdraws what this rank expects from the peer in `call` (its record, its eager bytes, its
+  // release of call - 2), so that giving the peer up mid-call leaves nothing behind.
+  virtual void forget(uint64_t call) { (void)call; }
+
   // ---- liveness ----
   // Set once the peer is known to be gone (a node peer's process exited): says so, naming it.
   virtual std::optional<std::string> departed() const { return std::nullopt; }

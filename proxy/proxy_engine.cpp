@@ -77,10 +77,12 @@ ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::S
     : fabric_(fabric),
       router_(router),
       options_(std::move(options)),
-      shared_(std::make_unique<Shared>(ranks, fabric.num_rails())) {
+      shared_(std::make_unique<Shared>(ranks, fabric.num_rails())),
+      ranks_(ranks) {
   require(rank >= 0 && rank < ranks, kPhase, "rank {} is outside a world of {}", rank, ranks);
   require(is_power_of_two(options_.ring_window), kPhase,
           "the ring window must be a power of two (got {})", options_.ring_window);
+  if (options_.tolerate_peer_failures) shared_->health.tolerate_peer_failures(ranks);
   std::unique_ptr<topology::Topology> topo;
   if (options_.placement.pin && options_.placement.cpus.empty())
     topo = std::make_unique<topology::Topology>(topology::discover());
@@ -225,10 +227,18 @@ void ProxyEngine::wait(Ready&& ready, const Deadline& deadline, std::string_view
 
 void ProxyEngine::note_departed_peer() {
   if (peers_ == nullptr) return;
-  if (auto gone = peers_->failure())
-    shared_->health.record(
-        Failure{"proxy.peer", gone->rank,
-                fmt::format("rank {} left the job: {}", gone->rank, gone->reason)});
+  auto gone = peers_->failure();
+  if (!gone) return;
+  Health& health = shared_->health;
+  if (!health.tolerates_peer_failures()) {
+    health.record(Failure{"proxy.peer", gone->rank,
+                          fmt::format("rank {} left the job: {}", gone->rank, gone->reason)});
+    return;
+  }
+  // Every departed rank is given up, each on its own (the first failure names only one).
+  for (int rank = 0; rank < ranks_; ++rank)
+    if (!health.peer_failed(rank) && peers_->departed(rank))
+      health.record(Failure{"proxy.peer", rank, fmt::format("rank {} left the job", rank)});
 }
 
 // Threads that made no loop pass during a whole wait are stuck inside a provider call.

@@ -66,6 +66,9 @@ struct EngineOptions {
   CreditLimits credits;
   std::chrono::milliseconds peer_timeout{30000};
   std::chrono::microseconds wait_spin{50};  // waiters poll this long before they sleep
+  // A protocol that carries on without lost ranks (rank masking): a failure that names a peer,
+  // or a peer's departure, gives up that peer only (health.hpp) instead of failing the engine.
+  bool tolerate_peer_failures = false;
 
   // Every field from the proxy.* parameters (common/params.hpp). Throws proxyep::Error for
   // values out of range.
@@ -174,6 +177,7 @@ class ProxyEngine {
   std::vector<bool> abandoned_;       // per thread: detached by stop(), leaked by the destructor
   std::atomic<bool> running_{false};  // release by start()/stop(), acquire by waits
   const control::PeerWatch* peers_ = nullptr;
+  int ranks_ = 0;
   bool stopped_ = false;
 };
 

@@ -166,6 +166,25 @@ bool ProxyThread::pass() {
   return worked;
 }
 
+void ProxyThread::give_up(int dst) {
+  dead_[static_cast<size_t>(dst)] = true;
+  backlog_.drop(dst, [this](const PendingWrite& write) { finish_cookie(write.op.cookie); });
+  if (!health_.tolerates_peer_failures()) return;
+  // Writes in flight to it may never complete: finish them now, so quiet() does not wait for a
+  // peer given up (a completion that still comes matches no write and names only that peer).
+  for (size_t lane_index = 0; lane_index < lanes_.size(); ++lane_index) {
+    std::vector<uint64_t> positions;
+    lanes_[lane_index]->for_each_live([&](uint64_t position, const RingLane::Entry& entry) {
+      if (entry.dst == dst) positions.push_back(position);
+    });
+    for (uint64_t position : positions) {
+      credits_.release(dst, lanes_[lane_index]->find(position)->bytes);
+      finish(lane_index, position);
+      abandoned_writes_[make_cookie(lane_index, position)] = dst;
+    }
+  }
+}
+
 void ProxyThread::check_health() {
   const auto now = Clock::now();
   for (int dst = 0; dst < config_.ranks; ++dst) {
@@ -180,9 +199,12 @@ void ProxyThread::check_health() {
                      config_.rank, dst,
                      std::chrono::duration_cast<std::chrono::milliseconds>(stalled).count(),
                      window.writes_in_flight(), window.bytes_in_flight(), waiting, dst));
-    dead_[static_cast<size_t>(dst)] = true;
-    backlog_.drop(dst, [this](const PendingWrite& write) { finish_cookie(write.op.cookie); });
+    give_up(dst);
   }
+  // Peers failed elsewhere (a write's error, their departure): nothing more goes to them.
+  if (health_.tolerates_peer_failures())
+    for (int dst = 0; dst < config_.ranks; ++dst)
+      if (!dead_[static_cast<size_t>(dst)] && health_.peer_failed(dst)) give_up(dst);
   for (size_t i = 0; i < lanes_.size(); ++i)
     if (lanes_[i]->consumer().health() != Status::ok)
       fail("proxy.ring", -1,

@@ -51,7 +51,9 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 struct pollfd;
@@ -125,6 +127,11 @@ class ProxyThread {
   bool pop_and_post(size_t lane_index);
   void admit(size_t lane_index, uint64_t position, const gpu_side::WireDescriptor& wire);
   void post_ready();
+  // The destination of the write with `cookie` (a transport's failed write), or -1. With peer
+  // failures tolerated, the write is also finished (credits back, position retired).
+  int failed_write_peer(std::optional<uint64_t> cookie);
+  // Nothing more goes to `dst`: its backlog is dropped and later descriptors to it finish at once.
+  void give_up(int dst);
   void finish_unposted(const PendingWrite& write, const std::string& why);
   void finish(size_t lane, uint64_t position);
   void finish_cookie(uint64_t cookie);
@@ -151,6 +158,9 @@ class ProxyThread {
   IdlePolicy idle_;
   std::vector<Clock::time_point> last_progress_;  // per destination: last completion or start
   std::vector<bool> dead_;                        // destinations declared failed
+  // Cookies of writes finished when their peer was given up, to name that peer if their
+  // error completion still comes (peer failures tolerated only).
+  std::unordered_map<uint64_t, int> abandoned_writes_;
   std::vector<gpu_side::WireDescriptor> burst_;
   std::vector<PendingWrite> ready_;
   std::vector<fabric::Completion> completions_;

@@ -38,10 +38,13 @@ bool ProxyThread::drain_completions() {
       }
       worked |= count > 0;
       if (status != Status::ok) {
-        // The failed write's credits are never returned, so its destination stalls and the
-        // peer timeout names it too; the first failure, this one, is what waiters see.
-        fail("proxy.complete", -1,
+        // Named after the write's peer when the transport knows which write failed. Without
+        // tolerated peer failures the engine fails (the first failure is what waiters see);
+        // with them only that peer does, and the write is finished so quiet() does not wait.
+        const int peer = failed_write_peer(transport.last_failed_cookie());
+        fail("proxy.complete", peer,
              fmt::format("rank {}: {}", config_.rank, transport.last_error()));
+        if (peer >= 0 && health_.peer_failed(peer)) give_up(peer);
         worked = true;
         continue;
       }
@@ -196,6 +199,28 @@ void ProxyThread::post_ready() {
 }
 
 // A write the provider refused for good: the failure is recorded, its position finishes.
+int ProxyThread::failed_write_peer(std::optional<uint64_t> cookie) {
+  if (!cookie) return -1;
+  const auto lane_index = static_cast<size_t>(*cookie >> kCookiePositionBits);
+  if (lane_index >= lanes_.size()) return -1;
+  RingLane& lane = *lanes_[lane_index];
+  const uint64_t position = lane.expand(*cookie, kCookiePositionBits);
+  const RingLane::Entry* entry = lane.find(position);
+  if (entry == nullptr) {  // finished already when its peer was given up
+    auto abandoned = abandoned_writes_.find(*cookie);
+    if (abandoned == abandoned_writes_.end()) return -1;
+    const int dst = abandoned->second;
+    abandoned_writes_.erase(abandoned);
+    return dst;
+  }
+  const int dst = entry->dst;
+  if (health_.tolerates_peer_failures()) {
+    credits_.release(dst, entry->bytes);
+    finish(lane_index, position);
+  }
+  return dst;
+}
+
 void ProxyThread::finish_unposted(const PendingWrite& write, const std::string& why) {
   fail("proxy.post", write.op.peer, fmt::format("rank {}: {}", config_.rank, why));
   finish_cookie(write.op.cookie);

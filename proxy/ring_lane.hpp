@@ -76,6 +76,12 @@ class RingLane {
     Entry& entry = entries_[position & mask_];
     return entry.live && entry.position == position ? &entry : nullptr;
   }
+  // Calls f(position, entry) for every position with a write in flight.
+  template <typename F>
+  void for_each_live(F&& f) {
+    for (Entry& entry : entries_)
+      if (entry.live) f(entry.position, entry);
+  }
   // `position` finished. Status::error (tracker's last_error()) if it was finished before.
   [[nodiscard]] Status finish(uint64_t position) {
     entries_[position & mask_].live = false;

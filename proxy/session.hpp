@@ -44,17 +44,24 @@ struct SessionConfig {
   // parameter registry (fabric.*, proxy.*). The rank in `fabric` is overwritten.
   std::optional<fabric::FabricOptions> fabric;
   std::optional<EngineOptions> engine;
+  // Rank masking (low-latency calls with enable_shrink): the proxy gives up a failed or departed
+  // peer alone instead of failing (EngineOptions::tolerate_peer_failures).
+  bool tolerate_peer_failures = false;
 };
 
 // A wait of the protocol: until `ready()`, with the session's deadline. `pending(r)` says
 // whether rank r is one it still waits for (named in the error; node peers among them are
 // checked for liveness); `detail(r)`, when given, says where r stands (added to a timeout).
+// `on_lost(r, why)`, when given, is offered every pending rank that is lost (peer_lost()) or
+// still pending at the deadline: true means the caller gave it up (ready() no longer needs it)
+// and the wait goes on; false fails the wait as without it.
 struct Wait {
   std::function<bool()> ready;
   std::function<bool(int)> pending;
   std::string_view phase;
   std::string_view what;
   std::function<std::string(int)> detail;
+  std::function<bool(int, const std::string&)> on_lost;
 };
 
 class Session {
@@ -84,6 +91,12 @@ class Session {
   virtual void quiet(std::string_view phase) = 0;
   // Throws proxyep::Error(phase) if the transport failed earlier (e.g. a proxy thread's peer).
   virtual void check_health(std::string_view phase) const = 0;
+  // Why `rank` is known to be gone (it left the job, its process on this node exited, the proxy
+  // gave it up), or nullopt.
+  virtual std::optional<std::string> peer_lost(int rank) const = 0;
+  // Rank masking: while ignored, the peer's signals are dropped whatever their call (a masked
+  // peer that is only slow must not disturb later calls).
+  virtual void ignore_peer(int rank, bool ignored) = 0;
   // Stops the transport's threads; later calls may only be destruction. Idempotent.
   virtual void stop() noexcept = 0;
   // One line for the debug log: sizes, paths, threads.

@@ -88,6 +88,7 @@ void LowLatencyMode::receive_combine(CallState& st) {
   const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
   std::vector<const uint16_t*> from(static_cast<size_t>(R), nullptr);
   for (int s = 0; s < R; ++s) {
+    if (masked_[static_cast<size_t>(s)]) continue;  // its rows are skipped (nullptr below)
     require(records[s].eager_bytes == static_cast<uint64_t>(d.sent_to[s]) * row_bytes, kPhase,
             "rank {} sent back {} bytes for the {} tokens this rank dispatched to it", s,
             records[s].eager_bytes, d.sent_to[s]);
@@ -98,8 +99,10 @@ void LowLatencyMode::receive_combine(CallState& st) {
   for (int t = 0; t < st.num_tokens; ++t) {
     for (int k = 0; k < K; ++k) {
       const size_t i = static_cast<size_t>(t) * K + k;
-      rows[k] =
-          d.dest_of[i] < 0 ? nullptr : from[d.dest_of[i]] + static_cast<size_t>(d.slot_of[i]) * H;
+      const int dest = d.dest_of[i];
+      rows[k] = dest < 0 || from[dest] == nullptr
+                    ? nullptr
+                    : from[dest] + static_cast<size_t>(d.slot_of[i]) * H;
     }
     ep::ll_combine_token(rows.data(), st.weights.data() + static_cast<size_t>(t) * K, K,
                          static_cast<uint32_t>(H), st.out + static_cast<size_t>(t) * H,

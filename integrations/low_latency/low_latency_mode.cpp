@@ -6,9 +6,11 @@
 #include "common/log.hpp"
 #include "integrations/await_every.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
+#include "integrations/low_latency/ll_tensors.hpp"
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -28,12 +30,64 @@ int64_t nanoseconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 LowLatencyMode::LowLatencyMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
-                               uint64_t buffer_id)
+                               uint64_t buffer_id, bool enable_shrink)
     : session_(session),
       backend_(backend),
       calls_(calls),
       buffer_id_(buffer_id),
-      alive_(std::make_shared<LowLatencyMode*>(this)) {}
+      shrink_(enable_shrink),
+      masked_(static_cast<size_t>(session.ranks()), 0),
+      alive_(std::make_shared<LowLatencyMode*>(this)) {
+  if (shrink_)
+    calls_.set_peer_policy([this](int r) { return masked_[static_cast<size_t>(r)] == 0; },
+                           [this](int r, const std::string& why) {
+                             return lose(r, why, calls_.calls() - 1, "low-latency call");
+                           });
+}
+
+// ---- rank masking ----
+
+void LowLatencyMode::mask(int rank, bool masked) {
+  masked_[static_cast<size_t>(rank)] = masked ? 1 : 0;
+  session_.ignore_peer(rank, masked);
+}
+
+bool LowLatencyMode::lose(int rank, const std::string& why, uint64_t call, std::string_view phase) {
+  if (!shrink_ || rank == session_.rank()) return false;
+  mask(rank, true);
+  session_.channel(rank).forget(call);
+  log::warn("{}: rank {} is masked from now on ({}); the call goes on without it", phase, rank,
+            why);
+  return true;
+}
+
+void LowLatencyMode::update_mask(int rank, bool mask_it) {
+  constexpr const char* kPhase = "low_latency_update_mask_buffer";
+  require(shrink_, kPhase, "the Buffer was not created with enable_shrink=True");
+  require(rank >= 0 && rank < session_.ranks(), kPhase, "rank {} is not in the group of {}", rank,
+          session_.ranks());
+  require(!mask_it || rank != session_.rank(), kPhase, "a rank cannot mask itself");
+  mask(rank, mask_it);
+}
+
+void LowLatencyMode::query_mask(const gpu_side::ep::TensorRef& out) {
+  constexpr const char* kPhase = "low_latency_query_mask_buffer";
+  require(shrink_, kPhase, "the Buffer was not created with enable_shrink=True");
+  check_tensor(out, gpu_side::ep::DType::i32, session_.ranks(), -1, false, kPhase, "mask_status");
+  for (int r = 0; r < session_.ranks(); ++r)
+    written_at<int32_t>(out, r) = masked_[static_cast<size_t>(r)];
+}
+
+void LowLatencyMode::clean_mask() {
+  require(shrink_, "low_latency_clean_mask_buffer",
+          "the Buffer was not created with enable_shrink=True");
+  for (int r = 0; r < session_.ranks(); ++r)
+    mask(r, false);
+}
+
+bool LowLatencyMode::any_masked() const {
+  return std::find(masked_.begin(), masked_.end(), 1) != masked_.end();
+}
 
 LowLatencyMode::~LowLatencyMode() {
   try {
@@ -77,6 +131,9 @@ void LowLatencyMode::clean(const LlShape& shape) {
 // rank alike after a complete exchange, so the sequence stays intact and the Buffer usable.
 void LowLatencyMode::agree(const LlShape& shape, std::string_view phase) {
   calls_.check_can_begin(CallKind::sync, phase);
+  require(!any_masked(), phase,
+          "ranks are masked: agreeing on new low-latency sizes needs every rank (use the sizes "
+          "agreed before, or a new Buffer)");
   const int R = session_.ranks();
   const uint64_t call = calls_.begin(CallKind::sync, phase);
   std::vector<LlRecord> records;
@@ -116,7 +173,7 @@ void LowLatencyMode::agree(const LlShape& shape, std::string_view phase) {
 void LowLatencyMode::send_phase(const CallState& state, const Pack& pack, std::string_view phase) {
   calls_.step([&] {
     for (int s = 0; s < session_.ranks(); ++s)
-      session_.channel(s).expect_record(state.call, phase);
+      if (!masked_[static_cast<size_t>(s)]) session_.channel(s).expect_record(state.call, phase);
     calls_.await_slots_free(state.call, phase);
     send_all(state, pack, phase);
   });
@@ -128,7 +185,7 @@ void LowLatencyMode::send_all(const CallState& state, const Pack& pack, std::str
   for (bool background : {true, false})
     for (int d = 0; d < R; ++d) {
       proxy::PeerChannel& to = session_.channel(d);
-      if (to.background() != background) continue;
+      if (to.background() != background || masked_[static_cast<size_t>(d)]) continue;
       LlRecord record;
       record.kind = state.kind;
       record.shape = state.shape;
@@ -150,7 +207,7 @@ std::vector<LlRecord> LowLatencyMode::receive_all(const CallState& state,
   std::vector<LlRecord> records(static_cast<size_t>(R));
   std::vector<uint8_t> have_record(static_cast<size_t>(R), 0);
   auto arrived = [&](int s) {
-    if (waited_ns[s] >= 0) return true;
+    if (waited_ns[s] >= 0 || masked_[static_cast<size_t>(s)]) return true;
     proxy::PeerChannel& from = session_.channel(s);
     if (!have_record[s]) {
       if (!from.record_arrived(state.call)) return false;
@@ -162,9 +219,23 @@ std::vector<LlRecord> LowLatencyMode::receive_all(const CallState& state,
     waited_ns[s] = nanoseconds_since(start);
     return true;
   };
+  std::function<bool(int, const std::string&)> on_lost;
+  if (shrink_)
+    on_lost = [&](int s, const std::string& why) { return lose(s, why, state.call, phase); };
   await_every(session_, arrived, phase,
-              state.kind == LlKind::dispatch ? "the dispatched tokens" : "the combined rows");
+              state.kind == LlKind::dispatch ? "the dispatched tokens" : "the combined rows",
+              on_lost);
   for (int s = 0; s < R; ++s) {
+    if (masked_[static_cast<size_t>(s)]) {  // contributes nothing (DeepEP skips masked ranks)
+      records[s] = LlRecord{};
+      records[s].kind = state.kind;
+      records[s].shape = state.shape;
+      records[s].flags = state.flags;
+      if (state.kind == LlKind::dispatch)
+        records[s].counts.assign(static_cast<size_t>(state.shape.experts / R), 0);
+      waited_ns[s] = 0;
+      continue;
+    }
     const LlRecord& r = records[s];
     require(r.kind == state.kind, phase,
             "rank {} made a {} call while this rank made a {} call: every rank must make the "

@@ -38,8 +38,11 @@ namespace proxyep::integrations::low_latency {
 
 class LowLatencyMode {
  public:
+  // `enable_shrink`: a peer that is lost or does not deliver within the deadline is masked and
+  // the call completes for the others (DeepEP's rank masking); without it the call fails
+  // naming the peer.
   LowLatencyMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
-                 uint64_t buffer_id);
+                 uint64_t buffer_id, bool enable_shrink);
   ~LowLatencyMode();
   LowLatencyMode(const LowLatencyMode&) = delete;
   LowLatencyMode& operator=(const LowLatencyMode&) = delete;
@@ -50,6 +53,12 @@ class LowLatencyMode {
   LowLatencyDispatchResult dispatch(const LowLatencyDispatchArgs& args);
   LowLatencyCombineResult combine(const LowLatencyCombineArgs& args);
   gpu_side::ep::Tensor next_combine_buffer(const LowLatencyHandle& handle);
+
+  // ---- rank masking (enable_shrink) ----
+  void update_mask(int rank, bool mask);                // low_latency_update_mask_buffer
+  void query_mask(const gpu_side::ep::TensorRef& out);  // i32 [R], 1 = masked
+  void clean_mask();                                    // low_latency_clean_mask_buffer
+  bool any_masked() const;
 
   // Waits for receive phases running in the background (async_finish); rethrows the first
   // failure. Every Buffer call starts with it.
@@ -70,6 +79,9 @@ class LowLatencyMode {
   // the nanoseconds each source took from `start`.
   std::vector<LlRecord> receive_all(const CallState& state, std::vector<int64_t>& waited_ns,
                                     std::string_view phase);
+  // With shrink: masks `rank`, lost during call `call` (`why`), and goes on without it.
+  bool lose(int rank, const std::string& why, uint64_t call, std::string_view phase);
+  void mask(int rank, bool masked);
   // Begins `state`'s call and runs `send` (its send phase) and then its receive phase as the
   // call asked: both now; the send in the background and the receive in the hook (as a GPU
   // runs a launched kernel: the call returns at once); or both in the background (async).
@@ -89,6 +101,8 @@ class LowLatencyMode {
   RowBackend& backend_;
   CallSequence& calls_;
   uint64_t buffer_id_;
+  bool shrink_;
+  std::vector<uint8_t> masked_;  // by rank
   std::optional<LlShape> agreed_;
   // Send-phase scratch of dispatch, reused across calls:
   std::vector<std::byte> token_messages_;    // [T', message]: each token cast once

@@ -163,7 +163,8 @@ void StreamRun::run() {
                       .pending = [&](int r) { return pending(r); },
                       .phase = phase_,
                       .what = "chunks of rows or their credits",
-                      .detail = [&](int r) { return where(r); }});
+                      .detail = [&](int r) { return where(r); },
+                      .on_lost = {}});
   }
 }
 

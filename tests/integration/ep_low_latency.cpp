@@ -29,6 +29,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -40,6 +41,8 @@ namespace {
 constexpr const char* kProgram = "ep_low_latency";
 
 struct Options : testing::EpTestOptions {
+  bool shrink = false;  // enable_shrink: the survivors of --die-rank mask it and carry on
+  int silent_ms = 0;    // with --shrink: --die-rank sleeps this long (alive, silent), then leaves
   bool no_destroy = false;  // end with the Buffer's destructor (no barrier) instead of destroy()
   bool no_nvlink = false;   // allow_nvlink_for_low_latency_mode = false
 };
@@ -78,10 +81,11 @@ std::vector<Case> cases() {
 
 struct Inputs {
   std::vector<ep::RankInputs> ranks;
-  std::vector<ep::LlRankInputs> views;
+  std::vector<ep::LlRankInputs> views;  // what the checks expect each rank to have sent
+  int masked = -1;  // a rank masked (enable_shrink): it sends nothing, its experts' rows skipped
 };
 
-Inputs make_inputs(const Case& c, int R, uint64_t seed) {
+Inputs make_inputs(const Case& c, int R, uint64_t seed, int masked = -1) {
   ep::WorkloadOptions w;
   w.shape = {R, 1, kExpertsPerRank * R};
   w.num_tokens = kMaxTokens;
@@ -99,6 +103,14 @@ Inputs make_inputs(const Case& c, int R, uint64_t seed) {
     in.ranks.push_back(ep::make_rank_inputs(w, r));
   for (const auto& r : in.ranks)
     in.views.push_back({r.x, r.topk_idx, r.topk_weights});
+  in.masked = masked;
+  if (masked >= 0) {
+    const ep::RankInputs& m = in.ranks[static_cast<size_t>(masked)];
+    in.views[static_cast<size_t>(masked)] = {
+        ep::TensorRef::matrix(m.x.raw(), ep::DType::bf16, 0, kHidden),
+        ep::TensorRef::matrix(m.topk_idx.raw(), ep::DType::i64, 0, m.topk_idx.cols()),
+        ep::TensorRef::matrix(m.topk_weights.raw(), ep::DType::f32, 0, m.topk_weights.cols())};
+  }
   return in;
 }
 
@@ -145,7 +157,8 @@ void check_combine(const ep::Tensor& got, const Inputs& in, int me, const std::s
   std::vector<uint16_t> row(kHidden);
   const ep::Tensor want =
       ep::reference_ll_combine(in.ranks[me].topk_idx, in.ranks[me].topk_weights, kHidden, me,
-                               [&](int64_t expert, int home, int64_t token) {
+                               [&](int64_t expert, int home, int64_t token) -> const uint16_t* {
+                                 if (expert / kExpertsPerRank == in.masked) return nullptr;
                                  for (int64_t col = 0; col < kHidden; ++col)
                                    row[col] = expert_value(expert, home, token, col);
                                  return row.data();
@@ -185,10 +198,10 @@ struct Kept {
 
 // One dispatch + combine of `c`, checked; with `keep`, the dispatch's outputs are kept there.
 void run_case(Buffer& buffer, const Case& c, const Options& o, int index, ep::Tensor& recv_stats,
-              std::vector<int64_t>& expected_recv, Kept* keep = nullptr) {
+              std::vector<int64_t>& expected_recv, Kept* keep = nullptr, int masked = -1) {
   const int R = buffer.group_size(), me = buffer.rank();
   const std::string at = fmt::format("case {} ({})", index, c.name);
-  const Inputs in = make_inputs(c, R, o.seed * 1000 + static_cast<uint64_t>(index));
+  const Inputs in = make_inputs(c, R, o.seed * 1000 + static_cast<uint64_t>(index), masked);
   ep::Tensor wait_stats = ep::Tensor::zeros(ep::DType::i64, R);
   LowLatencyDispatchResult d =
       buffer.low_latency_dispatch(dispatch_args(in, c, me, recv_stats, wait_stats));
@@ -413,6 +426,7 @@ void run_bad_input(Buffer& buffer, const Options& o) {
     }
     check(failed, "sizes that differ between ranks were not refused on rank {}", me);
   }
+  expect_refused("enable_shrink=True", [&] { buffer.low_latency_update_mask_buffer(0, true); });
   // A combine whose dispatch has not received yet, and one with another routing.
   Case hooked = c;
   hooked.hook = true;
@@ -446,6 +460,48 @@ void run_bad_input(Buffer& buffer, const Options& o) {
   run_case(buffer, cases().front(), o, 0, fresh, expected);
 }
 
+// Rank masking: every rank runs the first case; then rank --die-rank leaves (at once, or after
+// --silent-ms of silence); the others must mask it when they notice (its departure, or the
+// deadline), finish every later case without it -- checked against the references with that
+// rank sending nothing and its experts' rows skipped -- report it masked, and refuse normal
+// calls. No collective at the end (one rank is gone): the Buffer goes by its destructor.
+int run_shrink(Buffer& buffer, control::Bootstrap& boot, const Options& o) {
+  const int R = buffer.group_size(), me = buffer.rank(), gone = o.die_rank;
+  check(gone >= 0 && gone < R, "--shrink needs --die-rank");
+  ep::Tensor recv_stats = ep::Tensor::zeros(ep::DType::i32, kExpertsPerRank);
+  std::vector<int64_t> expected_recv(kExpertsPerRank, 0);
+  run_case(buffer, cases().front(), o, 0, recv_stats, expected_recv);
+  // Everyone has all of case 0 before the rank leaves (its last writes could be lost otherwise,
+  // and its peers would rightly mask it in case 0 already).
+  boot.barrier("ep_low_latency(case 0 done)");
+  if (me == gone) {
+    if (o.silent_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.silent_ms));
+    std::fprintf(stderr, "%s: rank %d: leaving (test)\n", kProgram, me);
+    ::_exit(0);  // exit code 0 keeps the launcher from stopping the others
+  }
+  int index = 1;
+  for (const Case& c : cases())
+    run_case(buffer, c, o, index++, recv_stats, expected_recv, nullptr, gone);
+  ep::Tensor mask = ep::Tensor::zeros(ep::DType::i32, R);
+  buffer.low_latency_query_mask_buffer(mask);
+  for (int r = 0; r < R; ++r)
+    check(mask.data<int32_t>()[r] == (r == gone ? 1 : 0), "mask of rank {} is {}", r,
+          mask.data<int32_t>()[r]);
+  expect_refused("ranks are masked", [&] { run_normal(buffer, o, 2); });
+  // Unmasked by hand, the rank is still gone: the next call masks it again.
+  buffer.low_latency_clean_mask_buffer();
+  buffer.low_latency_query_mask_buffer(mask);
+  check(mask.data<int32_t>()[gone] == 0, "clean_mask_buffer left rank {} masked", gone);
+  run_case(buffer, cases().front(), o, index++, recv_stats, expected_recv, nullptr, gone);
+  buffer.low_latency_query_mask_buffer(mask);
+  check(mask.data<int32_t>()[gone] == 1, "rank {} was not masked again", gone);
+  expect_refused("cannot mask itself", [&] { buffer.low_latency_update_mask_buffer(me, true); });
+  if (me == 0)
+    fmt::print("{}: {} ranks, rank {} {} and masked: every later case OK without it\n", kProgram, R,
+               gone, o.silent_ms > 0 ? "went silent" : "left");
+  return 0;
+}
+
 int run(const Options& o) {
   testing::set_fabric_params(o);
   auto boot = control::Bootstrap::from_environment();
@@ -454,6 +510,7 @@ int run(const Options& o) {
   options.ranks_per_node = o.ranks_per_node;
   options.low_latency_mode = true;
   options.allow_nvlink_for_low_latency_mode = !o.no_nvlink;
+  options.enable_shrink = o.shrink;
   options.num_nvl_bytes = Buffer::nvl_bytes_hint(kMaxTokens, kHidden * 2, 8, R);
   options.num_rdma_bytes =
       std::max(Buffer::get_low_latency_rdma_size_hint(kMaxTokens, kHidden, R, kExpertsPerRank * R),
@@ -464,6 +521,7 @@ int run(const Options& o) {
     if (o.reorder)
       testing::require_reordered(*boot, buffer.stats().reordered_completions, kProgram);
   };
+  if (o.shrink) return run_shrink(buffer, *boot, o);
   if (o.bad_input) {
     run_bad_input(buffer, o);
     require_reordered();
@@ -507,5 +565,8 @@ int main(int argc, char** argv) {
   testing::add_ep_test_options(app, o);
   app.add_flag("--no-nvlink", o.no_nvlink, "allow_nvlink_for_low_latency_mode = false");
   app.add_flag("--no-destroy", o.no_destroy, "leave through the destructor, without a barrier");
+  app.add_flag("--shrink", o.shrink, "enable_shrink: survivors mask --die-rank and carry on");
+  app.add_option("--silent-ms", o.silent_ms,
+                 "with --shrink: --die-rank stays silent this long before it leaves");
   return testing::run_ep_test(kProgram, app, argc, argv, [&] { return run(o); });
 }

@@ -77,7 +77,8 @@ void await_all(Session& s, In&& in, std::string_view what) {
            .pending = [&](int r) { return !in(r); },
            .phase = "test",
            .what = what,
-           .detail = {}});
+           .detail = {},
+           .on_lost = {}});
 }
 
 void exchange_records(Session& s, uint64_t call, bool eager) {
@@ -157,7 +158,8 @@ void exchange_streams(Session& s, uint64_t call) {
                .pending = pending,
                .phase = "test",
                .what = "chunks",
-               .detail = [&](int r) { return s.channel(r).send_progress(); }});
+               .detail = [&](int r) { return s.channel(r).send_progress(); },
+               .on_lost = {}});
   }
 }
 
