@@ -25,5 +25,5 @@ if grep -q "Skipped" "$out/gpu-tests.log" && nvidia-smi >/dev/null 2>&1; then
   echo "gpu-check: a device is present but GPU tests were skipped" | tee -a "$out/gpu-tests.log"
   rc=1
 fi
-ctest -R "unit.gpu_side_ep|unit.integrations|integration.ep.2ranks" --timeout 300 2>&1 | tail -5 | tee "$out/cpu-ep-tests.log"
+ctest -R "unit.gpu_side_ep|unit.integrations|integration.ep.2ranks|integration.ll.2ranks" --timeout 300 2>&1 | tail -5 | tee "$out/cpu-ep-tests.log"
 exit $rc
