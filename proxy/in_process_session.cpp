@@ -68,22 +68,32 @@ class DepartureWatch {
   std::chrono::steady_clock::time_point last_look_ = std::chrono::steady_clock::now();
 };
 
-// Waits without a proxy (one node): spin briefly, then yield, then nap.
+// How a wait without a proxy (one node) polls: spin briefly, then yield, then nap.
+// Spin only briefly before yielding: the peer we wait for is often runnable on this very core (a
+// rank woken by our own message is placed next to us), and it runs only when we yield. With a
+// spin of 2000 pauses both ranks of a 2-core machine took ~360 us per call after a barrier
+// instead of ~20 us. Past ~20000 polls, short sleeps keep a long wait off the cores.
+class Poller {
+ public:
+  void pause() {
+    if (++polls_ < 20000)
+      backoff_.pause();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+
+ private:
+  Backoff backoff_{kSpinsBeforeYield};
+  uint64_t polls_ = 0;
+};
+
 template <typename Ready, typename Describe>
 void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_timeout,
                 std::string_view phase, const DepartureWatch& watch) {
-  // Spin only briefly before yielding: the peer we wait for is often runnable on this very core
-  // (a rank woken by our own message is placed next to us), and it runs only when we yield.
-  // With a spin of 2000 pauses both ranks of a 2-core machine took ~360 us per call after a
-  // barrier instead of ~20 us. Past ~20000 polls, short sleeps keep a long wait off the cores.
-  Backoff backoff(kSpinsBeforeYield);
-  uint64_t polls = 0;
+  Poller poller;
   while (!ready()) {
     if (watch.looked() && deadline.expired()) fail(std::string(phase), "{}", describe_timeout());
-    if (++polls < 20000)
-      backoff.pause();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    poller.pause();
   }
 }
 
@@ -211,25 +221,25 @@ void InProcessSession::await_tolerant(const Wait& wait) {
     if (!wait.on_lost(r, why))
       fail(std::string(wait.phase), "{} while this rank waited for {}", why, wait.what);
   };
+  // Waits in ticks of 20 ms (the engine's own deadline is beyond ours: a tick ends its waits)
+  // and looks for lost ranks between ticks, then for late ones at the deadline.
+  const auto engine_deadline = Deadline(timeout_ + std::chrono::seconds(10));
+  const std::function<std::string()> unreached = [] { return std::string("(not reached)"); };
+  Poller poller;
   while (!wait.ready()) {
-    // Waits in ticks of 20 ms (the waits' own deadline is beyond ours: a tick ends them) and
-    // looks for lost ranks between ticks, then for late ones at the deadline.
     const auto tick_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
     auto ready_or_tick = [&] {
       return wait.ready() || std::chrono::steady_clock::now() >= tick_end;
     };
-    const auto slack = Deadline(timeout_ + std::chrono::seconds(10));
-    auto never = [] { return std::string("(not reached)"); };
     if (state_->engine) {
       try {
-        state_->engine->wait_until(ready_or_tick, slack, std::function<std::string()>(never));
+        state_->engine->wait_until(ready_or_tick, engine_deadline, unreached);
       } catch (const Error& e) {
         fail(std::string(wait.phase), "{}", e.what());
       }
     } else {
-      Backoff backoff(kSpinsBeforeYield);
       while (!ready_or_tick())
-        backoff.pause();
+        poller.pause();
     }
     if (wait.ready()) return;
     for (int r = 0; r < ranks(); ++r)

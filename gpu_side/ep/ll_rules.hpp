@@ -94,10 +94,11 @@ PROXYEP_HOST_DEVICE inline const char* ll_hidden_error(const LlFormat& f) {
   return nullptr;
 }
 
-// ll_hidden_error, plus DeepEP's "UE8M0 SF requires `round_scale=True`".
+// ll_hidden_error, plus DeepEP's "UE8M0 SF requires `round_scale=True`" (and FP8).
 PROXYEP_HOST_DEVICE inline const char* ll_format_error(const LlFormat& f) {
   if (const char* why = ll_hidden_error(f)) return why;
-  if (f.ue8m0 && !f.round_scale) return "use_ue8m0 requires round_scale";
+  if (f.ue8m0 && !(f.fp8 && f.round_scale))
+    return "use_ue8m0 needs use_fp8 and round_scale (as in DeepEP)";
   return nullptr;
 }
 

@@ -2,6 +2,7 @@
 #include "integrations/low_latency/ll_args.hpp"
 
 #include "common/error.hpp"
+#include "gpu_side/ep/layout.hpp"
 #include "integrations/low_latency/ll_call.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/ll_tensors.hpp"
@@ -35,22 +36,14 @@ DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& a, int ranks) {
   require(K >= 1 && K <= ep::kLlMaxTopk, kPhase,
           "topk_idx must be [tokens, k] with 1 <= k <= {} (DeepEP's low-latency limit); got {}",
           ep::kLlMaxTopk, a.topk_idx);
-  check_tensor(a.topk_idx, ep::DType::i64, tokens, K, false, kPhase, "topk_idx");
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int64_t k = 0; k < K; ++k) {
-      const int64_t e = a.topk_idx.at<int64_t>(t, k);
-      require(e >= -1 && e < shape.experts, kPhase,
-              "topk_idx[{}][{}] = {} is not an expert (num_experts {}) or -1", t, k, e,
-              shape.experts);
-    }
+  ep::require_shape(a.topk_idx, tokens, K, kPhase, "topk_idx");
+  ep::validate_topk_idx(a.topk_idx, {R, 1, shape.experts}, kPhase);  // dtype, values
   const ep::LlFormat format{.hidden = static_cast<uint32_t>(shape.hidden),
                             .fp8 = a.use_fp8,
                             .round_scale = a.round_scale,
                             .ue8m0 = a.use_ue8m0};
-  require(!a.use_ue8m0 || (a.use_fp8 && a.round_scale), kPhase,
-          "use_ue8m0 needs use_fp8 and round_scale (as in DeepEP)");
-  if (const char* why = ep::ll_hidden_error(format))
-    fail(kPhase, "hidden {}: {}", shape.hidden, why);
+  if (const char* why = ep::ll_format_error(format))
+    fail(kPhase, "{} (hidden {})", why, shape.hidden);
   const int local = shape.experts / R;
   if (a.cumulative_local_expert_recv_stats.defined())
     check_tensor(a.cumulative_local_expert_recv_stats, ep::DType::i32, local, -1, false, kPhase,

@@ -22,7 +22,6 @@ struct CallState {
   gpu_side::ep::LlFormat format;
   uint32_t flags = 0;  // as in the records (kFlag*)
   int ranks = 0;
-  int rank = 0;
   int num_tokens = 0;  // T', this rank's tokens
   int topk = 0;
   bool received = false;

@@ -32,7 +32,6 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) 
   st.shape = d.shape;
   st.format = ep::LlFormat{.hidden = static_cast<uint32_t>(H), .fp8 = false};
   st.ranks = R;
-  st.rank = d.rank;
   st.num_tokens = d.num_tokens;
   st.topk = d.topk;
   st.dispatched = dispatched;

@@ -37,7 +37,6 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.format = format;
   st.flags = record_flags(format);
   st.ranks = R;
-  st.rank = session_.rank();
   st.num_tokens = static_cast<int>(tokens);
   st.topk = static_cast<int>(K);
   st.recv_stats = a.cumulative_local_expert_recv_stats;

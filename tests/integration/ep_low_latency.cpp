@@ -120,10 +120,6 @@ uint16_t expert_value(int64_t expert, int home, int64_t token, int64_t c) {
   return ep::float_to_bf16(static_cast<float>(v) / 16.0f);
 }
 
-struct Row {
-  std::vector<uint16_t> values;
-};
-
 // Fills the combine input [E_local * R*T, H] from the dispatch outputs: each received row gets
 // its expert's output for its (source rank, token).
 void fill_expert_outputs(uint16_t* x, const LowLatencyDispatchResult& d, int me, int R) {
