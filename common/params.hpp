@@ -43,6 +43,7 @@ extern Param<int64_t> proxy_credits_writes;
 extern Param<int64_t> proxy_credits_bytes;
 extern Param<int64_t> proxy_peer_timeout_ms;
 extern Param<int64_t> proxy_wait_spin_us;
+extern Param<int64_t> proxy_wait_drive_us;
 
 // ep.* : the Buffer (integrations/buffer.hpp)
 extern Param<int64_t> ep_timeout_ms;

@@ -13,7 +13,9 @@
 // Any pass that did work starts the count again. `keep_awake` caps the policy at the yield stage
 // while someone waits on the engine (a flag, a quiet) or writes are in flight or waiting for
 // credits: they depend on completions that only polling discovers, and a sleeping proxy would add
-// up to `sleep_us` to their latency.
+// up to `sleep_us` to their latency. `driven` (a waiting caller runs the passes itself,
+// ProxyThread::try_drive()) sends an empty pass straight to sleep: polling beside the driver would
+// only take the core it needs, and it kicks the thread when it stops driving.
 //
 // Threading: none; one instance per proxy thread, used by that thread only.
 #pragma once
@@ -35,12 +37,13 @@ class IdlePolicy {
   explicit IdlePolicy(IdleOptions options = {}) : options_(options) {}
 
   // Called after every pass; says what to do before the next one.
-  Step after_pass(bool worked, bool keep_awake) {
+  Step after_pass(bool worked, bool keep_awake, bool driven = false) {
     if (worked) {
       empty_passes_ = 0;
       return Step::spin;
     }
     if (empty_passes_ < UINT32_MAX) ++empty_passes_;
+    if (driven) return Step::sleep;
     if (empty_passes_ <= options_.spin_passes) return Step::spin;
     if (keep_awake || empty_passes_ - options_.spin_passes <= options_.yield_passes)
       return Step::yield;

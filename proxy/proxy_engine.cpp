@@ -21,6 +21,17 @@ constexpr const char* kPhase = "proxy.engine";
 // signals (a predicate another thread makes true).
 constexpr std::chrono::microseconds kMaxNap{1000};
 
+// proxy.wait_drive_us = -1 where waiters may drive: long enough for a low-latency call's round
+// trip, short enough that a waiter for a slow peer soon lets the proxy threads take over.
+constexpr std::chrono::microseconds kAutoWaitDrive{2000};
+
+// Waiters drive only transports whose progress calls cannot block on a peer (capabilities.hpp).
+bool every_rail_reaches_other_hosts(fabric::Fabric& fabric) {
+  for (int r = 0; r < fabric.num_rails(); ++r)
+    if (!fabric.rail(r).capabilities().remote_comm) return false;
+  return true;
+}
+
 template <typename T>
 T checked(int64_t value, int64_t lo, const char* name) {
   require(value >= lo && (value < 0 || static_cast<uint64_t>(value) <=
@@ -51,25 +62,54 @@ EngineOptions EngineOptions::from_params() {
   int64_t wait_spin = checked<int64_t>(params::proxy_wait_spin_us.get(), -1, "proxy.wait_spin_us");
   if (wait_spin < 0) wait_spin = std::thread::hardware_concurrency() >= 4 ? 50 : 0;
   o.wait_spin = std::chrono::microseconds(wait_spin);
+  // -1 (auto) is resolved by the engine, which knows the transports.
+  o.wait_drive = std::chrono::microseconds(
+      checked<int64_t>(params::proxy_wait_drive_us.get(), -1, "proxy.wait_drive_us"));
   o.peer_timeout = std::chrono::milliseconds(
       checked<int64_t>(params::proxy_peer_timeout_ms.get(), 1, "proxy.peer_timeout_ms"));
   return o;
 }
 
-// Counts a waiter for the threads' idle policy and wakes them, so a sleeping proxy starts
-// polling for the completions the waiter depends on.
+// Counts a waiter for the threads' idle policy and, unless it drives them itself, wakes them,
+// so a sleeping proxy starts polling for the completions the waiter depends on.
 class ProxyEngine::WaiterScope {
  public:
-  explicit WaiterScope(ProxyEngine& engine) : engine_(engine) {
-    engine_.shared_->waiters.fetch_add(1, std::memory_order_relaxed);
-    engine_.kick();
+  WaiterScope(ProxyEngine& engine, bool driving) : engine_(engine) {
+    engine_.shared_->signals.waiting.fetch_add(1, std::memory_order_relaxed);
+    if (!driving) engine_.kick();
   }
-  ~WaiterScope() { engine_.shared_->waiters.fetch_sub(1, std::memory_order_relaxed); }
+  ~WaiterScope() { engine_.shared_->signals.waiting.fetch_sub(1, std::memory_order_relaxed); }
   WaiterScope(const WaiterScope&) = delete;
   WaiterScope& operator=(const WaiterScope&) = delete;
 
  private:
   ProxyEngine& engine_;
+};
+
+// Counts a driving waiter (the threads sleep meanwhile); when it stops driving, kicks the threads
+// so they poll again: for writes in flight, and for the peers' writes to this rank, which
+// manual-progress providers move only while the CQ is read (measured: leaving idle threads
+// asleep instead made small low-latency calls slower).
+class ProxyEngine::DriverScope {
+ public:
+  DriverScope(ProxyEngine& engine, bool drive) : engine_(engine), driving_(drive) {
+    if (driving_) engine_.shared_->signals.driving.fetch_add(1, std::memory_order_relaxed);
+  }
+  ~DriverScope() { end(); }
+  DriverScope(const DriverScope&) = delete;
+  DriverScope& operator=(const DriverScope&) = delete;
+  bool driving() const { return driving_; }
+  void end() {
+    if (!driving_) return;
+    driving_ = false;
+    engine_.shared_->signals.driving.fetch_sub(1, std::memory_order_relaxed);
+    for (const auto& thread : engine_.threads_)
+      thread->kick();
+  }
+
+ private:
+  ProxyEngine& engine_;
+  bool driving_;
 };
 
 ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::SignalRouter& router,
@@ -101,9 +141,11 @@ ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::S
     config.peer_timeout = options_.peer_timeout;
     abandoned_.push_back(false);
     threads_.push_back(std::make_unique<ProxyThread>(config, fabric_, shared_->regions, router_,
-                                                     shared_->health, shared_->waiters,
-                                                     shared_->notifier));
+                                                     shared_->health, shared_->signals));
   }
+  if (options_.wait_drive.count() < 0)
+    options_.wait_drive =
+        every_rail_reaches_other_hosts(fabric_) ? kAutoWaitDrive : std::chrono::microseconds(0);
 }
 
 ProxyEngine::~ProxyEngine() {
@@ -189,6 +231,8 @@ ThreadStats ProxyEngine::stats() const {
     sum.remote += s.remote;
     sum.backlogged += s.backlogged;
     sum.sleeps += s.sleeps;
+    sum.passes += s.passes;
+    sum.driven += s.driven;
   }
   return sum;
 }
@@ -198,18 +242,29 @@ void ProxyEngine::wait(Ready&& ready, const Deadline& deadline, std::string_view
                        const std::function<std::string()>& describe_timeout) {
   require(running_.load(std::memory_order_acquire), std::string(phase),
           "the proxy engine is not running");
-  WaiterScope scope(*this);
+  const bool drive = options_.wait_drive.count() > 0;
+  WaiterScope scope(*this, drive);
   std::vector<uint64_t> passes_before;
   for (const auto& thread : threads_)
     passes_before.push_back(thread->stats().passes);
-  // Poll (yielding the core between checks: the proxy this waits for may share it) for
-  // wait_spin, then sleep until a proxy pass signals progress.
-  const auto spin_end = Deadline::Clock::now() + options_.wait_spin;
+  // Drive the threads for wait_drive (yielding the core after a pass that found nothing), then
+  // poll (yielding: the proxy this waits for may share the core) for wait_spin, then sleep until
+  // a proxy pass signals progress.
+  DriverScope driver(*this, drive);
+  const auto drive_end = Deadline::Clock::now() + options_.wait_drive;
+  const auto spin_end = drive_end + options_.wait_spin;
   while (!ready()) {
     note_departed_peer();
     shared_->health.throw_if_failed();
     if (deadline.expired())
       fail(std::string(phase), "{}{}", describe_timeout(), stuck_threads(passes_before));
+    if (driver.driving()) {
+      if (Deadline::Clock::now() < drive_end) {
+        if (!drive_threads()) sched_yield();
+        continue;
+      }
+      driver.end();
+    }
     if (Deadline::Clock::now() < spin_end) {
       sched_yield();
       continue;
@@ -217,12 +272,19 @@ void ProxyEngine::wait(Ready&& ready, const Deadline& deadline, std::string_view
     auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline.end() -
                                                                       Deadline::Clock::now());
     auto nap = std::clamp(left, std::chrono::microseconds(1), kMaxNap);
-    shared_->notifier.sleep(nap, [&] { return !ready() && !shared_->health.failed(); });
+    shared_->signals.notifier.sleep(nap, [&] { return !ready() && !shared_->health.failed(); });
     // (A departed peer is noticed at the next turn: naps last at most kMaxNap.)
   }
   // A failure recorded while the condition came true is still reported: the data the caller is
   // about to use may be incomplete (e.g. a write to a dead peer was dropped).
   shared_->health.throw_if_failed();
+}
+
+bool ProxyEngine::drive_threads() {
+  bool worked = false;
+  for (const auto& thread : threads_)
+    worked |= thread->try_drive();
+  return worked;
 }
 
 void ProxyEngine::note_departed_peer() {

@@ -22,17 +22,27 @@
 // the destructor, bounded even for a thread stuck inside the provider). stop() does not wait for
 // writes in flight: call quiet() first when they must land. stop() must not race with waits.
 //
-// Waits poll briefly (proxy.wait_spin_us), then sleep on a futex that the proxy threads signal
-// when a pass changed something a waiter can see (wait_notifier.hpp): a waiter does not steal
-// the core its proxy needs. A timed-out wait also names proxy threads that made no pass at all
-// during it (stuck inside a provider call).
+// Waits first drive the proxy threads themselves for up to proxy.wait_drive_us: the waiter runs
+// each thread's passes (ProxyThread::try_drive()) while the threads sleep, so a latency-bound call
+// (a low-latency decode step) neither waits for a sleeping proxy to wake on its doorbell nor for
+// the futex hand-off back to the waiter. Then they poll briefly (proxy.wait_spin_us), then sleep
+// on a futex that the proxy threads signal when a pass changed something a waiter can see
+// (wait_notifier.hpp): a waiter does not steal the core its proxy needs. A timed-out wait also
+// names proxy threads that made no pass at all during it (stuck inside a provider call).
+//
+// Driving and stuck providers: a driver takes a thread's pass lock only when it is free, so a
+// thread stuck inside a provider call (holding it) never traps a waiter, which fails at its
+// deadline as before. A driver could itself be the one that enters such a call; that hazard is
+// a provider that blocks on memory shared with a peer (shm and a dead peer holding its lock), so
+// by default (-1) only transports that reach other hosts (FI_REMOTE_COMM) are driven.
 //
 // Concurrency: quiet(), wait_until(), wait_flag(), health(), stats() and kick() may be called
 // from any number of threads while the engine runs. running_ is stored with release by
-// start()/stop() and loaded with acquire by waits. shared_->waiters is incremented/decremented
-// with relaxed RMWs: the proxy threads read it only to decide how deeply to idle (a thread with a
-// waiter never sleeps on its doorbells), and each waiter kicks every thread's doorbell after
-// incrementing it (the eventfd write/read orders that hand-off).
+// start()/stop() and loaded with acquire by waits. The waiter signals (waiting, driving) are
+// incremented/decremented with relaxed RMWs: the proxy threads read them only to decide how
+// deeply to idle (a thread with a waiter that does not drive never sleeps on its doorbells), and
+// each waiter kicks every thread's doorbell after incrementing `waiting` and after it stops
+// driving (the eventfd write/read orders that hand-off).
 #pragma once
 
 #include "common/deadline.hpp"
@@ -65,7 +75,9 @@ struct EngineOptions {
   IdleOptions idle;
   CreditLimits credits;
   std::chrono::milliseconds peer_timeout{30000};
-  std::chrono::microseconds wait_spin{50};  // waiters poll this long before they sleep
+  // Waiters run the threads' passes this long first; -1: where every rail reaches other hosts.
+  std::chrono::microseconds wait_drive{-1};
+  std::chrono::microseconds wait_spin{50};  // then poll this long before they sleep
   // A protocol that carries on without lost ranks (rank masking): a failure that names a peer,
   // or a peer's departure, gives up that peer only (health.hpp) instead of failing the engine.
   bool tolerate_peer_failures = false;
@@ -147,6 +159,9 @@ class ProxyEngine {
 
  private:
   class WaiterScope;
+  class DriverScope;
+  // One pass of every thread whose pass lock is free; whether any did work.
+  bool drive_threads();
   template <typename Ready>
   void wait(Ready&& ready, const Deadline& deadline, std::string_view phase,
             const std::function<std::string()>& describe_timeout);
@@ -163,8 +178,7 @@ class ProxyEngine {
     Shared(int ranks, int rails) : regions(ranks, rails) {}
     RegionTable regions;
     Health health;
-    std::atomic<int> waiters{0};
-    WaitNotifier notifier;
+    WaiterSignals signals;
   };
   std::unique_ptr<Shared> shared_;
   std::vector<ThreadPlan> plans_;

@@ -28,15 +28,13 @@ bool is_power_of_two(uint64_t value) {
 }  // namespace
 
 ProxyThread::ProxyThread(ThreadConfig config, fabric::Fabric& fabric, const RegionTable& regions,
-                         control::SignalRouter& router, Health& health,
-                         const std::atomic<int>& waiters, WaitNotifier& notifier)
+                         control::SignalRouter& router, Health& health, WaiterSignals& signals)
     : config_(std::move(config)),
       fabric_(fabric),
       regions_(regions),
       router_(router),
       health_(health),
-      waiters_(waiters),
-      notifier_(notifier),
+      signals_(signals),
       credits_(config_.ranks, config_.credits),
       backlog_(config_.ranks),
       idle_(config_.idle),
@@ -97,7 +95,7 @@ ThreadStats ProxyThread::stats() const {
   auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
   return {get(counters_.descriptors), get(counters_.posted),     get(counters_.completed),
           get(counters_.remote),      get(counters_.backlogged), get(counters_.sleeps),
-          get(counters_.passes)};
+          get(counters_.passes),      get(counters_.driven)};
 }
 
 void ProxyThread::fail(const char* phase, int peer, std::string message) {
@@ -119,13 +117,24 @@ void ProxyThread::run() {
   poll_fds_.push_back({wake_.fd(), POLLIN, 0});
   for (const auto& lane : lanes_)
     if (lane->doorbell() != nullptr) poll_fds_.push_back({lane->doorbell()->fd(), POLLIN, 0});
-  auto now = Clock::now();
-  std::fill(last_progress_.begin(), last_progress_.end(), now);
+  {
+    std::lock_guard lock(pass_lock_);  // a waiter may drive as soon as the engine runs
+    std::fill(last_progress_.begin(), last_progress_.end(), Clock::now());
+  }
 
   // acquire: pairs with the release store in request_stop().
   while (!stop_.load(std::memory_order_acquire)) {
-    bool worked = pass();
-    switch (idle_.after_pass(worked, keep_awake())) {
+    bool worked = false, awake = false;
+    {
+      // Not taken: a driver is in a pass, doing this one's work.
+      std::unique_lock lock(pass_lock_, std::try_to_lock);
+      if (lock.owns_lock()) {
+        worked = pass();
+        awake = keep_awake();
+      }
+    }
+    const bool driven = signals_.driving.load(std::memory_order_relaxed) > 0;
+    switch (idle_.after_pass(worked, awake, driven)) {
       case IdlePolicy::Step::spin:
         cpu_relax();
         break;
@@ -134,6 +143,7 @@ void ProxyThread::run() {
         break;
       case IdlePolicy::Step::sleep:
         sleep();
+        std::lock_guard lock(pass_lock_);
         check_health();
         break;
     }
@@ -145,9 +155,22 @@ void ProxyThread::run() {
 // finds, and writes in flight or waiting for credits complete only if their CQ is read
 // (manual-progress providers) and their credits come back.
 bool ProxyThread::keep_awake() const {
-  if (waiters_.load(std::memory_order_relaxed) > 0 || !backlog_.empty()) return true;
+  if (signals_.waiting.load(std::memory_order_relaxed) > 0 || !backlog_.empty()) return true;
   return counters_.posted.load(std::memory_order_relaxed) !=
          counters_.completed.load(std::memory_order_relaxed);
+}
+
+bool ProxyThread::try_drive() {
+  std::unique_lock lock(pass_lock_, std::try_to_lock);
+  if (!lock.owns_lock()) return false;
+  bump(counters_.driven);
+  return pass();
+}
+
+bool ProxyThread::busy() const {
+  for (const auto& lane : lanes_)
+    if (lane->retired() < lane->reserved()) return true;
+  return false;
 }
 
 bool ProxyThread::pass() {
@@ -160,7 +183,7 @@ bool ProxyThread::pass() {
   // Flags, retired cursors or the health changed: wake sleeping waiters to re-check. (Posting
   // alone changes nothing a waiter can see.)
   bool failed_now = !failure_notified_ && health_.failed();
-  if (progressed_ || failed_now) notifier_.notify();
+  if (progressed_ || failed_now) signals_.notifier.notify();
   failure_notified_ = failure_notified_ || failed_now;
   progressed_ = false;
   return worked;
@@ -216,18 +239,23 @@ void ProxyThread::check_health() {
 // Blocks until a doorbell rings or idle.sleep_us passes. Every ring is told first (the Dekker
 // handshake in gpu_side/doorbell.hpp), so a producer that publishes after the announcement
 // kicks, and one that published before it makes announce_sleep() refuse.
+// A driver may pop the rings meanwhile (the consumer side is used under pass_lock_ only): a
+// descriptor it takes after the announcement merely wakes this thread early.
 void ProxyThread::sleep() {
   size_t announced = 0;
   bool empty = true;
+  std::unique_lock lock(pass_lock_);
   for (; announced < lanes_.size(); ++announced) {
     if (!lanes_[announced]->consumer().announce_sleep()) {
       empty = false;
       break;
     }
   }
+  lock.unlock();
   if (empty && !stop_.load(std::memory_order_acquire)) {
     for (auto& fd : poll_fds_)
       fd.revents = 0;
+    bump(counters_.sleeps);  // counted as it begins: "asleep now" for whoever watches
     timespec ts{static_cast<time_t>(config_.idle.sleep_us / 1000000),
                 static_cast<long>(config_.idle.sleep_us % 1000000) * 1000};
     if (::ppoll(poll_fds_.data(), poll_fds_.size(), &ts, nullptr) > 0) {
@@ -236,8 +264,8 @@ void ProxyThread::sleep() {
         if (fd.revents & POLLIN) (void)!::read(fd.fd, &count, sizeof(count));  // consume kicks
       }
     }
-    bump(counters_.sleeps);
   }
+  lock.lock();
   for (size_t i = 0; i < announced; ++i)
     lanes_[i]->consumer().end_sleep();
 }

@@ -14,6 +14,12 @@
 //   4. every few hundred passes (and after each sleep): peer timeouts and ring health.
 // Then the IdlePolicy decides: spin, yield, or sleep until a ring's doorbell or the engine kicks.
 //
+// A waiting caller may run passes in the thread's place (try_drive(); ProxyEngine's drive
+// window): the caller is awake anyway, and a pass it runs itself sees its completion without a
+// hand-off, and posts descriptors without waking a sleeping thread. Each pass, the thread's or a
+// driver's, holds pass_lock_, which serialises every use of the rails (FI_THREAD_DOMAIN) and of
+// the thread's state; while a driver is present the thread sleeps instead of polling beside it.
+//
 // Errors never stop the thread and never crash it: they are recorded in the engine's Health
 // (phase + peer + message) and every waiter sees them. A destination declared failed (no
 // progress within peer_timeout) gets no more writes: its backlog and later descriptors are
@@ -23,8 +29,11 @@
 // - stop_: release store by request_stop(), acquire load at the top of each pass.
 // - tid_: release store by the thread once running, acquire load by tid() (CPU accounting).
 // - exited_: release store as run() returns, acquire load by join_until(): a bounded stop.
-// - waiters (engine-owned): relaxed loads; it only decides how deep to idle, and a waiter also
-//   kicks the thread's doorbell, whose eventfd write/read orders everything that matters.
+// - WaiterSignals::waiting and ::driving (engine-owned): relaxed loads; they only decide how
+//   deep to idle, and a waiter also kicks the thread's doorbell (as it arrives and as it stops
+//   driving), whose eventfd write/read orders everything that matters.
+// - pass_lock_: everything a pass touches (rails, lanes' consumer side, credits, backlog,
+//   progress times) is used only with it held, by the thread or by one driver at a time.
 // - stats counters: written by this thread only, relaxed; read relaxed by anyone (monitoring).
 // - RingLane::retired (ring_lane.hpp), Health (health.hpp) and the WaitNotifier that wakes
 //   sleeping waiters after a pass that routed a completion, finished a position or saw the
@@ -51,6 +60,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <unordered_map>
@@ -73,6 +83,13 @@ struct ThreadConfig {
   std::chrono::milliseconds peer_timeout{30000};
 };
 
+// What the engine's waiters tell its proxy threads (engine-owned; outlives the threads).
+struct WaiterSignals {
+  std::atomic<int> waiting{0};  // threads waiting on the engine: keep polling for them
+  std::atomic<int> driving{0};  // of them, those running passes themselves: sleep, not poll
+  WaitNotifier notifier;        // woken after a pass that changed what waiters can see
+};
+
 struct ThreadStats {
   uint64_t descriptors = 0;  // popped from rings
   uint64_t posted = 0;       // writes accepted by the provider
@@ -81,13 +98,13 @@ struct ThreadStats {
   uint64_t backlogged = 0;   // writes that had to wait in the backlog
   uint64_t sleeps = 0;       // times the thread blocked on its doorbells
   uint64_t passes = 0;       // loop passes: a heartbeat (a thread stuck in the provider stops)
+  uint64_t driven = 0;       // of them, passes a waiting caller ran (try_drive())
 };
 
 class ProxyThread {
  public:
   ProxyThread(ThreadConfig config, fabric::Fabric& fabric, const RegionTable& regions,
-              control::SignalRouter& router, Health& health, const std::atomic<int>& waiters,
-              WaitNotifier& notifier);
+              control::SignalRouter& router, Health& health, WaiterSignals& signals);
   ~ProxyThread();  // joins
   ProxyThread(const ProxyThread&) = delete;
   ProxyThread& operator=(const ProxyThread&) = delete;
@@ -104,6 +121,12 @@ class ProxyThread {
   void abandon();
   // Wakes the thread if it sleeps (any thread).
   void kick() const noexcept { wake_.kick(); }
+  // A waiting caller runs one pass in the thread's place (any thread, once started). Returns
+  // whether the pass did work; false also when the thread or another driver is in a pass.
+  bool try_drive();
+  // Some descriptor of its rings is not finished yet (still in a ring, waiting, or on the wire):
+  // the thread has work to poll for. Any thread.
+  bool busy() const;
 
   size_t lanes() const { return lanes_.size(); }
   const RingLane& lane(size_t index) const { return *lanes_[index]; }
@@ -115,12 +138,12 @@ class ProxyThread {
   using Clock = std::chrono::steady_clock;
   struct Counters {
     std::atomic<uint64_t> descriptors{0}, posted{0}, completed{0}, remote{0}, backlogged{0},
-        sleeps{0}, passes{0};
+        sleeps{0}, passes{0}, driven{0};
   };
 
   void run();
   bool pass();
-  bool keep_awake() const;
+  bool keep_awake() const;  // with pass_lock_ held
   bool drain_completions();
   void on_local_completion(const fabric::Completion& completion);
   bool post_backlog();
@@ -148,9 +171,9 @@ class ProxyThread {
   const RegionTable& regions_;
   control::SignalRouter& router_;
   Health& health_;
-  const std::atomic<int>& waiters_;
-  WaitNotifier& notifier_;
+  WaiterSignals& signals_;
   gpu_side::Doorbell wake_;  // engine kicks: stop, waiters
+  std::mutex pass_lock_;     // held for every pass and health check (header comment)
 
   std::vector<std::unique_ptr<RingLane>> lanes_;
   CreditWindows credits_;

@@ -15,8 +15,9 @@
 // - The lane pops only while popped - retired < window, so the per-position entry table (and
 //   the tracker's window, the same size) never wraps onto an unfinished descriptor.
 //
-// Threading: the owning proxy thread does everything except retired(), reserved(),
-// popped_published() and outstanding(), which quiet waiters call from any thread:
+// Threading: the owning proxy thread (or a waiter driving it, under its pass lock:
+// proxy_thread.hpp) does everything except retired(), reserved(), popped_published() and
+// outstanding(), which quiet waiters call from any thread:
 // - retired(): the tracker's acquire load of its prefix (pairs with the proxy thread's seq_cst
 //   CAS in PrefixWindow), so a waiter that sees a position retired sees its completion handled.
 // - reserved(): acquire load of the ring's producer head (the producers' seq_cst fetch-add, or a

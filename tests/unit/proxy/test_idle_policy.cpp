@@ -1,4 +1,5 @@
-// Idle policy: spin, then yield, then sleep; work resets it; a waiter keeps it awake.
+// Idle policy: spin, then yield, then sleep; work resets it; a waiter keeps it awake; a driving
+// waiter sends it to sleep.
 #include "proxy/idle_policy.hpp"
 
 #include <doctest/doctest.h>
@@ -28,4 +29,11 @@ TEST_CASE("a waiter keeps the proxy at the yield stage") {
 TEST_CASE("zero spin and yield passes sleep at once") {
   IdlePolicy policy({.spin_passes = 0, .yield_passes = 0, .sleep_us = 100});
   CHECK(policy.after_pass(false, false) == Step::sleep);
+}
+
+TEST_CASE("a driving waiter sends an empty pass to sleep at once; work still spins") {
+  IdlePolicy policy({.spin_passes = 100, .yield_passes = 100, .sleep_us = 100});
+  CHECK(policy.after_pass(false, true, true) == Step::sleep);
+  CHECK(policy.after_pass(true, true, true) == Step::spin);
+  CHECK(policy.after_pass(false, true, false) == Step::spin);  // the driver left: spin again
 }
