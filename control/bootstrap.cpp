@@ -12,9 +12,9 @@ std::unique_ptr<Bootstrap> Bootstrap::connect(Options options) {
   return std::make_unique<TcpBootstrap>(std::move(options));
 }
 
-std::unique_ptr<Bootstrap> Bootstrap::from_environment(std::function<void()> progress) {
+Bootstrap::Options Bootstrap::options_for(LaunchEnv env) {
   Options options;
-  options.env = LaunchEnv::from_environment();
+  options.env = std::move(env);
   log::set_rank(options.env.rank);
   auto timeout_ms = params::bootstrap_timeout_ms.get();
   require(timeout_ms > 0, "bootstrap.env",
@@ -26,6 +26,11 @@ std::unique_ptr<Bootstrap> Bootstrap::from_environment(std::function<void()> pro
   auto credentials = JobCredentials::from_environment();
   options.job_id = std::move(credentials.job_id);
   options.secret = std::move(credentials.secret);
+  return options;
+}
+
+std::unique_ptr<Bootstrap> Bootstrap::from_environment(std::function<void()> progress) {
+  Options options = options_for(LaunchEnv::from_environment());
   options.progress = std::move(progress);
   return connect(std::move(options));
 }

@@ -58,6 +58,9 @@ class Bootstrap {
   // Options from the environment and the parameter registry (bootstrap.timeout_ms,
   // bootstrap.interface; the job id and secret as control/job_credentials.hpp reads them).
   static std::unique_ptr<Bootstrap> from_environment(std::function<void()> progress = {});
+  // What from_environment connects with, for a launch environment given by the caller (the
+  // Python module builds it from a torch.distributed group).
+  static Options options_for(LaunchEnv env);
 
   virtual ~Bootstrap() = default;
   virtual int rank() const = 0;

@@ -12,6 +12,9 @@ packages=(
   # The sanitizer builds (presets sanitize, tsan): Clang, its sanitizer and libFuzzer runtimes
   # (-fsanitize=fuzzer links libclang-rt-14-dev's), and llvm-symbolizer in PATH for the reports.
   clang-14 libclang-rt-14-dev llvm
+  # The Python packages (python/: proxyep, deep_ep) for /usr/bin/python3 and their tests:
+  # pybind11 and DLPack's header to build the module, torch and pytest to run the tests.
+  python3-dev pybind11-dev libdlpack-dev python3-torch python3-pytest
 )
 
 missing=()

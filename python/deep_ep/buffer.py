@@ -1,0 +1,468 @@
+"""deep_ep.Buffer: DeepEP V1's Buffer (docs/DEEPEP_COMPAT.md sections 1-2) over ProxyEP's native
+Buffer, with DeepEP's argument names, order, defaults and return tuples.
+
+CPU tensors only in this build. Streams do not exist on the CPU: ``previous_event`` is waited for
+before the call, ``async_finish`` returns an ``EventOverlap`` whose event is set when the work is
+complete (low-latency calls finish in the background; normal-mode calls finish before they
+return), ``allocate_on_comm_stream`` is checked as DeepEP checks it and otherwise has no effect.
+"""
+
+import torch
+
+import proxyep
+from proxyep import _proxyep
+from proxyep._tensors import FP8_DTYPE, tensor, view
+
+from .utils import EventHandle, EventOverlap
+
+# The dispatch/combine tables' rank counts (DeepEP asserts on others; ProxyEP's CPU backend does
+# not read the config, so config=None is fine for any rank count).
+_TABLE_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
+
+
+class _NormalHandle(tuple):
+    """DeepEP's normal-mode handle: the intranode 6-tuple (rank_prefix_matrix,
+    channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank,
+    send_head) on one node, the internode 10-tuple (is_token_in_rank at [0],
+    recv_gbl_rank_prefix_sum at [-4]) across nodes. ProxyEP has no channels: the channel
+    matrices describe one channel per rank. ``native`` is what combine and cached dispatch use."""
+
+    def __new__(cls, items, native):
+        obj = super().__new__(cls, items)
+        obj.native = native
+        return obj
+
+
+class _LowLatencyHandle(tuple):
+    """DeepEP's LL 5-tuple (src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden,
+    num_experts); ``native`` is what combine uses."""
+
+    def __new__(cls, items, native):
+        obj = super().__new__(cls, items)
+        obj.native = native
+        return obj
+
+
+def _event(async_finish, native=None, extra_tensors=None):
+    if not async_finish:
+        return EventOverlap(None)
+    return EventOverlap(EventHandle(native), extra_tensors)
+
+
+def _before_call(previous_event, async_finish, allocate_on_comm_stream):
+    if allocate_on_comm_stream:
+        assert previous_event is not None and async_finish, (
+            "allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)"
+        )
+    # An EventOverlap without an event orders nothing (DeepEP passes its .event, None here).
+    if previous_event is not None and previous_event.event is not None:
+        previous_event.current_stream_wait()
+
+
+def _small(t):
+    """Routing metadata ([tokens, top-k]) in the contiguous form the runtime reads; autograd
+    hands gradients of it in strided forms (an expanded sum). Row data is never copied. The
+    caller must hold the result for the call: a view does not keep its tensor alive."""
+    return t.contiguous() if isinstance(t, torch.Tensor) else t
+
+
+def _refuse(flag, what):
+    if flag:
+        raise proxyep.ProxyEPError(f"{what} is not supported by ProxyEP")
+
+
+class Buffer:
+    """The communication buffer of an expert-parallel group (DeepEP's deep_ep.Buffer)."""
+
+    #: Class-wide SM count of the default configs (DeepEP's Buffer.num_sms).
+    num_sms = 20
+
+    def __init__(
+        self,
+        group=None,
+        num_nvl_bytes=0,
+        num_rdma_bytes=0,
+        low_latency_mode=False,
+        num_qps_per_rank=24,
+        allow_nvlink_for_low_latency_mode=True,
+        allow_mnnvl=False,
+        use_fabric=False,
+        explicitly_destroy=False,
+        enable_shrink=False,
+        comm=None,
+        *,
+        ranks_per_node=None,
+    ):
+        """Collective over ``group`` (any torch.distributed group, gloo included; None = the
+        default group) or the mpi4py ``comm``. ``ranks_per_node`` overrides the node layout taken
+        from LOCAL_WORLD_SIZE (ProxyEP only)."""
+        for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        self.group = group
+        self.comm = comm
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = enable_shrink
+        self.allow_mnnvl = allow_mnnvl
+        self.use_fabric = use_fabric
+        self.runtime = None
+        rendezvous = proxyep.rendezvous(group, comm, ranks_per_node)
+        staging = num_rdma_bytes
+        if staging == 0 and not low_latency_mode and rendezvous.world_size > rendezvous.ranks_per_node:
+            # DeepEP's hints give no RDMA bytes up to 8 ranks (its nodes have 8 GPUs); ProxyEP's
+            # nodes are LOCAL_WORLD_SIZE ranks, and rows to other nodes need staging. Calls
+            # stream through it in chunks, so the NVL size (at least 1 MiB) is enough.
+            staging = max(num_nvl_bytes, 1 << 20)
+        self.runtime = _proxyep.Buffer(
+            rendezvous,
+            num_nvl_bytes,
+            staging,
+            low_latency_mode,
+            num_qps_per_rank,
+            allow_nvlink_for_low_latency_mode,
+            enable_shrink,
+            explicitly_destroy,
+        )
+        self.rank = self.runtime.rank
+        self.group_size = self.runtime.group_size
+        self.ranks_per_node = self.runtime.ranks_per_node
+        self.num_nodes = self.group_size // self.ranks_per_node
+        self._destroyed = False
+
+    # ---- lifecycle ----
+
+    def destroy(self):
+        """Collective; needs ``explicitly_destroy=True`` (as DeepEP). Every later call raises."""
+        assert self.explicitly_destroy, "`explicitly_destroy` flag must be set"
+        self.runtime.destroy()
+        self.runtime.close()
+        self._destroyed = True
+
+    def __del__(self):
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            runtime.close()
+
+    # ---- static helpers ----
+
+    @staticmethod
+    def set_num_sms(new_num_sms):
+        assert new_num_sms % 2 == 0, "The SM count must be even"
+        proxyep.set_num_sms(new_num_sms)
+        Buffer.num_sms = new_num_sms
+
+    @staticmethod
+    def capture():
+        return EventOverlap(EventHandle())
+
+    @staticmethod
+    def is_sm90_compiled():
+        return True
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):
+        return proxyep.get_low_latency_rdma_size_hint(
+            num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts
+        )
+
+    @staticmethod
+    def get_dispatch_config(num_ranks):
+        return proxyep.get_dispatch_config(num_ranks)
+
+    @staticmethod
+    def get_combine_config(num_ranks):
+        return proxyep.get_combine_config(num_ranks)
+
+    def get_comm_stream(self):
+        """No streams on the CPU: None."""
+        return None
+
+    def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
+        raise proxyep.ProxyEPError(
+            "get_local_buffer_tensor: ProxyEP's buffers are not exposed as tensors yet"
+        )
+
+    def stats(self):
+        """ProxyEP only: what this rank's calls moved (native BufferStats)."""
+        return self.runtime.stats()
+
+    # ---- normal mode ----
+
+    def get_dispatch_layout(
+        self, topk_idx, num_experts, previous_event=None, async_finish=False, allocate_on_comm_stream=False
+    ):
+        _before_call(previous_event, async_finish, allocate_on_comm_stream)
+        per_rank, per_rdma_rank, per_expert, in_rank = self.runtime.get_dispatch_layout(
+            view(topk_idx, "topk_idx"), num_experts
+        )
+        return (
+            tensor(per_rank),
+            tensor(per_rdma_rank),
+            tensor(per_expert),
+            tensor(in_rank, torch.bool),
+            _event(async_finish),
+        )
+
+    def _config(self, config, table):
+        if config is not None or self.group_size not in _TABLE_RANKS:
+            return config
+        return table(self.group_size)
+
+    def dispatch(
+        self,
+        x,
+        handle=None,
+        num_tokens_per_rank=None,
+        num_tokens_per_rdma_rank=None,
+        is_token_in_rank=None,
+        num_tokens_per_expert=None,
+        topk_idx=None,
+        topk_weights=None,
+        expert_alignment=1,
+        num_worst_tokens=0,
+        config=None,
+        previous_event=None,
+        async_finish=False,
+        allocate_on_comm_stream=False,
+    ):
+        _before_call(previous_event, async_finish, allocate_on_comm_stream)
+        fp8 = isinstance(x, tuple)
+        if fp8:
+            if len(x) != 2:
+                raise ValueError("an FP8 x must be the tuple (x_e4m3, x_scales)")
+            x_data, x_scales = x
+        else:
+            x_data, x_scales = x, None
+        if handle is not None and not isinstance(handle, _NormalHandle):
+            raise TypeError("handle must be the one a dispatch of this Buffer returned")
+        native_handle = handle.native if handle is not None else None
+        topk_idx, topk_weights = _small(topk_idx), _small(topk_weights)
+        recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle = self.runtime.dispatch(
+            view(x_data, "x", fp8=fp8),
+            view(x_scales, "x_scales"),
+            native_handle,
+            view(num_tokens_per_rank, "num_tokens_per_rank"),
+            view(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank"),
+            view(is_token_in_rank, "is_token_in_rank"),
+            view(num_tokens_per_expert, "num_tokens_per_expert"),
+            view(topk_idx, "topk_idx"),
+            view(topk_weights, "topk_weights"),
+            expert_alignment,
+            num_worst_tokens,
+            self._config(config, proxyep.get_dispatch_config),
+        )
+        recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
+        event = _event(async_finish)
+        if handle is not None:
+            return recv, None, None, None, None, event
+        return (
+            recv,
+            tensor(recv_idx),
+            tensor(recv_weights),
+            per_expert,
+            self._normal_handle(new_handle),
+            event,
+        )
+
+    def _normal_handle(self, native):
+        prefix = tensor(native.rank_prefix_matrix)  # [R, R] inclusive over sources
+        src_idx = tensor(native.recv_src_idx)
+        in_rank = tensor(native.is_token_in_rank, torch.bool)
+        send_head = tensor(native.send_head)
+        me = self.rank
+        # One channel per rank: what this rank sends to each, and where each source's rows begin.
+        sent = in_rank.sum(dim=0, dtype=torch.int32).view(-1, 1)
+        received = prefix[:, me].contiguous()
+        recv_begin = torch.cat([torch.zeros(1, dtype=torch.int32), received[:-1]]).view(-1, 1)
+        if self.num_nodes == 1:
+            items = (prefix, sent, recv_begin, src_idx, in_rank, send_head)
+        else:
+            items = (in_rank, None, sent, None, None, recv_begin, received, None, None, send_head)
+        return _NormalHandle(items, native)
+
+    def internode_dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,
+                           is_token_in_rank=None, num_tokens_per_expert=None, topk_idx=None,
+                           topk_weights=None, expert_alignment=1, config=None, previous_event=None,
+                           async_finish=False, allocate_on_comm_stream=False):
+        return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, 0, config,
+                             previous_event, async_finish, allocate_on_comm_stream)
+
+    def combine(
+        self,
+        x,
+        handle,
+        topk_weights=None,
+        bias=None,
+        config=None,
+        previous_event=None,
+        async_finish=False,
+        allocate_on_comm_stream=False,
+    ):
+        _before_call(previous_event, async_finish, allocate_on_comm_stream)
+        if not isinstance(handle, _NormalHandle):
+            raise TypeError("handle must be the one a dispatch of this Buffer returned")
+        if bias is None:
+            biases = (None, None)
+        elif isinstance(bias, torch.Tensor):
+            biases = (bias, None)
+        else:
+            biases = tuple(bias) + (None,) * (2 - len(bias))
+            if len(biases) != 2:
+                raise ValueError("bias must be None, a tensor or a tuple of at most two tensors")
+        topk_weights = _small(topk_weights)
+        combined, combined_weights = self.runtime.combine(
+            view(x, "x"),
+            handle.native,
+            view(topk_weights, "topk_weights"),
+            view(biases[0], "bias[0]"),
+            view(biases[1], "bias[1]"),
+            self._config(config, proxyep.get_combine_config),
+        )
+        return tensor(combined), tensor(combined_weights), _event(async_finish)
+
+    def internode_combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
+                          async_finish=False, allocate_on_comm_stream=False):
+        return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
+                            allocate_on_comm_stream)
+
+    # ---- low-latency mode ----
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank, hidden, num_experts):
+        self.runtime.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+
+    def low_latency_dispatch(
+        self,
+        x,
+        topk_idx,
+        num_max_dispatch_tokens_per_rank,
+        num_experts,
+        cumulative_local_expert_recv_stats=None,
+        dispatch_wait_recv_cost_stats=None,
+        use_fp8=True,
+        round_scale=False,
+        use_ue8m0=False,
+        async_finish=False,
+        return_recv_hook=False,
+        topk_weights=None,
+        x_global_scale=None,
+        use_nvfp4=False,
+        use_ue8m0_for_sf=False,
+    ):
+        """The last four are DeepEP branch arguments that SGLang and vLLM forward: accepted;
+        NVFP4 is refused."""
+        _refuse(use_nvfp4, "use_nvfp4 (NVFP4 dispatch)")
+        _refuse(x_global_scale is not None, "x_global_scale (NVFP4 dispatch)")
+        _refuse(use_ue8m0_for_sf, "use_ue8m0_for_sf (NVFP4 dispatch)")
+        recv_x, recv_scales, recv_count, native, event, hook = self.runtime.low_latency_dispatch(
+            view(x, "x"),
+            view(topk_idx, "topk_idx"),
+            num_max_dispatch_tokens_per_rank,
+            num_experts,
+            view(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats"),
+            view(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats"),
+            use_fp8,
+            round_scale,
+            use_ue8m0,
+            async_finish,
+            return_recv_hook,
+        )
+        local = num_experts // self.group_size
+        rows = self.group_size * num_max_dispatch_tokens_per_rank
+        packed = tensor(recv_x, FP8_DTYPE if use_fp8 else None).view(local, rows, -1)
+        if use_fp8:
+            scales = tensor(recv_scales)
+            words = scales.shape[0] // local
+            # [E_local, R*T, S], column-major in the last two dimensions (DeepEP's TMA layout).
+            scales = scales.as_strided((local, rows, words), (words * rows, 1, rows))
+            packed = (packed, scales)
+        src_info = tensor(native.src_info)
+        layout_range = tensor(native.layout_range)
+        handle = _LowLatencyHandle(
+            (src_info, layout_range, native.num_max_dispatch_tokens_per_rank, native.hidden, native.num_experts),
+            native,
+        )
+        return (
+            packed,
+            tensor(recv_count),
+            handle,
+            _event(async_finish, event, (x, topk_idx)),
+            self._hook(hook, (x, topk_idx)),
+        )
+
+    @staticmethod
+    def _hook(native_hook, keep_alive):
+        if native_hook is None:
+            return None
+
+        held = list(keep_alive)  # the inputs the background work reads, alive until it is done
+
+        def hook():
+            native_hook()
+            held.clear()
+
+        return hook
+
+    def low_latency_combine(
+        self,
+        x,
+        topk_idx,
+        topk_weights,
+        handle,
+        use_logfmt=False,
+        zero_copy=False,
+        async_finish=False,
+        return_recv_hook=False,
+        out=None,
+        combine_wait_recv_cost_stats=None,
+        overlap=False,
+        src_signals=None,
+        src_signal_expect_value=0,
+        packed_recv_count=None,
+        comp_signal=None,
+        block_m=64,
+        threshold=0,
+        num_sms=3,
+    ):
+        """The arguments after combine_wait_recv_cost_stats are DeepEP branch arguments (single-
+        batch overlap) that SGLang forwards: accepted; overlap=True is refused (it needs GPU
+        signals)."""
+        _refuse(overlap, "overlap=True (single-batch overlap)")
+        if not isinstance(handle, _LowLatencyHandle):
+            raise TypeError("handle must be the one a low_latency_dispatch of this Buffer returned")
+        topk_idx, topk_weights = _small(topk_idx), _small(topk_weights)
+        combined, event, hook = self.runtime.low_latency_combine(
+            None if zero_copy else view(x, "x"),
+            view(topk_idx, "topk_idx"),
+            view(topk_weights, "topk_weights"),
+            handle.native,
+            use_logfmt,
+            zero_copy,
+            async_finish,
+            return_recv_hook,
+            view(out, "out"),
+            view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"),
+        )
+        keep = (x, topk_idx, topk_weights, out)
+        combined_x = out if out is not None else tensor(combined)
+        return combined_x, _event(async_finish, event, keep), self._hook(hook, keep)
+
+    def get_next_low_latency_combine_buffer(self, handle):
+        if not isinstance(handle, _LowLatencyHandle):
+            raise TypeError("handle must be the one a low_latency_dispatch of this Buffer returned")
+        native = handle.native
+        local = native.num_experts // self.group_size
+        buffer = tensor(self.runtime.get_next_low_latency_combine_buffer(native))
+        return buffer.view(local, self.group_size * native.num_max_dispatch_tokens_per_rank, native.hidden)
+
+    def low_latency_update_mask_buffer(self, rank_to_mask, mask=False):
+        self.runtime.low_latency_update_mask_buffer(rank_to_mask, mask)
+
+    def low_latency_query_mask_buffer(self, mask_status):
+        self.runtime.low_latency_query_mask_buffer(view(mask_status, "mask_status"))
+
+    def low_latency_clean_mask_buffer(self):
+        self.runtime.low_latency_clean_mask_buffer()

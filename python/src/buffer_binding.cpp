@@ -1,0 +1,324 @@
+// proxyep::Buffer for Python: the collective constructor over a rendezvous the Python side set
+// up through its torch.distributed group, every call with torch tensor views in and DLPack
+// capsules out (tensor_bridge.hpp), the GIL released while the runtime works or waits.
+#include "bindings.hpp"
+#include "tensor_bridge.hpp"
+
+#include "common/crypto.hpp"
+#include "common/error.hpp"
+#include "control/bootstrap.hpp"
+#include "integrations/buffer.hpp"
+
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+
+namespace py = pybind11;
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::python {
+namespace {
+
+using GilRelease = py::gil_scoped_release;
+
+// What the Python side learnt from its group: where rank 0 of the group listens, this rank's
+// place, and the per-Buffer job id and secret that keep strangers out of the rendezvous.
+struct GroupRendezvous {
+  std::string master_addr;
+  int master_port = 0;
+  int rank = 0;
+  int world_size = 1;
+  int ranks_per_node = 1;
+  std::string job_id;
+  std::string secret;  // raw bytes
+};
+
+// A Buffer with the bootstrap it was made over (the Buffer must go first).
+class NativeBuffer {
+ public:
+  NativeBuffer(const GroupRendezvous& group, const BufferOptions& options) {
+    control::LaunchEnv env;
+    env.master_addr = group.master_addr;
+    env.master_port = group.master_port;
+    env.rank = group.rank;
+    env.world_size = group.world_size;
+    env.local_world_size = group.ranks_per_node;
+    env.local_rank = group.rank % group.ranks_per_node;
+    env.validate();
+    auto boot_options = control::Bootstrap::options_for(env);
+    boot_options.job_id = group.job_id;
+    if (!group.secret.empty()) {
+      const auto* bytes = reinterpret_cast<const uint8_t*>(group.secret.data());
+      boot_options.secret =
+          std::make_shared<const SecretBytes>(std::span<const uint8_t>(bytes, group.secret.size()));
+    }
+    boot_ = control::Bootstrap::connect(std::move(boot_options));
+    buffer_ = std::make_unique<Buffer>(*boot_, options);
+  }
+  ~NativeBuffer() { close(); }
+
+  Buffer& get() {
+    require(buffer_ != nullptr, "buffer", "the Buffer was destroyed");
+    return *buffer_;
+  }
+  // Frees the Buffer and the bootstrap (not collective; destroy() is).
+  void close() {
+    buffer_.reset();
+    boot_.reset();
+  }
+
+ private:
+  std::unique_ptr<control::Bootstrap> boot_;
+  std::unique_ptr<Buffer> buffer_;
+};
+
+py::tuple layout_tuple(const DispatchLayout& l) {
+  return py::make_tuple(capsule_of(l.num_tokens_per_rank), capsule_of(l.num_tokens_per_rdma_rank),
+                        capsule_of(l.num_tokens_per_expert), capsule_of(l.is_token_in_rank));
+}
+
+}  // namespace
+
+void bind_buffer(py::module_& m) {
+  py::class_<GroupRendezvous>(m, "GroupRendezvous")
+      .def(py::init<>())
+      .def_readwrite("master_addr", &GroupRendezvous::master_addr)
+      .def_readwrite("master_port", &GroupRendezvous::master_port)
+      .def_readwrite("rank", &GroupRendezvous::rank)
+      .def_readwrite("world_size", &GroupRendezvous::world_size)
+      .def_readwrite("ranks_per_node", &GroupRendezvous::ranks_per_node)
+      .def_readwrite("job_id", &GroupRendezvous::job_id)
+      .def_property(
+          "secret", [](const GroupRendezvous& g) { return py::bytes(g.secret); },
+          [](GroupRendezvous& g, const py::bytes& b) { g.secret = std::string(b); });
+
+  py::class_<BufferStats>(m, "BufferStats")
+      .def_readonly("calls", &BufferStats::calls)
+      .def_readonly("eager_streams", &BufferStats::eager_streams)
+      .def_readonly("chunks_sent", &BufferStats::chunks_sent)
+      .def_readonly("chunks_received", &BufferStats::chunks_received)
+      .def_readonly("credit_stalls", &BufferStats::credit_stalls)
+      .def_readonly("bytes_to_node", &BufferStats::bytes_to_node)
+      .def_readonly("bytes_to_fabric", &BufferStats::bytes_to_fabric)
+      .def_readonly("reordered_completions", &BufferStats::reordered_completions);
+
+  py::class_<DispatchHandle>(m, "DispatchHandle")
+      .def_property_readonly(
+          "rank_prefix_matrix",
+          [](const DispatchHandle& h) { return capsule_of(h.rank_prefix_matrix); })
+      .def_property_readonly("recv_src_idx",
+                             [](const DispatchHandle& h) { return capsule_of(h.recv_src_idx); })
+      .def_property_readonly("is_token_in_rank",
+                             [](const DispatchHandle& h) { return capsule_of(h.is_token_in_rank); })
+      .def_property_readonly("send_head",
+                             [](const DispatchHandle& h) { return capsule_of(h.send_head); })
+      .def_readonly("num_tokens", &DispatchHandle::num_tokens)
+      .def_readonly("num_recv_tokens", &DispatchHandle::num_recv_tokens)
+      .def_readonly("hidden", &DispatchHandle::hidden);
+
+  py::class_<LowLatencyHandle>(m, "LowLatencyHandle")
+      .def_property_readonly("src_info",
+                             [](const LowLatencyHandle& h) { return capsule_of(h.src_info); })
+      .def_property_readonly("layout_range",
+                             [](const LowLatencyHandle& h) { return capsule_of(h.layout_range); })
+      .def_readonly("num_max_dispatch_tokens_per_rank",
+                    &LowLatencyHandle::num_max_dispatch_tokens_per_rank)
+      .def_readonly("hidden", &LowLatencyHandle::hidden)
+      .def_readonly("num_experts", &LowLatencyHandle::num_experts);
+
+  // Both wait (or receive) with the GIL released; errors raise ProxyEPError.
+  py::class_<RecvHook>(m, "RecvHook")
+      .def(
+          "__call__", [](const RecvHook& hook) { hook(); }, py::call_guard<GilRelease>());
+  py::class_<CallEvent>(m, "CallEvent").def("wait", &CallEvent::wait, py::call_guard<GilRelease>());
+
+  py::class_<NativeBuffer>(m, "Buffer")
+      .def(py::init([](const GroupRendezvous& group, int64_t num_nvl_bytes, int64_t num_rdma_bytes,
+                       bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink,
+                       bool enable_shrink, bool explicitly_destroy) {
+             BufferOptions o;
+             o.num_nvl_bytes = num_nvl_bytes;
+             o.num_rdma_bytes = num_rdma_bytes;
+             o.low_latency_mode = low_latency_mode;
+             o.num_qps_per_rank = num_qps_per_rank;
+             o.allow_nvlink_for_low_latency_mode = allow_nvlink;
+             o.enable_shrink = enable_shrink;
+             o.explicitly_destroy = explicitly_destroy;
+             o.ranks_per_node = group.ranks_per_node;
+             GilRelease unlocked;  // collective: waits for every rank
+             return std::make_unique<NativeBuffer>(group, o);
+           }),
+           py::arg("group"), py::arg("num_nvl_bytes"), py::arg("num_rdma_bytes"),
+           py::arg("low_latency_mode"), py::arg("num_qps_per_rank"),
+           py::arg("allow_nvlink_for_low_latency_mode"), py::arg("enable_shrink"),
+           py::arg("explicitly_destroy"))
+      .def_property_readonly("rank", [](NativeBuffer& b) { return b.get().rank(); })
+      .def_property_readonly("group_size", [](NativeBuffer& b) { return b.get().group_size(); })
+      .def_property_readonly("ranks_per_node",
+                             [](NativeBuffer& b) { return b.get().ranks_per_node(); })
+      .def("stats", [](NativeBuffer& b) { return b.get().stats(); })
+      .def("close", &NativeBuffer::close, py::call_guard<GilRelease>())
+      .def(
+          "destroy", [](NativeBuffer& b) { b.get().destroy(); }, py::call_guard<GilRelease>())
+      .def(
+          "get_dispatch_layout",
+          [](NativeBuffer& b, const py::object& topk_idx, int num_experts) {
+            const ep::TensorRef idx = view_of(topk_idx, "topk_idx");
+            DispatchLayout layout;
+            {
+              GilRelease unlocked;
+              layout = b.get().get_dispatch_layout(idx, num_experts);
+            }
+            return layout_tuple(layout);
+          },
+          py::arg("topk_idx"), py::arg("num_experts"))
+      .def(
+          "dispatch",
+          [](NativeBuffer& b, const py::object& x, const py::object& x_scales,
+             const DispatchHandle* handle, const py::object& num_tokens_per_rank,
+             const py::object& num_tokens_per_rdma_rank, const py::object& is_token_in_rank,
+             const py::object& num_tokens_per_expert, const py::object& topk_idx,
+             const py::object& topk_weights, int expert_alignment, int num_worst_tokens,
+             std::optional<Config> config) {
+            DispatchArgs a;
+            a.x = view_of(x, "x");
+            a.x_scales = view_of(x_scales, "x_scales");
+            a.handle = handle;
+            a.num_tokens_per_rank = view_of(num_tokens_per_rank, "num_tokens_per_rank");
+            a.num_tokens_per_rdma_rank =
+                view_of(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank");
+            a.is_token_in_rank = view_of(is_token_in_rank, "is_token_in_rank");
+            a.num_tokens_per_expert = view_of(num_tokens_per_expert, "num_tokens_per_expert");
+            a.topk_idx = view_of(topk_idx, "topk_idx");
+            a.topk_weights = view_of(topk_weights, "topk_weights");
+            a.expert_alignment = expert_alignment;
+            a.num_worst_tokens = num_worst_tokens;
+            a.config = config;
+            DispatchResult r;
+            {
+              GilRelease unlocked;
+              r = b.get().dispatch(a);
+            }
+            return py::make_tuple(capsule_of(r.recv_x), capsule_of(r.recv_x_scales),
+                                  capsule_of(r.recv_topk_idx), capsule_of(r.recv_topk_weights),
+                                  py::cast(r.num_recv_tokens_per_expert),
+                                  py::cast(std::move(r.handle)));
+          },
+          py::arg("x"), py::arg("x_scales"), py::arg("handle"), py::arg("num_tokens_per_rank"),
+          py::arg("num_tokens_per_rdma_rank"), py::arg("is_token_in_rank"),
+          py::arg("num_tokens_per_expert"), py::arg("topk_idx"), py::arg("topk_weights"),
+          py::arg("expert_alignment"), py::arg("num_worst_tokens"), py::arg("config"))
+      .def(
+          "combine",
+          [](NativeBuffer& b, const py::object& x, const DispatchHandle& handle,
+             const py::object& topk_weights, const py::object& bias0, const py::object& bias1,
+             std::optional<Config> config) {
+            CombineArgs a;
+            a.x = view_of(x, "x");
+            a.handle = &handle;
+            a.topk_weights = view_of(topk_weights, "topk_weights");
+            a.bias0 = view_of(bias0, "bias[0]");
+            a.bias1 = view_of(bias1, "bias[1]");
+            a.config = config;
+            CombineResult r;
+            {
+              GilRelease unlocked;
+              r = b.get().combine(a);
+            }
+            return py::make_tuple(capsule_of(r.combined_x), capsule_of(r.combined_topk_weights));
+          },
+          py::arg("x"), py::arg("handle"), py::arg("topk_weights"), py::arg("bias0"),
+          py::arg("bias1"), py::arg("config"))
+      .def(
+          "clean_low_latency_buffer",
+          [](NativeBuffer& b, int tokens, int hidden, int experts) {
+            b.get().clean_low_latency_buffer(tokens, hidden, experts);
+          },
+          py::call_guard<GilRelease>(), py::arg("num_max_dispatch_tokens_per_rank"),
+          py::arg("hidden"), py::arg("num_experts"))
+      .def(
+          "low_latency_dispatch",
+          [](NativeBuffer& b, const py::object& x, const py::object& topk_idx, int tokens,
+             int experts, const py::object& recv_stats, const py::object& wait_stats, bool use_fp8,
+             bool round_scale, bool use_ue8m0, bool async_finish, bool return_recv_hook) {
+            LowLatencyDispatchArgs a;
+            a.x = view_of(x, "x");
+            a.topk_idx = view_of(topk_idx, "topk_idx");
+            a.num_max_dispatch_tokens_per_rank = tokens;
+            a.num_experts = experts;
+            a.cumulative_local_expert_recv_stats =
+                view_of(recv_stats, "cumulative_local_expert_recv_stats");
+            a.dispatch_wait_recv_cost_stats = view_of(wait_stats, "dispatch_wait_recv_cost_stats");
+            a.use_fp8 = use_fp8;
+            a.round_scale = round_scale;
+            a.use_ue8m0 = use_ue8m0;
+            a.async_finish = async_finish;
+            a.return_recv_hook = return_recv_hook;
+            LowLatencyDispatchResult r;
+            {
+              GilRelease unlocked;
+              r = b.get().low_latency_dispatch(a);
+            }
+            py::object event = r.event.defined() ? py::cast(r.event) : py::none();
+            py::object hook = r.hook.defined() ? py::cast(r.hook) : py::none();
+            return py::make_tuple(capsule_of(r.recv_x), capsule_of(r.recv_x_scales),
+                                  capsule_of(r.recv_count), py::cast(std::move(r.handle)), event,
+                                  hook);
+          },
+          py::arg("x"), py::arg("topk_idx"), py::arg("num_max_dispatch_tokens_per_rank"),
+          py::arg("num_experts"), py::arg("cumulative_local_expert_recv_stats"),
+          py::arg("dispatch_wait_recv_cost_stats"), py::arg("use_fp8"), py::arg("round_scale"),
+          py::arg("use_ue8m0"), py::arg("async_finish"), py::arg("return_recv_hook"))
+      .def(
+          "low_latency_combine",
+          [](NativeBuffer& b, const py::object& x, const py::object& topk_idx,
+             const py::object& topk_weights, const LowLatencyHandle& handle, bool use_logfmt,
+             bool zero_copy, bool async_finish, bool return_recv_hook, const py::object& out,
+             const py::object& wait_stats) {
+            LowLatencyCombineArgs a;
+            a.x = view_of(x, "x");
+            a.topk_idx = view_of(topk_idx, "topk_idx");
+            a.topk_weights = view_of(topk_weights, "topk_weights");
+            a.handle = &handle;
+            a.use_logfmt = use_logfmt;
+            a.zero_copy = zero_copy;
+            a.async_finish = async_finish;
+            a.return_recv_hook = return_recv_hook;
+            a.out = view_of(out, "out");
+            a.combine_wait_recv_cost_stats = view_of(wait_stats, "combine_wait_recv_cost_stats");
+            LowLatencyCombineResult r;
+            {
+              GilRelease unlocked;
+              r = b.get().low_latency_combine(a);
+            }
+            py::object event = r.event.defined() ? py::cast(r.event) : py::none();
+            py::object hook = r.hook.defined() ? py::cast(r.hook) : py::none();
+            return py::make_tuple(capsule_of(r.combined_x), event, hook);
+          },
+          py::arg("x"), py::arg("topk_idx"), py::arg("topk_weights"), py::arg("handle"),
+          py::arg("use_logfmt"), py::arg("zero_copy"), py::arg("async_finish"),
+          py::arg("return_recv_hook"), py::arg("out"), py::arg("combine_wait_recv_cost_stats"))
+      .def(
+          "get_next_low_latency_combine_buffer",
+          [](NativeBuffer& b, const LowLatencyHandle& handle) {
+            return capsule_of(b.get().get_next_low_latency_combine_buffer(handle));
+          },
+          py::arg("handle"))
+      .def(
+          "low_latency_update_mask_buffer",
+          [](NativeBuffer& b, int rank, bool mask) {
+            b.get().low_latency_update_mask_buffer(rank, mask);
+          },
+          py::arg("rank_to_mask"), py::arg("mask") = false)
+      .def(
+          "low_latency_query_mask_buffer",
+          [](NativeBuffer& b, const py::object& out) {
+            b.get().low_latency_query_mask_buffer(view_of(out, "mask_status"));
+          },
+          py::arg("mask_status"))
+      .def("low_latency_clean_mask_buffer",
+           [](NativeBuffer& b) { b.get().low_latency_clean_mask_buffer(); });
+}
+
+}  // namespace proxyep::python

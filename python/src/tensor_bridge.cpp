@@ -1,0 +1,111 @@
+#include "tensor_bridge.hpp"
+
+#include "common/error.hpp"
+
+#include <dlpack/dlpack.h>
+
+#include <string>
+
+namespace py = pybind11;
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::python {
+namespace {
+
+constexpr const char* kPhase = "python";
+
+ep::DType dtype_named(const std::string& name, std::string_view tensor) {
+  if (name == "bf16") return ep::DType::bf16;
+  if (name == "fp8_e4m3") return ep::DType::fp8_e4m3;
+  if (name == "f32") return ep::DType::f32;
+  if (name == "i32") return ep::DType::i32;
+  if (name == "i64") return ep::DType::i64;
+  if (name == "bool") return ep::DType::boolean;
+  if (name == "u8") return ep::DType::u8;
+  fail(kPhase, "{}: unsupported dtype {}", tensor, name);
+}
+
+DLDataType dl_type(ep::DType dtype) {
+  switch (dtype) {
+    case ep::DType::bf16:
+      return {kDLBfloat, 16, 1};
+    case ep::DType::f32:
+      return {kDLFloat, 32, 1};
+    case ep::DType::i32:
+      return {kDLInt, 32, 1};
+    case ep::DType::i64:
+      return {kDLInt, 64, 1};
+    case ep::DType::fp8_e4m3:
+    case ep::DType::boolean:
+    case ep::DType::u8:
+      return {kDLUInt, 8, 1};
+  }
+  return {kDLUInt, 8, 1};
+}
+
+// What a capsule's DLManagedTensor owns: a handle on the storage, and the shape it describes.
+struct Managed {
+  ep::Tensor tensor;
+  int64_t shape[2] = {0, 0};
+  DLManagedTensor dl{};
+};
+
+void delete_managed(DLManagedTensor* dl) {
+  delete static_cast<Managed*>(dl->manager_ctx);
+}
+
+// A capsule torch never consumed (renamed "used_dltensor" when it does) frees its tensor here.
+void delete_unconsumed(PyObject* capsule) {
+  if (PyCapsule_IsValid(capsule, "dltensor") == 0) return;
+  auto* dl = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (dl != nullptr && dl->deleter != nullptr) dl->deleter(dl);
+}
+
+}  // namespace
+
+ep::TensorRef view_of(const py::handle& spec, std::string_view name) {
+  if (spec.is_none()) return {};
+  auto t = spec.cast<py::tuple>();
+  require(t.size() == 4, kPhase, "{}: malformed tensor view", name);
+  const auto data = reinterpret_cast<const void*>(t[0].cast<uintptr_t>());
+  const ep::DType dtype = dtype_named(t[1].cast<std::string>(), name);
+  auto shape = t[2].cast<py::tuple>();
+  auto strides = t[3].cast<py::tuple>();
+  if (shape.size() == 1) {
+    const auto n = shape[0].cast<int64_t>();
+    require(n <= 1 || strides[0].cast<int64_t>() == 1, kPhase,
+            "{} must be contiguous (a 1-D tensor with stride {})", name,
+            strides[0].cast<int64_t>());
+    return ep::TensorRef::vector(data, dtype, n);
+  }
+  require(shape.size() == 2, kPhase, "{} must have 1 or 2 dimensions here; got {}", name,
+          shape.size());
+  return ep::TensorRef::strided(data, dtype, shape[0].cast<int64_t>(), shape[1].cast<int64_t>(),
+                                strides[0].cast<int64_t>(), strides[1].cast<int64_t>());
+}
+
+py::object capsule_of(const ep::Tensor& tensor) {
+  if (!tensor.defined()) return py::none();
+  auto* m = new Managed;
+  m->tensor = tensor;
+  m->shape[0] = tensor.rows();
+  m->shape[1] = tensor.cols();
+  DLTensor& t = m->dl.dl_tensor;
+  t.data = const_cast<std::byte*>(m->tensor.raw());
+  t.device = {kDLCPU, 0};
+  t.ndim = tensor.dims();
+  t.dtype = dl_type(tensor.dtype());
+  t.shape = m->shape;
+  t.strides = nullptr;  // compact, row-major
+  t.byte_offset = 0;
+  m->dl.manager_ctx = m;
+  m->dl.deleter = delete_managed;
+  PyObject* capsule = PyCapsule_New(&m->dl, "dltensor", delete_unconsumed);
+  if (capsule == nullptr) {
+    delete m;
+    throw py::error_already_set();
+  }
+  return py::reinterpret_steal<py::object>(capsule);
+}
+
+}  // namespace proxyep::python

@@ -1,0 +1,26 @@
+// Tensors across the Python boundary, without copies.
+//
+// In: proxyep/_tensors.py turns a torch tensor into a view spec, the tuple
+// (data_ptr, dtype name, shape, strides) with strides in elements, or None; view_of() makes a
+// TensorRef over the same memory (1-D or 2-D: the Python side flattens leading dimensions first).
+// The torch tensor must stay alive for the call, which the Python caller guarantees by holding it.
+//
+// Out: capsule_of() hands a runtime Tensor to torch as a DLPack capsule ("dltensor") whose
+// manager keeps the Tensor's storage alive until torch frees the tensor, so outputs are torch
+// tensors over the memory the runtime filled. DLPack in torch 1.13 has no bool and no FP8: bool
+// and e4m3 tensors travel as uint8 and the Python side views them back (bool) or keeps uint8
+// (e4m3 bytes, documented).
+#pragma once
+
+#include "gpu_side/ep/tensor.hpp"
+
+#include <pybind11/pybind11.h>
+
+#include <string_view>
+
+namespace proxyep::python {
+
+gpu_side::ep::TensorRef view_of(const pybind11::handle& spec, std::string_view name);
+pybind11::object capsule_of(const gpu_side::ep::Tensor& tensor);
+
+}  // namespace proxyep::python
