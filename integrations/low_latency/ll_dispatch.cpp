@@ -51,7 +51,7 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   }
 
   const int64_t rows = static_cast<int64_t>(R) * shape.tokens;  // per local expert
-  Outputs& pool = outputs_[calls_.calls() % 2];
+  Outputs& pool = outputs_[dispatches_++ % 2];
   st.recv_x = output(pool.recv_x, format.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * rows,
                      shape.hidden);
   if (format.fp8)

@@ -116,6 +116,11 @@ class LowLatencyMode {
     gpu_side::ep::Tensor recv_x, recv_x_scales, recv_count, src_info, layout_range, combined;
   };
   Outputs outputs_[2];
+  // Which of them the next call of each kind fills. Counted per kind, so that a caller who keeps
+  // the previous call's outputs (DeepEP's double buffering: dispatch of micro-batch 1 held while
+  // micro-batch 2 dispatches) always leaves the other one free. (By the sequence's call count,
+  // every dispatch of a dispatch/combine loop landed on the same one.)
+  uint64_t dispatches_ = 0, combines_ = 0;
   // `pooled` if only the pool holds it and its form fits, else a new tensor (kept in the pool).
   gpu_side::ep::Tensor output(gpu_side::ep::Tensor& pooled, gpu_side::ep::DType dtype, int64_t rows,
                               int64_t cols);

@@ -24,8 +24,9 @@ class _NormalHandle(tuple):
     """DeepEP's normal-mode handle: the intranode 6-tuple (rank_prefix_matrix,
     channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank,
     send_head) on one node, the internode 10-tuple (is_token_in_rank at [0],
-    recv_gbl_rank_prefix_sum at [-4]) across nodes. ProxyEP has no channels: the channel
-    matrices describe one channel per rank. ``native`` is what combine and cached dispatch use."""
+    recv_gbl_rank_prefix_sum at [-4], send head at [-1]) across nodes. ProxyEP has no channels
+    and no forwarders: those entries are None. ``native`` is what combine and cached dispatch
+    use."""
 
     def __new__(cls, items, native):
         obj = super().__new__(cls, items)
@@ -268,19 +269,13 @@ class Buffer:
         )
 
     def _normal_handle(self, native):
-        prefix = tensor(native.rank_prefix_matrix)  # [R, R] inclusive over sources
-        src_idx = tensor(native.recv_src_idx)
+        prefix = tensor(native.rank_prefix_matrix)  # [R, R]: inclusive prefix over source ranks
         in_rank = tensor(native.is_token_in_rank, torch.bool)
-        send_head = tensor(native.send_head)
-        me = self.rank
-        # One channel per rank: what this rank sends to each, and where each source's rows begin.
-        sent = in_rank.sum(dim=0, dtype=torch.int32).view(-1, 1)
-        received = prefix[:, me].contiguous()
-        recv_begin = torch.cat([torch.zeros(1, dtype=torch.int32), received[:-1]]).view(-1, 1)
+        src_idx, send_head = tensor(native.recv_src_idx), tensor(native.send_head)
         if self.num_nodes == 1:
-            items = (prefix, sent, recv_begin, src_idx, in_rank, send_head)
-        else:
-            items = (in_rank, None, sent, None, None, recv_begin, received, None, None, send_head)
+            items = (prefix, None, None, src_idx, in_rank, send_head)
+        else:  # [-4]: rows received from ranks 0..s, inclusive (recv_gbl_rank_prefix_sum)
+            items = (in_rank, None, None, None, None, None, prefix[:, self.rank], None, None, send_head)
         return _NormalHandle(items, native)
 
     def internode_dispatch(self, x, handle=None, num_tokens_per_rank=None, num_tokens_per_rdma_rank=None,

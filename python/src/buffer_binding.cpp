@@ -62,6 +62,12 @@ class NativeBuffer {
     require(buffer_ != nullptr, "buffer", "the Buffer was destroyed");
     return *buffer_;
   }
+  // Collective over the Buffer's bootstrap: what the C++ benches time from, so that
+  // python3 -m proxyep.bench compares like with like (a gloo barrier releases ranks less evenly).
+  void barrier() {
+    require(boot_ != nullptr, "buffer", "the Buffer was destroyed");
+    boot_->barrier("python(barrier)");
+  }
   // Frees the Buffer and the bootstrap (not collective; destroy() is).
   void close() {
     buffer_.reset();
@@ -159,6 +165,7 @@ void bind_buffer(py::module_& m) {
                              [](NativeBuffer& b) { return b.get().ranks_per_node(); })
       .def("stats", [](NativeBuffer& b) { return b.get().stats(); })
       .def("close", &NativeBuffer::close, py::call_guard<GilRelease>())
+      .def("barrier", &NativeBuffer::barrier, py::call_guard<GilRelease>())
       .def(
           "destroy", [](NativeBuffer& b) { b.get().destroy(); }, py::call_guard<GilRelease>())
       .def(

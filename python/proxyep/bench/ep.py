@@ -1,0 +1,57 @@
+"""``python3 -m proxyep.bench ep``: normal-mode dispatch + combine through deep_ep.Buffer."""
+
+import torch
+import torch.distributed as dist
+
+import deep_ep
+import proxyep
+
+from .harness import calc_diff, timed_pair
+from .workloads import GlooRows, inputs
+
+
+def body(args):
+    rank, R = dist.get_rank(), dist.get_world_size()
+    x, topk_idx, topk_weights = inputs(args, rank)
+    per_node = args.ranks_per_node or R
+    nvl = proxyep.nvl_bytes_hint(args.tokens, args.hidden * 2, args.topk, R)
+    rdma = proxyep.rdma_bytes_hint(args.tokens, args.hidden * 2, args.topk, R, per_node) if per_node < R else 0
+    buffer = deep_ep.Buffer(dist.group.WORLD, nvl, rdma)
+    state = {}
+    # The routing is the same every iteration: its layout is computed once, as the C++ bench does.
+    per_rank, per_rdma, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, args.experts)
+
+    def dispatch():
+        state["d"] = buffer.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma,
+                                     is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                                     topk_idx=topk_idx, topk_weights=topk_weights)
+
+    def combine():
+        state["c"] = buffer.combine(state["d"][0], state["d"][4])
+
+    gloo = GlooRows(topk_idx, args.experts, R)
+
+    def gloo_dispatch():
+        state["gd"] = gloo.dispatch(x)
+
+    def gloo_combine():
+        state["gc"] = gloo.combine(state["gd"], args.tokens)
+
+    result = {}
+    for name, d, c in (("proxyep", dispatch, combine), ("gloo", gloo_dispatch, gloo_combine)):
+        if name == "gloo" and args.baseline != "gloo":
+            continue
+        d()
+        # Both timed from the bootstrap barrier the C++ benches use (same release skew).
+        result[name] = timed_pair(d, c, args.warmup, args.iters, buffer.runtime.barrier)
+    # Verified: each token comes back as x times the number of ranks it went to, on both paths.
+    dest = state["d"][4][4 if buffer.num_nodes == 1 else 0].sum(dim=1, keepdim=True).clamp(min=1)
+    diffs = [calc_diff(state["c"][0].float() / dest, x.float())]
+    if "gc" in state:
+        diffs.append(calc_diff(state["gc"].float() / dest, x.float()))
+    ok = torch.tensor([max(diffs) < 1e-5], dtype=torch.int32)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    result["verified"] = bool(ok.item())
+    buffer_bytes = {"num_nvl_bytes": nvl, "num_rdma_bytes": rdma}
+    result.update(buffer_bytes)
+    return result

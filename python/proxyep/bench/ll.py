@@ -1,0 +1,82 @@
+"""``python3 -m proxyep.bench ll``: low-latency dispatch + combine through deep_ep.Buffer."""
+
+import torch
+import torch.distributed as dist
+
+import deep_ep
+
+from .harness import calc_diff, timed_pair
+from .workloads import GlooMessages, ll_inputs
+
+
+def _dequantised(recv, fp8):
+    if not fp8:
+        return recv
+    from proxyep import FP8_DTYPE
+
+    data, scales = recv
+    table = _e4m3_values()
+    codes = data.view(torch.uint8) if FP8_DTYPE is not None and data.dtype == FP8_DTYPE else data
+    local, rows, hidden = data.shape
+    values = table[codes.long()].view(local, rows, hidden // 128, 128) * scales.unsqueeze(-1)
+    return values.view(local, rows, hidden).to(torch.bfloat16)
+
+
+def _e4m3_values():
+    out = []
+    for code in range(256):
+        sign = -1.0 if code & 0x80 else 1.0
+        exp, man = (code >> 3) & 0xF, code & 7
+        if exp == 0xF and man == 7:
+            out.append(0.0)
+        elif exp == 0:
+            out.append(sign * man / 8.0 * 2.0**-6)
+        else:
+            out.append(sign * (1 + man / 8.0) * 2.0 ** (exp - 7))
+    return torch.tensor(out)
+
+
+def body(args):
+    rank, R = dist.get_rank(), dist.get_world_size()
+    x, topk_idx, topk_weights = ll_inputs(args, rank)
+    fp8 = not args.bf16
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(args.tokens, args.hidden, R, args.experts)
+    buffer = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True,
+                            num_qps_per_rank=args.experts // R)
+    state = {}
+
+    def dispatch():
+        state["d"] = buffer.low_latency_dispatch(x, topk_idx, args.tokens, args.experts, use_fp8=fp8)
+
+    dispatch()
+    expert_out = _dequantised(state["d"][0], fp8)  # untimed, as the C++ bench
+
+    def combine():
+        state["c"] = buffer.low_latency_combine(expert_out, topk_idx, topk_weights, state["d"][2])
+
+    gloo = GlooMessages(topk_idx, args.experts, R)
+
+    def gloo_dispatch():
+        state["gd"] = gloo.dispatch(x)
+
+    def gloo_combine():
+        state["gc"] = gloo.combine(state["gd"], topk_weights)
+
+    result = {}
+    for name, d, c in (("proxyep", dispatch, combine), ("gloo", gloo_dispatch, gloo_combine)):
+        if name == "gloo" and args.baseline != "gloo":
+            continue
+        d()
+        # Both timed from the bootstrap barrier the C++ benches use (same release skew).
+        result[name] = timed_pair(d, c, args.warmup, args.iters, buffer.runtime.barrier)
+    dispatch()
+    combine()
+    reference = x.float() * (topk_weights * (topk_idx >= 0)).sum(dim=1, keepdim=True)
+    diffs = [calc_diff(state["c"][0].float(), reference)]
+    if "gc" in state:
+        diffs.append(calc_diff(state["gc"].float(), reference))
+    ok = torch.tensor([max(diffs) < (9e-4 if fp8 else 1e-5)], dtype=torch.int32)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    result["verified"] = bool(ok.item())
+    result["num_rdma_bytes"] = hint
+    return result
