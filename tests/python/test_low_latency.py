@@ -210,3 +210,33 @@ def test_bad_input_is_refused_before_sending_and_the_buffer_stays_usable(buffer)
     combined, _, _ = buffer.low_latency_combine(recv, topk_idx, weights, handle)
     reference = x.float() * (weights * (topk_idx >= 0).float()).sum(dim=1, keepdim=True)
     assert calc_diff(combined.float(), reference) < 1e-5
+
+
+def test_rank_mask_calls():
+    rank, R = dist.get_rank(), dist.get_world_size()
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T, H, R, E)
+    plain = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True)
+    with pytest.raises(deep_ep.ProxyEPError, match="enable_shrink"):
+        plain.low_latency_query_mask_buffer(torch.zeros(R, dtype=torch.int32))
+    del plain
+    buffer = deep_ep.Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, enable_shrink=True)
+    status = torch.full((R,), 7, dtype=torch.int32)
+    buffer.low_latency_query_mask_buffer(status)
+    assert status.tolist() == [0] * R
+    other = (rank + 1) % R
+    buffer.low_latency_update_mask_buffer(other, True)
+    buffer.low_latency_query_mask_buffer(status)
+    assert status.tolist() == [1 if r == other else 0 for r in range(R)]
+    with pytest.raises(deep_ep.ProxyEPError, match="itself"):
+        buffer.low_latency_update_mask_buffer(rank, True)
+    buffer.low_latency_clean_mask_buffer()
+    buffer.low_latency_query_mask_buffer(status)
+    assert status.tolist() == [0] * R
+    # Every rank unmasked again: calls work.
+    x = make_x(rank)
+    topk_idx, weights = make_routing(rank, seed=7)
+    buffer.clean_low_latency_buffer(T, H, E)
+    recv, count, handle, _, _ = buffer.low_latency_dispatch(x, topk_idx, T, E, use_fp8=False)
+    combined, _, _ = buffer.low_latency_combine(recv, topk_idx, weights, handle)
+    reference = x.float() * (weights * (topk_idx >= 0).float()).sum(dim=1, keepdim=True)
+    assert calc_diff(combined.float(), reference) < 1e-5
