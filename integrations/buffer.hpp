@@ -175,7 +175,9 @@ class Buffer {
   // bf16 [E_local * R*T, H]: where a zero_copy combine of `handle` reads its expert outputs.
   Tensor get_next_low_latency_combine_buffer(const LowLatencyHandle& handle);
   // Rank masking (enable_shrink): mask (or unmask) a rank by hand; read the mask into an i32 [R]
-  // tensor (1 = masked); unmask every rank.
+  // tensor (1 = masked); unmask every rank. Masks are local. What a masked rank sends is dropped,
+  // so after unmasking a rank on every rank, synchronise them (a barrier of the caller's) before
+  // the next call: a record that rank sent to a rank still masking it would be lost.
   void low_latency_update_mask_buffer(int rank_to_mask, bool mask = false);
   void low_latency_query_mask_buffer(const TensorRef& mask_status);
   void low_latency_clean_mask_buffer();

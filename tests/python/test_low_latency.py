@@ -232,6 +232,10 @@ def test_rank_mask_calls():
     buffer.low_latency_clean_mask_buffer()
     buffer.low_latency_query_mask_buffer(status)
     assert status.tolist() == [0] * R
+    # Masks are local and a masked rank's records are dropped: every rank unmasks before any
+    # sends again (without this barrier a fast rank's next record could reach a rank that still
+    # masks it, and be lost: seen once in CI).
+    dist.barrier()
     # Every rank unmasked again: calls work.
     x = make_x(rank)
     topk_idx, weights = make_routing(rank, seed=7)
