@@ -143,8 +143,8 @@ Param<int64_t> proxy_wait_spin_us{"proxy.wait_spin_us", -1, in_range(-1, 1000000
 Param<int64_t> proxy_wait_drive_us{"proxy.wait_drive_us", -1, in_range(-1, 1000000),
     "a thread waiting on the proxy engine first runs the proxy threads' passes itself this long "
     "(they sleep meanwhile): no wake-up of a sleeping proxy, no hand-off back to the waiter; 0 = "
-    "never; -1 = 2000 where every rail reaches other hosts (FI_REMOTE_COMM), 0 on shared-memory "
-    "transports, whose progress calls may block on a dead peer"};
+    "never; -1 = 2000, except 0 on shared-memory transports (shm), whose progress calls may block "
+    "on a dead peer"};
 Param<int64_t> ep_timeout_ms{"ep.timeout_ms", 100000, in_range(1, kDayMs),
     "a Buffer call (dispatch, combine, construction) waits this long for its peers before it "
     "fails naming the ranks that did not arrive (DeepEP's CPU timeout is 100 s)"};

@@ -36,10 +36,9 @@ struct Capabilities {
   bool mr_local = false;         // FI_MR_LOCAL: every operation must pass a local descriptor
   bool hmem = false;             // FI_HMEM: device (CUDA) memory can be registered
   bool manual_progress = false;  // FI_PROGRESS_MANUAL: the target must poll for data to move
-  // FI_REMOTE_COMM (asked for: a secondary capability): reaches peers on other hosts. A
-  // transport without it (shm) works through memory shared with its peers, where a dead peer can
-  // hold a lock that progress calls spin on.
-  bool remote_comm = false;
+  // The provider moves data through memory shared with its peers (libfabric's shm), where a
+  // dead peer can hold a lock that progress calls spin on.
+  bool shared_memory = false;
 
   nlohmann::json to_json() const;
 };

@@ -25,10 +25,11 @@ constexpr std::chrono::microseconds kMaxNap{1000};
 // trip, short enough that a waiter for a slow peer soon lets the proxy threads take over.
 constexpr std::chrono::microseconds kAutoWaitDrive{2000};
 
-// Waiters drive only transports whose progress calls cannot block on a peer (capabilities.hpp).
-bool every_rail_reaches_other_hosts(fabric::Fabric& fabric) {
+// Waiters drive only transports whose progress calls cannot block on a peer: none that works
+// through memory shared with its peers (capabilities.hpp).
+bool no_rail_shares_memory(fabric::Fabric& fabric) {
   for (int r = 0; r < fabric.num_rails(); ++r)
-    if (!fabric.rail(r).capabilities().remote_comm) return false;
+    if (fabric.rail(r).capabilities().shared_memory) return false;
   return true;
 }
 
@@ -145,7 +146,7 @@ ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::S
   }
   if (options_.wait_drive.count() < 0)
     options_.wait_drive =
-        every_rail_reaches_other_hosts(fabric_) ? kAutoWaitDrive : std::chrono::microseconds(0);
+        no_rail_shares_memory(fabric_) ? kAutoWaitDrive : std::chrono::microseconds(0);
 }
 
 ProxyEngine::~ProxyEngine() {

@@ -34,7 +34,7 @@
 // thread stuck inside a provider call (holding it) never traps a waiter, which fails at its
 // deadline as before. A driver could itself be the one that enters such a call; that hazard is
 // a provider that blocks on memory shared with a peer (shm and a dead peer holding its lock), so
-// by default (-1) only transports that reach other hosts (FI_REMOTE_COMM) are driven.
+// by default (-1) transports that share memory with their peers are never driven.
 //
 // Concurrency: quiet(), wait_until(), wait_flag(), health(), stats() and kick() may be called
 // from any number of threads while the engine runs. running_ is stored with release by
@@ -75,7 +75,7 @@ struct EngineOptions {
   IdleOptions idle;
   CreditLimits credits;
   std::chrono::milliseconds peer_timeout{30000};
-  // Waiters run the threads' passes this long first; -1: where every rail reaches other hosts.
+  // Waiters run the threads' passes this long first; -1: 2 ms unless a rail shares memory.
   std::chrono::microseconds wait_drive{-1};
   std::chrono::microseconds wait_spin{50};  // then poll this long before they sleep
   // A protocol that carries on without lost ranks (rank masking): a failure that names a peer,

@@ -47,7 +47,7 @@ TEST_CASE("shm and tcp report sensible capabilities") {
     CHECK_FALSE(caps.mr_prov_key);
     CHECK_FALSE(caps.rma_write_ordered);  // shm orders send-after-send only
     CHECK(caps.manual_progress);
-    CHECK_FALSE(caps.remote_comm);  // shared memory with its peers: never driven by waiters
+    CHECK(caps.shared_memory);  // never driven by waiters
     CHECK((caps.caps & FI_RMA) != 0);
     CHECK(caps.tx_size > 0);
     CHECK(caps.api_version >= FI_VERSION(1, 17));
@@ -61,7 +61,7 @@ TEST_CASE("shm and tcp report sensible capabilities") {
     CHECK_FALSE(caps.mr_virt_addr);
     CHECK_FALSE(caps.mr_prov_key);
     CHECK(caps.rma_write_ordered);  // one TCP connection per peer: more ordered than EFA
-    CHECK(caps.remote_comm);
+    CHECK_FALSE(caps.shared_memory);
     loopback = loopback || caps.domain_name == "lo";
   }
   CHECK(loopback);
@@ -71,7 +71,7 @@ TEST_CASE("shm and tcp report sensible capabilities") {
   CHECK(contains(json["mr_mode"].get<std::string>(), "FI_MR_VIRT_ADDR"));
   CHECK(contains(json["caps"].get<std::string>(), "FI_RMA"));
   CHECK(json.contains("manual_progress"));
-  CHECK(json["remote_comm"] == false);
+  CHECK(json["shared_memory"] == true);
   auto all = list_providers();
   CHECK(all.size() >= shm.size() + tcp.size());
   CHECK(list_providers("no-such-provider").empty());

@@ -53,7 +53,7 @@ uint64_t driven_passes(const std::string& provider, std::chrono::microseconds dr
 TEST_CASE("a waiting caller runs the passes of its sleeping proxy when driving is on") {
   CHECK(driven_passes("tcp", 10s, 5) > 0);
   CHECK(driven_passes("tcp", 0us, 5) == 0);
-  // auto: tcp reaches other hosts, so its waiters drive; shm shares memory with its peers and a
+  // auto: tcp's waiters drive; shm shares memory with its peers and a
   // dead one could trap a driver inside the provider, so its waiters never do.
   CHECK(driven_passes("tcp", -1us, 5) > 0);
   CHECK(driven_passes("shm", -1us, 5) == 0);
