@@ -4,36 +4,14 @@ import torch
 import torch.distributed as dist
 
 import deep_ep
+from proxyep.fp8 import dequantise
 
 from .harness import calc_diff, timed_pair
 from .workloads import GlooMessages, ll_inputs
 
 
 def _dequantised(recv, fp8):
-    if not fp8:
-        return recv
-    from proxyep import FP8_DTYPE
-
-    data, scales = recv
-    table = _e4m3_values()
-    codes = data.view(torch.uint8) if FP8_DTYPE is not None and data.dtype == FP8_DTYPE else data
-    local, rows, hidden = data.shape
-    values = table[codes.long()].view(local, rows, hidden // 128, 128) * scales.unsqueeze(-1)
-    return values.view(local, rows, hidden).to(torch.bfloat16)
-
-
-def _e4m3_values():
-    out = []
-    for code in range(256):
-        sign = -1.0 if code & 0x80 else 1.0
-        exp, man = (code >> 3) & 0xF, code & 7
-        if exp == 0xF and man == 7:
-            out.append(0.0)
-        elif exp == 0:
-            out.append(sign * man / 8.0 * 2.0**-6)
-        else:
-            out.append(sign * (1 + man / 8.0) * 2.0 ** (exp - 7))
-    return torch.tensor(out)
+    return recv if not fp8 else dequantise(*recv).to(torch.bfloat16)
 
 
 def body(args):
