@@ -167,12 +167,6 @@ bool ProxyThread::try_drive() {
   return pass();
 }
 
-bool ProxyThread::busy() const {
-  for (const auto& lane : lanes_)
-    if (lane->retired() < lane->reserved()) return true;
-  return false;
-}
-
 bool ProxyThread::pass() {
   bool worked = drain_completions();
   if (!backlog_.empty()) worked |= post_backlog();

@@ -124,9 +124,6 @@ class ProxyThread {
   // A waiting caller runs one pass in the thread's place (any thread, once started). Returns
   // whether the pass did work; false also when the thread or another driver is in a pass.
   bool try_drive();
-  // Some descriptor of its rings is not finished yet (still in a ring, waiting, or on the wire):
-  // the thread has work to poll for. Any thread.
-  bool busy() const;
 
   size_t lanes() const { return lanes_.size(); }
   const RingLane& lane(size_t index) const { return *lanes_[index]; }

@@ -20,7 +20,16 @@ from .utils import EventHandle, EventOverlap
 _TABLE_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
 
 
-class _NormalHandle(tuple):
+class _Handle(tuple):
+    """A DeepEP handle tuple that also carries the native handle (``native``)."""
+
+    def __new__(cls, items, native):
+        obj = super().__new__(cls, items)
+        obj.native = native
+        return obj
+
+
+class _NormalHandle(_Handle):
     """DeepEP's normal-mode handle: the intranode 6-tuple (rank_prefix_matrix,
     channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank,
     send_head) on one node, the internode 10-tuple (is_token_in_rank at [0],
@@ -28,20 +37,10 @@ class _NormalHandle(tuple):
     and no forwarders: those entries are None. ``native`` is what combine and cached dispatch
     use."""
 
-    def __new__(cls, items, native):
-        obj = super().__new__(cls, items)
-        obj.native = native
-        return obj
 
-
-class _LowLatencyHandle(tuple):
+class _LowLatencyHandle(_Handle):
     """DeepEP's LL 5-tuple (src_info, layout_range, num_max_dispatch_tokens_per_rank, hidden,
     num_experts); ``native`` is what combine uses."""
-
-    def __new__(cls, items, native):
-        obj = super().__new__(cls, items)
-        obj.native = native
-        return obj
 
 
 def _event(async_finish, native=None, extra_tensors=None):

@@ -79,6 +79,12 @@ class NativeBuffer {
   std::unique_ptr<Buffer> buffer_;
 };
 
+// A RecvHook or CallEvent the call made, or None (the call asked for neither).
+template <typename T>
+py::object defined_or_none(const T& value) {
+  return value.defined() ? py::cast(value) : py::none();
+}
+
 py::tuple layout_tuple(const DispatchLayout& l) {
   return py::make_tuple(capsule_of(l.num_tokens_per_rank), capsule_of(l.num_tokens_per_rdma_rank),
                         capsule_of(l.num_tokens_per_expert), capsule_of(l.is_token_in_rank));
@@ -267,11 +273,9 @@ void bind_buffer(py::module_& m) {
               GilRelease unlocked;
               r = b.get().low_latency_dispatch(a);
             }
-            py::object event = r.event.defined() ? py::cast(r.event) : py::none();
-            py::object hook = r.hook.defined() ? py::cast(r.hook) : py::none();
             return py::make_tuple(capsule_of(r.recv_x), capsule_of(r.recv_x_scales),
-                                  capsule_of(r.recv_count), py::cast(std::move(r.handle)), event,
-                                  hook);
+                                  capsule_of(r.recv_count), py::cast(std::move(r.handle)),
+                                  defined_or_none(r.event), defined_or_none(r.hook));
           },
           py::arg("x"), py::arg("topk_idx"), py::arg("num_max_dispatch_tokens_per_rank"),
           py::arg("num_experts"), py::arg("cumulative_local_expert_recv_stats"),
@@ -299,9 +303,8 @@ void bind_buffer(py::module_& m) {
               GilRelease unlocked;
               r = b.get().low_latency_combine(a);
             }
-            py::object event = r.event.defined() ? py::cast(r.event) : py::none();
-            py::object hook = r.hook.defined() ? py::cast(r.hook) : py::none();
-            return py::make_tuple(capsule_of(r.combined_x), event, hook);
+            return py::make_tuple(capsule_of(r.combined_x), defined_or_none(r.event),
+                                  defined_or_none(r.hook));
           },
           py::arg("x"), py::arg("topk_idx"), py::arg("topk_weights"), py::arg("handle"),
           py::arg("use_logfmt"), py::arg("zero_copy"), py::arg("async_finish"),

@@ -1,12 +1,11 @@
 """``python3 -m proxyep.bench ep``: normal-mode dispatch + combine through deep_ep.Buffer."""
 
-import torch
 import torch.distributed as dist
 
 import deep_ep
 import proxyep
 
-from .harness import calc_diff, timed_pair
+from .harness import all_ranks_pass, calc_diff, time_paths
 from .workloads import GlooRows, inputs
 
 
@@ -37,21 +36,14 @@ def body(args):
     def gloo_combine():
         state["gc"] = gloo.combine(state["gd"], args.tokens)
 
-    result = {}
-    for name, d, c in (("proxyep", dispatch, combine), ("gloo", gloo_dispatch, gloo_combine)):
-        if name == "gloo" and args.baseline != "gloo":
-            continue
-        d()
-        # Both timed from the bootstrap barrier the C++ benches use (same release skew).
-        result[name] = timed_pair(d, c, args.warmup, args.iters, buffer.runtime.barrier)
+    # Both timed from the bootstrap barrier the C++ benches use (same release skew).
+    result = time_paths(args, buffer.runtime.barrier, (dispatch, combine), (gloo_dispatch, gloo_combine))
     # Verified: each token comes back as x times the number of ranks it went to, on both paths.
     dest = state["d"][4][4 if buffer.num_nodes == 1 else 0].sum(dim=1, keepdim=True).clamp(min=1)
     diffs = [calc_diff(state["c"][0].float() / dest, x.float())]
     if "gc" in state:
         diffs.append(calc_diff(state["gc"].float() / dest, x.float()))
-    ok = torch.tensor([max(diffs) < 1e-5], dtype=torch.int32)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    result["verified"] = bool(ok.item())
+    result["verified"] = all_ranks_pass(diffs, 1e-5)
     buffer_bytes = {"num_nvl_bytes": nvl, "num_rdma_bytes": rdma}
     result.update(buffer_bytes)
     return result

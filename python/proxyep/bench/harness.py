@@ -40,6 +40,25 @@ def timed_pair(dispatch, combine, warmup, iters, barrier=None):
             for i, name in enumerate(("dispatch", "combine", "total"))}
 
 
+def time_paths(args, barrier, proxyep_calls, gloo_calls):
+    """timed_pair of ProxyEP's (dispatch, combine) and, with --baseline gloo, gloo's; each
+    called once first (untimed), both timed from `barrier`."""
+    result = {}
+    for name, (dispatch, combine) in (("proxyep", proxyep_calls), ("gloo", gloo_calls)):
+        if name == "gloo" and args.baseline != "gloo":
+            continue
+        dispatch()
+        result[name] = timed_pair(dispatch, combine, args.warmup, args.iters, barrier)
+    return result
+
+
+def all_ranks_pass(diffs, tolerance):
+    """Whether every rank's calc_diff values are below `tolerance` (collective)."""
+    ok = torch.tensor([max(diffs) < tolerance], dtype=torch.int32)
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    return bool(ok.item())
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -6,7 +6,7 @@ import torch.distributed as dist
 import deep_ep
 from proxyep.fp8 import dequantise
 
-from .harness import calc_diff, timed_pair
+from .harness import all_ranks_pass, calc_diff, time_paths
 from .workloads import GlooMessages, ll_inputs
 
 
@@ -40,21 +40,14 @@ def body(args):
     def gloo_combine():
         state["gc"] = gloo.combine(state["gd"], topk_weights)
 
-    result = {}
-    for name, d, c in (("proxyep", dispatch, combine), ("gloo", gloo_dispatch, gloo_combine)):
-        if name == "gloo" and args.baseline != "gloo":
-            continue
-        d()
-        # Both timed from the bootstrap barrier the C++ benches use (same release skew).
-        result[name] = timed_pair(d, c, args.warmup, args.iters, buffer.runtime.barrier)
+    # Both timed from the bootstrap barrier the C++ benches use (same release skew).
+    result = time_paths(args, buffer.runtime.barrier, (dispatch, combine), (gloo_dispatch, gloo_combine))
     dispatch()
     combine()
     reference = x.float() * (topk_weights * (topk_idx >= 0)).sum(dim=1, keepdim=True)
     diffs = [calc_diff(state["c"][0].float(), reference)]
     if "gc" in state:
         diffs.append(calc_diff(state["gc"].float(), reference))
-    ok = torch.tensor([max(diffs) < (9e-4 if fp8 else 1e-5)], dtype=torch.int32)
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    result["verified"] = bool(ok.item())
+    result["verified"] = all_ranks_pass(diffs, (9e-4 if fp8 else 1e-5))
     result["num_rdma_bytes"] = hint
     return result
