@@ -9,6 +9,7 @@
 #include "gpu_side/ep/row_format.hpp"
 #include "integrations/backend/host_backend.hpp"
 #include "integrations/call_sequence.hpp"
+#include "integrations/comm_stream.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
@@ -93,15 +94,23 @@ struct Buffer::Impl {
         session(proxy::Session::open(boot, session_config(boot, opts, ranks_per_node))),
         calls(*session),
         buffer_id(new_buffer_id()),
-        mode(*session, backend, calls, buffer_id),
-        low_latency(*session, backend, calls, buffer_id, opts.enable_shrink) {
+        mode(*session, backend, calls, stream, buffer_id),
+        low_latency(*session, backend, calls, stream, buffer_id, opts.enable_shrink) {
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
+  }
+  // The modes' background work uses everything below the stream: it finishes first.
+  ~Impl() {
+    try {
+      stream.settle();
+    } catch (const std::exception& e) {
+      log::warn("buffer: a call finishing in the background failed: {}", e.what());
+    }
   }
 
   // Every call starts here: calls completing in the background finish first (stream order).
   void check_usable(std::string_view phase) {
     require(!destroyed, phase, "the Buffer was destroyed");
-    low_latency.settle();
+    stream.settle();
     mode.check_usable(phase);
   }
   void check_normal(std::string_view phase) {
@@ -124,6 +133,7 @@ struct Buffer::Impl {
   integrations::HostBackend backend;
   std::unique_ptr<proxy::Session> session;
   integrations::CallSequence calls;
+  integrations::CommStream stream;  // async_finish calls and hooks' send phases
   uint64_t buffer_id;
   integrations::normal::NormalMode mode;
   integrations::low_latency::LowLatencyMode low_latency;
@@ -138,7 +148,7 @@ Buffer::~Buffer() {
   // Without destroy() there is no barrier: at least let this rank's last writes (a low-latency
   // call's rows, whose peers may still wait for them) leave before the proxy stops.
   try {
-    impl_->low_latency.settle();
+    impl_->stream.settle();
     impl_->session->quiet("buffer teardown");
   } catch (const Error& e) {
     log::warn("buffer: teardown: {}", e.what());
@@ -168,7 +178,7 @@ bool Buffer::explicitly_destroy() const {
 }
 
 BufferStats Buffer::stats() const {
-  impl_->low_latency.settle();  // a send phase may still run in the background
+  impl_->stream.settle();  // calls may still run in the background
   BufferStats stats = impl_->mode.stats();
   const proxy::Session& session = *impl_->session;
   for (int r = 0; r < session.ranks(); ++r) {
@@ -285,9 +295,23 @@ Tensor Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handl
   return impl_->low_latency.next_combine_buffer(handle);
 }
 
+std::span<std::byte> Buffer::local_buffer(bool use_rdma_buffer) {
+  constexpr const char* kLocalPhase = "get_local_buffer_tensor";
+  require(!impl_->destroyed, kLocalPhase, "the Buffer was destroyed");
+  if (!use_rdma_buffer) {
+    require(impl_->options.num_nvl_bytes > 0, kLocalPhase, "the Buffer has no NVL bytes");
+    return impl_->session->data_area();
+  }
+  const std::span<std::byte> staging = impl_->session->staging_data_area();
+  require(!staging.empty(), kLocalPhase,
+          "the Buffer has no RDMA buffer: rows are staged only for peers on other nodes (the "
+          "group has one node, or num_rdma_bytes or num_nvl_bytes is 0)");
+  return staging;
+}
+
 void Buffer::destroy() {
   if (impl_->destroyed) return;
-  impl_->low_latency.settle();
+  impl_->stream.settle();
   // Releases of the last low-latency calls must land before a peer may leave.
   impl_->session->quiet("destroy");
   impl_->bootstrap.barrier("buffer(destroy)");

@@ -25,6 +25,12 @@
 // bad input throws proxyep::Error on the calling rank only and leaves the Buffer usable. (A
 // rank that throws skips the call; its peers then time out naming it, as they would in DeepEP.)
 //
+// Overlap. A call made with async_finish returns once its outputs exist (a dispatch after its
+// notify phase, a combine and a low-latency call at once) and finishes on the Buffer's
+// communication thread (comm_stream.hpp), the CPU analog of DeepEP's comm stream; its `event`
+// joins it. Every later call first finishes the calls before it, in order, so the caller must
+// keep an async call's inputs alive until its event is set or the next call returns.
+//
 // Sizing. Rows stream through bounded memory in chunks with credits (normal/chunk_plan.hpp),
 // as through DeepEP's chunked rings, so any number of tokens fits any Buffer in which one row
 // fits a slot: num_nvl_bytes is the receive arena (an equal share per source rank), and
@@ -42,6 +48,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace proxyep {
@@ -111,6 +118,10 @@ struct DispatchArgs {
   int expert_alignment = 1;
   int num_worst_tokens = 0;
   std::optional<Config> config;  // accepted for DeepEP callers; chunking ignores it (config.hpp)
+  // Return once the outputs exist (after the notify phase, which sizes them) and move the rows
+  // on the Buffer's communication thread; DispatchResult::event joins it. x and the other inputs
+  // are read until then: keep them alive and unchanged.
+  bool async_finish = false;
 };
 
 struct DispatchResult {
@@ -119,7 +130,8 @@ struct DispatchResult {
   Tensor recv_topk_idx;      // i64 [rows, K], local expert ids, -1 elsewhere (fresh mode)
   Tensor recv_topk_weights;  // f32 [rows, K], 0 where the index is -1 (fresh mode)
   std::vector<int> num_recv_tokens_per_expert;  // aligned; empty with num_worst_tokens / cached
-  DispatchHandle handle;
+  DispatchHandle handle;  // complete at once, but for recv_src_idx's contents (with async_finish)
+  CallEvent event;        // with async_finish: the rows are in the outputs once it is set
 };
 
 struct CombineArgs {
@@ -128,11 +140,16 @@ struct CombineArgs {
   TensorRef topk_weights;        // f32 [num_recv, K] or None
   TensorRef bias0, bias1;        // bf16 [N, H] or None
   std::optional<Config> config;  // accepted, ignored (as in DispatchArgs)
+  // Return at once (the arguments checked, the outputs allocated) and run the whole call on the
+  // Buffer's communication thread; CombineResult::event joins it. The inputs and the handle's
+  // tensors are read until then.
+  bool async_finish = false;
 };
 
 struct CombineResult {
   Tensor combined_x;             // bf16 [N, H]
   Tensor combined_topk_weights;  // f32 [N, K] when topk_weights was given
+  CallEvent event;               // with async_finish: the outputs are filled once it is set
 };
 
 class Buffer {
@@ -181,6 +198,12 @@ class Buffer {
   void low_latency_update_mask_buffer(int rank_to_mask, bool mask = false);
   void low_latency_query_mask_buffer(const TensorRef& mask_status);
   void low_latency_clean_mask_buffer();
+
+  // DeepEP's get_local_buffer_tensor: this rank's NVL buffer (the arena's data area, num_nvl_bytes
+  // bytes, where node peers' rows land) or RDMA buffer (the staging data area, num_rdma_bytes,
+  // rows on their way to other nodes: only when the group spans nodes). Raw bytes that every
+  // call rewrites; valid until the Buffer is destroyed.
+  std::span<std::byte> local_buffer(bool use_rdma_buffer);
 
   // Collective; required before destruction when explicitly_destroy, allowed otherwise. After
   // it every call throws.

@@ -97,6 +97,9 @@ class ArenaLayout {
   uint64_t staging_eager(uint64_t call, int destination) const;
   uint64_t staging_slot(int destination, uint32_t slot) const;
   uint32_t stage_window() const { return stage_window_; }
+  // Where the staging data area starts (it holds sizes().staging_bytes bytes, when the session
+  // spans nodes and has a data area).
+  uint64_t staging_data_base() const { return staging_data_; }
 
   // ---- stream geometry ----
   SlotGeometry node_slots() const;

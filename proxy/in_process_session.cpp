@@ -298,6 +298,16 @@ void InProcessSession::await(const Wait& wait) {
     fail(std::string(wait.phase), "{} while this rank waited for {}", watch.departure(), wait.what);
 }
 
+std::span<std::byte> InProcessSession::data_area() const {
+  return {state_->node->local() + layout().data_base(), layout().sizes().data_bytes};
+}
+
+std::span<std::byte> InProcessSession::staging_data_area() const {
+  if (!state_->staging || layout().sizes().data_bytes == 0) return {};  // no rows to stage
+  return {static_cast<std::byte*>(state_->staging->host()) + layout().staging_data_base(),
+          layout().sizes().staging_bytes};
+}
+
 std::string InProcessSession::describe() const {
   const ArenaLayout& l = layout();
   std::string out = fmt::format("{} ranks, {} per node, arena {} bytes ({} per source)", ranks(),

@@ -40,6 +40,8 @@ class InProcessSession final : public Session {
   std::optional<std::string> peer_lost(int rank) const override;
   void ignore_peer(int rank, bool ignored) override;
   void stop() noexcept override;
+  std::span<std::byte> data_area() const override;
+  std::span<std::byte> staging_data_area() const override;
   std::string describe() const override;
   std::optional<fabric::ReorderStats> reorder_stats() const override {
     return state_->fabric ? state_->fabric->reorder_stats() : std::nullopt;

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -99,6 +100,12 @@ class Session {
   virtual void ignore_peer(int rank, bool ignored) = 0;
   // Stops the transport's threads; later calls may only be destruction. Idempotent.
   virtual void stop() noexcept = 0;
+  // This rank's arena data area (sizes().data_bytes: where node peers' rows land) and staging
+  // data area (sizes().staging_bytes: rows on their way to other nodes; empty on one node), for
+  // callers that want the raw bytes (DeepEP's get_local_buffer_tensor). Both are rewritten by
+  // every call.
+  virtual std::span<std::byte> data_area() const = 0;
+  virtual std::span<std::byte> staging_data_area() const = 0;
   // One line for the debug log: sizes, paths, threads.
   virtual std::string describe() const = 0;
   // What the fabric's reorder shim (fabric.reorder, a testing aid) did, so a test can prove its

@@ -15,6 +15,7 @@ packages=(
   # The Python packages (python/: proxyep, deep_ep) for /usr/bin/python3 and their tests:
   # pybind11 and DLPack's header to build the module, torch and pytest to run the tests.
   python3-dev pybind11-dev libdlpack-dev python3-torch python3-pytest
+  python3-mpi4py  # deep_ep.Buffer(comm=...): setup through an mpi4py communicator (test_mpi4py.py)
 )
 
 missing=()

@@ -30,10 +30,11 @@ int64_t nanoseconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 LowLatencyMode::LowLatencyMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
-                               uint64_t buffer_id, bool enable_shrink)
+                               CommStream& stream, uint64_t buffer_id, bool enable_shrink)
     : session_(session),
       backend_(backend),
       calls_(calls),
+      stream_(stream),
       buffer_id_(buffer_id),
       shrink_(enable_shrink),
       masked_(static_cast<size_t>(session.ranks()), 0),
@@ -87,28 +88,6 @@ void LowLatencyMode::clean_mask() {
 
 bool LowLatencyMode::any_masked() const {
   return std::find(masked_.begin(), masked_.end(), 1) != masked_.end();
-}
-
-LowLatencyMode::~LowLatencyMode() {
-  try {
-    settle();
-  } catch (const Error& e) {
-    log::warn("buffer: a low-latency call receiving in the background failed: {}", e.what());
-  }
-}
-
-void LowLatencyMode::settle() {
-  auto pending = std::move(background_);
-  background_.clear();
-  std::exception_ptr first;
-  for (auto& task : pending) {
-    try {
-      task->run_or_wait();
-    } catch (...) {
-      if (!first) first = std::current_exception();
-    }
-  }
-  if (first) std::rethrow_exception(first);
 }
 
 void LowLatencyMode::check_slot_fits(const LlShape& shape, std::string_view phase) const {
@@ -276,26 +255,18 @@ void LowLatencyMode::launch(const std::shared_ptr<CallState>& state, std::functi
   };
   if (hook) {
     // Every later Buffer call, the hook included, first finishes it (settle()): it runs the send
-    // itself if the worker has not started it, so a late worker never delays the receive.
-    auto task = std::make_shared<StealableTask>(std::move(send));
-    background_.push_back(task);
-    worker_.submit(task);
-    out_hook = RecvHook([alive, receive_phase] {
-      if (auto mode = alive.lock()) (*mode)->settle();
+    // itself if the stream has not started it, so a late stream never delays the receive.
+    stream_.submit(std::move(send));
+    out_hook = RecvHook([settle = stream_.settler(), receive_phase] {
+      settle();
       receive_phase();
     });
   } else if (async) {
-    auto task = std::make_shared<StealableTask>([send = std::move(send), receive_phase] {
+    // In submission order: the calls before it finish first, as on a stream.
+    out_event = stream_.event_for(stream_.submit([send = std::move(send), receive_phase] {
       send();
       receive_phase();
-    });
-    background_.push_back(task);
-    worker_.submit(task);
-    // In submission order: the calls before it finish first (settle()), as on a stream.
-    out_event = CallEvent([alive, task] {
-      if (auto mode = alive.lock()) (*mode)->settle();
-      task->run_or_wait();
-    });
+    }));
   } else {
     send();
     receive(*state);

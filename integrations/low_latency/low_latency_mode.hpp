@@ -16,14 +16,14 @@
 // rank finds the row of its (token, k) at the index it gave the message, and reduces with the
 // top-k weights in float32, k ascending (gpu_side/ep/ll_rules.hpp).
 //
-// The receive phase runs at once, in `hook()` (return_recv_hook), or on a background thread
+// The receive phase runs at once, in `hook()` (return_recv_hook), or on the Buffer's CommStream
 // (async_finish; every later Buffer call first waits for it, like stream order). At most two
 // calls are in flight (CallSequence); a third is refused.
 #pragma once
 
-#include "common/background_worker.hpp"
 #include "integrations/backend/row_backend.hpp"
 #include "integrations/call_sequence.hpp"
+#include "integrations/comm_stream.hpp"
 #include "integrations/low_latency/ll_call.hpp"
 #include "integrations/low_latency_types.hpp"
 #include "proxy/session.hpp"
@@ -42,8 +42,7 @@ class LowLatencyMode {
   // the call completes for the others (DeepEP's rank masking); without it the call fails
   // naming the peer.
   LowLatencyMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
-                 uint64_t buffer_id, bool enable_shrink);
-  ~LowLatencyMode();
+                 CommStream& stream, uint64_t buffer_id, bool enable_shrink);
   LowLatencyMode(const LowLatencyMode&) = delete;
   LowLatencyMode& operator=(const LowLatencyMode&) = delete;
 
@@ -59,10 +58,6 @@ class LowLatencyMode {
   void query_mask(const gpu_side::ep::TensorRef& out);  // i32 [R], 1 = masked
   void clean_mask();                                    // low_latency_clean_mask_buffer
   bool any_masked() const;
-
-  // Waits for receive phases running in the background (async_finish); rethrows the first
-  // failure. Every Buffer call starts with it.
-  void settle();
 
  private:
   // ---- both calls (low_latency_mode.cpp) ----
@@ -100,6 +95,7 @@ class LowLatencyMode {
   proxy::Session& session_;
   RowBackend& backend_;
   CallSequence& calls_;
+  CommStream& stream_;
   uint64_t buffer_id_;
   bool shrink_;
   std::vector<uint8_t> masked_;  // by rank
@@ -126,10 +122,6 @@ class LowLatencyMode {
                               int64_t cols);
   // Hooks and events hold a weak reference: called after the Buffer is gone they throw.
   std::shared_ptr<LowLatencyMode*> alive_;
-  // Send phases (hooks) and whole calls (async_finish) not yet known to be finished; settle()
-  // runs the ones the worker has not started yet, here.
-  std::vector<std::shared_ptr<StealableTask>> background_;
-  BackgroundWorker worker_;  // last: its destructor may still run tasks that use the above
 };
 
 }  // namespace proxyep::integrations::low_latency

@@ -1,12 +1,16 @@
 // NormalMode::combine: check, return every received row to its source, agree, stream, reduce
 // each token over the ranks that received it (float32, ascending rank order, then the biases:
-// the order gpu_side/ep/reference.hpp defines), quiet.
+// the order gpu_side/ep/reference.hpp defines), quiet; all but the checks on the CommStream with
+// async_finish.
 #include "common/error.hpp"
 #include "integrations/normal/combine_rows.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify.hpp"
 #include "integrations/normal/row_counts.hpp"
 #include "integrations/normal/streams.hpp"
+
+#include <memory>
+#include <optional>
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -79,22 +83,63 @@ void agree_combine(uint64_t call, int me, const std::vector<NotifyRecord>& recor
 
 }  // namespace
 
-CombineResult NormalMode::combine(const CombineArgs& a) {
+// One combine from its checked arguments to its reduce. It keeps a copy of the handle (tensors
+// are shared, not copied): the caller's may be gone before an async call ends.
+struct CombineCall {
+  CombineCall(const CombineArgs& caller, const CheckedCombine& checked, int me)
+      : args(caller),
+        handle(*caller.handle),
+        in(checked),
+        dispatched(RowCounts::from_handle(handle)),
+        rows_to(dispatched.received_from_each(me)) {
+    args.handle = &handle;
+  }
+  CombineCall(const CombineCall&) = delete;
+  CombineCall& operator=(const CombineCall&) = delete;
+
+  CombineArgs args;  // the caller's views: read until the call ends
+  DispatchHandle handle;
+  CheckedCombine in;
+  // What the handle's dispatch moved: now every row goes back, d -> s for each s -> d.
+  RowCounts dispatched;
+  std::vector<int64_t> rows_to;
+  std::optional<CombineStreams> streams;  // points into the members above
+  CombineResult out;                      // shares its tensors with what the caller got
+  uint64_t call = 0;
+};
+
+CombineResult NormalMode::combine(const CombineArgs& args) {
   calls_.check_usable(kPhase);
-  const CheckedCombine in = check_combine_args(a, buffer_id_);
-  const DispatchHandle& h = *a.handle;
+  const CheckedCombine in = check_combine_args(args, buffer_id_);
   const int me = session_.rank();
   require_row_fits(session_, in.format, kPhase);
-  // What the handle's dispatch moved: now every row goes back, d -> s for each s -> d.
-  const RowCounts dispatched = RowCounts::from_handle(h);
+  auto c = std::make_shared<CombineCall>(args, in, me);
+  const CombineArgs& a = c->args;
   const float* weights = in.topk > 0 ? a.topk_weights.as<float>() : nullptr;
-  CombineStreams streams(backend_, in.format, dispatched, static_cast<const std::byte*>(a.x.data),
-                         weights, in.topk, me);
-  const std::vector<int64_t> rows_to = dispatched.received_from_each(me);
-  streams.out = plan_streams(session_, in.format, rows_to);
-  streams.in = plan_streams(session_, in.format, dispatched.sent_by(me));
+  CombineStreams& streams =
+      c->streams.emplace(backend_, in.format, c->dispatched,
+                         static_cast<const std::byte*>(a.x.data), weights, in.topk, me);
+  streams.out = plan_streams(session_, in.format, c->rows_to);
+  streams.in = plan_streams(session_, in.format, c->dispatched.sent_by(me));
+  c->out.combined_x = backend_.allocate(DType::bf16, c->handle.num_tokens, in.hidden);
+  if (in.topk > 0)
+    c->out.combined_topk_weights = backend_.allocate(DType::f32, c->handle.num_tokens, in.topk);
 
-  const uint64_t call = calls_.begin(integrations::CallKind::sync, kPhase);
+  c->call = calls_.begin(integrations::CallKind::sync, kPhase);
+  if (!a.async_finish) {
+    run_combine(*c);
+    return std::move(c->out);
+  }
+  CombineResult out = c->out;
+  out.event = stream_.event_for(stream_.submit([this, c] { run_combine(*c); }));
+  return out;
+}
+
+void NormalMode::run_combine(CombineCall& c) {
+  const uint64_t call = c.call;
+  const DispatchHandle& h = c.handle;
+  const CheckedCombine& in = c.in;
+  CombineStreams& streams = *c.streams;
   calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
   calls_.step([&] { send_eager(session_, call, streams, stats_, kPhase); });
@@ -103,13 +148,11 @@ CombineResult NormalMode::combine(const CombineArgs& a) {
   header.num_tokens = static_cast<uint32_t>(h.num_tokens);
   header.format = in.format;
   const auto records = calls_.step(
-      [&] { return exchange_records(session_, call, encoder_, header, rows_to, {}, kPhase); });
-  agree_combine(call, me, records, dispatched);
+      [&] { return exchange_records(session_, call, encoder_, header, c.rows_to, {}, kPhase); });
+  agree_combine(call, session_.rank(), records, c.dispatched);
   calls_.step([&] { run_streams(session_, call, streams, stats_, kPhase); });
 
-  CombineResult out;
-  out.combined_x = backend_.allocate(DType::bf16, h.num_tokens, in.hidden);
-  if (in.topk > 0) out.combined_topk_weights = backend_.allocate(DType::f32, h.num_tokens, in.topk);
+  const CombineArgs& a = c.args;
   backend_.reduce(
       ep::CombineInput{
           .block_rows = streams.block_rows().data(),
@@ -117,14 +160,13 @@ CombineResult NormalMode::combine(const CombineArgs& a) {
           .send_head = h.send_head.data<int32_t>(),
           .bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
           .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
-          .out = out.combined_x.data<uint16_t>(),
-          .out_weights = in.topk > 0 ? out.combined_topk_weights.data<float>() : nullptr,
+          .out = c.out.combined_x.data<uint16_t>(),
+          .out_weights = in.topk > 0 ? c.out.combined_topk_weights.data<float>() : nullptr,
           .num_ranks = session_.ranks(),
           .hidden = in.hidden,
           .topk = in.topk},
       h.num_tokens);
   calls_.step([&] { session_.quiet(kPhase); });
-  return out;
 }
 
 }  // namespace proxyep::integrations::normal

@@ -1,5 +1,5 @@
-// NormalMode::dispatch: check, route, notify, agree, stream the rows into the outputs, finish
-// the handle (the steps in normal_mode.hpp).
+// NormalMode::dispatch: check, route, notify, agree, finish the handle, stream the rows into the
+// outputs (the steps in normal_mode.hpp), here or on the CommStream (async_finish).
 #include "common/error.hpp"
 #include "integrations/normal/dispatch_args.hpp"
 #include "integrations/normal/dispatch_rows.hpp"
@@ -7,6 +7,9 @@
 #include "integrations/normal/notify.hpp"
 #include "integrations/normal/row_counts.hpp"
 #include "integrations/normal/streams.hpp"
+
+#include <memory>
+#include <optional>
 
 namespace proxyep::integrations::normal {
 
@@ -16,44 +19,75 @@ constexpr const char* kPhase = "dispatch";
 
 }  // namespace
 
-NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
-                       uint64_t buffer_id)
-    : session_(session), backend_(backend), buffer_id_(buffer_id), calls_(calls) {}
+// One dispatch from its arguments to its rows' arrival. A cached dispatch keeps a copy of the
+// handle (tensors are shared, not copied): the caller's may be gone before an async call ends.
+struct DispatchCall {
+  explicit DispatchCall(const DispatchArgs& caller) : args(caller) {
+    if (caller.handle != nullptr) args.handle = &handle.emplace(*caller.handle);
+  }
+  DispatchCall(const DispatchCall&) = delete;
+  DispatchCall& operator=(const DispatchCall&) = delete;
 
-DispatchResult NormalMode::dispatch(const DispatchArgs& a) {
+  DispatchArgs args;  // the caller's views: read until the rows moved
+  std::optional<DispatchHandle> handle;
+  DispatchInput in;
+  TokenRouting routing;
+  std::optional<DispatchStreams> streams;  // points into the members above
+  DispatchResult out;                      // shares its tensors with what the caller got
+  uint64_t call = 0;
+  int64_t num_recv = 0;
+};
+
+NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
+                       CommStream& stream, uint64_t buffer_id)
+    : session_(session), backend_(backend), buffer_id_(buffer_id), calls_(calls), stream_(stream) {}
+
+DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   calls_.check_usable(kPhase);
   const int R = session_.ranks(), me = session_.rank();
-  const DispatchInput in = check_dispatch_args(a, R, session_.ranks_per_node(), buffer_id_);
+  const DispatchInput in = check_dispatch_args(args, R, session_.ranks_per_node(), buffer_id_);
   // Rows stream through the slots in chunks: any number of tokens fits if one row fits a slot.
   require_row_fits(session_, in.format, kPhase);
-  TokenRouting routing = in.cached ? TokenRouting::cached(*a.handle, me)
-                                   : TokenRouting::fresh(a.is_token_in_rank, R, me);
-  DispatchStreams streams(backend_, in, a, routing, shape_for(in.num_experts), me);
-  streams.out = plan_streams(session_, in.format, routing.rows_to);
+  auto d = std::make_shared<DispatchCall>(args);
+  const DispatchArgs& a = d->args;
+  d->in = in;
+  d->routing = in.cached ? TokenRouting::cached(*a.handle, me)
+                         : TokenRouting::fresh(a.is_token_in_rank, R, me);
+  DispatchStreams& streams =
+      d->streams.emplace(backend_, d->in, a, d->routing, shape_for(in.num_experts), me);
+  streams.out = plan_streams(session_, in.format, d->routing.rows_to);
 
-  const uint64_t call = calls_.begin(integrations::CallKind::sync, kPhase);
+  const uint64_t call = d->call = calls_.begin(integrations::CallKind::sync, kPhase);
   calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
   calls_.step([&] { send_eager(session_, call, streams, stats_, kPhase); });
-  const auto records = calls_.step([&] { return notify_dispatch(call, in, a, routing); });
+  const auto records = calls_.step([&] { return notify_dispatch(call, in, a, d->routing); });
   const RowCounts counts = RowCounts::from_records(records);
   agree_dispatch(call, in, a, records, counts);
-  const int64_t num_recv = counts.received_by(me);
+  d->num_recv = counts.received_by(me);
 
   // The outputs exist before the rows move: this rank's rows to itself go straight into them
   // (for 2 ranks that is half the traffic, one copy instead of two).
-  DispatchResult out = allocate_outputs(in, a, num_recv);
+  d->out = allocate_outputs(in, a, d->num_recv);
   std::vector<int64_t> first_row(static_cast<size_t>(R));
   for (int s = 0; s < R; ++s)
     first_row[s] = counts.first_from(s, me);
-  streams.receive_into(out, std::move(first_row));
+  streams.receive_into(d->out, std::move(first_row));
   streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
-  calls_.step([&] { run_streams(session_, call, streams, stats_, kPhase); });
-
-  clear_padding(out, in, num_recv);
-  finish_handle(out, in, a, routing, counts, records);
-  calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call
+  finish_handle(d->out, in, a, d->routing, counts, records);
+  if (!a.async_finish) {
+    move_rows(*d);
+    return std::move(d->out);
+  }
+  DispatchResult out = d->out;
+  out.event = stream_.event_for(stream_.submit([this, d] { move_rows(*d); }));
   return out;
+}
+
+void NormalMode::move_rows(DispatchCall& d) {
+  calls_.step([&] { run_streams(session_, d.call, *d.streams, stats_, kPhase); });
+  clear_padding(d.out, d.in, d.num_recv);
+  calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call
 }
 
 std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const DispatchInput& in,
@@ -143,7 +177,7 @@ void NormalMode::clear_padding(DispatchResult& out, const DispatchInput& in, int
 }
 
 void NormalMode::finish_handle(DispatchResult& out, const DispatchInput& in, const DispatchArgs& a,
-                               TokenRouting& routing, const RowCounts& counts,
+                               const TokenRouting& routing, const RowCounts& counts,
                                const std::vector<NotifyRecord>& records) const {
   if (in.cached) {
     out.handle = *a.handle;
@@ -152,8 +186,9 @@ void NormalMode::finish_handle(DispatchResult& out, const DispatchInput& in, con
   const int R = session_.ranks(), me = session_.rank();
   DispatchHandle& h = out.handle;
   h.rank_prefix_matrix = counts.prefix_matrix();
-  h.is_token_in_rank = std::move(routing.in_rank);
-  h.send_head = std::move(routing.send_head);
+  // Shared with the routing, which the rows still being moved read.
+  h.is_token_in_rank = routing.in_rank;
+  h.send_head = routing.send_head;
   h.num_tokens = static_cast<int>(in.tokens);
   h.num_recv_tokens = static_cast<int>(counts.received_by(me));
   h.hidden = static_cast<int>(in.hidden);

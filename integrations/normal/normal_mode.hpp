@@ -8,11 +8,17 @@
 //      into the outputs (dispatch) or gathered for the reduce (combine);
 //   5. waits until its own writes completed (quiet): staging is rewritten by the next call.
 // The per-row work is the backend's (backend/row_backend.hpp).
+//
+// With async_finish a call returns as soon as its outputs exist and finishes on the Buffer's
+// CommStream: a dispatch after step 3 (the notify phase sizes its outputs, as DeepEP's CPU waits
+// for the received counts), a combine after step 1 (its outputs have the handle's sizes). The
+// call's state (DispatchCall, CombineCall) then lives on the heap until the stream finished it.
 #pragma once
 
 #include "integrations/backend/row_backend.hpp"
 #include "integrations/buffer.hpp"
 #include "integrations/call_sequence.hpp"
+#include "integrations/comm_stream.hpp"
 #include "integrations/normal/notify_record.hpp"
 #include "proxy/session.hpp"
 
@@ -24,12 +30,15 @@ namespace proxyep::integrations::normal {
 struct DispatchInput;
 struct TokenRouting;
 class RowCounts;
+struct DispatchCall;  // dispatch.cpp
+struct CombineCall;   // combine.cpp
 
 class NormalMode {
  public:
-  // `buffer_id` tells this Buffer's handles from others'; `calls` is shared with the
-  // low-latency mode.
-  NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls, uint64_t buffer_id);
+  // `buffer_id` tells this Buffer's handles from others'; `calls` and `stream` are shared with
+  // the low-latency mode.
+  NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls, CommStream& stream,
+             uint64_t buffer_id);
 
   DispatchResult dispatch(const DispatchArgs& args);
   CombineResult combine(const CombineArgs& args);
@@ -51,13 +60,20 @@ class NormalMode {
                                   int64_t num_recv);
   void clear_padding(DispatchResult& out, const DispatchInput& input, int64_t num_recv);
   void finish_handle(DispatchResult& out, const DispatchInput& input, const DispatchArgs& args,
-                     TokenRouting& routing, const RowCounts& counts,
+                     const TokenRouting& routing, const RowCounts& counts,
                      const std::vector<NotifyRecord>& records) const;
+  // Step 4 and 5 of a dispatch whose outputs exist.
+  void move_rows(DispatchCall& call);
+
+  // ---- combine steps (combine.cpp) ----
+  // Steps 2 to 5 of a combine whose outputs exist.
+  void run_combine(CombineCall& call);
 
   proxy::Session& session_;
   RowBackend& backend_;
   uint64_t buffer_id_;
   CallSequence& calls_;
+  CommStream& stream_;
   RecordEncoder encoder_;
   BufferStats stats_;
 };

@@ -1,10 +1,12 @@
 """deep_ep.Buffer: DeepEP V1's Buffer (docs/DEEPEP_COMPAT.md sections 1-2) over ProxyEP's native
 Buffer, with DeepEP's argument names, order, defaults and return tuples.
 
-CPU tensors only in this build. Streams do not exist on the CPU: ``previous_event`` is waited for
-before the call, ``async_finish`` returns an ``EventOverlap`` whose event is set when the work is
-complete (low-latency calls finish in the background; normal-mode calls finish before they
-return), ``allocate_on_comm_stream`` is checked as DeepEP checks it and otherwise has no effect.
+CPU tensors only in this build. Streams do not exist on the CPU; the Buffer's communication thread
+stands for DeepEP's comm stream: ``async_finish=True`` returns as soon as the outputs exist (a
+normal dispatch after its notify phase, which sizes them; a combine and a low-latency call at
+once) with an ``EventOverlap`` whose event is set when the call finished on that thread, and every
+later call of the Buffer first finishes it (stream order). ``previous_event`` is waited for before
+the call. ``allocate_on_comm_stream`` is checked as DeepEP checks it and otherwise has no effect.
 """
 
 import torch
@@ -131,6 +133,7 @@ class Buffer:
         self.ranks_per_node = self.runtime.ranks_per_node
         self.num_nodes = self.group_size // self.ranks_per_node
         self._destroyed = False
+        self._inputs_in_flight = None
 
     # ---- lifecycle ----
 
@@ -181,9 +184,26 @@ class Buffer:
         return None
 
     def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
-        raise proxyep.ProxyEPError(
-            "get_local_buffer_tensor: ProxyEP's buffers are not exposed as tensors yet"
-        )
+        """A raw view of this rank's NVL buffer (where node peers' rows land, ``num_nvl_bytes``)
+        or RDMA buffer (rows staged for other nodes, ``num_rdma_bytes``; only when the group
+        spans nodes), ``offset`` bytes in: ``size`` elements of ``dtype``, or as many as fit.
+        Every call rewrites these bytes. The tensor keeps the Buffer alive; after ``destroy()``
+        it must not be used (as in DeepEP)."""
+        raw = tensor(self.runtime.local_buffer(use_rdma_buffer, self))  # uint8, the whole area
+        element = torch.empty((), dtype=dtype).element_size()
+        if not isinstance(offset, int) or offset < 0 or offset > raw.numel() or offset % element:
+            raise ValueError(f"offset {offset!r} must be a multiple of {element} in [0, {raw.numel()}]")
+        fits = (raw.numel() - offset) // element
+        flat = raw[offset:offset + fits * element].view(dtype)
+        if size is None:
+            return flat
+        numel = 1
+        for n in size:
+            numel *= n
+        if numel > fits:
+            raise ValueError(f"{numel} elements of {dtype} from offset {offset} exceed the buffer "
+                             f"({raw.numel()} bytes)")
+        return flat[:numel].view(size)
 
     def stats(self):
         """ProxyEP only: what this rank's calls moved (native BufferStats)."""
@@ -240,7 +260,8 @@ class Buffer:
             raise TypeError("handle must be the one a dispatch of this Buffer returned")
         native_handle = handle.native if handle is not None else None
         topk_idx, topk_weights = _small(topk_idx), _small(topk_weights)
-        recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle = self.runtime.dispatch(
+        inputs = (x_data, x_scales, topk_idx, topk_weights, handle)
+        recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, native_event = self.runtime.dispatch(
             view(x_data, "x", fp8=fp8),
             view(x_scales, "x_scales"),
             native_handle,
@@ -253,9 +274,11 @@ class Buffer:
             expert_alignment,
             num_worst_tokens,
             self._config(config, proxyep.get_dispatch_config),
+            async_finish,
         )
+        self._hold_inputs(async_finish, inputs)
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
-        event = _event(async_finish)
+        event = _event(async_finish, native_event, inputs)
         if handle is not None:
             return recv, None, None, None, None, event
         return (
@@ -308,15 +331,24 @@ class Buffer:
             if len(biases) != 2:
                 raise ValueError("bias must be None, a tensor or a tuple of at most two tensors")
         topk_weights = _small(topk_weights)
-        combined, combined_weights = self.runtime.combine(
+        inputs = (x, topk_weights, biases, handle)
+        combined, combined_weights, native_event = self.runtime.combine(
             view(x, "x"),
             handle.native,
             view(topk_weights, "topk_weights"),
             view(biases[0], "bias[0]"),
             view(biases[1], "bias[1]"),
             self._config(config, proxyep.get_combine_config),
+            async_finish,
         )
-        return tensor(combined), tensor(combined_weights), _event(async_finish)
+        self._hold_inputs(async_finish, inputs)
+        return tensor(combined), tensor(combined_weights), _event(async_finish, native_event, inputs)
+
+    def _hold_inputs(self, async_finish, inputs):
+        """The runtime reads an async_finish call's inputs (views: they do not keep their tensors
+        alive) until the call ends, at the latest when the next call starts (it finishes the
+        calls before it first): held here until then, whatever the caller drops."""
+        self._inputs_in_flight = inputs if async_finish else None
 
     def internode_combine(self, x, handle, topk_weights=None, bias=None, config=None, previous_event=None,
                           async_finish=False, allocate_on_comm_stream=False):

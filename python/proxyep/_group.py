@@ -2,19 +2,22 @@
 constructor exchanges its setup data with ``dist.all_gather_object``).
 
 Rank 0 of the group picks where the native bootstrap listens and makes a job id and a secret for
-this Buffer; one ``all_gather_object`` (or mpi4py's ``allgather`` with ``comm=``) gives every rank
-those and every rank's node. The native bootstrap then connects over TCP, and only ranks that
-got the secret through the group can join it.
+this Buffer; ``all_gather_object`` (or mpi4py's ``allgather`` and ``bcast`` with ``comm=``) gives
+every rank those and every rank's node. The native bootstrap then connects over TCP, and only
+ranks that got the secret through the group can join it.
 
 Nodes: torchrun's layout, node = global rank // LOCAL_WORLD_SIZE on each host (``proxyep launch
---ranks-per-node`` emulates nodes on one host the same way). The group's ranks must come in
-equal, contiguous blocks per node (ranks_per_node); otherwise every rank counts as its own node,
-which works (everything goes through the fabric) but slower, and a warning says so.
+--ranks-per-node`` emulates nodes on one host the same way). With ``comm=`` a node is the
+communicator's shared-memory domain (``comm.Split_type(MPI.COMM_TYPE_SHARED)``), see
+``_mpi_node_key``. The group's ranks must come in equal, contiguous blocks per node
+(ranks_per_node); otherwise every rank counts as its own node, which works (everything goes
+through the fabric) but slower, and a warning says so. ``ranks_per_node=`` overrides both.
 """
 
 import os
 import secrets
 import socket
+import sys
 import uuid
 import warnings
 
@@ -36,17 +39,24 @@ def _node_key():
     return (socket.gethostname(), _global_rank() // lws if lws else 0)
 
 
-def _address_for_peers(all_local):
+def _address_for_peers(all_local, peer_hosts=()):
     """An address of this host that the group's other ranks can reach."""
     if all_local:
         return "127.0.0.1"
     master = os.environ.get("MASTER_ADDR")
-    if master:
-        # The interface this host uses towards the master (a UDP connect sends nothing).
+    # The interface this host uses towards the master (a UDP connect sends nothing); without
+    # one (an MPI job sets no MASTER_ADDR), towards another host of the group: gethostbyname
+    # of this host's own name is often a loopback address (Debian's 127.0.1.1).
+    targets = [(master, int(os.environ.get("MASTER_PORT", "1")))] if master else []
+    others = sorted(set(peer_hosts) - {socket.gethostname()})[:3]  # a few: each may ask DNS
+    targets += [(host, 1) for host in others]
+    for target in targets:
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-                s.connect((master, int(os.environ.get("MASTER_PORT", "1"))))
-                return s.getsockname()[0]
+                s.connect(target)
+                address = s.getsockname()[0]
+            if not address.startswith("127."):
+                return address
         except OSError:
             pass
     return socket.gethostbyname(socket.gethostname())
@@ -74,14 +84,66 @@ def _ranks_per_node(nodes):
     return block
 
 
+_COMM_METHODS = ("Get_rank", "Get_size", "allgather", "bcast")
+
+
+def _check_comm(comm):
+    """A usable mpi4py intracommunicator, else a clear error (before any collective)."""
+    missing = [name for name in _COMM_METHODS if not callable(getattr(comm, name, None))]
+    if missing:
+        raise TypeError(
+            "comm= must be an mpi4py communicator (e.g. mpi4py.MPI.COMM_WORLD) with "
+            f"{', '.join(_COMM_METHODS)}; {type(comm).__name__} lacks {', '.join(missing)}"
+        )
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and isinstance(comm, mpi.Comm):
+        if comm == mpi.COMM_NULL:
+            raise ValueError("comm= is MPI.COMM_NULL (this process is not in the communicator)")
+        if comm.Is_inter():
+            raise ValueError("comm= must be an intracommunicator, not an intercommunicator")
+
+
+def _mpi_node_key(comm, rank):
+    """This rank's node under ``comm=``: (host name, lowest comm rank of its shared-memory domain).
+
+    Why not the environment: LOCAL_WORLD_SIZE and RANK are torchrun's (an MPI launcher does not
+    set them, and a stale value would describe another job), and OMPI_COMM_WORLD_LOCAL_SIZE
+    (Open MPI only; MPICH has MPI_LOCALNRANKS) counts COMM_WORLD's ranks on the host, which is
+    wrong for a sub-communicator (comm.Split) that keeps only some of them. MPI-3's
+    Split_type(COMM_TYPE_SHARED) asks the MPI library itself which ranks of *this* communicator
+    share memory, on any implementation. A communicator without Split_type (an object with only
+    the methods _check_comm asks for) falls back to the host name. ranks_per_node= overrides either (e.g. to
+    emulate several nodes on one host)."""
+    host = socket.gethostname()
+    split_type = getattr(comm, "Split_type", None)
+    mpi = sys.modules.get("mpi4py.MPI")
+    if split_type is None or mpi is None or not hasattr(mpi, "COMM_TYPE_SHARED"):
+        return (host, 0)
+    local = split_type(mpi.COMM_TYPE_SHARED, key=rank)
+    try:
+        leader = local.bcast(rank, root=0)  # key=rank: local rank 0 is the lowest comm rank
+    finally:
+        local.Free()
+    return (host, leader)
+
+
 def rendezvous(group=None, comm=None, ranks_per_node=None):
     """Collective over ``group`` (a torch.distributed group; None = the default group) or, with
-    ``comm``, an mpi4py communicator. Returns the native ``GroupRendezvous``."""
+    ``comm`` and no ``group``, an mpi4py intracommunicator (then torch.distributed is not used
+    at all; as in DeepEP, ``group`` wins when both are given). Returns the native
+    ``GroupRendezvous``."""
     if comm is not None and group is None:
+        _check_comm(comm)
         rank, size = comm.Get_rank(), comm.Get_size()
 
         def gather(obj):
             return comm.allgather(obj)
+
+        def from_root(obj):
+            return comm.bcast(obj, root=0)
+
+        def node_key():
+            return _mpi_node_key(comm, rank)
 
     else:
         import torch.distributed as dist
@@ -95,18 +157,24 @@ def rendezvous(group=None, comm=None, ranks_per_node=None):
             dist.all_gather_object(out, obj, group=group)
             return out
 
+        def from_root(obj):
+            return gather(obj)[0]
+
+        node_key = _node_key
+
     # Two rounds: the first finds the nodes (rank 0 needs them to choose its address).
-    nodes = gather(_node_key())
+    nodes = gather(node_key())
     mine = {}
     if rank == 0:
-        address = _address_for_peers(all(n[0] == nodes[0][0] for n in nodes))
+        hosts = [n[0] for n in nodes]
+        address = _address_for_peers(all(h == hosts[0] for h in hosts), hosts)
         mine = {
             "address": address,
             "port": _free_port(address),
             "job_id": "deep_ep-" + uuid.uuid4().hex[:16],
             "secret": secrets.token_bytes(32),
         }
-    root = gather(mine)[0]
+    root = from_root(mine)
     if ranks_per_node is None:
         ranks_per_node = _ranks_per_node(nodes)
         if ranks_per_node is None:

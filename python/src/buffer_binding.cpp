@@ -170,6 +170,12 @@ void bind_buffer(py::module_& m) {
       .def_property_readonly("ranks_per_node",
                              [](NativeBuffer& b) { return b.get().ranks_per_node(); })
       .def("stats", [](NativeBuffer& b) { return b.get().stats(); })
+      .def(
+          "local_buffer",
+          [](NativeBuffer& b, bool use_rdma_buffer, py::object owner) {
+            return capsule_of_bytes(b.get().local_buffer(use_rdma_buffer), std::move(owner));
+          },
+          py::arg("use_rdma_buffer"), py::arg("owner"))
       .def("close", &NativeBuffer::close, py::call_guard<GilRelease>())
       .def("barrier", &NativeBuffer::barrier, py::call_guard<GilRelease>())
       .def(
@@ -193,7 +199,7 @@ void bind_buffer(py::module_& m) {
              const py::object& num_tokens_per_rdma_rank, const py::object& is_token_in_rank,
              const py::object& num_tokens_per_expert, const py::object& topk_idx,
              const py::object& topk_weights, int expert_alignment, int num_worst_tokens,
-             std::optional<Config> config) {
+             std::optional<Config> config, bool async_finish) {
             DispatchArgs a;
             a.x = view_of(x, "x");
             a.x_scales = view_of(x_scales, "x_scales");
@@ -208,6 +214,7 @@ void bind_buffer(py::module_& m) {
             a.expert_alignment = expert_alignment;
             a.num_worst_tokens = num_worst_tokens;
             a.config = config;
+            a.async_finish = async_finish;
             DispatchResult r;
             {
               GilRelease unlocked;
@@ -216,17 +223,18 @@ void bind_buffer(py::module_& m) {
             return py::make_tuple(capsule_of(r.recv_x), capsule_of(r.recv_x_scales),
                                   capsule_of(r.recv_topk_idx), capsule_of(r.recv_topk_weights),
                                   py::cast(r.num_recv_tokens_per_expert),
-                                  py::cast(std::move(r.handle)));
+                                  py::cast(std::move(r.handle)), defined_or_none(r.event));
           },
           py::arg("x"), py::arg("x_scales"), py::arg("handle"), py::arg("num_tokens_per_rank"),
           py::arg("num_tokens_per_rdma_rank"), py::arg("is_token_in_rank"),
           py::arg("num_tokens_per_expert"), py::arg("topk_idx"), py::arg("topk_weights"),
-          py::arg("expert_alignment"), py::arg("num_worst_tokens"), py::arg("config"))
+          py::arg("expert_alignment"), py::arg("num_worst_tokens"), py::arg("config"),
+          py::arg("async_finish") = false)
       .def(
           "combine",
           [](NativeBuffer& b, const py::object& x, const DispatchHandle& handle,
              const py::object& topk_weights, const py::object& bias0, const py::object& bias1,
-             std::optional<Config> config) {
+             std::optional<Config> config, bool async_finish) {
             CombineArgs a;
             a.x = view_of(x, "x");
             a.handle = &handle;
@@ -234,15 +242,17 @@ void bind_buffer(py::module_& m) {
             a.bias0 = view_of(bias0, "bias[0]");
             a.bias1 = view_of(bias1, "bias[1]");
             a.config = config;
+            a.async_finish = async_finish;
             CombineResult r;
             {
               GilRelease unlocked;
               r = b.get().combine(a);
             }
-            return py::make_tuple(capsule_of(r.combined_x), capsule_of(r.combined_topk_weights));
+            return py::make_tuple(capsule_of(r.combined_x), capsule_of(r.combined_topk_weights),
+                                  defined_or_none(r.event));
           },
           py::arg("x"), py::arg("handle"), py::arg("topk_weights"), py::arg("bias0"),
-          py::arg("bias1"), py::arg("config"))
+          py::arg("bias1"), py::arg("config"), py::arg("async_finish") = false)
       .def(
           "clean_low_latency_buffer",
           [](NativeBuffer& b, int tokens, int hidden, int experts) {

@@ -43,15 +43,23 @@ DLDataType dl_type(ep::DType dtype) {
   return {kDLUInt, 8, 1};
 }
 
-// What a capsule's DLManagedTensor owns: a handle on the storage, and the shape it describes.
+// What a capsule's DLManagedTensor owns: a handle on the storage (a runtime Tensor, or the Python
+// object that owns borrowed memory), and the shape it describes.
 struct Managed {
   ep::Tensor tensor;
+  py::object owner;
   int64_t shape[2] = {0, 0};
   DLManagedTensor dl{};
 };
 
 void delete_managed(DLManagedTensor* dl) {
-  delete static_cast<Managed*>(dl->manager_ctx);
+  auto* m = static_cast<Managed*>(dl->manager_ctx);
+  if (!m->owner) {
+    delete m;
+    return;
+  }
+  py::gil_scoped_acquire gil;  // torch may free a tensor on a thread without the GIL
+  delete m;
 }
 
 // A capsule torch never consumed (renamed "used_dltensor" when it does) frees its tensor here.
@@ -84,17 +92,15 @@ ep::TensorRef view_of(const py::handle& spec, std::string_view name) {
                                 strides[0].cast<int64_t>(), strides[1].cast<int64_t>());
 }
 
-py::object capsule_of(const ep::Tensor& tensor) {
-  if (!tensor.defined()) return py::none();
-  auto* m = new Managed;
-  m->tensor = tensor;
-  m->shape[0] = tensor.rows();
-  m->shape[1] = tensor.cols();
+namespace {
+
+// A capsule over `m`'s storage at `data`, of `dims` dimensions (m->shape) and `dtype`.
+py::object capsule_over(Managed* m, void* data, int dims, ep::DType dtype) {
   DLTensor& t = m->dl.dl_tensor;
-  t.data = const_cast<std::byte*>(m->tensor.raw());
+  t.data = data;
   t.device = {kDLCPU, 0};
-  t.ndim = tensor.dims();
-  t.dtype = dl_type(tensor.dtype());
+  t.ndim = dims;
+  t.dtype = dl_type(dtype);
   t.shape = m->shape;
   t.strides = nullptr;  // compact, row-major
   t.byte_offset = 0;
@@ -106,6 +112,24 @@ py::object capsule_of(const ep::Tensor& tensor) {
     throw py::error_already_set();
   }
   return py::reinterpret_steal<py::object>(capsule);
+}
+
+}  // namespace
+
+py::object capsule_of(const ep::Tensor& tensor) {
+  if (!tensor.defined()) return py::none();
+  auto* m = new Managed;
+  m->tensor = tensor;
+  m->shape[0] = tensor.rows();
+  m->shape[1] = tensor.cols();
+  return capsule_over(m, const_cast<std::byte*>(m->tensor.raw()), tensor.dims(), tensor.dtype());
+}
+
+py::object capsule_of_bytes(std::span<std::byte> bytes, py::object owner) {
+  auto* m = new Managed;
+  m->owner = std::move(owner);
+  m->shape[0] = static_cast<int64_t>(bytes.size());
+  return capsule_over(m, bytes.data(), 1, ep::DType::u8);
 }
 
 }  // namespace proxyep::python

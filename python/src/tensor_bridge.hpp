@@ -9,18 +9,24 @@
 // manager keeps the Tensor's storage alive until torch frees the tensor, so outputs are torch
 // tensors over the memory the runtime filled. DLPack in torch 1.13 has no bool and no FP8: bool
 // and e4m3 tensors travel as uint8 and the Python side views them back (bool) or keeps uint8
-// (e4m3 bytes, documented).
+// (e4m3 bytes, documented). capsule_of_bytes() lends torch raw runtime memory (the Buffer's
+// arena) instead, kept valid by holding its owner.
 #pragma once
 
 #include "gpu_side/ep/tensor.hpp"
 
 #include <pybind11/pybind11.h>
 
+#include <cstddef>
+#include <span>
 #include <string_view>
 
 namespace proxyep::python {
 
 gpu_side::ep::TensorRef view_of(const pybind11::handle& spec, std::string_view name);
 pybind11::object capsule_of(const gpu_side::ep::Tensor& tensor);
+// A uint8 capsule over memory the runtime owns elsewhere; `owner` (the Python object whose life
+// keeps `bytes` valid) is held until torch frees the tensor.
+pybind11::object capsule_of_bytes(std::span<std::byte> bytes, pybind11::object owner);
 
 }  // namespace proxyep::python

@@ -6,6 +6,10 @@
 // with a single token, top-k 1..8, hidden 2048..7168, BF16 and FP8, expert alignment, the
 // num_worst_tokens variant, cached dispatch, combine with top-k weights and two biases.
 //
+// --async: every dispatch and combine is made with async_finish and its event waited for later
+// (after the next call, which finishes it first, for some); then a combine must return before
+// the peers even start theirs (they start after a barrier the caller enters after its call).
+//
 // --bad-input: every rank makes invalid calls (each must throw before anything is sent), then a
 // valid one that must succeed. --die-rank R: rank R leaves (_exit(0)) before its second
 // dispatch; the others must fail within PROXYEP_EP_TIMEOUT_MS with an error naming it.
@@ -40,7 +44,15 @@ namespace {
 struct Options : testing::EpTestOptions {
   int die_after_ms = 0;  // with die_rank: it vanishes this long after start, whatever it is doing
   bool small_buffer = false;  // a Buffer that holds a few rows per peer: every call streams
+  bool async = false;         // every call with async_finish
 };
+
+// The result of a call made with async_finish = `async`, once its event is set.
+template <typename Result>
+Result finished(Result r) {
+  r.event.wait();
+  return r;
+}
 
 struct Case {
   std::string name;
@@ -143,8 +155,17 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   args.topk_idx = mine.topk_idx;
   args.topk_weights = mine.topk_weights;
   args.expert_alignment = c.alignment;
+  args.async_finish = o.async;
   auto got = buffer.dispatch(args);
   auto want = ep::reference_dispatch(views, w.shape, me, c.alignment);
+
+  // num_worst_tokens: same rows first, then -1 indices; no per-expert list.
+  DispatchArgs worst = args;
+  worst.num_worst_tokens = static_cast<int>(std::max<int64_t>(1, w.num_tokens) * R);
+  // With --async, this call first finishes the one before (stream order), whose event is then
+  // already set.
+  auto padded = finished(buffer.dispatch(worst));
+  got.event.wait();
   const int64_t recv = want.recv_src_idx.rows();
   check(got.handle.num_recv_tokens == recv, "{}: received {} rows, reference {}", at,
         got.handle.num_recv_tokens, recv);
@@ -158,10 +179,6 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
         fmt::format("{}", fmt::join(got.num_recv_tokens_per_expert, ",")),
         fmt::format("{}", fmt::join(want.num_recv_tokens_per_expert, ",")));
 
-  // num_worst_tokens: same rows first, then -1 indices; no per-expert list.
-  DispatchArgs worst = args;
-  worst.num_worst_tokens = static_cast<int>(std::max<int64_t>(1, w.num_tokens) * R);
-  auto padded = buffer.dispatch(worst);
   check(padded.recv_x.rows() == worst.num_worst_tokens && padded.num_recv_tokens_per_expert.empty(),
         "{}: num_worst_tokens gave {} rows and a list of {}", at, padded.recv_x.rows(),
         padded.num_recv_tokens_per_expert.size());
@@ -175,7 +192,8 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   again.x = args.x;
   again.x_scales = args.x_scales;
   again.handle = &got.handle;
-  auto cached = buffer.dispatch(again);
+  again.async_finish = o.async;
+  auto cached = finished(buffer.dispatch(again));
   expect_equal(cached.recv_x, want.recv_x, recv, at + " recv_x (cached)");
   check(!cached.recv_topk_idx.defined(), "{}: cached dispatch returned topk", at);
 
@@ -197,7 +215,7 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
     DispatchArgs plain = again;
     plain.x = mine.x;
     plain.x_scales = {};
-    bf16_got = buffer.dispatch(plain);
+    bf16_got = finished(buffer.dispatch(plain));
     bf16_got.handle = got.handle;
     bf16_got.recv_topk_weights = got.recv_topk_weights;
   }
@@ -208,18 +226,56 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   cargs.topk_weights = got.recv_topk_weights;
   cargs.bias0 = b0;
   cargs.bias1 = b1;
-  auto combined = buffer.combine(cargs);
+  cargs.async_finish = o.async;
+  auto combined = finished(buffer.combine(cargs));
   auto want_c = ep::reference_combine(expert_out, dispatched, weights_in, w.shape, me,
                                       static_cast<int>(tokens), b0, b1);
   expect_equal(combined.combined_x, want_c.combined_x, tokens, at + " combined_x");
   expect_equal(combined.combined_topk_weights, want_c.combined_topk_weights, tokens,
                at + " combined_topk_weights");
   // And without weights or biases.
-  auto bare = buffer.combine({.x = bf16_got.recv_x, .handle = &got.handle});
+  auto bare = finished(
+      buffer.combine({.x = bf16_got.recv_x, .handle = &got.handle, .async_finish = o.async}));
   auto want_bare =
       ep::reference_combine(expert_out, dispatched, {}, w.shape, me, static_cast<int>(tokens));
   expect_equal(bare.combined_x, want_bare.combined_x, tokens, at + " combined_x (no bias)");
   if (me == 0) fmt::print("ep_buffer: {}: OK ({} rows received on rank 0)\n", c.name, recv);
+}
+
+// An async combine returns before the peers start theirs: even ranks call it and then enter a
+// barrier that odd ranks enter before their (synchronous) combine. Were the combine not finished
+// on the communication thread, the even ranks would wait in it for records the odd ranks send
+// only after the barrier: a timeout naming them. The result must equal a synchronous combine's.
+void run_overlap(Buffer& buffer, control::Bootstrap& boot) {
+  const int R = buffer.group_size(), me = buffer.rank();
+  ep::WorkloadOptions w;
+  w.shape = {R, buffer.ranks_per_node(), 4 * R};
+  w.num_tokens = 64;
+  w.hidden = 2048;
+  w.topk = 4;
+  w.seed = 77;
+  const ep::RankInputs mine = ep::make_rank_inputs(w, me);
+  auto layout = buffer.get_dispatch_layout(mine.topk_idx, w.shape.num_experts);
+  auto d = buffer.dispatch({.x = mine.x,
+                            .num_tokens_per_rank = layout.num_tokens_per_rank,
+                            .is_token_in_rank = layout.is_token_in_rank,
+                            .num_tokens_per_expert = layout.num_tokens_per_expert,
+                            .topk_idx = mine.topk_idx,
+                            .topk_weights = mine.topk_weights});
+  const bool early = me % 2 == 0;
+  CombineResult combined;
+  if (early) {
+    combined = buffer.combine({.x = d.recv_x, .handle = &d.handle, .async_finish = true});
+    boot.barrier("ep_buffer(overlap)");
+    combined.event.wait();
+  } else {
+    boot.barrier("ep_buffer(overlap)");
+    combined = buffer.combine({.x = d.recv_x, .handle = &d.handle});
+  }
+  auto again = buffer.combine({.x = d.recv_x, .handle = &d.handle});
+  expect_equal(combined.combined_x, again.combined_x, d.handle.num_tokens,
+               fmt::format("rank {} async combine (overlap)", me));
+  if (me == 0) fmt::print("ep_buffer: async combine returned before its peers started: OK\n");
 }
 
 // Each bad call must throw on this rank before anything is sent; the next valid call works.
@@ -379,6 +435,7 @@ int run(const Options& o) {
     }
     run_case(buffer, c, o, index++);
   }
+  if (o.async) run_overlap(buffer, *boot);
   const BufferStats stats = buffer.stats();
   uint64_t group_eager = 0;
   for (const auto& bytes : boot->allgather(
@@ -405,5 +462,6 @@ int main(int argc, char** argv) {
   app.add_option("--die-after-ms", o.die_after_ms,
                  "with --die-rank: it vanishes this long after the start instead, mid-call");
   app.add_flag("--small-buffer", o.small_buffer, "a Buffer of a few rows per peer (streaming)");
+  app.add_flag("--async", o.async, "every call with async_finish, and a combine that overlaps");
   return testing::run_ep_test("ep_buffer", app, argc, argv, [&] { return run(o); });
 }

@@ -74,8 +74,13 @@ def test_bad_input_raises_before_sending_and_the_buffer_stays_usable():
         buffer.combine(x, handle=(1, 2, 3))
     with pytest.raises(deep_ep.ProxyEPError):
         deep_ep.Config(num_sms=20, num_max_nvl_chunked_send_tokens=300, num_max_nvl_chunked_recv_tokens=256)
-    with pytest.raises(deep_ep.ProxyEPError, match="not exposed"):
-        buffer.get_local_buffer_tensor(torch.bfloat16)
+    with pytest.raises(ValueError, match="offset"):
+        buffer.get_local_buffer_tensor(torch.bfloat16, offset=3)
+    with pytest.raises(ValueError, match="exceed"):
+        buffer.get_local_buffer_tensor(torch.int32, (4 << 20,))
+    if buffer.num_nodes == 1:
+        with pytest.raises(deep_ep.ProxyEPError, match="no RDMA buffer"):
+            buffer.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)
     round_trip(buffer, x, idx, w)  # every rank refused the same calls: still in step
 
 

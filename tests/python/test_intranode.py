@@ -163,3 +163,66 @@ def test_num_worst_tokens(buffer):
     assert torch.equal(worst[1][:n], exact[1])
     assert torch.all(worst[1][n:] == -1)
     assert worst[3] == []
+
+
+def test_async_combine_returns_before_peers_start(buffer):
+    """async_finish overlaps: even ranks' combine returns before odd ranks start theirs (odd ranks
+    enter a barrier first that even ranks enter after their call). A combine finished on the
+    calling thread would wait for the odd ranks' records and fail at the deadline naming them."""
+    rank, R = dist.get_rank(), dist.get_world_size()
+    x, _, topk_idx, _ = make_inputs(rank, R, seed=3)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, E)
+    recv, _, _, _, handle, _ = buffer.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                               num_tokens_per_expert=per_expert)
+    if rank % 2 == 0:
+        combined, _, event = buffer.combine(recv, handle, async_finish=True)
+        assert event.event is not None
+        dist.barrier()
+        event.current_stream_wait()
+    else:
+        dist.barrier()
+        combined, _, _ = buffer.combine(recv, handle)
+    # Rank-valued rows: each token comes back as its value times the ranks it went to, exactly.
+    dest = in_rank.sum(dim=1, keepdim=True).to(torch.float32)
+    assert torch.equal(combined.float(), x.float() * dest)
+
+
+def test_async_calls_finish_in_stream_order(buffer):
+    """The next call first finishes an async call (stream order): its outputs are complete without
+    waiting for its event, and the inputs the caller dropped were held until then."""
+    rank, R = dist.get_rank(), dist.get_world_size()
+    x, _, topk_idx, topk_weights = make_inputs(rank, R, seed=4)
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, E)
+    recv, _, _, _, handle, _ = buffer.dispatch(
+        x.clone(), num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+        topk_idx=topk_idx.clone(), topk_weights=topk_weights.clone(), async_finish=True)
+    combined, _, event = buffer.combine(recv, handle, async_finish=True)
+    del event  # never waited for: the next call finishes it
+    buffer.get_dispatch_layout(topk_idx, E)
+    dest = in_rank.sum(dim=1, keepdim=True).to(torch.float32)
+    assert torch.equal(combined.float(), x.float() * dest)
+
+
+def test_local_buffer_tensor_is_where_rows_land(buffer):
+    """get_local_buffer_tensor: views (not copies) of the NVL buffer, in which the rows the peers
+    send this rank land: zeroed, then a dispatch of rank+1-valued rows too large to travel with
+    the notify record (128 KiB) leaves every sending peer's value there."""
+    rank, R = dist.get_rank(), dist.get_world_size()
+    nvl = buffer.get_local_buffer_tensor(torch.bfloat16)
+    assert nvl.dtype == torch.bfloat16 and nvl.numel() == (1 << 22) // 2
+    window = buffer.get_local_buffer_tensor(torch.uint8, (2, 8), offset=64)
+    window.fill_(7)
+    assert torch.equal(buffer.get_local_buffer_tensor(torch.int32, (4,), offset=64),
+                       torch.full((4,), 0x07070707, dtype=torch.int32))
+    nvl.zero_()
+    tokens, hidden = 512, 1024
+    x = torch.full((tokens, hidden), float(rank + 1), dtype=torch.bfloat16)
+    idx = torch.arange(tokens * K).view(tokens, K) % E  # every rank's experts
+    per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, E)
+    buffer.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+    for peer in range(R):
+        if peer != rank:
+            assert bool((nvl == float(peer + 1)).any()), f"no row of rank {peer} in the NVL buffer"
+    if buffer.num_nodes > 1:
+        staging = buffer.get_local_buffer_tensor(torch.bfloat16, use_rdma_buffer=True)
+        assert bool((staging == float(rank + 1)).any()), "no staged row of this rank"

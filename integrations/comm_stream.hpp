@@ -1,0 +1,48 @@
+// CommStream: a Buffer's communication thread, the CPU analog of DeepEP's communication stream.
+// Work a call leaves to finish in the background (an async_finish call's data movement, a
+// receive hook's send phase) is queued here in call order and runs on one low-priority thread
+// (common/background_worker.hpp). Every later Buffer call, every event wait and every hook first
+// finishes what was queued before it (settle()), as GPU work runs after what was launched
+// earlier on its stream; whoever settles runs a task itself if the thread has not started it, so
+// waiting never costs more than doing the work.
+//
+// Threads: submit(), settle() and the events and settlers it hands out belong to the Buffer's
+// calling thread (one thread per Buffer); the bodies run on the stream's thread or on that one,
+// never two at once.
+#pragma once
+
+#include "common/background_worker.hpp"
+#include "integrations/low_latency_types.hpp"
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+namespace proxyep::integrations {
+
+class CommStream {
+ public:
+  CommStream() = default;
+  // Settles; a failure is logged (nobody is left to receive it).
+  ~CommStream();
+  CommStream(const CommStream&) = delete;
+  CommStream& operator=(const CommStream&) = delete;
+
+  // Queues `body` after everything queued before it.
+  std::shared_ptr<StealableTask> submit(std::function<void()> body);
+  // Finishes every queued task in order (here, or by waiting for the thread); rethrows the first
+  // failure after all of them finished.
+  void settle();
+  // settle() as a function that outlives the stream (then it does nothing: the stream's
+  // destructor already finished everything).
+  std::function<void()> settler() const;
+  // The event of `task`: waiting settles the stream, then rethrows `task`'s own failure.
+  CallEvent event_for(std::shared_ptr<StealableTask> task) const;
+
+ private:
+  std::vector<std::shared_ptr<StealableTask>> pending_;
+  std::shared_ptr<CommStream*> alive_ = std::make_shared<CommStream*>(this);
+  BackgroundWorker worker_;  // last: its destructor may still run tasks that use the above
+};
+
+}  // namespace proxyep::integrations
