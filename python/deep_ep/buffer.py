@@ -134,6 +134,7 @@ class Buffer:
         self.num_nodes = self.group_size // self.ranks_per_node
         self._destroyed = False
         self._inputs_in_flight = None
+        self._configs = {}
 
     # ---- lifecycle ----
 
@@ -229,7 +230,12 @@ class Buffer:
     def _config(self, config, table):
         if config is not None or self.group_size not in _TABLE_RANKS:
             return config
-        return table(self.group_size)
+        # The tables depend on the class-wide SM count only: looked up once per count.
+        key = (table, Buffer.num_sms)
+        cached = self._configs.get(key)
+        if cached is None:
+            cached = self._configs[key] = table(self.group_size)
+        return cached
 
     def dispatch(
         self,
@@ -286,13 +292,17 @@ class Buffer:
             tensor(recv_idx),
             tensor(recv_weights),
             per_expert,
-            self._normal_handle(new_handle),
+            self._normal_handle(new_handle, is_token_in_rank),
             event,
         )
 
-    def _normal_handle(self, native):
+    def _normal_handle(self, native, is_token_in_rank=None):
         prefix = tensor(native.rank_prefix_matrix)  # [R, R]: inclusive prefix over source ranks
-        in_rank = tensor(native.is_token_in_rank, torch.bool)
+        # The routing the caller passed is the handle's (as in DeepEP); the runtime's copy of it
+        # only when it came in another form.
+        in_rank = is_token_in_rank
+        if not (isinstance(in_rank, torch.Tensor) and in_rank.dtype == torch.bool and in_rank.dim() == 2):
+            in_rank = tensor(native.is_token_in_rank, torch.bool)
         src_idx, send_head = tensor(native.recv_src_idx), tensor(native.send_head)
         if self.num_nodes == 1:
             items = (prefix, None, None, src_idx, in_rank, send_head)

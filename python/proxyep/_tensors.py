@@ -8,6 +8,9 @@ the caller keeps ``t`` alive for the call. ``tensor(capsule)`` wraps memory the 
 import torch
 import torch.utils.dlpack
 
+# torch.utils.dlpack.from_dlpack less its checks for other protocols (ours are always capsules).
+_from_dlpack = getattr(torch._C, "_from_dlpack", torch.utils.dlpack.from_dlpack)
+
 #: torch's e4m3 dtype when this torch has one (2.1+); None on torch 1.13, where FP8 data is a
 #: ``torch.uint8`` tensor of e4m3 bytes.
 FP8_DTYPE = getattr(torch, "float8_e4m3fn", None)
@@ -26,6 +29,7 @@ if FP8_DTYPE is not None:
 # Stands in for the data pointer of empty tensors (torch may give them none): a null pointer
 # with no rows means "None" to the runtime.
 _EMPTY = torch.empty(64, dtype=torch.uint8)
+_EMPTY_PTR = _EMPTY.data_ptr()
 
 
 def view(t, name, fp8=False):
@@ -36,6 +40,23 @@ def view(t, name, fp8=False):
     """
     if t is None:
         return None
+    # Every call passes up to nine tensors through here: the common case (a CPU tensor of one or
+    # two dimensions) takes the fewest attribute lookups; anything else gets the full checks.
+    try:
+        name_of = _NAMES[t.dtype]
+        ok = t.is_cpu and 0 < t.dim() <= 2
+    except (AttributeError, KeyError, TypeError):
+        ok = False
+    if not ok:
+        t, name_of = _checked(t, name)
+    if fp8 and name_of == "u8":
+        name_of = "fp8_e4m3"
+    return (t.data_ptr() or _EMPTY_PTR, name_of, t.shape, t.stride())
+
+
+def _checked(t, name):
+    """``t`` as a 1-D or 2-D CPU tensor of a supported dtype, and its dtype's name; else the
+    error that says what is wrong."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(t).__name__}")
     if t.device.type != "cpu":
@@ -46,24 +67,19 @@ def view(t, name, fp8=False):
     name_of = _NAMES.get(t.dtype)
     if name_of is None:
         raise TypeError(f"{name}: dtype {t.dtype} is not supported")
-    if fp8 and t.dtype == torch.uint8:
-        name_of = "fp8_e4m3"
     if t.dim() == 0:
         raise ValueError(f"{name} must have at least one dimension")
-    if t.dim() > 2:
-        try:
-            t = t.view(-1, t.shape[-1])
-        except RuntimeError as e:
-            raise ValueError(f"{name} of shape {tuple(t.shape)} cannot be viewed as 2-D: {e}") from None
-    ptr = t.data_ptr() if t.numel() > 0 else _EMPTY.data_ptr()
-    return (ptr, name_of, tuple(t.shape), tuple(t.stride()))
+    try:
+        return t.view(-1, t.shape[-1]), name_of
+    except RuntimeError as e:
+        raise ValueError(f"{name} of shape {tuple(t.shape)} cannot be viewed as 2-D: {e}") from None
 
 
 def tensor(capsule, dtype=None):
     """A torch tensor over runtime memory (None stays None); ``dtype`` re-views bool or FP8."""
     if capsule is None:
         return None
-    t = torch.utils.dlpack.from_dlpack(capsule)
+    t = _from_dlpack(capsule)
     if dtype is torch.bool:
         return t.view(torch.bool)
     if dtype is not None and FP8_DTYPE is not None and dtype == FP8_DTYPE:
