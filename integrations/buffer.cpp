@@ -180,6 +180,7 @@ bool Buffer::explicitly_destroy() const {
 BufferStats Buffer::stats() const {
   impl_->stream.settle();  // calls may still run in the background
   BufferStats stats = impl_->mode.stats();
+  stats.calls = stats.dispatch_phases.calls + stats.combine_phases.calls;
   const proxy::Session& session = *impl_->session;
   for (int r = 0; r < session.ranks(); ++r) {
     if (r == session.rank()) continue;

@@ -58,10 +58,31 @@ using gpu_side::ep::DType;
 using gpu_side::ep::Tensor;
 using gpu_side::ep::TensorRef;
 
+// Where this rank's normal-mode calls of one kind spent their time, in nanoseconds summed over
+// the calls (each charged on the thread that ran it; an async call's wait for its caller is not
+// counted). Every clock read marks a boundary between two phases, so the phases add up to the
+// calls' time. For `proxyep bench ep --breakdown` and for tuning.
+struct PhaseTimes {
+  uint64_t calls = 0;       // completed
+  uint64_t prepare_ns = 0;  // checks, routing, chunk plans, outputs, handle, padding
+  uint64_t notify_ns = 0;   // every rank's record (and eager rows) awaited: the call's barrier
+  uint64_t pack_ns = 0;     // rows written into slots (a node peer's arena, or staging)
+  uint64_t post_ns = 0;     // chunks and credits handed to the channels (stores, RMA posts)
+  uint64_t local_ns = 0;    // this rank's rows to itself
+  uint64_t unpack_ns = 0;   // arrived rows copied out, or gathered for the reduce
+  uint64_t wait_ns = 0;     // waiting for chunks or credits: the wire and the peers
+  uint64_t reduce_ns = 0;   // combine's float32 reduce
+  uint64_t quiet_ns = 0;    // waiting for this rank's writes to complete
+  uint64_t sum_ns() const {
+    return prepare_ns + notify_ns + pack_ns + post_ns + local_ns + unpack_ns + wait_ns + reduce_ns +
+           quiet_ns;
+  }
+};
+
 // What this rank's calls moved and how (Buffer::stats()): for tuning num_nvl_bytes,
 // num_rdma_bytes, ep.chunk_bytes and ep.eager_bytes, and for checking that calls streamed.
 struct BufferStats {
-  uint64_t calls = 0;            // dispatches and combines
+  uint64_t calls = 0;            // normal-mode dispatches and combines completed
   uint64_t eager_streams = 0;    // (call, destination) pairs sent with the notify record
   uint64_t chunks_sent = 0;      // chunks of the other pairs, to node peers and other nodes
   uint64_t chunks_received = 0;  // likewise, received
@@ -72,6 +93,7 @@ struct BufferStats {
   // later write's (writes from other nodes landing, and this rank's writes to them completing);
   // unset without a fabric or with the shim off.
   std::optional<uint64_t> reordered_completions;
+  PhaseTimes dispatch_phases, combine_phases;  // normal-mode calls
 };
 
 struct BufferOptions {

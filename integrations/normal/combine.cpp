@@ -86,12 +86,14 @@ void agree_combine(uint64_t call, int me, const std::vector<NotifyRecord>& recor
 // One combine from its checked arguments to its reduce. It keeps a copy of the handle (tensors
 // are shared, not copied): the caller's may be gone before an async call ends.
 struct CombineCall {
-  CombineCall(const CombineArgs& caller, const CheckedCombine& checked, int me)
+  CombineCall(const CombineArgs& caller, const CheckedCombine& checked, int me,
+              const PhaseClock& started)
       : args(caller),
         handle(*caller.handle),
         in(checked),
         dispatched(RowCounts::from_handle(handle)),
-        rows_to(dispatched.received_from_each(me)) {
+        rows_to(dispatched.received_from_each(me)),
+        clock(started) {
     args.handle = &handle;
   }
   CombineCall(const CombineCall&) = delete;
@@ -106,14 +108,16 @@ struct CombineCall {
   std::optional<CombineStreams> streams;  // points into the members above
   CombineResult out;                      // shares its tensors with what the caller got
   uint64_t call = 0;
+  PhaseClock clock;
 };
 
 CombineResult NormalMode::combine(const CombineArgs& args) {
+  PhaseClock started(stats_.combine_phases);
   calls_.check_usable(kPhase);
   const CheckedCombine in = check_combine_args(args, buffer_id_);
   const int me = session_.rank();
   require_row_fits(session_, in.format, kPhase);
-  auto c = std::make_shared<CombineCall>(args, in, me);
+  auto c = std::make_shared<CombineCall>(args, in, me, started);
   const CombineArgs& a = c->args;
   const float* weights = in.topk > 0 ? a.topk_weights.as<float>() : nullptr;
   CombineStreams& streams =
@@ -126,12 +130,16 @@ CombineResult NormalMode::combine(const CombineArgs& args) {
     c->out.combined_topk_weights = backend_.allocate(DType::f32, c->handle.num_tokens, in.topk);
 
   c->call = calls_.begin(integrations::CallKind::sync, kPhase);
+  c->clock.lap(&PhaseTimes::prepare_ns);
   if (!a.async_finish) {
     run_combine(*c);
     return std::move(c->out);
   }
   CombineResult out = c->out;
-  out.event = stream_.event_for(stream_.submit([this, c] { run_combine(*c); }));
+  out.event = stream_.event_for(stream_.submit([this, c] {
+    c->clock.resume();  // the caller's own work meanwhile is not this call's
+    run_combine(*c);
+  }));
   return out;
 }
 
@@ -140,9 +148,10 @@ void NormalMode::run_combine(CombineCall& c) {
   const DispatchHandle& h = c.handle;
   const CheckedCombine& in = c.in;
   CombineStreams& streams = *c.streams;
+  PhaseClock& clock = c.clock;
   calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
-  calls_.step([&] { send_eager(session_, call, streams, stats_, kPhase); });
+  calls_.step([&] { send_eager(session_, call, streams, stats_, clock, kPhase); });
   RecordHeader header;
   header.kind = CallKind::combine;
   header.num_tokens = static_cast<uint32_t>(h.num_tokens);
@@ -150,7 +159,8 @@ void NormalMode::run_combine(CombineCall& c) {
   const auto records = calls_.step(
       [&] { return exchange_records(session_, call, encoder_, header, c.rows_to, {}, kPhase); });
   agree_combine(call, session_.rank(), records, c.dispatched);
-  calls_.step([&] { run_streams(session_, call, streams, stats_, kPhase); });
+  clock.lap(&PhaseTimes::notify_ns);
+  calls_.step([&] { run_streams(session_, call, streams, stats_, clock, kPhase); });
 
   const CombineArgs& a = c.args;
   backend_.reduce(
@@ -166,7 +176,10 @@ void NormalMode::run_combine(CombineCall& c) {
           .hidden = in.hidden,
           .topk = in.topk},
       h.num_tokens);
+  clock.lap(&PhaseTimes::reduce_ns);
   calls_.step([&] { session_.quiet(kPhase); });
+  clock.lap(&PhaseTimes::quiet_ns);
+  clock.completed();
 }
 
 }  // namespace proxyep::integrations::normal

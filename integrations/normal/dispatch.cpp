@@ -22,7 +22,8 @@ constexpr const char* kPhase = "dispatch";
 // One dispatch from its arguments to its rows' arrival. A cached dispatch keeps a copy of the
 // handle (tensors are shared, not copied): the caller's may be gone before an async call ends.
 struct DispatchCall {
-  explicit DispatchCall(const DispatchArgs& caller) : args(caller) {
+  DispatchCall(const DispatchArgs& caller, const PhaseClock& started)
+      : args(caller), clock(started) {
     if (caller.handle != nullptr) args.handle = &handle.emplace(*caller.handle);
   }
   DispatchCall(const DispatchCall&) = delete;
@@ -36,6 +37,7 @@ struct DispatchCall {
   DispatchResult out;                      // shares its tensors with what the caller got
   uint64_t call = 0;
   int64_t num_recv = 0;
+  PhaseClock clock;
 };
 
 NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
@@ -43,12 +45,14 @@ NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequenc
     : session_(session), backend_(backend), buffer_id_(buffer_id), calls_(calls), stream_(stream) {}
 
 DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
+  PhaseClock started(stats_.dispatch_phases);
   calls_.check_usable(kPhase);
   const int R = session_.ranks(), me = session_.rank();
   const DispatchInput in = check_dispatch_args(args, R, session_.ranks_per_node(), buffer_id_);
   // Rows stream through the slots in chunks: any number of tokens fits if one row fits a slot.
   require_row_fits(session_, in.format, kPhase);
-  auto d = std::make_shared<DispatchCall>(args);
+  auto d = std::make_shared<DispatchCall>(args, started);
+  PhaseClock& clock = d->clock;
   const DispatchArgs& a = d->args;
   d->in = in;
   d->routing = in.cached ? TokenRouting::cached(*a.handle, me)
@@ -56,14 +60,16 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   DispatchStreams& streams =
       d->streams.emplace(backend_, d->in, a, d->routing, shape_for(in.num_experts), me);
   streams.out = plan_streams(session_, in.format, d->routing.rows_to);
+  clock.lap(&PhaseTimes::prepare_ns);
 
   const uint64_t call = d->call = calls_.begin(integrations::CallKind::sync, kPhase);
   calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
-  calls_.step([&] { send_eager(session_, call, streams, stats_, kPhase); });
+  calls_.step([&] { send_eager(session_, call, streams, stats_, clock, kPhase); });
   const auto records = calls_.step([&] { return notify_dispatch(call, in, a, d->routing); });
   const RowCounts counts = RowCounts::from_records(records);
   agree_dispatch(call, in, a, records, counts);
+  clock.lap(&PhaseTimes::notify_ns);
   d->num_recv = counts.received_by(me);
 
   // The outputs exist before the rows move: this rank's rows to itself go straight into them
@@ -75,19 +81,26 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   streams.receive_into(d->out, std::move(first_row));
   streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
   finish_handle(d->out, in, a, d->routing, counts, records);
+  clock.lap(&PhaseTimes::prepare_ns);
   if (!a.async_finish) {
     move_rows(*d);
     return std::move(d->out);
   }
   DispatchResult out = d->out;
-  out.event = stream_.event_for(stream_.submit([this, d] { move_rows(*d); }));
+  out.event = stream_.event_for(stream_.submit([this, d] {
+    d->clock.resume();  // the caller's own work meanwhile is not this call's
+    move_rows(*d);
+  }));
   return out;
 }
 
 void NormalMode::move_rows(DispatchCall& d) {
-  calls_.step([&] { run_streams(session_, d.call, *d.streams, stats_, kPhase); });
+  calls_.step([&] { run_streams(session_, d.call, *d.streams, stats_, d.clock, kPhase); });
   clear_padding(d.out, d.in, d.num_recv);
+  d.clock.lap(&PhaseTimes::prepare_ns);
   calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call
+  d.clock.lap(&PhaseTimes::quiet_ns);
+  d.clock.completed();
 }
 
 std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const DispatchInput& in,

@@ -21,7 +21,7 @@ uint64_t area_bytes(uint64_t rows, const ep::RowFormat& format) {
 class StreamRun {
  public:
   StreamRun(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
-            std::string_view phase);
+            PhaseClock& clock, std::string_view phase);
   void run();
 
  private:
@@ -40,17 +40,19 @@ class StreamRun {
   const uint64_t call_;
   RowStreams& streams_;
   BufferStats& stats_;
+  PhaseClock& clock_;
   const std::string_view phase_;
   const int ranks_, me_;
   std::vector<uint64_t> sent_, taken_;  // chunks, by peer
 };
 
 StreamRun::StreamRun(proxy::Session& session, uint64_t call, RowStreams& streams,
-                     BufferStats& stats, std::string_view phase)
+                     BufferStats& stats, PhaseClock& clock, std::string_view phase)
     : session_(session),
       call_(call),
       streams_(streams),
       stats_(stats),
+      clock_(clock),
       phase_(phase),
       ranks_(session.ranks()),
       me_(session.rank()),
@@ -87,7 +89,9 @@ void StreamRun::send(int d) {
   const uint64_t j = sent_[d], rows = p.rows_in(j);
   proxy::PeerChannel& to = channel(d);
   streams_.fill(d, p.first_row(j), rows, to.send_buffer(j, p.shape()));
+  clock_.lap(&PhaseTimes::pack_ns);
   to.send_chunk(j, p.shape(), area_bytes(rows, streams_.format), phase_);
+  clock_.lap(&PhaseTimes::post_ns);
   ++sent_[d];
   ++stats_.chunks_sent;
 }
@@ -106,14 +110,17 @@ bool StreamRun::take_arrived(int s) {
   if (p.eager) {
     // No credit: the slot's next user is call + 2, after this rank's next record.
     streams_.take(s, 0, 0, p.rows, from.eager(call_));
+    clock_.lap(&PhaseTimes::unpack_ns);
     taken_[s] = 1;
     return true;
   }
   for (uint64_t j = taken_[s]; j < upto; ++j)
     streams_.take(s, j, p.first_row(j), p.rows_in(j), from.chunk(j, p.shape()));
+  clock_.lap(&PhaseTimes::unpack_ns);
   stats_.chunks_received += upto - taken_[s];
   taken_[s] = upto;
   from.consumed(upto, p.chunks, p.shape(), phase_);  // these slots may be written again
+  clock_.lap(&PhaseTimes::post_ns);
   return true;
 }
 
@@ -152,19 +159,24 @@ void StreamRun::run() {
       if (sent_[d] < streams_.out[d].chunks) ++stats_.credit_stalls;
     }
     if (!local_done) {
+      clock_.lap(&PhaseTimes::post_ns);  // the loop's own bookkeeping, with the posts
       streams_.local();
+      clock_.lap(&PhaseTimes::local_ns);
       local_done = progressed = true;
     }
     for (int k = 1; k < ranks_; ++k)
       progressed |= take_arrived((me_ + k) % ranks_);
     if (done()) return;
-    if (!progressed)
+    if (!progressed) {
+      clock_.lap(&PhaseTimes::post_ns);
       session_.await({.ready = [&] { return can_progress(); },
                       .pending = [&](int r) { return pending(r); },
                       .phase = phase_,
                       .what = "chunks of rows or their credits",
                       .detail = [&](int r) { return where(r); },
                       .on_lost = {}});
+      clock_.lap(&PhaseTimes::wait_ns);
+    }
   }
 }
 
@@ -189,7 +201,7 @@ void require_row_fits(const proxy::Session& session, const ep::RowFormat& format
 }
 
 void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
-                std::string_view phase) {
+                PhaseClock& clock, std::string_view phase) {
   const int R = session.ranks(), me = session.rank();
   for (int k = 1; k < R; ++k) {
     const int d = (me + k) % R;
@@ -198,13 +210,15 @@ void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, Buf
     ++stats.eager_streams;
     proxy::PeerChannel& to = session.channel(d);
     streams.fill(d, 0, p.rows, to.eager_buffer(call));
+    clock.lap(&PhaseTimes::pack_ns);
     to.send_eager(call, area_bytes(p.rows, streams.format), phase);
+    clock.lap(&PhaseTimes::post_ns);
   }
 }
 
 void run_streams(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
-                 std::string_view phase) {
-  StreamRun(session, call, streams, stats, phase).run();
+                 PhaseClock& clock, std::string_view phase) {
+  StreamRun(session, call, streams, stats, clock, phase).run();
 }
 
 }  // namespace proxyep::integrations::normal

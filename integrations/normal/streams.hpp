@@ -11,6 +11,7 @@
 
 #include "integrations/buffer.hpp"
 #include "integrations/normal/chunk_plan.hpp"
+#include "integrations/phase_clock.hpp"
 #include "proxy/session.hpp"
 
 #include <cstddef>
@@ -55,11 +56,12 @@ void require_row_fits(const proxy::Session& session, const gpu_side::ep::RowForm
 
 // Before the records of `call`: writes the rows of every eager stream of `streams`.
 void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
-                std::string_view phase);
+                PhaseClock& clock, std::string_view phase);
 // Moves every other stream of `streams`: returns when this rank has sent every chunk and
 // consumed every chunk sent to it. A peer that makes no progress for the session's deadline, or
 // a node peer that exits, fails the call naming it.
+// Its time is charged to pack, post, local, unpack and wait on `clock`.
 void run_streams(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
-                 std::string_view phase);
+                 PhaseClock& clock, std::string_view phase);
 
 }  // namespace proxyep::integrations::normal

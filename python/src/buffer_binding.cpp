@@ -105,6 +105,18 @@ void bind_buffer(py::module_& m) {
           "secret", [](const GroupRendezvous& g) { return py::bytes(g.secret); },
           [](GroupRendezvous& g, const py::bytes& b) { g.secret = std::string(b); });
 
+  py::class_<PhaseTimes>(m, "PhaseTimes")
+      .def_readonly("calls", &PhaseTimes::calls)
+      .def_readonly("prepare_ns", &PhaseTimes::prepare_ns)
+      .def_readonly("notify_ns", &PhaseTimes::notify_ns)
+      .def_readonly("pack_ns", &PhaseTimes::pack_ns)
+      .def_readonly("post_ns", &PhaseTimes::post_ns)
+      .def_readonly("local_ns", &PhaseTimes::local_ns)
+      .def_readonly("unpack_ns", &PhaseTimes::unpack_ns)
+      .def_readonly("wait_ns", &PhaseTimes::wait_ns)
+      .def_readonly("reduce_ns", &PhaseTimes::reduce_ns)
+      .def_readonly("quiet_ns", &PhaseTimes::quiet_ns);
+
   py::class_<BufferStats>(m, "BufferStats")
       .def_readonly("calls", &BufferStats::calls)
       .def_readonly("eager_streams", &BufferStats::eager_streams)
@@ -113,7 +125,9 @@ void bind_buffer(py::module_& m) {
       .def_readonly("credit_stalls", &BufferStats::credit_stalls)
       .def_readonly("bytes_to_node", &BufferStats::bytes_to_node)
       .def_readonly("bytes_to_fabric", &BufferStats::bytes_to_fabric)
-      .def_readonly("reordered_completions", &BufferStats::reordered_completions);
+      .def_readonly("reordered_completions", &BufferStats::reordered_completions)
+      .def_readonly("dispatch_phases", &BufferStats::dispatch_phases)
+      .def_readonly("combine_phases", &BufferStats::combine_phases);
 
   py::class_<DispatchHandle>(m, "DispatchHandle")
       .def_property_readonly(

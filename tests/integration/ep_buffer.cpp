@@ -355,14 +355,32 @@ void run_bad_input(Buffer& buffer, const Options& o) {
 // The calls moved their rows the way the Buffer's sizing says they must: small Buffers stream
 // in many chunks and wait for credits; eager rows appear exactly when enabled.
 // `group_eager`: eager streams summed over the ranks (a rank with no tokens sends none).
-void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, int ranks) {
+void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, int ranks,
+                 std::chrono::nanoseconds elapsed) {
   const std::string seen = fmt::format(
       "{} calls, {} eager streams, {} chunks sent, {} received, {} credit stalls, {} bytes to node "
       "peers, {} to other nodes",
       s.calls, s.eager_streams, s.chunks_sent, s.chunks_received, s.credit_stalls, s.bytes_to_node,
       s.bytes_to_fabric);
   std::fprintf(stderr, "ep_buffer: stats: %s\n", seen.c_str());
+  // Every call's time is split into phases: each kind was timed, rows were packed and unpacked
+  // (with peers), combines reduced, and the phases add up to no more than the run took.
+  const PhaseTimes& d = s.dispatch_phases;
+  const PhaseTimes& c = s.combine_phases;
+  check(d.calls > 0 && c.calls > 0 && d.calls + c.calls == s.calls,
+        "phases timed {} dispatches and {} combines of {} calls", d.calls, c.calls, s.calls);
+  check(d.prepare_ns > 0 && d.notify_ns > 0 && d.local_ns > 0 && c.reduce_ns > 0 &&
+            c.notify_ns > 0 && d.quiet_ns > 0,
+        "a phase was never timed: dispatch prepare {} notify {} local {} quiet {}, combine notify "
+        "{} reduce {}",
+        d.prepare_ns, d.notify_ns, d.local_ns, d.quiet_ns, c.notify_ns, c.reduce_ns);
+  check(d.sum_ns() < static_cast<uint64_t>(elapsed.count()) &&
+            c.sum_ns() < static_cast<uint64_t>(elapsed.count()),
+        "the phases ({} + {} ns) exceed the run ({} ns)", d.sum_ns(), c.sum_ns(), elapsed.count());
   if (ranks == 1) return;
+  check(d.pack_ns > 0 && d.unpack_ns > 0 && c.pack_ns > 0 && c.unpack_ns > 0,
+        "rows moved but were not timed: dispatch pack {} unpack {}, combine pack {} unpack {}",
+        d.pack_ns, d.unpack_ns, c.pack_ns, c.unpack_ns);
   if (o.small_buffer)
     check(s.chunks_sent >= 2 * s.calls && s.credit_stalls > 0, "a small Buffer must stream: {}",
           seen);
@@ -396,6 +414,7 @@ int run(const Options& o) {
     params::ep_eager_bytes.set(row);  // only the smallest pairs skip the streams
   }
   Buffer buffer(*boot, options);
+  const auto started = std::chrono::steady_clock::now();
   // With --reorder, the calls' writes between nodes must really have been reordered.
   auto require_reordered = [&] {
     if (o.reorder)
@@ -445,7 +464,7 @@ int run(const Options& o) {
     std::memcpy(&theirs, bytes.data(), sizeof theirs);
     group_eager += theirs;
   }
-  check_stats(stats, group_eager, o, R);
+  check_stats(stats, group_eager, o, R, std::chrono::steady_clock::now() - started);
   require_reordered();
   if (boot->rank() == 0)
     fmt::print("ep_buffer: {} ranks, {} per node, provider {}, reorder {}: all cases OK\n", R,
