@@ -43,7 +43,7 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) 
   if (a.out.defined()) {
     st.out = const_cast<uint16_t*>(a.out.as<uint16_t>());
   } else {
-    st.combined = outputs_.combined.take(backend_, ep::DType::bf16, d.num_tokens, H);
+    st.combined = output(outputs_[combines_++ % 2].combined, ep::DType::bf16, d.num_tokens, H);
     st.out = st.combined.data<uint16_t>();
   }
 

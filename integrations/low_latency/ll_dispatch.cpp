@@ -51,16 +51,15 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   }
 
   const int64_t rows = static_cast<int64_t>(R) * shape.tokens;  // per local expert
-  Outputs& pool = outputs_;
-  st.recv_x = pool.recv_x.take(backend_, format.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16,
-                               local * rows, shape.hidden);
+  Outputs& pool = outputs_[dispatches_++ % 2];
+  st.recv_x = output(pool.recv_x, format.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * rows,
+                     shape.hidden);
   if (format.fp8)
-    st.recv_x_scales =
-        pool.recv_x_scales.take(backend_, format.ue8m0 ? ep::DType::i32 : ep::DType::f32,
-                                local * static_cast<int64_t>(format.scale_words()), rows);
-  st.recv_count = pool.recv_count.take(backend_, ep::DType::i32, local, -1);
-  st.src_info = pool.src_info.take(backend_, ep::DType::i32, local, rows);
-  st.layout_range = pool.layout_range.take(backend_, ep::DType::i64, local, R);
+    st.recv_x_scales = output(pool.recv_x_scales, format.ue8m0 ? ep::DType::i32 : ep::DType::f32,
+                              local * static_cast<int64_t>(format.scale_words()), rows);
+  st.recv_count = output(pool.recv_count, ep::DType::i32, local, -1);
+  st.src_info = output(pool.src_info, ep::DType::i32, local, rows);
+  st.layout_range = output(pool.layout_range, ep::DType::i64, local, R);
 
   auto send = [this, state, x, local] {
     CallState& st = *state;

@@ -273,6 +273,16 @@ void LowLatencyMode::launch(const std::shared_ptr<CallState>& state, std::functi
   }
 }
 
+gpu_side::ep::Tensor LowLatencyMode::output(gpu_side::ep::Tensor& pooled, gpu_side::ep::DType dtype,
+                                            int64_t rows, int64_t cols) {
+  const bool fits = pooled.defined() && pooled.use_count() == 1 && pooled.dtype() == dtype &&
+                    pooled.rows() == rows &&
+                    (cols < 0 ? pooled.dims() == 1 : pooled.cols() == cols);
+  if (!fits)
+    pooled = cols < 0 ? backend_.allocate(dtype, rows) : backend_.allocate(dtype, rows, cols);
+  return pooled;
+}
+
 gpu_side::ep::Tensor LowLatencyMode::next_combine_buffer(const LowLatencyHandle& handle) {
   constexpr const char* kPhase = "get_next_low_latency_combine_buffer";
   require(handle.dispatched != nullptr && handle.dispatched->buffer_id == buffer_id_, kPhase,

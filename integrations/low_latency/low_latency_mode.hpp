@@ -26,7 +26,6 @@
 #include "integrations/comm_stream.hpp"
 #include "integrations/low_latency/ll_call.hpp"
 #include "integrations/low_latency_types.hpp"
-#include "integrations/output_pool.hpp"
 #include "proxy/session.hpp"
 
 #include <cstdint>
@@ -107,11 +106,20 @@ class LowLatencyMode {
   std::vector<int32_t> expert_counts_;       // [R * E_local]: messages per (rank, local expert)
   std::vector<std::vector<int32_t>> order_;  // [R][messages]: the token of each message
   gpu_side::ep::Tensor combine_buffer_;      // zero_copy combine's input
-  // Output tensors of earlier calls, reused once nobody else holds them (output_pool.hpp).
+  // Output tensors of earlier calls, by call parity, reused once nobody else holds them: a fresh
+  // large allocation costs a page fault for every page the receive phase touches.
   struct Outputs {
-    OutputSlots recv_x, recv_x_scales, recv_count, src_info, layout_range, combined;
+    gpu_side::ep::Tensor recv_x, recv_x_scales, recv_count, src_info, layout_range, combined;
   };
-  Outputs outputs_;
+  Outputs outputs_[2];
+  // Which of them the next call of each kind fills. Counted per kind, so that a caller who keeps
+  // the previous call's outputs (DeepEP's double buffering: dispatch of micro-batch 1 held while
+  // micro-batch 2 dispatches) always leaves the other one free. (By the sequence's call count,
+  // every dispatch of a dispatch/combine loop landed on the same one.)
+  uint64_t dispatches_ = 0, combines_ = 0;
+  // `pooled` if only the pool holds it and its form fits, else a new tensor (kept in the pool).
+  gpu_side::ep::Tensor output(gpu_side::ep::Tensor& pooled, gpu_side::ep::DType dtype, int64_t rows,
+                              int64_t cols);
   // Hooks and events hold a weak reference: called after the Buffer is gone they throw.
   std::shared_ptr<LowLatencyMode*> alive_;
 };

@@ -125,11 +125,9 @@ CombineResult NormalMode::combine(const CombineArgs& args) {
                          static_cast<const std::byte*>(a.x.data), weights, in.topk, me);
   streams.out = plan_streams(session_, in.format, c->rows_to);
   streams.in = plan_streams(session_, in.format, c->dispatched.sent_by(me));
-  c->out.combined_x =
-      outputs_.combined_x.take(backend_, DType::bf16, c->handle.num_tokens, in.hidden);
+  c->out.combined_x = backend_.allocate(DType::bf16, c->handle.num_tokens, in.hidden);
   if (in.topk > 0)
-    c->out.combined_topk_weights =
-        outputs_.combined_topk_weights.take(backend_, DType::f32, c->handle.num_tokens, in.topk);
+    c->out.combined_topk_weights = backend_.allocate(DType::f32, c->handle.num_tokens, in.topk);
 
   c->call = calls_.begin(integrations::CallKind::sync, kPhase);
   c->clock.lap(&PhaseTimes::prepare_ns);

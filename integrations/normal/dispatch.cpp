@@ -168,14 +168,10 @@ DispatchResult NormalMode::allocate_outputs(const DispatchInput& in, const Dispa
                                             int64_t num_recv) {
   DispatchResult out;
   const int64_t rows = a.num_worst_tokens > 0 ? a.num_worst_tokens : num_recv;
-  out.recv_x = outputs_.recv_x.take(backend_, a.x.dtype, rows, in.hidden);
-  if (in.fp8)
-    out.recv_x_scales =
-        outputs_.recv_x_scales.take(backend_, a.x_scales.dtype, rows, in.format.scale_cols);
-  if (in.topk > 0)
-    out.recv_topk_idx = outputs_.recv_topk_idx.take(backend_, DType::i64, rows, in.topk);
-  if (in.weights)
-    out.recv_topk_weights = outputs_.recv_topk_weights.take(backend_, DType::f32, rows, in.topk);
+  out.recv_x = backend_.allocate(a.x.dtype, rows, in.hidden);
+  if (in.fp8) out.recv_x_scales = backend_.allocate(a.x_scales.dtype, rows, in.format.scale_cols);
+  if (in.topk > 0) out.recv_topk_idx = backend_.allocate(DType::i64, rows, in.topk);
+  if (in.weights) out.recv_topk_weights = backend_.allocate(DType::f32, rows, in.topk);
   if (!in.cached) out.handle.recv_src_idx = backend_.allocate(DType::i32, num_recv);
   return out;
 }

@@ -20,7 +20,6 @@
 #include "integrations/call_sequence.hpp"
 #include "integrations/comm_stream.hpp"
 #include "integrations/normal/notify_record.hpp"
-#include "integrations/output_pool.hpp"
 #include "proxy/session.hpp"
 
 #include <cstdint>
@@ -77,12 +76,6 @@ class NormalMode {
   CommStream& stream_;
   RecordEncoder encoder_;
   BufferStats stats_;
-  // Output tensors of earlier calls, reused once nobody else holds them (output_pool.hpp).
-  struct Outputs {
-    OutputSlots recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, combined_x,
-        combined_topk_weights;
-  };
-  Outputs outputs_;
 };
 
 }  // namespace proxyep::integrations::normal
