@@ -2,34 +2,112 @@
 # Smoke test of `proxyep bench ep`: runs it with --json (the ranks start themselves; extra
 # arguments go to the bench) and requires the top-level "verified": true -- ProxyEP's outputs and,
 # when the MPI baseline was built, the baseline's matched the reference -- and, with the
-# baseline, a speedup_vs_baseline figure. With --reorder, the reorder shim must have delivered
-# some completions out of order ("completions_out_of_order" above 0), or it tested no reordering.
-# Usage: check_bench_ep.sh PROXYEP [bench ep arguments...]
+# baseline, a speedup_vs_baseline figure and the baseline variant that was asked for
+# (--variant: mpi, the lean program, by default; or mpi-records). With --reorder, the reorder shim
+# must have delivered some completions out of order ("completions_out_of_order" above 0), or it
+# tested no reordering.
+# Every run must carry the per-phase times of its calls ("proxyep.phases", which --breakdown
+# prints), adding up to each kind's time.
+# With --compare, tests `--compare FILE` instead: a run saved with --json (the mpi-records
+# baseline), then a run compared with it in JSON (ratios of dispatch, combine and total, p50 and
+# p99; the lean baseline is not compared with the saved record one, and a note says so), one in
+# the table form with the saved run's variant (ratio rows for ProxyEP and the baseline), and a
+# run of another shape (--topk 4) refused before any rank starts. The bench arguments must then
+# not set --topk.
+# Usage: check_bench_ep.sh [--variant mpi|mpi-records | --compare] PROXYEP [bench ep arguments...]
 set -euo pipefail
+variant=mpi
+compare=0
+case "$1" in
+  --variant) variant=$2; shift 2 ;;
+  --compare) compare=1; shift ;;
+esac
 proxyep=$1
 shift
 args=("$@")
 baseline="$(dirname "$proxyep")/proxyep-mpi-baseline"
 with_baseline=0
 if [[ -x "$baseline" ]] && command -v mpirun >/dev/null; then
-  args+=(--baseline mpi)
   with_baseline=1
 else
   echo "check_bench_ep: no MPI baseline built (or no mpirun); checking ProxyEP's side only" >&2
 fi
-rc=0
-out=$(timeout 25 "$proxyep" bench ep "${args[@]}" --json) || rc=$?
+fail() { echo "check_bench_ep: $*" >&2; exit 1; }
+
+# Runs the bench with the arguments given and the baseline variant $1 (when there is a baseline);
+# fails unless it exits 0.
+run_bench() {
+  local with=()
+  [[ $with_baseline -eq 1 ]] && with=(--baseline "$1")
+  shift
+  local rc=0
+  timeout 25 "$proxyep" bench ep "${args[@]}" "${with[@]}" "$@" || rc=$?
+  [[ $rc -eq 0 ]] || fail "proxyep bench ep exited with $rc"
+}
+
+if [[ $compare -eq 1 ]]; then
+  saved=$(mktemp)
+  trap 'rm -f "$saved"' EXIT
+  run_bench mpi-records --json >"$saved"
+  out=$(run_bench mpi --json --compare "$saved")
+  echo "$out"
+  /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+saved_path, with_baseline = sys.argv[1], int(sys.argv[2])
+c = r.get("compare") or sys.exit("check_bench_ep: no \"compare\" in the JSON")
+if c["file"] != saved_path: sys.exit("check_bench_ep: compare.file is " + c["file"])
+for phase in ("dispatch", "combine", "total"):
+    for stat in ("p50", "p99"):
+        entry = c["paths"]["proxyep"][phase][stat]
+        if not (entry["now"] > 0 and entry["saved"] > 0 and entry["ratio"] > 0):
+            sys.exit(f"check_bench_ep: compare proxyep {phase} {stat}: {entry}")
+if with_baseline:
+    if "baseline" in c["paths"]: sys.exit("check_bench_ep: mpi compared with a saved mpi-records run")
+    if not any("mpi-records" in n for n in c["notes"]): sys.exit("check_bench_ep: no note on the variants")
+' "$saved" "$with_baseline" <<<"$out"
+  out=$(run_bench mpi-records --compare "$saved")
+  echo "$out"
+  ratio_row=' +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+ +[0-9.]+ +[0-9.]+x$'
+  for row in "proxyep dispatch" "proxyep combine" "proxyep total"; do
+    grep -Eq "^  $row$ratio_row" <<<"$out" || fail "no compare row \"$row\" in the table"
+  done
+  if [[ $with_baseline -eq 1 ]]; then
+    grep -Eq "^  mpi-records total$ratio_row" <<<"$out" || fail "no compare row for mpi-records"
+  fi
+  # Another shape: refused before any rank starts (no "[rank N]" line), naming the difference.
+  rc=0
+  err=$(timeout 10 "$proxyep" bench ep "${args[@]}" --topk 4 --compare "$saved" 2>&1) || rc=$?
+  echo "$err"
+  [[ $rc -ne 0 ]] || fail "a saved run of another shape was compared"
+  grep -q "another shape: topk 8 (this run: 4)" <<<"$err" || fail "the refusal does not name the shape"
+  ! grep -q '^\[rank [0-9]' <<<"$err" || fail "ranks started before the refusal"
+  echo "check_bench_ep: --compare checked" >&2
+  exit 0
+fi
+
+out=$(run_bench "$variant" --json)
 echo "$out"
-[[ $rc -eq 0 ]] || { echo "check_bench_ep: proxyep bench ep exited with $rc" >&2; exit 1; }
 # dump(2) indents top-level keys by exactly two spaces; nested "verified" keys sit deeper.
-grep -q '^  "verified": true' <<<"$out" || { echo "check_bench_ep: not verified" >&2; exit 1; }
+grep -q '^  "verified": true' <<<"$out" || fail "not verified"
 if [[ $with_baseline -eq 1 ]]; then
-  grep -Eq '^  "speedup_vs_baseline": [0-9]' <<<"$out" ||
-    { echo "check_bench_ep: no speedup_vs_baseline" >&2; exit 1; }
+  grep -Eq '^  "speedup_vs_baseline": [0-9]' <<<"$out" || fail "no speedup_vs_baseline"
+  grep -q "^    \"variant\": \"$variant\"," <<<"$out" || fail "the baseline is not variant $variant"
 fi
 if [[ " ${args[*]} " == *" --reorder "* ]]; then
   grep -Eq '"completions_out_of_order": [1-9]' <<<"$out" ||
-    { echo "check_bench_ep: --reorder, but no completion was delivered out of order" \
-           "(the reorder shim did not reorder, or was not on)" >&2; exit 1; }
+    fail "--reorder, but no completion was delivered out of order" \
+         "(the reorder shim did not reorder, or was not on)"
 fi
+# Where the time went: every kind of call has its phases, and they add up to its time.
+/usr/bin/python3 -c '
+import json, sys
+phases = json.load(sys.stdin)["proxyep"].get("phases") or sys.exit("check_bench_ep: no proxyep.phases")
+for kind in ("dispatch", "combine", "cached_dispatch"):
+    p = phases[kind]
+    parts = sum(v for k, v in p.items() if k.endswith("_us") and k != "sum_us")
+    if not (p["calls"] > 0 and p["sum_us"] > 0 and abs(parts - p["sum_us"]) <= 1e-6 * p["sum_us"] + 1e-3):
+        sys.exit(f"check_bench_ep: phases of {kind}: {p}")
+if phases["combine"]["reduce_us"] <= 0: sys.exit("check_bench_ep: combine without a reduce")
+' <<<"$out"
 echo "check_bench_ep: verified" >&2

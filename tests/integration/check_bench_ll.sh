@@ -12,11 +12,18 @@
 # With --mpi-only, runs the baseline alone (`proxyep-mpi-baseline ll` under mpirun, two ranks,
 # shared memory), which needs no implementation, and requires its "verified": true; 77 without
 # the baseline or mpirun.
-# Usage: check_bench_ll.sh [--mpi-only] PROXYEP [bench ll arguments...]
+# With --compare, tests `--compare FILE`: a run saved with --json, then a run compared with it,
+# whose JSON must hold the ratios (now / saved) of dispatch, combine and total, p50 and p99, for
+# the low-latency side, normal mode and, with the baseline, the MPI baseline.
+# Usage: check_bench_ll.sh [--mpi-only | --compare] PROXYEP [bench ll arguments...]
 set -euo pipefail
 mpi_only=0
+compare=0
 if [[ "$1" == "--mpi-only" ]]; then
   mpi_only=1
+  shift
+elif [[ "$1" == "--compare" ]]; then
+  compare=1
   shift
 fi
 proxyep=$1
@@ -48,18 +55,46 @@ if [[ -x "$baseline" ]] && command -v mpirun >/dev/null; then
 else
   echo "check_bench_ll: no MPI baseline built (or no mpirun); checking ProxyEP's side only" >&2
 fi
-rc=0
-err_file=$(mktemp)
-out=$(timeout 40 "$proxyep" bench ll "${args[@]}" --json 2>"$err_file") || rc=$?
-err=$(cat "$err_file")
-rm -f "$err_file"
-echo "$out"
-echo "$err" >&2
-if [[ $rc -ne 0 ]] && grep -q "no low-latency implementation" <<<"$err"; then
-  echo "check_bench_ll: skipped: this build has no low-latency implementation" >&2
-  exit 77
+# Runs the bench with the arguments given and "$@" into $out; exits 77 (skipped) when this build
+# has no low-latency implementation, 1 when the bench fails.
+run_bench() {
+  local rc=0 err_file err
+  err_file=$(mktemp)
+  out=$(timeout 40 "$proxyep" bench ll "${args[@]}" "$@" 2>"$err_file") || rc=$?
+  err=$(cat "$err_file")
+  rm -f "$err_file"
+  echo "$out"
+  echo "$err" >&2
+  if [[ $rc -ne 0 ]] && grep -q "no low-latency implementation" <<<"$err"; then
+    echo "check_bench_ll: skipped: this build has no low-latency implementation" >&2
+    exit 77
+  fi
+  [[ $rc -eq 0 ]] || { echo "check_bench_ll: proxyep bench ll exited with $rc" >&2; exit 1; }
+}
+if [[ $compare -eq 1 ]]; then
+  saved=$(mktemp)
+  trap 'rm -f "$saved"' EXIT
+  run_bench --json >/dev/null
+  echo "$out" >"$saved"
+  run_bench --json --compare "$saved"
+  /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+with_baseline = int(sys.argv[1])
+c = r.get("compare") or sys.exit("check_bench_ll: no \"compare\" in the JSON")
+sides = ["proxyep", "normal"] + (["baseline"] if with_baseline else [])
+for side in sides:
+    for phase in ("dispatch", "combine", "total"):
+        for stat in ("p50", "p99"):
+            entry = c["paths"][side][phase][stat]
+            if not (entry["now"] > 0 and entry["saved"] > 0 and entry["ratio"] > 0):
+                sys.exit(f"check_bench_ll: compare {side} {phase} {stat}: {entry}")
+if c["differences"] or c["notes"]: sys.exit(f"check_bench_ll: the same run differs: {c}")
+' "$with_baseline" <<<"$out"
+  echo "check_bench_ll: --compare checked" >&2
+  exit 0
 fi
-[[ $rc -eq 0 ]] || { echo "check_bench_ll: proxyep bench ll exited with $rc" >&2; exit 1; }
+run_bench --json
 hook=0 reorder=0
 [[ " ${args[*]} " == *" --hook "* ]] && hook=1
 [[ " ${args[*]} " == *" --reorder "* ]] && reorder=1

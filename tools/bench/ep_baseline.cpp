@@ -52,6 +52,7 @@ std::vector<std::string> mpi_baseline_command(const MpiBaselineRequest& request,
   cmd.insert(cmd.end(), request.extra_mpirun_args.begin(), request.extra_mpirun_args.end());
   cmd.push_back(binary);
   if (request.workload.low_latency) cmd.emplace_back("ll");  // the low-latency baseline
+  if (request.variant == kMpiRecords) cmd.emplace_back("--records");
   auto args = to_args(request.workload);
   cmd.insert(cmd.end(), args.begin(), args.end());
   cmd.insert(cmd.end(), {"--ranks-per-node", std::to_string(request.ranks_per_node)});
@@ -90,6 +91,9 @@ nlohmann::json run_mpi_baseline(const MpiBaselineRequest& request) {
   }
   require(out.is_object() && out.contains("verified") && out.contains("total"), kPhase,
           "`{}` printed no result JSON; its output was:\n{}", command_text, result.out);
+  require(out.value("variant", "") == request.variant, kPhase,
+          "`{}` ran variant \"{}\", not the \"{}\" asked for", command_text,
+          out.value("variant", ""), request.variant);
   out["command"] = command_text;
   return out;
 }

@@ -1,7 +1,10 @@
 // The MPI baseline of `proxyep bench ep` and `bench ll` (the baseline's `ll` mode): starts
 // proxyep-mpi-baseline (tools/mpi_baseline/, installed next to the proxyep executable) through Open
-// MPI's mpirun on the same workload and returns its JSON. Transport, like the ProxyEP side's and
-// loopback only: ranks on one node ->
+// MPI's mpirun on the same workload and returns its JSON, whose "variant" names what ran. Two
+// variants for `bench ep`: "mpi", the lean program a careful user writes (rows exchanged straight
+// into the receive tensor; the default comparison), and "mpi-records", one record per row with
+// its metadata, unpacked after the exchange (the baseline before the lean one). `bench ll` has
+// one, "mpi". Transport, like the ProxyEP side's and loopback only: ranks on one node ->
 // `--mca btl vader,self` (shared memory); ranks spanning nodes -> `--mca btl tcp,self` over lo
 // (every rank of this machine then talks TCP, as the target comparison with tcp;ofi_rxm wants).
 // pml ob1 keeps Open MPI on those BTLs (no UCX/OFI MTL), and its runtime's own TCP traffic is
@@ -18,8 +21,13 @@
 
 namespace proxyep::tools {
 
+// The --baseline values that run MPI.
+inline constexpr const char* kMpiLean = "mpi";
+inline constexpr const char* kMpiRecords = "mpi-records";
+
 struct MpiBaselineRequest {
   EpWorkloadCli workload;
+  std::string variant = kMpiLean;  // kMpiLean or (normal mode only) kMpiRecords
   int ranks = 2;
   int ranks_per_node = 2;
   std::chrono::seconds timeout{600};

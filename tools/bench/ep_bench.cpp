@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 #include "integrations/buffer.hpp"
 #include "tools/bench/ep_check.hpp"
+#include "tools/bench/ep_phases.hpp"
 #include "tools/bench/ep_stats.hpp"
 
 #include <algorithm>
@@ -23,6 +24,7 @@ using Clock = std::chrono::steady_clock;
 struct RankRun {
   EpRankTimings timings;
   std::optional<uint64_t> reordered;  // BufferStats::reordered_completions (fabric.reorder)
+  EpPhaseTally phases;                // of the timed calls
   DispatchResult fresh;
   DispatchResult cached;
   CombineResult combined;
@@ -66,6 +68,8 @@ RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::
 
   RankRun run;
   for (int i = 0; i < cli.warmup + cli.iters; ++i) {
+    // Phase snapshots around the timed windows, never inside them (stats() reads every channel).
+    const BufferStats before = buffer.stats();
     bootstrap.barrier("bench.ep(iteration)");
     auto t0 = Clock::now();
     DispatchResult d = buffer.dispatch(fresh);
@@ -75,6 +79,7 @@ RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::
     combine_args.handle = &d.handle;
     CombineResult c = buffer.combine(combine_args);
     auto t2 = Clock::now();
+    const BufferStats between = buffer.stats();
     bootstrap.barrier("bench.ep(cached)");
     DispatchArgs cached_args;
     cached_args.x = fresh.x;
@@ -84,6 +89,10 @@ RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::
     DispatchResult cached = buffer.dispatch(cached_args);
     auto t4 = Clock::now();
     if (i < cli.warmup) continue;
+    const BufferStats after = buffer.stats();
+    add_phase_delta(run.phases.dispatch, before.dispatch_phases, between.dispatch_phases);
+    add_phase_delta(run.phases.combine, before.combine_phases, between.combine_phases);
+    add_phase_delta(run.phases.cached_dispatch, between.dispatch_phases, after.dispatch_phases);
     run.timings.dispatch.push_back(seconds_between(t0, t1));
     run.timings.combine.push_back(seconds_between(t1, t2));
     run.timings.total.push_back(seconds_between(t0, t2));
@@ -118,7 +127,8 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
                            {"cached_dispatch", run.timings.cached_dispatch},
                            {"combine", run.timings.combine},
                            {"total", run.timings.total},
-                           {"diff", diff}};
+                           {"diff", diff},
+                           {"phases", phases_json(run.phases)}};
   if (run.reordered) report["reordered_completions"] = *run.reordered;
   return report;
 }
@@ -139,6 +149,10 @@ nlohmann::json summarize(const RankReports& reports, const EpReference& referenc
       {"combine", phase_json(slowest_rank(reports, "combine"), traffic.combine_bytes,
                              rdma(traffic.rdma_combine_bytes))},
       {"total", phase_json(slowest_rank(reports, "total"), {})}};
+  std::vector<nlohmann::json> phases;
+  for (const auto& report : reports)
+    phases.push_back(report.value("phases", nlohmann::json()));
+  out["phases"] = mean_phases(phases);
   add_verdict(out, reports);
   return out;
 }

@@ -41,10 +41,12 @@ struct EpBenchOptions {
   bool reorder = false;    // internode writes through the reorder shim (EFA SRD semantics)
   int64_t nvl_bytes = 0;   // Buffer's num_nvl_bytes; 0 = room for a whole call (one chunk per pair)
   int64_t rdma_bytes = 0;  // Buffer's num_rdma_bytes; 0 = room for a whole call
-  std::string baseline = "none";  // none | mpi
+  std::string baseline = "none";  // none | mpi (lean) | mpi-records (ep_baseline.hpp)
   int baseline_timeout_s = 600;
   std::vector<std::string> mpirun_args;  // extra arguments for mpirun
   bool json = false;
+  bool breakdown =
+      false;  // print where the calls' time went (ep_phases.hpp); the JSON has it always
 };
 
 // ProxyEP's side on one rank (collective). Returns the results on rank 0, {} elsewhere.

@@ -1,6 +1,7 @@
 // `proxyep bench ep` and `proxyep bench ll` on the command line: options, self-launch of N ranks
-// (M per node) when run alone, one rank's run, and on rank 0 the baseline and the report
-// (ep_bench.hpp, ll_bench.hpp). The two share all of it but the workload's form and the run.
+// (M per node) when run alone, one rank's run, and on rank 0 the baseline, the report and the
+// comparison with a saved run (ep_bench.hpp, ll_bench.hpp, ep_baseline.hpp, ep_compare.hpp). The
+// two share all of it but the workload's form, the run and the baseline variants.
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/params.hpp"
@@ -8,6 +9,8 @@
 #include "control/launch_env.hpp"
 #include "tools/bench/ep_baseline.hpp"
 #include "tools/bench/ep_bench.hpp"
+#include "tools/bench/ep_compare.hpp"
+#include "tools/bench/ep_phases.hpp"
 #include "tools/bench/ep_report.hpp"
 #include "tools/bench/ll_bench.hpp"
 #include "tools/cli_checks.hpp"
@@ -19,6 +22,12 @@
 
 namespace proxyep::tools {
 namespace {
+
+// The command line of either command: the bench's options and the saved run to compare with.
+struct BenchCli {
+  EpBenchOptions options;
+  std::string compare;  // --compare FILE; "" = none
+};
 
 // The fabric carries only the internode path; across "nodes" of this machine the target
 // comparison is tcp;ofi_rxm against Open MPI over TCP, so tcp is the default there.
@@ -34,7 +43,9 @@ const char* command_name(const EpBenchOptions& options) {
   return options.workload.low_latency ? "bench ll" : "bench ep";
 }
 
-int run_rank(const EpBenchOptions& options, bool ranks_given) {
+// `saved`: the run named by --compare (null without it), already checked by load_saved_run.
+int run_rank(const EpBenchOptions& options, bool ranks_given, const std::string& compare,
+             const nlohmann::json& saved) {
   auto env = control::LaunchEnv::from_environment();
   const bool ll = options.workload.low_latency;
   if (ranks_given &&
@@ -60,11 +71,16 @@ int run_rank(const EpBenchOptions& options, bool ranks_given) {
   results["reorder"] = params::fabric_reorder.get();
   nlohmann::json baseline;
   bool baseline_failed = false;
-  if (options.baseline == "mpi") {
+  if (options.baseline != "none") {
     try {
-      baseline =
-          run_mpi_baseline({options.workload, env.world_size, env.local_world_size,
-                            std::chrono::seconds(options.baseline_timeout_s), options.mpirun_args});
+      MpiBaselineRequest request;
+      request.workload = options.workload;
+      request.variant = options.baseline;
+      request.ranks = env.world_size;
+      request.ranks_per_node = env.local_world_size;
+      request.timeout = std::chrono::seconds(options.baseline_timeout_s);
+      request.extra_mpirun_args = options.mpirun_args;
+      baseline = run_mpi_baseline(request);
     } catch (const Error& e) {
       // Our figures are still worth printing; the run fails all the same.
       results["baseline_error"] = e.what();
@@ -72,12 +88,19 @@ int run_rank(const EpBenchOptions& options, bool ranks_given) {
     }
   }
   attach_baseline(results, std::move(baseline));
-  if (options.json)
+  if (!saved.is_null()) results["compare"] = compare_runs(results, saved, compare);
+  if (options.json) {
     fmt::print("{}\n", results.dump(2));
-  else if (ll)
-    print_ll_report(results);
-  else
-    print_ep_report(results);
+  } else {
+    if (ll)
+      print_ll_report(results);
+    else
+      print_ep_report(results);
+    if (!saved.is_null()) print_comparison(results["compare"]);
+    if (options.breakdown && results.contains("proxyep") && results["proxyep"].contains("phases"))
+      fmt::print("where the time went (phases of the Buffer's calls):\n{}",
+                 format_phases(results["proxyep"]["phases"]));
+  }
   if (baseline_failed)
     fmt::print(stderr, "proxyep {}: baseline failed: {}\n", command_name(options),
                results["baseline_error"].get<std::string>());
@@ -85,7 +108,8 @@ int run_rank(const EpBenchOptions& options, bool ranks_given) {
 }
 
 // The options both commands take besides the workload's, and the action.
-void add_run_options(CLI::App& cmd, EpBenchOptions& options) {
+void add_run_options(CLI::App& cmd, BenchCli& cli) {
+  EpBenchOptions& options = cli.options;
   cmd.add_option("--ranks", options.ranks, "ranks to start when run alone")
       ->check(cli_checks::at_least(1))
       ->capture_default_str();
@@ -97,10 +121,18 @@ void add_run_options(CLI::App& cmd, EpBenchOptions& options) {
                  "fabric provider of the internode path (default tcp when the ranks span nodes)");
   cmd.add_flag("--reorder", options.reorder,
                "internode writes through the reorder shim (EFA SRD semantics)");
-  cmd.add_option("--baseline", options.baseline,
-                 "also run the same workload with MPI_Alltoallv (Open MPI, through mpirun)")
-      ->check(CLI::IsMember({"none", "mpi"}))
-      ->capture_default_str();
+  if (options.workload.low_latency)
+    cmd.add_option("--baseline", options.baseline,
+                   "also run the same workload with MPI_Alltoallv (Open MPI, through mpirun)")
+        ->check(CLI::IsMember({"none", kMpiLean}))
+        ->capture_default_str();
+  else
+    cmd.add_option("--baseline", options.baseline,
+                   "also run the same workload with MPI (Open MPI, through mpirun): mpi = the lean "
+                   "program (Alltoallv of the rows straight into the receive tensor), "
+                   "mpi-records = one record per row with its metadata, unpacked after")
+        ->check(CLI::IsMember({"none", kMpiLean, kMpiRecords}))
+        ->capture_default_str();
   cmd.add_option("--baseline-timeout", options.baseline_timeout_s,
                  "seconds the MPI baseline may take")
       ->check(cli_checks::at_least(1))
@@ -117,30 +149,41 @@ void add_run_options(CLI::App& cmd, EpBenchOptions& options) {
                  std::string(normal) + "num_rdma_bytes (default: room for a whole call)")
       ->check(cli_checks::at_least(0));
   cmd.add_flag("--json", options.json, "print one JSON document (rank 0) on stdout");
+  cmd.add_flag("--breakdown", options.breakdown,
+               "also print each phase's time per call (prepare, notify, pack, post, local, "
+               "unpack, wait, reduce, quiet; the JSON always has them under proxyep.phases)");
+  cmd.add_option("--compare", cli.compare,
+                 "a saved --json run of the same shape: print each timed path's p50 and p99 as "
+                 "now / saved (and put them under \"compare\" in the JSON)");
 }
 
-void set_action(CLI::App* cmd, const std::shared_ptr<EpBenchOptions>& options, Action& action) {
-  cmd->callback([options, cmd, &action] {
+void set_action(CLI::App* cmd, const std::shared_ptr<BenchCli>& cli, Action& action) {
+  cmd->callback([cli, cmd, &action] {
     bool ranks_given = cmd->count("--ranks") + cmd->count("--ranks-per-node") > 0;
-    action = [options, ranks_given] {
-      // After the options' checks (bad input is named first), before the run.
-      auto check_runnable = [&options] {
-        if (options->workload.low_latency)
+    action = [cli, ranks_given] {
+      const EpBenchOptions& options = cli->options;
+      // After the options' checks (bad input is named first), before the run. Returns the saved
+      // run of --compare (null without it).
+      auto check_runnable = [&](int ranks) {
+        if (options.workload.low_latency)
           require(low_latency_available(), "bench.ll",
                   "this build has no low-latency implementation (Buffer::low_latency_dispatch / "
                   "low_latency_combine): rebuild once it has landed");
-        // Fail before the run, not after it, when the baseline cannot run.
-        if (options->baseline == "mpi") check_mpi_baseline_available();
+        // Fail before the run, not after it, when the baseline cannot run or the saved run
+        // cannot be compared with this one.
+        if (options.baseline != "none") check_mpi_baseline_available();
+        return cli->compare.empty() ? nlohmann::json()
+                                    : load_saved_run(cli->compare, options.workload, ranks);
       };
       if (!self_launch::under_launcher()) {
-        int per_node = options->ranks_per_node > 0 ? options->ranks_per_node : options->ranks;
+        int per_node = options.ranks_per_node > 0 ? options.ranks_per_node : options.ranks;
         // The whole run is checked before any rank starts (all of them run on this machine).
-        check_ep_bench(*options, options->ranks, per_node, options->ranks);
-        check_runnable();
-        return self_launch::relaunch_as_ranks(options->ranks, per_node);
+        check_ep_bench(options, options.ranks, per_node, options.ranks);
+        check_runnable(options.ranks);
+        return self_launch::relaunch_as_ranks(options.ranks, per_node);
       }
-      check_runnable();
-      return run_rank(*options, ranks_given);
+      auto saved = check_runnable(control::LaunchEnv::from_environment().world_size);
+      return run_rank(options, ranks_given, cli->compare, saved);
     };
   });
 }
@@ -148,28 +191,29 @@ void set_action(CLI::App* cmd, const std::shared_ptr<EpBenchOptions>& options, A
 }  // namespace
 
 void register_bench_ep(CLI::App& bench, Action& action) {
-  auto options = std::make_shared<EpBenchOptions>();
+  auto cli = std::make_shared<BenchCli>();
   auto* cmd = bench.add_subcommand(
       "ep",
       "EP dispatch/combine through the DeepEP-compatible Buffer (DeepEP's test parameters and "
-      "byte conventions), checked against a reference, optionally against MPI_Alltoallv");
-  add_run_options(*cmd, *options);
-  set_action(cmd, options, action);
+      "byte conventions), checked against a reference, optionally against MPI (lean or record "
+      "variant)");
+  add_run_options(*cmd, *cli);
+  set_action(cmd, cli, action);
 }
 
 void register_bench_ll(CLI::App& bench, Action& action) {
-  auto options = std::make_shared<EpBenchOptions>();
-  options->workload = low_latency_workload_defaults();
+  auto cli = std::make_shared<BenchCli>();
+  cli->options.workload = low_latency_workload_defaults();
   auto* cmd = bench.add_subcommand(
       "ll",
       "low-latency dispatch/combine through the Buffer (DeepEP's test_low_latency.py data and "
       "byte conventions), beside normal mode on the same tokens, checked, optionally against "
       "MPI_Alltoallv");
-  add_run_options(*cmd, *options);
-  cmd->add_flag("--hook", options->hook,
+  add_run_options(*cmd, *cli);
+  cmd->add_flag("--hook", cli->options.hook,
                 "return_recv_hook: time the send phase (the call) and the receive phase (hook()) "
                 "apart");
-  set_action(cmd, options, action);
+  set_action(cmd, cli, action);
 }
 
 }  // namespace proxyep::tools

@@ -80,22 +80,25 @@ void print_ep_report(const nlohmann::json& r) {
   print_row("proxyep dispatch (cached)", ours["cached_dispatch"], rdma);
   print_row("proxyep combine", ours["combine"], rdma);
   const auto& base = r["baseline"];
+  // The variant's name labels its rows: "mpi" (lean) or "mpi-records" (ep_baseline.hpp).
+  const std::string name = base.is_null() ? "" : base.value("variant", std::string("mpi"));
   if (!base.is_null()) {
-    print_row("mpi dispatch", base["dispatch"], rdma);
-    print_row("mpi combine", base["combine"], rdma);
-    fmt::print("  dispatch+combine p50: proxyep {:.1f} us, mpi {:.1f} us -> speedup {:.2f}x\n",
-               p50_of(ours, "total"), p50_of(base, "total"),
+    print_row(name + " dispatch", base["dispatch"], rdma);
+    print_row(name + " combine", base["combine"], rdma);
+    fmt::print("  dispatch+combine p50: proxyep {:.1f} us, {} {:.1f} us -> speedup {:.2f}x\n",
+               p50_of(ours, "total"), name, p50_of(base, "total"),
                r["speedup_vs_baseline"].get<double>());
-    fmt::print("  mpi: {} ({})\n", base.value("mpi_library", std::string("?")),
-               base.value("command", std::string("")));
+    fmt::print("  {}: {}; {} ({})\n", name, base.value("implementation", std::string("?")),
+               base.value("mpi_library", std::string("?")), base.value("command", std::string("")));
   }
-  fmt::print("verified: {} (proxyep {}{})\n", yes_no(r["verified"].get<bool>()),
-             yes_no(ours["verified"].get<bool>()),
-             base.is_null() ? "" : fmt::format(", mpi {}", yes_no(base["verified"].get<bool>())));
+  fmt::print(
+      "verified: {} (proxyep {}{})\n", yes_no(r["verified"].get<bool>()),
+      yes_no(ours["verified"].get<bool>()),
+      base.is_null() ? "" : fmt::format(", {} {}", name, yes_no(base["verified"].get<bool>())));
   for (const auto& m : ours["mismatches"])
     fmt::print("  proxyep mismatch: {}\n", m.get<std::string>());
   if (!base.is_null() && base.contains("mismatch"))
-    fmt::print("  mpi mismatch: {}\n", base["mismatch"].get<std::string>());
+    fmt::print("  {} mismatch: {}\n", name, base["mismatch"].get<std::string>());
 }
 
 }  // namespace proxyep::tools

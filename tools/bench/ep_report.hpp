@@ -1,5 +1,6 @@
-// The report of `proxyep bench ep`: ProxyEP's figures and the baseline's side by side, their
-// ratio, and the overall verdict. JSON (--json) carries every figure; the table the main ones.
+// The report of `proxyep bench ep`: ProxyEP's figures and the baseline's side by side (its rows
+// named by its variant, "mpi" or "mpi-records"), their ratio, and the overall verdict. JSON
+// (--json) carries every figure; the table the main ones.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -1,10 +1,11 @@
-// proxyep-mpi-baseline: the MPI side of `proxyep bench ep --baseline mpi` and, as
-// `proxyep-mpi-baseline ll`, of `proxyep bench ll --baseline mpi` (tools/bench/ep_bench.hpp and
-// ll_bench.hpp start it through mpirun with the same workload flags). Runs the same inputs as the
-// bench (gpu_side/ep/workload.hpp; tools/bench/ll_check.hpp) through pack + MPI_Alltoall +
-// MPI_Alltoallv + unpack (mpi_ep.hpp; mpi_ll.hpp), times it with the bench's protocol (barrier,
-// then each phase; the slowest rank per iteration), checks the outputs against the reference, and
-// prints one JSON object on rank 0's stdout.
+// proxyep-mpi-baseline: the MPI side of `proxyep bench ep --baseline mpi|mpi-records` and, as
+// `proxyep-mpi-baseline ll`, of `proxyep bench ll --baseline mpi` (tools/bench/ep_baseline.hpp
+// starts it through mpirun with the same workload flags). Runs the same inputs as the bench
+// (gpu_side/ep/workload.hpp; tools/bench/ll_check.hpp) through one of the MPI implementations --
+// normal mode: the lean one (mpi_ep_lean.hpp, variant "mpi") or, with --records, the record one
+// (mpi_ep.hpp, "mpi-records"); low-latency: mpi_ll.hpp -- times it with the bench's protocol
+// (barrier, then each phase; the slowest rank per iteration), checks the outputs against the
+// reference, and prints one JSON object on rank 0's stdout, naming the variant that ran.
 #include "common/error.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/workload.hpp"
@@ -13,6 +14,7 @@
 #include "tools/bench/ep_stats.hpp"
 #include "tools/bench/ll_check.hpp"
 #include "tools/mpi_baseline/mpi_ep.hpp"
+#include "tools/mpi_baseline/mpi_ep_lean.hpp"
 #include "tools/mpi_baseline/mpi_ll.hpp"
 
 #include <fmt/format.h>
@@ -33,6 +35,7 @@ using Clock = std::chrono::steady_clock;
 struct BaselineCli {
   EpWorkloadCli workload;
   int ranks_per_node = 0;  // 0 = all ranks on one node (only the RDMA byte figures use it)
+  bool records = false;    // normal mode: the record variant (mpi_ep.hpp) instead of the lean one
 };
 
 struct RankRun {
@@ -43,8 +46,8 @@ struct RankRun {
 
 // Warm-up and timed iterations. A first, untimed dispatch provides the combine input (the
 // "expert output", ep_check.hpp): the routing is the same every iteration, so it stays valid.
-RankRun run_iterations(MpiAlltoallvEp& ep_impl, const MpiDispatchInputs& in,
-                       const EpWorkloadCli& cli) {
+template <class MpiEp>  // MpiLeanEp or MpiAlltoallvEp
+RankRun run_iterations(MpiEp& ep_impl, const MpiDispatchInputs& in, const EpWorkloadCli& cli) {
   RankRun run;
   MpiDispatched first = ep_impl.dispatch(in);
   ep::Tensor expert_out = expert_output(first.recv_x, first.recv_x_scales);
@@ -95,7 +98,8 @@ struct PhaseVolumes {
 // The verdict over ranks (`diff` is this rank's check), the slowest rank's timings, and rank 0's
 // JSON line. Collective.
 int finish(const BaselineCli& cli, const ep::EpShape& shape, const EpRankTimings& timings,
-           const std::string& diff, const char* implementation, const PhaseVolumes& volumes) {
+           const std::string& diff, const char* variant, const char* implementation,
+           const PhaseVolumes& volumes) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   const int ranks = shape.num_ranks;
@@ -112,6 +116,7 @@ int finish(const BaselineCli& cli, const ep::EpShape& shape, const EpRankTimings
     return multi_node ? values : std::vector<double>{};
   };
   nlohmann::json out = {
+      {"variant", variant},  // what `bench ep|ll --baseline` names it
       {"implementation", implementation},
       {"mpi_library", mpi_library_version()},
       {"ranks", ranks},
@@ -129,7 +134,9 @@ int finish(const BaselineCli& cli, const ep::EpShape& shape, const EpRankTimings
   return 0;
 }
 
-int run(const BaselineCli& cli) {
+// The normal-mode run of one implementation (MpiLeanEp or MpiAlltoallvEp).
+template <class MpiEp>
+int run_normal(const BaselineCli& cli, const char* variant, const char* implementation) {
   int rank = 0, ranks = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &ranks);
@@ -143,8 +150,7 @@ int run(const BaselineCli& cli) {
                        cli.workload.fp8 ? inputs.x_scales.ref() : ep::TensorRef{},
                        inputs.topk_idx.ref(), inputs.topk_weights.ref(),
                        layout.is_token_in_rank.ref()};
-  MpiAlltoallvEp ep_impl(MPI_COMM_WORLD, shape, cli.workload.hidden, cli.workload.topk,
-                         cli.workload.fp8);
+  MpiEp ep_impl(MPI_COMM_WORLD, shape, cli.workload.hidden, cli.workload.topk, cli.workload.fp8);
   RankRun result = run_iterations(ep_impl, in, cli.workload);
 
   // Check this rank's outputs against the reference; `verified` is the AND over ranks.
@@ -157,13 +163,24 @@ int run(const BaselineCli& cli) {
   if (diff.empty())
     diff = compare_tensor(result.last_combined, reference.combine(rank).combined_x, "combined_x");
   const auto& traffic = reference.traffic();
-  return finish(cli, shape, result.timings, diff,
-                "pack + MPI_Alltoall(counts) + MPI_Alltoallv + unpack; reverse for combine",
+  return finish(cli, shape, result.timings, diff, variant, implementation,
                 {traffic.dispatch_bytes,
                  traffic.combine_bytes,
                  traffic.rdma_dispatch_bytes,
                  traffic.rdma_combine_bytes,
                  {}});
+}
+
+int run(const BaselineCli& cli) {
+  if (cli.records)
+    return run_normal<MpiAlltoallvEp>(
+        cli, "mpi-records",
+        "pack records (row + metadata) + MPI_Alltoall(counts) + MPI_Alltoallv + unpack; "
+        "MPI_Alltoallv back + float32 reduce for combine");
+  return run_normal<MpiLeanEp>(
+      cli, "mpi",
+      "MPI_Alltoall(counts) + pack rows once + MPI_Alltoallv of rows into recv_x (+ scales, + "
+      "metadata records); MPI_Alltoallv back + float32 reduce for combine");
 }
 
 // Low-latency semantics (mpi_ll.hpp) on DeepEP's test data, timed as `bench ll` times its loop:
@@ -206,7 +223,7 @@ int run_ll(const BaselineCli& cli) {
     timings.total.push_back(seconds_between(t0, t2));
   }
   const auto& traffic = reference.traffic();
-  return finish(cli, shape, timings, diff,
+  return finish(cli, shape, timings, diff, "mpi",
                 "FP8 cast + per-expert pack + MPI_Alltoall(counts) + MPI_Alltoallv + unpack to "
                 "[E_local, R*T, H]; MPI_Alltoallv back + weighted float32 reduce for combine",
                 {traffic.dispatch_bytes, traffic.combine_bytes, traffic.remote_dispatch_bytes,
@@ -225,6 +242,9 @@ int main(int argc, char** argv) {
   const char* ranks_per_node_help =
       "ranks per node, for the RDMA byte figures (0 = all on one node)";
   app.add_option("--ranks-per-node", cli.ranks_per_node, ranks_per_node_help);
+  app.add_flag("--records", cli.records,
+               "the record variant (`bench ep --baseline mpi-records`: one record per row with its "
+               "metadata, unpacked after the exchange) instead of the lean one");
   auto* ll = app.add_subcommand("ll", "DeepEP's low-latency semantics (bench ll's baseline)");
   add_ep_workload_options(*ll, ll_cli.workload);
   ll->add_option("--ranks-per-node", ll_cli.ranks_per_node, ranks_per_node_help);

@@ -1,6 +1,5 @@
 #include "tools/mpi_baseline/mpi_ep.hpp"
 
-#include "common/error.hpp"
 #include "gpu_side/ep/numeric.hpp"
 
 #include <algorithm>
@@ -17,19 +16,8 @@ constexpr size_t align_up(size_t value, size_t alignment) {
 
 }  // namespace
 
-void check_mpi(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  MPI_Error_string(rc, text, &length);
-  fail("mpi_baseline", "{} failed: {}", what, std::string(text, static_cast<size_t>(length)));
-}
-
-MpiAlltoallvEp::MpiAlltoallvEp(MPI_Comm comm, const ep::EpShape& shape, int hidden, int topk,
-                               bool fp8)
-    : comm_(comm), shape_(shape), hidden_(hidden), topk_(topk), fp8_(fp8) {
-  check_mpi(MPI_Comm_rank(comm, &rank_), "MPI_Comm_rank");
-  auto& r = record_;
+MpiAlltoallvEp::RecordLayout MpiAlltoallvEp::record_layout(int hidden, int topk, bool fp8) {
+  RecordLayout r;
   r.x_bytes = static_cast<size_t>(hidden) * (fp8 ? 1 : 2);
   r.scale_bytes = fp8 ? static_cast<size_t>(hidden / ep::kScaleBlock) * sizeof(float) : 0;
   r.scales = r.x_bytes;
@@ -37,61 +25,33 @@ MpiAlltoallvEp::MpiAlltoallvEp(MPI_Comm comm, const ep::EpShape& shape, int hidd
   r.weights = r.topk_idx + static_cast<size_t>(topk) * sizeof(int64_t);
   r.src = r.weights + static_cast<size_t>(topk) * sizeof(float);
   r.size = align_up(r.src + sizeof(int32_t), 16);
-  check_mpi(MPI_Type_contiguous(static_cast<int>(r.size), MPI_BYTE, &record_type_),
-            "MPI_Type_contiguous");
-  check_mpi(MPI_Type_commit(&record_type_), "MPI_Type_commit");
-  check_mpi(MPI_Type_contiguous(hidden * 2, MPI_BYTE, &combine_type_), "MPI_Type_contiguous");
-  check_mpi(MPI_Type_commit(&combine_type_), "MPI_Type_commit");
-  send_counts_.resize(shape.num_ranks);
-  send_displs_.resize(shape.num_ranks);
-  recv_counts_.resize(shape.num_ranks);
-  recv_displs_.resize(shape.num_ranks);
+  return r;
 }
 
-MpiAlltoallvEp::~MpiAlltoallvEp() {
-  if (record_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&record_type_);
-  if (combine_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&combine_type_);
-}
+MpiAlltoallvEp::MpiAlltoallvEp(MPI_Comm comm, const ep::EpShape& shape, int hidden, int topk,
+                               bool fp8)
+    : comm_(comm),
+      shape_(shape),
+      hidden_(hidden),
+      topk_(topk),
+      fp8_(fp8),
+      record_(record_layout(hidden, topk, fp8)),
+      record_type_(record_.size),
+      routing_(comm, shape.num_ranks),
+      back_(comm, hidden) {}
 
 void MpiAlltoallvEp::pack(const MpiDispatchInputs& in) {
-  const int ranks = shape_.num_ranks;
-  num_tokens_ = in.x.rows;
-  // Destinations and slots: a token's record goes once to each rank that owns one of its experts.
-  slot_.assign(static_cast<size_t>(num_tokens_ * ranks), -1);
-  std::fill(send_counts_.begin(), send_counts_.end(), 0);
-  const auto* in_rank = static_cast<const uint8_t*>(in.is_token_in_rank.data);
-  for (int64_t t = 0; t < num_tokens_; ++t)
-    for (int d = 0; d < ranks; ++d)
-      if (in_rank[t * ranks + d]) slot_[t * ranks + d] = send_counts_[d]++;
-  int64_t rows = 0;
-  for (int d = 0; d < ranks; ++d) {
-    send_displs_[d] = static_cast<int>(rows);
-    rows += send_counts_[d];
-  }
-  send_buf_.resize(static_cast<size_t>(rows) * record_.size);
-
+  send_buf_.resize(static_cast<size_t>(routing_.sent_rows()) * record_.size);
   const auto* x = static_cast<const std::byte*>(in.x.data);
   const auto* scales = static_cast<const std::byte*>(in.x_scales.data);
-  const auto* topk_idx = in.topk_idx.as<int64_t>();
-  const auto* weights = in.topk_weights.as<float>();
-  for (int64_t t = 0; t < num_tokens_; ++t) {
-    for (int d = 0; d < ranks; ++d) {
-      int slot = slot_[t * ranks + d];
-      if (slot < 0) continue;
-      std::byte* rec = send_buf_.data() + (send_displs_[d] + slot) * record_.size;
-      std::memcpy(rec + record_.x, x + t * record_.x_bytes, record_.x_bytes);
-      if (fp8_)
-        std::memcpy(rec + record_.scales, scales + t * record_.scale_bytes, record_.scale_bytes);
-      for (int k = 0; k < topk_; ++k) {
-        int64_t local = shape_.local_expert(topk_idx[t * topk_ + k], d);
-        float weight = local >= 0 ? weights[t * topk_ + k] : 0.0f;
-        std::memcpy(rec + record_.topk_idx + k * sizeof(int64_t), &local, sizeof local);
-        std::memcpy(rec + record_.weights + k * sizeof(float), &weight, sizeof weight);
-      }
-      auto src = static_cast<int32_t>(t);
-      std::memcpy(rec + record_.src, &src, sizeof src);
-    }
-  }
+  const RowMetaOffsets at{record_.topk_idx, record_.weights, record_.src};
+  routing_.for_each_sent_row([&](int64_t t, int d, size_t row) {
+    std::byte* rec = send_buf_.data() + row * record_.size;
+    std::memcpy(rec + record_.x, x + t * record_.x_bytes, record_.x_bytes);
+    if (fp8_)
+      std::memcpy(rec + record_.scales, scales + t * record_.scale_bytes, record_.scale_bytes);
+    write_row_metadata(rec, at, shape_, in, topk_, t, d);
+  });
 }
 
 MpiDispatched MpiAlltoallvEp::unpack(int64_t rows) const {
@@ -120,47 +80,32 @@ MpiDispatched MpiAlltoallvEp::unpack(int64_t rows) const {
 }
 
 MpiDispatched MpiAlltoallvEp::dispatch(const MpiDispatchInputs& in) {
+  routing_.plan(in.is_token_in_rank);
   pack(in);
-  check_mpi(MPI_Alltoall(send_counts_.data(), 1, MPI_INT, recv_counts_.data(), 1, MPI_INT, comm_),
-            "MPI_Alltoall(counts)");
-  int64_t rows = 0;
-  for (int s = 0; s < shape_.num_ranks; ++s) {
-    recv_displs_[s] = static_cast<int>(rows);
-    rows += recv_counts_[s];
-  }
+  const int64_t rows = routing_.received_rows();
   recv_buf_.resize(static_cast<size_t>(rows) * record_.size);
-  check_mpi(MPI_Alltoallv(send_buf_.data(), send_counts_.data(), send_displs_.data(), record_type_,
-                          recv_buf_.data(), recv_counts_.data(), recv_displs_.data(), record_type_,
-                          comm_),
-            "MPI_Alltoallv(dispatch)");
+  check_mpi(
+      MPI_Alltoallv(send_buf_.data(), routing_.send_counts().data(), routing_.send_displs().data(),
+                    record_type_.get(), recv_buf_.data(), routing_.recv_counts().data(),
+                    routing_.recv_displs().data(), record_type_.get(), comm_),
+      "MPI_Alltoallv(dispatch)");
   return unpack(rows);
 }
 
 ep::Tensor MpiAlltoallvEp::combine(const ep::TensorRef& expert_out) {
-  const int ranks = shape_.num_ranks;
-  int64_t received = recv_displs_[ranks - 1] + recv_counts_[ranks - 1];
-  require(expert_out.dtype == ep::DType::bf16 && expert_out.rows == received &&
-              expert_out.cols == hidden_ && expert_out.contiguous(),
-          "mpi_baseline", "combine input must be contiguous bf16 [{}, {}], got {}", received,
-          hidden_, expert_out.describe());
-  // The reverse exchange: what came from source s goes back to s, in the same order.
-  int64_t sent = send_displs_[ranks - 1] + send_counts_[ranks - 1];
-  back_buf_.resize(static_cast<size_t>(sent * hidden_));
-  check_mpi(MPI_Alltoallv(expert_out.data, recv_counts_.data(), recv_displs_.data(), combine_type_,
-                          back_buf_.data(), send_counts_.data(), send_displs_.data(), combine_type_,
-                          comm_),
-            "MPI_Alltoallv(combine)");
+  const uint16_t* back = back_.send_back(routing_, expert_out);
   // Reduce: per token, float32 sum over the ranks it went to, ascending; one rounding to bf16.
-  ep::Tensor out = ep::Tensor::empty(ep::DType::bf16, num_tokens_, hidden_);
+  const int ranks = shape_.num_ranks;
+  const int64_t tokens = routing_.num_tokens();
+  ep::Tensor out = ep::Tensor::empty(ep::DType::bf16, tokens, hidden_);
   accumulator_.resize(static_cast<size_t>(hidden_));
   auto* dst = out.data<uint16_t>();
-  for (int64_t t = 0; t < num_tokens_; ++t) {
+  for (int64_t t = 0; t < tokens; ++t) {
     std::fill(accumulator_.begin(), accumulator_.end(), 0.0f);
     for (int d = 0; d < ranks; ++d) {
-      int slot = slot_[t * ranks + d];
+      int slot = routing_.slot(t, d);
       if (slot < 0) continue;
-      const uint16_t* row =
-          back_buf_.data() + static_cast<int64_t>(send_displs_[d] + slot) * hidden_;
+      const uint16_t* row = back + static_cast<int64_t>(routing_.send_displs()[d] + slot) * hidden_;
       for (int c = 0; c < hidden_; ++c)
         accumulator_[c] += ep::bf16_to_float(row[c]);
     }

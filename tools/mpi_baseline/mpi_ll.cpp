@@ -2,7 +2,7 @@
 
 #include "common/error.hpp"
 #include "gpu_side/ep/row_rules.hpp"
-#include "tools/mpi_baseline/mpi_ep.hpp"
+#include "tools/mpi_baseline/mpi_check.hpp"
 
 #include <algorithm>
 #include <cstring>
