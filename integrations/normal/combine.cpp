@@ -131,16 +131,7 @@ CombineResult NormalMode::combine(const CombineArgs& args) {
 
   c->call = calls_.begin(integrations::CallKind::sync, kPhase);
   c->clock.lap(&PhaseTimes::prepare_ns);
-  if (!a.async_finish) {
-    run_combine(*c);
-    return std::move(c->out);
-  }
-  CombineResult out = c->out;
-  out.event = stream_.event_for(stream_.submit([this, c] {
-    c->clock.resume();  // the caller's own work meanwhile is not this call's
-    run_combine(*c);
-  }));
-  return out;
+  return finish_call(c, a.async_finish, &NormalMode::run_combine);
 }
 
 void NormalMode::run_combine(CombineCall& c) {

@@ -82,16 +82,7 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
   finish_handle(d->out, in, a, d->routing, counts, records);
   clock.lap(&PhaseTimes::prepare_ns);
-  if (!a.async_finish) {
-    move_rows(*d);
-    return std::move(d->out);
-  }
-  DispatchResult out = d->out;
-  out.event = stream_.event_for(stream_.submit([this, d] {
-    d->clock.resume();  // the caller's own work meanwhile is not this call's
-    move_rows(*d);
-  }));
-  return out;
+  return finish_call(d, a.async_finish, &NormalMode::move_rows);
 }
 
 void NormalMode::move_rows(DispatchCall& d) {

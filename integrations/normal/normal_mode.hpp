@@ -23,6 +23,7 @@
 #include "proxy/session.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace proxyep::integrations::normal {
@@ -64,6 +65,22 @@ class NormalMode {
                      const std::vector<NotifyRecord>& records) const;
   // Step 4 and 5 of a dispatch whose outputs exist.
   void move_rows(DispatchCall& call);
+
+  // The rest of call `c`, whose outputs exist: here, or with `async` on the CommStream (the
+  // result's event joins it; the caller's own work meanwhile is not charged to the call).
+  template <typename Call>
+  auto finish_call(const std::shared_ptr<Call>& c, bool async, void (NormalMode::*rest)(Call&)) {
+    if (!async) {
+      (this->*rest)(*c);
+      return std::move(c->out);
+    }
+    auto out = c->out;
+    out.event = stream_.event_for(stream_.submit([this, c, rest] {
+      c->clock.resume();
+      (this->*rest)(*c);
+    }));
+    return out;
+  }
 
   // ---- combine steps (combine.cpp) ----
   // Steps 2 to 5 of a combine whose outputs exist.

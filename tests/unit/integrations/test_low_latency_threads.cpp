@@ -3,12 +3,11 @@
 // sees the background send phases of hooks and async_finish against the calls that follow them:
 // two dispatches in flight with hooks called out of order, an async combine, a hooked combine,
 // every output checked exactly against gpu_side/ep/ll_reference.hpp.
-#include "common/params.hpp"
 #include "gpu_side/ep/ll_reference.hpp"
 #include "gpu_side/ep/numeric.hpp"
 #include "gpu_side/ep/workload.hpp"
 #include "integrations/buffer.hpp"
-#include "tests/unit/control/rank_threads.hpp"
+#include "tests/unit/integrations/buffer_rank_threads.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -139,20 +138,9 @@ void run_rank(int per_node, control::Bootstrap::Options options) {
 }
 
 void run(int per_node, bool fabric) {
-  const std::string provider = params::fabric_provider.get();
-  params::fabric_provider.set("tcp");
-  params::fabric_reorder.set(fabric);
-  params::proxy_pin.set(false);  // every rank's proxy shares this process's cores
-  std::vector<control::testing::RankBody> bodies(
-      kRanks, [per_node](control::Bootstrap::Options options) { run_rank(per_node, options); });
-  auto outcomes = control::testing::run_bodies(bodies, kRanks, std::chrono::milliseconds(20000));
-  params::fabric_reorder.set(false);
-  params::fabric_provider.set(provider);
-  params::proxy_pin.set(true);
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    INFO("rank " << r << ": " << outcomes[r].error);
-    CHECK(outcomes[r].ok);
-  }
+  integrations::testing::run_buffer_ranks(
+      kRanks, fabric,
+      [per_node](control::Bootstrap::Options options) { run_rank(per_node, options); });
 }
 
 }  // namespace

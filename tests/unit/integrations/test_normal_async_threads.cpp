@@ -4,11 +4,10 @@
 // that follow them: an async dispatch finished by the next call (a cached dispatch), an async
 // combine whose event is waited for, one whose event is dropped and that the next call finishes.
 // Every output is checked exactly against gpu_side/ep/reference.hpp.
-#include "common/params.hpp"
 #include "gpu_side/ep/reference.hpp"
 #include "gpu_side/ep/workload.hpp"
 #include "integrations/buffer.hpp"
-#include "tests/unit/control/rank_threads.hpp"
+#include "tests/unit/integrations/buffer_rank_threads.hpp"
 
 #include <doctest/doctest.h>
 
@@ -117,20 +116,9 @@ void run_rank(int per_node, control::Bootstrap::Options options) {
 }
 
 void run(int per_node) {
-  const std::string provider = params::fabric_provider.get();
-  params::fabric_provider.set("tcp");
-  params::fabric_reorder.set(per_node == 1);
-  params::proxy_pin.set(false);  // every rank's proxy shares this process's cores
-  std::vector<control::testing::RankBody> bodies(
-      kRanks, [per_node](control::Bootstrap::Options options) { run_rank(per_node, options); });
-  auto outcomes = control::testing::run_bodies(bodies, kRanks, std::chrono::milliseconds(20000));
-  params::fabric_reorder.set(false);
-  params::fabric_provider.set(provider);
-  params::proxy_pin.set(true);
-  for (size_t r = 0; r < outcomes.size(); ++r) {
-    INFO("rank " << r << ": " << outcomes[r].error);
-    CHECK(outcomes[r].ok);
-  }
+  integrations::testing::run_buffer_ranks(
+      kRanks, per_node == 1,
+      [per_node](control::Bootstrap::Options options) { run_rank(per_node, options); });
 }
 
 }  // namespace
