@@ -87,6 +87,9 @@ struct BufferStats {
   uint64_t chunks_sent = 0;      // chunks of the other pairs, to node peers and other nodes
   uint64_t chunks_received = 0;  // likewise, received
   uint64_t credit_stalls = 0;    // times a pair with chunks left waited for a credit or a slot
+  // Combine chunks the reduce read where they landed (streams of several chunks, all within
+  // their window) instead of gathering them first.
+  uint64_t chunks_reduced_in_place = 0;
   uint64_t bytes_to_node = 0;    // row bytes stored into node peers' arenas
   uint64_t bytes_to_fabric = 0;  // row bytes posted to other nodes
   // With fabric.reorder (a testing aid): completions the reorder shim delivered here after a

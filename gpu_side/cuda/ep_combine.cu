@@ -31,7 +31,8 @@ cudaError_t launch_combine(const CombineParams& p, cudaStream_t stream) {
   // Chunks are moved with 16-byte accesses.
   // (The block pointers live in device memory: their 16-byte alignment is the caller's duty.)
   if (in.block_rows == nullptr || in.send_head == nullptr || in.out == nullptr ||
-      !aligned16(in.out) || !aligned16(in.bias0) || !aligned16(in.bias1) ||
+      (in.block_chunk_rows != nullptr && in.block_chunks == nullptr) || !aligned16(in.out) ||
+      !aligned16(in.bias0) || !aligned16(in.bias1) ||
       (in.topk > 0 && (in.block_weights == nullptr || in.out_weights == nullptr)))
     return cudaErrorInvalidValue;
   combine_kernel<<<grid_blocks(p.num_tokens, p.blocks), p.threads, 0, stream>>>(in, p.num_tokens);

@@ -32,7 +32,7 @@ PROXYEP_REDUCE_INLINE int token_sources(const CombineInput& in, int64_t t, const
   const int32_t* head = in.send_head + t * in.num_ranks;
   int n = 0;
   for (int r = 0; r < in.num_ranks; ++r)
-    if (head[r] >= 0) src[n++] = in.block_rows[r] + head[r] * in.hidden;
+    if (head[r] >= 0) src[n++] = block_row(in, r, head[r]);
   if (in.bias0 != nullptr) src[n++] = in.bias0 + t * in.hidden;
   if (in.bias1 != nullptr) src[n++] = in.bias1 + t * in.hidden;
   return n;

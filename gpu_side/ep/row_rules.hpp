@@ -123,6 +123,11 @@ struct CombineInput {
   // the caller's x) instead of being copied next to the others. Rows are 16-byte aligned.
   const uint16_t* const* block_rows = nullptr;
   const float* const* block_weights = nullptr;
+  // [num_ranks] or null (every block contiguous): a rank r with block_chunk_rows[r] > 0 left its
+  // rows where they landed, in chunks of that many rows (the last may be shorter), chunk c's
+  // first row at block_chunks[r][c]; block_rows[r] is then unused. Weights stay contiguous.
+  const uint16_t* const* const* block_chunks = nullptr;
+  const int64_t* block_chunk_rows = nullptr;
   const int32_t* send_head = nullptr;  // [num_tokens, num_ranks]
   const uint16_t* bias0 = nullptr;     // bf16 [num_tokens, hidden] or null
   const uint16_t* bias1 = nullptr;     // bf16 [num_tokens, hidden] or null
@@ -132,6 +137,14 @@ struct CombineInput {
   int64_t hidden = 0;  // a multiple of kCombineChunk
   int topk = 0;        // 0: no weights
 };
+
+// Row `pos` of rank r's block (CombineInput::block_rows, or its chunks).
+PROXYEP_HOST_DEVICE inline const uint16_t* block_row(const CombineInput& in, int r, int64_t pos) {
+  if (in.block_chunk_rows == nullptr || in.block_chunk_rows[r] == 0)
+    return in.block_rows[r] + pos * in.hidden;
+  const int64_t per = in.block_chunk_rows[r];
+  return in.block_chunks[r][pos / per] + (pos % per) * in.hidden;
+}
 
 namespace detail {
 
@@ -204,7 +217,7 @@ PROXYEP_HOST_DEVICE inline void combine_token(const CombineInput& in, int64_t t,
     for (int r = 0; r < in.num_ranks; ++r) {
       const int32_t pos = head[r];
       if (pos < 0) continue;
-      detail::add_chunk(acc, in.block_rows[r] + pos * in.hidden + c0);
+      detail::add_chunk(acc, block_row(in, r, pos) + c0);
     }
     if (in.bias0 != nullptr) detail::add_chunk(acc, in.bias0 + t * in.hidden + c0);
     if (in.bias1 != nullptr) detail::add_chunk(acc, in.bias1 + t * in.hidden + c0);

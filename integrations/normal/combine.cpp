@@ -158,6 +158,8 @@ void NormalMode::run_combine(CombineCall& c) {
       ep::CombineInput{
           .block_rows = streams.block_rows().data(),
           .block_weights = in.topk > 0 ? streams.block_weights().data() : nullptr,
+          .block_chunks = streams.block_chunks().data(),
+          .block_chunk_rows = streams.block_chunk_rows().data(),
           .send_head = h.send_head.data<int32_t>(),
           .bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
           .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
@@ -168,6 +170,7 @@ void NormalMode::run_combine(CombineCall& c) {
           .topk = in.topk},
       h.num_tokens);
   clock.lap(&PhaseTimes::reduce_ns);
+  stats_.chunks_reduced_in_place += streams.chunks_in_place();
   calls_.step([&] { session_.quiet(kPhase); });
   clock.lap(&PhaseTimes::quiet_ns);
   clock.completed();

@@ -19,7 +19,10 @@ CombineStreams::CombineStreams(RowBackend& backend, const ep::RowFormat& format,
       block_rows_(static_cast<size_t>(counts.ranks()), nullptr),
       block_weights_(static_cast<size_t>(counts.ranks()), nullptr),
       gathered_x_(static_cast<size_t>(counts.ranks())),
-      gathered_weights_(static_cast<size_t>(counts.ranks())) {
+      gathered_weights_(static_cast<size_t>(counts.ranks())),
+      chunk_x_(static_cast<size_t>(counts.ranks())),
+      block_chunks_(static_cast<size_t>(counts.ranks()), nullptr),
+      block_chunk_rows_(static_cast<size_t>(counts.ranks()), 0) {
   // This rank's rows for itself stay in x.
   const int64_t self_first = counts.first_from(me, me);
   block_rows_[me] = reinterpret_cast<const uint16_t*>(x + self_first * row_bytes_);
@@ -38,27 +41,39 @@ void CombineStreams::fill(int s, uint64_t first, uint64_t rows, std::byte* slot)
                        4ull * topk_);
 }
 
-void CombineStreams::take(int r, uint64_t, uint64_t first, uint64_t rows, const std::byte* slot) {
+void CombineStreams::take(int r, uint64_t chunk, uint64_t first, uint64_t rows,
+                          const std::byte* slot) {
   const auto areas = ep::RowAreas::of(rows, format);
-  if (in[r].chunks == 1) {
+  const ChunkPlan& plan = in[r];
+  if (plan.chunks == 1) {
     block_rows_[r] = reinterpret_cast<const uint16_t*>(slot + areas.x);
     block_weights_[r] = reinterpret_cast<const float*>(slot + areas.weights);
     return;
   }
-  if (!gathered_x_[r].defined()) {
-    const int64_t total = counts_.at(me_, r);  // the rows this rank sent r at dispatch
-    gathered_x_[r] = backend_.allocate(DType::bf16, total, row_bytes_ / 2);
-    block_rows_[r] = gathered_x_[r].data<uint16_t>();
-    if (topk_ > 0) {
-      gathered_weights_[r] = backend_.allocate(DType::f32, total, topk_);
-      block_weights_[r] = gathered_weights_[r].data<float>();
-    }
-  }
+  const int64_t total = counts_.at(me_, r);  // the rows this rank sent r at dispatch
   const auto n = static_cast<int64_t>(rows);
-  backend_.copy_rows(gathered_x_[r].raw() + first * row_bytes_, slot + areas.x, n, row_bytes_);
-  if (topk_ > 0)
-    backend_.copy_rows(gathered_weights_[r].raw() + first * 4ull * topk_, slot + areas.weights, n,
-                       4ull * topk_);
+  if (plan.chunks <= plan.window) {
+    if (chunk_x_[r].empty()) {
+      chunk_x_[r].resize(static_cast<size_t>(plan.chunks));
+      block_chunks_[r] = chunk_x_[r].data();
+      block_chunk_rows_[r] = static_cast<int64_t>(plan.rows_per_chunk);
+    }
+    chunk_x_[r][chunk] = reinterpret_cast<const uint16_t*>(slot + areas.x);
+    ++chunks_in_place_;
+  } else {
+    if (!gathered_x_[r].defined()) {
+      gathered_x_[r] = backend_.allocate(DType::bf16, total, row_bytes_ / 2);
+      block_rows_[r] = gathered_x_[r].data<uint16_t>();
+    }
+    backend_.copy_rows(gathered_x_[r].raw() + first * row_bytes_, slot + areas.x, n, row_bytes_);
+  }
+  if (topk_ == 0) return;
+  if (!gathered_weights_[r].defined()) {
+    gathered_weights_[r] = backend_.allocate(DType::f32, total, topk_);
+    block_weights_[r] = gathered_weights_[r].data<float>();
+  }
+  backend_.copy_rows(gathered_weights_[r].raw() + first * 4ull * topk_, slot + areas.weights, n,
+                     4ull * topk_);
 }
 
 }  // namespace proxyep::integrations::normal

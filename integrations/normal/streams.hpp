@@ -32,7 +32,7 @@ class RowStreams {
   // gpu_side::ep::RowAreas of `rows` rows.
   virtual void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) = 0;
   // Chunk `chunk` from `source` (its rows [first, first + rows)) has arrived in `slot`; the slot
-  // is handed back when this returns (unless the stream has one chunk: see combine).
+  // is handed back when this returns (combine may still read it: combine_rows.hpp says when).
   virtual void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
                     const std::byte* slot) = 0;
   // Once, after the first chunks are on their way (e.g. a rank's rows to itself).

@@ -44,6 +44,7 @@ namespace {
 struct Options : testing::EpTestOptions {
   int die_after_ms = 0;  // with die_rank: it vanishes this long after start, whatever it is doing
   bool small_buffer = false;  // a Buffer that holds a few rows per peer: every call streams
+  bool small_chunks = false;  // chunks of ~2 rows through a Buffer that holds the whole call
   bool async = false;         // every call with async_finish
 };
 
@@ -358,10 +359,11 @@ void run_bad_input(Buffer& buffer, const Options& o) {
 void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, int ranks,
                  std::chrono::nanoseconds elapsed) {
   const std::string seen = fmt::format(
-      "{} calls, {} eager streams, {} chunks sent, {} received, {} credit stalls, {} bytes to node "
-      "peers, {} to other nodes",
-      s.calls, s.eager_streams, s.chunks_sent, s.chunks_received, s.credit_stalls, s.bytes_to_node,
-      s.bytes_to_fabric);
+      "{} calls, {} eager streams, {} chunks sent, {} received, {} credit stalls, {} combine "
+      "chunks "
+      "reduced in place, {} bytes to node peers, {} to other nodes",
+      s.calls, s.eager_streams, s.chunks_sent, s.chunks_received, s.credit_stalls,
+      s.chunks_reduced_in_place, s.bytes_to_node, s.bytes_to_fabric);
   std::fprintf(stderr, "ep_buffer: stats: %s\n", seen.c_str());
   // Every call's time is split into phases: each kind was timed, rows were packed and unpacked
   // (with peers), combines reduced, and the phases add up to no more than the run took.
@@ -384,6 +386,10 @@ void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, i
   if (o.small_buffer)
     check(s.chunks_sent >= 2 * s.calls && s.credit_stalls > 0, "a small Buffer must stream: {}",
           seen);
+  // Streams between nodes of several chunks that all fit their window: combine reduces them in
+  // the slots they landed in.
+  if (o.small_chunks && o.ranks_per_node > 0 && o.ranks_per_node < ranks)
+    check(s.chunks_reduced_in_place > 0, "no combine chunk was reduced in place: {}", seen);
   if (params::ep_eager_bytes.get() == 0)
     check(group_eager == 0, "eager rows are off but were sent: {} in the group; {}", group_eager,
           seen);
@@ -413,6 +419,7 @@ int run(const Options& o) {
     params::ep_chunk_bytes.set(2 * row);
     params::ep_eager_bytes.set(row);  // only the smallest pairs skip the streams
   }
+  if (o.small_chunks) params::ep_chunk_bytes.set(2 * Buffer::nvl_bytes_hint(1, hidden_bytes, 8, 1));
   Buffer buffer(*boot, options);
   const auto started = std::chrono::steady_clock::now();
   // With --reorder, the calls' writes between nodes must really have been reordered.
@@ -481,6 +488,8 @@ int main(int argc, char** argv) {
   app.add_option("--die-after-ms", o.die_after_ms,
                  "with --die-rank: it vanishes this long after the start instead, mid-call");
   app.add_flag("--small-buffer", o.small_buffer, "a Buffer of a few rows per peer (streaming)");
+  app.add_flag("--small-chunks", o.small_chunks,
+               "chunks of ~2 rows between nodes through a Buffer that holds the whole call");
   app.add_flag("--async", o.async, "every call with async_finish, and a combine that overlaps");
   return testing::run_ep_test("ep_buffer", app, argc, argv, [&] { return run(o); });
 }

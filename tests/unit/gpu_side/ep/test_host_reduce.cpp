@@ -381,3 +381,58 @@ TEST_CASE("host reduce: tokens no rank received and no bias come out as +0") {
   const Result expected = run_combine_token(w);
   CHECK(expected.x == got.x);
 }
+
+// Blocks left in chunks where they landed (CombineInput::block_chunks): every rank's rows split
+// into chunks of 3 rows copied to scattered places in one pool, in reverse order with gaps, and
+// rank 0's block left contiguous. Both reduces read the same rows, so the bits are the same.
+TEST_CASE("host reduce: blocks in scattered chunks reduce like contiguous ones") {
+  Case c;
+  c.ranks = 4;
+  c.hidden = 200;
+  c.tokens = 40;
+  c.topk = 3;
+  c.bias0 = true;
+  c.seed = 99;
+  World w(c);
+  constexpr int64_t kPer = 3;
+  std::vector<uint16_t> pool;
+  std::vector<std::vector<size_t>> offsets(static_cast<size_t>(c.ranks));
+  for (int r = 1; r < c.ranks; ++r) {
+    const auto& block = w.rows[static_cast<size_t>(r)];
+    const auto rows = static_cast<int64_t>(block.size()) / c.hidden;
+    const int64_t chunks = (rows + kPer - 1) / kPer;
+    offsets[static_cast<size_t>(r)].resize(static_cast<size_t>(chunks));
+    for (int64_t k = chunks - 1; k >= 0; --k) {
+      pool.resize(pool.size() + static_cast<size_t>(c.hidden));  // a gap before each chunk
+      offsets[static_cast<size_t>(r)][static_cast<size_t>(k)] = pool.size();
+      const int64_t n = std::min(kPer, rows - k * kPer);
+      pool.insert(pool.end(), block.begin() + k * kPer * c.hidden,
+                  block.begin() + (k * kPer + n) * c.hidden);
+    }
+  }
+  std::vector<std::vector<const uint16_t*>> chunks(static_cast<size_t>(c.ranks));
+  std::vector<const uint16_t* const*> chunk_ptrs(static_cast<size_t>(c.ranks), nullptr);
+  std::vector<int64_t> chunk_rows(static_cast<size_t>(c.ranks), 0);
+  for (int r = 1; r < c.ranks; ++r) {
+    for (size_t off : offsets[static_cast<size_t>(r)])
+      chunks[static_cast<size_t>(r)].push_back(pool.data() + off);
+    chunk_ptrs[static_cast<size_t>(r)] = chunks[static_cast<size_t>(r)].data();
+    chunk_rows[static_cast<size_t>(r)] = kPer;
+  }
+  const Result expected = run_combine_token(w);
+  Result got(c);
+  CombineInput in = w.input(got.x.data(), got.weights.data());
+  std::vector<const uint16_t*> no_rows(static_cast<size_t>(c.ranks), nullptr);
+  no_rows[0] = w.row_ptrs[0];  // the chunked ranks' block_rows must not be read
+  in.block_rows = no_rows.data();
+  in.block_chunks = chunk_ptrs.data();
+  in.block_chunk_rows = chunk_rows.data();
+  reduce_tokens_host(in, 0, c.tokens);
+  CHECK(got.x == expected.x);
+  Result via_rule(c);
+  in.out = via_rule.x.data();
+  in.out_weights = via_rule.weights.data();
+  for (int64_t t = 0; t < c.tokens; ++t)
+    combine_token(in, t, HostLanes{});
+  CHECK(via_rule.x == expected.x);
+}
