@@ -13,6 +13,7 @@
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
+#include "integrations/normal/landing_zone.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify_record.hpp"
 #include "proxy/session.hpp"
@@ -78,6 +79,15 @@ proxy::SessionConfig session_config(const control::Bootstrap& boot, const Buffer
   return config;
 }
 
+// The landing region's size: none for a Buffer without normal-mode calls, or one whose node
+// peers are reached through the fabric (their rows never land in place).
+uint64_t landing_bytes(const BufferOptions& opts) {
+  const bool node_peers_direct = !opts.low_latency_mode || opts.allow_nvlink_for_low_latency_mode;
+  return opts.num_nvl_bytes > 0 && node_peers_direct
+             ? static_cast<uint64_t>(params::ep_landing_bytes.get())
+             : 0;
+}
+
 uint64_t new_buffer_id() {
   std::random_device entropy;
   return (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(::getpid());
@@ -94,7 +104,9 @@ struct Buffer::Impl {
         session(proxy::Session::open(boot, session_config(boot, opts, ranks_per_node))),
         calls(*session),
         buffer_id(new_buffer_id()),
-        mode(*session, backend, calls, stream, buffer_id),
+        mode(*session, backend, calls, stream, buffer_id,
+             integrations::normal::LandingZone::open(boot, landing_bytes(opts), ranks_per_node,
+                                                     kPhase)),
         low_latency(*session, backend, calls, stream, buffer_id, opts.enable_shrink) {
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
   }

@@ -90,6 +90,9 @@ struct BufferStats {
   // Combine chunks the reduce read where they landed (streams of several chunks, all within
   // their window) instead of gathering them first.
   uint64_t chunks_reduced_in_place = 0;
+  // Dispatch rows this rank stored straight into a node peer's recv_x (its landing region)
+  // instead of the peer's arena.
+  uint64_t rows_stored_in_place = 0;
   uint64_t bytes_to_node = 0;    // row bytes stored into node peers' arenas
   uint64_t bytes_to_fabric = 0;  // row bytes posted to other nodes
   // With fabric.reorder (a testing aid): completions the reorder shim delivered here after a

@@ -43,7 +43,7 @@ std::vector<uint8_t> encode(const Published& p) {
 Published decode(std::span<const uint8_t> blob, int from, std::string_view phase) {
   ByteReader r(blob, std::string(phase));
   require(r.u32("magic") == kArenaMagic && r.u16("version") == kArenaVersion, phase,
-          "rank {} published its arena in another format (another ProxyEP version?)", from);
+          "rank {} published its shared memory in another format (another ProxyEP version?)", from);
   (void)r.u16("reserved");
   Published p;
   p.pid = static_cast<int64_t>(r.u64("pid"));
@@ -56,11 +56,11 @@ Published decode(std::span<const uint8_t> blob, int from, std::string_view phase
 }  // namespace
 
 NodeMemory::NodeMemory(control::Bootstrap& bootstrap, size_t bytes, int ranks_per_node,
-                       std::string_view phase)
+                       std::string_view phase, NodeMemoryKind kind)
     : rank_(bootstrap.rank()),
-      local_(HostMemory::memfd(bytes, "proxyep-arena-" + std::to_string(rank_))) {
+      local_(HostMemory::memfd(bytes, fmt::format("proxyep-{}-{}", kind.what, rank_))) {
   const Published mine{static_cast<int64_t>(::getpid()), local_.fd(), local_.size()};
-  auto all = bootstrap.allgather(encode(mine), std::string(phase) + "(arenas)");
+  auto all = bootstrap.allgather(encode(mine), fmt::format("{}({}s)", phase, kind.what));
   int ranks = bootstrap.world_size();
   mapped_.resize(static_cast<size_t>(ranks));
   pids_.resize(static_cast<size_t>(ranks));
@@ -70,27 +70,26 @@ NodeMemory::NodeMemory(control::Bootstrap& bootstrap, size_t bytes, int ranks_pe
     const Published theirs = decode(all[static_cast<size_t>(r)], r, phase);
     pids_[static_cast<size_t>(r)] = static_cast<pid_t>(theirs.pid);
     require(theirs.bytes == local_.size(), phase,
-            "rank {} sized its arena {} bytes, this rank {}: every rank must pass the same "
-            "num_nvl_bytes",
-            r, theirs.bytes, local_.size());
+            "rank {} sized its {} {} bytes, this rank {}: every rank must pass the same {}", r,
+            kind.what, theirs.bytes, local_.size(), kind.size_from);
     if (r == rank_ || r / ranks_per_node != node || !failure.empty()) continue;
     std::string path = "/proc/" + std::to_string(theirs.pid) + "/fd/" + std::to_string(theirs.fd);
     int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     if (fd < 0) {
-      failure =
-          fmt::format("cannot open the arena of rank {} ({}): {}", r, path, std::strerror(errno));
+      failure = fmt::format("cannot open the {} of rank {} ({}): {}", kind.what, r, path,
+                            std::strerror(errno));
       continue;
     }
     try {
       mapped_[static_cast<size_t>(r)].emplace(HostMemory::map_fd(fd));
     } catch (const Error& e) {
-      failure = fmt::format("cannot map the arena of rank {}: {}", r, e.what());
+      failure = fmt::format("cannot map the {} of rank {}: {}", kind.what, r, e.what());
     }
     ::close(fd);
   }
   // Nobody may leave (and close its memfd) before every peer has opened it; a failure is
   // reported after the barrier so the peers are not left waiting on this rank.
-  bootstrap.barrier(std::string(phase) + "(arenas mapped)");
+  bootstrap.barrier(fmt::format("{}({}s mapped)", phase, kind.what));
   if (!failure.empty()) fail(std::string(phase), "{}", failure);
 }
 

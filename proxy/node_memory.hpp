@@ -22,13 +22,20 @@
 
 namespace proxyep::proxy {
 
+// What a NodeMemory holds, for its memfd's name and its errors.
+struct NodeMemoryKind {
+  const char* what = "arena";               // the memory, as errors name it
+  const char* size_from = "num_nvl_bytes";  // what sets its size, which every rank must agree on
+};
+
 class NodeMemory {
  public:
   // Collective over `bootstrap`: every rank passes the same `bytes` (checked) and the same
   // ranks_per_node. Ranks [node * ranks_per_node, ...) share a node. Throws proxyep::Error
-  // (`phase`) naming the peer whose arena could not be opened or mapped.
+  // (`phase`) naming the peer whose memory could not be opened or mapped. The memory is mapped,
+  // not touched: pages cost memory once written.
   NodeMemory(control::Bootstrap& bootstrap, size_t bytes, int ranks_per_node,
-             std::string_view phase);
+             std::string_view phase, NodeMemoryKind kind = {});
 
   size_t bytes() const { return local_.size(); }
   std::byte* local() const { return static_cast<std::byte*>(local_.host()); }

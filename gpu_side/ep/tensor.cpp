@@ -151,6 +151,19 @@ Tensor Tensor::empty(DType dtype, int64_t rows, int64_t cols) {
   return t;
 }
 
+Tensor Tensor::over(std::shared_ptr<std::byte[]> storage, DType dtype, int64_t rows, int64_t cols) {
+  require(rows >= 0 && cols >= 0, "tensor", "negative shape [{}, {}]", rows, cols);
+  require(storage != nullptr || rows * cols == 0, "tensor", "no storage for [{}, {}]", rows, cols);
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = 2;
+  t.rows_ = rows;
+  t.cols_ = cols;
+  t.storage_ = std::move(storage);
+  t.data_ = t.storage_.get();
+  return t;
+}
+
 Tensor Tensor::zeros(DType dtype, int64_t rows) {
   Tensor t = empty(dtype, rows);
   std::memset(t.data_, 0, t.bytes());

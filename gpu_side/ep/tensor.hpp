@@ -68,6 +68,9 @@ class Tensor {
   static Tensor zeros(DType dtype, int64_t rows);
   static Tensor zeros(DType dtype, int64_t rows, int64_t cols);
   static Tensor copy_of(const TensorRef& source);  // contiguous copy of any view
+  // A 2-D tensor over `storage`, memory someone else allocated: its deleter runs when the last
+  // handle is dropped (e.g. an output block in memory the node's ranks share).
+  static Tensor over(std::shared_ptr<std::byte[]> storage, DType dtype, int64_t rows, int64_t cols);
 
   bool defined() const { return dims_ != 0; }
   DType dtype() const { return dtype_; }

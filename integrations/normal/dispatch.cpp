@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 #include "integrations/normal/dispatch_args.hpp"
 #include "integrations/normal/dispatch_rows.hpp"
+#include "integrations/normal/landing_zone.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify.hpp"
 #include "integrations/normal/row_counts.hpp"
@@ -37,12 +38,37 @@ struct DispatchCall {
   DispatchResult out;                      // shares its tensors with what the caller got
   uint64_t call = 0;
   int64_t num_recv = 0;
+  LandingBlocks::Offer offer;  // of this rank's landing region, in its record
   PhaseClock clock;
 };
 
 NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
-                       CommStream& stream, uint64_t buffer_id)
-    : session_(session), backend_(backend), buffer_id_(buffer_id), calls_(calls), stream_(stream) {}
+                       CommStream& stream, uint64_t buffer_id, std::shared_ptr<LandingZone> landing)
+    : session_(session),
+      backend_(backend),
+      buffer_id_(buffer_id),
+      calls_(calls),
+      stream_(stream),
+      landing_(std::move(landing)) {}
+
+namespace {
+
+// The rows of rank d's recv_x in this call (num_worst_tokens pads it).
+int64_t recv_x_rows(const NotifyRecord& record, const RowCounts& counts, int d) {
+  const uint32_t worst = record.header.num_worst_tokens;
+  return worst > 0 ? static_cast<int64_t>(worst) : counts.received_by(d);
+}
+
+// Where rank d's recv_x is in its landing region (-1: not there), from the runs it offered: every
+// rank decides it alike from d's record and the counts, so d and its node peers agree without
+// asking.
+int64_t landing_place(const NotifyRecord& record, const RowCounts& counts, int d) {
+  const uint64_t bytes =
+      static_cast<uint64_t>(recv_x_rows(record, counts, d)) * record.header.format.hidden_bytes;
+  return record.header.landing.place(bytes);
+}
+
+}  // namespace
 
 DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   PhaseClock started(stats_.dispatch_phases);
@@ -66,7 +92,9 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
   calls_.step([&] { send_eager(session_, call, streams, stats_, clock, kPhase); });
-  const auto records = calls_.step([&] { return notify_dispatch(call, in, a, d->routing); });
+  if (landing_) d->offer = landing_->offer();
+  const auto records =
+      calls_.step([&] { return notify_dispatch(call, in, a, d->routing, d->offer); });
   const RowCounts counts = RowCounts::from_records(records);
   agree_dispatch(call, in, a, records, counts);
   clock.lap(&PhaseTimes::notify_ns);
@@ -74,12 +102,18 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
 
   // The outputs exist before the rows move: this rank's rows to itself go straight into them
   // (for 2 ranks that is half the traffic, one copy instead of two).
-  d->out = allocate_outputs(in, a, d->num_recv);
+  const int64_t rows = recv_x_rows(records[me], counts, me);
+  gpu_side::ep::Tensor landed;
+  const int64_t place = landing_place(records[me], counts, me);
+  if (place >= 0) landed = land_recv_x(in, a, static_cast<uint64_t>(place), rows);
+  if (landing_) landing_->note_need(static_cast<uint64_t>(rows) * in.format.hidden_bytes);
+  d->out = allocate_outputs(in, a, d->num_recv, std::move(landed));
   std::vector<int64_t> first_row(static_cast<size_t>(R));
   for (int s = 0; s < R; ++s)
     first_row[s] = counts.first_from(s, me);
   streams.receive_into(d->out, std::move(first_row));
   streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
+  plan_in_place(*d, records, counts);
   finish_handle(d->out, in, a, d->routing, counts, records);
   clock.lap(&PhaseTimes::prepare_ns);
   return finish_call(d, a.async_finish, &NormalMode::move_rows);
@@ -88,6 +122,7 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
 void NormalMode::move_rows(DispatchCall& d) {
   calls_.step([&] { run_streams(session_, d.call, *d.streams, stats_, d.clock, kPhase); });
   clear_padding(d.out, d.in, d.num_recv);
+  stats_.rows_stored_in_place += d.streams->rows_in_place();
   d.clock.lap(&PhaseTimes::prepare_ns);
   calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call
   d.clock.lap(&PhaseTimes::quiet_ns);
@@ -96,7 +131,8 @@ void NormalMode::move_rows(DispatchCall& d) {
 
 std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const DispatchInput& in,
                                                       const DispatchArgs& a,
-                                                      const TokenRouting& routing) {
+                                                      const TokenRouting& routing,
+                                                      const LandingBlocks::Offer& offer) {
   RecordHeader header;
   header.kind = in.cached ? CallKind::cached_dispatch : CallKind::dispatch;
   header.num_tokens = static_cast<uint32_t>(in.tokens);
@@ -104,6 +140,7 @@ std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const Dispa
   header.num_experts = static_cast<uint32_t>(in.num_experts);
   header.expert_alignment = static_cast<uint32_t>(a.expert_alignment);
   header.num_worst_tokens = static_cast<uint32_t>(a.num_worst_tokens);
+  header.landing = offer;
   const int local_experts = in.num_experts / session_.ranks();
   const auto* per_expert = in.cached ? nullptr : a.num_tokens_per_expert.as<int32_t>();
   return exchange_records(
@@ -155,11 +192,44 @@ void NormalMode::agree_dispatch(uint64_t call, const DispatchInput& in, const Di
   }
 }
 
+gpu_side::ep::Tensor NormalMode::land_recv_x(const DispatchInput& in, const DispatchArgs& a,
+                                             uint64_t offset, int64_t rows) {
+  gpu_side::ep::Tensor recv_x = landing_->take(offset, a.x.dtype, rows, in.hidden);
+  // The peers store into it already: it cannot be refused now (a bug if it is).
+  require(recv_x.defined(), kPhase,
+          "recv_x of {} rows does not fit the landing region at {}, which this rank offered", rows,
+          offset);
+  return recv_x;
+}
+
+void NormalMode::plan_in_place(DispatchCall& d, const std::vector<NotifyRecord>& records,
+                               const RowCounts& counts) const {
+  if (!landing_) return;
+  const int R = session_.ranks(), me = session_.rank();
+  DispatchStreams& streams = *d.streams;
+  // Node peers' streams through their arenas only: eager rows went out before the offers, and
+  // rows through the fabric land in the arena whatever this rank offered.
+  auto direct = [&](int r, const ChunkPlan& plan) {
+    return r != me && landing_->region(r) != nullptr && !session_.channel(r).background() &&
+           !plan.eager && plan.rows > 0;
+  };
+  std::vector<std::byte*> x_to(static_cast<size_t>(R), nullptr);
+  std::vector<char> x_from(static_cast<size_t>(R), 0);
+  const bool mine_in_place = landing_place(records[me], counts, me) >= 0;
+  for (int r = 0; r < R; ++r) {
+    const int64_t place = landing_place(records[r], counts, r);
+    if (direct(r, streams.out[r]) && place >= 0)
+      x_to[r] = landing_->region(r) + place + counts.first_from(me, r) * d.in.format.hidden_bytes;
+    x_from[r] = direct(r, streams.in[r]) && mine_in_place ? 1 : 0;
+  }
+  streams.store_in_place(std::move(x_to), std::move(x_from));
+}
+
 DispatchResult NormalMode::allocate_outputs(const DispatchInput& in, const DispatchArgs& a,
-                                            int64_t num_recv) {
+                                            int64_t num_recv, gpu_side::ep::Tensor recv_x) {
   DispatchResult out;
   const int64_t rows = a.num_worst_tokens > 0 ? a.num_worst_tokens : num_recv;
-  out.recv_x = backend_.allocate(a.x.dtype, rows, in.hidden);
+  out.recv_x = recv_x.defined() ? std::move(recv_x) : backend_.allocate(a.x.dtype, rows, in.hidden);
   if (in.fp8) out.recv_x_scales = backend_.allocate(a.x_scales.dtype, rows, in.format.scale_cols);
   if (in.topk > 0) out.recv_topk_idx = backend_.allocate(DType::i64, rows, in.topk);
   if (in.weights) out.recv_topk_weights = backend_.allocate(DType::f32, rows, in.topk);

@@ -76,8 +76,19 @@ void DispatchStreams::receive_into(DispatchResult& out, std::vector<int64_t> fir
   first_row_ = std::move(first_row);
 }
 
+void DispatchStreams::store_in_place(std::vector<std::byte*> x_to, std::vector<char> x_from) {
+  x_to_ = std::move(x_to);
+  x_from_ = std::move(x_from);
+}
+
 void DispatchStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot) {
-  const auto sink = ep::RowSink::at(slot, ep::RowAreas::of(rows, format), 0, d);
+  auto sink = ep::RowSink::at(slot, ep::RowAreas::of(rows, format), 0, d);
+  // The slot's x area then stays unused: the chunk still carries the rest of the rows and says,
+  // by arriving, that they are all stored.
+  if (!x_to_.empty() && x_to_[d] != nullptr) {
+    sink.x = x_to_[d] + first * format.hidden_bytes;
+    rows_in_place_ += rows;
+  }
   backend_.pack_rows(source_, sink,
                      std::span<const int32_t>(routing_.tokens_to[d]).subspan(first, rows));
 }
@@ -89,7 +100,7 @@ void DispatchStreams::take(int s, uint64_t, uint64_t first, uint64_t rows, const
   auto copy = [&](Tensor& to, uint64_t area, uint64_t unit) {
     backend_.copy_rows(to.raw() + at * unit, slot + area, n, unit);
   };
-  copy(out_->recv_x, areas.x, format.hidden_bytes);
+  if (x_from_.empty() || x_from_[s] == 0) copy(out_->recv_x, areas.x, format.hidden_bytes);
   if (input_.fp8) copy(out_->recv_x_scales, areas.scales, 4ull * format.scale_cols);
   if (input_.topk > 0) copy(out_->recv_topk_idx, areas.topk_idx, 8ull * input_.topk);
   if (input_.weights) copy(out_->recv_topk_weights, areas.weights, 4ull * input_.topk);

@@ -39,6 +39,12 @@ class DispatchStreams final : public RowStreams {
 
   // The outputs the arriving rows go to; rows from source s start at row first_row[s].
   void receive_into(DispatchResult& out, std::vector<int64_t> first_row);
+  // Rows stored straight into the receivers' recv_x (landing_zone.hpp): x_to[d] is where this
+  // rank's rows start in rank d's (null: through d's slots); x_from[s] says rank s stores its
+  // rows' x straight into this rank's recv_x (its chunks carry the rest of each row).
+  void store_in_place(std::vector<std::byte*> x_to, std::vector<char> x_from);
+  // Rows this rank stored straight into a node peer's recv_x.
+  uint64_t rows_in_place() const { return rows_in_place_; }
 
   void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
   void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
@@ -54,6 +60,9 @@ class DispatchStreams final : public RowStreams {
   int me_;
   DispatchResult* out_ = nullptr;
   std::vector<int64_t> first_row_;
+  std::vector<std::byte*> x_to_;  // by destination; empty: none in place
+  std::vector<char> x_from_;      // by source; empty: none in place
+  uint64_t rows_in_place_ = 0;
 };
 
 }  // namespace proxyep::integrations::normal

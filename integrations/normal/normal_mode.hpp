@@ -19,6 +19,7 @@
 #include "integrations/buffer.hpp"
 #include "integrations/call_sequence.hpp"
 #include "integrations/comm_stream.hpp"
+#include "integrations/normal/landing_blocks.hpp"
 #include "integrations/normal/notify_record.hpp"
 #include "proxy/session.hpp"
 
@@ -31,15 +32,17 @@ namespace proxyep::integrations::normal {
 struct DispatchInput;
 struct TokenRouting;
 class RowCounts;
+class LandingZone;
 struct DispatchCall;  // dispatch.cpp
 struct CombineCall;   // combine.cpp
 
 class NormalMode {
  public:
   // `buffer_id` tells this Buffer's handles from others'; `calls` and `stream` are shared with
-  // the low-latency mode.
+  // the low-latency mode. `landing` (may be null): where node peers store dispatch rows
+  // straight into recv_x.
   NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls, CommStream& stream,
-             uint64_t buffer_id);
+             uint64_t buffer_id, std::shared_ptr<LandingZone> landing);
 
   DispatchResult dispatch(const DispatchArgs& args);
   CombineResult combine(const CombineArgs& args);
@@ -54,11 +57,18 @@ class NormalMode {
  private:
   // ---- dispatch steps (dispatch.cpp) ----
   std::vector<NotifyRecord> notify_dispatch(uint64_t call, const DispatchInput& input,
-                                            const DispatchArgs& args, const TokenRouting& routing);
+                                            const DispatchArgs& args, const TokenRouting& routing,
+                                            const LandingBlocks::Offer& offer);
   void agree_dispatch(uint64_t call, const DispatchInput& input, const DispatchArgs& args,
                       const std::vector<NotifyRecord>& records, const RowCounts& counts) const;
+  // recv_x at `offset` of the landing region (in a run this rank offered).
+  gpu_side::ep::Tensor land_recv_x(const DispatchInput& input, const DispatchArgs& args,
+                                   uint64_t offset, int64_t rows);
+  // Where node peers' rows are stored straight into recv_x (DispatchStreams::store_in_place).
+  void plan_in_place(DispatchCall& call, const std::vector<NotifyRecord>& records,
+                     const RowCounts& counts) const;
   DispatchResult allocate_outputs(const DispatchInput& input, const DispatchArgs& args,
-                                  int64_t num_recv);
+                                  int64_t num_recv, gpu_side::ep::Tensor recv_x);
   void clear_padding(DispatchResult& out, const DispatchInput& input, int64_t num_recv);
   void finish_handle(DispatchResult& out, const DispatchInput& input, const DispatchArgs& args,
                      const TokenRouting& routing, const RowCounts& counts,
@@ -91,6 +101,7 @@ class NormalMode {
   uint64_t buffer_id_;
   CallSequence& calls_;
   CommStream& stream_;
+  std::shared_ptr<LandingZone> landing_;
   RecordEncoder encoder_;
   BufferStats stats_;
 };

@@ -12,8 +12,8 @@ namespace proxyep::integrations::normal {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x524e5850;  // "PXNR" read as little-endian bytes
-constexpr uint16_t kRecordVersion = 1;
-constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 + 4;
+constexpr uint16_t kRecordVersion = 2;
+constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 * 8 + 4 + 4;
 
 std::vector<int32_t> read_counts(ByteReader& r, uint32_t at_most, const char* what, int from,
                                  std::string_view phase) {
@@ -53,6 +53,10 @@ void RecordEncoder::begin(const RecordHeader& h, std::span<const int64_t> rows_t
   for (uint32_t v : {h.format.hidden_bytes, h.format.scale_cols, h.format.topk, h.format.weights,
                      h.format.src_index, h.num_experts, h.expert_alignment, h.num_worst_tokens})
     w.u32(v);
+  for (const LandingBlocks::Run& run : {h.landing.fitted, h.landing.largest}) {
+    w.u64(run.offset);
+    w.u64(run.bytes);
+  }
   // Row counts of one call are below 2^24 (proxy::kMaxStreamChunks): they fit an int32.
   w.u32(static_cast<uint32_t>(rows_to.size()));
   for (int64_t rows : rows_to)
@@ -94,6 +98,10 @@ NotifyRecord decode_record(std::span<const std::byte> payload, int ranks, int fr
   h.num_experts = r.u32("num_experts");
   h.expert_alignment = r.u32("expert_alignment");
   h.num_worst_tokens = r.u32("num_worst_tokens");
+  for (LandingBlocks::Run* run : {&h.landing.fitted, &h.landing.largest}) {
+    run->offset = r.u64("landing offset");
+    run->bytes = r.u64("landing bytes");
+  }
   rec.rows_to = read_counts(r, static_cast<uint32_t>(ranks), "rows_to", from, phase);
   require(rec.rows_to.size() == static_cast<size_t>(ranks), phase,
           "the record from rank {} counts rows for {} ranks, the group has {}", from,

@@ -7,12 +7,14 @@
 //   u32 magic "PXNR" | u16 version | u16 kind | u32 num_tokens |
 //   u32 hidden_bytes | u32 scale_cols | u32 topk | u32 weights | u32 src_index |
 //   u32 num_experts | u32 expert_alignment | u32 num_worst_tokens |
+//   u64 fitted offset | u64 fitted bytes | u64 largest offset | u64 largest bytes |
 //   u32 ranks R | i32 rows_to[R] | u32 experts n | i32 experts[n]
 // The slot's capacity (record_payload_bytes) is fixed by the group size: R rows and up to
 // kMaxLocalExperts expert counts.
 #pragma once
 
 #include "gpu_side/ep/row_format.hpp"
+#include "integrations/normal/landing_blocks.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +35,9 @@ struct RecordHeader {
   uint32_t num_experts = 0;
   uint32_t expert_alignment = 0;
   uint32_t num_worst_tokens = 0;
+  // A dispatch's offer of free runs of the sender's landing region (landing_zone.hpp) for its
+  // recv_x; runs of 0 bytes: none.
+  LandingBlocks::Offer landing;
 };
 
 struct NotifyRecord {

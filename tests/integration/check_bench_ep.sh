@@ -7,7 +7,9 @@
 # must have delivered some completions out of order ("completions_out_of_order" above 0), or it
 # tested no reordering.
 # Every run must carry the per-phase times of its calls ("proxyep.phases", which --breakdown
-# prints), adding up to each kind's time.
+# prints), adding up to each kind's time, and, unless --no-floor is among the arguments, the
+# same-run memory floor ("proxyep.memcpy_floor": a positive p50, bytes received by some rank, and
+# dispatch+combine's ratio to 2 such copies); with --no-floor, none.
 # With --compare, tests `--compare FILE` instead: a run saved with --json (the mpi-records
 # baseline), then a run compared with it in JSON (ratios of dispatch, combine and total, p50 and
 # p99; the lean baseline is not compared with the saved record one, and a note says so), one in
@@ -110,4 +112,21 @@ for kind in ("dispatch", "combine", "cached_dispatch"):
         sys.exit(f"check_bench_ep: phases of {kind}: {p}")
 if phases["combine"]["reduce_us"] <= 0: sys.exit("check_bench_ep: combine without a reduce")
 ' <<<"$out"
+no_floor=0
+[[ " ${args[*]} " == *" --no-floor "* ]] && no_floor=1
+/usr/bin/python3 -c '
+import json, sys
+ours, no_floor = json.load(sys.stdin)["proxyep"], int(sys.argv[1])
+floor = ours.get("memcpy_floor")
+if no_floor:
+    if floor is not None: sys.exit("check_bench_ep: --no-floor, but a proxyep.memcpy_floor")
+    sys.exit(0)
+if not floor: sys.exit("check_bench_ep: no proxyep.memcpy_floor")
+ratio = floor.get("dispatch_combine_over_floor")
+if not (floor["us"]["p50"] > 0 and floor["gbps"] > 0 and max(floor["bytes_per_rank"]) > 0
+        and floor["dispatch_combine_floor_us"] == 2 * floor["us"]["p50"]
+        and isinstance(ratio, (int, float)) and ratio > 0):
+    floor.pop("samples_us", None)
+    sys.exit(f"check_bench_ep: memcpy_floor: {floor}")
+' "$no_floor" <<<"$out"
 echo "check_bench_ep: verified" >&2

@@ -356,14 +356,15 @@ void run_bad_input(Buffer& buffer, const Options& o) {
 // The calls moved their rows the way the Buffer's sizing says they must: small Buffers stream
 // in many chunks and wait for credits; eager rows appear exactly when enabled.
 // `group_eager`: eager streams summed over the ranks (a rank with no tokens sends none).
+// `node_peers`: ranks sharing this rank's node, itself excluded.
 void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, int ranks,
-                 std::chrono::nanoseconds elapsed) {
+                 int node_peers, std::chrono::nanoseconds elapsed) {
   const std::string seen = fmt::format(
       "{} calls, {} eager streams, {} chunks sent, {} received, {} credit stalls, {} combine "
-      "chunks "
-      "reduced in place, {} bytes to node peers, {} to other nodes",
+      "chunks reduced in place, {} rows stored in place, {} bytes to node peers, {} to other "
+      "nodes",
       s.calls, s.eager_streams, s.chunks_sent, s.chunks_received, s.credit_stalls,
-      s.chunks_reduced_in_place, s.bytes_to_node, s.bytes_to_fabric);
+      s.chunks_reduced_in_place, s.rows_stored_in_place, s.bytes_to_node, s.bytes_to_fabric);
   std::fprintf(stderr, "ep_buffer: stats: %s\n", seen.c_str());
   // Every call's time is split into phases: each kind was timed, rows were packed and unpacked
   // (with peers), combines reduced, and the phases add up to no more than the run took.
@@ -390,6 +391,13 @@ void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, i
   // the slots they landed in.
   if (o.small_chunks && o.ranks_per_node > 0 && o.ranks_per_node < ranks)
     check(s.chunks_reduced_in_place > 0, "no combine chunk was reduced in place: {}", seen);
+  // Rows from node peers land straight in recv_x when the landing region is on and large enough
+  // (a small one takes some calls, not others), and never without node peers or with it off.
+  const int64_t landing = params::ep_landing_bytes.get();
+  if (node_peers == 0 || landing == 0)
+    check(s.rows_stored_in_place == 0, "rows stored in place without a landing region: {}", seen);
+  else if (landing >= int64_t{1} << 30)
+    check(s.rows_stored_in_place > 0, "no row was stored in place: {}", seen);
   if (params::ep_eager_bytes.get() == 0)
     check(group_eager == 0, "eager rows are off but were sent: {} in the group; {}", group_eager,
           seen);
@@ -471,7 +479,9 @@ int run(const Options& o) {
     std::memcpy(&theirs, bytes.data(), sizeof theirs);
     group_eager += theirs;
   }
-  check_stats(stats, group_eager, o, R, std::chrono::steady_clock::now() - started);
+  const int rpn_used = buffer.ranks_per_node(), node_first = boot->rank() / rpn_used * rpn_used;
+  check_stats(stats, group_eager, o, R, std::min(R, node_first + rpn_used) - node_first - 1,
+              std::chrono::steady_clock::now() - started);
   require_reordered();
   if (boot->rank() == 0)
     fmt::print("ep_buffer: {} ranks, {} per node, provider {}, reorder {}: all cases OK\n", R,

@@ -204,9 +204,10 @@ def test_async_calls_finish_in_stream_order(buffer):
 
 
 def test_local_buffer_tensor_is_where_rows_land(buffer):
-    """get_local_buffer_tensor: views (not copies) of the NVL buffer, in which the rows the peers
-    send this rank land: zeroed, then a dispatch of rank+1-valued rows too large to travel with
-    the notify record (128 KiB) leaves every sending peer's value there."""
+    """get_local_buffer_tensor: views (not copies) of the NVL buffer, in which what the peers
+    send this rank lands: zeroed, then a dispatch too large to travel with the notify record
+    (128 KiB) leaves every node peer's rank+1.5-valued top-k weights there. Their rank+1-valued
+    rows go straight into recv_x (the landing region): the NVL buffer holds none of them."""
     rank, R = dist.get_rank(), dist.get_world_size()
     nvl = buffer.get_local_buffer_tensor(torch.bfloat16)
     assert nvl.dtype == torch.bfloat16 and nvl.numel() == (1 << 22) // 2
@@ -218,11 +219,18 @@ def test_local_buffer_tensor_is_where_rows_land(buffer):
     tokens, hidden = 512, 1024
     x = torch.full((tokens, hidden), float(rank + 1), dtype=torch.bfloat16)
     idx = torch.arange(tokens * K).view(tokens, K) % E  # every rank's experts
+    weights = torch.full((tokens, K), rank + 1.5, dtype=torch.float32)
     per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, E)
-    buffer.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
-    for peer in range(R):
+    recv, _, _, _, _, _ = buffer.dispatch(
+        x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+        topk_idx=idx, topk_weights=weights)
+    as_f32 = buffer.get_local_buffer_tensor(torch.float32)
+    node_first = rank // buffer.ranks_per_node * buffer.ranks_per_node
+    for peer in range(node_first, min(R, node_first + buffer.ranks_per_node)):
         if peer != rank:
-            assert bool((nvl == float(peer + 1)).any()), f"no row of rank {peer} in the NVL buffer"
+            assert bool((as_f32 == peer + 1.5).any()), f"no weight of rank {peer} in the NVL buffer"
+            assert not bool((nvl == float(peer + 1)).any()), f"a row of rank {peer} was not in place"
+            assert bool((recv == float(peer + 1)).all(dim=1).any()), f"no row of rank {peer}"
     if buffer.num_nodes > 1:
         staging = buffer.get_local_buffer_tensor(torch.bfloat16, use_rdma_buffer=True)
         assert bool((staging == float(rank + 1)).any()), "no staged row of this rank"

@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 #include "integrations/buffer.hpp"
 #include "tools/bench/ep_check.hpp"
+#include "tools/bench/ep_floor.hpp"
 #include "tools/bench/ep_phases.hpp"
 #include "tools/bench/ep_stats.hpp"
 
@@ -28,7 +29,13 @@ struct RankRun {
   DispatchResult fresh;
   DispatchResult cached;
   CombineResult combined;
+  nlohmann::json memcpy_floor;  // time_memcpy_floor's figures; null with --no-floor
 };
+
+// The bytes of this rank's dispatch output rows in the run's row format (FP8: with the scales).
+size_t received_bytes(const DispatchResult& d) {
+  return d.recv_x.bytes() + (d.recv_x_scales.defined() ? d.recv_x_scales.bytes() : 0);
+}
 
 BufferOptions buffer_options(const EpBenchOptions& options, const ep::EpShape& shape) {
   // Combine moves BF16 rows whatever dispatch sent, so the arenas are sized for BF16.
@@ -130,6 +137,7 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
                            {"diff", diff},
                            {"phases", phases_json(run.phases)}};
   if (run.reordered) report["reordered_completions"] = *run.reordered;
+  if (!run.memcpy_floor.is_null()) report["memcpy_floor"] = run.memcpy_floor;
   return report;
 }
 
@@ -153,6 +161,8 @@ nlohmann::json summarize(const RankReports& reports, const EpReference& referenc
   for (const auto& report : reports)
     phases.push_back(report.value("phases", nlohmann::json()));
   out["phases"] = mean_phases(phases);
+  auto floor = memcpy_floor_json(reports, out["total"]["us"]["p50"].get<double>());
+  if (!floor.is_null()) out["memcpy_floor"] = std::move(floor);
   add_verdict(out, reports);
   return out;
 }
@@ -183,6 +193,14 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
     run.reordered = buffer.stats().reordered_completions;
     log::info("bench: normal-mode timed loop done");
     // The Buffer goes before the reference is built: its arenas are the largest allocation.
+  }
+  // The floor after the Buffer: its proxy threads no longer compete for the cores, and its arenas
+  // are freed before the two copies of the received rows are allocated (at the default arena
+  // size, the preflight's arena and reference shares cover them: never alive together).
+  if (options.floor) {
+    run.memcpy_floor = time_memcpy_floor(bootstrap, received_bytes(run.fresh),
+                                         options.workload.warmup, options.workload.iters);
+    log::info("bench: memcpy floor timed");
   }
   EpReference reference = make_reference();
   std::string diff = check_rank(run, reference, rank);

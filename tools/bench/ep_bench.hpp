@@ -10,7 +10,9 @@
 // Figures (tools/bench/ep_stats.hpp): the slowest rank per iteration; p50/p95/p99 in us; GB/s
 // from the p50 with DeepEP's byte conventions (ep_check.hpp: EpTraffic). After the loop every
 // rank checks its outputs of the last iteration against the reference; `verified` is the AND
-// over ranks.
+// over ranks. Before that check, once the Buffer is gone, the ranks time the same-run memory
+// floor ("memcpy floor": one copy of each rank's received rows, tools/bench/ep_floor.hpp) unless
+// --no-floor.
 //
 // The baseline (--baseline mpi) runs after our ranks are done: rank 0 destroys its Buffer and
 // bootstrap (the other ranks exit, so no rank of ours busy-polls meanwhile) and starts
@@ -47,6 +49,8 @@ struct EpBenchOptions {
   bool json = false;
   bool breakdown =
       false;  // print where the calls' time went (ep_phases.hpp); the JSON has it always
+  // Time the memcpy floor (ep_floor.hpp): bench ep only (--no-floor), off for bench ll.
+  bool floor = true;
 };
 
 // ProxyEP's side on one rank (collective). Returns the results on rank 0, {} elsewhere.
@@ -54,8 +58,9 @@ nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions&
 
 // The normal-mode measurement on one rank's `inputs` (collective; the body of run_ep_bench, which
 // `bench ll` also runs on its tokens): a Buffer sized by its hints, the timed loop, then the check
-// against make_reference() (called once the Buffer is gone). Returns on rank 0 {"num_nvl_bytes",
-// "num_rdma_bytes", "traffic", "proxyep": figures and verdict}, {} elsewhere.
+// against make_reference() (called once the Buffer is gone), with the memcpy floor in between
+// when options.floor. Returns on rank 0 {"num_nvl_bytes", "num_rdma_bytes", "traffic", "proxyep":
+// figures and verdict}, {} elsewhere.
 nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptions& options,
                                const gpu_side::ep::EpShape& shape,
                                const gpu_side::ep::RankInputs& inputs,

@@ -198,12 +198,19 @@ void register_bench_ep(CLI::App& bench, Action& action) {
       "byte conventions), checked against a reference, optionally against MPI (lean or record "
       "variant)");
   add_run_options(*cmd, *cli);
+  EpBenchOptions& options = cli->options;
+  cmd->add_flag_callback(
+      "--no-floor", [&options] { options.floor = false; },
+      "skip the memory floor (on by default: after the timed loop every rank times a plain "
+      "memcpy of its received rows, all ranks at once; the \"memcpy floor\" row and how far "
+      "dispatch+combine is above 2 such copies)");
   set_action(cmd, cli, action);
 }
 
 void register_bench_ll(CLI::App& bench, Action& action) {
   auto cli = std::make_shared<BenchCli>();
   cli->options.workload = low_latency_workload_defaults();
+  cli->options.floor = false;  // bench ll compares with normal mode, not with the memory floor
   auto* cmd = bench.add_subcommand(
       "ll",
       "low-latency dispatch/combine through the Buffer (DeepEP's test_low_latency.py data and "

@@ -14,8 +14,10 @@ namespace proxyep::tools {
 namespace {
 
 // Every phase either benchmark times, in the order the comparison lists them.
-constexpr const char* kPhases[] = {"dispatch", "cached_dispatch", "dispatch_send", "dispatch_recv",
-                                   "combine",  "combine_send",    "combine_recv",  "total"};
+// (memcpy_floor: whether the machine's memory was as fast in both runs; older runs have none.)
+constexpr const char* kPhases[] = {"dispatch",      "cached_dispatch", "dispatch_send",
+                                   "dispatch_recv", "combine",         "combine_send",
+                                   "combine_recv",  "total",           "memcpy_floor"};
 constexpr const char* kSides[] = {"proxyep", "normal", "baseline"};
 // What must match for the times to measure the same work.
 constexpr const char* kShape[] = {"tokens", "hidden", "topk", "experts"};

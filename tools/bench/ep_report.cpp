@@ -1,5 +1,7 @@
 #include "tools/bench/ep_report.hpp"
 
+#include "tools/bench/ep_floor.hpp"
+
 #include <fmt/format.h>
 
 #include <string>
@@ -79,6 +81,9 @@ void print_ep_report(const nlohmann::json& r) {
   print_row("proxyep dispatch", ours["dispatch"], rdma);
   print_row("proxyep dispatch (cached)", ours["cached_dispatch"], rdma);
   print_row("proxyep combine", ours["combine"], rdma);
+  // The same-run memory floor (ep_floor.hpp): absent with --no-floor.
+  if (ours.contains("memcpy_floor")) print_row("memcpy floor", ours["memcpy_floor"], rdma);
+  const std::string floor_line = memory_floor_line(ours);
   const auto& base = r["baseline"];
   // The variant's name labels its rows: "mpi" (lean) or "mpi-records" (ep_baseline.hpp).
   const std::string name = base.is_null() ? "" : base.value("variant", std::string("mpi"));
@@ -88,8 +93,11 @@ void print_ep_report(const nlohmann::json& r) {
     fmt::print("  dispatch+combine p50: proxyep {:.1f} us, {} {:.1f} us -> speedup {:.2f}x\n",
                p50_of(ours, "total"), name, p50_of(base, "total"),
                r["speedup_vs_baseline"].get<double>());
+    fmt::print("{}", floor_line);
     fmt::print("  {}: {}; {} ({})\n", name, base.value("implementation", std::string("?")),
                base.value("mpi_library", std::string("?")), base.value("command", std::string("")));
+  } else {
+    fmt::print("{}", floor_line);
   }
   fmt::print(
       "verified: {} (proxyep {}{})\n", yes_no(r["verified"].get<bool>()),

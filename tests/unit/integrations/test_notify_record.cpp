@@ -25,6 +25,8 @@ RecordHeader header() {
   h.num_experts = 64;
   h.expert_alignment = 128;
   h.num_worst_tokens = 9000;
+  h.landing.fitted = {.offset = uint64_t{5} << 32, .bytes = 8192};  // beyond 32 bits
+  h.landing.largest = {.offset = 4096, .bytes = (uint64_t{3} << 33) + 4096};
   return h;
 }
 
@@ -52,6 +54,10 @@ TEST_CASE("a record decodes to what was encoded, experts per destination") {
     CHECK(r.header.num_experts == 64);
     CHECK(r.header.expert_alignment == 128);
     CHECK(r.header.num_worst_tokens == 9000);
+    CHECK(r.header.landing.fitted.offset == header().landing.fitted.offset);
+    CHECK(r.header.landing.fitted.bytes == 8192);
+    CHECK(r.header.landing.largest.offset == 4096);
+    CHECK(r.header.landing.largest.bytes == header().landing.largest.bytes);
     CHECK(r.rows_to == std::vector<int32_t>{3, 0, 17, 4096});
     CHECK(r.experts == std::vector<int32_t>(experts.begin(), experts.begin() + n));
   }
@@ -85,8 +91,8 @@ TEST_CASE("a record of another version, kind or group size is refused naming the
     }
   };
   auto slot = slot_with(encoder, {}, 2);
-  slot[4] = std::byte{2};  // version 2
-  expect_refused(slot, 2, "version 2");
+  slot[4] = std::byte{1};  // version 1 (before the landing offer)
+  expect_refused(slot, 2, "version 1");
   slot = slot_with(encoder, {}, 2);
   slot[6] = std::byte{9};  // call kind 9
   expect_refused(slot, 2, "unknown call kind");
