@@ -163,9 +163,10 @@ Param<int64_t> ep_eager_bytes{"ep.eager_bytes", 128 << 10, in_range(0, 64 << 20)
 Param<int64_t> ep_landing_bytes{"ep.landing_bytes", int64_t{32} << 30,
     in_range(0, int64_t{1} << 46),
     "address space of a rank's landing region, where a normal-mode dispatch's recv_x lives when "
-    "the node's other ranks can write their rows straight into it (one copy instead of two); "
-    "memory the node's ranks share, reserved, not committed: only the pages outputs use are; 0 = "
-    "off (rows land in the arena and are copied out); every rank must use the same value"};
+    "the node's other ranks can store their rows straight into it (one copy instead of two); "
+    "memory the node's ranks share, reserved, not committed: a page is committed when an output "
+    "first uses it and stays with the Buffer for later outputs; 0 = off (rows land in the arena "
+    "and are copied out); every rank must use the same value"};
 
 // tools/ (the local launcher, tools/launcher.hpp)
 Param<int64_t> launch_max_ranks{"launch.max_ranks", 256, in_range(1, 65536),

@@ -185,8 +185,9 @@ class Buffer:
         return None
 
     def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
-        """A raw view of this rank's NVL buffer (where node peers' rows land, ``num_nvl_bytes``)
-        or RDMA buffer (rows staged for other nodes, ``num_rdma_bytes``; only when the group
+        """A raw view of this rank's NVL buffer (where node peers' rows land, ``num_nvl_bytes``;
+        with the landing region on, a dispatch's token bytes from node peers go straight into
+        ``recv_x`` and only the rest of each row lands here) or RDMA buffer (rows staged for other nodes, ``num_rdma_bytes``; only when the group
         spans nodes), ``offset`` bytes in: ``size`` elements of ``dtype``, or as many as fit.
         Every call rewrites these bytes. The tensor keeps the Buffer alive; after ``destroy()``
         it must not be used (as in DeepEP)."""
