@@ -168,6 +168,12 @@ Param<int64_t> ep_landing_bytes{"ep.landing_bytes", int64_t{32} << 30,
     "first uses it and stays with the Buffer for later outputs; 0 = off (rows land in the arena "
     "and are copied out); every rank must use the same value"};
 
+Param<std::string> ep_landing_fabric{"ep.landing_fabric", "auto", one_of({"auto", "on", "off"}),
+    "whether rows from other nodes are written straight into recv_x too: the landing region is "
+    "then registered with the fabric, all of it (ep.landing_bytes); auto = on for providers that "
+    "register without pinning memory (tcp, shm, ...), off for efa and verbs, which would pin the "
+    "whole region (there, set ep.landing_bytes to what recv_x needs and this to on)"};
+
 // tools/ (the local launcher, tools/launcher.hpp)
 Param<int64_t> launch_max_ranks{"launch.max_ranks", 256, in_range(1, 65536),
     "most ranks `proxyep launch` (and a benchmark that starts its own ranks) starts on this "

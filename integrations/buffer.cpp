@@ -79,13 +79,17 @@ proxy::SessionConfig session_config(const control::Bootstrap& boot, const Buffer
   return config;
 }
 
-// The landing region's size: none for a Buffer without normal-mode calls, or one whose node
-// peers are reached through the fabric (their rows never land in place).
+// The landing region's size: none for a Buffer without normal-mode calls.
 uint64_t landing_bytes(const BufferOptions& opts) {
-  const bool node_peers_direct = !opts.low_latency_mode || opts.allow_nvlink_for_low_latency_mode;
-  return opts.num_nvl_bytes > 0 && node_peers_direct
-             ? static_cast<uint64_t>(params::ep_landing_bytes.get())
-             : 0;
+  return opts.num_nvl_bytes > 0 ? static_cast<uint64_t>(params::ep_landing_bytes.get()) : 0;
+}
+
+// `config` with `landing` (may be null) for the fabric to register (ep.landing_fabric).
+proxy::SessionConfig with_landing(proxy::SessionConfig config,
+                                  const integrations::normal::LandingZone* landing) {
+  if (landing != nullptr) config.landing = landing->local();
+  config.landing_fabric = params::ep_landing_fabric.get();
+  return config;
 }
 
 uint64_t new_buffer_id() {
@@ -101,12 +105,14 @@ struct Buffer::Impl {
         options(opts),
         ranks_per_node(opts.ranks_per_node > 0 ? opts.ranks_per_node : boot.env().local_world_size),
         backend(integrations::HostBackend::default_threads(ranks_per_node)),
-        session(proxy::Session::open(boot, session_config(boot, opts, ranks_per_node))),
+        config(session_config(boot, opts, ranks_per_node)),
+        landing(integrations::normal::LandingZone::open(boot, landing_bytes(opts),
+                                                        params::ep_landing_fabric.get(),
+                                                        config.sizes.ranks_per_node, kPhase)),
+        session(proxy::Session::open(boot, with_landing(config, landing.get()))),
         calls(*session),
         buffer_id(new_buffer_id()),
-        mode(*session, backend, calls, stream, buffer_id,
-             integrations::normal::LandingZone::open(boot, landing_bytes(opts), ranks_per_node,
-                                                     kPhase)),
+        mode(*session, backend, calls, stream, buffer_id, landing),
         low_latency(*session, backend, calls, stream, buffer_id, opts.enable_shrink) {
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
   }
@@ -143,6 +149,10 @@ struct Buffer::Impl {
   BufferOptions options;
   int ranks_per_node;
   integrations::HostBackend backend;
+  proxy::SessionConfig config;
+  // Before the session, which registers it with the fabric, and after it: outputs in it outlive
+  // the Buffer.
+  std::shared_ptr<integrations::normal::LandingZone> landing;
   std::unique_ptr<proxy::Session> session;
   integrations::CallSequence calls;
   integrations::CommStream stream;  // async_finish calls and hooks' send phases

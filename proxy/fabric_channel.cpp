@@ -22,15 +22,16 @@ FabricLink::FabricLink(ProxyEngine& engine, gpu_side::RingProducer& producer, si
       counters_(counters),
       timeout_(timeout) {}
 
-uint64_t FabricLink::post(int destination, uint64_t staging_offset, uint64_t arena_offset,
-                          uint64_t length, uint64_t call, uint32_t imm, std::string_view phase) {
+uint64_t FabricLink::post_to(uint32_t remote_region, int destination, uint64_t staging_offset,
+                             uint64_t remote_offset, uint64_t length, uint64_t call, uint32_t imm,
+                             std::string_view phase) {
   gpu_side::Descriptor desc;
   desc.op = length == 0 ? gpu_side::Op::signal : gpu_side::Op::write_imm;
   desc.dst_rank = static_cast<uint32_t>(destination);
   desc.local_region = kStagingRegion;
-  desc.remote_region = kArenaRegion;
+  desc.remote_region = remote_region;
   desc.src_offset = staging_offset;
-  desc.dst_offset = arena_offset;
+  desc.dst_offset = remote_offset;
   desc.length = length;
   desc.cookie = call;
   desc.imm = imm;
@@ -43,9 +44,10 @@ uint64_t FabricLink::post(int destination, uint64_t staging_offset, uint64_t are
 }
 
 FabricChannel::FabricChannel(int peer, const ArenaLayout& layout, std::byte* local_arena,
-                             FabricLink& link)
+                             FabricLink& link, bool landing)
     : PeerChannel(peer, layout, local_arena),
       link_(link),
+      landing_(landing),
       // A session without a data area has no streams (window 0): a window of one stays unused.
       window_(std::make_unique<control::SequenceWindow>(
           std::max<uint32_t>(1, layout.remote_slots().window))),
@@ -55,6 +57,10 @@ FabricChannel::FabricChannel(int peer, const ArenaLayout& layout, std::byte* loc
 
 uint32_t FabricChannel::eager_key(int sender) const {
   return static_cast<uint32_t>(layout().sizes().ranks + sender);
+}
+
+uint32_t FabricChannel::landing_key(int sender) const {
+  return static_cast<uint32_t>(3 * layout().sizes().ranks + sender);
 }
 
 uint32_t FabricChannel::release_key(int receiver) const {
@@ -134,18 +140,52 @@ std::byte* FabricChannel::send_buffer(uint64_t, const SlotShape&) {
   return link_.staging() + layout().staging_slot(peer(), next_staging_slot());
 }
 
-void FabricChannel::send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t bytes,
-                               std::string_view phase) {
-  const uint32_t slot = next_staging_slot();
+uint16_t FabricChannel::take_credit(std::string_view phase) {
   uint16_t seq = 0;
   if (credits_->acquire(seq) != Status::ok)
     fail(std::string(phase), "stream to rank {}: no credit after all ({})", peer(),
          credits_->last_error());
+  return seq;
+}
+
+void FabricChannel::send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t bytes,
+                               std::string_view phase) {
+  const uint32_t slot = next_staging_slot();
+  const uint16_t seq = take_credit(phase);
   const int self = layout().rank();
   staged_at_[slot] = link_.post(
       peer(), layout().staging_slot(peer(), slot), layout().chunk_slot(peer(), self, shape, chunk),
       bytes, call_, control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
   count_sent(bytes);
+}
+
+void FabricChannel::send_chunk_in_place(uint64_t chunk, const SlotShape& shape, uint64_t x_bytes,
+                                        uint64_t landing_offset, uint64_t rest_offset,
+                                        uint64_t rest_bytes, std::string_view phase) {
+  require(landing_, phase, "the channel to rank {} has no landing region to write", peer());
+  const uint32_t slot = next_staging_slot();
+  const uint16_t seq = take_credit(phase);
+  const int self = layout().rank();
+  const uint64_t staged = layout().staging_slot(peer(), slot);
+  link_.post_to(FabricLink::kLandingRegion, peer(), staged, landing_offset, x_bytes, call_,
+                control::imm::encode_counter(call_, landing_key(self)), phase);
+  // Posted second: once it has completed locally, so has the first (the engine retires a
+  // ring's writes as a prefix), and the staging slot is free.
+  staged_at_[slot] =
+      link_.post(peer(), staged + rest_offset,
+                 layout().chunk_slot(peer(), self, shape, chunk) + rest_offset, rest_bytes, call_,
+                 control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
+  count_sent(x_bytes + rest_bytes);
+}
+
+void FabricChannel::expect_in_place(uint64_t call, uint64_t chunks, std::string_view phase) {
+  if (link_.counters().set_expected(call, landing_key(peer()), chunks) != Status::ok)
+    fail(std::string(phase), "rows from rank {} into the landing region: {}", peer(),
+         link_.counters().last_error());
+}
+
+bool FabricChannel::in_place_landed(uint64_t call) const {
+  return link_.counters().ready(call, landing_key(peer()));
 }
 
 uint64_t FabricChannel::landed() const {
@@ -187,6 +227,7 @@ void FabricChannel::forget(uint64_t call) {
   control::CounterBank& counters = link_.counters();
   counters.cancel_expected(call, static_cast<uint32_t>(peer()));
   counters.cancel_expected(call, eager_key(peer()));
+  counters.cancel_expected(call, landing_key(peer()));
   if (call >= 1) counters.cancel_expected(call - 1, release_key(peer()));
 }
 

@@ -10,7 +10,12 @@
 //  - chunk j of a stream: one write with stream immediate (stream = sender, 16-bit sequence
 //    numbered across calls); the receiver's SequenceWindow turns completions in any order into a
 //    landed prefix, and it returns credits (credit immediates, stream = receiver) to the sender's
-//    SenderCredits, which keep the sender within the receiver's window.
+//    SenderCredits, which keep the sender within the receiver's window;
+//  - with a landing region, a chunk whose token bytes go straight into the receiver's recv_x:
+//    first those bytes with counter immediate (epoch k, key = 3R + sender; the receiver expects
+//    one per chunk), then the rest of the chunk to its slot with the stream immediate. The two
+//    may land in either order: the slot's immediate says the chunk's rest arrived, the counter
+//    that every token byte did.
 // A staging slot is rewritten only after the write that read it has completed locally: the
 // channel remembers the ring position of that write and asks the engine's retired prefix.
 // Credits are sent only while the sender still needs them: the peer's record of the next call
@@ -37,6 +42,7 @@ class FabricLink {
  public:
   static constexpr uint32_t kArenaRegion = 0;    // every rank's arena, remote target
   static constexpr uint32_t kStagingRegion = 1;  // this rank's staging, local source
+  static constexpr uint32_t kLandingRegion = 2;  // every rank's landing region, remote target
 
   FabricLink(ProxyEngine& engine, gpu_side::RingProducer& producer, size_t ring, std::byte* staging,
              control::CounterBank& counters, std::chrono::milliseconds timeout);
@@ -45,7 +51,14 @@ class FabricLink {
   // carrying `imm`; with length 0 only the immediate (a signal). Returns the write's ring
   // position.
   uint64_t post(int destination, uint64_t staging_offset, uint64_t arena_offset, uint64_t length,
-                uint64_t call, uint32_t imm, std::string_view phase);
+                uint64_t call, uint32_t imm, std::string_view phase) {
+    return post_to(kArenaRegion, destination, staging_offset, arena_offset, length, call, imm,
+                   phase);
+  }
+  // The same into `remote_region` of `destination`.
+  uint64_t post_to(uint32_t remote_region, int destination, uint64_t staging_offset,
+                   uint64_t remote_offset, uint64_t length, uint64_t call, uint32_t imm,
+                   std::string_view phase);
   // Has the write at ring position `position` completed locally (its staging is free)?
   bool retired(uint64_t position) const { return engine_.retired(ring_) > position; }
   std::byte* staging() const { return staging_; }
@@ -63,7 +76,9 @@ class FabricLink {
 
 class FabricChannel final : public PeerChannel {
  public:
-  FabricChannel(int peer, const ArenaLayout& layout, std::byte* local_arena, FabricLink& link);
+  // `landing`: every rank registered its landing region (FabricLink::kLandingRegion).
+  FabricChannel(int peer, const ArenaLayout& layout, std::byte* local_arena, FabricLink& link,
+                bool landing);
 
   // The receiving window and the sending credits, for the session's signal router.
   control::SequenceWindow& window() { return *window_; }
@@ -93,6 +108,13 @@ class FabricChannel final : public PeerChannel {
                 std::string_view phase) override;
   std::string send_progress() const override;
 
+  bool lands_in_place() const override { return landing_; }
+  void send_chunk_in_place(uint64_t chunk, const SlotShape& shape, uint64_t x_bytes,
+                           uint64_t landing_offset, uint64_t rest_offset, uint64_t rest_bytes,
+                           std::string_view phase) override;
+  void expect_in_place(uint64_t call, uint64_t chunks, std::string_view phase) override;
+  bool in_place_landed(uint64_t call) const override;
+
   void release(uint64_t call, std::string_view phase) override;
   void expect_release(uint64_t call, std::string_view phase) override;
   bool released(uint64_t call) const override;
@@ -102,6 +124,9 @@ class FabricChannel final : public PeerChannel {
   static constexpr uint64_t kNeverPosted = ~uint64_t{0};
   uint32_t eager_key(int sender) const;
   uint32_t release_key(int receiver) const;
+  uint32_t landing_key(int sender) const;
+  // Takes the next credit (the stream's sequence number) for a chunk about to be posted.
+  uint16_t take_credit(std::string_view phase);
   // Records and eager bytes of a call's parity are staged in their own slots: remember the
   // last write that read them.
   void note_parity_write(uint64_t call, uint64_t position) {
@@ -110,6 +135,7 @@ class FabricChannel final : public PeerChannel {
   uint32_t next_staging_slot() const;
 
   FabricLink& link_;
+  const bool landing_;
   std::unique_ptr<control::SequenceWindow> window_;  // chunks from the peer
   std::unique_ptr<control::SenderCredits> credits_;  // chunks to the peer
   // Ring position of the write that last read each staging slot (kNeverPosted before the first).

@@ -99,6 +99,18 @@ void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_tim
 
 }  // namespace
 
+namespace {
+
+// Whether the landing region is registered: registration pins memory on efa and verbs (the
+// whole region, however little of it outputs use), on tcp, shm and the like it does not.
+bool registers_landing(std::string_view mode, const fabric::Capabilities& caps) {
+  if (mode != "auto") return mode == "on";
+  return caps.provider.find("efa") == std::string::npos &&
+         caps.provider.find("verbs") == std::string::npos;
+}
+
+}  // namespace
+
 InProcessSession::InProcessSession(control::Bootstrap& bootstrap, const SessionConfig& config)
     : Session(ArenaLayout(bootstrap.rank(), config.sizes)),
       timeout_(config.timeout),
@@ -148,8 +160,13 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.staging = std::make_unique<HostMemory>(HostMemory::heap(layout().staging_bytes()));
   s.arena_region = s.fabric->register_memory(s.node->local(), s.node->bytes());
   s.staging_region = s.fabric->register_memory(s.staging->host(), s.staging->size());
-  // Keys: records [0, R), eager bytes [R, 2R), releases [2R, 3R) (fabric_channel.hpp).
-  s.counters = std::make_unique<control::CounterBank>(3u * static_cast<uint32_t>(ranks()));
+  const bool landing =
+      !config.landing.empty() && registers_landing(config.landing_fabric, s.fabric->capabilities());
+  if (landing)
+    s.landing_region = s.fabric->register_memory(config.landing.data(), config.landing.size());
+  // Keys: records [0, R), eager bytes [R, 2R), releases [2R, 3R), landing-region writes
+  // [3R, 4R) (fabric_channel.hpp).
+  s.counters = std::make_unique<control::CounterBank>(4u * static_cast<uint32_t>(ranks()));
   s.router.attach_counters(*s.counters);
 
   EngineOptions engine_options = config.engine ? *config.engine : EngineOptions::from_params();
@@ -157,6 +174,9 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.engine = std::make_unique<ProxyEngine>(*s.fabric, rank(), ranks(), s.router, engine_options);
   s.engine->watch_peers(peers_);
   share_region(bootstrap, s.engine->regions(), FabricLink::kArenaRegion, *s.arena_region, kPhase);
+  if (landing)
+    share_region(bootstrap, s.engine->regions(), FabricLink::kLandingRegion, *s.landing_region,
+                 kPhase);
   s.engine->regions().add_local(FabricLink::kStagingRegion, *s.staging_region);
   s.ring_memory =
       std::make_unique<HostMemory>(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
@@ -170,7 +190,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
                                         timeout_);
   for (int r = 0; r < ranks(); ++r) {
     if (layout().on_node(r)) continue;
-    auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link);
+    auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link, landing);
     s.router.attach_stream(static_cast<uint32_t>(r), channel->window());
     s.router.attach_credits(static_cast<uint32_t>(r), channel->credits());
     s.channels[r] = std::move(channel);

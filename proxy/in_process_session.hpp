@@ -63,7 +63,7 @@ class InProcessSession final : public Session {
     // The fabric path (only when the group spans nodes).
     std::unique_ptr<fabric::Fabric> fabric;
     std::unique_ptr<HostMemory> staging;
-    std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region;
+    std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region;
     // Records: key = source; eager bytes: key = R + source.
     std::unique_ptr<control::CounterBank> counters;
     control::SignalRouter router;

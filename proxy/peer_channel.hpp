@@ -26,6 +26,7 @@
 // `phase` when the transport fails or stays full past the session's deadline.
 #pragma once
 
+#include "common/error.hpp"
 #include "proxy/arena_layout.hpp"
 
 #include <cstddef>
@@ -107,6 +108,29 @@ class PeerChannel {
                         std::string_view phase) = 0;
   // Where the sending side stands (credits), for timeout messages.
   virtual std::string send_progress() const = 0;
+
+  // ---- rows stored in the receiver's landing region (fabric peers) ----
+  // A node peer's rows are stored there directly; a fabric peer's chunk goes as two writes: its
+  // first `x_bytes` to `landing_offset` of the peer's landing region, the `rest_bytes` at
+  // `rest_offset` of the chunk to that offset of its slot (which, by landing, says the chunk
+  // arrived). Only channels with a landing region do this.
+  virtual bool lands_in_place() const { return false; }
+  virtual void send_chunk_in_place(uint64_t chunk, const SlotShape& shape, uint64_t x_bytes,
+                                   uint64_t landing_offset, uint64_t rest_offset,
+                                   uint64_t rest_bytes, std::string_view phase) {
+    (void)chunk, (void)shape, (void)x_bytes, (void)landing_offset, (void)rest_offset,
+        (void)rest_bytes;
+    fail(std::string(phase), "the channel to rank {} has no landing region to write", peer_);
+  }
+  // The receiver of such a stream: `chunks` of them in `call` (before waiting for them).
+  virtual void expect_in_place(uint64_t call, uint64_t chunks, std::string_view phase) {
+    (void)call, (void)chunks, (void)phase;
+  }
+  // Every landing-region write of `call` the receiver expects has landed.
+  virtual bool in_place_landed(uint64_t call) const {
+    (void)call;
+    return true;
+  }
 
   // ---- slot release ----
   // This rank finished reading the peer's record and eager bytes of `call`: the peer may write

@@ -48,6 +48,13 @@ struct SessionConfig {
   // Rank masking (low-latency calls with enable_shrink): the proxy gives up a failed or departed
   // peer alone instead of failing (EngineOptions::tolerate_peer_failures).
   bool tolerate_peer_failures = false;
+  // The caller's landing region (integrations/normal/landing_zone.hpp), registered with the
+  // fabric when the group spans nodes so other nodes' rows can be written straight into it
+  // (PeerChannel::send_chunk_in_place); empty: none. `landing_fabric` (ep.landing_fabric): on,
+  // off, or auto (on unless the provider pins what it registers: efa, verbs). Every rank
+  // passes the same; the region must outlive the session.
+  std::span<std::byte> landing;
+  std::string landing_fabric = "auto";
 };
 
 // A wait of the protocol: until `ready()`, with the session's deadline. `pending(r)` says

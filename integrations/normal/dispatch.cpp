@@ -38,7 +38,8 @@ struct DispatchCall {
   DispatchResult out;                      // shares its tensors with what the caller got
   uint64_t call = 0;
   int64_t num_recv = 0;
-  LandingBlocks::Offer offer;  // of this rank's landing region, in its record
+  LandingBlocks::Offer offer;        // of this rank's landing region, in its record
+  std::vector<int> landing_sources;  // other nodes' ranks writing into this rank's recv_x
   PhaseClock clock;
 };
 
@@ -121,6 +122,8 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
 
 void NormalMode::move_rows(DispatchCall& d) {
   calls_.step([&] { run_streams(session_, d.call, *d.streams, stats_, d.clock, kPhase); });
+  calls_.step([&] { await_in_place(d); });
+  d.clock.lap(&PhaseTimes::wait_ns);
   clear_padding(d.out, d.in, d.num_recv);
   stats_.rows_stored_in_place += d.streams->rows_in_place();
   d.clock.lap(&PhaseTimes::prepare_ns);
@@ -203,26 +206,64 @@ gpu_side::ep::Tensor NormalMode::land_recv_x(const DispatchInput& in, const Disp
 }
 
 void NormalMode::plan_in_place(DispatchCall& d, const std::vector<NotifyRecord>& records,
-                               const RowCounts& counts) const {
+                               const RowCounts& counts) {
   if (!landing_) return;
   const int R = session_.ranks(), me = session_.rank();
   DispatchStreams& streams = *d.streams;
-  // Node peers' streams through their arenas only: eager rows went out before the offers, and
-  // rows through the fabric land in the arena whatever this rank offered.
-  auto direct = [&](int r, const ChunkPlan& plan) {
-    return r != me && landing_->region(r) != nullptr && !session_.channel(r).background() &&
-           !plan.eager && plan.rows > 0;
+  // Streams that travel through slots only (eager rows went out before the offers) to a node
+  // peer whose region is mapped here (stores) or a fabric peer whose region is registered
+  // (writes).
+  enum class Way { none, store, write };
+  auto way = [&](int r, const ChunkPlan& plan) {
+    if (r == me || plan.eager || plan.rows == 0) return Way::none;
+    const proxy::PeerChannel& channel = session_.channel(r);
+    if (!channel.background()) return landing_->region(r) != nullptr ? Way::store : Way::none;
+    return channel.lands_in_place() ? Way::write : Way::none;
   };
   std::vector<std::byte*> x_to(static_cast<size_t>(R), nullptr);
+  std::vector<int64_t> landing_at(static_cast<size_t>(R), -1);
   std::vector<char> x_from(static_cast<size_t>(R), 0);
   const bool mine_in_place = landing_place(records[me], counts, me) >= 0;
+  d.landing_sources.clear();
   for (int r = 0; r < R; ++r) {
     const int64_t place = landing_place(records[r], counts, r);
-    if (direct(r, streams.out[r]) && place >= 0)
-      x_to[r] = landing_->region(r) + place + counts.first_from(me, r) * d.in.format.hidden_bytes;
-    x_from[r] = direct(r, streams.in[r]) && mine_in_place ? 1 : 0;
+    if (place >= 0) {
+      const int64_t at = place + counts.first_from(me, r) * d.in.format.hidden_bytes;
+      const Way to = way(r, streams.out[r]);
+      if (to == Way::store) x_to[r] = landing_->region(r) + at;
+      if (to == Way::write) landing_at[r] = at;
+    }
+    const Way from = mine_in_place ? way(r, streams.in[r]) : Way::none;
+    x_from[r] = from != Way::none ? 1 : 0;
+    if (from == Way::write) {
+      session_.channel(r).expect_in_place(d.call, streams.in[r].chunks, kPhase);
+      d.landing_sources.push_back(r);
+    }
   }
-  streams.store_in_place(std::move(x_to), std::move(x_from));
+  streams.store_in_place(std::move(x_to), std::move(landing_at), std::move(x_from));
+}
+
+// The token bytes other nodes wrote into recv_x land apart from their chunks (which have all
+// arrived): wait for the last of them.
+void NormalMode::await_in_place(DispatchCall& d) {
+  if (d.landing_sources.empty()) return;
+  auto landed = [&](int r) { return session_.channel(r).in_place_landed(d.call); };
+  session_.await({.ready =
+                      [&] {
+                        for (int r : d.landing_sources)
+                          if (!landed(r)) return false;
+                        return true;
+                      },
+                  .pending =
+                      [&](int r) {
+                        for (int s : d.landing_sources)
+                          if (s == r) return !landed(r);
+                        return false;
+                      },
+                  .phase = kPhase,
+                  .what = "rows written into this rank's recv_x",
+                  .detail = {},
+                  .on_lost = {}});
 }
 
 DispatchResult NormalMode::allocate_outputs(const DispatchInput& in, const DispatchArgs& a,

@@ -76,9 +76,16 @@ void DispatchStreams::receive_into(DispatchResult& out, std::vector<int64_t> fir
   first_row_ = std::move(first_row);
 }
 
-void DispatchStreams::store_in_place(std::vector<std::byte*> x_to, std::vector<char> x_from) {
+void DispatchStreams::store_in_place(std::vector<std::byte*> x_to, std::vector<int64_t> landing_at,
+                                     std::vector<char> x_from) {
   x_to_ = std::move(x_to);
+  landing_at_ = std::move(landing_at);
   x_from_ = std::move(x_from);
+}
+
+int64_t DispatchStreams::landing_offset(int d, uint64_t first) const {
+  if (landing_at_.empty() || landing_at_[d] < 0) return -1;
+  return landing_at_[d] + static_cast<int64_t>(first * format.hidden_bytes);
 }
 
 void DispatchStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot) {
@@ -89,6 +96,7 @@ void DispatchStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot
     sink.x = x_to_[d] + first * format.hidden_bytes;
     rows_in_place_ += rows;
   }
+  if (!landing_at_.empty() && landing_at_[d] >= 0) rows_in_place_ += rows;  // sent from here
   backend_.pack_rows(source_, sink,
                      std::span<const int32_t>(routing_.tokens_to[d]).subspan(first, rows));
 }

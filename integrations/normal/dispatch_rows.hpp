@@ -40,9 +40,13 @@ class DispatchStreams final : public RowStreams {
   // The outputs the arriving rows go to; rows from source s start at row first_row[s].
   void receive_into(DispatchResult& out, std::vector<int64_t> first_row);
   // Rows stored straight into the receivers' recv_x (landing_zone.hpp): x_to[d] is where this
-  // rank's rows start in rank d's (null: through d's slots); x_from[s] says rank s stores its
-  // rows' x straight into this rank's recv_x (its chunks carry the rest of each row).
-  void store_in_place(std::vector<std::byte*> x_to, std::vector<char> x_from);
+  // rank's rows start in node peer d's (null: not stored there by this rank), landing_at[d]
+  // where they start in fabric peer d's landing region (-1: not written there); x_from[s] says
+  // rank s puts its rows' token bytes straight into this rank's recv_x (its chunks carry the
+  // rest of each row).
+  void store_in_place(std::vector<std::byte*> x_to, std::vector<int64_t> landing_at,
+                      std::vector<char> x_from);
+  int64_t landing_offset(int destination, uint64_t first) const override;
   // Rows this rank stored straight into a node peer's recv_x.
   uint64_t rows_in_place() const { return rows_in_place_; }
 
@@ -60,8 +64,9 @@ class DispatchStreams final : public RowStreams {
   int me_;
   DispatchResult* out_ = nullptr;
   std::vector<int64_t> first_row_;
-  std::vector<std::byte*> x_to_;  // by destination; empty: none in place
-  std::vector<char> x_from_;      // by source; empty: none in place
+  std::vector<std::byte*> x_to_;     // by destination; empty: none in place
+  std::vector<int64_t> landing_at_;  // by destination; empty: none in place
+  std::vector<char> x_from_;         // by source; empty: none in place
   uint64_t rows_in_place_ = 0;
 };
 

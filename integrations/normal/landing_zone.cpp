@@ -11,19 +11,28 @@ namespace ep = proxyep::gpu_side::ep;
 namespace proxyep::integrations::normal {
 
 std::shared_ptr<LandingZone> LandingZone::open(control::Bootstrap& bootstrap, uint64_t bytes,
-                                               int ranks_per_node, std::string_view phase) {
+                                               std::string_view fabric_mode, int ranks_per_node,
+                                               std::string_view phase) {
   const int ranks = bootstrap.world_size();
-  if (ranks_per_node <= 1 || ranks <= 1) return nullptr;
-  // Agree first: a rank without a region must not leave the others mapping theirs.
+  if (ranks <= 1) return nullptr;
+  // Agree first: a rank without a region must not leave the others mapping theirs, nor one that
+  // registers it with the fabric the others that do not.
   std::vector<uint8_t> mine;
-  ByteWriter(mine).u64(bytes);
+  ByteWriter writer(mine);
+  writer.u64(bytes);
+  // The mode's text, which the parameter registry has limited to a few short words.
+  writer.u8(static_cast<uint8_t>(fabric_mode.size()));
+  writer.bytes({reinterpret_cast<const uint8_t*>(fabric_mode.data()), fabric_mode.size()});
   const auto all = bootstrap.allgather(mine, fmt::format("{}(landing sizes)", phase));
   for (int r = 0; r < ranks; ++r) {
     ByteReader reader(all[static_cast<size_t>(r)], std::string(phase));
     const uint64_t theirs = reader.u64("landing bytes");
-    require(theirs == bytes, phase,
-            "rank {} has ep.landing_bytes {}, this rank {}: every rank must use the same value", r,
-            theirs, bytes);
+    const auto mode = reader.bytes(reader.u8("landing fabric length"), "landing fabric");
+    const std::string their_mode(mode.begin(), mode.end());
+    require(theirs == bytes && their_mode == fabric_mode, phase,
+            "rank {} has ep.landing_bytes {} and ep.landing_fabric {}, this rank {} and {}: every "
+            "rank must use the same values",
+            r, theirs, their_mode, bytes, fabric_mode);
   }
   if (bytes == 0) return nullptr;
   return std::make_shared<LandingZone>(bootstrap, bytes, ranks_per_node, phase);

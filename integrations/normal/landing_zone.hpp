@@ -19,22 +19,27 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 
 namespace proxyep::integrations::normal {
 
 class LandingZone : public std::enable_shared_from_this<LandingZone> {
  public:
-  // Collective over `bootstrap` (every rank calls it): null when `bytes` is 0 or no rank shares
-  // its node. Every rank must pass the same `bytes`; Throws proxyep::Error(phase) when they
-  // differ or a peer's region cannot be mapped.
+  // Collective over `bootstrap` (every rank calls it): null when `bytes` is 0 or the group has
+  // one rank. Every rank must pass the same `bytes` and `fabric_mode` (ep.landing_fabric, which
+  // says whether the session registers the region with the fabric: SessionConfig::landing);
+  // throws proxyep::Error(phase) when they differ or a node peer's region cannot be mapped.
   static std::shared_ptr<LandingZone> open(control::Bootstrap& bootstrap, uint64_t bytes,
-                                           int ranks_per_node, std::string_view phase);
+                                           std::string_view fabric_mode, int ranks_per_node,
+                                           std::string_view phase);
 
   LandingBlocks::Offer offer() const { return blocks_.offer(); }
   void note_need(uint64_t bytes) { blocks_.note_need(bytes); }
   // Rank `rank`'s region as mapped here (this rank's own for itself); null for other nodes.
   std::byte* region(int rank) const { return memory_.peer(rank); }
+  // This rank's region, for the fabric to register.
+  std::span<std::byte> local() const { return {memory_.local(), memory_.bytes()}; }
   // An output of [rows, cols] `dtype` at `offset` of this rank's region (inside the run it
   // offered: LandingBlocks::Offer::place); an undefined tensor when it does not fit there.
   gpu_side::ep::Tensor take(uint64_t offset, gpu_side::ep::DType dtype, int64_t rows, int64_t cols);

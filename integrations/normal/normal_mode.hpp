@@ -64,9 +64,11 @@ class NormalMode {
   // recv_x at `offset` of the landing region (in a run this rank offered).
   gpu_side::ep::Tensor land_recv_x(const DispatchInput& input, const DispatchArgs& args,
                                    uint64_t offset, int64_t rows);
-  // Where node peers' rows are stored straight into recv_x (DispatchStreams::store_in_place).
+  // Where peers' rows go straight into recv_x (DispatchStreams::store_in_place); expects the
+  // writes of other nodes' ranks.
   void plan_in_place(DispatchCall& call, const std::vector<NotifyRecord>& records,
-                     const RowCounts& counts) const;
+                     const RowCounts& counts);
+  void await_in_place(DispatchCall& call);
   DispatchResult allocate_outputs(const DispatchInput& input, const DispatchArgs& args,
                                   int64_t num_recv, gpu_side::ep::Tensor recv_x);
   void clear_padding(DispatchResult& out, const DispatchInput& input, int64_t num_recv);

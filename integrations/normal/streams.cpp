@@ -90,7 +90,15 @@ void StreamRun::send(int d) {
   proxy::PeerChannel& to = channel(d);
   streams_.fill(d, p.first_row(j), rows, to.send_buffer(j, p.shape()));
   clock_.lap(&PhaseTimes::pack_ns);
-  to.send_chunk(j, p.shape(), area_bytes(rows, streams_.format), phase_);
+  if (const int64_t at = streams_.landing_offset(d, p.first_row(j)); at >= 0) {
+    // The token bytes lead the chunk (RowAreas::x is 0); the rest starts at the next area.
+    const auto areas = ep::RowAreas::of(rows, streams_.format);
+    to.send_chunk_in_place(j, p.shape(), rows * streams_.format.hidden_bytes,
+                           static_cast<uint64_t>(at), areas.scales, areas.end - areas.scales,
+                           phase_);
+  } else {
+    to.send_chunk(j, p.shape(), area_bytes(rows, streams_.format), phase_);
+  }
   clock_.lap(&PhaseTimes::post_ns);
   ++sent_[d];
   ++stats_.chunks_sent;

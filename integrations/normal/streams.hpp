@@ -37,6 +37,13 @@ class RowStreams {
                     const std::byte* slot) = 0;
   // Once, after the first chunks are on their way (e.g. a rank's rows to itself).
   virtual void local() {}
+  // Where the token bytes of rows [first, ...) to `destination` go in its landing region (a
+  // fabric peer whose recv_x is there: PeerChannel::send_chunk_in_place), or -1: with the rest
+  // of the chunk into its slot.
+  virtual int64_t landing_offset(int destination, uint64_t first) const {
+    (void)destination, (void)first;
+    return -1;
+  }
 
   const gpu_side::ep::RowFormat format;
   std::vector<ChunkPlan> out;  // by destination (this rank: none)

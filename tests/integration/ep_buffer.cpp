@@ -391,10 +391,12 @@ void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, i
   // the slots they landed in.
   if (o.small_chunks && o.ranks_per_node > 0 && o.ranks_per_node < ranks)
     check(s.chunks_reduced_in_place > 0, "no combine chunk was reduced in place: {}", seen);
-  // Rows from node peers land straight in recv_x when the landing region is on and large enough
-  // (a small one takes some calls, not others), and never without node peers or with it off.
+  // Rows from peers land straight in recv_x when the landing region is on and large enough (a
+  // small one takes some calls, not others): node peers store them, other nodes write them
+  // (tcp registers the region: ep.landing_fabric auto).
   const int64_t landing = params::ep_landing_bytes.get();
-  if (node_peers == 0 || landing == 0)
+  const bool fabric_landing = params::ep_landing_fabric.get() != "off";
+  if (landing == 0 || ranks == 1 || (node_peers == 0 && !fabric_landing))
     check(s.rows_stored_in_place == 0, "rows stored in place without a landing region: {}", seen);
   else if (landing >= int64_t{1} << 30)
     check(s.rows_stored_in_place > 0, "no row was stored in place: {}", seen);
