@@ -1,8 +1,7 @@
 // NormalMode::dispatch: check, route, notify, agree, finish the handle, stream the rows into the
 // outputs (the steps in normal_mode.hpp), here or on the CommStream (async_finish).
 #include "common/error.hpp"
-#include "integrations/normal/dispatch_args.hpp"
-#include "integrations/normal/dispatch_rows.hpp"
+#include "integrations/normal/dispatch_call.hpp"
 #include "integrations/normal/landing_zone.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify.hpp"
@@ -10,7 +9,6 @@
 #include "integrations/normal/streams.hpp"
 
 #include <memory>
-#include <optional>
 
 namespace proxyep::integrations::normal {
 
@@ -20,29 +18,6 @@ constexpr const char* kPhase = "dispatch";
 
 }  // namespace
 
-// One dispatch from its arguments to its rows' arrival. A cached dispatch keeps a copy of the
-// handle (tensors are shared, not copied): the caller's may be gone before an async call ends.
-struct DispatchCall {
-  DispatchCall(const DispatchArgs& caller, const PhaseClock& started)
-      : args(caller), clock(started) {
-    if (caller.handle != nullptr) args.handle = &handle.emplace(*caller.handle);
-  }
-  DispatchCall(const DispatchCall&) = delete;
-  DispatchCall& operator=(const DispatchCall&) = delete;
-
-  DispatchArgs args;  // the caller's views: read until the rows moved
-  std::optional<DispatchHandle> handle;
-  DispatchInput in;
-  TokenRouting routing;
-  std::optional<DispatchStreams> streams;  // points into the members above
-  DispatchResult out;                      // shares its tensors with what the caller got
-  uint64_t call = 0;
-  int64_t num_recv = 0;
-  LandingBlocks::Offer offer;        // of this rank's landing region, in its record
-  std::vector<int> landing_sources;  // other nodes' ranks writing into this rank's recv_x
-  PhaseClock clock;
-};
-
 NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
                        CommStream& stream, uint64_t buffer_id, std::shared_ptr<LandingZone> landing)
     : session_(session),
@@ -51,25 +26,6 @@ NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequenc
       calls_(calls),
       stream_(stream),
       landing_(std::move(landing)) {}
-
-namespace {
-
-// The rows of rank d's recv_x in this call (num_worst_tokens pads it).
-int64_t recv_x_rows(const NotifyRecord& record, const RowCounts& counts, int d) {
-  const uint32_t worst = record.header.num_worst_tokens;
-  return worst > 0 ? static_cast<int64_t>(worst) : counts.received_by(d);
-}
-
-// Where rank d's recv_x is in its landing region (-1: not there), from the runs it offered: every
-// rank decides it alike from d's record and the counts, so d and its node peers agree without
-// asking.
-int64_t landing_place(const NotifyRecord& record, const RowCounts& counts, int d) {
-  const uint64_t bytes =
-      static_cast<uint64_t>(recv_x_rows(record, counts, d)) * record.header.format.hidden_bytes;
-  return record.header.landing.place(bytes);
-}
-
-}  // namespace
 
 DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   PhaseClock started(stats_.dispatch_phases);
@@ -193,77 +149,6 @@ void NormalMode::agree_dispatch(uint64_t call, const DispatchInput& in, const Di
             "call {}: rank {} receives {} tokens, more than its num_worst_tokens {}", call, d,
             counts.received_by(d), worst);
   }
-}
-
-gpu_side::ep::Tensor NormalMode::land_recv_x(const DispatchInput& in, const DispatchArgs& a,
-                                             uint64_t offset, int64_t rows) {
-  gpu_side::ep::Tensor recv_x = landing_->take(offset, a.x.dtype, rows, in.hidden);
-  // The peers store into it already: it cannot be refused now (a bug if it is).
-  require(recv_x.defined(), kPhase,
-          "recv_x of {} rows does not fit the landing region at {}, which this rank offered", rows,
-          offset);
-  return recv_x;
-}
-
-void NormalMode::plan_in_place(DispatchCall& d, const std::vector<NotifyRecord>& records,
-                               const RowCounts& counts) {
-  if (!landing_) return;
-  const int R = session_.ranks(), me = session_.rank();
-  DispatchStreams& streams = *d.streams;
-  // Streams that travel through slots only (eager rows went out before the offers) to a node
-  // peer whose region is mapped here (stores) or a fabric peer whose region is registered
-  // (writes).
-  enum class Way { none, store, write };
-  auto way = [&](int r, const ChunkPlan& plan) {
-    if (r == me || plan.eager || plan.rows == 0) return Way::none;
-    const proxy::PeerChannel& channel = session_.channel(r);
-    if (!channel.background()) return landing_->region(r) != nullptr ? Way::store : Way::none;
-    return channel.lands_in_place() ? Way::write : Way::none;
-  };
-  std::vector<std::byte*> x_to(static_cast<size_t>(R), nullptr);
-  std::vector<int64_t> landing_at(static_cast<size_t>(R), -1);
-  std::vector<char> x_from(static_cast<size_t>(R), 0);
-  const bool mine_in_place = landing_place(records[me], counts, me) >= 0;
-  d.landing_sources.clear();
-  for (int r = 0; r < R; ++r) {
-    const int64_t place = landing_place(records[r], counts, r);
-    if (place >= 0) {
-      const int64_t at = place + counts.first_from(me, r) * d.in.format.hidden_bytes;
-      const Way to = way(r, streams.out[r]);
-      if (to == Way::store) x_to[r] = landing_->region(r) + at;
-      if (to == Way::write) landing_at[r] = at;
-    }
-    const Way from = mine_in_place ? way(r, streams.in[r]) : Way::none;
-    x_from[r] = from != Way::none ? 1 : 0;
-    if (from == Way::write) {
-      session_.channel(r).expect_in_place(d.call, streams.in[r].chunks, kPhase);
-      d.landing_sources.push_back(r);
-    }
-  }
-  streams.store_in_place(std::move(x_to), std::move(landing_at), std::move(x_from));
-}
-
-// The token bytes other nodes wrote into recv_x land apart from their chunks (which have all
-// arrived): wait for the last of them.
-void NormalMode::await_in_place(DispatchCall& d) {
-  if (d.landing_sources.empty()) return;
-  auto landed = [&](int r) { return session_.channel(r).in_place_landed(d.call); };
-  session_.await({.ready =
-                      [&] {
-                        for (int r : d.landing_sources)
-                          if (!landed(r)) return false;
-                        return true;
-                      },
-                  .pending =
-                      [&](int r) {
-                        for (int s : d.landing_sources)
-                          if (s == r) return !landed(r);
-                        return false;
-                      },
-                  .phase = kPhase,
-                  .what = "rows written into this rank's recv_x",
-                  .detail = {},
-                  .on_lost = {}});
 }
 
 DispatchResult NormalMode::allocate_outputs(const DispatchInput& in, const DispatchArgs& a,
