@@ -183,6 +183,9 @@ void notify_record() {
   dispatch.format = {14336, 0, 8, 8, 1};
   dispatch.num_experts = 64;
   dispatch.expert_alignment = 1;
+  // An offer of two runs of the landing region (the fitted one below the largest).
+  dispatch.landing.fitted = {.offset = 4096, .bytes = 8u << 20};
+  dispatch.landing.largest = {.offset = 64u << 20, .bytes = uint64_t{32} << 30};
   const std::vector<int64_t> rows4{100, 0, 37, 512};
   const std::vector<int32_t> experts(16, 9);
   const Bytes dispatch_bytes = record(4, dispatch, rows4, experts);
