@@ -97,10 +97,6 @@ void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_tim
   }
 }
 
-}  // namespace
-
-namespace {
-
 // Whether the landing region is registered: registration pins memory on efa and verbs (the
 // whole region, however little of it outputs use), on tcp, shm and the like it does not.
 bool registers_landing(std::string_view mode, const fabric::Capabilities& caps) {
