@@ -2,18 +2,6 @@
 // the fabric parameters they set, and main()'s parse-run-report frame.
 #pragma once
 
-// ASan (with LeakSanitizer): GCC says so with a macro, Clang through __has_feature.
-#if defined(__SANITIZE_ADDRESS__)
-#define PROXYEP_TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define PROXYEP_TEST_ASAN 1
-#endif
-#endif
-#ifdef PROXYEP_TEST_ASAN
-#include <sanitizer/lsan_interface.h>
-#endif
-
 #include "common/error.hpp"
 #include "common/params.hpp"
 
@@ -50,16 +38,6 @@ inline void set_fabric_params(const EpTestOptions& o) {
   params::fabric_reorder_seed.set(static_cast<int64_t>(o.seed));
 }
 
-// In the ASan build, LeakSanitizer's check now, with every Buffer gone and the process quiet,
-// instead of inside exit(), where it races with the libraries' own teardown (its tracer then
-// crashes now and then: "Tracer caught signal 11"). A leak still fails the run; the check at
-// exit is then skipped.
-inline void check_leaks_now() {
-#ifdef PROXYEP_TEST_ASAN
-  __lsan_do_leak_check();
-#endif
-}
-
 // Parses the command line and runs `run()`: exit code 0 = pass; a proxyep::Error is printed
 // with the program's name and gives 1.
 template <typename Run>
@@ -69,14 +47,12 @@ int run_ep_test(const char* program, CLI::App& app, int argc, char** argv, Run&&
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
-  int code = 1;
   try {
-    code = run();
+    return run();
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", program, e.what());
+    return 1;
   }
-  check_leaks_now();
-  return code;
 }
 
 }  // namespace proxyep::testing
