@@ -174,6 +174,12 @@ Param<std::string> ep_landing_fabric{"ep.landing_fabric", "auto", one_of({"auto"
     "register without pinning memory (tcp, shm, ...), off for efa and verbs, which would pin the "
     "whole region (there, set ep.landing_bytes to what recv_x needs and this to on)"};
 
+Param<std::string> ep_send_from_x{"ep.send_from_x", "auto", one_of({"auto", "off"}),
+    "whether a normal-mode combine writes its rows for other nodes straight from the caller's x "
+    "(no copy into the staging area; when no topk_weights travel): auto = where the provider "
+    "reads memory nobody registered (tcp, shm, ...: no FI_MR_LOCAL), never on efa or verbs; "
+    "off = always through the staging area"};
+
 // tools/ (the local launcher, tools/launcher.hpp)
 Param<int64_t> launch_max_ranks{"launch.max_ranks", 256, in_range(1, 65536),
     "most ranks `proxyep launch` (and a benchmark that starts its own ranks) starts on this "

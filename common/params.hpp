@@ -52,6 +52,7 @@ extern Param<int64_t> ep_chunk_bytes;
 extern Param<int64_t> ep_eager_bytes;
 extern Param<int64_t> ep_landing_bytes;
 extern Param<std::string> ep_landing_fabric;
+extern Param<std::string> ep_send_from_x;
 
 // launch.* : the local launcher (tools/launcher.hpp)
 extern Param<int64_t> launch_max_ranks;

@@ -89,6 +89,7 @@ proxy::SessionConfig with_landing(proxy::SessionConfig config,
                                   const integrations::normal::LandingZone* landing) {
   if (landing != nullptr) config.landing = landing->local();
   config.landing_fabric = params::ep_landing_fabric.get();
+  config.send_from_caller = params::ep_send_from_x.get() != "off";
   return config;
 }
 

@@ -93,6 +93,9 @@ struct BufferStats {
   // Dispatch rows this rank stored straight into a node peer's recv_x (its landing region)
   // instead of the peer's arena.
   uint64_t rows_stored_in_place = 0;
+  // Combine chunks to other nodes written straight from the caller's x (ep.send_from_x)
+  // instead of being copied into the staging area first.
+  uint64_t chunks_sent_from_caller = 0;
   uint64_t bytes_to_node = 0;    // row bytes stored into node peers' arenas
   uint64_t bytes_to_fabric = 0;  // row bytes posted to other nodes
   // With fabric.reorder (a testing aid): completions the reorder shim delivered here after a

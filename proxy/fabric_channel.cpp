@@ -14,23 +14,35 @@ namespace proxyep::proxy {
 
 FabricLink::FabricLink(ProxyEngine& engine, gpu_side::RingProducer& producer, size_t ring,
                        std::byte* staging, control::CounterBank& counters,
-                       std::chrono::milliseconds timeout)
+                       std::chrono::milliseconds timeout, bool from_caller)
     : engine_(engine),
       producer_(producer),
       ring_(ring),
       staging_(staging),
       counters_(counters),
-      timeout_(timeout) {}
+      timeout_(timeout),
+      from_caller_(from_caller) {}
 
-uint64_t FabricLink::post_to(uint32_t remote_region, int destination, uint64_t staging_offset,
-                             uint64_t remote_offset, uint64_t length, uint64_t call, uint32_t imm,
-                             std::string_view phase) {
+uint64_t FabricLink::post_from_caller(const std::byte* source, int destination,
+                                      uint64_t arena_offset, uint64_t length, uint64_t call,
+                                      uint32_t imm, std::string_view phase) {
+  require(from_caller_, phase,
+          "a write to rank {} from the caller's memory: this fabric reads "
+          "only registered memory",
+          destination);
+  return post_from(kCallerMemory, reinterpret_cast<uintptr_t>(source), kArenaRegion, destination,
+                   arena_offset, length, call, imm, phase);
+}
+
+uint64_t FabricLink::post_from(uint32_t local_region, uint64_t local_offset, uint32_t remote_region,
+                               int destination, uint64_t remote_offset, uint64_t length,
+                               uint64_t call, uint32_t imm, std::string_view phase) {
   gpu_side::Descriptor desc;
   desc.op = length == 0 ? gpu_side::Op::signal : gpu_side::Op::write_imm;
   desc.dst_rank = static_cast<uint32_t>(destination);
-  desc.local_region = kStagingRegion;
+  desc.local_region = local_region;
   desc.remote_region = remote_region;
-  desc.src_offset = staging_offset;
+  desc.src_offset = local_offset;
   desc.dst_offset = remote_offset;
   desc.length = length;
   desc.cookie = call;
@@ -156,6 +168,17 @@ void FabricChannel::send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t 
   staged_at_[slot] = link_.post(
       peer(), layout().staging_slot(peer(), slot), layout().chunk_slot(peer(), self, shape, chunk),
       bytes, call_, control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
+  count_sent(bytes);
+}
+
+void FabricChannel::send_chunk_from(uint64_t chunk, const SlotShape& shape, const std::byte* source,
+                                    uint64_t bytes, std::string_view phase) {
+  // No staging slot is read: the caller's memory stays valid until the call's quiet.
+  const uint16_t seq = take_credit(phase);
+  const int self = layout().rank();
+  link_.post_from_caller(
+      source, peer(), layout().chunk_slot(peer(), self, shape, chunk), bytes, call_,
+      control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
   count_sent(bytes);
 }
 

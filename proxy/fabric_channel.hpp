@@ -11,6 +11,10 @@
 //    numbered across calls); the receiver's SequenceWindow turns completions in any order into a
 //    landed prefix, and it returns credits (credit immediates, stream = receiver) to the sender's
 //    SenderCredits, which keep the sender within the receiver's window;
+//  - a chunk that is a run of the caller's own memory (a combine's rows without weights) may be
+//    written straight from there, with the stream immediate, when the provider reads memory
+//    nobody registered (FabricLink::from_caller()); the caller's memory must then outlive the
+//    write (the call's quiet);
 //  - with a landing region, a chunk whose token bytes go straight into the receiver's recv_x:
 //    first those bytes with counter immediate (epoch k, key = 3R + sender; the receiver expects
 //    one per chunk), then the rest of the chunk to its slot with the stream immediate. The two
@@ -43,9 +47,13 @@ class FabricLink {
   static constexpr uint32_t kArenaRegion = 0;    // every rank's arena, remote target
   static constexpr uint32_t kStagingRegion = 1;  // this rank's staging, local source
   static constexpr uint32_t kLandingRegion = 2;  // every rank's landing region, remote target
+  // This process's address space, unregistered (RegionTable::add_local_address_space): a
+  // local source only, and only when from_caller().
+  static constexpr uint32_t kCallerMemory = 3;
 
+  // `from_caller`: the engine's region table has kCallerMemory.
   FabricLink(ProxyEngine& engine, gpu_side::RingProducer& producer, size_t ring, std::byte* staging,
-             control::CounterBank& counters, std::chrono::milliseconds timeout);
+             control::CounterBank& counters, std::chrono::milliseconds timeout, bool from_caller);
 
   // Posts `length` bytes at `staging_offset` to `arena_offset` of `destination`'s arena,
   // carrying `imm`; with length 0 only the immediate (a signal). Returns the write's ring
@@ -58,19 +66,34 @@ class FabricLink {
   // The same into `remote_region` of `destination`.
   uint64_t post_to(uint32_t remote_region, int destination, uint64_t staging_offset,
                    uint64_t remote_offset, uint64_t length, uint64_t call, uint32_t imm,
-                   std::string_view phase);
+                   std::string_view phase) {
+    return post_from(kStagingRegion, staging_offset, remote_region, destination, remote_offset,
+                     length, call, imm, phase);
+  }
+  // `length` bytes at `source` in the caller's memory to `arena_offset` of `destination`'s
+  // arena; only when from_caller().
+  uint64_t post_from_caller(const std::byte* source, int destination, uint64_t arena_offset,
+                            uint64_t length, uint64_t call, uint32_t imm, std::string_view phase);
+  // Whether writes may read the caller's memory as it is: the provider needs no registration
+  // of a write's source (no FI_MR_LOCAL) and ep.send_from_x is not off.
+  bool from_caller() const { return from_caller_; }
   // Has the write at ring position `position` completed locally (its staging is free)?
   bool retired(uint64_t position) const { return engine_.retired(ring_) > position; }
   std::byte* staging() const { return staging_; }
   control::CounterBank& counters() const { return counters_; }
 
  private:
+  uint64_t post_from(uint32_t local_region, uint64_t local_offset, uint32_t remote_region,
+                     int destination, uint64_t remote_offset, uint64_t length, uint64_t call,
+                     uint32_t imm, std::string_view phase);
+
   ProxyEngine& engine_;
   gpu_side::RingProducer& producer_;
   size_t ring_;
   std::byte* staging_;
   control::CounterBank& counters_;
   std::chrono::milliseconds timeout_;
+  bool from_caller_;
   uint64_t pushed_ = 0;  // descriptors pushed so far = the ring position of the next one
 };
 
@@ -107,6 +130,9 @@ class FabricChannel final : public PeerChannel {
   void consumed(uint64_t upto, uint64_t chunks, const SlotShape& shape,
                 std::string_view phase) override;
   std::string send_progress() const override;
+  bool sends_from_caller() const override { return link_.from_caller(); }
+  void send_chunk_from(uint64_t chunk, const SlotShape& shape, const std::byte* source,
+                       uint64_t bytes, std::string_view phase) override;
 
   bool lands_in_place() const override { return landing_; }
   void send_chunk_in_place(uint64_t chunk, const SlotShape& shape, uint64_t x_bytes,

@@ -174,6 +174,9 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
     share_region(bootstrap, s.engine->regions(), FabricLink::kLandingRegion, *s.landing_region,
                  kPhase);
   s.engine->regions().add_local(FabricLink::kStagingRegion, *s.staging_region);
+  // The proxy threads live in this process: an address of the caller's is theirs too.
+  const bool from_caller = config.send_from_caller && !s.fabric->capabilities().mr_local;
+  if (from_caller) s.engine->regions().add_local_address_space(FabricLink::kCallerMemory);
   s.ring_memory =
       std::make_unique<HostMemory>(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
   auto ring = gpu_side::Ring::create(s.ring_memory->bytes(), kRingSlots);
@@ -183,7 +186,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
       ring, gpu_side::ProducerOptions{.doorbell = s.doorbell.get()});
   s.link = std::make_unique<FabricLink>(*s.engine, *s.producer, ring_index,
                                         static_cast<std::byte*>(s.staging->host()), *s.counters,
-                                        timeout_);
+                                        timeout_, from_caller);
   for (int r = 0; r < ranks(); ++r) {
     if (layout().on_node(r)) continue;
     auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link, landing);

@@ -109,6 +109,18 @@ class PeerChannel {
   // Where the sending side stands (credits), for timeout messages.
   virtual std::string send_progress() const = 0;
 
+  // ---- chunks written straight from the caller's memory (fabric peers) ----
+  // Whether send_chunk_from() may be used: the transport reads the caller's memory as it is.
+  virtual bool sends_from_caller() const { return false; }
+  // Chunk `chunk` is `bytes` of the caller's memory at `source`, as it is (no send_buffer()):
+  // written from there, without a copy. The memory must stay unchanged until the session's
+  // quiet() returned.
+  virtual void send_chunk_from(uint64_t chunk, const SlotShape& shape, const std::byte* source,
+                               uint64_t bytes, std::string_view phase) {
+    (void)chunk, (void)shape, (void)source, (void)bytes;
+    fail(std::string(phase), "the channel to rank {} cannot write from the caller's memory", peer_);
+  }
+
   // ---- rows stored in the receiver's landing region (fabric peers) ----
   // A node peer's rows are stored there directly; a fabric peer's chunk goes as two writes: its
   // first `x_bytes` to `landing_offset` of the peer's landing region, the `rest_bytes` at

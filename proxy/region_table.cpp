@@ -39,10 +39,20 @@ void RegionTable::add_local(uint32_t id, const fabric::MemoryRegion& region) {
   grow_to(locals_, id);
   require(!locals_[id].has_value(), kPhase, "local region {} registered twice", id);
   Local local;
-  local.base = static_cast<const uint8_t*>(region.data());
+  local.base = reinterpret_cast<uintptr_t>(region.data());
   local.size = region.size();
   for (int rail = 0; rail < rails_; ++rail)
     local.desc.push_back(region.local_desc(rail));
+  locals_[id] = std::move(local);
+}
+
+void RegionTable::add_local_address_space(uint32_t id) {
+  check_mutable(id);
+  grow_to(locals_, id);
+  require(!locals_[id].has_value(), kPhase, "local region {} registered twice", id);
+  Local local;
+  local.size = UINT64_MAX;
+  local.desc.assign(static_cast<size_t>(rails_), nullptr);
   locals_[id] = std::move(local);
 }
 
@@ -92,7 +102,8 @@ Status RegionTable::translate(const WriteRequest& r, int rail, fabric::WriteOp& 
   }
   const fabric::RemoteTarget& base = remote.rails[static_cast<size_t>(rail)];
   op.peer = r.dst;
-  op.local = local.base + r.src_offset;
+  // Integer arithmetic: the address-space region's base is 0, not an object to offset from.
+  op.local = reinterpret_cast<const void*>(local.base + r.src_offset);
   op.local_desc = local.desc[static_cast<size_t>(rail)];
   op.length = static_cast<size_t>(r.length);
   op.remote = fabric::RemoteTarget{base.address + r.dst_offset, base.key};

@@ -47,6 +47,11 @@ class RegionTable {
   // Registers a local region under `id`. The region must stay alive while the table is used.
   // Throws proxyep::Error("proxy.regions") on a duplicate or out-of-range id, or after freeze().
   void add_local(uint32_t id, const fabric::MemoryRegion& region);
+  // Registers this process's whole address space, unregistered, under `id`: a descriptor's
+  // src_offset is then the source's address. Only for a fabric that reads memory without a
+  // local descriptor (no FI_MR_LOCAL: Rail::post refuses the write otherwise) and a proxy that
+  // runs in the producer's process (an address means nothing in another one).
+  void add_local_address_space(uint32_t id);
   // What rank `peer` registered under `id` (from the bootstrap's allgather).
   void add_remote(int peer, uint32_t id, const fabric::RegionDescriptor& descriptor);
   void freeze() { frozen_ = true; }
@@ -62,7 +67,7 @@ class RegionTable {
 
  private:
   struct Local {
-    const uint8_t* base = nullptr;
+    uintptr_t base = 0;  // 0 with size UINT64_MAX: the address space (offsets are addresses)
     uint64_t size = 0;
     std::vector<void*> desc;  // per rail
   };

@@ -55,6 +55,10 @@ struct SessionConfig {
   // passes the same; the region must outlive the session.
   std::span<std::byte> landing;
   std::string landing_fabric = "auto";
+  // Whether a chunk that is a run of the caller's memory may be written straight from it
+  // (PeerChannel::send_chunk_from; ep.send_from_x): only where the provider needs no
+  // registration of a write's source (no FI_MR_LOCAL), whatever this says.
+  bool send_from_caller = true;
 };
 
 // A wait of the protocol: until `ready()`, with the session's deadline. `pending(r)` says

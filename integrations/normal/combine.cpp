@@ -3,6 +3,7 @@
 // the order gpu_side/ep/reference.hpp defines), quiet; all but the checks on the CommStream with
 // async_finish.
 #include "common/error.hpp"
+#include "common/log.hpp"
 #include "integrations/normal/combine_rows.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify.hpp"
@@ -151,7 +152,16 @@ void NormalMode::run_combine(CombineCall& c) {
       [&] { return exchange_records(session_, call, encoder_, header, c.rows_to, {}, kPhase); });
   agree_combine(call, session_.rank(), records, c.dispatched);
   clock.lap(&PhaseTimes::notify_ns);
-  calls_.step([&] { run_streams(session_, call, streams, stats_, clock, kPhase); });
+  calls_.step([&] {
+    const uint64_t from_caller = stats_.chunks_sent_from_caller;
+    try {
+      run_streams(session_, call, streams, stats_, clock, kPhase);
+    } catch (const Error&) {
+      // Writes may still read the caller's x, which it may free once this throws.
+      if (stats_.chunks_sent_from_caller != from_caller) settle_writes_from_x();
+      throw;
+    }
+  });
 
   const CombineArgs& a = c.args;
   backend_.reduce(
@@ -174,6 +184,17 @@ void NormalMode::run_combine(CombineCall& c) {
   calls_.step([&] { session_.quiet(kPhase); });
   clock.lap(&PhaseTimes::quiet_ns);
   clock.completed();
+}
+
+void NormalMode::settle_writes_from_x() noexcept {
+  try {
+    session_.quiet(kPhase);
+  } catch (const Error& e) {
+    log::warn(
+        "combine: after its failure, writes to other nodes may still read x ({}); keep x "
+        "until the Buffer is gone",
+        e.what());
+  }
 }
 
 }  // namespace proxyep::integrations::normal

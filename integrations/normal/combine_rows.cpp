@@ -41,6 +41,13 @@ void CombineStreams::fill(int s, uint64_t first, uint64_t rows, std::byte* slot)
                        4ull * topk_);
 }
 
+const std::byte* CombineStreams::caller_rows(int s, uint64_t first, uint64_t rows) const {
+  // RowAreas::x leads the chunk; with no weights nothing follows it.
+  (void)rows;
+  if (weights_ != nullptr) return nullptr;
+  return x_ + (counts_.first_from(s, me_) + static_cast<int64_t>(first)) * row_bytes_;
+}
+
 void CombineStreams::take(int r, uint64_t chunk, uint64_t first, uint64_t rows,
                           const std::byte* slot) {
   const auto areas = ep::RowAreas::of(rows, format);

@@ -24,6 +24,8 @@ class CombineStreams final : public RowStreams {
   void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
   void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
             const std::byte* slot) override;
+  // Without weights a chunk is x's rows as they are (the rows for a source are contiguous).
+  const std::byte* caller_rows(int destination, uint64_t first, uint64_t rows) const override;
 
   // Each rank's block of rows for this rank's tokens (this rank's own: in x), for the reduce.
   const std::vector<const uint16_t*>& block_rows() const { return block_rows_; }

@@ -97,6 +97,9 @@ class NormalMode {
   // ---- combine steps (combine.cpp) ----
   // Steps 2 to 5 of a combine whose outputs exist.
   void run_combine(CombineCall& call);
+  // A combine that failed after writing chunks straight from the caller's x: waits, up to the
+  // session's deadline, until no write reads x any more (a warning when some still might).
+  void settle_writes_from_x() noexcept;
 
   proxy::Session& session_;
   RowBackend& backend_;

@@ -44,6 +44,13 @@ class RowStreams {
     (void)destination, (void)first;
     return -1;
   }
+  // Rows [first, first + rows) to `destination` as the caller's memory already holds them, one
+  // run laid out as fill() would write the chunk (a fabric peer's channel may write them from
+  // there: PeerChannel::send_chunk_from), or null: they need fill().
+  virtual const std::byte* caller_rows(int destination, uint64_t first, uint64_t rows) const {
+    (void)destination, (void)first, (void)rows;
+    return nullptr;
+  }
 
   const gpu_side::ep::RowFormat format;
   std::vector<ChunkPlan> out;  // by destination (this rank: none)

@@ -125,6 +125,7 @@ void bind_buffer(py::module_& m) {
       .def_readonly("credit_stalls", &BufferStats::credit_stalls)
       .def_readonly("chunks_reduced_in_place", &BufferStats::chunks_reduced_in_place)
       .def_readonly("rows_stored_in_place", &BufferStats::rows_stored_in_place)
+      .def_readonly("chunks_sent_from_caller", &BufferStats::chunks_sent_from_caller)
       .def_readonly("bytes_to_node", &BufferStats::bytes_to_node)
       .def_readonly("bytes_to_fabric", &BufferStats::bytes_to_fabric)
       .def_readonly("reordered_completions", &BufferStats::reordered_completions)

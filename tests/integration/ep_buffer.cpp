@@ -361,10 +361,11 @@ void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, i
                  int node_peers, std::chrono::nanoseconds elapsed) {
   const std::string seen = fmt::format(
       "{} calls, {} eager streams, {} chunks sent, {} received, {} credit stalls, {} combine "
-      "chunks reduced in place, {} rows stored in place, {} bytes to node peers, {} to other "
-      "nodes",
+      "chunks reduced in place, {} rows stored in place, {} chunks sent from the caller's x, {} "
+      "bytes to node peers, {} to other nodes",
       s.calls, s.eager_streams, s.chunks_sent, s.chunks_received, s.credit_stalls,
-      s.chunks_reduced_in_place, s.rows_stored_in_place, s.bytes_to_node, s.bytes_to_fabric);
+      s.chunks_reduced_in_place, s.rows_stored_in_place, s.chunks_sent_from_caller, s.bytes_to_node,
+      s.bytes_to_fabric);
   std::fprintf(stderr, "ep_buffer: stats: %s\n", seen.c_str());
   // Every call's time is split into phases: each kind was timed, rows were packed and unpacked
   // (with peers), combines reduced, and the phases add up to no more than the run took.
@@ -400,6 +401,12 @@ void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, i
     check(s.rows_stored_in_place == 0, "rows stored in place without a landing region: {}", seen);
   else if (landing >= int64_t{1} << 30)
     check(s.rows_stored_in_place > 0, "no row was stored in place: {}", seen);
+  // Every case's combine without weights writes its chunks to other nodes straight from x (tcp
+  // and shm read unregistered memory: ep.send_from_x auto).
+  if (node_peers + 1 == ranks || params::ep_send_from_x.get() == "off")
+    check(s.chunks_sent_from_caller == 0, "chunks sent from x without other nodes: {}", seen);
+  else
+    check(s.chunks_sent_from_caller > 0, "no combine chunk was sent from x: {}", seen);
   if (params::ep_eager_bytes.get() == 0)
     check(group_eager == 0, "eager rows are off but were sent: {} in the group; {}", group_eager,
           seen);

@@ -106,3 +106,28 @@ TEST_CASE("region registration errors are setup errors") {
   s.table.freeze();
   CHECK_THROWS_AS(s.table.add_remote(1, 9, s.remote), Error);  // too late
 }
+
+TEST_CASE("the address-space region takes a source's address as its offset, without a descriptor") {
+  Setup s;
+  s.table.add_local_address_space(9);
+  std::vector<uint8_t> caller(64);
+  auto from_caller = request(reinterpret_cast<uintptr_t>(caller.data()) + 8, 200, 32);
+  from_caller.local_region = 9;
+  fabric::WriteOp op;
+  std::string why;
+  REQUIRE(s.table.translate(from_caller, 1, op, why) == Status::ok);
+  CHECK(op.local == caller.data() + 8);
+  CHECK(op.local_desc == nullptr);  // a provider with FI_MR_LOCAL refuses it (Rail::post)
+  CHECK(op.remote.address == 0x20000 + 200);
+  // The target is still checked, and the source cannot wrap around the address space.
+  auto too_far = from_caller;
+  too_far.dst_offset = 990;
+  CHECK(s.table.translate(too_far, 0, op, why) == Status::error);
+  CHECK(contains(why, "leaves region 7 of rank 1"));
+  auto wraps = from_caller;
+  wraps.src_offset = ~0ull - 8;
+  CHECK(s.table.translate(wraps, 0, op, why) == Status::error);
+  CHECK(contains(why, "leaves local region 9"));
+  CHECK_THROWS_AS(s.table.add_local_address_space(9), Error);  // duplicate
+  CHECK_THROWS_AS(s.table.add_local_address_space(3), Error);  // taken by a registered region
+}
