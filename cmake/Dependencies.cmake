@@ -10,6 +10,8 @@ find_package(nlohmann_json 3.10 REQUIRED)
 find_package(CLI11 REQUIRED)
 # libcrypto: HMAC-SHA256 and the CSPRNG behind the bootstrap's membership proof and memory keys.
 find_package(OpenSSL 3 REQUIRED COMPONENTS Crypto)
+# The metrics endpoint (metrics/): Prometheus' C++ client, its HTTP exposer included.
+find_package(prometheus-cpp REQUIRED COMPONENTS core pull)
 if(PROXYEP_BUILD_TESTS)
   find_package(doctest REQUIRED)
 endif()

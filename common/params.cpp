@@ -180,6 +180,15 @@ Param<std::string> ep_send_from_x{"ep.send_from_x", "auto", one_of({"auto", "off
     "reads memory nobody registered (tcp, shm, ...: no FI_MR_LOCAL), never on efa or verbs; "
     "off = always through the staging area"};
 
+// metrics/
+Param<int64_t> metrics_port{"metrics.port", -1, in_range(-1, 65535),
+    "serve Prometheus metrics over HTTP (GET /metrics) from every Buffer: -1 = off; 0 = any free "
+    "port (logged at info level, and Buffer.metrics_port); N = port N + the rank's LOCAL_RANK, so "
+    "that the ranks of one host do not collide"};
+Param<std::string> metrics_address{"metrics.address", "127.0.0.1", host_or_empty(),
+    "the IPv4 address the metrics endpoint listens on (127.0.0.1: this host only; 0.0.0.0: every "
+    "interface, for a Prometheus server elsewhere)"};
+
 // tools/ (the local launcher, tools/launcher.hpp)
 Param<int64_t> launch_max_ranks{"launch.max_ranks", 256, in_range(1, 65536),
     "most ranks `proxyep launch` (and a benchmark that starts its own ranks) starts on this "

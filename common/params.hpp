@@ -54,6 +54,10 @@ extern Param<int64_t> ep_landing_bytes;
 extern Param<std::string> ep_landing_fabric;
 extern Param<std::string> ep_send_from_x;
 
+// metrics.* : the metrics endpoint (metrics/metrics_exporter.hpp)
+extern Param<int64_t> metrics_port;
+extern Param<std::string> metrics_address;
+
 // launch.* : the local launcher (tools/launcher.hpp)
 extern Param<int64_t> launch_max_ranks;
 

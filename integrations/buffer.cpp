@@ -8,6 +8,7 @@
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/row_format.hpp"
 #include "integrations/backend/host_backend.hpp"
+#include "integrations/buffer_metrics.hpp"
 #include "integrations/call_sequence.hpp"
 #include "integrations/comm_stream.hpp"
 #include "integrations/low_latency/ll_record.hpp"
@@ -16,10 +17,12 @@
 #include "integrations/normal/landing_zone.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify_record.hpp"
+#include "metrics/metrics_exporter.hpp"
 #include "proxy/session.hpp"
 
 #include <unistd.h>
 
+#include <atomic>
 #include <random>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -93,6 +96,19 @@ proxy::SessionConfig with_landing(proxy::SessionConfig config,
   return config;
 }
 
+// The metrics endpoint (metrics.port), or none; `collect` fills a scrape.
+std::unique_ptr<metrics::MetricsExporter> start_metrics(control::Bootstrap& boot,
+                                                        metrics::MetricsExporter::Collect collect) {
+  const int64_t port = params::metrics_port.get();
+  if (port < 0) return nullptr;
+  const int64_t mine = port == 0 ? 0 : port + boot.env().local_rank;
+  require(mine <= 65535, kPhase, "metrics.port {} + LOCAL_RANK {} is not a TCP port", port,
+          boot.env().local_rank);
+  return metrics::MetricsExporter::start(params::metrics_address.get(), static_cast<int>(mine),
+                                         {{"rank", std::to_string(boot.rank())}},
+                                         std::move(collect));
+}
+
 uint64_t new_buffer_id() {
   std::random_device entropy;
   return (uint64_t{entropy()} << 32) ^ entropy() ^ static_cast<uint64_t>(::getpid());
@@ -103,6 +119,8 @@ uint64_t new_buffer_id() {
 struct Buffer::Impl {
   Impl(control::Bootstrap& boot, const BufferOptions& opts)
       : bootstrap(boot),
+        // First, before this rank meets the others: a port it cannot listen on fails here alone.
+        exporter(start_metrics(boot, [this](metrics::MetricsSink& sink) { collect(sink); })),
         options(opts),
         ranks_per_node(opts.ranks_per_node > 0 ? opts.ranks_per_node : boot.env().local_world_size),
         backend(integrations::HostBackend::default_threads(ranks_per_node)),
@@ -116,9 +134,16 @@ struct Buffer::Impl {
         mode(*session, backend, calls, stream, buffer_id, landing),
         low_latency(*session, backend, calls, stream, buffer_id, opts.enable_shrink) {
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
+    made.store(true, std::memory_order_release);
+  }
+  // A scrape: nothing until the Buffer is made (the members it reads exist from then on).
+  void collect(metrics::MetricsSink& sink) const {
+    if (!made.load(std::memory_order_acquire)) return;
+    integrations::collect_buffer_metrics(sink, mode.published_stats(), *session);
   }
   // The modes' background work uses everything below the stream: it finishes first.
   ~Impl() {
+    exporter.reset();  // no scrape reads the members about to go
     try {
       stream.settle();
     } catch (const std::exception& e) {
@@ -147,6 +172,10 @@ struct Buffer::Impl {
   }
 
   control::Bootstrap& bootstrap;
+  // The exporter reads the members below on its HTTP thread once `made`; it is stopped first in
+  // ~Impl and destroy().
+  std::atomic<bool> made{false};
+  std::unique_ptr<metrics::MetricsExporter> exporter;
   BufferOptions options;
   int ranks_per_node;
   integrations::HostBackend backend;
@@ -183,6 +212,9 @@ int Buffer::rank() const {
 }
 int Buffer::group_size() const {
   return impl_->session->ranks();
+}
+int Buffer::metrics_port() const {
+  return impl_->exporter ? impl_->exporter->port() : -1;
 }
 int Buffer::ranks_per_node() const {
   return impl_->ranks_per_node;
@@ -340,6 +372,7 @@ void Buffer::destroy() {
   impl_->session->quiet("destroy");
   impl_->bootstrap.barrier("buffer(destroy)");
   impl_->destroyed = true;
+  impl_->exporter.reset();
   impl_->session->stop();
 }
 

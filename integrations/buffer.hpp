@@ -195,6 +195,8 @@ class Buffer {
   int rank() const;
   int group_size() const;
   int ranks_per_node() const;
+  // The port this rank's metrics endpoint listens on (metrics.port), or -1 without one.
+  int metrics_port() const;
   int64_t num_nvl_bytes() const;
   int64_t num_rdma_bytes() const;
   bool low_latency_mode() const;

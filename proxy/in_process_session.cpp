@@ -210,6 +210,18 @@ void InProcessSession::begin_call(uint64_t call) {
          state_->counters->last_leak());
 }
 
+std::vector<ThreadStats> InProcessSession::proxy_thread_stats() const {
+  std::vector<ThreadStats> stats;
+  if (!state_->engine) return stats;
+  for (int t = 0; t < state_->engine->threads(); ++t)
+    stats.push_back(state_->engine->thread_stats(t));
+  return stats;
+}
+
+bool InProcessSession::proxy_failed() const {
+  return state_->engine && state_->engine->health().failed();
+}
+
 void InProcessSession::check_health(std::string_view phase) const {
   if (!state_->engine || !state_->engine->health().failed()) return;
   auto failure = state_->engine->health().failure();

@@ -43,6 +43,8 @@ class InProcessSession final : public Session {
   std::span<std::byte> data_area() const override;
   std::span<std::byte> staging_data_area() const override;
   std::string describe() const override;
+  std::vector<ThreadStats> proxy_thread_stats() const override;
+  bool proxy_failed() const override;
   std::optional<fabric::ReorderStats> reorder_stats() const override {
     return state_->fabric ? state_->fabric->reorder_stats() : std::nullopt;
   }

@@ -29,6 +29,7 @@
 #include "common/error.hpp"
 #include "proxy/arena_layout.hpp"
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -61,8 +62,9 @@ class PeerChannel {
   virtual bool background() const = 0;
   // How this peer's streams may use their slots.
   virtual SlotGeometry slots() const = 0;
-  // Payload bytes sent to the peer so far (eager and chunks), for Buffer::stats().
-  uint64_t bytes_sent() const { return bytes_sent_; }
+  // Payload bytes sent to the peer so far (eager and chunks), for Buffer::stats() and the
+  // metrics endpoint (any thread).
+  uint64_t bytes_sent() const { return bytes_sent_.load(std::memory_order_relaxed); }
 
   // ---- records ----
   // Where this rank writes its record of `call` for the peer (the payload; the channel adds
@@ -166,13 +168,17 @@ class PeerChannel {
  protected:
   const ArenaLayout& layout() const { return layout_; }
   std::byte* local() const { return local_; }
-  void count_sent(uint64_t bytes) { bytes_sent_ += bytes; }
+  // One writer (the caller's thread): a load and a store, no locked add.
+  void count_sent(uint64_t bytes) {
+    bytes_sent_.store(bytes_sent_.load(std::memory_order_relaxed) + bytes,
+                      std::memory_order_relaxed);
+  }
 
  private:
   int peer_;
   const ArenaLayout& layout_;
   std::byte* local_;
-  uint64_t bytes_sent_ = 0;
+  std::atomic<uint64_t> bytes_sent_{0};
 };
 
 }  // namespace proxyep::proxy

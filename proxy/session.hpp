@@ -122,6 +122,10 @@ class Session {
   // What the fabric's reorder shim (fabric.reorder, a testing aid) did, so a test can prove its
   // writes really were reordered; nullopt without a fabric (one node) or with the shim off.
   virtual std::optional<fabric::ReorderStats> reorder_stats() const = 0;
+  // Each proxy thread's counters (none without a fabric), and whether the proxy failed: for the
+  // metrics endpoint, from any thread while the session lives.
+  virtual std::vector<ThreadStats> proxy_thread_stats() const = 0;
+  virtual bool proxy_failed() const = 0;
 
  protected:
   explicit Session(ArenaLayout layout) : layout_(std::move(layout)) {}

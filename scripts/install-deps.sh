@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libfabric-dev libfabric-bin libhwloc-dev hwloc liburing-dev
   libconcurrentqueue-dev doctest-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
+  prometheus-cpp-dev  # the metrics endpoint (metrics/): Prometheus text exposition over HTTP
   libssl-dev  # libcrypto: HMAC-SHA256 and the CSPRNG (bootstrap membership proof, memory keys)
   openmpi-bin libopenmpi-dev  # the MPI_Alltoallv baseline of `proxyep bench ep --baseline mpi`
   # The sanitizer builds (presets sanitize, tsan): Clang, its sanitizer and libFuzzer runtimes
@@ -15,6 +16,7 @@ packages=(
   # The Python packages (python/: proxyep, deep_ep) for /usr/bin/python3 and their tests:
   # pybind11 and DLPack's header to build the module, torch and pytest to run the tests.
   python3-dev pybind11-dev libdlpack-dev python3-torch python3-pytest
+  python3-prometheus-client  # the metrics tests parse the endpoint with Prometheus' own parser
   python3-mpi4py  # deep_ep.Buffer(comm=...): setup through an mpi4py communicator (test_mpi4py.py)
 )
 

@@ -86,12 +86,15 @@ sees proxy proxy/proxy_engine.hpp
 sees proxy control/signal_router.hpp
 sees proxy fabric/fabric.hpp
 sees proxy gpu_side/ring.hpp
+sees metrics metrics/metrics_exporter.hpp
+sees metrics common/error.hpp
 sees integrations integrations/buffer.hpp
 sees integrations proxy/node_memory.hpp
+sees integrations metrics/metrics_sink.hpp
 
 # ... and nothing above or beside it.
 for header in fabric/fabric.hpp gpu_side/ring.hpp control/bootstrap.hpp proxy/proxy_engine.hpp \
-              integrations/buffer.hpp tools/commands.hpp tests/unit/fabric/fabric_pair.hpp; do
+              metrics/metrics_sink.hpp integrations/buffer.hpp tools/commands.hpp tests/unit/fabric/fabric_pair.hpp; do
   blind common "$header"
 done
 blind fabric control/bootstrap.hpp
@@ -105,12 +108,15 @@ blind control gpu_side/ring.hpp
 blind control proxy/proxy_engine.hpp
 blind control proxy/route_completion.hpp
 blind proxy integrations/buffer.hpp
+blind proxy metrics/metrics_sink.hpp
+blind metrics proxy/proxy_engine.hpp
+blind metrics integrations/buffer.hpp
 blind proxy tests/unit/proxy/proxy_pair.hpp
 blind integrations tools/commands.hpp
 
 # No layer includes through "../".
 escapes=$(cd "$repo" && grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]*\.\./' \
-            common fabric gpu_side control proxy integrations tools || true)
+            common fabric gpu_side control proxy metrics integrations tools || true)
 if [[ -n "$escapes" ]]; then
   fail "includes through ../ escape the include roots:"
   echo "$escapes" | sed 's/^/    /'

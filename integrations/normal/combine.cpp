@@ -184,6 +184,7 @@ void NormalMode::run_combine(CombineCall& c) {
   calls_.step([&] { session_.quiet(kPhase); });
   clock.lap(&PhaseTimes::quiet_ns);
   clock.completed();
+  publish_stats();
 }
 
 void NormalMode::settle_writes_from_x() noexcept {

@@ -86,6 +86,7 @@ void NormalMode::move_rows(DispatchCall& d) {
   calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call
   d.clock.lap(&PhaseTimes::quiet_ns);
   d.clock.completed();
+  publish_stats();
 }
 
 std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const DispatchInput& in,

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace proxyep::integrations::normal {
@@ -50,6 +51,12 @@ class NormalMode {
   void check_usable(std::string_view phase) const { calls_.check_usable(phase); }
   // Calls, eager streams, chunks and stalls (bytes are the channels' to count).
   const BufferStats& stats() const { return stats_; }
+  // stats() as of the last call that completed, for readers on other threads (the metrics
+  // endpoint): a copy taken under a lock once per call.
+  BufferStats published_stats() const {
+    std::lock_guard lock(published_mutex_);
+    return published_;
+  }
   gpu_side::ep::EpShape shape_for(int num_experts) const {
     return {session_.ranks(), session_.ranks_per_node(), num_experts};
   }
@@ -107,8 +114,16 @@ class NormalMode {
   CallSequence& calls_;
   CommStream& stream_;
   std::shared_ptr<LandingZone> landing_;
+  // After a call completed: its stats for published_stats().
+  void publish_stats() {
+    std::lock_guard lock(published_mutex_);
+    published_ = stats_;
+  }
+
   RecordEncoder encoder_;
   BufferStats stats_;
+  mutable std::mutex published_mutex_;
+  BufferStats published_;
 };
 
 }  // namespace proxyep::integrations::normal

@@ -211,6 +211,11 @@ class Buffer:
         """ProxyEP only: what this rank's calls moved (native BufferStats)."""
         return self.runtime.stats()
 
+    @property
+    def metrics_port(self):
+        """ProxyEP only: the port of this rank's Prometheus endpoint (PROXYEP_METRICS_PORT), or -1."""
+        return self.runtime.metrics_port
+
     # ---- normal mode ----
 
     def get_dispatch_layout(

@@ -187,6 +187,7 @@ void bind_buffer(py::module_& m) {
       .def_property_readonly("ranks_per_node",
                              [](NativeBuffer& b) { return b.get().ranks_per_node(); })
       .def("stats", [](NativeBuffer& b) { return b.get().stats(); })
+      .def_property_readonly("metrics_port", [](NativeBuffer& b) { return b.get().metrics_port(); })
       .def(
           "local_buffer",
           [](NativeBuffer& b, bool use_rdma_buffer, py::object owner) {
