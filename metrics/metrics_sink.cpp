@@ -18,8 +18,8 @@ constexpr const char* kPhase = "metrics";
 
 }  // namespace
 
-void MetricsSink::add(Kind kind, std::string_view name, std::string_view help,
-                      std::vector<Label> labels, double value) {
+MetricsSink::Sample& MetricsSink::add(Kind kind, std::string_view name, std::string_view help,
+                                      std::vector<Label> labels, double value) {
   for (const Label& label : labels)
     require(prometheus::CheckLabelName(label.name), kPhase, "metric {}: invalid label name '{}'",
             name, label.name);
@@ -35,7 +35,24 @@ void MetricsSink::add(Kind kind, std::string_view name, std::string_view help,
             "metric {} given as two kinds or with two help texts", name);
   }
   labels.insert(labels.begin(), common_.begin(), common_.end());
-  family->samples.push_back(Sample{std::move(labels), value});
+  family->samples.push_back(Sample{std::move(labels), value, {}});
+  return family->samples.back();
+}
+
+void MetricsSink::histogram(std::string_view name, std::string_view help, std::vector<Label> labels,
+                            Histogram histogram) {
+  const Histogram& h = histogram;
+  require(h.upper_bounds.size() == h.cumulative.size(), kPhase,
+          "histogram {}: {} bounds, {} counts", name, h.upper_bounds.size(), h.cumulative.size());
+  for (size_t b = 0; b < h.upper_bounds.size(); ++b) {
+    require(
+        b == 0 ||
+            (h.upper_bounds[b] > h.upper_bounds[b - 1] && h.cumulative[b] >= h.cumulative[b - 1]),
+        kPhase, "histogram {}: bounds must increase and counts accumulate (bucket {})", name, b);
+    require(h.cumulative[b] <= h.count, kPhase, "histogram {}: bucket {} counts more than all",
+            name, b);
+  }
+  add(Kind::histogram, name, help, std::move(labels), 0).histogram = std::move(histogram);
 }
 
 std::string MetricsSink::text() const {

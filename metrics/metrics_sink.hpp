@@ -19,13 +19,22 @@ struct Label {
   std::string value;
 };
 
-enum class Kind { counter, gauge };
+enum class Kind { counter, gauge, histogram };
+
+// A histogram sample: cumulative counts at increasing upper bounds (the +Inf bucket is `count`).
+struct Histogram {
+  std::vector<double> upper_bounds;
+  std::vector<uint64_t> cumulative;  // one per bound
+  uint64_t count = 0;
+  double sum = 0;
+};
 
 class MetricsSink {
  public:
   struct Sample {
     std::vector<Label> labels;
     double value = 0;
+    Histogram histogram;  // Kind::histogram only
   };
   struct Family {
     std::string name;
@@ -46,13 +55,18 @@ class MetricsSink {
     add(Kind::gauge, name, help, std::move(labels), value);
   }
 
+  // Throws proxyep::Error("metrics") when the bounds do not increase or the counts are not
+  // cumulative up to `count`.
+  void histogram(std::string_view name, std::string_view help, std::vector<Label> labels,
+                 Histogram histogram);
+
   const std::vector<Family>& families() const { return families_; }
   // The samples in Prometheus' text exposition format (version 0.0.4).
   std::string text() const;
 
  private:
-  void add(Kind kind, std::string_view name, std::string_view help, std::vector<Label> labels,
-           double value);
+  Sample& add(Kind kind, std::string_view name, std::string_view help, std::vector<Label> labels,
+              double value);
 
   std::vector<Label> common_;
   std::vector<Family> families_;

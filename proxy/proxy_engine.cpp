@@ -234,6 +234,13 @@ ThreadStats ProxyEngine::stats() const {
     sum.sleeps += s.sleeps;
     sum.passes += s.passes;
     sum.driven += s.driven;
+    sum.bytes_posted += s.bytes_posted;
+    sum.cq_errors += s.cq_errors;
+    sum.busy_ns += s.busy_ns;
+    sum.latency.add(s.latency);
+    sum.last_completion_ns.resize(s.last_completion_ns.size(), 0);
+    for (size_t r = 0; r < s.last_completion_ns.size(); ++r)
+      sum.last_completion_ns[r] = std::max(sum.last_completion_ns[r], s.last_completion_ns[r]);
   }
   return sum;
 }

@@ -41,7 +41,9 @@ ProxyThread::ProxyThread(ThreadConfig config, fabric::Fabric& fabric, const Regi
       last_progress_(static_cast<size_t>(config_.ranks)),
       dead_(static_cast<size_t>(config_.ranks), false),
       burst_(std::max<uint32_t>(config_.burst, 1)),
-      completions_(kCompletionBatch) {
+      completions_(kCompletionBatch),
+      last_completion_ns_(std::make_unique<std::atomic<int64_t>[]>(
+          static_cast<size_t>(std::max(config_.ranks, 1)))) {
   require(!config_.rails.empty(), "proxy.thread", "proxy thread {} has no rail", config_.index);
   require(is_power_of_two(config_.lane_window), "proxy.thread",
           "the ring window must be a power of two (got {})", config_.lane_window);
@@ -93,9 +95,24 @@ void ProxyThread::abandon() {
 
 ThreadStats ProxyThread::stats() const {
   auto get = [](const std::atomic<uint64_t>& c) { return c.load(std::memory_order_relaxed); };
-  return {get(counters_.descriptors), get(counters_.posted),     get(counters_.completed),
-          get(counters_.remote),      get(counters_.backlogged), get(counters_.sleeps),
-          get(counters_.passes),      get(counters_.driven)};
+  ThreadStats s;
+  s.descriptors = get(counters_.descriptors);
+  s.posted = get(counters_.posted);
+  s.completed = get(counters_.completed);
+  s.remote = get(counters_.remote);
+  s.backlogged = get(counters_.backlogged);
+  s.sleeps = get(counters_.sleeps);
+  s.passes = get(counters_.passes);
+  s.driven = get(counters_.driven);
+  s.bytes_posted = get(counters_.bytes_posted);
+  s.cq_errors = get(counters_.cq_errors);
+  s.busy_ns = get(counters_.busy_ns);
+  s.latency = counters_.latency.snapshot();
+  s.last_completion_ns.resize(static_cast<size_t>(config_.ranks));
+  for (int r = 0; r < config_.ranks; ++r)
+    s.last_completion_ns[static_cast<size_t>(r)] =
+        last_completion_ns_[static_cast<size_t>(r)].load(std::memory_order_relaxed);
+  return s;
 }
 
 void ProxyThread::fail(const char* phase, int peer, std::string message) {
@@ -129,7 +146,7 @@ void ProxyThread::run() {
       // Not taken: a driver is in a pass, doing this one's work.
       std::unique_lock lock(pass_lock_, std::try_to_lock);
       if (lock.owns_lock()) {
-        worked = pass();
+        worked = timed_pass();
         awake = keep_awake();
       }
     }
@@ -164,7 +181,14 @@ bool ProxyThread::try_drive() {
   std::unique_lock lock(pass_lock_, std::try_to_lock);
   if (!lock.owns_lock()) return false;
   bump(counters_.driven);
-  return pass();
+  return timed_pass();
+}
+
+bool ProxyThread::timed_pass() {
+  const auto start = Clock::now();
+  const bool worked = pass();
+  if (worked) bump(counters_.busy_ns, static_cast<uint64_t>(ns_of(Clock::now()) - ns_of(start)));
+  return worked;
 }
 
 bool ProxyThread::pass() {

@@ -51,6 +51,7 @@
 #include "proxy/credit_window.hpp"
 #include "proxy/health.hpp"
 #include "proxy/idle_policy.hpp"
+#include "proxy/latency_histogram.hpp"
 #include "proxy/region_table.hpp"
 #include "proxy/ring_lane.hpp"
 #include "proxy/wait_notifier.hpp"
@@ -91,14 +92,24 @@ struct WaiterSignals {
 };
 
 struct ThreadStats {
-  uint64_t descriptors = 0;  // popped from rings
-  uint64_t posted = 0;       // writes accepted by the provider
-  uint64_t completed = 0;    // local completions
-  uint64_t remote = 0;       // remote completions routed
-  uint64_t backlogged = 0;   // writes that had to wait in the backlog
-  uint64_t sleeps = 0;       // times the thread blocked on its doorbells
-  uint64_t passes = 0;       // loop passes: a heartbeat (a thread stuck in the provider stops)
-  uint64_t driven = 0;       // of them, passes a waiting caller ran (try_drive())
+  uint64_t descriptors = 0;   // popped from rings
+  uint64_t posted = 0;        // writes accepted by the provider
+  uint64_t completed = 0;     // local completions
+  uint64_t remote = 0;        // remote completions routed
+  uint64_t backlogged = 0;    // writes that had to wait in the backlog
+  uint64_t sleeps = 0;        // times the thread blocked on its doorbells
+  uint64_t passes = 0;        // loop passes: a heartbeat (a thread stuck in the provider stops)
+  uint64_t driven = 0;        // of them, passes a waiting caller ran (try_drive())
+  uint64_t bytes_posted = 0;  // payload of the writes posted
+  uint64_t cq_errors = 0;     // error completions read from the rails' CQs
+  uint64_t busy_ns = 0;       // time in passes that did work (posted, completed or routed)
+  // CPU time the thread used (the kernel's count, in clock ticks; 0 if unknown). Filled only
+  // by Session::proxy_thread_stats(): reading it costs a file read.
+  uint64_t cpu_ns = 0;
+  LatencyHistogram::Snapshot latency;  // post -> local completion, per write
+  // Per destination rank: steady_clock time (ns since its epoch) of the last local completion
+  // of a write to it; 0: none yet. Engine sums take the latest over threads.
+  std::vector<int64_t> last_completion_ns;
 };
 
 class ProxyThread {
@@ -135,11 +146,15 @@ class ProxyThread {
   using Clock = std::chrono::steady_clock;
   struct Counters {
     std::atomic<uint64_t> descriptors{0}, posted{0}, completed{0}, remote{0}, backlogged{0},
-        sleeps{0}, passes{0}, driven{0};
+        sleeps{0}, passes{0}, driven{0}, bytes_posted{0}, cq_errors{0}, busy_ns{0};
+    LatencyHistogram latency;
   };
 
   void run();
   bool pass();
+  // pass(), its time counted as busy when it did work.
+  bool timed_pass();
+  void note_posted(const PendingWrite& write, int64_t now_ns);
   bool keep_awake() const;  // with pass_lock_ held
   bool drain_completions();
   void on_local_completion(const fabric::Completion& completion);
@@ -159,6 +174,9 @@ class ProxyThread {
   void sleep();
   void fail(const char* phase, int peer, std::string message);
   void touch(int dst, Clock::time_point now) { last_progress_[static_cast<size_t>(dst)] = now; }
+  static int64_t ns_of(Clock::time_point t) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  }
   static void bump(std::atomic<uint64_t>& counter, uint64_t by = 1) {
     counter.store(counter.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
   }
@@ -191,6 +209,8 @@ class ProxyThread {
   size_t next_rail_ = 0;
 
   Counters counters_;
+  // Per destination: ns_of() the last local completion of a write to it (0: none), for stats().
+  std::unique_ptr<std::atomic<int64_t>[]> last_completion_ns_;
   std::atomic<bool> stop_{false};    // release by request_stop(), acquire in run()
   std::atomic<pid_t> tid_{0};        // release by run(), acquire by tid()
   std::atomic<bool> exited_{false};  // release when run() returns, acquire in join_until()

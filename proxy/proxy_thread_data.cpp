@@ -38,6 +38,7 @@ bool ProxyThread::drain_completions() {
       }
       worked |= count > 0;
       if (status != Status::ok) {
+        bump(counters_.cq_errors);
         // Named after the write's peer when the transport knows which write failed. Without
         // tolerated peer failures the engine fails (the first failure is what waiters see);
         // with them only that peer does, and the write is finished so quiet() does not wait.
@@ -71,13 +72,18 @@ void ProxyThread::on_local_completion(const fabric::Completion& c) {
     return;
   }
   credits_.release(entry->dst, entry->bytes);
-  touch(entry->dst, Clock::now());
+  const auto now = Clock::now();
+  touch(entry->dst, now);
+  const int64_t now_ns = ns_of(now);
+  if (entry->posted_ns != 0) counters_.latency.record(now_ns - entry->posted_ns);
+  last_completion_ns_[static_cast<size_t>(entry->dst)].store(now_ns, std::memory_order_relaxed);
   finish(lane_index, position);
   bump(counters_.completed);
 }
 
 bool ProxyThread::post_backlog() {
   bool worked = false;
+  const int64_t now_ns = ns_of(Clock::now());
   for (int dst = 0; dst < backlog_.ranks() && !backlog_.empty(); ++dst) {
     auto& queue = backlog_.queue(dst);
     while (!queue.empty()) {
@@ -91,7 +97,7 @@ bool ProxyThread::post_backlog() {
         return worked;  // the provider is busy: completions first, then retry
       }
       if (status == Status::ok) {
-        bump(counters_.posted);
+        note_posted(write, now_ns);
       } else {
         credits_.release(dst, write.op.length);
         finish_unposted(write, rail.last_error());
@@ -101,6 +107,15 @@ bool ProxyThread::post_backlog() {
     }
   }
   return worked;
+}
+
+void ProxyThread::note_posted(const PendingWrite& write, int64_t now_ns) {
+  bump(counters_.posted);
+  bump(counters_.bytes_posted, write.op.length);
+  const auto lane_index = static_cast<size_t>(write.op.cookie >> kCookiePositionBits);
+  RingLane& lane = *lanes_[lane_index];
+  if (RingLane::Entry* entry = lane.find(lane.expand(write.op.cookie, kCookiePositionBits)))
+    entry->posted_ns = now_ns;
 }
 
 bool ProxyThread::pop_and_post(size_t lane_index) {
@@ -173,6 +188,7 @@ void ProxyThread::admit(size_t lane_index, uint64_t position,
 // Posts the writes admitted from one burst: FI_MORE on all but the last write of each rail, so
 // the provider may ring the NIC's doorbell once per burst.
 void ProxyThread::post_ready() {
+  const int64_t now_ns = ready_.empty() ? 0 : ns_of(Clock::now());
   for (size_t i = 0; i < ready_.size(); ++i) {
     PendingWrite& write = ready_[i];
     write.op.more = false;
@@ -181,7 +197,7 @@ void ProxyThread::post_ready() {
     fabric::Transport& rail = fabric_.rail(write.rail);
     Status status = rail.write(write.op);
     if (status == Status::ok) {
-      bump(counters_.posted);
+      note_posted(write, now_ns);
       continue;
     }
     if (status == Status::again) {

@@ -41,7 +41,8 @@ class RingLane {
     uint64_t position = ~uint64_t{0};
     uint64_t bytes = 0;
     int32_t dst = -1;
-    bool live = false;  // a write is in flight for this position
+    bool live = false;      // a write is in flight for this position
+    int64_t posted_ns = 0;  // when its write was posted (steady clock), for the latency histogram
   };
 
   // `window`: a power of two, the most descriptors of this ring unfinished at once.

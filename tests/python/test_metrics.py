@@ -105,3 +105,17 @@ def test_counters_move_by_what_the_calls_did(buffer):
     assert delta("proxyep_proxy_completions_total", side="local") >= 2 * len(fabric_peers)
     assert delta("proxyep_proxy_completions_total", side="remote") >= 2 * len(fabric_peers)
     assert total(after, "proxyep_proxy_writes_in_flight") >= 0
+    # Each completed write's latency counted once; the writes' bytes cover what went to other
+    # nodes; the threads were busy; no CQ error; a fresh completion from every fabric peer.
+    assert delta("proxyep_proxy_write_latency_seconds_count") == delta(
+        "proxyep_proxy_completions_total", side="local")
+    assert delta("proxyep_proxy_write_latency_seconds_bucket", le="+Inf") == delta(
+        "proxyep_proxy_write_latency_seconds_count")
+    assert delta("proxyep_proxy_write_latency_seconds_sum") > 0
+    assert delta("proxyep_proxy_bytes_posted_total") >= delta(
+        "proxyep_peer_sent_bytes_total", path="fabric")
+    assert delta("proxyep_proxy_busy_seconds_total") > 0
+    assert total(after, "proxyep_proxy_cq_errors_total") == 0
+    assert total(after, "proxyep_proxy_cpu_seconds_total") >= 0
+    for peer in fabric_peers:
+        assert 0 <= value(after, "proxyep_peer_last_completion_age_seconds", peer=peer) < 60

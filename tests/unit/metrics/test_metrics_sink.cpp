@@ -47,3 +47,21 @@ TEST_CASE("one name with two kinds or two helps, and invalid names, are refused"
   CHECK_THROWS_AS(sink.counter("proxyep_c_total", "x", {{"bad-label", "v"}}, 1), Error);
   CHECK(sink.families().size() == 1);  // nothing half-added
 }
+
+TEST_CASE("a histogram is written with cumulative buckets, +Inf, count and sum") {
+  MetricsSink sink;
+  sink.histogram("proxyep_lat_seconds", "Latency", {{"thread", "0"}},
+                 Histogram{{0.001, 0.002}, {3, 5}, 6, 0.0125});
+  const std::string text = sink.text();
+  CHECK(text.find("# TYPE proxyep_lat_seconds histogram\n") != std::string::npos);
+  CHECK(text.find("proxyep_lat_seconds_bucket{thread=\"0\",le=\"0.001\"} 3") != std::string::npos);
+  CHECK(text.find("proxyep_lat_seconds_bucket{thread=\"0\",le=\"0.002\"} 5") != std::string::npos);
+  CHECK(text.find("proxyep_lat_seconds_bucket{thread=\"0\",le=\"+Inf\"} 6") != std::string::npos);
+  CHECK(text.find("proxyep_lat_seconds_count{thread=\"0\"} 6") != std::string::npos);
+  CHECK(text.find("proxyep_lat_seconds_sum{thread=\"0\"} 0.0125") != std::string::npos);
+  // Bounds that do not increase, counts that shrink or exceed the total: refused.
+  CHECK_THROWS_AS(sink.histogram("proxyep_h2", "h", {}, Histogram{{2, 1}, {1, 1}, 1, 0}), Error);
+  CHECK_THROWS_AS(sink.histogram("proxyep_h3", "h", {}, Histogram{{1, 2}, {2, 1}, 2, 0}), Error);
+  CHECK_THROWS_AS(sink.histogram("proxyep_h4", "h", {}, Histogram{{1}, {3}, 2, 0}), Error);
+  CHECK_THROWS_AS(sink.histogram("proxyep_h5", "h", {}, Histogram{{1, 2}, {1}, 2, 0}), Error);
+}

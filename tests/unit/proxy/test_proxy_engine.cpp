@@ -85,6 +85,16 @@ TEST_CASE("descriptors become writes that raise the receiver's flag, every byte 
         CHECK(stats.remote == kChunks);
         CHECK(stats.backlogged > 0);  // 8 writes of credit: most descriptors had to wait
         CHECK(!pair.engine(r).health().failed());
+        // What the metrics endpoint shows of it: every write's latency once, its bytes, busy
+        // time, no CQ error, and when the last write to the peer completed.
+        CHECK(stats.latency.count == kChunks);
+        CHECK(stats.latency.sum_ns > 0);
+        CHECK(stats.bytes_posted == written);
+        CHECK(stats.busy_ns > 0);
+        CHECK(stats.cq_errors == 0);
+        REQUIRE(stats.last_completion_ns.size() == 2);
+        CHECK(stats.last_completion_ns[static_cast<size_t>(1 - r)] > 0);
+        CHECK(stats.last_completion_ns[static_cast<size_t>(r)] == 0);
       }
     }
   }
