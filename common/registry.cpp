@@ -346,6 +346,12 @@ void Registry::set(std::string_view name, std::string_view text, Source source) 
 
 namespace {
 
+std::string read_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  require(in.good(), "config", "cannot open config file '{}'", path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
 // Sets every (parameter, text) pair; throws one Error naming every value that was refused.
 void set_all(const std::vector<std::pair<ParamBase*, std::string>>& values, Source source) {
   std::vector<std::string> refused;
@@ -364,6 +370,9 @@ void set_all(const std::vector<std::pair<ParamBase*, std::string>>& values, Sour
 }  // namespace
 
 void Registry::load_environment() {
+  // A tuned configuration (`proxyep tune`) first, under everything set explicitly.
+  if (const char* path = std::getenv(kConfigFileVariable))
+    load_text(read_config_file(path), path, /*defaults_only=*/true);
   std::vector<std::pair<ParamBase*, std::string>> values;
   for (auto* param : all())
     if (const char* value = std::getenv(param->env_name().c_str()))
@@ -372,7 +381,7 @@ void Registry::load_environment() {
     std::string_view var(*entry);
     if (var.rfind("PROXYEP_", 0) != 0) continue;
     auto name = var.substr(0, var.find('='));
-    if (!find(name))
+    if (name != kConfigFileVariable && !find(name))
       log::warn("environment variable {} is not a ProxyEP parameter (ignored)", name);
   }
   set_all(values, Source::environment);
@@ -386,13 +395,10 @@ void Registry::ensure_environment_loaded() {
 }
 
 void Registry::load_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  require(in.good(), "config", "cannot open config file '{}'", path);
-  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  load_text(text, path);
+  load_text(read_config_file(path), path);
 }
 
-void Registry::load_text(std::string_view text, const std::string& origin) {
+void Registry::load_text(std::string_view text, const std::string& origin, bool defaults_only) {
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text.begin(), text.end());
@@ -403,7 +409,9 @@ void Registry::load_text(std::string_view text, const std::string& origin) {
   std::vector<std::pair<ParamBase*, std::string>> values;
   for (auto& [name, value] : doc.items()) {
     std::string value_text = value.is_string() ? value.get<std::string>() : value.dump();
-    values.emplace_back(&at(name), std::move(value_text));
+    ParamBase& param = at(name);
+    if (defaults_only && param.source() != Source::default_value) continue;
+    values.emplace_back(&param, std::move(value_text));
   }
   set_all(values, Source::config_file);
 }

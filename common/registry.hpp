@@ -139,8 +139,11 @@ class Registry {
 
   void set(std::string_view name, std::string_view text, Source source);
   // Reads PROXYEP_<NAME> for every parameter; warns about PROXYEP_* variables nobody declared.
-  // Every invalid value is named in one Error (after the valid ones are stored).
+  // Every invalid value is named in one Error (after the valid ones are stored). Before them,
+  // the config file PROXYEP_CONFIG names (what `proxyep tune` writes), for the parameters still
+  // at their defaults: a file of tuned values under anything set explicitly.
   void load_environment();
+  static constexpr const char* kConfigFileVariable = "PROXYEP_CONFIG";
   // Loads once per process, on the first Param::get(); entry points may call it earlier to
   // surface malformed values before any work starts.
   void ensure_environment_loaded();
@@ -148,7 +151,8 @@ class Registry {
   // entry is named in one Error (after the valid ones are stored).
   void load_file(const std::string& path);
   // The same from a config file's text (what load_file reads); `origin` names it in errors.
-  void load_text(std::string_view text, const std::string& origin);
+  // `defaults_only`: parameters already set from another source keep their value.
+  void load_text(std::string_view text, const std::string& origin, bool defaults_only = false);
   nlohmann::json to_json() const;
   void reset_all();
 

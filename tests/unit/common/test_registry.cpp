@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <fstream>
 
+#include <unistd.h>
+
 using namespace proxyep;
 using config::Registry;
 using config::Source;
@@ -127,6 +129,38 @@ TEST_CASE("environment variables feed the registry") {
   ::unsetenv("PROXYEP_FABRIC_RAILS");
   CHECK(params::fabric_rails.get() == 4);
   CHECK(Registry::global().at("fabric.rails").source() == Source::environment);
+}
+
+TEST_CASE("PROXYEP_CONFIG's file fills what nothing else set, and variables win over it") {
+  ResetRegistry reset;
+  char path[] = "/tmp/proxyep-test-config-XXXXXX";
+  const int fd = ::mkstemp(path);
+  REQUIRE(fd >= 0);
+  ::close(fd);
+  std::ofstream(path) << R"({"fabric.rails": 3, "fabric.cq_batch": 16, "ep.chunk_bytes": 65536})";
+  params::ep_chunk_bytes.set(8192, Source::command_line);  // --set: kept
+  ::setenv("PROXYEP_CONFIG", path, 1);
+  ::setenv("PROXYEP_FABRIC_CQ_BATCH", "32", 1);  // a variable: wins over the file
+  Registry::global().load_environment();
+  ::unsetenv("PROXYEP_CONFIG");
+  ::unsetenv("PROXYEP_FABRIC_CQ_BATCH");
+  CHECK(params::fabric_rails.get() == 3);
+  CHECK(Registry::global().at("fabric.rails").source() == Source::config_file);
+  CHECK(params::fabric_cq_batch.get() == 32);
+  CHECK(Registry::global().at("fabric.cq_batch").source() == Source::environment);
+  CHECK(params::ep_chunk_bytes.get() == 8192);
+  CHECK(Registry::global().at("ep.chunk_bytes").source() == Source::command_line);
+  std::remove(path);
+  // A file that is not there is an error naming it.
+  ResetRegistry again;
+  ::setenv("PROXYEP_CONFIG", path, 1);
+  try {
+    Registry::global().load_environment();
+    FAIL("a missing PROXYEP_CONFIG file was accepted");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find(path) != std::string::npos);
+  }
+  ::unsetenv("PROXYEP_CONFIG");
 }
 
 TEST_CASE("config files are JSON objects of name: value") {
