@@ -25,11 +25,27 @@ for pkg in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
   [[ "$status" == "install ok installed" ]] || missing+=("$pkg")
 done
-[[ ${#missing[@]} -eq 0 ]] && exit 0
+# Node.js and npm for tests/deploy/validate_k8s.mjs (the Kubernetes manifests of deploy/). Checked
+# by command, not by package: an image may carry NodeSource's nodejs, which bundles npm and
+# conflicts with Debian's npm package.
+command -v node >/dev/null && command -v npm >/dev/null || missing+=(nodejs npm)
 
-echo "install-deps: installing ${missing[*]}" >&2
-sudo=""
-[[ $(id -u) -eq 0 ]] || sudo="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+if [[ ${#missing[@]} -ne 0 ]]; then
+  echo "install-deps: installing ${missing[*]}" >&2
+  sudo=""
+  [[ $(id -u) -eq 0 ]] || sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The npm packages of tests/deploy (yaml, kubernetes-models), exactly as package-lock.json pins
+# them; again only when node_modules is missing or older than the lock file (npm ci writes
+# node_modules/.package-lock.json last, so it marks a complete install).
+deploy_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/deploy"
+stamp="$deploy_tests/node_modules/.package-lock.json"
+if [[ -f "$deploy_tests/package-lock.json" &&
+      ( ! -f "$stamp" || "$deploy_tests/package-lock.json" -nt "$stamp" ) ]]; then
+  echo "install-deps: npm ci --prefix tests/deploy" >&2
+  npm ci --prefix "$deploy_tests" --no-audit --no-fund --loglevel=error >/dev/null
+fi
