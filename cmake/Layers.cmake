@@ -2,7 +2,8 @@
 #   proxyep_common <- proxyep_fabric, proxyep_gpu_side <- proxyep_control <- proxyep_proxy
 #   <- proxyep_integrations <- tools (the proxyep executable, proxyep_ep_bench)
 # (control links common only; proxy links control, fabric and gpu_side; proxyep_metrics links
-# common only, and integrations links it beside proxy.)
+# common only, and integrations links it beside proxy. proxyep_daemon, the node daemon proxyepd,
+# sits beside integrations on proxy and metrics; tools link it for proxyepd and `proxyep status`.)
 #
 # Includes stay rooted at the repository ("fabric/fabric.hpp"), but no target is given the
 # repository root. Folder F gets an include root of its own, ${PROXYEP_INCLUDE_ROOTS}/F, holding

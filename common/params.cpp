@@ -184,10 +184,55 @@ Param<std::string> ep_send_from_x{"ep.send_from_x", "auto", one_of({"auto", "off
 Param<int64_t> metrics_port{"metrics.port", -1, in_range(-1, 65535),
     "serve Prometheus metrics over HTTP (GET /metrics) from every Buffer: -1 = off; 0 = any free "
     "port (logged at info level, and Buffer.metrics_port); N = port N + the rank's LOCAL_RANK, so "
-    "that the ranks of one host do not collide"};
+    "that the ranks of one host do not collide (proxyepd serves on N itself)"};
 Param<std::string> metrics_address{"metrics.address", "127.0.0.1", host_or_empty(),
     "the IPv4 address the metrics endpoint listens on (127.0.0.1: this host only; 0.0.0.0: every "
     "interface, for a Prometheus server elsewhere)"};
+
+// daemon.* : proxyepd, the per-node proxy daemon (daemon/, docs/DAEMON.md)
+Param<std::string> daemon_socket{"daemon.socket", "/run/proxyep/proxyepd.sock",
+    config::matching("an absolute path of at most 107 bytes (a Unix socket's limit)",
+        [](const std::string& path) {
+          return path.empty() || path.front() != '/' || path.size() > 107 || path.back() == '/'
+                     ? std::string("must be an absolute file path of at most 107 bytes")
+                     : std::string();
+        }),
+    "the Unix socket proxyepd serves and `proxyep status` asks; its directory is created (mode "
+    "0750) when missing"};
+Param<std::string> daemon_socket_mode{"daemon.socket_mode", "0660",
+    config::matching("octal permission bits, 0000..0777", [](const std::string& mode) {
+      bool octal = !mode.empty() && mode.size() <= 4 &&
+                   mode.find_first_not_of("01234567") == std::string::npos;
+      if (octal && std::stoi(mode, nullptr, 8) <= 0777) return std::string();
+      return std::string("must be octal, 0000..0777");
+    }),
+    "permission bits of proxyepd's socket file (who may connect at all; the peer-credential "
+    "check of daemon.allow_uids / daemon.allow_gids comes after)"};
+Param<int64_t> daemon_io_timeout_ms{"daemon.io_timeout_ms", 5000, in_range(10, kDayMs),
+    "proxyepd drops a client that has not sent its hello, or not taken the answer, within this "
+    "time; a stalled client never blocks the daemon"};
+Param<int64_t> daemon_drain_timeout_ms{"daemon.drain_timeout_ms", 10000, in_range(0, kDayMs),
+    "on SIGTERM/SIGINT proxyepd stops accepting at once and gives the connections in progress "
+    "this long to finish, then exits 0"};
+Param<std::string> daemon_allow_uids{"daemon.allow_uids", "",
+    config::matching("empty, or user ids separated by commas: 0,1000", [](const std::string& ids) {
+      return ids.find_first_not_of("0123456789, ") == std::string::npos
+                 ? std::string()
+                 : std::string("must be numeric user ids separated by commas");
+    }),
+    "user ids proxyepd serves (checked with SO_PEERCRED on every connection); empty = the "
+    "daemon's own uid and root. A client whose uid is not listed is still served when its gid "
+    "is in daemon.allow_gids"};
+Param<std::string> daemon_allow_gids{"daemon.allow_gids", "",
+    config::matching("empty, or group ids separated by commas: 0,27", [](const std::string& ids) {
+      return ids.find_first_not_of("0123456789, ") == std::string::npos
+                 ? std::string()
+                 : std::string("must be numeric group ids separated by commas");
+    }),
+    "primary group ids proxyepd also serves (SO_PEERCRED's gid); empty = none beyond "
+    "daemon.allow_uids"};
+Param<int64_t> daemon_max_connections{"daemon.max_connections", 256, in_range(1, 65536),
+    "connections proxyepd handles at once; more wait in the socket's backlog until one ends"};
 
 // tools/ (the local launcher, tools/launcher.hpp)
 Param<int64_t> launch_max_ranks{"launch.max_ranks", 256, in_range(1, 65536),

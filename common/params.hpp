@@ -58,6 +58,15 @@ extern Param<std::string> ep_send_from_x;
 extern Param<int64_t> metrics_port;
 extern Param<std::string> metrics_address;
 
+// daemon.* : proxyepd, the per-node proxy daemon (daemon/, docs/DAEMON.md)
+extern Param<std::string> daemon_socket;
+extern Param<std::string> daemon_socket_mode;
+extern Param<int64_t> daemon_io_timeout_ms;
+extern Param<int64_t> daemon_drain_timeout_ms;
+extern Param<std::string> daemon_allow_uids;
+extern Param<std::string> daemon_allow_gids;
+extern Param<int64_t> daemon_max_connections;
+
 // launch.* : the local launcher (tools/launcher.hpp)
 extern Param<int64_t> launch_max_ranks;
 

@@ -91,10 +91,14 @@ sees metrics common/error.hpp
 sees integrations integrations/buffer.hpp
 sees integrations proxy/node_memory.hpp
 sees integrations metrics/metrics_sink.hpp
+sees daemon daemon/daemon.hpp
+sees daemon proxy/session.hpp
+sees daemon metrics/metrics_exporter.hpp
 
 # ... and nothing above or beside it.
 for header in fabric/fabric.hpp gpu_side/ring.hpp control/bootstrap.hpp proxy/proxy_engine.hpp \
-              metrics/metrics_sink.hpp integrations/buffer.hpp tools/commands.hpp tests/unit/fabric/fabric_pair.hpp; do
+              metrics/metrics_sink.hpp integrations/buffer.hpp daemon/daemon.hpp \
+              tools/commands.hpp tests/unit/fabric/fabric_pair.hpp; do
   blind common "$header"
 done
 blind fabric control/bootstrap.hpp
@@ -113,10 +117,15 @@ blind metrics proxy/proxy_engine.hpp
 blind metrics integrations/buffer.hpp
 blind proxy tests/unit/proxy/proxy_pair.hpp
 blind integrations tools/commands.hpp
+blind integrations daemon/daemon.hpp
+blind proxy daemon/handshake.hpp
+blind metrics daemon/daemon_stats.hpp
+blind daemon integrations/buffer.hpp
+blind daemon tools/commands.hpp
 
 # No layer includes through "../".
 escapes=$(cd "$repo" && grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"[^"]*\.\./' \
-            common fabric gpu_side control proxy metrics integrations tools || true)
+            common fabric gpu_side control proxy metrics integrations daemon tools || true)
 if [[ -n "$escapes" ]]; then
   fail "includes through ../ escape the include roots:"
   echo "$escapes" | sed 's/^/    /'

@@ -4,6 +4,7 @@
 #include "common/log.hpp"
 #include "common/registry.hpp"
 #include "tools/commands.hpp"
+#include "tools/load_parameters.hpp"
 #include "tools/self_launch.hpp"
 
 #include <fmt/format.h>
@@ -35,30 +36,6 @@ std::optional<std::string> unknown_command(CLI::App& app) {
                      fmt::join(names, ", "));
 }
 
-// The config file, --set and the environment, in that order; every invalid value of every
-// source is named before the command runs (each source lists all of its own).
-void load_parameters(const std::string& config_file, const std::vector<std::string>& overrides) {
-  auto& registry = config::Registry::global();
-  std::vector<std::string> problems;
-  auto attempt = [&](auto&& step) {
-    try {
-      step();
-    } catch (const Error& e) {
-      problems.push_back(e.message());
-    }
-  };
-  if (!config_file.empty()) attempt([&] { registry.load_file(config_file); });
-  for (const auto& item : overrides) {
-    attempt([&] {
-      auto eq = item.find('=');
-      require(eq != std::string::npos, "config", "--set expects name=value, got '{}'", item);
-      registry.set(item.substr(0, eq), item.substr(eq + 1), config::Source::command_line);
-    });
-  }
-  attempt([&] { registry.ensure_environment_loaded(); });
-  if (!problems.empty()) fail("config", "{}", fmt::join(problems, "; "));
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -76,6 +53,7 @@ int main(int argc, char** argv) {
   tools::register_info(app, action);
   tools::register_launch(app, action);
   tools::register_bench(app, action);
+  tools::register_status(app, action);
 
   try {
     app.parse(argc, argv);
@@ -87,7 +65,7 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    load_parameters(config_file, overrides);
+    tools::load_parameters(config_file, overrides);
     return action ? action() : 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "proxyep: error: %s\n", e.what());
