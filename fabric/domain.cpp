@@ -31,11 +31,27 @@ uint64_t DomainContext::requested_key() {
   const int bits = key_bits();
   const uint64_t mask = bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
   std::lock_guard lock(keys_mutex_);
-  // Tiny key spaces (a byte or two) can run out; 64-bit ones never collide in practice.
-  for (int attempt = 0; attempt < 1000; ++attempt) {
-    uint64_t key = secure_random_u64() & mask;
-    if (key == 0 || key == mask || key == FI_KEY_NOTAVAIL) continue;
-    if (keys_.insert(key).second) return key;
+  auto usable = [&](uint64_t key) {
+    return key != 0 && key != mask && key != FI_KEY_NOTAVAIL && !keys_.contains(key);
+  };
+  // Random keys first (a stale writer cannot guess the next one); 64-bit spaces never collide
+  // in practice.
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    const uint64_t key = secure_random_u64() & mask;
+    if (!usable(key)) continue;
+    keys_.insert(key);
+    return key;
+  }
+  // A nearly full small space (a byte or two) would make random tries miss its last free keys
+  // now and then: walk it from a random start instead, so it runs out only when it is full.
+  if (bits <= 24) {
+    const uint64_t start = secure_random_u64() & mask;
+    for (uint64_t i = 0; i <= mask; ++i) {
+      const uint64_t key = (start + i) & mask;
+      if (!usable(key)) continue;
+      keys_.insert(key);
+      return key;
+    }
   }
   fail("fabric.register",
        "no unused memory key left on {} {}: the provider's keys are {} bits and this domain has "

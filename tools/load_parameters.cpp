@@ -27,8 +27,8 @@ void load_parameters(const std::string& config_file, const std::vector<std::stri
       registry.set(item.substr(0, eq), item.substr(eq + 1), config::Source::command_line);
     });
   }
-  for (const auto& [name, value] : shorthands)
-    attempt([&] { registry.set(name, value, config::Source::command_line); });
+  for (const auto& item : shorthands)  // (Clang 14 cannot capture structured bindings)
+    attempt([&] { registry.set(item.first, item.second, config::Source::command_line); });
   attempt([&] { registry.ensure_environment_loaded(); });
   if (!problems.empty()) fail("config", "{}", fmt::join(problems, "; "));
 }
