@@ -121,14 +121,11 @@ void collect_proxy(MetricsSink& sink, const proxy::Session& session) {
                  static_cast<double>(s.descriptors));
     sink.counter("proxyep_proxy_writes_posted_total", "Writes the provider accepted", thread,
                  static_cast<double>(s.posted));
-    sink.counter("proxyep_proxy_completions_total",
-                 "Completions: of this rank's writes (local) and of peers' writes here (remote)",
-                 {{"thread", std::to_string(t)}, {"side", "local"}},
-                 static_cast<double>(s.completed));
-    sink.counter("proxyep_proxy_completions_total",
-                 "Completions: of this rank's writes (local) and of peers' writes here (remote)",
-                 {{"thread", std::to_string(t)}, {"side", "remote"}},
-                 static_cast<double>(s.remote));
+    for (const auto& [side, count] :
+         {std::pair{"local", s.completed}, std::pair{"remote", s.remote}})
+      sink.counter("proxyep_proxy_completions_total",
+                   "Completions: of this rank's writes (local) and of peers' writes here (remote)",
+                   {{"thread", std::to_string(t)}, {"side", side}}, static_cast<double>(count));
     sink.gauge("proxyep_proxy_writes_in_flight", "Writes posted and not yet completed", thread,
                static_cast<double>(s.posted - std::min(s.posted, s.completed)));
     sink.counter("proxyep_proxy_backlogged_writes_total",

@@ -154,13 +154,19 @@ class ProxyThread {
   bool pass();
   // pass(), its time counted as busy when it did work.
   bool timed_pass();
-  void note_posted(const PendingWrite& write, int64_t now_ns);
+  // A write the provider accepted: counted (posted, bytes).
+  void count_posted(const PendingWrite& write) {
+    bump(counters_.posted);
+    bump(counters_.bytes_posted, write.op.length);
+  }
   bool keep_awake() const;  // with pass_lock_ held
   bool drain_completions();
   void on_local_completion(const fabric::Completion& completion);
   bool post_backlog();
   bool pop_and_post(size_t lane_index);
-  void admit(size_t lane_index, uint64_t position, const gpu_side::WireDescriptor& wire);
+  // `now`: when the burst was popped (one clock read per burst; its writes post right after).
+  void admit(size_t lane_index, uint64_t position, const gpu_side::WireDescriptor& wire,
+             Clock::time_point now);
   void post_ready();
   // The destination of the write with `cookie` (a transport's failed write), or -1. With peer
   // failures tolerated, the write is also finished (credits back, position retired).

@@ -97,7 +97,12 @@ bool ProxyThread::post_backlog() {
         return worked;  // the provider is busy: completions first, then retry
       }
       if (status == Status::ok) {
-        note_posted(write, now_ns);
+        count_posted(write);
+        // Its latency counts from now, not from when it waited its turn (admit()'s stamp).
+        const auto lane_index = static_cast<size_t>(write.op.cookie >> kCookiePositionBits);
+        RingLane& lane = *lanes_[lane_index];
+        if (RingLane::Entry* entry = lane.find(lane.expand(write.op.cookie, kCookiePositionBits)))
+          entry->posted_ns = now_ns;
       } else {
         credits_.release(dst, write.op.length);
         finish_unposted(write, rail.last_error());
@@ -109,32 +114,24 @@ bool ProxyThread::post_backlog() {
   return worked;
 }
 
-void ProxyThread::note_posted(const PendingWrite& write, int64_t now_ns) {
-  bump(counters_.posted);
-  bump(counters_.bytes_posted, write.op.length);
-  const auto lane_index = static_cast<size_t>(write.op.cookie >> kCookiePositionBits);
-  RingLane& lane = *lanes_[lane_index];
-  if (RingLane::Entry* entry = lane.find(lane.expand(write.op.cookie, kCookiePositionBits)))
-    entry->posted_ns = now_ns;
-}
-
 bool ProxyThread::pop_and_post(size_t lane_index) {
   RingLane& lane = *lanes_[lane_index];
   size_t count = lane.pop(burst_);
   if (count == 0) return false;
   uint64_t first = lane.next_position() - count;
   bump(counters_.descriptors, count);
+  const auto now = Clock::now();
   ready_.clear();
   for (size_t i = 0; i < count; ++i)
-    admit(lane_index, first + i, burst_[i]);
+    admit(lane_index, first + i, burst_[i], now);
   post_ready();
   return true;
 }
 
 // Decodes, validates and translates one popped descriptor; it then either needs no write (its
 // position finishes at once), is ready to post with this burst, or waits in the backlog.
-void ProxyThread::admit(size_t lane_index, uint64_t position,
-                        const gpu_side::WireDescriptor& wire) {
+void ProxyThread::admit(size_t lane_index, uint64_t position, const gpu_side::WireDescriptor& wire,
+                        Clock::time_point now) {
   RingLane& lane = *lanes_[lane_index];
   gpu_side::Descriptor d;
   gpu_side::DecodeResult decoded = gpu_side::decode(wire, d);
@@ -175,8 +172,8 @@ void ProxyThread::admit(size_t lane_index, uint64_t position,
   }
   write.op.imm = d.imm;
   write.op.cookie = make_cookie(lane_index, position);
-  if (credits_.at(dst).idle() && !backlog_.has(dst)) touch(dst, Clock::now());
-  lane.track(position, dst, d.length);
+  if (credits_.at(dst).idle() && !backlog_.has(dst)) touch(dst, now);
+  lane.track(position, dst, d.length, ns_of(now));
   if (backlog_.has(dst) || credits_.acquire(dst, d.length) != Status::ok) {
     backlog_.push_back(write);
     bump(counters_.backlogged);
@@ -188,7 +185,6 @@ void ProxyThread::admit(size_t lane_index, uint64_t position,
 // Posts the writes admitted from one burst: FI_MORE on all but the last write of each rail, so
 // the provider may ring the NIC's doorbell once per burst.
 void ProxyThread::post_ready() {
-  const int64_t now_ns = ready_.empty() ? 0 : ns_of(Clock::now());
   for (size_t i = 0; i < ready_.size(); ++i) {
     PendingWrite& write = ready_[i];
     write.op.more = false;
@@ -197,7 +193,7 @@ void ProxyThread::post_ready() {
     fabric::Transport& rail = fabric_.rail(write.rail);
     Status status = rail.write(write.op);
     if (status == Status::ok) {
-      note_posted(write, now_ns);
+      count_posted(write);
       continue;
     }
     if (status == Status::again) {

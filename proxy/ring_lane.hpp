@@ -69,9 +69,10 @@ class RingLane {
   }
   uint64_t next_position() const { return consumer_.position(); }
 
-  // Marks `position` (just popped) in flight with a write of `bytes` to `dst`.
-  void track(uint64_t position, int dst, uint64_t bytes) {
-    entries_[position & mask_] = Entry{position, bytes, dst, true};
+  // Marks `position` (just popped) in flight with a write of `bytes` to `dst`, about to be
+  // posted at `posted_ns` (a write that waits in the backlog is stamped again when it posts).
+  void track(uint64_t position, int dst, uint64_t bytes, int64_t posted_ns) {
+    entries_[position & mask_] = Entry{position, bytes, dst, true, posted_ns};
   }
   // The entry of a position in flight; null when there is none (a stray cookie).
   Entry* find(uint64_t position) {
