@@ -110,6 +110,10 @@ Param<int64_t> proxy_threads{"proxy.threads", 0, in_range(0, 256),
     "proxy threads per rank; 0 = one per NIC (libfabric domain), at most cores - 1. Rails that "
     "share a domain are driven by one thread (FI_THREAD_DOMAIN), so more threads than domains "
     "are not started"};
+Param<std::string> proxy_mode{"proxy.mode", "in-process", one_of({"in-process", "daemon"}),
+    "where the proxy threads of ranks on several nodes run: in-process (each rank runs its own) "
+    "or daemon (this node's proxyepd at daemon.socket serves every local rank; every rank of a "
+    "job must use the same mode)"};
 Param<bool> proxy_pin{"proxy.pin", true,
     "pin each proxy thread to the cores nearest its NIC (hwloc), or to proxy.cpus"};
 Param<std::string> proxy_cpus{"proxy.cpus", "", cpu_list_or_empty(),
@@ -197,8 +201,10 @@ Param<std::string> daemon_socket{"daemon.socket", "/run/proxyep/proxyepd.sock",
                      ? std::string("must be an absolute file path of at most 107 bytes")
                      : std::string();
         }),
-    "the Unix socket proxyepd serves and `proxyep status` asks; its directory is created (mode "
-    "0750) when missing"};
+    "the Unix socket proxyepd serves, `proxyep status` asks and ranks with proxy.mode daemon "
+    "attach to; its directory is created (mode 0750) when missing. For ranks, \"{node}\" in the "
+    "path becomes the node's index (rank / ranks per node), so emulated nodes on one machine "
+    "each reach their own daemon"};
 Param<std::string> daemon_socket_mode{"daemon.socket_mode", "0660",
     config::matching("octal permission bits, 0000..0777", [](const std::string& mode) {
       bool octal = !mode.empty() && mode.size() <= 4 &&

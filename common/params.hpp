@@ -33,6 +33,7 @@ extern Param<std::string> log_level;
 
 // proxy/
 extern Param<int64_t> proxy_threads;
+extern Param<std::string> proxy_mode;
 extern Param<bool> proxy_pin;
 extern Param<std::string> proxy_cpus;
 extern Param<int64_t> proxy_burst;

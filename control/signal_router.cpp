@@ -65,7 +65,14 @@ void SignalRouter::set_control_handler(ControlHandler handler) {
   control_ = std::move(handler);
 }
 
+void SignalRouter::relay_to(ImmRelay& relay) {
+  require(relay_ == nullptr, "control.signal_router", "a relay is already set");
+  relay_ = &relay;
+}
+
 Status SignalRouter::route(uint32_t raw) {
+  if (relay_ != nullptr)
+    return relay_->relay(raw) == Status::ok ? Status::ok : note(raw, relay_->last_error());
   imm::Decoded d = imm::decode(raw);
   switch (d.op()) {
     case imm::Op::counter: {

@@ -27,6 +27,17 @@
 
 namespace proxyep::control {
 
+// Where a router hands every immediate undecoded: the node daemon's proxy relays a client's
+// immediates to that client's process, whose own router decodes them (proxy/signal_relay.hpp).
+// relay() is called from any number of proxy threads at once.
+class ImmRelay {
+ public:
+  virtual ~ImmRelay() = default;
+  // Status::error when the immediate cannot be passed on; last_error() says why.
+  [[nodiscard]] virtual Status relay(uint32_t imm) = 0;
+  virtual std::string last_error() const = 0;
+};
+
 class SignalRouter {
  public:
   using ControlHandler = std::function<Status(uint32_t epoch_tag, uint32_t payload)>;
@@ -38,6 +49,9 @@ class SignalRouter {
   void attach_stream(uint32_t stream, SequenceWindow& window);
   void attach_credits(uint32_t stream, SenderCredits& credits);
   void set_control_handler(ControlHandler handler);
+  // Setup: every immediate goes to `relay` as it is, nothing attached here is used (the relay
+  // must outlive the router's use).
+  void relay_to(ImmRelay& relay);
 
   // Dispatches one immediate. Status::error when nothing is attached for it or the target
   // rejects it.
@@ -52,6 +66,7 @@ class SignalRouter {
  private:
   Status note(uint32_t imm, const std::string& what);
 
+  ImmRelay* relay_ = nullptr;
   CounterBank* counters_ = nullptr;
   std::vector<SequenceWindow*> streams_;  // by stream id, imm::kMaxStreams entries
   std::vector<SenderCredits*> credits_;   // by stream id, imm::kMaxStreams entries

@@ -50,11 +50,11 @@ ClientConnection::Read ClientConnection::read_hello(nlohmann::json& message, std
   }
   decoder_.feed({buffer.data(), static_cast<size_t>(n)});
   switch (decoder_.next(message, problem)) {
-    case FrameDecoder::Result::need_more:
+    case control::FrameDecoder::Result::need_more:
       return Read::nothing;
-    case FrameDecoder::Result::frame:
+    case control::FrameDecoder::Result::frame:
       return Read::message;
-    case FrameDecoder::Result::error:
+    case control::FrameDecoder::Result::error:
       problem_ = problem;
       return Read::bad_frame;
   }
@@ -62,7 +62,7 @@ ClientConnection::Read ClientConnection::read_hello(nlohmann::json& message, std
 }
 
 void ClientConnection::reply(const nlohmann::json& message) {
-  outbox_ += encode_frame(message);
+  outbox_ += control::encode_frame(message);
   if (stage_ == Stage::hello) {
     stage_ = Stage::replying;
     deadline_ = Deadline(io_timeout_);

@@ -12,9 +12,9 @@
 #pragma once
 
 #include "common/deadline.hpp"
+#include "control/daemon_frames.hpp"
 #include "control/tcp_socket.hpp"
 #include "daemon/access_policy.hpp"
-#include "daemon/frame_codec.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -51,6 +51,12 @@ class ClientConnection {
   void pump();
   // Ends the connection now (deadline passed, daemon stopping).
   void drop() noexcept;
+  // Hands the socket over (an attach hello: the connection becomes an AttachedClient); the
+  // connection is done.
+  control::Socket take_socket() {
+    stage_ = Stage::done;
+    return std::move(socket_);
+  }
 
   // Why the connection ended early, if it did ("" otherwise): for the daemon's log.
   const std::string& problem() const { return problem_; }
@@ -64,7 +70,7 @@ class ClientConnection {
   std::chrono::milliseconds io_timeout_;
   Deadline deadline_;
   Stage stage_ = Stage::hello;
-  FrameDecoder decoder_;
+  control::FrameDecoder decoder_;
   std::string outbox_;
   size_t sent_ = 0;
   std::string problem_;

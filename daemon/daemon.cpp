@@ -4,8 +4,8 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "control/daemon_handshake.hpp"
 #include "daemon/daemon_metrics.hpp"
-#include "daemon/handshake.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -16,6 +16,13 @@
 #include <cstring>
 
 namespace proxyep::daemon {
+
+namespace {
+
+constexpr std::chrono::milliseconds kSetupTick{1};
+constexpr std::chrono::milliseconds kRunningTick{20};
+
+}  // namespace
 
 Daemon::Daemon(DaemonOptions options)
     : options_(std::move(options)), stats_(std::make_shared<DaemonStats>()) {
@@ -38,6 +45,7 @@ Daemon::Daemon(DaemonOptions options)
 }
 
 Daemon::~Daemon() {
+  attached_.clear();
   clients_.clear();
   exporter_.reset();  // joins the HTTP thread before the signal mask is restored
   listener_.close();
@@ -52,19 +60,22 @@ void Daemon::request_drain() noexcept {
 
 void Daemon::run() {
   log::info("proxyepd: serving {} (pid {}; serves {}; protocol version {})", options_.socket_path,
-            stats_->pid, options_.access.describe(), kProtocolVersion);
+            stats_->pid, options_.access.describe(), control::kProtocolVersion);
   while (!finished())
     poll_once();
-  if (!clients_.empty()) {
+  if (!clients_.empty() || !attached_.empty()) {
     log::warn("proxyepd: the drain deadline ({} ms) passed: dropping {} connection(s)",
-              options_.drain_timeout.count(), clients_.size());
+              options_.drain_timeout.count(), clients_.size() + attached_.size());
+    for (auto& client : attached_)
+      client->end("daemon.drain", "proxyepd is shutting down (its drain deadline passed)");
+    attached_.clear();
     clients_.clear();
   }
   log::info("proxyepd: drained, exiting");
 }
 
 bool Daemon::finished() const {
-  return drain_deadline_ && (clients_.empty() || drain_deadline_->expired());
+  return drain_deadline_ && ((clients_.empty() && attached_.empty()) || drain_deadline_->expired());
 }
 
 std::string Daemon::metrics_url() const {
@@ -80,6 +91,10 @@ void Daemon::poll_once() {
   const size_t client_count = clients_.size();
   for (const auto& client : clients_)
     fds.push_back({client->fd(), client->poll_events(), 0});
+  const size_t first_attached = fds.size();
+  const size_t attached_count = attached_.size();
+  for (const auto& client : attached_)
+    fds.push_back({client->fd(), POLLIN, 0});
   const bool accepting = listener_.listening() &&
                          client_count < static_cast<size_t>(options_.max_connections) &&
                          Deadline::Clock::now() >= accept_paused_until_;
@@ -92,6 +107,9 @@ void Daemon::poll_once() {
   take_stop_requests(fds[0].revents != 0, signals_ && fds[1].revents != 0);
   for (size_t i = 0; i < client_count; ++i)
     if (fds[first_client + i].revents != 0) service(*clients_[i], fds[first_client + i].revents);
+  for (size_t i = 0; i < attached_count; ++i)
+    if (fds[first_attached + i].revents != 0) attached_[i]->on_readable();
+  tend_attached();
   // After the clients: accepting appends to clients_, and the loop above indexes it.
   if (accepting && listener_.listening() && (fds.back().revents & POLLIN)) accept_pending();
   expire_deadlines();
@@ -105,11 +123,25 @@ int Daemon::poll_timeout_ms() const {
     consider(client->deadline().end());
   if (drain_deadline_) consider(drain_deadline_->end());
   if (accept_paused_until_ > Deadline::Clock::now()) consider(accept_paused_until_);
+  // Attached clients: their fabric is progressed here while they set up (their peers' connection
+  // requests), and a proxy failure is noticed within a tick once they run.
+  for (const auto& client : attached_)
+    consider(Deadline::Clock::now() + (client->in_setup() ? kSetupTick : kRunningTick));
   if (!next) return -1;
   // Rounded up: waking a little late is fine, waking early spins until the deadline.
   const auto left = *next - Deadline::Clock::now();
   return static_cast<int>(
       std::max<int64_t>(std::chrono::ceil<std::chrono::milliseconds>(left).count(), 0));
+}
+
+void Daemon::tend_attached() {
+  uint64_t running = 0;
+  for (auto& client : attached_) {
+    client->tick();
+    running += client->running() ? 1 : 0;
+  }
+  std::erase_if(attached_, [](const auto& client) { return client->done(); });
+  stats_->clients_attached.store(running, std::memory_order_relaxed);
 }
 
 void Daemon::take_stop_requests(bool wake_ready, bool signal_ready) {

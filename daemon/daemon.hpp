@@ -17,6 +17,7 @@
 // thread, or a signal handler (an atomic store and an eventfd write).
 #pragma once
 
+#include "daemon/attached_client.hpp"
 #include "daemon/client_connection.hpp"
 #include "daemon/daemon_options.hpp"
 #include "daemon/daemon_stats.hpp"
@@ -63,6 +64,11 @@ class Daemon {
   void admit(control::Socket socket);
   void service(ClientConnection& client, short revents);
   void on_hello(ClientConnection& client, const nlohmann::json& message);
+  // "" when `client` may connect to `group` (isolation between jobs, served_rank.hpp).
+  std::string check_group(const AttachedClient& client,
+                          const std::vector<fabric::Bytes>& group) const;
+  // Turns of the loop for attached clients: setup progress, failures, the gauge.
+  void tend_attached();
 
   DaemonOptions options_;
   std::shared_ptr<DaemonStats> stats_;  // shared with the metrics callback
@@ -72,6 +78,7 @@ class Daemon {
   UnixListener listener_;
   std::unique_ptr<metrics::MetricsExporter> exporter_;
   std::vector<std::unique_ptr<ClientConnection>> clients_;
+  std::vector<std::unique_ptr<AttachedClient>> attached_;  // ranks this daemon proxies
   std::optional<Deadline> drain_deadline_;
   Deadline::Clock::time_point accept_paused_until_{};  // after EMFILE and the like
 };

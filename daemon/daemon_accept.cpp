@@ -1,8 +1,12 @@
 // Daemon: accepting connections, the peer-credential check and the handshake (daemon.hpp).
 #include "common/log.hpp"
+#include "control/daemon_handshake.hpp"
 #include "daemon/daemon.hpp"
-#include "daemon/handshake.hpp"
 #include "daemon/status_report.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -50,7 +54,7 @@ void Daemon::admit(control::Socket socket) {
   if (const std::string why = options_.access.refusal(*peer); !why.empty()) {
     stats_->refused.fetch_add(1, std::memory_order_relaxed);
     log::warn("proxyepd: refused {}: {}", describe_peer(*peer), why);
-    client->reply(error_message(why));
+    client->reply(control::error_message(why));
     client->pump();
   }
   clients_.push_back(std::move(client));
@@ -74,7 +78,7 @@ void Daemon::service(ClientConnection& client, short revents) {
       case ClientConnection::Read::bad_frame:
         stats_->bad_handshake.fetch_add(1, std::memory_order_relaxed);
         log::warn("proxyepd: bad handshake from {}: {}", describe_peer(client.peer()), problem);
-        client.reply(error_message(problem));
+        client.reply(control::error_message(problem));
         break;
     }
   }
@@ -82,19 +86,55 @@ void Daemon::service(ClientConnection& client, short revents) {
 }
 
 void Daemon::on_hello(ClientConnection& client, const nlohmann::json& message) {
-  const HelloCheck check = check_hello(message);
-  std::string problem = check.problem;
-  if (problem.empty()) problem = unsupported_kind(check.hello->kind);
-  if (!problem.empty()) {
+  const control::HelloCheck check = control::check_hello(message);
+  if (!check.problem.empty()) {
     stats_->bad_handshake.fetch_add(1, std::memory_order_relaxed);
-    log::warn("proxyepd: bad handshake from {}: {}", describe_peer(client.peer()), problem);
-    client.reply(error_message(problem));
+    log::warn("proxyepd: bad handshake from {}: {}", describe_peer(client.peer()), check.problem);
+    client.reply(control::error_message(check.problem));
+    return;
+  }
+  if (check.hello->kind == control::ClientKind::attach) {
+    if (stats_->draining.load(std::memory_order_relaxed)) {
+      client.reply(control::error_message("proxyepd is shutting down: it takes no new clients"));
+      return;
+    }
+    stats_->accepted.fetch_add(1, std::memory_order_relaxed);
+    log::info("proxyepd: {} attaches", describe_peer(client.peer()));
+    auto attached = std::make_unique<AttachedClient>(
+        client.take_socket(), client.peer(),
+        [this](const AttachedClient& who, const std::vector<fabric::Bytes>& group) {
+          return check_group(who, group);
+        });
+    attached->send(control::welcome_message(stats_->pid));
+    attached_.push_back(std::move(attached));
     return;
   }
   stats_->accepted.fetch_add(1, std::memory_order_relaxed);
   log::debug("proxyepd: status for {}", describe_peer(client.peer()));
-  client.reply(welcome_message(stats_->pid));
+  client.reply(control::welcome_message(stats_->pid));
   client.reply(status_report(*stats_, options_.socket_path, metrics_url()));
+}
+
+std::string Daemon::check_group(const AttachedClient& client,
+                                const std::vector<fabric::Bytes>& group) const {
+  // Another client of this daemon named in `group` must be of the same job: either it has not
+  // connected yet, or it connected with this very list. And a client that named this one when
+  // it connected must have used this list too. So a job can only ever reach its own ranks here.
+  const fabric::Bytes own = client.served()->addresses();
+  for (const auto& other : attached_) {
+    if (other.get() == &client || other->served() == nullptr) continue;
+    const ServedRank& rank = *other->served();
+    const bool named = std::find(group.begin(), group.end(), rank.addresses()) != group.end();
+    const bool names_us =
+        std::find(rank.group().begin(), rank.group().end(), own) != rank.group().end();
+    if ((named && !rank.group().empty() && rank.group() != group) ||
+        (names_us && rank.group() != group))
+      return fmt::format(
+          "the address list names the fabric endpoint of {} (rank {} of another job on this "
+          "daemon): a job may only connect to its own ranks",
+          describe_peer(other->peer()), rank.rank());
+  }
+  return "";
 }
 
 }  // namespace proxyep::daemon

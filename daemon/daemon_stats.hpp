@@ -29,7 +29,7 @@ struct DaemonStats {
   std::atomic<uint64_t> accepted{0};
   std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> bad_handshake{0};
-  std::atomic<uint64_t> clients_attached{0};  // always 0 until `attach` exists
+  std::atomic<uint64_t> clients_attached{0};  // ranks whose proxy threads run here
   std::atomic<bool> draining{false};
 
   double uptime_s() const {

@@ -1,6 +1,6 @@
 #include "daemon/status_report.hpp"
 
-#include "daemon/handshake.hpp"
+#include "control/daemon_handshake.hpp"
 
 #include <fmt/chrono.h>
 #include <fmt/format.h>
@@ -18,7 +18,7 @@ nlohmann::json status_report(const DaemonStats& stats, const std::string& socket
   const std::time_t started = static_cast<std::time_t>(started_unix);
   return {
       {"proxyep", "status"},
-      {"version", kProtocolVersion},
+      {"version", control::kProtocolVersion},
       {"build_version", PROXYEP_BUILD_VERSION},
       {"pid", stats.pid},
       {"uid", stats.uid},
@@ -34,7 +34,7 @@ nlohmann::json status_report(const DaemonStats& stats, const std::string& socket
         {"bad_handshake", stats.bad_handshake.load(std::memory_order_relaxed)}}},
       {"draining", stats.draining.load(std::memory_order_relaxed)},
       {"metrics_url", metrics_url.empty() ? nlohmann::json(nullptr) : nlohmann::json(metrics_url)},
-      {"capabilities", daemon_capabilities()},
+      {"capabilities", control::daemon_capabilities()},
   };
 }
 

@@ -2,7 +2,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
-#include "daemon/unix_socket.hpp"
+#include "control/unix_socket.hpp"
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -75,7 +75,7 @@ void clear_path(const std::string& path) {
           "daemon.socket, or remove it yourself)",
           path);
   int error = 0;
-  control::Socket probe = connect_unix(path, Deadline::after_ms(100), error);
+  control::Socket probe = control::connect_unix(path, Deadline::after_ms(100), error);
   if (error == 0 || error == EAGAIN)
     fail(std::string(kPhase), "another proxyepd serves {} (it {} a connection)", path,
          error == 0 ? "accepted" : "has a full backlog and did not refuse");
@@ -103,7 +103,7 @@ UnixListener& UnixListener::operator=(UnixListener&& other) noexcept {
 }
 
 UnixListener UnixListener::open(const std::string& path, mode_t mode) {
-  const UnixAddress address = unix_address(path, std::string(kPhase));
+  const control::UnixAddress address = control::unix_address(path, std::string(kPhase));
   ensure_directory(std::filesystem::path(path).parent_path());
   UnixListener listener;
   listener.lock_ = take_lock(path);

@@ -7,7 +7,8 @@
 //      128                 128              ProducerState  head (fetch-added by every producer, or
 //                                                          stored by the single producer), the
 //                                                          single-producer claim and sync mode
-//      256                 128              ConsumerState  tail, published by the consumer
+//      256                 128              ConsumerState  tail and retired prefix, published by
+//                                                          the consumer
 //      384                 128              SignalState    consumer_sleeping, abandoned
 //      512    64 * capacity              slots          WireDescriptor[capacity]
 //
@@ -24,7 +25,9 @@ namespace proxyep::gpu_side {
 inline constexpr uint32_t kRingMagic = 0x52504550u;  // "PEPR" read as little-endian bytes
 // 2: RingConfig::producer_mode and ProducerState::attached/sync. A version-1 build must not
 // attach: it would fetch-add the head of a single-producer ring behind its producer's back.
-inline constexpr uint32_t kRingLayoutVersion = 2;
+// 3: ConsumerState::retired, which a producer in another process (a client of the node daemon)
+// reads to know when the source of a write may be reused; a version-2 consumer never writes it.
+inline constexpr uint32_t kRingLayoutVersion = 3;
 // Producer and consumer state are kept this far apart, not merely a cache line: Intel's
 // adjacent-line prefetcher pulls lines in 128-byte pairs, so state 64 B apart still false-shares
 // (DPDK's rte_ring pads the same way).
@@ -67,6 +70,12 @@ struct alignas(kFalseSharingRange) ProducerState {
 struct alignas(kFalseSharingRange) ConsumerState {
   uint64_t tail;      // every position below tail has been copied out: its slot is free
   uint32_t attached;  // 1 while a RingConsumer holds the ring (single-consumer guard)
+  uint32_t reserved;
+  // Every descriptor below this position has finished: its write completed locally (or failed),
+  // so the memory it read may be rewritten. Stored (release) by the proxy that drains the ring
+  // (proxy/ring_lane.hpp) as its in-order prefix advances; producers that cannot ask that proxy
+  // directly (another process) load it (acquire).
+  uint64_t retired;
 };
 
 // Read by producers after every publish; written rarely.

@@ -38,6 +38,15 @@ uint64_t align_up(uint64_t value, uint64_t alignment) {
 }
 
 // The session's sizes from the Buffer's options and the ep.* parameters; throws for bad options.
+// The daemon socket of this rank's node: "{node}" in daemon.socket becomes the node's index, so
+// emulated nodes on one machine each reach their own daemon.
+std::string node_socket(std::string path, int node) {
+  const std::string token = "{node}", index = std::to_string(node);
+  for (size_t at = path.find(token); at != std::string::npos; at = path.find(token, at))
+    path.replace(at, token.size(), index);
+  return path;
+}
+
 proxy::SessionConfig session_config(const control::Bootstrap& boot, const BufferOptions& opts,
                                     int ranks_per_node) {
   require(!opts.enable_shrink || opts.low_latency_mode, kPhase,
@@ -79,6 +88,8 @@ proxy::SessionConfig session_config(const control::Bootstrap& boot, const Buffer
   s.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
   config.timeout = std::chrono::milliseconds(params::ep_timeout_ms.get());
   config.tolerate_peer_failures = opts.enable_shrink;
+  if (params::proxy_mode.get() == "daemon")
+    config.daemon_socket = node_socket(params::daemon_socket.get(), boot.rank() / ranks_per_node);
   return config;
 }
 

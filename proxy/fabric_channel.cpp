@@ -12,16 +12,16 @@
 
 namespace proxyep::proxy {
 
-FabricLink::FabricLink(ProxyEngine& engine, gpu_side::RingProducer& producer, size_t ring,
-                       std::byte* staging, control::CounterBank& counters,
-                       std::chrono::milliseconds timeout, bool from_caller)
-    : engine_(engine),
+FabricLink::FabricLink(gpu_side::Ring ring, gpu_side::RingProducer& producer, std::byte* staging,
+                       control::CounterBank& counters, std::chrono::milliseconds timeout,
+                       bool from_caller, CheckDrain check_drain)
+    : ring_(ring),
       producer_(producer),
-      ring_(ring),
       staging_(staging),
       counters_(counters),
       timeout_(timeout),
-      from_caller_(from_caller) {}
+      from_caller_(from_caller),
+      check_drain_(std::move(check_drain)) {}
 
 uint64_t FabricLink::post_from_caller(const std::byte* source, int destination,
                                       uint64_t arena_offset, uint64_t length, uint64_t call,
@@ -47,11 +47,17 @@ uint64_t FabricLink::post_from(uint32_t local_region, uint64_t local_offset, uin
   desc.length = length;
   desc.cookie = call;
   desc.imm = imm;
-  if (producer_.push(desc, Deadline(timeout_)) != Status::ok)
-    fail(std::string(phase),
-         "the descriptor ring stayed full (a write to rank {}): the proxy made no progress "
-         "before the deadline",
-         destination);
+  // The proxy is asked between slices, so a failed one (a dead daemon) fails the push at once.
+  constexpr std::chrono::milliseconds kSlice{50};
+  const Deadline deadline(timeout_);
+  while (producer_.push(desc, Deadline(std::min(kSlice, deadline.remaining()))) != Status::ok) {
+    check_drain_(phase);
+    if (deadline.expired())
+      fail(std::string(phase),
+           "the descriptor ring stayed full (a write to rank {}): the proxy made no progress "
+           "before the deadline",
+           destination);
+  }
   return pushed_++;
 }
 

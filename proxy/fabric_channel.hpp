@@ -34,6 +34,7 @@
 #include "proxy/proxy_engine.hpp"
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -51,9 +52,16 @@ class FabricLink {
   // local source only, and only when from_caller().
   static constexpr uint32_t kCallerMemory = 3;
 
-  // `from_caller`: the engine's region table has kCallerMemory.
-  FabricLink(ProxyEngine& engine, gpu_side::RingProducer& producer, size_t ring, std::byte* staging,
-             control::CounterBank& counters, std::chrono::milliseconds timeout, bool from_caller);
+  // Whoever drains the ring (this process's proxy engine, or the node daemon) throws
+  // proxyep::Error(phase) from it once it has failed; a push that finds the ring full asks it
+  // between short waits, so a dead proxy fails the push at once rather than at the deadline.
+  using CheckDrain = std::function<void(std::string_view phase)>;
+  // `ring`: the ring `producer` pushes into; its header's retired prefix says which writes
+  // completed (gpu_side/ring_layout.hpp). `from_caller`: the proxy's region table has
+  // kCallerMemory.
+  FabricLink(gpu_side::Ring ring, gpu_side::RingProducer& producer, std::byte* staging,
+             control::CounterBank& counters, std::chrono::milliseconds timeout, bool from_caller,
+             CheckDrain check_drain);
 
   // Posts `length` bytes at `staging_offset` to `arena_offset` of `destination`'s arena,
   // carrying `imm`; with length 0 only the immediate (a signal). Returns the write's ring
@@ -78,7 +86,12 @@ class FabricLink {
   // of a write's source (no FI_MR_LOCAL) and ep.send_from_x is not off.
   bool from_caller() const { return from_caller_; }
   // Has the write at ring position `position` completed locally (its staging is free)?
-  bool retired(uint64_t position) const { return engine_.retired(ring_) > position; }
+  bool retired(uint64_t position) const {
+    return gpu_side::atomic(ring_.header().consumer.retired).load(std::memory_order_acquire) >
+           position;
+  }
+  // Descriptors pushed so far (the ring position of the next one).
+  uint64_t pushed() const { return pushed_; }
   std::byte* staging() const { return staging_; }
   control::CounterBank& counters() const { return counters_; }
 
@@ -87,13 +100,13 @@ class FabricLink {
                      int destination, uint64_t remote_offset, uint64_t length, uint64_t call,
                      uint32_t imm, std::string_view phase);
 
-  ProxyEngine& engine_;
+  gpu_side::Ring ring_;
   gpu_side::RingProducer& producer_;
-  size_t ring_;
   std::byte* staging_;
   control::CounterBank& counters_;
   std::chrono::milliseconds timeout_;
   bool from_caller_;
+  CheckDrain check_drain_;
   uint64_t pushed_ = 0;  // descriptors pushed so far = the ring position of the next one
 };
 

@@ -9,6 +9,7 @@
 #include "control/imm_layout.hpp"
 #include "proxy/node_channel.hpp"
 #include "proxy/region_exchange.hpp"
+#include "proxy/session_waits.hpp"
 #include "proxy/thread_cpu.hpp"
 
 #include <fmt/format.h>
@@ -22,81 +23,6 @@ namespace {
 
 constexpr const char* kPhase = "buffer";
 constexpr uint64_t kRingSlots = 4096;
-constexpr uint32_t kSpinsBeforeYield = 64;  // see poll_until()
-constexpr uint32_t kPollsPerClockRead = 256;
-
-// Notices, while a wait polls, that a rank it waits for has left: a node peer's process exited
-// (its channel says so). Reading the clock on every poll cost ~4% of a small call, and kill() is
-// a system call, so it looks every 256th poll, at most every 50 ms.
-class DepartureWatch {
- public:
-  DepartureWatch(InProcessSession& session, const Wait& wait, const control::PeerWatch* peers)
-      : session_(session), wait_(wait), peers_(peers) {}
-
-  // Sticky: the engine's wait may call its predicate again after a true answer.
-  bool departed() {
-    if (!departure_.empty()) return true;
-    // A rank anywhere in the job that died: the bootstrap's liveness (one atomic load).
-    if (peers_ != nullptr)
-      if (auto gone = peers_->failure()) {
-        departure_ = fmt::format("rank {} left the job ({})", gone->rank, gone->reason);
-        return true;
-      }
-    if (++polls_ < kPollsPerClockRead) return false;
-    polls_ = 0;
-    auto now = std::chrono::steady_clock::now();
-    if (now - last_look_ < std::chrono::milliseconds(50)) return false;
-    last_look_ = now;
-    for (int r = 0; r < session_.ranks(); ++r) {
-      if (r == session_.rank() || !wait_.pending(r)) continue;
-      if (auto gone = session_.channel(r).departed()) {
-        departure_ = *gone;
-        return true;
-      }
-    }
-    return false;
-  }
-  // True on the polls where departed() just read the clock (a cheap moment for a deadline).
-  bool looked() const { return polls_ == 0; }
-  const std::string& departure() const { return departure_; }
-
- private:
-  InProcessSession& session_;
-  const Wait& wait_;
-  const control::PeerWatch* peers_;
-  std::string departure_;
-  uint32_t polls_ = 0;
-  std::chrono::steady_clock::time_point last_look_ = std::chrono::steady_clock::now();
-};
-
-// How a wait without a proxy (one node) polls: spin briefly, then yield, then nap.
-// Spin only briefly before yielding: the peer we wait for is often runnable on this very core (a
-// rank woken by our own message is placed next to us), and it runs only when we yield. With a
-// spin of 2000 pauses both ranks of a 2-core machine took ~360 us per call after a barrier
-// instead of ~20 us. Past ~20000 polls, short sleeps keep a long wait off the cores.
-class Poller {
- public:
-  void pause() {
-    if (++polls_ < 20000)
-      backoff_.pause();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-  }
-
- private:
-  Backoff backoff_{kSpinsBeforeYield};
-  uint64_t polls_ = 0;
-};
-
-template <typename Ready, typename Describe>
-void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_timeout,
-                std::string_view phase, const DepartureWatch& watch) {
-  Poller poller;
-  while (!ready()) {
-    if (watch.looked() && deadline.expired()) fail(std::string(phase), "{}", describe_timeout());
-    poller.pause();
-  }
-}
 
 // Whether the landing region is registered: registration pins memory on efa and verbs (the
 // whole region, however little of it outputs use), on tcp, shm and the like it does not.
@@ -180,14 +106,17 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   if (from_caller) s.engine->regions().add_local_address_space(FabricLink::kCallerMemory);
   s.ring_memory =
       std::make_unique<HostMemory>(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
-  auto ring = gpu_side::Ring::create(s.ring_memory->bytes(), kRingSlots);
+  // One producer (this protocol thread), so a push that times out owes the ring nothing and the
+  // ring positions FabricLink counts stay exact.
+  auto ring =
+      gpu_side::Ring::create(s.ring_memory->bytes(), kRingSlots, gpu_side::ProducerMode::single);
   s.doorbell = std::make_unique<gpu_side::Doorbell>();
-  const size_t ring_index = s.engine->add_ring(ring, s.doorbell.get());
+  s.engine->add_ring(ring, s.doorbell.get());
   s.producer = std::make_unique<gpu_side::RingProducer>(
       ring, gpu_side::ProducerOptions{.doorbell = s.doorbell.get()});
-  s.link = std::make_unique<FabricLink>(*s.engine, *s.producer, ring_index,
-                                        static_cast<std::byte*>(s.staging->host()), *s.counters,
-                                        timeout_, from_caller);
+  s.link = std::make_unique<FabricLink>(
+      ring, *s.producer, static_cast<std::byte*>(s.staging->host()), *s.counters, timeout_,
+      from_caller, [this](std::string_view phase) { check_health(phase); });
   for (int r = 0; r < ranks(); ++r) {
     if (layout().on_node(r)) continue;
     auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link, landing);
@@ -253,43 +182,22 @@ void InProcessSession::ignore_peer(int rank, bool ignored) {
 }
 
 void InProcessSession::await_tolerant(const Wait& wait) {
-  const auto deadline = Deadline(timeout_);
-  auto offer = [&](int r, const std::string& why) {
-    if (!wait.on_lost(r, why))
-      fail(std::string(wait.phase), "{} while this rank waited for {}", why, wait.what);
-  };
-  // Waits in ticks of 20 ms (the engine's own deadline is beyond ours: a tick ends its waits)
-  // and looks for lost ranks between ticks, then for late ones at the deadline.
+  // The engine's own deadline is beyond the wait's: a tick ends its waits.
   const auto engine_deadline = Deadline(timeout_ + std::chrono::seconds(10));
   const std::function<std::string()> unreached = [] { return std::string("(not reached)"); };
-  Poller poller;
-  while (!wait.ready()) {
-    const auto tick_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(20);
-    auto ready_or_tick = [&] {
-      return wait.ready() || std::chrono::steady_clock::now() >= tick_end;
-    };
-    if (state_->engine) {
-      try {
-        state_->engine->wait_until(ready_or_tick, engine_deadline, unreached);
-      } catch (const Error& e) {
-        fail(std::string(wait.phase), "{}", e.what());
-      }
-    } else {
+  proxy::await_tolerant(*this, wait, timeout_, [&](const std::function<bool()>& ready_or_tick) {
+    if (!state_->engine) {
+      Poller poller;
       while (!ready_or_tick())
         poller.pause();
+      return;
     }
-    if (wait.ready()) return;
-    for (int r = 0; r < ranks(); ++r)
-      if (wait.pending(r))
-        if (auto why = peer_lost(r)) offer(r, *why);
-    if (!deadline.expired()) continue;
-    for (int r = 0; r < ranks(); ++r)
-      if (wait.pending(r))
-        offer(r, fmt::format("rank {} did not deliver {} within {} ms", r, wait.what,
-                             timeout_.count()));
-    if (!wait.ready())
-      fail(std::string(wait.phase), "{} did not arrive within {} ms", wait.what, timeout_.count());
-  }
+    try {
+      state_->engine->wait_until(ready_or_tick, engine_deadline, unreached);
+    } catch (const Error& e) {
+      fail(std::string(wait.phase), "{}", e.what());
+    }
+  });
 }
 
 void InProcessSession::quiet(std::string_view phase) {
@@ -309,17 +217,7 @@ void InProcessSession::await(const Wait& wait) {
   const auto deadline = Deadline(timeout_);
   DepartureWatch watch(*this, wait, peers_);
   // Built only for messages: the polls allocate nothing.
-  auto describe = [&] {
-    std::vector<int> missing;
-    std::string where;
-    for (int r = 0; r < ranks(); ++r) {
-      if (!wait.pending(r)) continue;
-      missing.push_back(r);
-      if (wait.detail) where += fmt::format("; rank {}: {}", r, wait.detail(r));
-    }
-    return fmt::format("{} from rank(s) {} did not arrive within {} ms{}", wait.what,
-                       fmt::join(missing, ", "), timeout_.count(), where);
-  };
+  auto describe = [&] { return describe_missing(*this, wait, timeout_); };
   auto ready_or_departed = [&] { return wait.ready() || watch.departed(); };
   if (state_->engine) {
     try {

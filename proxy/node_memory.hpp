@@ -39,6 +39,8 @@ class NodeMemory {
 
   size_t bytes() const { return local_.size(); }
   std::byte* local() const { return static_cast<std::byte*>(local_.host()); }
+  // This rank's arena memfd (for a node daemon that maps it too).
+  int local_fd() const { return local_.fd(); }
   // The arena of `rank` as mapped here; nullptr when `rank` is on another node. (This rank's own
   // arena for rank == self.)
   std::byte* peer(int rank) const;

@@ -86,9 +86,12 @@ class RingLane {
       if (entry.live) f(entry.position, entry);
   }
   // `position` finished. Status::error (tracker's last_error()) if it was finished before.
+  // The new retired prefix is published in the ring's header for producers in other processes.
   [[nodiscard]] Status finish(uint64_t position) {
     entries_[position & mask_].live = false;
-    return tracker_.complete(position - base_);
+    const Status status = tracker_.complete(position - base_);
+    gpu_side::atomic(ring_.header().consumer.retired).store(retired(), std::memory_order_release);
+    return status;
   }
 
   // The full position of an unfinished descriptor from its low `bits` bits (a cookie's).

@@ -2,6 +2,7 @@
 #include "proxy/session.hpp"
 
 #include "common/wire.hpp"
+#include "proxy/daemon_session.hpp"
 #include "proxy/in_process_session.hpp"
 
 namespace proxyep::proxy {
@@ -11,29 +12,37 @@ namespace {
 constexpr const char* kPhase = "buffer";
 
 // The sizes as every rank sends them (little endian, common/wire.hpp):
-//   u32 magic "PXSZ" | u16 version | u16 0 | u64 ranks_per_node | u64 record_bytes |
-//   u64 eager_bytes | u64 eager_limit | u64 data_bytes | u64 staging_bytes | u64 chunk_bytes
+//   u32 magic "PXSZ" | u16 version | u16 proxy mode (0 in process, 1 daemon) |
+//   u64 ranks_per_node | u64 record_bytes | u64 eager_bytes | u64 eager_limit | u64 data_bytes |
+//   u64 staging_bytes | u64 chunk_bytes
 constexpr uint32_t kSizesMagic = 0x5a535850;  // "PXSZ" read as little-endian bytes
-constexpr uint16_t kSizesVersion = 2;
+constexpr uint16_t kSizesVersion = 3;
 
-std::vector<uint8_t> encode(const SessionSizes& s) {
+struct Agreed {
+  SessionSizes sizes;
+  bool daemon = false;  // the proxy is the node daemon (SessionConfig::daemon_socket)
+};
+
+std::vector<uint8_t> encode(const Agreed& agreed) {
+  const SessionSizes& s = agreed.sizes;
   std::vector<uint8_t> out;
   ByteWriter w(out);
   w.u32(kSizesMagic);
   w.u16(kSizesVersion);
-  w.u16(0);
+  w.u16(agreed.daemon ? 1 : 0);
   for (uint64_t v : {static_cast<uint64_t>(s.ranks_per_node), s.record_bytes, s.eager_bytes,
                      s.eager_limit, s.data_bytes, s.staging_bytes, s.chunk_bytes})
     w.u64(v);
   return out;
 }
 
-SessionSizes decode(std::span<const uint8_t> blob, int ranks, int from) {
+Agreed decode(std::span<const uint8_t> blob, int ranks, int from) {
   ByteReader r(blob, kPhase);
   require(r.u32("magic") == kSizesMagic && r.u16("version") == kSizesVersion, kPhase,
           "rank {} sent its Buffer options in another format (another ProxyEP version?)", from);
-  (void)r.u16("reserved");
-  SessionSizes s;
+  Agreed agreed;
+  agreed.daemon = r.u16("proxy mode") != 0;
+  SessionSizes& s = agreed.sizes;
   s.ranks = ranks;
   s.ranks_per_node = static_cast<int>(r.u64("ranks_per_node"));
   s.record_bytes = r.u64("record_bytes");
@@ -43,14 +52,19 @@ SessionSizes decode(std::span<const uint8_t> blob, int ranks, int from) {
   s.staging_bytes = r.u64("staging_bytes");
   s.chunk_bytes = r.u64("chunk_bytes");
   r.expect_end("Buffer options");
-  return s;
+  return agreed;
 }
 
 // Every rank must open with the same sizes: they fix every offset (arena_layout.hpp).
-void check_agreed(control::Bootstrap& bootstrap, const SessionSizes& mine) {
-  auto all = bootstrap.allgather(encode(mine), "buffer(options)");
+void check_agreed(control::Bootstrap& bootstrap, const SessionSizes& mine, bool daemon) {
+  auto all = bootstrap.allgather(encode({mine, daemon}), "buffer(options)");
   for (int r = 0; r < bootstrap.world_size(); ++r) {
-    SessionSizes theirs = decode(all[static_cast<size_t>(r)], mine.ranks, r);
+    const Agreed agreed = decode(all[static_cast<size_t>(r)], mine.ranks, r);
+    require(agreed.daemon == daemon, kPhase,
+            "rank {} runs its proxy {}, rank {} {}: every rank must use the same proxy.mode", r,
+            agreed.daemon ? "in proxyepd (proxy.mode daemon)" : "in process", bootstrap.rank(),
+            daemon ? "in proxyepd" : "in process");
+    const SessionSizes& theirs = agreed.sizes;
     require(theirs == mine, kPhase,
             "rank {} created its Buffer with ranks_per_node {}, num_nvl_bytes {}, num_rdma_bytes "
             "{}, ep.chunk_bytes {}, ep.eager_bytes {} (record slots of {} bytes, eager slots of "
@@ -67,7 +81,9 @@ void check_agreed(control::Bootstrap& bootstrap, const SessionSizes& mine) {
 std::unique_ptr<Session> Session::open(control::Bootstrap& bootstrap, const SessionConfig& config) {
   SessionConfig agreed = config;
   agreed.sizes.ranks = bootstrap.world_size();
-  check_agreed(bootstrap, agreed.sizes);
+  const bool daemon = !agreed.daemon_socket.empty() && agreed.sizes.spans_nodes();
+  check_agreed(bootstrap, agreed.sizes, daemon);
+  if (daemon) return std::make_unique<DaemonSession>(bootstrap, agreed);
   return std::make_unique<InProcessSession>(bootstrap, agreed);
 }
 

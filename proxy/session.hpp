@@ -11,10 +11,9 @@
 //   session->await({.ready = ..., .pending = ..., .phase = "dispatch", .what = "records"});
 //   session->quiet("dispatch");                               // every write completed
 //
-// Kinds: today the in-process session (proxy threads of this process, in_process_session.hpp).
-// The node's proxy daemon will add a client kind behind the same interface: channels then post
-// through rings the daemon drains, and waits read counters the daemon raises; protocols above do
-// not change.
+// Kinds: the in-process session (proxy threads of this process, in_process_session.hpp), and
+// the node daemon's client (daemon_session.hpp: the channels post through a ring the daemon
+// drains, and waits route the immediates the daemon relays back). Protocols above do not change.
 //
 // Threads: one protocol thread per session calls everything here; the proxy threads it runs
 // are its own business.
@@ -59,6 +58,10 @@ struct SessionConfig {
   // (PeerChannel::send_chunk_from; ep.send_from_x): only where the provider needs no
   // registration of a write's source (no FI_MR_LOCAL), whatever this says.
   bool send_from_caller = true;
+  // The node daemon's socket when its proxy threads serve this rank (proxy.mode = daemon,
+  // daemon_session.hpp); empty: proxy threads in this process. Only used when the group spans
+  // nodes. Ranks may differ (each node has its own daemon).
+  std::string daemon_socket;
 };
 
 // A wait of the protocol: until `ready()`, with the session's deadline. `pending(r)` says

@@ -118,7 +118,8 @@ blind metrics integrations/buffer.hpp
 blind proxy tests/unit/proxy/proxy_pair.hpp
 blind integrations tools/commands.hpp
 blind integrations daemon/daemon.hpp
-blind proxy daemon/handshake.hpp
+blind proxy daemon/daemon.hpp
+sees proxy control/daemon_handshake.hpp
 blind metrics daemon/daemon_stats.hpp
 blind daemon integrations/buffer.hpp
 blind daemon tools/commands.hpp

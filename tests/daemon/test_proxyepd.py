@@ -96,6 +96,7 @@ class Case:
     def __init__(self, args):
         self.proxyepd = args.proxyepd
         self.proxyep = args.proxyep
+        self.attach_client = args.attach_client
         self.tmp = tempfile.mkdtemp(prefix="proxyepd-test-")
         self.daemons = []  # (Popen, log path)
 
@@ -282,17 +283,35 @@ def case_bad_version(c):
     check("999" in error and "version 1" in error, f"the error does not name both: {error}")
 
 
-def case_attach_refused(c):
+def case_attach_protocol(c):
     path = c.socket_path()
     c.start(path)
-    frames = exchange(path, hello(kind="attach", capabilities=["memfd"]))
-    check(len(frames) == 1 and frames[0]["proxyep"] == "error", f"answer: {frames}")
-    check("not available yet in this build: the daemon serves status only" in frames[0]["error"],
-          f"not the honest error: {frames[0]}")
+    # An attach hello is welcomed; an attach request without its memory is refused, saying why.
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(path)
+        s.sendall(frame(hello(kind="attach")))
+        data = b""
+        while not parse_frames(data):
+            data += s.recv(65536)
+        welcome = parse_frames(data)[0]
+        check(welcome["proxyep"] == "welcome" and "attach" in welcome["capabilities"],
+              f"welcome: {welcome}")
+        s.sendall(frame({"proxyep": "attach", "rank": 0, "ranks": 2}))
+        data = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    frames = parse_frames(data)[1:] if parse_frames(data)[0]["proxyep"] == "welcome" else parse_frames(data)
+    check(frames and frames[-1]["proxyep"] == "error", f"answer: {frames}")
+    check("carried 0 file descriptors, 5 expected" in frames[-1]["error"], f"not why: {frames}")
     frames = exchange(path, hello(kind="dance"))
     check("unknown kind" in frames[0]["error"], f"answer: {frames}")
     frames = exchange(path, {"proxyep": "welcome", "version": 1})
     check("not a proxyep hello" in frames[0]["error"], f"answer: {frames}")
+    check(c.status(path)[0].returncode == 0, "the daemon does not serve status any more")
 
 
 def case_sigterm_drain(c):
@@ -347,6 +366,198 @@ def case_metrics(c):
     check(after[accepted] == before[accepted] == 0, "a refused client was counted as accepted")
 
 
+# --- the data path: ranks whose proxy is the daemon ---------------------------------------
+
+
+def start_nodes(c, nodes=2):
+    """One daemon per emulated node (tcp with the reorder shim), and the environment that sends
+    ranks to them: daemon.socket with {node}, which each rank turns into its node's index."""
+    os.environ.update(PROXYEP_FABRIC_PROVIDER="tcp", PROXYEP_FABRIC_REORDER="1")
+    paths = [c.socket_path(f"run/node{n}.sock") for n in range(nodes)]
+    daemons = [c.start(path) for path in paths]
+    env = dict(os.environ, PROXYEP_PROXY_MODE="daemon", PROXYEP_LOG_LEVEL="warn",
+               PROXYEP_DAEMON_SOCKET=c.socket_path("run/node{node}.sock"),
+               PROXYEP_EP_TIMEOUT_MS="20000")
+    return paths, daemons, env
+
+
+def status_json(c, path):
+    done, _ = c.status(path, "--json")
+    check(done.returncode == 0, f"status of {path} failed: {done.stderr}")
+    return json.loads(done.stdout)
+
+
+def attached(c, path):
+    return status_json(c, path)["clients_attached"]
+
+
+def bench(c, kind, env, *extra, ranks=4, per_node=2, wait=True):
+    command = [c.proxyep, "bench", kind, "--ranks", str(ranks), "--ranks-per-node",
+               str(per_node), "--reorder", *extra]
+    if kind == "ep":
+        command += ["--tokens", "128", "--hidden", "512", "--warmup", "1", "--no-floor"]
+    if not wait:
+        return subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+
+
+def check_served(c, paths, daemons, ranks, per_node):
+    for node, (_, log) in enumerate(daemons):
+        for r in range(node * per_node, (node + 1) * per_node):
+            check(f"serves rank {r} of {ranks}" in read(log),
+                  f"{paths[node]} did not serve rank {r}")
+    for path in paths:  # every rank detached, on every daemon
+        wait_for(lambda: attached(c, path) == 0, 10, f"{path} to have no client attached")
+
+
+def case_daemon_bench_ep(c):
+    paths, daemons, env = start_nodes(c)
+    done = bench(c, "ep", env, "--iters", "3")
+    check(done.returncode == 0 and "verified: yes" in done.stdout,
+          f"bench ep through the daemons failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    check_served(c, paths, daemons, 4, 2)
+
+
+def case_daemon_bench_ll(c):
+    paths, daemons, env = start_nodes(c)
+    done = bench(c, "ll", env, "--iters", "5")
+    check(done.returncode == 0 and "verified: yes" in done.stdout,
+          f"bench ll through the daemons failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    check_served(c, paths, daemons, 4, 2)
+
+
+def rank_pids(launcher_pid):
+    """{rank: pid} of the rank processes a `proxyep bench` launcher started."""
+    ranks = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != launcher_pid:
+                continue
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+            ranks[int(env[b"RANK"])] = int(entry)
+        except (OSError, KeyError, ValueError, IndexError):
+            continue
+    return ranks
+
+
+def case_daemon_client_killed(c):
+    paths, daemons, env = start_nodes(c)
+    job_a = bench(c, "ep", env, "--iters", "100000", ranks=2, per_node=1, wait=False)
+    job_b = bench(c, "ep", env, "--iters", "400", ranks=2, per_node=1, wait=False)
+    try:
+        for path in paths:
+            wait_for(lambda: attached(c, path) == 2, 60, f"both jobs to attach to {path}")
+        pids = wait_for(lambda: len(rank_pids(job_a.pid)) == 2 and rank_pids(job_a.pid), 10,
+                        "job A's ranks")
+        os.kill(pids[1], signal.SIGKILL)  # mid-call: job A runs calls back to back
+        out_a, _ = job_a.communicate(timeout=60)
+        check(job_a.returncode != 0, "job A did not fail after its rank 1 was killed")
+        check("rank 1" in out_a, f"job A's failure does not name rank 1:\n{out_a}")
+        out_b, _ = job_b.communicate(timeout=120)
+        check(job_b.returncode == 0 and "verified: yes" in out_b,
+              f"job B, on the same daemons, did not finish ({job_b.returncode}):\n{out_b}")
+    finally:
+        for job in (job_a, job_b):
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+    for path in paths:
+        wait_for(lambda: attached(c, path) == 0, 10, f"{path} to let go of every client")
+    check(any("disconnected" in read(log) for _, log in daemons), "no daemon logged the loss")
+
+
+def case_daemon_killed(c):
+    paths, daemons, env = start_nodes(c)
+    job = bench(c, "ep", env, "--iters", "100000", ranks=2, per_node=1, wait=False)
+    try:
+        for path in paths:
+            wait_for(lambda: attached(c, path) == 1, 60, f"the job to attach to {path}")
+        daemons[1][0].kill()
+        start = time.monotonic()
+        out, _ = job.communicate(timeout=60)
+        seconds = time.monotonic() - start
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    check(job.returncode != 0, "the job did not fail when its node's daemon died")
+    check(f"proxyepd at {paths[1]}" in out, f"the failure does not name the daemon:\n{out}")
+    check(seconds < 15, f"the job took {seconds:.1f} s to fail (ep.timeout_ms 20000)")
+    # A restarted daemon serves new clients.
+    os.unlink(paths[1]) if os.path.exists(paths[1]) else None
+    c.start(paths[1])
+    done = bench(c, "ep", env, "--iters", "2", ranks=2, per_node=1)
+    check(done.returncode == 0 and "verified: yes" in done.stdout,
+          f"a job after the restart failed:\n{done.stdout}{done.stderr}")
+
+
+def fd_count(pid):
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(l for l in f if l.startswith("VmRSS:")).split()[1])
+
+
+def case_daemon_crash_cycles(c):
+    path = c.socket_path()
+    os.environ.update(PROXYEP_FABRIC_PROVIDER="tcp", PROXYEP_FABRIC_REORDER="1")
+    daemon, _ = c.start(path)
+
+    def cycle(end):
+        done = subprocess.run([c.attach_client, "--socket", path, "--end", end],
+                              capture_output=True, text=True, timeout=30)
+        check("started" in done.stdout, f"attach_client --end {end}: {done.stdout}{done.stderr}")
+
+    def settled():
+        return attached(c, path) == 0
+
+    for _ in range(5):  # warm: the allocator's and the provider's first-use state
+        cycle("detach")
+    wait_for(settled, 10, "the warm-up clients to go")
+    fds, rss = fd_count(daemon.pid), rss_kib(daemon.pid)
+    for i in range(100):
+        cycle("kill" if i % 2 else "exit")
+    wait_for(settled, 10, "the crashed clients to go")
+    wait_for(lambda: fd_count(daemon.pid) == fds, 10,
+             f"the daemon's file descriptors to return to {fds} (now {fd_count(daemon.pid)})")
+    grown = rss_kib(daemon.pid) - rss
+    check(grown < 16 * 1024, f"the daemon's RSS grew by {grown} KiB over 100 crashed clients")
+    print(f"100 crash cycles: fds {fds} -> {fd_count(daemon.pid)}, RSS {rss} -> "
+          f"{rss_kib(daemon.pid)} KiB")
+
+
+def case_daemon_isolation(c):
+    path = c.socket_path()
+    os.environ.update(PROXYEP_FABRIC_PROVIDER="tcp")
+    c.start(path)
+    holder = subprocess.Popen([c.attach_client, "--socket", path, "--end", "hold"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        line = holder.stdout.readline()
+        check(line.startswith("address "), f"the first client said {line!r}")
+        victim = line.split()[1]
+        check(holder.stdout.readline().strip() == "started", "the first client did not start")
+        intruder = subprocess.run([c.attach_client, "--socket", path, "--peer", victim],
+                                  capture_output=True, text=True, timeout=30)
+        check(intruder.returncode == 2, f"a client naming another job's rank was served")
+        check("of another job on this daemon" in intruder.stderr,
+              f"the refusal does not say why: {intruder.stderr}")
+        holder.stdin.close()
+        check(holder.wait(timeout=30) == 0, "the first client could not detach after the refusal")
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
@@ -354,6 +565,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--proxyepd", required=True)
     parser.add_argument("--proxyep", required=True)
+    parser.add_argument("--attach-client")
     parser.add_argument("case", choices=sorted(CASES))
     args = parser.parse_args()
     case = Case(args)

@@ -2,10 +2,10 @@
 // directory (no signals: request_drain() stands in for SIGTERM; no metrics). Every wait below
 // is a poll with a deadline on a socket or on the daemon's thread, never a sleep.
 #include "common/error.hpp"
+#include "control/daemon_frames.hpp"
+#include "control/unix_socket.hpp"
 #include "daemon/daemon.hpp"
-#include "daemon/frame_codec.hpp"
 #include "daemon/status_client.hpp"
-#include "daemon/unix_socket.hpp"
 
 #include <doctest/doctest.h>
 
@@ -69,8 +69,8 @@ class Running {
 
 control::Socket connect_raw(const std::string& path) {
   int error = 0;
-  control::Socket s = connect_unix(path, Deadline(2000ms), error);
-  REQUIRE_MESSAGE(error == 0, "connect: ", connect_error_text(error));
+  control::Socket s = control::connect_unix(path, Deadline(2000ms), error);
+  REQUIRE_MESSAGE(error == 0, "connect: ", control::connect_error_text(error));
   return s;
 }
 
@@ -90,11 +90,11 @@ std::string read_until_closed(const control::Socket& s, std::chrono::millisecond
 }
 
 nlohmann::json only_frame(const std::string& bytes) {
-  FrameDecoder decoder;
+  control::FrameDecoder decoder;
   decoder.feed({bytes.data(), bytes.size()});
   nlohmann::json message;
   std::string problem;
-  REQUIRE(decoder.next(message, problem) == FrameDecoder::Result::frame);
+  REQUIRE(decoder.next(message, problem) == control::FrameDecoder::Result::frame);
   return message;
 }
 
@@ -112,7 +112,7 @@ TEST_CASE("status: welcome then the status frame, counting this connection") {
 
   const StatusAnswer answer = query_status(socket.string(), 2000ms);
   CHECK(answer.welcome["daemon_pid"] == ::getpid());
-  CHECK(answer.welcome["capabilities"] == nlohmann::json{"status"});
+  CHECK(answer.welcome["capabilities"] == nlohmann::json{"status", "attach"});
   const auto& s = answer.status;
   CHECK(s["pid"] == ::getpid());
   CHECK(s["socket"] == socket.string());
@@ -219,7 +219,7 @@ TEST_CASE("taking the path: served, stale, or not a socket") {
     CHECK(query_status(options.socket_path, 2000ms).status["pid"] == ::getpid());  // untouched
   }
   {  // A socket file nobody listens on (what a SIGKILLed daemon leaves) is replaced.
-    const UnixAddress a = unix_address(options.socket_path, "test");
+    const control::UnixAddress a = control::unix_address(options.socket_path, "test");
     control::Socket left(::socket(AF_UNIX, SOCK_STREAM, 0));
     REQUIRE(::bind(left.fd(), reinterpret_cast<const sockaddr*>(&a.addr), a.len) == 0);
     left.close();

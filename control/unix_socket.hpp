@@ -11,7 +11,7 @@
 
 #include <string>
 
-namespace proxyep::daemon {
+namespace proxyep::control {
 
 // sockaddr_un of `path` and its length. Throws proxyep::Error(`phase`) for a path that does
 // not fit (at most 107 bytes).
@@ -25,9 +25,9 @@ UnixAddress unix_address(const std::string& path, const std::string& phase);
 // backlog is full. `error` is the errno of a failure (ENOENT: no file; ECONNREFUSED: nobody
 // listens, a stale socket; EAGAIN: the deadline passed with the backlog full; EACCES: the
 // file's or directory's permissions), 0 on success.
-control::Socket connect_unix(const std::string& path, const Deadline& deadline, int& error);
+Socket connect_unix(const std::string& path, const Deadline& deadline, int& error);
 
 // The errno of connect_unix in words, for "no proxyepd at PATH: <reason>".
 std::string connect_error_text(int error);
 
-}  // namespace proxyep::daemon
+}  // namespace proxyep::control

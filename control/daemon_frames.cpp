@@ -1,10 +1,10 @@
-#include "daemon/frame_codec.hpp"
+#include "control/daemon_frames.hpp"
 
 #include "common/error.hpp"
 
 #include <fmt/format.h>
 
-namespace proxyep::daemon {
+namespace proxyep::control {
 namespace {
 
 uint32_t read_length(const char* p) {
@@ -75,4 +75,33 @@ std::string FrameDecoder::partial_text() const {
                      read_length(buffer_.data() + consumed_));
 }
 
-}  // namespace proxyep::daemon
+std::string hex_encode(std::span<const uint8_t> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string text;
+  text.reserve(bytes.size() * 2);
+  for (uint8_t b : bytes) {
+    text.push_back(kDigits[b >> 4]);
+    text.push_back(kDigits[b & 15]);
+  }
+  return text;
+}
+
+std::vector<uint8_t> hex_decode(std::string_view text, std::string_view what,
+                                std::string_view phase) {
+  auto digit = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  require(text.size() % 2 == 0, phase, "{}: {} hex digits (an odd count)", what, text.size());
+  std::vector<uint8_t> bytes(text.size() / 2);
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    const int high = digit(text[2 * i]), low = digit(text[2 * i + 1]);
+    require(high >= 0 && low >= 0, phase, "{}: not hex at character {}", what, 2 * i);
+    bytes[i] = static_cast<uint8_t>(high * 16 + low);
+  }
+  return bytes;
+}
+
+}  // namespace proxyep::control

@@ -25,8 +25,10 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
-namespace proxyep::daemon {
+namespace proxyep::control {
 
 inline constexpr size_t kFrameHeaderBytes = 4;
 inline constexpr uint32_t kMaxFrameBytes = uint32_t{1} << 20;  // 1 MiB of JSON
@@ -34,6 +36,12 @@ inline constexpr uint32_t kMaxFrameBytes = uint32_t{1} << 20;  // 1 MiB of JSON
 // The frame of `message`. Throws proxyep::Error("daemon.wire") when its JSON exceeds
 // kMaxFrameBytes (a bug of the sender, never the peer's fault).
 std::string encode_frame(const nlohmann::json& message);
+
+// Binary fields (fabric addresses, region descriptors) travel as lowercase hex strings.
+std::string hex_encode(std::span<const uint8_t> bytes);
+// Throws proxyep::Error(phase) naming `what` for odd lengths or non-hex characters.
+std::vector<uint8_t> hex_decode(std::string_view text, std::string_view what,
+                                std::string_view phase);
 
 class FrameDecoder {
  public:
@@ -56,4 +64,4 @@ class FrameDecoder {
   std::string error_;
 };
 
-}  // namespace proxyep::daemon
+}  // namespace proxyep::control

@@ -1,4 +1,4 @@
-#include "daemon/unix_socket.hpp"
+#include "control/unix_socket.hpp"
 
 #include "common/error.hpp"
 
@@ -9,7 +9,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace proxyep::daemon {
+namespace proxyep::control {
 
 UnixAddress unix_address(const std::string& path, const std::string& phase) {
   UnixAddress a;
@@ -22,9 +22,9 @@ UnixAddress unix_address(const std::string& path, const std::string& phase) {
   return a;
 }
 
-control::Socket connect_unix(const std::string& path, const Deadline& deadline, int& error) {
+Socket connect_unix(const std::string& path, const Deadline& deadline, int& error) {
   const UnixAddress a = unix_address(path, "daemon.connect");
-  control::Socket socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  Socket socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!socket.valid()) {
     error = errno;
     return {};
@@ -61,4 +61,4 @@ std::string connect_error_text(int error) {
   }
 }
 
-}  // namespace proxyep::daemon
+}  // namespace proxyep::control

@@ -1,11 +1,12 @@
-#include "daemon/handshake.hpp"
+#include "control/daemon_handshake.hpp"
 
 #include <fmt/format.h>
 
-namespace proxyep::daemon {
+namespace proxyep::control {
 namespace {
 
 constexpr std::string_view kStatusCapability = "status";
+constexpr std::string_view kAttachCapability = "attach";
 
 // At most this much of a peer's text is quoted back (a message must not echo a megabyte).
 std::string quoted(const nlohmann::json& value) {
@@ -82,15 +83,7 @@ HelloCheck check_hello(const nlohmann::json& message) {
 }
 
 std::vector<std::string> daemon_capabilities() {
-  return {std::string(kStatusCapability)};
-}
-
-std::string unsupported_kind(ClientKind kind) {
-  if (kind == ClientKind::status) return "";
-  return fmt::format(
-      "kind '{}' is not available yet in this build: the daemon serves status only (clients "
-      "keep their proxy threads in process until the daemon's data path exists)",
-      to_string(kind));
+  return {std::string(kStatusCapability), std::string(kAttachCapability)};
 }
 
 nlohmann::json welcome_message(int64_t daemon_pid) {
@@ -110,4 +103,4 @@ std::string message_type(const nlohmann::json& message) {
   return type != message.end() && type->is_string() ? type->get<std::string>() : "";
 }
 
-}  // namespace proxyep::daemon
+}  // namespace proxyep::control

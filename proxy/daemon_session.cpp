@@ -1,0 +1,239 @@
+// The node daemon's client session (daemon_session.hpp).
+#include "proxy/daemon_session.hpp"
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "control/daemon_frames.hpp"
+#include "control/imm_layout.hpp"
+#include "proxy/node_channel.hpp"
+#include "proxy/session_waits.hpp"
+
+#include <fmt/format.h>
+
+namespace proxyep::proxy {
+
+namespace {
+
+constexpr const char* kPhase = "buffer";
+constexpr uint64_t kRingSlots = 4096;
+// The socket is read every this many polls of a wait (a recv() that finds nothing costs ~1 us).
+constexpr uint32_t kPollsPerSocketRead = 64;
+
+std::vector<std::string> hex_all(const std::vector<fabric::Bytes>& blobs) {
+  std::vector<std::string> out;
+  for (const auto& blob : blobs)
+    out.push_back(control::hex_encode(blob));
+  return out;
+}
+
+fabric::Bytes hex_field(const nlohmann::json& reply, const char* key) {
+  const auto value = reply.find(key);
+  require(value != reply.end() && value->is_string(), kPhase, "proxyepd's '{}' answer lacks '{}'",
+          control::message_type(reply), key);
+  return control::hex_decode(value->get<std::string>(), key, kPhase);
+}
+
+}  // namespace
+
+DaemonSession::DaemonSession(control::Bootstrap& bootstrap, const SessionConfig& config)
+    : Session(ArenaLayout(bootstrap.rank(), config.sizes)),
+      timeout_(config.timeout),
+      peers_(bootstrap.peer_watch()) {
+  node_ = std::make_unique<NodeMemory>(bootstrap, layout().arena_bytes(), ranks_per_node(), kPhase);
+  channels_.resize(static_cast<size_t>(ranks()));
+  for (int r = 0; r < ranks(); ++r)
+    if (layout().on_node(r)) channels_[r] = std::make_unique<NodeChannel>(r, layout(), *node_);
+  attach(bootstrap, config);
+  bootstrap.barrier("buffer(ready)");
+}
+
+DaemonSession::~DaemonSession() {
+  stop();
+}
+
+void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& config) {
+  require(static_cast<uint32_t>(ranks()) <= control::imm::kMaxStreams, kPhase,
+          "{} ranks exceed the {} chunk streams an immediate can name", ranks(),
+          control::imm::kMaxStreams);
+  const Deadline deadline(timeout_);
+  daemon_ = control::DaemonConnection::open(config.daemon_socket, control::ClientKind::attach,
+                                            timeout_, kPhase);
+  staging_ = std::make_unique<HostMemory>(
+      HostMemory::memfd(layout().staging_bytes(), fmt::format("proxyep-staging-{}", rank())));
+  ring_memory_ = std::make_unique<HostMemory>(HostMemory::memfd(
+      gpu_side::Ring::bytes_for(kRingSlots), fmt::format("proxyep-ring-{}", rank())));
+  relay_memory_ = std::make_unique<HostMemory>(HostMemory::memfd(
+      gpu_side::Ring::bytes_for(kRelaySlots), fmt::format("proxyep-relay-{}", rank())));
+  // One producer each: this protocol thread into the ring, the daemon (under its lock) into
+  // the relay; a push that times out then owes nothing and ring positions stay exact.
+  const auto ring =
+      gpu_side::Ring::create(ring_memory_->bytes(), kRingSlots, gpu_side::ProducerMode::single);
+  const auto relay_ring =
+      gpu_side::Ring::create(relay_memory_->bytes(), kRelaySlots, gpu_side::ProducerMode::single);
+  doorbell_ = std::make_unique<gpu_side::Doorbell>();
+  const int fds[] = {node_->local_fd(), staging_->fd(), ring_memory_->fd(), doorbell_->fd(),
+                     relay_memory_->fd()};
+  const nlohmann::json opened =
+      daemon_->request({{"proxyep", "attach"},
+                        {"rank", rank()},
+                        {"ranks", ranks()},
+                        {"tolerate_peer_failures", config.tolerate_peer_failures}},
+                       fds, "opened", deadline, kPhase);
+  provider_ = opened.value("provider", std::string("?"));
+
+  const auto addresses =
+      bootstrap.allgather(hex_field(opened, "addresses"), "buffer(fabric addresses)");
+  daemon_->request({{"proxyep", "connect"}, {"addresses", hex_all(addresses)}}, {}, "connected",
+                   deadline, kPhase);
+  const auto arenas = bootstrap.allgather(hex_field(opened, "arena"), "buffer(region 0)");
+  daemon_->request({{"proxyep", "arenas"}, {"descriptors", hex_all(arenas)}}, {}, "arenas_added",
+                   deadline, kPhase);
+
+  // Keys as in process (fabric_channel.hpp): records, eager bytes, releases, landing writes.
+  counters_ = std::make_unique<control::CounterBank>(4u * static_cast<uint32_t>(ranks()));
+  router_.attach_counters(*counters_);
+  relay_ = std::make_unique<RelayReceiver>(relay_ring, router_);
+  producer_ = std::make_unique<gpu_side::RingProducer>(
+      ring, gpu_side::ProducerOptions{.doorbell = doorbell_.get()});
+  link_ = std::make_unique<FabricLink>(ring, *producer_, static_cast<std::byte*>(staging_->host()),
+                                       *counters_, timeout_, /*from_caller=*/false,
+                                       [this](std::string_view phase) { check_health(phase); });
+  for (int r = 0; r < ranks(); ++r) {
+    if (layout().on_node(r)) continue;
+    auto channel = std::make_unique<FabricChannel>(r, layout(), node_->local(), *link_,
+                                                   /*landing=*/false);
+    router_.attach_stream(static_cast<uint32_t>(r), channel->window());
+    router_.attach_credits(static_cast<uint32_t>(r), channel->credits());
+    channels_[r] = std::move(channel);
+  }
+  peer_failures_.assign(static_cast<size_t>(ranks()), std::nullopt);
+  bootstrap.barrier("buffer(fabric ready)");
+  daemon_->request({{"proxyep", "start"}}, {}, "started", deadline, kPhase);
+  log::debug("buffer: rank {} attached to proxyepd at {} ({})", rank(), config.daemon_socket,
+             provider_);
+}
+
+void DaemonSession::stop() noexcept {
+  if (!daemon_) return;
+  // Detach politely; the daemon stops this rank's proxy threads before it answers, so nothing
+  // of this process's memory is touched afterwards. A daemon that is gone needs nothing.
+  try {
+    if (!failure_) {
+      const Deadline deadline(std::chrono::milliseconds(std::min<int64_t>(timeout_.count(), 5000)));
+      daemon_->request({{"proxyep", "detach"}}, {}, "detached", deadline, kPhase);
+    }
+  } catch (const Error& e) {
+    log::debug("buffer: detaching from proxyepd: {}", e.what());
+  }
+  daemon_.reset();
+}
+
+const std::optional<std::string>& DaemonSession::poll_daemon() const {
+  if (failure_ || !daemon_) return failure_;
+  failure_ = daemon_->poll_failure([this](const nlohmann::json& message) {
+    if (control::message_type(message) != "peer_failure") return false;
+    const int peer = message.value("rank", -1);
+    if (peer >= 0 && peer < ranks())
+      peer_failures_[static_cast<size_t>(peer)] =
+          fmt::format("{}: {}", message.value("phase", std::string("proxy")),
+                      message.value("message", std::string("?")));
+    return true;
+  });
+  return failure_;
+}
+
+void DaemonSession::check_health(std::string_view phase) const {
+  if (const auto& failure = poll_daemon())
+    fail(std::string(phase), "the Buffer's proxy (proxyepd) failed: {}; create a new Buffer",
+         *failure);
+}
+
+void DaemonSession::pump(std::string_view phase) {
+  if (relay_ && relay_->drain() != Status::ok)
+    fail(std::string(phase), "a signal relayed by proxyepd: {}", router_.last_error());
+  if (++polls_since_socket_ < kPollsPerSocketRead) return;
+  polls_since_socket_ = 0;
+  check_health(phase);
+}
+
+void DaemonSession::poll_until_ready(const std::function<bool()>& ready, const Deadline& deadline,
+                                     std::string_view phase,
+                                     const std::function<std::string()>& describe) {
+  Poller poller;
+  for (uint32_t polls = 0;; ++polls) {
+    pump(phase);
+    if (ready()) return;
+    if (polls % kPollsPerClockRead == 0 && deadline.expired())
+      fail(std::string(phase), "{}", describe());
+    poller.pause();
+  }
+}
+
+void DaemonSession::begin_call(uint64_t call) {
+  if (counters_ && call > 0 && counters_->begin_epoch(call) != Status::ok)
+    fail(kPhase, "call {}: writes of an earlier call were left over: {}", call,
+         counters_->last_leak());
+}
+
+void DaemonSession::await(const Wait& wait) {
+  if (wait.on_lost) {
+    await_tolerant(*this, wait, timeout_, [&](const std::function<bool()>& ready_or_tick) {
+      poll_until_ready(ready_or_tick, Deadline(timeout_ + std::chrono::seconds(10)), wait.phase,
+                       [] { return std::string("(not reached)"); });
+    });
+    return;
+  }
+  DepartureWatch watch(*this, wait, peers_);
+  poll_until_ready([&] { return wait.ready() || watch.departed(); }, Deadline(timeout_), wait.phase,
+                   [&] { return describe_missing(*this, wait, timeout_); });
+  if (!watch.departure().empty())
+    fail(std::string(wait.phase), "{} while this rank waited for {}", watch.departure(), wait.what);
+}
+
+void DaemonSession::quiet(std::string_view phase) {
+  if (!link_) return;
+  const uint64_t target = link_->pushed();
+  poll_until_ready([&] { return target == 0 || link_->retired(target - 1); }, Deadline(timeout_),
+                   phase,
+                   [&] {
+                     return fmt::format(
+                         "quiet: {} of this rank's writes had not completed within {} ms "
+                         "(proxyepd at {})",
+                         target, timeout_.count(), daemon_ ? daemon_->path() : "?");
+                   });
+}
+
+std::optional<std::string> DaemonSession::peer_lost(int rank) const {
+  if (rank == this->rank()) return std::nullopt;
+  if (peers_ != nullptr && peers_->departed(rank)) return fmt::format("rank {} left the job", rank);
+  if (auto gone = channel(rank).departed()) return gone;
+  (void)poll_daemon();
+  if (rank < static_cast<int>(peer_failures_.size()) && peer_failures_[static_cast<size_t>(rank)])
+    return peer_failures_[static_cast<size_t>(rank)];
+  return std::nullopt;
+}
+
+void DaemonSession::ignore_peer(int rank, bool ignored) {
+  if (!counters_) return;
+  const auto R = static_cast<uint32_t>(ranks()), r = static_cast<uint32_t>(rank);
+  for (uint32_t key : {r, R + r, 2 * R + r})  // record, eager bytes, release (fabric_channel.hpp)
+    counters_->ignore_key(key, ignored);
+}
+
+std::span<std::byte> DaemonSession::data_area() const {
+  return {node_->local() + layout().data_base(), layout().sizes().data_bytes};
+}
+
+std::span<std::byte> DaemonSession::staging_data_area() const {
+  if (!staging_ || layout().sizes().data_bytes == 0) return {};
+  return {static_cast<std::byte*>(staging_->host()) + layout().staging_data_base(),
+          layout().sizes().staging_bytes};
+}
+
+std::string DaemonSession::describe() const {
+  return fmt::format("{} ranks, {} per node, arena {} bytes; proxy: proxyepd at {} ({})", ranks(),
+                     ranks_per_node(), layout().arena_bytes(), daemon_ ? daemon_->path() : "?",
+                     provider_);
+}
+
+}  // namespace proxyep::proxy

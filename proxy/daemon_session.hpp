@@ -1,0 +1,93 @@
+// DaemonSession: the Session of a rank whose proxy threads run in the node daemon (proxyepd,
+// proxy.mode = daemon). Node peers are reached exactly as in process (shared arenas,
+// NodeChannel); ranks on other nodes through FabricChannels whose ring the daemon drains:
+//
+//   this rank                                      proxyepd (daemon/attached_client.hpp)
+//   arena, staging, ring, relay: memfds  --fds-->  maps them, opens a fabric endpoint,
+//   doorbell: eventfd                              registers arena and staging
+//   allgather fabric addresses (bootstrap) ----->  connects every rank's endpoint
+//   allgather arena descriptors (bootstrap) ---->  fills its region table
+//   barrier, then start ------------------------>  proxy threads drain the ring
+//   FabricChannel pushes descriptors ----------->  RMA writes with immediates
+//   waits drain the relay ring into the router <-  immediates that arrived (signal_relay.hpp)
+//   retired prefix in the ring header <---------   local completions (staging reuse, quiet)
+//
+// What differs from the in-process session: waits poll (spin, yield, nap) instead of sleeping
+// on the proxy threads' futex, and each poll drains the relay; the daemon's health comes over
+// the socket (a failure frame, or the socket's end when the daemon exits), which every wait,
+// quiet and full-ring push checks, so a dead daemon fails the call at once, naming its socket.
+// The caller's memory is not the daemon's: no landing region and no writes straight from x
+// (ep.landing_fabric and ep.send_from_x do not apply).
+#pragma once
+
+#include "common/host_memory.hpp"
+#include "control/counter_bank.hpp"
+#include "control/daemon_connection.hpp"
+#include "control/signal_router.hpp"
+#include "gpu_side/doorbell.hpp"
+#include "gpu_side/ring.hpp"
+#include "proxy/fabric_channel.hpp"
+#include "proxy/node_memory.hpp"
+#include "proxy/session.hpp"
+#include "proxy/signal_relay.hpp"
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace proxyep::proxy {
+
+class DaemonSession final : public Session {
+ public:
+  // Collective over `bootstrap`; config.daemon_socket names this node's daemon. Throws
+  // proxyep::Error("buffer"): no daemon there, refused, or any step of the attach failing.
+  DaemonSession(control::Bootstrap& bootstrap, const SessionConfig& config);
+  ~DaemonSession() override;
+
+  PeerChannel& channel(int peer) const override { return *channels_.at(static_cast<size_t>(peer)); }
+  void begin_call(uint64_t call) override;
+  void await(const Wait& wait) override;
+  void quiet(std::string_view phase) override;
+  void check_health(std::string_view phase) const override;
+  std::optional<std::string> peer_lost(int rank) const override;
+  void ignore_peer(int rank, bool ignored) override;
+  void stop() noexcept override;
+  std::span<std::byte> data_area() const override;
+  std::span<std::byte> staging_data_area() const override;
+  std::string describe() const override;
+  std::optional<fabric::ReorderStats> reorder_stats() const override { return std::nullopt; }
+  // The proxy threads are the daemon's: its metrics endpoint reports them.
+  std::vector<ThreadStats> proxy_thread_stats() const override { return {}; }
+  bool proxy_failed() const override { return failure_.has_value(); }
+
+ private:
+  void attach(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // Reads the daemon's socket (notices and failures); the failure text once there is one.
+  const std::optional<std::string>& poll_daemon() const;
+  // Routes what the daemon relayed, and reads its socket every few polls: throws
+  // proxyep::Error(phase) once the daemon failed or is gone.
+  void pump(std::string_view phase);
+  // Polls until `ready()` (which pump() feeds), the deadline, or the daemon's failure.
+  void poll_until_ready(const std::function<bool()>& ready, const Deadline& deadline,
+                        std::string_view phase, const std::function<std::string()>& describe);
+
+  std::chrono::milliseconds timeout_;
+  const control::PeerWatch* peers_;
+  std::unique_ptr<NodeMemory> node_;
+  mutable std::optional<control::DaemonConnection> daemon_;  // read by const health checks
+  std::unique_ptr<HostMemory> staging_, ring_memory_, relay_memory_;
+  std::unique_ptr<gpu_side::Doorbell> doorbell_;
+  std::unique_ptr<control::CounterBank> counters_;
+  control::SignalRouter router_;
+  std::unique_ptr<RelayReceiver> relay_;
+  std::unique_ptr<gpu_side::RingProducer> producer_;
+  std::unique_ptr<FabricLink> link_;
+  std::vector<std::unique_ptr<PeerChannel>> channels_;
+  std::string provider_;
+  mutable std::optional<std::string> failure_;                     // the daemon's, once known
+  mutable std::vector<std::optional<std::string>> peer_failures_;  // peers the daemon gave up
+  uint32_t polls_since_socket_ = 0;
+};
+
+}  // namespace proxyep::proxy

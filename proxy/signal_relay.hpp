@@ -1,0 +1,74 @@
+// Signal relay: how immediates reach a rank whose proxy is the node daemon (proxyepd).
+//
+// Remote writes land in the client's memory, but their completions -- the immediates that say
+// a record, a chunk or a credit arrived -- come out of the daemon's completion queues. The
+// ordering state that decodes them (counter bank, sequence windows, sender credits) stays in
+// the client, private to it, so the daemon hands each immediate over undecoded through a ring
+// in a memfd the client created:
+//
+//   daemon proxy thread: completion -> SignalRouter (relay_to) -> RelaySender::relay(imm)
+//                        -> one Op::signal descriptor {imm} into the relay ring
+//   client, while it waits: RelayReceiver::drain() -> pops them -> its own SignalRouter::route
+//
+// The client drains the ring in every wait, so a full ring means the client stopped waiting
+// for good (or is far behind its peers): relay() then fails (Status::error), which fails the
+// daemon's proxy for that client with a message saying so, rather than blocking a proxy thread
+// that serves other work. Capacity: signals of a few calls at most are outstanding (a peer runs
+// at most one call ahead), so 64 Ki slots is generous.
+//
+// Threads: relay() from any number of the daemon's proxy threads (one mutex around the single
+// producer; uncontended it costs ~20 ns against a completion's microseconds); drain() from the
+// client's protocol thread only.
+#pragma once
+
+#include "common/error.hpp"
+#include "common/error_note.hpp"
+#include "control/signal_router.hpp"
+#include "gpu_side/ring.hpp"
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+namespace proxyep::proxy {
+
+inline constexpr uint64_t kRelaySlots = uint64_t{1} << 16;
+
+class RelaySender final : public control::ImmRelay {
+ public:
+  // `ring`: created by the client (Ring::create, ProducerMode::single), mapped here.
+  explicit RelaySender(gpu_side::Ring ring) : producer_(ring) {}
+  [[nodiscard]] Status relay(uint32_t imm) override;
+  std::string last_error() const override { return error_.last(); }
+  uint64_t relayed() const {
+    std::lock_guard lock(mutex_);
+    return relayed_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  gpu_side::RingProducer producer_;
+  uint64_t relayed_ = 0;
+  ErrorNote error_;
+};
+
+class RelayReceiver {
+ public:
+  // `router`: the client's, with its counter bank, windows and credits attached; it must
+  // outlive the receiver.
+  RelayReceiver(gpu_side::Ring ring, control::SignalRouter& router)
+      : consumer_(ring), router_(router) {}
+  // Routes every immediate the ring holds now. Status::error when the router refused one
+  // (router's last_error() says which and why); the rest stay for the next drain.
+  [[nodiscard]] Status drain();
+  uint64_t received() const { return received_; }
+
+ private:
+  gpu_side::RingConsumer consumer_;
+  control::SignalRouter& router_;
+  std::array<gpu_side::WireDescriptor, 64> burst_{};
+  uint64_t received_ = 0;
+};
+
+}  // namespace proxyep::proxy
