@@ -5,8 +5,9 @@
 // which is what lets a test run 100 connect/crash cycles.
 //
 //   attach_client --socket PATH [--peer HEX] [--end detach|exit|kill|hold]
-// Prints "address HEX" once the daemon opened its endpoint and "started" once it runs; `hold`
-// then waits for stdin to close. Exit 0 on success; 2 with the error on stderr.
+// Prints "address HEX" once the daemon opened its endpoint, "started" once it runs and
+// "attach_ms T" (connect, handshake, mapping, endpoint, registration, start); `hold` then waits
+// for stdin to close. Exit 0 on success; 2 with the error on stderr.
 #include "common/host_memory.hpp"
 #include "control/daemon_connection.hpp"
 #include "gpu_side/doorbell.hpp"
@@ -31,6 +32,7 @@ int main(int argc, char** argv) {
   }
   try {
     const auto timeout = std::chrono::milliseconds(5000);
+    const auto began = std::chrono::steady_clock::now();
     auto daemon = control::DaemonConnection::open(socket, control::ClientKind::attach, timeout,
                                                   "attach_client");
     auto arena = HostMemory::memfd(1 << 20, "arena");
@@ -54,7 +56,9 @@ int main(int argc, char** argv) {
     daemon.request({{"proxyep", "arenas"}, {"descriptors", {arena_descriptor, arena_descriptor}}},
                    {}, "arenas_added", deadline, "attach_client");
     daemon.request({{"proxyep", "start"}}, {}, "started", deadline, "attach_client");
-    std::cout << "started" << std::endl;
+    const auto took =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began);
+    std::cout << "started" << std::endl << "attach_ms " << took.count() << std::endl;
     if (end == "kill") ::raise(SIGKILL);
     if (end == "exit") ::_exit(0);  // no detach, no destructors: as a crash leaves it
     if (end == "hold") {
