@@ -16,5 +16,6 @@ void register_info(CLI::App& app, Action& action);
 void register_launch(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
 void register_status(CLI::App& app, Action& action);
+void register_tune(CLI::App& app, Action& action);
 
 }  // namespace proxyep::tools

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   tools::register_launch(app, action);
   tools::register_bench(app, action);
   tools::register_status(app, action);
+  tools::register_tune(app, action);
 
   try {
     app.parse(argc, argv);

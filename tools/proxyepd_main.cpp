@@ -1,11 +1,16 @@
 // `proxyepd`: the per-node proxy daemon (docs/DAEMON.md). Parameters come from the same
-// registry as `proxyep`'s (--config FILE, --set name=value, PROXYEP_* variables); --socket and
-// --metrics-port are shorthands for daemon.socket and metrics.port that win over --set. Serves
+// registry as `proxyep`'s (--config FILE, --set name=value, PROXYEP_* variables); --socket,
+// --metrics-port, --proxy-threads and --cpus are shorthands for daemon.socket, metrics.port,
+// proxy.threads and proxy.cpus that win over --set (and so over every config file, the tuned
+// one of `proxyep tune` included, and the environment). Serves
 // until SIGTERM/SIGINT, drains, exits 0; exits 1 with "proxyepd: error: ..." when it cannot
 // start (the socket is served by another daemon, a parameter is invalid, ...).
 #include "common/error.hpp"
+#include "common/log.hpp"
+#include "common/params.hpp"
 #include "common/registry.hpp"
 #include "daemon/daemon.hpp"
+#include "tools/cli_checks.hpp"
 #include "tools/load_parameters.hpp"
 
 #include <fmt/format.h>
@@ -32,13 +37,30 @@ int main(int argc, char** argv) {
   app.add_option("--socket", socket, "the Unix socket to serve (daemon.socket)");
   app.add_option("--metrics-port", metrics_port,
                  "serve Prometheus metrics on this port (metrics.port: -1 off, 0 any free port)");
+  std::optional<std::string> proxy_threads;
+  std::optional<std::string> cpus;
+  app.add_option("--proxy-threads", proxy_threads,
+                 "proxy threads of the daemon's engine (proxy.threads; 0 = one per NIC)")
+      ->check(tools::cli_checks::accepted_by(params::proxy_threads));
+  app.add_option("--cpus", cpus,
+                 "CPUs the proxy threads are pinned to, a cpu list like 2-3,6 (proxy.cpus)")
+      ->check(tools::cli_checks::accepted_by(params::proxy_cpus));
   CLI11_PARSE(app, argc, argv);
 
   try {
     std::vector<std::pair<std::string, std::string>> shorthands;
     if (socket) shorthands.emplace_back("daemon.socket", *socket);
     if (metrics_port) shorthands.emplace_back("metrics.port", std::to_string(*metrics_port));
+    if (proxy_threads) shorthands.emplace_back(params::proxy_threads.name(), *proxy_threads);
+    if (cpus) shorthands.emplace_back(params::proxy_cpus.name(), *cpus);
     tools::load_parameters(config_file, overrides, shorthands);
+    // Where the placement came from (a tuned file, the environment, these flags): an operator's
+    // first question when the proxy threads do not run where expected.
+    log::info("proxyepd: proxy.threads = {} ({}), proxy.pin = {} ({}), proxy.cpus = '{}' ({})",
+              params::proxy_threads.value_string(),
+              config::to_string(params::proxy_threads.source()), params::proxy_pin.value_string(),
+              config::to_string(params::proxy_pin.source()), params::proxy_cpus.value_string(),
+              config::to_string(params::proxy_cpus.source()));
     daemon::Daemon daemon(daemon::DaemonOptions::from_params());
     daemon.run();
     return 0;
