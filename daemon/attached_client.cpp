@@ -131,7 +131,7 @@ void AttachedClient::attach(const nlohmann::json& message) {
   request.rank = integer(message, "rank");
   request.ranks = integer(message, "ranks");
   request.tolerate_peer_failures = message.value("tolerate_peer_failures", false);
-  served_ = std::make_unique<ServedRank>(request, std::move(fds));
+  served_ = std::make_shared<ServedRank>(request, std::move(fds));
   send({{"proxyep", "opened"},
         {"addresses", control::hex_encode(served_->addresses())},
         {"arena", control::hex_encode(served_->arena_descriptor())},

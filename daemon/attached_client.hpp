@@ -53,8 +53,10 @@ class AttachedClient {
 
   int fd() const { return socket_.fd(); }
   const PeerCredentials& peer() const { return peer_; }
-  // Null before the attach request and after the connection ended.
+  // Null before the attach request and after the connection ended. Shared: the metrics
+  // endpoint's thread may still read a rank's counters while the loop lets it go.
   const ServedRank* served() const { return served_.get(); }
+  std::shared_ptr<const ServedRank> served_shared() const { return served_; }
   bool done() const { return !socket_.valid(); }
   // Attached and not started: the loop should call tick() often (fabric progress).
   bool in_setup() const { return served_ && !served_->started(); }
@@ -82,7 +84,7 @@ class AttachedClient {
   GroupCheck check_group_;
   control::FrameDecoder decoder_;
   std::vector<int> passed_fds_;  // received with the latest bytes, until a request takes them
-  std::unique_ptr<ServedRank> served_;
+  std::shared_ptr<ServedRank> served_;
 };
 
 }  // namespace proxyep::daemon

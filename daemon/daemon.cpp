@@ -39,15 +39,19 @@ Daemon::Daemon(DaemonOptions options)
   if (options_.metrics_port >= 0) {
     exporter_ = metrics::MetricsExporter::start(
         options_.metrics_address, options_.metrics_port, {},
-        [stats = stats_](metrics::MetricsSink& sink) { collect_daemon_metrics(sink, *stats); });
+        [stats = stats_, served = served_](metrics::MetricsSink& sink) {
+          collect_daemon_metrics(sink, *stats, *served);
+        });
     log::info("proxyepd: metrics at {}", metrics_url());
   }
 }
 
 Daemon::~Daemon() {
+  exporter_.reset();  // joins the HTTP thread: no scrape reads a served rank from here on, and
+                      // it ends before the signal mask is restored
+  served_->entries.clear();
   attached_.clear();
   clients_.clear();
-  exporter_.reset();  // joins the HTTP thread before the signal mask is restored
   listener_.close();
   signals_.reset();
 }
@@ -142,6 +146,11 @@ void Daemon::tend_attached() {
   }
   std::erase_if(attached_, [](const auto& client) { return client->done(); });
   stats_->clients_attached.store(running, std::memory_order_relaxed);
+  std::vector<ServedRanks::Entry> entries;
+  for (const auto& client : attached_)
+    if (client->running()) entries.push_back({client->served_shared(), client->peer().pid});
+  std::lock_guard lock(served_->mutex);
+  served_->entries.swap(entries);  // the old list goes when `entries` does, outside the lock
 }
 
 void Daemon::take_stop_requests(bool wake_ready, bool signal_ready) {

@@ -19,6 +19,7 @@
 
 #include "daemon/attached_client.hpp"
 #include "daemon/client_connection.hpp"
+#include "daemon/daemon_metrics.hpp"
 #include "daemon/daemon_options.hpp"
 #include "daemon/daemon_stats.hpp"
 #include "daemon/signal_watch.hpp"
@@ -72,6 +73,7 @@ class Daemon {
 
   DaemonOptions options_;
   std::shared_ptr<DaemonStats> stats_;  // shared with the metrics callback
+  std::shared_ptr<ServedRanks> served_ = std::make_shared<ServedRanks>();  // likewise
   std::unique_ptr<SignalWatch> signals_;
   control::Socket wake_;  // eventfd written by request_drain()
   std::atomic<bool> drain_requested_{false};

@@ -1,11 +1,13 @@
 #include "daemon/daemon_metrics.hpp"
 
+#include "proxy/thread_metrics.hpp"
+
 namespace proxyep::daemon {
 
-void collect_daemon_metrics(metrics::MetricsSink& sink, const DaemonStats& stats) {
+void collect_daemon_metrics(metrics::MetricsSink& sink, const DaemonStats& stats,
+                            ServedRanks& served) {
   constexpr auto relaxed = std::memory_order_relaxed;
-  sink.gauge("proxyep_daemon_clients_attached",
-             "Clients attached to the daemon's data path (always 0 in this build: status only)", {},
+  sink.gauge("proxyep_daemon_clients_attached", "Ranks whose proxy threads run in the daemon", {},
              static_cast<double>(stats.clients_attached.load(relaxed)));
   constexpr const char* kHelp =
       "Connections by outcome: accepted (welcomed), refused (peer credentials not allowed), "
@@ -21,6 +23,15 @@ void collect_daemon_metrics(metrics::MetricsSink& sink, const DaemonStats& stats
              stats.draining.load(relaxed) ? 1 : 0);
   sink.gauge("proxyep_daemon_uptime_seconds", "Seconds since the daemon started", {},
              stats.uptime_s());
+  std::vector<ServedRanks::Entry> entries;
+  {
+    std::lock_guard lock(served.mutex);
+    entries = served.entries;
+  }
+  for (const auto& entry : entries)
+    proxy::collect_thread_metrics(
+        sink, entry.rank->thread_stats(), entry.rank->ranks(),
+        {{"rank", std::to_string(entry.rank->rank())}, {"pid", std::to_string(entry.pid)}});
 }
 
 }  // namespace proxyep::daemon

@@ -129,10 +129,7 @@ std::vector<std::pair<int, proxy::Failure>> ServedRank::new_peer_failures() {
 }
 
 std::vector<proxy::ThreadStats> ServedRank::thread_stats() const {
-  std::vector<proxy::ThreadStats> stats;
-  for (int t = 0; t < state_->engine->threads(); ++t)
-    stats.push_back(state_->engine->thread_stats(t));
-  return stats;
+  return state_->engine->all_thread_stats();
 }
 
 }  // namespace proxyep::daemon

@@ -71,6 +71,7 @@ class ServedRank {
   std::optional<proxy::Failure> failure() const;
   // Peers given up under tolerate_peer_failures, not reported before (each once).
   std::vector<std::pair<int, proxy::Failure>> new_peer_failures();
+  // Each proxy thread's counters (CPU time included), from any thread while the rank lives.
   std::vector<proxy::ThreadStats> thread_stats() const;
   uint64_t relayed() const { return state_->relay ? state_->relay->relayed() : 0; }
 

@@ -31,6 +31,8 @@ struct Histogram {
 
 class MetricsSink {
  public:
+  using Label = metrics::Label;
+  using Histogram = metrics::Histogram;
   struct Sample {
     std::vector<Label> labels;
     double value = 0;

@@ -10,7 +10,6 @@
 #include "proxy/node_channel.hpp"
 #include "proxy/region_exchange.hpp"
 #include "proxy/session_waits.hpp"
-#include "proxy/thread_cpu.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -141,16 +140,7 @@ void InProcessSession::begin_call(uint64_t call) {
 }
 
 std::vector<ThreadStats> InProcessSession::proxy_thread_stats() const {
-  std::vector<ThreadStats> stats;
-  if (!state_->engine) return stats;
-  const std::vector<pid_t> tids = state_->engine->thread_ids();
-  for (int t = 0; t < state_->engine->threads(); ++t) {
-    ThreadStats s = state_->engine->thread_stats(t);
-    if (const pid_t tid = tids[static_cast<size_t>(t)]; tid != 0)
-      if (auto seconds = thread_cpu_seconds(tid)) s.cpu_ns = static_cast<uint64_t>(*seconds * 1e9);
-    stats.push_back(std::move(s));
-  }
-  return stats;
+  return state_->engine ? state_->engine->all_thread_stats() : std::vector<ThreadStats>{};
 }
 
 bool InProcessSession::proxy_failed() const {

@@ -1,5 +1,7 @@
 #include "proxy/proxy_engine.hpp"
 
+#include "proxy/thread_cpu.hpp"
+
 #include "common/backoff.hpp"
 #include "common/keep_forever.hpp"
 #include "common/log.hpp"
@@ -374,6 +376,18 @@ void ProxyEngine::wait_flag(const control::CounterBank& bank, uint64_t epoch, ui
                             epoch,
                             bank.last_error().empty() ? "" : "; counters: " + bank.last_error());
        });
+}
+
+std::vector<ThreadStats> ProxyEngine::all_thread_stats() const {
+  std::vector<ThreadStats> stats;
+  const std::vector<pid_t> tids = thread_ids();
+  for (int t = 0; t < threads(); ++t) {
+    ThreadStats s = thread_stats(t);
+    if (const pid_t tid = tids[static_cast<size_t>(t)]; tid != 0)
+      if (auto seconds = thread_cpu_seconds(tid)) s.cpu_ns = static_cast<uint64_t>(*seconds * 1e9);
+    stats.push_back(std::move(s));
+  }
+  return stats;
 }
 
 }  // namespace proxyep::proxy

@@ -156,6 +156,9 @@ class ProxyEngine {
   ThreadStats thread_stats(int thread) const {
     return threads_.at(static_cast<size_t>(thread))->stats();
   }
+  // Every thread's counters with its CPU time (ThreadStats::cpu_ns, from the kernel), for
+  // metrics; any thread while the engine lives.
+  std::vector<ThreadStats> all_thread_stats() const;
 
  private:
   class WaiterScope;

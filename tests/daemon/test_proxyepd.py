@@ -446,6 +446,24 @@ def rank_pids(launcher_pid):
     return ranks
 
 
+def stop_job(job):
+    """Ends a `proxyep bench` job and its ranks: SIGTERM to the launcher (which stops its ranks),
+    then SIGKILL to whatever is left, each by its pid."""
+    if job.poll() is None:
+        ranks = rank_pids(job.pid)
+        job.terminate()
+        try:
+            job.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
+        for pid in ranks.values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def case_daemon_client_killed(c):
     paths, daemons, env = start_nodes(c)
     job_a = bench(c, "ep", env, "--iters", "100000", ranks=2, per_node=1, wait=False)
@@ -464,9 +482,7 @@ def case_daemon_client_killed(c):
               f"job B, on the same daemons, did not finish ({job_b.returncode}):\n{out_b}")
     finally:
         for job in (job_a, job_b):
-            if job.poll() is None:
-                job.kill()
-                job.wait()
+            stop_job(job)
     for path in paths:
         wait_for(lambda: attached(c, path) == 0, 10, f"{path} to let go of every client")
     check(any("disconnected" in read(log) for _, log in daemons), "no daemon logged the loss")
@@ -483,9 +499,7 @@ def case_daemon_killed(c):
         out, _ = job.communicate(timeout=60)
         seconds = time.monotonic() - start
     finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
+        stop_job(job)
     check(job.returncode != 0, "the job did not fail when its node's daemon died")
     check(f"proxyepd at {paths[1]}" in out, f"the failure does not name the daemon:\n{out}")
     check(seconds < 15, f"the job took {seconds:.1f} s to fail (ep.timeout_ms 20000)")
@@ -504,6 +518,43 @@ def fd_count(pid):
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         return int(next(l for l in f if l.startswith("VmRSS:")).split()[1])
+
+
+def case_daemon_metrics(c):
+    """The daemon's endpoint shows the proxy threads of every rank it serves, labelled by rank
+    and pid, and their counters move while a job runs through it."""
+    os.environ.update(PROXYEP_FABRIC_PROVIDER="tcp", PROXYEP_FABRIC_REORDER="1")
+    paths = [c.socket_path(f"run/node{n}.sock") for n in range(2)]
+    _, log = c.start(paths[0], "--metrics-port", "0")
+    c.start(paths[1])
+    port = metrics_port(log)
+    env = dict(os.environ, PROXYEP_PROXY_MODE="daemon", PROXYEP_LOG_LEVEL="warn",
+               PROXYEP_DAEMON_SOCKET=c.socket_path("run/node{node}.sock"),
+               PROXYEP_EP_TIMEOUT_MS="20000")
+    job = bench(c, "ep", env, "--iters", "100000", ranks=2, per_node=1, wait=False)
+    try:
+        wait_for(lambda: scrape(port)[("proxyep_daemon_clients_attached", ())] == 1, 60,
+                 "the job's rank 0 to attach")
+        pid = str(wait_for(lambda: rank_pids(job.pid).get(0), 10, "rank 0's pid"))
+
+        def sample(name, **labels):
+            key = (name, tuple(sorted({"thread": "0", "rank": "0", "pid": pid, **labels}.items())))
+            return scrape(port).get(key)
+
+        first = wait_for(lambda: (sample("proxyep_proxy_descriptors_total") or 0) > 0 and
+                         sample("proxyep_proxy_descriptors_total"), 30, "descriptors to count")
+        wait_for(lambda: sample("proxyep_proxy_descriptors_total") > first, 30,
+                 "the descriptor counter to move while the job runs")
+        check(sample("proxyep_proxy_write_latency_seconds_count") > 0, "no write latency sample")
+        check(sample("proxyep_proxy_completions_total", side="remote") > 0,
+              "no remote completion counted (immediates the daemon relays)")
+        check(sample("proxyep_proxy_cq_errors_total") == 0, "CQ errors on a healthy job")
+    finally:
+        stop_job(job)
+    wait_for(lambda: scrape(port)[("proxyep_daemon_clients_attached", ())] == 0, 30,
+             "the killed job's rank to be let go")
+    check(not any(name.startswith("proxyep_proxy_") for name, _ in scrape(port)),
+          "a rank let go still has proxy samples")
 
 
 def case_daemon_crash_cycles(c):
