@@ -242,6 +242,13 @@ void RingProducer::kick() noexcept {
     doorbell_->kick();
 }
 
+void RingProducer::set_waiting(bool waiting) noexcept {
+  atomic(ring_.header().producer.waiting).exchange(waiting ? 1 : 0, std::memory_order_seq_cst);
+  if (waiting && doorbell_ != nullptr &&
+      atomic(ring_.header().signal.consumer_sleeping).load(std::memory_order_seq_cst) != 0)
+    kick();
+}
+
 // ---- consumer ----
 
 RingConsumer::RingConsumer(Ring ring) : ring_(ring) {
@@ -285,8 +292,11 @@ bool RingConsumer::announce_sleep() noexcept {
     end_sleep();
     return false;
   }
-  if (atomic(header.producer.head).load(std::memory_order_seq_cst) == position_) return true;
-  end_sleep();  // something is reserved or published: stay awake
+  // seq_cst: pairs with the exchange in RingProducer::set_waiting (its flag load comes after).
+  if (atomic(header.producer.head).load(std::memory_order_seq_cst) == position_ &&
+      atomic(header.producer.waiting).load(std::memory_order_seq_cst) == 0)
+    return true;
+  end_sleep();  // something is reserved or published, or the producer waits: stay awake
   return false;
 }
 

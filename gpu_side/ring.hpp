@@ -190,6 +190,11 @@ class RingProducer {
   // Publishes owed nops, waiting until `deadline`. ok when nothing is owed any more.
   Status flush(const Deadline& deadline) noexcept;
   bool owes_nop() const noexcept { return owed_begin_ != owed_end_; }
+  // The producer's process is (true) or is no longer (false) waiting on the consumer's effects
+  // (ProducerState::waiting); starting to wait kicks a consumer that sleeps, so it polls again.
+  // The store is a locked exchange (a full fence) and announce_sleep() loads the word after its
+  // flag store: the Dekker pair of the doorbell, so a consumer never sleeps through a waiter.
+  void set_waiting(bool waiting) noexcept;
   // Single-producer ring in kSyncFence: each publish pays a locked exchange (no membarrier, or
   // fence_per_publish). False on multi-producer rings.
   bool fences_publish() const noexcept { return single_ && fence_; }

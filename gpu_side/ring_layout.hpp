@@ -26,7 +26,8 @@ inline constexpr uint32_t kRingMagic = 0x52504550u;  // "PEPR" read as little-en
 // 2: RingConfig::producer_mode and ProducerState::attached/sync. A version-1 build must not
 // attach: it would fetch-add the head of a single-producer ring behind its producer's back.
 // 3: ConsumerState::retired, which a producer in another process (a client of the node daemon)
-// reads to know when the source of a write may be reused; a version-2 consumer never writes it.
+// reads to know when the source of a write may be reused, and ProducerState::waiting, which keeps
+// that process's consumer awake while the producer waits; a version-2 consumer knows neither.
 inline constexpr uint32_t kRingLayoutVersion = 3;
 // Producer and consumer state are kept this far apart, not merely a cache line: Intel's
 // adjacent-line prefetcher pulls lines in 128-byte pairs, so state 64 B apart still false-shares
@@ -63,6 +64,9 @@ struct alignas(kFalseSharingRange) ProducerState {
   uint64_t head;
   uint32_t attached;  // single-producer rings: 1 while a RingProducer holds the ring
   uint32_t sync;      // single-producer rings: kSyncFence or kSyncBarrier, set by the producer
+  // 1 while the producer's process waits on what the consumer does (a node daemon's client in
+  // a wait: RingProducer::set_waiting): the consumer keeps polling instead of sleeping.
+  uint32_t waiting;
 };
 
 // Written by the consumer once per non-empty burst; read by producers only when their cached

@@ -159,6 +159,17 @@ void DaemonSession::pump(std::string_view phase) {
 void DaemonSession::poll_until_ready(const std::function<bool()>& ready, const Deadline& deadline,
                                      std::string_view phase,
                                      const std::function<std::string()>& describe) {
+  // The daemon's proxy threads keep polling while this rank waits (ProducerState::waiting):
+  // what it waits for arrives through their completion queues.
+  struct Waiting {
+    gpu_side::RingProducer* producer;
+    explicit Waiting(gpu_side::RingProducer* p) : producer(p) {
+      if (producer) producer->set_waiting(true);
+    }
+    ~Waiting() {
+      if (producer) producer->set_waiting(false);
+    }
+  } waiting(producer_.get());
   Poller poller;
   for (uint32_t polls = 0;; ++polls) {
     pump(phase);

@@ -168,11 +168,14 @@ void ProxyThread::run() {
   exited_.store(true, std::memory_order_release);  // pairs with the acquire in join_until()
 }
 
-// Sleeping is for a thread with nothing to wait for: a waiter depends on completions only polling
-// finds, and writes in flight or waiting for credits complete only if their CQ is read
-// (manual-progress providers) and their credits come back.
+// Sleeping is for a thread with nothing to wait for: a waiter (in this process, or a daemon
+// client that produces into one of the rings) depends on completions only polling finds, and
+// writes in flight or waiting for credits complete only if their CQ is read (manual-progress
+// providers) and their credits come back.
 bool ProxyThread::keep_awake() const {
   if (signals_.waiting.load(std::memory_order_relaxed) > 0 || !backlog_.empty()) return true;
+  for (const auto& lane : lanes_)
+    if (lane->producer_waiting()) return true;  // a daemon client waits (ring_layout.hpp)
   return counters_.posted.load(std::memory_order_relaxed) !=
          counters_.completed.load(std::memory_order_relaxed);
 }

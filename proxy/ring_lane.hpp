@@ -109,6 +109,10 @@ class RingLane {
   uint64_t unfinished() const { return tracker_.posted() - tracker_.retired_prefix(); }
   // Any thread.
   uint64_t retired() const { return base_ + tracker_.retired_prefix(); }
+  // The ring's producer waits on this proxy (a node daemon's client in a wait): keep polling.
+  bool producer_waiting() const {
+    return gpu_side::atomic(ring_.header().producer.waiting).load(std::memory_order_relaxed) != 0;
+  }
   uint64_t reserved() const {
     return gpu_side::atomic(ring_.header().producer.head).load(std::memory_order_acquire);
   }

@@ -53,6 +53,23 @@ TEST_CASE("producers kick only a consumer that announced sleep on an empty ring,
   CHECK_FALSE(consumer.announce_sleep());
 }
 
+TEST_CASE("a waiting producer keeps the consumer awake and wakes a sleeping one") {
+  HeapRing r(64);
+  Doorbell bell;
+  RingProducer producer(r.ring, {.doorbell = &bell});
+  RingConsumer consumer(r.ring);
+  producer.set_waiting(true);
+  CHECK_FALSE(bell.wait(0ns));             // nobody slept: no kick
+  CHECK_FALSE(consumer.announce_sleep());  // empty ring, but its producer waits
+  producer.set_waiting(false);
+  REQUIRE(consumer.announce_sleep());
+  producer.set_waiting(true);  // a wait begins while the consumer sleeps
+  CHECK(bell.wait(0ns));
+  CHECK(r.ring.header().signal.consumer_sleeping == 0);
+  producer.set_waiting(false);
+  CHECK_FALSE(bell.wait(0ns));  // ending a wait kicks nobody
+}
+
 TEST_CASE("no lost wake-up: thousands of sleep/produce races") {
   constexpr uint64_t kRounds = 4000;
   const WakeupRaces races = sleep_produce_races(ProducerMode::multi, false, false, kRounds);
