@@ -104,7 +104,10 @@ void AttachedClient::handle(const nlohmann::json& message) {
     served_->connect(group);
     send({{"proxyep", "connected"}});
   } else if (type == "arenas") {
-    served_->add_arenas(hex_list(message, "descriptors"));
+    served_->add_arenas(hex_list(message, "descriptors"),
+                        message.contains("landing_descriptors")
+                            ? hex_list(message, "landing_descriptors")
+                            : std::vector<fabric::Bytes>{});
     send({{"proxyep", "arenas_added"}});
   } else if (type == "start") {
     served_->start();
@@ -131,11 +134,15 @@ void AttachedClient::attach(const nlohmann::json& message) {
   request.rank = integer(message, "rank");
   request.ranks = integer(message, "ranks");
   request.tolerate_peer_failures = message.value("tolerate_peer_failures", false);
+  request.landing_fabric = message.value("landing_fabric", std::string());
   served_ = std::make_shared<ServedRank>(request, std::move(fds));
-  send({{"proxyep", "opened"},
-        {"addresses", control::hex_encode(served_->addresses())},
-        {"arena", control::hex_encode(served_->arena_descriptor())},
-        {"provider", served_->capabilities().provider}});
+  nlohmann::json opened{{"proxyep", "opened"},
+                        {"addresses", control::hex_encode(served_->addresses())},
+                        {"arena", control::hex_encode(served_->arena_descriptor())},
+                        {"provider", served_->capabilities().provider}};
+  if (auto landing = served_->landing_descriptor())
+    opened["landing"] = control::hex_encode(*landing);
+  send(opened);
 }
 
 void AttachedClient::tick() {

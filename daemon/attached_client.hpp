@@ -2,12 +2,16 @@
 // daemon. It speaks the attach protocol (after the handshake of control/daemon_handshake.hpp),
 // one request and one reply at a time, each a frame:
 //
-//   client -> {"proxyep":"attach","rank":r,"ranks":R,"tolerate_peer_failures":bool}
-//             + descriptors: arena, staging, ring (memfds), doorbell (eventfd), relay (memfd)
-//   daemon -> {"proxyep":"opened","addresses":hex,"arena":hex,"provider":"tcp;ofi_rxm"}
+//   client -> {"proxyep":"attach","rank":r,"ranks":R,"tolerate_peer_failures":bool,
+//              "landing_fabric":"auto"}                     (the last only with a landing region)
+//             + descriptors: arena, staging, ring (memfds), doorbell (eventfd), relay (memfd),
+//               [landing (memfd)]
+//   daemon -> {"proxyep":"opened","addresses":hex,"arena":hex,"provider":"tcp;ofi_rxm",
+//              ["landing":hex]}                              (when it registered the landing
+//              region)
 //   client -> {"proxyep":"connect","addresses":[hex, ...]}      (every rank's, by rank)
 //   daemon -> {"proxyep":"connected"}
-//   client -> {"proxyep":"arenas","descriptors":[hex, ...]}     (every rank's, by rank)
+//   client -> {"proxyep":"arenas","descriptors":[hex, ...],["landing_descriptors":[hex, ...]]}
 //   daemon -> {"proxyep":"arenas_added"}
 //   client -> {"proxyep":"start"}
 //   daemon -> {"proxyep":"started"}

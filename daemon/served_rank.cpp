@@ -5,6 +5,7 @@
 #include "common/keep_forever.hpp"
 #include "common/log.hpp"
 #include "proxy/fabric_channel.hpp"
+#include "proxy/session.hpp"
 
 #include <unistd.h>
 
@@ -33,10 +34,12 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
         if (fd >= 0) ::close(fd);
     }
   } close_all{fds};
-  require(fds.size() == AttachRequest::count, kPhase,
+  const bool with_landing = !request.landing_fabric.empty();
+  require(fds.size() == AttachRequest::count + (with_landing ? 1u : 0u), kPhase,
           "the attach frame carried {} file descriptors, {} expected (arena, staging, ring, "
-          "doorbell, relay)",
-          fds.size(), static_cast<int>(AttachRequest::count));
+          "doorbell, relay{})",
+          fds.size(), static_cast<int>(AttachRequest::count) + (with_landing ? 1 : 0),
+          with_landing ? ", landing" : "");
   require(request.ranks >= 2 && request.rank >= 0 && request.rank < request.ranks, kPhase,
           "rank {} of {} ranks: a rank between 0 and ranks - 1, at least 2 ranks", request.rank,
           request.ranks);
@@ -54,6 +57,11 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   s.fabric = fabric::Fabric::open(fabric::FabricOptions::from_params(request.rank));
   s.arena_region = s.fabric->register_memory(s.arena->host(), s.arena->size());
   s.staging_region = s.fabric->register_memory(s.staging->host(), s.staging->size());
+  if (with_landing &&
+      proxy::registers_landing(request.landing_fabric, s.fabric->capabilities().provider)) {
+    s.landing = map_client_fd(fds[AttachRequest::landing], "landing region");
+    s.landing_region = s.fabric->register_memory(s.landing->host(), s.landing->size());
+  }
   proxy::EngineOptions options = proxy::EngineOptions::from_params();
   options.tolerate_peer_failures = request.tolerate_peer_failures;
   s.engine = std::make_unique<proxy::ProxyEngine>(*s.fabric, request.rank, request.ranks, s.router,
@@ -80,6 +88,11 @@ fabric::Bytes ServedRank::arena_descriptor() const {
   return state_->arena_region->descriptor().serialize();
 }
 
+std::optional<fabric::Bytes> ServedRank::landing_descriptor() const {
+  if (!state_->landing_region) return std::nullopt;
+  return state_->landing_region->descriptor().serialize();
+}
+
 void ServedRank::connect(const std::vector<fabric::Bytes>& group) {
   require(group_.empty(), kPhase, "rank {} asked to connect twice", request_.rank);
   require(group.size() == static_cast<size_t>(request_.ranks), kPhase,
@@ -90,15 +103,27 @@ void ServedRank::connect(const std::vector<fabric::Bytes>& group) {
   group_ = group;
 }
 
-void ServedRank::add_arenas(const std::vector<fabric::Bytes>& descriptors) {
+void ServedRank::add_arenas(const std::vector<fabric::Bytes>& descriptors,
+                            const std::vector<fabric::Bytes>& landing_descriptors) {
   require(!group_.empty() && !started_, kPhase,
           "arena descriptors come after connect, before start");
   require(descriptors.size() == static_cast<size_t>(request_.ranks), kPhase,
           "{} arena descriptors for a job of {} ranks", descriptors.size(), request_.ranks);
-  for (int r = 0; r < request_.ranks; ++r)
+  const bool landing = state_->landing_region != nullptr;
+  require(landing_descriptors.size() == (landing ? descriptors.size() : 0u), kPhase,
+          "{} landing descriptors for a job of {} ranks (this rank's landing region is {})",
+          landing_descriptors.size(), request_.ranks, landing ? "registered" : "not registered");
+  if (landing)
+    state_->engine->regions().add_local(proxy::FabricLink::kLandingRegion, *state_->landing_region);
+  for (int r = 0; r < request_.ranks; ++r) {
     state_->engine->regions().add_remote(
         r, proxy::FabricLink::kArenaRegion,
         fabric::RegionDescriptor::deserialize(descriptors[static_cast<size_t>(r)]));
+    if (landing)
+      state_->engine->regions().add_remote(
+          r, proxy::FabricLink::kLandingRegion,
+          fabric::RegionDescriptor::deserialize(landing_descriptors[static_cast<size_t>(r)]));
+  }
 }
 
 void ServedRank::start() {

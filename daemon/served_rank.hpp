@@ -30,6 +30,7 @@
 
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 namespace proxyep::daemon {
@@ -39,8 +40,11 @@ struct AttachRequest {
   int rank = 0;
   int ranks = 0;
   bool tolerate_peer_failures = false;
-  // The descriptors that came with the frame, in this order.
-  enum Fd { arena, staging, ring, doorbell, relay, count };
+  // ep.landing_fabric of the client, when it passed its landing region (the sixth descriptor):
+  // registered as FabricLink::kLandingRegion when registers_landing() says so for this fabric.
+  std::string landing_fabric;
+  // The descriptors that came with the frame, in this order (landing optional).
+  enum Fd { arena, staging, ring, doorbell, relay, count, landing = count };
 };
 
 class ServedRank {
@@ -56,12 +60,17 @@ class ServedRank {
   int ranks() const { return request_.ranks; }
   fabric::Bytes addresses() const { return state_->fabric->addresses(); }
   fabric::Bytes arena_descriptor() const;
+  // The landing region's descriptor when it is registered, else nullopt.
+  std::optional<fabric::Bytes> landing_descriptor() const;
   const fabric::Capabilities& capabilities() const { return state_->fabric->capabilities(); }
   // The job's fabric addresses (index = rank), as connect() accepted them; empty before.
   const std::vector<fabric::Bytes>& group() const { return group_; }
 
   void connect(const std::vector<fabric::Bytes>& group);
-  void add_arenas(const std::vector<fabric::Bytes>& descriptors);
+  // Every rank's arena descriptor, and (when the landing region is registered) every rank's
+  // landing descriptor.
+  void add_arenas(const std::vector<fabric::Bytes>& descriptors,
+                  const std::vector<fabric::Bytes>& landing_descriptors);
   void start();
   bool started() const { return started_; }
   // Before start(): the client's collectives wait on its peers, whose fabric needs this side
@@ -82,10 +91,10 @@ class ServedRank {
   std::vector<bool> peer_failure_reported_;
   // Everything the proxy threads may touch; leaked whole when stop() had to abandon a thread.
   struct State {
-    std::unique_ptr<HostMemory> arena, staging, ring_memory, relay_memory;
+    std::unique_ptr<HostMemory> arena, staging, ring_memory, relay_memory, landing;
     std::unique_ptr<gpu_side::Doorbell> doorbell;
     std::unique_ptr<fabric::Fabric> fabric;
-    std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region;
+    std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region;
     std::unique_ptr<proxy::RelaySender> relay;
     control::SignalRouter router;
     std::unique_ptr<proxy::ProxyEngine> engine;

@@ -101,7 +101,10 @@ uint64_t landing_bytes(const BufferOptions& opts) {
 // `config` with `landing` (may be null) for the fabric to register (ep.landing_fabric).
 proxy::SessionConfig with_landing(proxy::SessionConfig config,
                                   const integrations::normal::LandingZone* landing) {
-  if (landing != nullptr) config.landing = landing->local();
+  if (landing != nullptr) {
+    config.landing = landing->local();
+    config.landing_fd = landing->local_fd();
+  }
   config.landing_fabric = params::ep_landing_fabric.get();
   config.send_from_caller = params::ep_send_from_x.get() != "off";
   return config;

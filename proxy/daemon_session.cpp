@@ -71,23 +71,33 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
   const auto relay_ring =
       gpu_side::Ring::create(relay_memory_->bytes(), kRelaySlots, gpu_side::ProducerMode::single);
   doorbell_ = std::make_unique<gpu_side::Doorbell>();
-  const int fds[] = {node_->local_fd(), staging_->fd(), ring_memory_->fd(), doorbell_->fd(),
-                     relay_memory_->fd()};
-  const nlohmann::json opened =
-      daemon_->request({{"proxyep", "attach"},
+  std::vector<int> fds{node_->local_fd(), staging_->fd(), ring_memory_->fd(), doorbell_->fd(),
+                       relay_memory_->fd()};
+  nlohmann::json attach{{"proxyep", "attach"},
                         {"rank", rank()},
                         {"ranks", ranks()},
-                        {"tolerate_peer_failures", config.tolerate_peer_failures}},
-                       fds, "opened", deadline, kPhase);
+                        {"tolerate_peer_failures", config.tolerate_peer_failures}};
+  // The landing region is a memfd the node's ranks map already: the daemon maps it too and
+  // registers it (when ep.landing_fabric says so for its fabric), so rows from other nodes land
+  // in recv_x as in process.
+  if (config.landing_fd >= 0 && !config.landing.empty()) {
+    fds.push_back(config.landing_fd);
+    attach["landing_fabric"] = config.landing_fabric;
+  }
+  const nlohmann::json opened = daemon_->request(attach, fds, "opened", deadline, kPhase);
   provider_ = opened.value("provider", std::string("?"));
+  const bool landing = opened.contains("landing");
 
   const auto addresses =
       bootstrap.allgather(hex_field(opened, "addresses"), "buffer(fabric addresses)");
   daemon_->request({{"proxyep", "connect"}, {"addresses", hex_all(addresses)}}, {}, "connected",
                    deadline, kPhase);
   const auto arenas = bootstrap.allgather(hex_field(opened, "arena"), "buffer(region 0)");
-  daemon_->request({{"proxyep", "arenas"}, {"descriptors", hex_all(arenas)}}, {}, "arenas_added",
-                   deadline, kPhase);
+  nlohmann::json regions{{"proxyep", "arenas"}, {"descriptors", hex_all(arenas)}};
+  if (landing)
+    regions["landing_descriptors"] =
+        hex_all(bootstrap.allgather(hex_field(opened, "landing"), "buffer(region 2)"));
+  daemon_->request(regions, {}, "arenas_added", deadline, kPhase);
 
   // Keys as in process (fabric_channel.hpp): records, eager bytes, releases, landing writes.
   counters_ = std::make_unique<control::CounterBank>(4u * static_cast<uint32_t>(ranks()));
@@ -100,8 +110,7 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
                                        [this](std::string_view phase) { check_health(phase); });
   for (int r = 0; r < ranks(); ++r) {
     if (layout().on_node(r)) continue;
-    auto channel = std::make_unique<FabricChannel>(r, layout(), node_->local(), *link_,
-                                                   /*landing=*/false);
+    auto channel = std::make_unique<FabricChannel>(r, layout(), node_->local(), *link_, landing);
     router_.attach_stream(static_cast<uint32_t>(r), channel->window());
     router_.attach_credits(static_cast<uint32_t>(r), channel->credits());
     channels_[r] = std::move(channel);

@@ -16,8 +16,9 @@
 // on the proxy threads' futex, and each poll drains the relay; the daemon's health comes over
 // the socket (a failure frame, or the socket's end when the daemon exits), which every wait,
 // quiet and full-ring push checks, so a dead daemon fails the call at once, naming its socket.
-// The caller's memory is not the daemon's: no landing region and no writes straight from x
-// (ep.landing_fabric and ep.send_from_x do not apply).
+// The landing region (a memfd the node's ranks map) goes to the daemon too, which registers it
+// as in process (ep.landing_fabric), so other nodes' rows land straight in recv_x. The caller's
+// own memory (x) is not the daemon's: no writes straight from x (ep.send_from_x does not apply).
 #pragma once
 
 #include "common/host_memory.hpp"

@@ -23,14 +23,6 @@ namespace {
 constexpr const char* kPhase = "buffer";
 constexpr uint64_t kRingSlots = 4096;
 
-// Whether the landing region is registered: registration pins memory on efa and verbs (the
-// whole region, however little of it outputs use), on tcp, shm and the like it does not.
-bool registers_landing(std::string_view mode, const fabric::Capabilities& caps) {
-  if (mode != "auto") return mode == "on";
-  return caps.provider.find("efa") == std::string::npos &&
-         caps.provider.find("verbs") == std::string::npos;
-}
-
 }  // namespace
 
 InProcessSession::InProcessSession(control::Bootstrap& bootstrap, const SessionConfig& config)
@@ -82,8 +74,8 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.staging = std::make_unique<HostMemory>(HostMemory::heap(layout().staging_bytes()));
   s.arena_region = s.fabric->register_memory(s.node->local(), s.node->bytes());
   s.staging_region = s.fabric->register_memory(s.staging->host(), s.staging->size());
-  const bool landing =
-      !config.landing.empty() && registers_landing(config.landing_fabric, s.fabric->capabilities());
+  const bool landing = !config.landing.empty() &&
+                       registers_landing(config.landing_fabric, s.fabric->capabilities().provider);
   if (landing)
     s.landing_region = s.fabric->register_memory(config.landing.data(), config.landing.size());
   // Keys: records [0, R), eager bytes [R, 2R), releases [2R, 3R), landing-region writes

@@ -78,6 +78,12 @@ void check_agreed(control::Bootstrap& bootstrap, const SessionSizes& mine, bool 
 
 }  // namespace
 
+bool registers_landing(std::string_view mode, std::string_view provider) {
+  if (mode != "auto") return mode == "on";
+  return provider.find("efa") == std::string_view::npos &&
+         provider.find("verbs") == std::string_view::npos;
+}
+
 std::unique_ptr<Session> Session::open(control::Bootstrap& bootstrap, const SessionConfig& config) {
   SessionConfig agreed = config;
   agreed.sizes.ranks = bootstrap.world_size();

@@ -53,6 +53,7 @@ struct SessionConfig {
   // off, or auto (on unless the provider pins what it registers: efa, verbs). Every rank
   // passes the same; the region must outlive the session.
   std::span<std::byte> landing;
+  int landing_fd = -1;  // the landing region's memfd (a node daemon maps and registers it)
   std::string landing_fabric = "auto";
   // Whether a chunk that is a run of the caller's memory may be written straight from it
   // (PeerChannel::send_chunk_from; ep.send_from_x): only where the provider needs no
@@ -78,6 +79,11 @@ struct Wait {
   std::function<std::string(int)> detail;
   std::function<bool(int, const std::string&)> on_lost;
 };
+
+// Whether the landing region is registered with the fabric: ep.landing_fabric `mode` (on, off,
+// auto) for `provider`. Registration pins memory on efa and verbs (the whole region, however
+// little of it outputs use), so auto is off there; on tcp, shm and the like it costs nothing.
+bool registers_landing(std::string_view mode, std::string_view provider);
 
 class Session {
  public:

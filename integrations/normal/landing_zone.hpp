@@ -40,6 +40,8 @@ class LandingZone : public std::enable_shared_from_this<LandingZone> {
   std::byte* region(int rank) const { return memory_.peer(rank); }
   // This rank's region, for the fabric to register.
   std::span<std::byte> local() const { return {memory_.local(), memory_.bytes()}; }
+  // Its memfd, for a node daemon that registers it in this rank's place.
+  int local_fd() const { return memory_.local_fd(); }
   // An output of [rows, cols] `dtype` at `offset` of this rank's region (inside the run it
   // offered: LandingBlocks::Offer::place); an undefined tensor when it does not fit there.
   gpu_side::ep::Tensor take(uint64_t offset, gpu_side::ep::DType dtype, int64_t rows, int64_t cols);

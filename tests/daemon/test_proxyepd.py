@@ -97,6 +97,7 @@ class Case:
         self.proxyepd = args.proxyepd
         self.proxyep = args.proxyep
         self.attach_client = args.attach_client
+        self.ep_buffer = args.ep_buffer
         self.tmp = tempfile.mkdtemp(prefix="proxyepd-test-")
         self.daemons = []  # (Popen, log path)
 
@@ -520,6 +521,19 @@ def rss_kib(pid):
         return int(next(l for l in f if l.startswith("VmRSS:")).split()[1])
 
 
+def case_daemon_ep_buffer(c):
+    """The Buffer's own end-to-end checks (tests/integration/ep_buffer.cpp: every case against
+    the reference, bad input, stats) with the proxy in the daemons; with one rank per node its
+    rows from the other node land in recv_x through the landing region the daemon registered."""
+    paths, daemons, env = start_nodes(c)
+    done = subprocess.run([c.proxyep, "launch", "-n", "2", "--timeout", "90", "--", c.ep_buffer,
+                           "--ranks-per-node", "1", "--seed", "3"],
+                          env=env, capture_output=True, text=True, timeout=120)
+    check(done.returncode == 0 and "all cases OK" in done.stdout,
+          f"ep_buffer through the daemons failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+    check_served(c, paths, daemons, 2, 1)
+
+
 def case_daemon_metrics(c):
     """The daemon's endpoint shows the proxy threads of every rank it serves, labelled by rank
     and pid, and their counters move while a job runs through it."""
@@ -617,6 +631,7 @@ def main():
     parser.add_argument("--proxyepd", required=True)
     parser.add_argument("--proxyep", required=True)
     parser.add_argument("--attach-client")
+    parser.add_argument("--ep-buffer")
     parser.add_argument("case", choices=sorted(CASES))
     args = parser.parse_args()
     case = Case(args)
