@@ -12,6 +12,7 @@
 #include <charconv>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <system_error>
 #include <utility>
 
@@ -409,6 +410,14 @@ bool Hwloc::pin_current_thread(const std::vector<int>& pus) const {
 
 Topology discover() {
   return Hwloc(true).snapshot();
+}
+
+const Topology& discovered() {
+  static std::mutex mutex;
+  static std::unique_ptr<const Topology> snapshot;
+  std::lock_guard lock(mutex);
+  if (!snapshot) snapshot = std::make_unique<const Topology>(discover());
+  return *snapshot;
 }
 
 bool pin_current_thread(const std::vector<int>& pus) {

@@ -125,6 +125,10 @@ class Hwloc {
 
 // Loads the topology with I/O devices and snapshots it. Throws proxyep::Error ("topology").
 Topology discover();
+// discover()'s snapshot, taken once per process (the first call; a failure is retried by the
+// next call): loading hwloc with I/O devices takes 10-60 ms, which every proxy engine paid, and
+// proxyepd builds one per attaching rank. Devices hot-plugged later are not seen.
+const Topology& discovered();
 
 // Hwloc::pin_current_thread() on a process-wide CPU-only topology loaded on first use (loading
 // may throw proxyep::Error; binding failures return false).

@@ -126,10 +126,9 @@ ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::S
   require(is_power_of_two(options_.ring_window), kPhase,
           "the ring window must be a power of two (got {})", options_.ring_window);
   if (options_.tolerate_peer_failures) shared_->health.tolerate_peer_failures(ranks);
-  std::unique_ptr<topology::Topology> topo;
-  if (options_.placement.pin && options_.placement.cpus.empty())
-    topo = std::make_unique<topology::Topology>(topology::discover());
-  plans_ = plan_threads(fabric_, options_.placement, topo.get());
+  const topology::Topology* topo = nullptr;
+  if (options_.placement.pin && options_.placement.cpus.empty()) topo = &topology::discovered();
+  plans_ = plan_threads(fabric_, options_.placement, topo);
   for (size_t t = 0; t < plans_.size(); ++t) {
     ThreadConfig config;
     config.index = static_cast<int>(t);

@@ -35,6 +35,13 @@ int main(int argc, char** argv) {
     const auto began = std::chrono::steady_clock::now();
     auto daemon = control::DaemonConnection::open(socket, control::ClientKind::attach, timeout,
                                                   "attach_client");
+    auto lap = [&, last = began](const char* step) mutable {
+      const auto now = std::chrono::steady_clock::now();
+      std::cerr << step << " " << std::chrono::duration<double, std::milli>(now - last).count()
+                << " ms\n";
+      last = now;
+    };
+    lap("welcome");
     auto arena = HostMemory::memfd(1 << 20, "arena");
     auto staging = HostMemory::memfd(1 << 20, "staging");
     auto ring_memory = HostMemory::memfd(gpu_side::Ring::bytes_for(64), "ring");
@@ -48,14 +55,18 @@ int main(int argc, char** argv) {
     const Deadline deadline(timeout);
     auto opened = daemon.request({{"proxyep", "attach"}, {"rank", 0}, {"ranks", 2}}, fds, "opened",
                                  deadline, "attach_client");
+    lap("opened");
     const std::string own = opened["addresses"];
     std::cout << "address " << own << std::endl;
     daemon.request({{"proxyep", "connect"}, {"addresses", {own, peer.empty() ? own : peer}}}, {},
                    "connected", deadline, "attach_client");
+    lap("connected");
     const std::string arena_descriptor = opened["arena"];
     daemon.request({{"proxyep", "arenas"}, {"descriptors", {arena_descriptor, arena_descriptor}}},
                    {}, "arenas_added", deadline, "attach_client");
+    lap("arenas_added");
     daemon.request({{"proxyep", "start"}}, {}, "started", deadline, "attach_client");
+    lap("started");
     const auto took =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began);
     std::cout << "started" << std::endl << "attach_ms " << took.count() << std::endl;
