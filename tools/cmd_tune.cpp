@@ -1,5 +1,6 @@
 // `proxyep tune`: on this node, measures `bench ep` for one EP shape over proxy thread counts,
 // pinning, ep.chunk_bytes and ep.eager_bytes (coordinate descent: tools/tune/tune_search.hpp),
+// and `bench proxy` for each proxy threads x pinning candidate (unless --no-proxy-bench),
 // prints a table with the chosen row marked and writes the chosen values as a parameter file
 // that `--config FILE` and PROXYEP_CONFIG load (docs/TUNE.md). Everything that can be checked
 // (the shape, the lists, the output file) is checked before the first run.
@@ -28,6 +29,8 @@ struct TuneCli {
   EpBenchOptions shape;
   tune::SpaceOptions space;
   int repeats = 1;
+  tune::ProxyBenchPlan proxy;
+  bool no_proxy_bench = false;
   double timeout_s = 300;
   std::string output = "proxyep-tune.json";
   bool force = false;
@@ -66,7 +69,25 @@ std::string shape_line(const EpBenchOptions& s, const tune::BenchPlan& plan) {
       w.iters, w.warmup, plan.repeats, plan.repeats == 1 ? "" : "s");
 }
 
-nlohmann::json search_json(const tune::SearchSpace& space, const tune::BenchPlan& plan) {
+std::string proxy_line(const tune::ProxyBenchPlan& proxy) {
+  if (!proxy.enabled) return "";
+  return fmt::format(
+      "; stage 1 also bench proxy, 8-byte writes, {} run{} of {} ping-pongs and {} streamed "
+      "(medians)",
+      proxy.runs, proxy.runs == 1 ? "" : "s", proxy.latency_iters, proxy.stream);
+}
+
+nlohmann::json search_json(const tune::SearchSpace& space, const tune::BenchPlan& plan,
+                           const tune::BenchRunner& runner) {
+  nlohmann::json proxy = nullptr;  // no proxy benchmark
+  if (plan.proxy.enabled)
+    proxy = {{"runs", plan.proxy.runs},
+             {"latency_iters", plan.proxy.latency_iters},
+             {"stream", plan.proxy.stream},
+             {"command", runner.proxy_argv().empty()
+                             ? nlohmann::json::array()
+                             : nlohmann::json(std::vector<std::string>(
+                                   runner.proxy_argv().begin() + 1, runner.proxy_argv().end()))}};
   return {{params::proxy_threads.name(), space.threads},
           {params::proxy_pin.name(), space.pin},
           {params::ep_chunk_bytes.name(), space.chunk_bytes},
@@ -78,6 +99,7 @@ nlohmann::json search_json(const tune::SearchSpace& space, const tune::BenchPlan
             {"eager_bytes", space.start.eager_bytes}}},
           {"runs", tune::planned_runs(space)},
           {"repeats", plan.repeats},
+          {"proxy_bench", std::move(proxy)},
           {"timeout_s", static_cast<double>(plan.timeout.count()) / 1000}};
 }
 
@@ -108,14 +130,16 @@ int run_tune(const TuneCli& cli) {
   plan.repeats = cli.repeats;
   plan.timeout = std::chrono::milliseconds(std::llround(cli.timeout_s * 1000));
   plan.env = forwarded_parameters();
+  plan.proxy = cli.proxy;
+  plan.proxy.enabled = !cli.no_proxy_bench;
   tune::ReportContext context;
-  context.shape = shape_line(shape, plan);
+  context.shape = shape_line(shape, plan) + proxy_line(plan.proxy);
   context.shape_json = {{"ranks", shape.ranks},
                         {"ranks_per_node", shape.ranks_per_node},
                         {"provider", shape.provider},
                         {"reorder", shape.reorder},
                         {"workload", to_json(shape.workload)}};
-  context.search_json = search_json(space, plan);
+  context.proxy_bench = plan.proxy.enabled;
 
   const int candidates = tune::planned_runs(space);
   fmt::print(stderr, "proxyep tune: {}; {} candidate{}, each run at most {:g} s\n", context.shape,
@@ -123,8 +147,9 @@ int run_tune(const TuneCli& cli) {
   tune::SearchResult result;
   {
     tune::BenchRunner runner(plan);
-    auto measure = [&runner](const tune::Candidate& c, int index, int total) {
-      return runner.measure(c, index, total);
+    context.search_json = search_json(space, plan, runner);
+    auto measure = [&runner](const tune::Candidate& c, int stage, int index, int total) {
+      return runner.measure(c, stage, index, total);
     };
     auto note = [](const std::string& line) { fmt::print(stderr, "{}\n", line); };
     try {
@@ -162,8 +187,8 @@ void register_tune(CLI::App& app, Action& action) {
   cli->shape.ranks_per_node = 1;  // two "nodes": the proxy and fabric path runs
   auto* cmd = app.add_subcommand(
       "tune",
-      "measure bench ep over proxy threads, pinning, ep.chunk_bytes and ep.eager_bytes on this "
-      "node and write the best as a config file (docs/TUNE.md)");
+      "measure bench ep (and bench proxy) over proxy threads, pinning, ep.chunk_bytes and "
+      "ep.eager_bytes on this node and write the best as a config file (docs/TUNE.md)");
   EpBenchOptions& shape = cli->shape;
   cmd->add_option("--ranks", shape.ranks, "ranks of the EP shape (all on this machine)")
       ->check(cli_checks::at_least(1))
@@ -192,9 +217,23 @@ void register_tune(CLI::App& app, Action& action) {
   cmd->add_option("--repeats", cli->repeats, "bench ep runs per candidate (medians over them)")
       ->check(cli_checks::in_range(1, 100))
       ->capture_default_str();
+  cmd->add_flag("--no-proxy-bench", cli->no_proxy_bench,
+                "stage 1 runs bench ep only (no bench proxy per threads x pin candidate)");
+  cmd->add_option("--proxy-runs", cli->proxy.runs,
+                  "bench proxy --runs for each threads x pin candidate (medians over them)")
+      ->check(cli_checks::in_range(1, 100))
+      ->capture_default_str();
+  cmd->add_option("--proxy-latency-iters", cli->proxy.latency_iters,
+                  "bench proxy --latency-iters: timed ping-pongs per run")
+      ->check(cli_checks::in_range(1, 10000000))
+      ->capture_default_str();
+  cmd->add_option("--proxy-stream", cli->proxy.stream,
+                  "bench proxy --stream: descriptors streamed per run")
+      ->check(cli_checks::in_range(1, 100000000))
+      ->capture_default_str();
   cmd->add_option("--timeout", cli->timeout_s,
-                  "seconds one bench ep run may take; a slower run is stopped and its candidate "
-                  "fails")
+                  "seconds one bench ep or bench proxy run may take; a slower run is stopped (its "
+                  "candidate fails; a bench proxy run only loses its figures)")
       ->check(cli_checks::real_at_least(0.1))
       ->capture_default_str();
   cmd->add_option("--output,-o", cli->output,

@@ -55,8 +55,9 @@ std::string signal_name(int signal) {
   return name ? fmt::format("SIG{}", name) : fmt::format("signal {}", signal);
 }
 
-// Why a finished run failed ("" when it did not).
-std::string run_failure(const ChildResult& run, std::chrono::milliseconds timeout) {
+// Why a finished run of `command` ("bench ep") failed ("" when it did not).
+std::string run_failure(const ChildResult& run, std::chrono::milliseconds timeout,
+                        const std::string& command) {
   if (run.timed_out)
     return fmt::format("timed out after {:g} s (stopped)",
                        static_cast<double>(timeout.count()) / 1000);
@@ -65,29 +66,33 @@ std::string run_failure(const ChildResult& run, std::chrono::milliseconds timeou
   std::string how = run.exit_code > 128
                         ? fmt::format("killed by {}", signal_name(run.exit_code - 128))
                         : fmt::format("exited with code {}", run.exit_code);
-  return why.empty() ? "bench ep " + how : fmt::format("bench ep {}: {}", how, why);
+  return why.empty() ? fmt::format("{} {}", command, how)
+                     : fmt::format("{} {}: {}", command, how, why);
 }
 
 std::string figures(const Measurement& m) {
   return fmt::format("p50 {:.1f} us, p99 {:.1f} us, {:.2f} GB/s", m.p50_us, m.p99_us, m.gbps);
 }
 
+// Rank 0's document on `command`'s stdout. Other ranks' lines (prefixed "[rank N]") could come
+// before or after it: it runs from the first line that opens an object to the first line that
+// closes one without indentation (dump(2) indents every inner line).
+nlohmann::json document_of(const std::string& stdout_text, const std::string& command) {
+  size_t start = stdout_text.starts_with("{") ? 0 : stdout_text.find("\n{");
+  require(start != std::string::npos, "tune", "{} printed no JSON document on stdout", command);
+  size_t end = stdout_text.find("\n}", start);
+  end = end == std::string::npos ? stdout_text.size() : end + 2;
+  try {
+    return nlohmann::json::parse(stdout_text.substr(start, end - start));
+  } catch (const nlohmann::json::exception& e) {
+    fail("tune", "{}'s --json output does not parse: {}", command, e.what());
+  }
+}
+
 }  // namespace
 
 Measurement parse_bench_json(const std::string& stdout_text) {
-  // Rank 0's document is what stdout holds, but other ranks' lines (prefixed "[rank N]") could
-  // come before or after it: it runs from the first line that opens an object to the first line
-  // that closes one without indentation (dump(2) indents every inner line).
-  size_t start = stdout_text.starts_with("{") ? 0 : stdout_text.find("\n{");
-  require(start != std::string::npos, "tune", "bench ep printed no JSON document on stdout");
-  size_t end = stdout_text.find("\n}", start);
-  end = end == std::string::npos ? stdout_text.size() : end + 2;
-  nlohmann::json doc;
-  try {
-    doc = nlohmann::json::parse(stdout_text.substr(start, end - start));
-  } catch (const nlohmann::json::exception& e) {
-    fail("tune", "bench ep's --json output does not parse: {}", e.what());
-  }
+  nlohmann::json doc = document_of(stdout_text, "bench ep");
   try {
     if (!doc.at("verified").get<bool>()) {
       std::string first;
@@ -108,6 +113,19 @@ Measurement parse_bench_json(const std::string& stdout_text) {
     return m;
   } catch (const nlohmann::json::exception& e) {
     fail("tune", "bench ep's --json output lacks a figure: {}", e.what());
+  }
+}
+
+ProxyMeasurement parse_proxy_json(const std::string& stdout_text) {
+  nlohmann::json doc = document_of(stdout_text, "bench proxy");
+  try {
+    const auto& proxy = doc.at("proxy");
+    ProxyMeasurement m;
+    m.p50_us = proxy.at("latency_us_p50").get<double>();
+    m.descriptors_per_s = proxy.at("descriptors_per_s").get<double>();
+    return m;
+  } catch (const nlohmann::json::exception& e) {
+    fail("tune", "bench proxy's --json output lacks a figure: {}", e.what());
   }
 }
 
@@ -137,9 +155,48 @@ BenchRunner::BenchRunner(BenchPlan plan) : plan_(std::move(plan)) {
   if (shape.reorder) argv_.emplace_back("--reorder");
   // The floor times a memcpy, the same whatever the candidate: not worth its time here.
   argv_.insert(argv_.end(), {"--json", "--no-floor"});
+
+  if (!plan_.proxy.enabled) return;
+  // The provider of bench ep's internode path: the one given, else tcp when the ranks span
+  // nodes (as bench ep does), else fabric.provider as configured.
+  std::string provider = shape.provider;
+  if (provider.empty() && shape.ranks_per_node > 0 && shape.ranks_per_node < shape.ranks)
+    provider = "tcp";
+  proxy_argv_ = {program_, "bench", "proxy"};
+  if (!provider.empty()) proxy_argv_.insert(proxy_argv_.end(), {"--provider", provider});
+  if (shape.reorder) proxy_argv_.emplace_back("--reorder");
+  proxy_argv_.insert(proxy_argv_.end(),
+                     {"--runs", std::to_string(plan_.proxy.runs), "--latency-iters",
+                      std::to_string(plan_.proxy.latency_iters), "--stream",
+                      std::to_string(plan_.proxy.stream), "--idle-seconds", "0", "--json"});
 }
 
-Outcome BenchRunner::measure(const Candidate& candidate, int index, int total) {
+void BenchRunner::measure_proxy(Outcome& outcome,
+                                const std::vector<std::pair<std::string, std::string>>& env,
+                                int index, int total) {
+  ChildResult run = children_.run(program_, proxy_argv_, env, plan_.timeout);
+  if (run.leftovers > 0)
+    outcome.notes.push_back(
+        fmt::format("bench proxy left {} process(es) behind; stopped", run.leftovers));
+  if (int signal = ChildRunner::interrupted()) {
+    fmt::print(stderr, " interrupted\n");
+    fail("tune", "interrupted by {}: run {} of {} stopped", signal_name(signal), index, total);
+  }
+  std::string why = run_failure(run, plan_.timeout, "bench proxy");
+  if (why.empty()) {
+    try {
+      outcome.proxy = parse_proxy_json(run.out);
+    } catch (const Error& e) {
+      why = e.message();
+    }
+  }
+  if (!why.empty()) {
+    outcome.proxy_error = why;
+    outcome.proxy_detail = last_lines(run.err, kDetailLines);
+  }
+}
+
+Outcome BenchRunner::measure(const Candidate& candidate, int stage, int index, int total) {
   fmt::print(stderr, "[{}/{}] {}:", index, total, describe(candidate));
   std::fflush(stderr);
   auto env = plan_.env;
@@ -159,7 +216,7 @@ Outcome BenchRunner::measure(const Candidate& candidate, int index, int total) {
       fmt::print(stderr, " interrupted\n");
       fail("tune", "interrupted by {}: run {} of {} stopped", signal_name(signal), index, total);
     }
-    std::string why = run_failure(run, plan_.timeout);
+    std::string why = run_failure(run, plan_.timeout, "bench ep");
     if (why.empty()) {
       try {
         outcome.runs.push_back(parse_bench_json(run.out));
@@ -186,8 +243,19 @@ Outcome BenchRunner::measure(const Candidate& candidate, int index, int total) {
   outcome.ok = true;
   outcome.median = {pick(&Measurement::p50_us), pick(&Measurement::p99_us),
                     pick(&Measurement::gbps)};
-  fmt::print(stderr, "{} {}{}\n", plan_.repeats > 1 ? " ->" : "", figures(outcome.median),
+  fmt::print(stderr, "{} {}{}", plan_.repeats > 1 ? " ->" : "", figures(outcome.median),
              plan_.repeats > 1 ? fmt::format(" (medians of {})", plan_.repeats) : "");
+  if (stage == 1 && plan_.proxy.enabled) {
+    fmt::print(stderr, ";");
+    std::fflush(stderr);
+    measure_proxy(outcome, env, index, total);
+    if (outcome.proxy)
+      fmt::print(stderr, " proxy p50 {:.2f} us, {:.0f} descriptors/s", outcome.proxy->p50_us,
+                 outcome.proxy->descriptors_per_s);
+    else
+      fmt::print(stderr, " proxy failed: {}", outcome.proxy_error);
+  }
+  fmt::print(stderr, "\n");
   return outcome;
 }
 

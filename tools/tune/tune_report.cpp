@@ -47,34 +47,47 @@ bool write_all(int fd, const std::string& text) {
 
 }  // namespace
 
-void print_table(const SearchResult& result, const ReportContext& context) {
-  fmt::print("proxyep tune: {}\n", context.shape);
-  fmt::print("  {:<6}{:>14}{:>11}{:>16}{:>16}{:>9}{:>11}{:>11}\n", "stage", "proxy.threads",
-             "proxy.pin", "ep.chunk_bytes", "ep.eager_bytes", "GB/s", "p50 us", "p99 us");
+std::string format_table(const SearchResult& result, const ReportContext& context) {
+  std::string out = fmt::format("proxyep tune: {}\n", context.shape);
+  out += fmt::format("  {:<6}{:>14}{:>11}{:>16}{:>16}{:>9}{:>11}{:>11}", "stage", "proxy.threads",
+                     "proxy.pin", "ep.chunk_bytes", "ep.eager_bytes", "GB/s", "p50 us", "p99 us");
+  if (context.proxy_bench) out += fmt::format("{:>15}{:>15}", "proxy p50 us", "proxy desc/s");
+  out += "\n";
   for (size_t i = 0; i < result.outcomes.size(); ++i) {
     const Outcome& o = result.outcomes[i];
     const Candidate& c = o.candidate;
     std::string row =
         fmt::format("{} {:<6}{:>14}{:>11}{:>16}{:>16}", result.chosen == i ? "*" : " ", o.stage,
                     c.threads, c.pin, format_bytes(c.chunk_bytes), format_bytes(c.eager_bytes));
-    if (o.ok)
+    if (o.ok) {
       row += fmt::format("{:>9.2f}{:>11.1f}{:>11.1f}", o.median.gbps, o.median.p50_us,
                          o.median.p99_us);
-    else
+      // Stages 2 and 3 leave the proxy columns blank (the sizes do not steer bench proxy).
+      if (context.proxy_bench && o.proxy)
+        row += fmt::format("{:>15.2f}{:>15.0f}", o.proxy->p50_us, o.proxy->descriptors_per_s);
+      else if (context.proxy_bench && !o.proxy_error.empty())
+        row += "  proxy failed: " + o.proxy_error;
+    } else {
       row += "  failed: " + o.error;
-    fmt::print("{}\n", row);
+    }
+    out += row + "\n";
   }
   for (const auto& o : result.outcomes)
     for (const auto& note : o.notes)
-      fmt::print("  note ({}): {}\n", describe(o.candidate), note);
+      out += fmt::format("  note ({}): {}\n", describe(o.candidate), note);
   if (result.chosen) {
     const Candidate& c = result.outcomes[*result.chosen].candidate;
-    fmt::print(
+    out += fmt::format(
         "chosen (*): proxy.threads={} proxy.pin={} ep.chunk_bytes={} ep.eager_bytes={} "
-        "(lowest dispatch+combine p50; within {:g}% fewer threads, then the incumbent)\n",
+        "(lowest dispatch+combine p50; within {:g}% fewer threads, then the incumbent{})\n",
         c.threads, c.pin, format_bytes(c.chunk_bytes), format_bytes(c.eager_bytes),
-        kTieFraction * 100);
+        kTieFraction * 100, context.proxy_bench ? ", then the lower proxy p50" : "");
   }
+  return out;
+}
+
+void print_table(const SearchResult& result, const ReportContext& context) {
+  fmt::print("{}", format_table(result, context));
 }
 
 nlohmann::json report_json(const SearchResult& result, const ReportContext& context,
@@ -92,6 +105,11 @@ nlohmann::json report_json(const SearchResult& result, const ReportContext& cont
       row["error"] = o.error;
       row["stderr_tail"] = o.detail;
     }
+    if (o.proxy)
+      row["proxy"] = {{"p50_us", o.proxy->p50_us},
+                      {"descriptors_per_s", o.proxy->descriptors_per_s}};
+    else if (!o.proxy_error.empty())
+      row["proxy"] = {{"error", o.proxy_error}, {"stderr_tail", o.proxy_detail}};
     auto runs = nlohmann::json::array();
     for (const auto& m : o.runs)
       runs.push_back(measurement_json(m));

@@ -1,5 +1,6 @@
 // What `proxyep tune` hands back: the table of every candidate it ran (the chosen row marked
-// "*"), the same as one JSON document (--json), and the config file of the chosen values.
+// "*"; with the proxy benchmark, two more columns, filled for stage 1's rows), the same as one
+// JSON document (--json), and the config file of the chosen values.
 //
 // The config file is a parameter file as `--config FILE` and PROXYEP_CONFIG read it
 // (Registry::load_text): one JSON object of "name": value holding only the four tuned
@@ -21,9 +22,12 @@ struct ReportContext {
   std::string shape;  // one line describing the EP shape and timing
   nlohmann::json shape_json;
   nlohmann::json search_json;  // the lists searched, repeats, timeout
+  bool proxy_bench = false;    // stage 1 ran `bench proxy` too: its columns are shown
 };
 
-// The table on stdout: one row per candidate in the order they ran.
+// The table: one row per candidate in the order they ran, then notes and the "chosen" line.
+std::string format_table(const SearchResult& result, const ReportContext& context);
+// format_table on stdout.
 void print_table(const SearchResult& result, const ReportContext& context);
 
 nlohmann::json report_json(const SearchResult& result, const ReportContext& context,

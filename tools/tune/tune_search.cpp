@@ -48,17 +48,21 @@ class Search {
     std::vector<size_t> indices;
     if (incumbent) indices.push_back(*incumbent);
     for (const auto& candidate : candidates) {
-      Outcome outcome = run_(candidate, ++ran_, total_);
+      Outcome outcome = run_(candidate, number, ++ran_, total_);
       outcome.candidate = candidate;
       outcome.stage = number;
       indices.push_back(result_.outcomes.size());
       result_.outcomes.push_back(std::move(outcome));
     }
     auto winner = choose(result_.outcomes, indices, incumbent);
-    if (winner)
-      note_(fmt::format("stage {}/3: best {} (p50 {:.1f} us)", number,
-                        describe(result_.outcomes[*winner].candidate),
-                        result_.outcomes[*winner].median.p50_us));
+    if (winner) {
+      const Outcome& best = result_.outcomes[*winner];
+      note_(fmt::format("stage {}/3: best {} (p50 {:.1f} us{})", number, describe(best.candidate),
+                        best.median.p50_us,
+                        best.proxy && best.stage == number
+                            ? fmt::format(", proxy p50 {:.2f} us", best.proxy->p50_us)
+                            : ""));
+    }
     return winner;
   }
 
@@ -106,10 +110,12 @@ std::optional<size_t> choose(const std::vector<Outcome>& outcomes,
       lowest = std::min(lowest.value_or(outcomes[i].median.p50_us), outcomes[i].median.p50_us);
   if (!lowest) return std::nullopt;
   const double tie_limit = *lowest * (1 + kTieFraction);
-  // Among the tied: fewer threads, then the incumbent, then the lower p50 (then the earlier run).
+  // Among the tied: fewer threads, then the incumbent, then a proxy latency before none, the
+  // lower one first, then the lower p50 (then the earlier run).
   auto key = [&](size_t i) {
-    return std::make_tuple(outcomes[i].candidate.threads, incumbent != i, outcomes[i].median.p50_us,
-                           i);
+    const auto& proxy = outcomes[i].proxy;
+    return std::make_tuple(outcomes[i].candidate.threads, incumbent != i, !proxy.has_value(),
+                           proxy ? proxy->p50_us : 0.0, outcomes[i].median.p50_us, i);
   };
   std::optional<size_t> best;
   for (size_t i : indices) {

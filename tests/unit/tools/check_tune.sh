@@ -2,11 +2,13 @@
 # check_tune.sh PROXYEP choice|timeout: `proxyep tune` end to end on a tiny EP shape.
 #
 # choice: a list it cannot use is refused before any run; a real search (threads 1, both pins,
-# two chunk sizes, one eager size: 3 runs) prints its progress, a table with exactly one chosen
-# row, and writes a config file holding exactly the four tuned parameters with the chosen row's
-# values; `PROXYEP_CONFIG=<file> proxyep config --json` reports those values with source
-# "config file"; a second tune refuses to overwrite the file without --force, and replaces it
-# with --force.
+# two chunk sizes, one eager size: 3 runs, the 2 of stage 1 each with a small bench proxy)
+# prints its progress, a table with exactly one chosen row whose stage-1 rows carry the proxy
+# p50 and descriptors/s (stage 2's row leaves them blank), and writes a config file holding
+# exactly the four tuned parameters with the chosen row's values; `PROXYEP_CONFIG=<file> proxyep
+# config --json` reports those values with source "config file"; a second tune refuses to
+# overwrite the file without --force, and replaces it with --force (with --no-proxy-bench: no
+# proxy columns, no proxy figures in its progress).
 # timeout: a run far longer than --timeout 1 is stopped; the candidate is reported failed, the
 # tune exits non-zero naming the timeout, writes nothing, and leaves no process behind.
 set -uo pipefail
@@ -32,20 +34,40 @@ if [[ $mode == choice ]]; then
 
   out=$work/tuned.json
   timeout 50 "$proxyep" tune "${shape[@]}" --threads 1..1 --chunk-bytes 64K,1M \
-    --eager-bytes 128K --timeout 20 --output "$out" >"$work/run.out" 2>"$work/run.err"
+    --eager-bytes 128K --timeout 20 --proxy-runs 1 --proxy-latency-iters 200 \
+    --proxy-stream 2000 --output "$out" >"$work/run.out" 2>"$work/run.err"
   code=$?
   cat "$work/run.err" "$work/run.out"
   [[ $code -eq 0 ]] || fail "tune exited with $code"
-  for n in 1 2 3; do
-    grep -q "^\[$n/3\] threads=1 pin=.*: p50 [0-9.]* us" "$work/run.err" ||
-      fail "no progress line [$n/3]"
+  for n in 1 2; do
+    grep -q "^\[$n/3\] threads=1 pin=.*: p50 [0-9.]* us.*; proxy p50 [0-9.]* us, [0-9]* descriptors/s$" \
+      "$work/run.err" || fail "no progress line [$n/3] with the proxy figures"
   done
-  grep -q "proxy.threads *proxy.pin *ep.chunk_bytes *ep.eager_bytes *GB/s *p50 us *p99 us" \
-    "$work/run.out" || fail "no table header"
+  grep -q "^\[3/3\] threads=1 pin=.*: p50 [0-9.]* us, p99 [0-9.]* us, [0-9.]* GB/s$" "$work/run.err" ||
+    fail "no progress line [3/3] (stage 2, without bench proxy)"
+  grep -q "proxy.threads *proxy.pin *ep.chunk_bytes *ep.eager_bytes *GB/s *p50 us *p99 us *proxy p50 us *proxy desc/s$" \
+    "$work/run.out" || fail "no table header with the proxy columns"
   rows=$(grep -Ec '^[* ] [123] ' "$work/run.out")
   chosen=$(grep -Ec '^\* [123] ' "$work/run.out")
   [[ $rows -eq 3 ]] || fail "$rows table rows, expected 3"
   [[ $chosen -eq 1 ]] || fail "$chosen rows marked chosen, expected 1"
+  grep -q "^chosen (\*): .*, then the lower proxy p50)$" "$work/run.out" ||
+    fail "the chosen line does not state the proxy tie-break"
+  # Stage 1's rows: the EP figures, then the proxy p50 (us) and descriptors/s, numbers > 0;
+  # stage 2's row: the EP figures only.
+  /usr/bin/python3 - "$work/run.out" <<'EOF' || fail "the proxy columns do not hold numbers for stage 1 only"
+import re, sys
+rows = [l[2:].split() for l in open(sys.argv[1]) if re.match(r"[* ] [123] ", l)]
+print("rows:", rows)
+assert len(rows) == 3, rows
+for r in rows:
+    figures = [float(x) for x in r[5:]]
+    if r[0] == "1":
+        assert len(figures) == 5, r
+        assert figures[3] > 0 and figures[4] > 0, r
+    else:
+        assert len(figures) == 3, r
+EOF
   # The chosen row, the file and `proxyep config` must agree, value for value.
   /usr/bin/python3 - "$work/run.out" "$out" <<'EOF' || fail "the config file does not match the chosen row"
 import json, re, sys
@@ -89,8 +111,15 @@ EOF
   grep -q '^\[1/' "$work/again.err" && fail "overwrite without --force: a run started"
   [[ "$(cat "$out")" == "$before" ]] || fail "the file changed without --force"
   timeout 30 "$proxyep" tune "${shape[@]}" --threads 1 --pin true --chunk-bytes 64K \
-    --eager-bytes 128K --output "$out" --force >"$work/force.out" 2>"$work/force.err" ||
-    fail "tune --force failed: $(cat "$work/force.err")"
+    --eager-bytes 128K --no-proxy-bench --output "$out" --force >"$work/force.out" \
+    2>"$work/force.err" || fail "tune --force failed: $(cat "$work/force.err")"
+  cat "$work/force.err" "$work/force.out"
+  grep -q "GB/s *p50 us *p99 us$" "$work/force.out" ||
+    fail "--no-proxy-bench: the table header is not the EP columns alone"
+  grep -qi "proxy p50\|desc/s\|bench proxy\|then the lower proxy" "$work/force.out" "$work/force.err" &&
+    fail "--no-proxy-bench: proxy figures or columns shown"
+  grep -Eq '^\* 1 +1 +true +64K +128K +[0-9.]+ +[0-9.]+ +[0-9.]+$' "$work/force.out" ||
+    fail "--no-proxy-bench: the row is not the EP figures alone"
   /usr/bin/python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ep.chunk_bytes"] == 65536 and d["proxy.pin"] is True, d' \
     "$out" || fail "--force did not replace the file"
 elif [[ $mode == timeout ]]; then
