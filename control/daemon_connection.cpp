@@ -78,8 +78,11 @@ nlohmann::json DaemonConnection::receive(std::string_view what, const Deadline& 
           fail(std::string(phase), "proxyepd at {} refused this client: {}", path_,
                daemon_failure_text(message));
         return message;
-      case FrameDecoder::Result::error:
+      case FrameDecoder::Result::error: {
+        // Braced: clang 14 miscompiles a case that falls from a throwing call with a temporary
+        // into the next label (it runs the temporary's destructor on the jump to need_more).
         fail(std::string(phase), "proxyepd at {} sent a bad frame: {}", path_, problem);
+      }
       case FrameDecoder::Result::need_more:
         break;
     }

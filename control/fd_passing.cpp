@@ -38,6 +38,7 @@ ssize_t receive_with_fds(int socket, std::span<char> buffer, std::vector<int>& f
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxPassedFds)] = {};
   message.msg_control = control;
   message.msg_controllen = sizeof control;
+  const size_t before = fds.size();
   const ssize_t n = ::recvmsg(socket, &message, MSG_CMSG_CLOEXEC);
   if (n < 0) return n;
   for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr;
@@ -51,9 +52,9 @@ ssize_t receive_with_fds(int socket, std::span<char> buffer, std::vector<int>& f
     }
   }
   if ((message.msg_flags & MSG_CTRUNC) != 0) {
-    for (int fd : fds)
-      ::close(fd);
-    fds.clear();
+    for (size_t i = before; i < fds.size(); ++i)
+      ::close(fds[i]);
+    fds.resize(before);
     errno = EMSGSIZE;
     return -1;
   }

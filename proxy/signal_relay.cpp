@@ -18,22 +18,31 @@ Status RelaySender::relay(uint32_t imm) {
     return error_.note(fmt::format(
         "the client's signal relay is full ({} immediates unread): the client stopped draining "
         "it",
-        kRelaySlots));
+        capacity_));
   ++relayed_;
   return Status::ok;
 }
 
 Status RelayReceiver::drain() {
   for (;;) {
-    const size_t count = consumer_.pop_burst(std::span(burst_));
-    for (size_t i = 0; i < count; ++i) {
-      gpu_side::Descriptor d;
-      if (gpu_side::decode(burst_[i], d) != gpu_side::DecodeResult::ok)
-        return router_.refuse(fmt::format("relay slot {} does not decode", received_ + i));
-      if (router_.route(d.imm) != Status::ok) return Status::error;
+    if (next_ == popped_) {
+      popped_ = consumer_.pop_burst(std::span(burst_));
+      next_ = 0;
+      if (popped_ == 0) return Status::ok;
     }
-    received_ += count;
-    if (count < burst_.size()) return Status::ok;
+    for (; next_ < popped_; ++next_) {
+      gpu_side::Descriptor d;
+      if (gpu_side::decode(burst_[next_], d) != gpu_side::DecodeResult::ok) {
+        ++next_;  // a slot that does not decode is dropped with the error
+        ++received_;
+        return router_.refuse(fmt::format("relay slot {} does not decode", received_ - 1));
+      }
+      ++received_;
+      if (router_.route(d.imm) != Status::ok) {
+        ++next_;
+        return Status::error;
+      }
+    }
   }
 }
 

@@ -38,7 +38,7 @@ inline constexpr uint64_t kRelaySlots = uint64_t{1} << 16;
 class RelaySender final : public control::ImmRelay {
  public:
   // `ring`: created by the client (Ring::create, ProducerMode::single), mapped here.
-  explicit RelaySender(gpu_side::Ring ring) : producer_(ring) {}
+  explicit RelaySender(gpu_side::Ring ring) : producer_(ring), capacity_(ring.capacity()) {}
   [[nodiscard]] Status relay(uint32_t imm) override;
   std::string last_error() const override { return error_.last(); }
   uint64_t relayed() const {
@@ -49,6 +49,7 @@ class RelaySender final : public control::ImmRelay {
  private:
   mutable std::mutex mutex_;
   gpu_side::RingProducer producer_;
+  uint64_t capacity_;
   uint64_t relayed_ = 0;
   ErrorNote error_;
 };
@@ -60,7 +61,7 @@ class RelayReceiver {
   RelayReceiver(gpu_side::Ring ring, control::SignalRouter& router)
       : consumer_(ring), router_(router) {}
   // Routes every immediate the ring holds now. Status::error when the router refused one
-  // (router's last_error() says which and why); the rest stay for the next drain.
+  // (router's last_error() says which and why); the ones behind it stay for the next drain.
   [[nodiscard]] Status drain();
   uint64_t received() const { return received_; }
 
@@ -68,6 +69,10 @@ class RelayReceiver {
   gpu_side::RingConsumer consumer_;
   control::SignalRouter& router_;
   std::array<gpu_side::WireDescriptor, 64> burst_{};
+  // burst_[next_, popped_) were popped (their slots already freed) but not routed yet: what a
+  // refusal left behind.
+  size_t next_ = 0;
+  size_t popped_ = 0;
   uint64_t received_ = 0;
 };
 

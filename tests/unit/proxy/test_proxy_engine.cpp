@@ -114,6 +114,43 @@ TEST_CASE("quiet waits for every descriptor reserved before the call") {
   pair.engine(0).quiet(Deadline::after_ms(1));
 }
 
+TEST_CASE("the ring header's retired prefix covers every descriptor pushed once quiet returns") {
+  // proxy/ring_lane.hpp publishes the in-order retired prefix in the ring's header on every
+  // finish: what a node daemon's client (another process) waits on instead of quiet().
+  ProxyPair pair("shm", true, 256 * 1024);  // reorder: completions come out of order
+  auto retired = [&](int r) {
+    return gpu_side::atomic(pair.rank(r).ring.header().consumer.retired)
+        .load(std::memory_order_acquire);
+  };
+  // finish() stores the header's copy right after the tracker's prefix moves, and quiet()
+  // reads the tracker: poll (with a deadline) for the store that may still be on its way.
+  auto wait_retired = [&](int r, uint64_t target) {
+    const Deadline deadline = Deadline::after_ms(10000);
+    while (retired(r) < target && !deadline.expired())
+      std::this_thread::yield();
+    return retired(r);
+  };
+  CHECK(retired(0) == 0);
+  REQUIRE(pair.rank(1).bank.set_expected(0, 0, 80) == Status::ok);
+  uint64_t pushed = 0;
+  for (int i = 0; i < 60; ++i, ++pushed)
+    pair.push(0, write_descriptor(0, static_cast<uint64_t>(i) * 2048, 2048, 0));
+  pair.push(0, gpu_side::Descriptor{.op = gpu_side::Op::nop});  // finishes at once
+  pair.push(0, write_descriptor(0, 0, 0, 0));                   // a bare signal
+  pushed += 2;
+  pair.engine(0).quiet(Deadline::after_ms(10000));
+  CHECK(wait_retired(0, pushed) == pushed);
+  CHECK(retired(1) == 0);  // rank 1 pushed nothing
+
+  // A ring position, not a per-call count: a second round carries on from the first.
+  for (int i = 0; i < 19; ++i, ++pushed)
+    pair.push(0, write_descriptor(0, static_cast<uint64_t>(i) * 4096, 4096, 0));
+  pair.engine(0).quiet(Deadline::after_ms(10000));
+  CHECK(wait_retired(0, pushed) == pushed);
+  CHECK(pushed == 81);
+  pair.engine(1).wait_flag(pair.rank(1).bank, 0, 0, Deadline::after_ms(10000), "80 writes");
+}
+
 TEST_CASE("an invalid descriptor is an error naming it and the peer, seen by waiters") {
   ProxyPair pair("shm", false, 64 * 1024);
   auto bad = write_descriptor(0, 0, 100, 0, 0x5eed);
