@@ -1,0 +1,67 @@
+"""An expert-parallel MoE layer whose token exchange runs through ``deep_ep`` (exchange.py).
+
+Forward, per rank, for its own tokens x [T, H] (float32):
+
+1. router: logits = x @ W_r^T (W_r [E, H], replicated, the same on every rank from the seed),
+   softmax or sigmoid scores, top-k (functional.route); optional load-balancing loss
+   (functional.load_balancing_loss over this rank's tokens, times ``aux_loss_coef``);
+2. dispatch (DispatchFunction) of bf16(x) with the top-k ids and float32 weights;
+3. local experts (E / world_size per rank, global ids rank*E_local ...) as a grouped SwiGLU FFN
+   in float32 on the received rows: each row gets sum over its slots with a local expert of
+   weight * FFN_e(row) (DeepEP's normal combine does not apply weights; the expert side does);
+4. combine (CombineFunction) of the bf16-rounded expert outputs: each token summed over the ranks
+   it went to; returned as float32.
+
+Backward: combine's is a cached dispatch of the gradient, dispatch's a combine of the gradients
+of the received rows and of their top-k weights (the router's gradient through the weights).
+Expert gradients cover every rank's tokens that chose the local experts; the router's gradient
+covers this rank's tokens only (sum it over the group, as data parallelism would).
+"""
+
+import torch
+
+from .exchange import CombineFunction, DispatchFunction
+from .functional import expert_weights, grouped_experts, load_balancing_loss, route, router_weight
+
+
+class MoELayer(torch.nn.Module):
+    def __init__(self, hidden, ffn_hidden, num_experts, topk, group, buffer, score="softmax",
+                 aux_loss_coef=0.0, seed=0):
+        super().__init__()
+        world = group.size() if hasattr(group, "size") else buffer.group_size
+        rank = buffer.rank
+        if num_experts % world:
+            raise ValueError(f"num_experts {num_experts} is not a multiple of the group size {world}")
+        if not 1 <= topk <= num_experts:
+            raise ValueError(f"topk must be in [1, {num_experts}], got {topk}")
+        if (hidden * 2) % 16:
+            raise ValueError(f"hidden {hidden}: bf16 rows must be a multiple of 16 bytes")
+        if score not in ("softmax", "sigmoid"):
+            raise ValueError(f"score must be 'softmax' or 'sigmoid', got {score!r}")
+        self.hidden, self.ffn_hidden, self.num_experts, self.topk = hidden, ffn_hidden, num_experts, topk
+        self.group, self.buffer, self.score, self.aux_loss_coef = group, buffer, score, aux_loss_coef
+        self.num_local_experts = num_experts // world
+        self.expert_offset = rank * self.num_local_experts
+        self.router_weight = torch.nn.Parameter(router_weight(seed, num_experts, hidden))
+        fc1, fc2 = zip(*(expert_weights(seed, self.expert_offset + e, hidden, ffn_hidden)
+                         for e in range(self.num_local_experts)))
+        self.fc1 = torch.nn.Parameter(torch.stack(fc1))  # [E_local, H, 2F]
+        self.fc2 = torch.nn.Parameter(torch.stack(fc2))  # [E_local, F, H]
+        self.last_topk_idx = None
+
+    def forward(self, x):
+        """(output [T, H] float32, aux loss (0-dim; zero when aux_loss_coef is 0))."""
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"x must be [tokens, {self.hidden}], got {tuple(x.shape)}")
+        logits = x.float() @ self.router_weight.t()
+        scores, topk_weights, topk_idx = route(logits, self.topk, self.score)
+        self.last_topk_idx = topk_idx
+        if self.aux_loss_coef:
+            aux = self.aux_loss_coef * load_balancing_loss(scores, topk_idx, self.num_experts)
+        else:
+            aux = torch.zeros(())
+        recv_x, recv_idx, recv_w, _, handle = DispatchFunction.apply(
+            x.to(torch.bfloat16), topk_idx, topk_weights, self.buffer, self.num_experts)
+        y = grouped_experts(recv_x.float(), recv_idx, recv_w, self.fc1, self.fc2)
+        out = CombineFunction.apply(y.to(torch.bfloat16), self.buffer, handle)
+        return out.float(), aux
