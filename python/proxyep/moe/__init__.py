@@ -1,10 +1,14 @@
 """proxyep.moe: an expert-parallel MoE layer whose token exchange runs through ``deep_ep``
 (docs/MOE.md). ``MoELayer`` (layer.py), the autograd exchange ``DispatchFunction`` /
 ``CombineFunction`` (exchange.py), and the dense single-process reference ``DenseMoE``
-(reference.py)."""
+(reference.py); the tiny MoE language model ``TinyMoELM`` (model.py), its dense reference
+``DenseTinyMoELM`` (reference_model.py) and the training helpers (training.py)."""
 
 from .exchange import CombineFunction, DispatchFunction
 from .layer import MoELayer
+from .model import KVCache, TinyMoELM, greedy_generate
 from .reference import DenseMoE
+from .reference_model import DenseTinyMoELM
 
-__all__ = ["CombineFunction", "DenseMoE", "DispatchFunction", "MoELayer"]
+__all__ = ["CombineFunction", "DenseMoE", "DenseTinyMoELM", "DispatchFunction", "KVCache", "MoELayer", "TinyMoELM",
+           "greedy_generate"]

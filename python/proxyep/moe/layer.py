@@ -16,12 +16,18 @@ Backward: combine's is a cached dispatch of the gradient, dispatch's a combine o
 of the received rows and of their top-k weights (the router's gradient through the weights).
 Expert gradients cover every rank's tokens that chose the local experts; the router's gradient
 covers this rank's tokens only (sum it over the group, as data parallelism would).
+
+``forward_low_latency`` is the inference path over a ``low_latency_mode`` Buffer (decode-sized
+batches, no autograd): ``low_latency_dispatch`` of the bf16 tokens (``use_fp8=False``), each
+local expert's FFN on its received rows (unweighted, rounded to bf16), ``low_latency_combine``
+with the top-k weights (DeepEP's LL combine applies them: float32, k ascending, one bf16
+rounding).
 """
 
 import torch
 
 from .exchange import CombineFunction, DispatchFunction
-from .functional import expert_weights, grouped_experts, load_balancing_loss, route, router_weight
+from .functional import expert_ffn, expert_weights, grouped_experts, load_balancing_loss, route, router_weight
 
 
 class MoELayer(torch.nn.Module):
@@ -65,3 +71,24 @@ class MoELayer(torch.nn.Module):
         y = grouped_experts(recv_x.float(), recv_idx, recv_w, self.fc1, self.fc2)
         out = CombineFunction.apply(y.to(torch.bfloat16), self.buffer, handle)
         return out.float(), aux
+
+    @torch.no_grad()
+    def forward_low_latency(self, x, ll_buffer, num_max_dispatch_tokens_per_rank):
+        """The output [T, H] float32 for x [T, H] through ``ll_buffer`` (a Buffer in
+        low_latency_mode over the same group; T <= num_max_dispatch_tokens_per_rank, the same
+        value on every rank and every call, hidden a multiple of 128). Collective: every rank
+        calls it, T may differ (0 included). No aux loss, no gradient."""
+        if x.dim() != 2 or x.shape[1] != self.hidden:
+            raise ValueError(f"x must be [tokens, {self.hidden}], got {tuple(x.shape)}")
+        _, topk_weights, topk_idx = route(x.float() @ self.router_weight.t(), self.topk, self.score)
+        self.last_topk_idx = topk_idx
+        recv, counts, handle, _, _ = ll_buffer.low_latency_dispatch(
+            x.to(torch.bfloat16).contiguous(), topk_idx.contiguous(), num_max_dispatch_tokens_per_rank,
+            self.num_experts, use_fp8=False)
+        out = torch.zeros_like(recv)  # [E_local, R * T_max, H] bf16
+        for e in range(self.num_local_experts):
+            n = int(counts[e])
+            if n:
+                out[e, :n] = expert_ffn(recv[e, :n].float(), self.fc1[e], self.fc2[e]).to(torch.bfloat16)
+        combined, _, _ = ll_buffer.low_latency_combine(out, topk_idx, topk_weights.float().contiguous(), handle)
+        return combined.float()
