@@ -1,4 +1,5 @@
-"""python3 -m proxyep.bench ep|ll [options]: see proxyep/bench/__init__.py."""
+"""python3 -m proxyep.bench ep|ll|moe [options]: see proxyep/bench/__init__.py (moe: its own
+options, proxyep/bench/moe.py)."""
 
 import argparse
 import json
@@ -10,7 +11,7 @@ from .harness import cpp_bench, print_table, run_ranks
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="python3 -m proxyep.bench", description=__doc__)
-    p.add_argument("kind", choices=["ep", "ll"])
+    p.add_argument("kind", choices=["ep", "ll"], help="(or moe: python3 -m proxyep.bench moe --help)")
     p.add_argument("--ranks", type=int, default=2, help="ranks to start when run alone")
     p.add_argument("--ranks-per-node", type=int, default=None, help="default: all on one node")
     p.add_argument("--tokens", type=int, default=None, help="tokens per rank (ep 4096, ll 128)")
@@ -41,7 +42,11 @@ def parse(argv):
 
 
 def main(argv=None):
-    args = parse(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["moe"]:
+        from . import moe
+        return moe.main(argv[1:])
+    args = parse(argv)
     body = ep.body if args.kind == "ep" else ll.body
     result = run_ranks(body, args)
     if result is None:  # not rank 0 under a launcher

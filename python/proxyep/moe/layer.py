@@ -22,20 +22,43 @@ batches, no autograd): ``low_latency_dispatch`` of the bf16 tokens (``use_fp8=Fa
 local expert's FFN on its received rows (unweighted, rounded to bf16), ``low_latency_combine``
 with the top-k weights (DeepEP's LL combine applies them: float32, k ascending, one bf16
 rounding).
+
+``exchange``: the token exchange of ``forward`` (default :class:`DeepEPExchange` over ``buffer``);
+any object with the same ``dispatch`` / ``combine`` (a2a_exchange.AllToAllExchange: the same
+model over ``all_to_all_single``, where ``buffer`` may be None).
 """
 
 import torch
+import torch.distributed as dist
 
 from .exchange import CombineFunction, DispatchFunction
 from .functional import expert_ffn, expert_weights, grouped_experts, load_balancing_loss, route, router_weight
 
 
+class DeepEPExchange:
+    """``dispatch(x, topk_idx, topk_weights, num_experts)`` -> DispatchFunction's outputs and
+    ``combine(y, handle)`` -> CombineFunction's, over ``buffer`` (the autograd functions may be
+    replaced by subclasses, e.g. timed ones)."""
+
+    def __init__(self, buffer, dispatch_fn=DispatchFunction, combine_fn=CombineFunction):
+        self.buffer, self.dispatch_fn, self.combine_fn = buffer, dispatch_fn, combine_fn
+
+    def dispatch(self, x, topk_idx, topk_weights, num_experts):
+        return self.dispatch_fn.apply(x, topk_idx, topk_weights, self.buffer, num_experts)
+
+    def combine(self, y, handle):
+        return self.combine_fn.apply(y, self.buffer, handle)
+
+
 class MoELayer(torch.nn.Module):
     def __init__(self, hidden, ffn_hidden, num_experts, topk, group, buffer, score="softmax",
-                 aux_loss_coef=0.0, seed=0):
+                 aux_loss_coef=0.0, seed=0, exchange=None):
         super().__init__()
-        world = group.size() if hasattr(group, "size") else buffer.group_size
-        rank = buffer.rank
+        if hasattr(group, "size"):
+            world = group.size()
+        else:
+            world = buffer.group_size if buffer is not None else dist.get_world_size(group)
+        rank = buffer.rank if buffer is not None else dist.get_rank(group)
         if num_experts % world:
             raise ValueError(f"num_experts {num_experts} is not a multiple of the group size {world}")
         if not 1 <= topk <= num_experts:
@@ -53,6 +76,7 @@ class MoELayer(torch.nn.Module):
                          for e in range(self.num_local_experts)))
         self.fc1 = torch.nn.Parameter(torch.stack(fc1))  # [E_local, H, 2F]
         self.fc2 = torch.nn.Parameter(torch.stack(fc2))  # [E_local, F, H]
+        self.exchange = exchange if exchange is not None else DeepEPExchange(buffer)
         self.last_topk_idx = None
 
     def forward(self, x):
@@ -66,10 +90,10 @@ class MoELayer(torch.nn.Module):
             aux = self.aux_loss_coef * load_balancing_loss(scores, topk_idx, self.num_experts)
         else:
             aux = torch.zeros(())
-        recv_x, recv_idx, recv_w, _, handle = DispatchFunction.apply(
-            x.to(torch.bfloat16), topk_idx, topk_weights, self.buffer, self.num_experts)
+        recv_x, recv_idx, recv_w, _, handle = self.exchange.dispatch(
+            x.to(torch.bfloat16), topk_idx, topk_weights, self.num_experts)
         y = grouped_experts(recv_x.float(), recv_idx, recv_w, self.fc1, self.fc2)
-        out = CombineFunction.apply(y.to(torch.bfloat16), self.buffer, handle)
+        out = self.exchange.combine(y.to(torch.bfloat16), handle)
         return out.float(), aux
 
     @torch.no_grad()

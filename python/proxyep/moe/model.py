@@ -146,15 +146,18 @@ class TinyLMBase(torch.nn.Module):
 class TinyMoELM(TinyLMBase):
     """The expert-parallel model: each MoE is a :class:`MoELayer` over ``group``/``buffer`` (a
     normal-mode deep_ep Buffer, or one in low_latency_mode, which also serves normal calls), with
-    num_experts / group size experts on this rank. Dense parameters are replicated; keep their
-    gradients in sync (training.sync_gradients) and they stay equal on every rank."""
+    num_experts / group size experts on this rank (``exchange``: another token exchange for the
+    MoE layers' forward, e.g. a2a_exchange.AllToAllExchange; layer.py). Dense parameters are
+    replicated; keep their gradients in sync (training.sync_gradients) and they stay equal on every rank."""
 
     def __init__(self, vocab, hidden, layers, heads, num_experts, topk=2, ffn_hidden=None, group=None,
-                 buffer=None, seed=0, max_seq=64, tie_embeddings=False, score="softmax", aux_loss_coef=0.0):
+                 buffer=None, seed=0, max_seq=64, tie_embeddings=False, score="softmax", aux_loss_coef=0.0,
+                 exchange=None):
         ffn_hidden = ffn_hidden or 2 * hidden
         super().__init__(vocab, hidden, layers, heads, num_experts, topk, ffn_hidden, max_seq, seed, tie_embeddings,
                          lambda i: MoELayer(hidden, ffn_hidden, num_experts, topk, group, buffer, score=score,
-                                            aux_loss_coef=aux_loss_coef, seed=moe_seed(seed, i)))
+                                            aux_loss_coef=aux_loss_coef, seed=moe_seed(seed, i),
+                                            exchange=exchange))
         self.group, self.buffer = group, buffer
         self.ll_buffer, self.ll_max_tokens = None, None
 
