@@ -25,31 +25,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::chrono::milliseconds kPollSlice{100};
 
-std::vector<std::string> child_environment(
-    const std::vector<std::pair<std::string, std::string>>& env) {
-  std::set<std::string> replaced;
-  for (const auto& [name, value] : env)
-    replaced.insert(name);
-  std::vector<std::string> out;
-  for (char** entry = environ; *entry; ++entry) {
-    const char* eq = std::strchr(*entry, '=');
-    std::string name =
-        eq ? std::string(*entry, static_cast<size_t>(eq - *entry)) : std::string(*entry);
-    if (!replaced.contains(name)) out.emplace_back(*entry);
-  }
-  for (const auto& [name, value] : env)
-    out.push_back(name + "=" + value);
-  return out;
-}
-
-std::vector<char*> c_strings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  for (auto& s : strings)
-    out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
-}
-
 // Waits for `pid` until `deadline`; true when it was reaped (status in `status`).
 bool reap_until(pid_t pid, Clock::time_point deadline, int& status) {
   while (true) {
@@ -90,6 +65,31 @@ class AllCpus {
 };
 
 }  // namespace
+
+std::vector<std::string> child_environment(
+    const std::vector<std::pair<std::string, std::string>>& env) {
+  std::set<std::string> replaced;
+  for (const auto& [name, value] : env)
+    replaced.insert(name);
+  std::vector<std::string> out;
+  for (char** entry = environ; *entry; ++entry) {
+    const char* eq = std::strchr(*entry, '=');
+    std::string name =
+        eq ? std::string(*entry, static_cast<size_t>(eq - *entry)) : std::string(*entry);
+    if (!replaced.contains(name)) out.emplace_back(*entry);
+  }
+  for (const auto& [name, value] : env)
+    out.push_back(name + "=" + value);
+  return out;
+}
+
+std::vector<char*> c_strings(std::vector<std::string>& strings) {
+  std::vector<char*> out;
+  for (auto& s : strings)
+    out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
 
 std::string find_in_path(const std::string& program) {
   const char* path = std::getenv("PATH");  // NOLINT: PATH is the OS's, not a ProxyEP parameter

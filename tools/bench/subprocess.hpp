@@ -28,4 +28,11 @@ SubprocessResult run_capturing_stdout(const std::vector<std::string>& argv,
 // The full path of `program` found in PATH, or "" when it is not there.
 std::string find_in_path(const std::string& program);
 
+// This process's environment with `env` set on top (a name in `env` replaces the inherited
+// entry), as "NAME=value" strings for execve; and the null-terminated pointer array of
+// `strings` (which must outlive it).
+std::vector<std::string> child_environment(
+    const std::vector<std::pair<std::string, std::string>>& env);
+std::vector<char*> c_strings(std::vector<std::string>& strings);
+
 }  // namespace proxyep::tools

@@ -1,5 +1,7 @@
 #include "tools/tune/child_process.hpp"
 
+#include "tools/bench/subprocess.hpp"
+
 #include "common/error.hpp"
 #include "common/log.hpp"
 
@@ -35,32 +37,6 @@ struct sigaction g_saved_term;
 
 void on_signal(int signal) {
   g_interrupt = signal;
-}
-
-std::vector<std::string> child_environment(
-    const std::vector<std::pair<std::string, std::string>>& env) {
-  std::set<std::string> replaced;
-  for (const auto& [name, value] : env)
-    replaced.insert(name);
-  std::vector<std::string> out;
-  for (char** entry = environ; *entry; ++entry) {
-    const char* eq = std::strchr(*entry, '=');
-    std::string name =
-        eq ? std::string(*entry, static_cast<size_t>(eq - *entry)) : std::string(*entry);
-    if (!replaced.contains(name)) out.emplace_back(*entry);
-  }
-  for (const auto& [name, value] : env)
-    out.push_back(fmt::format("{}={}", name, value));
-  return out;
-}
-
-std::vector<char*> c_strings(std::vector<std::string>& strings) {
-  std::vector<char*> out;
-  out.reserve(strings.size() + 1);
-  for (auto& s : strings)
-    out.push_back(s.data());
-  out.push_back(nullptr);
-  return out;
 }
 
 int exit_code_of(int status) {

@@ -53,6 +53,18 @@ def load_balancing_loss(scores, topk_idx, num_experts):
     return num_experts * (f * p).sum()
 
 
+def router_step(x, router, topk, score, num_experts, aux_loss_coef):
+    """The router of a layer on tokens x [T, H]: (topk_weights, topk_idx, aux loss), the aux
+    loss a zero 0-dim tensor when aux_loss_coef is 0. Shared by the layer and the reference so
+    both route the same rows the same way."""
+    scores, topk_weights, topk_idx = route(x.float() @ router.t(), topk, score)
+    if aux_loss_coef:
+        aux = aux_loss_coef * load_balancing_loss(scores, topk_idx, num_experts)
+    else:
+        aux = torch.zeros(())
+    return topk_weights, topk_idx, aux
+
+
 def expert_ffn(x, fc1, fc2):
     """SwiGLU: (silu(x @ gate) * (x @ up)) @ fc2, x float32 [n, H]."""
     h = x @ fc1

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .exchange import CombineFunction, DispatchFunction
-from .functional import expert_ffn, expert_weights, grouped_experts, load_balancing_loss, route, router_weight
+from .functional import expert_ffn, expert_weights, grouped_experts, route, router_step, router_weight
 
 
 class DeepEPExchange:
@@ -83,13 +83,9 @@ class MoELayer(torch.nn.Module):
         """(output [T, H] float32, aux loss (0-dim; zero when aux_loss_coef is 0))."""
         if x.dim() != 2 or x.shape[1] != self.hidden:
             raise ValueError(f"x must be [tokens, {self.hidden}], got {tuple(x.shape)}")
-        logits = x.float() @ self.router_weight.t()
-        scores, topk_weights, topk_idx = route(logits, self.topk, self.score)
+        topk_weights, topk_idx, aux = router_step(x, self.router_weight, self.topk, self.score,
+                                                  self.num_experts, self.aux_loss_coef)
         self.last_topk_idx = topk_idx
-        if self.aux_loss_coef:
-            aux = self.aux_loss_coef * load_balancing_loss(scores, topk_idx, self.num_experts)
-        else:
-            aux = torch.zeros(())
         recv_x, recv_idx, recv_w, _, handle = self.exchange.dispatch(
             x.to(torch.bfloat16), topk_idx, topk_weights, self.num_experts)
         y = grouped_experts(recv_x.float(), recv_idx, recv_w, self.fc1, self.fc2)

@@ -7,7 +7,7 @@ the tolerances this gives)."""
 
 import torch
 
-from .functional import expert_weights, grouped_experts, load_balancing_loss, route, router_weight
+from .functional import expert_weights, grouped_experts, route, router_step, router_weight
 
 
 class DenseMoE(torch.nn.Module):
@@ -24,13 +24,9 @@ class DenseMoE(torch.nn.Module):
     def forward(self, x):
         """(output [T, H] float32, aux loss) for the tokens x [T, H]: the layer's output for the
         same tokens on one rank (the router runs on exactly these rows, as on that rank)."""
-        logits = x.float() @ self.router_weight.t()
-        scores, topk_weights, topk_idx = route(logits, self.topk, self.score)
+        topk_weights, topk_idx, aux = router_step(x, self.router_weight, self.topk, self.score,
+                                                  self.num_experts, self.aux_loss_coef)
         self.last_topk_idx = topk_idx
-        if self.aux_loss_coef:
-            aux = self.aux_loss_coef * load_balancing_loss(scores, topk_idx, self.num_experts)
-        else:
-            aux = torch.zeros(())
         x_exchanged = x.to(torch.bfloat16).float()
         return grouped_experts(x_exchanged, topk_idx, topk_weights, self.fc1, self.fc2), aux
 
