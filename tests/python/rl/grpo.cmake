@@ -6,3 +6,8 @@ add_test(NAME python.rl.grpo
 proxyep_timeout(timeout 60)
 set_tests_properties(python.rl.grpo PROPERTIES TIMEOUT ${timeout} LABELS python
                      ENVIRONMENT "PYTHONPATH=${PROXYEP_PYTHON_DIR};PYTHONDONTWRITEBYTECODE=1")
+# GRPOTrainer's EP step against the dense reference's gradient of the global token-mean loss:
+# 2 ranks on one node, and 2 "nodes" over TCP with the reorder shim. About 3 s each.
+proxyep_add_python_test(rl.grpo_trainer.2ranks test_grpo_trainer.py 2 2 60)
+proxyep_add_python_test(rl.grpo_trainer.2ranks.2nodes test_grpo_trainer.py 2 1 60
+                        PROXYEP_FABRIC_PROVIDER=tcp PROXYEP_FABRIC_REORDER=1)
