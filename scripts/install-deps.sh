@@ -18,6 +18,10 @@ packages=(
   python3-dev pybind11-dev libdlpack-dev python3-torch python3-pytest
   python3-prometheus-client  # the metrics tests parse the endpoint with Prometheus' own parser
   python3-mpi4py  # deep_ep.Buffer(comm=...): setup through an mpi4py communicator (test_mpi4py.py)
+  redis-server  # proxyep.rl's persistent coordinator store; its tests start a real one on loopback
+  python3-redis  # the coordinator's Redis client (redis-py)
+  python3-boto3  # proxyep.rl.object_store.S3Store: checkpoints to any S3-compatible endpoint
+  python3-hypothesis  # property tests (the experience buffer's staleness bound over random schedules)
 )
 
 missing=()
@@ -39,13 +43,18 @@ if [[ ${#missing[@]} -ne 0 ]]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The npm packages of tests/deploy (yaml, kubernetes-models), exactly as package-lock.json pins
-# them; again only when node_modules is missing or older than the lock file (npm ci writes
-# node_modules/.package-lock.json last, so it marks a complete install).
-deploy_tests="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/deploy"
-stamp="$deploy_tests/node_modules/.package-lock.json"
-if [[ -f "$deploy_tests/package-lock.json" &&
-      ( ! -f "$stamp" || "$deploy_tests/package-lock.json" -nt "$stamp" ) ]]; then
-  echo "install-deps: npm ci --prefix tests/deploy" >&2
-  npm ci --prefix "$deploy_tests" --no-audit --no-fund --loglevel=error >/dev/null
-fi
+# The npm packages of the Node.js test tools, exactly as each package-lock.json pins them: tests/deploy
+# (yaml, kubernetes-models) and tests/python/rl/s3 (s3rver, the S3-compatible server of the
+# checkpoint tests). Again only when node_modules is missing or older than the lock file (npm ci
+# writes node_modules/.package-lock.json last, so it marks a complete install).
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+npm_ci() {
+  local dir="$repo/$1"
+  local stamp="$dir/node_modules/.package-lock.json"
+  if [[ -f "$dir/package-lock.json" && ( ! -f "$stamp" || "$dir/package-lock.json" -nt "$stamp" ) ]]; then
+    echo "install-deps: npm ci --prefix $1" >&2
+    npm ci --prefix "$dir" --no-audit --no-fund --loglevel=error >/dev/null
+  fi
+}
+npm_ci tests/deploy
+npm_ci tests/python/rl/s3
