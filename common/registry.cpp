@@ -381,7 +381,7 @@ void Registry::load_environment() {
     std::string_view var(*entry);
     if (var.rfind("PROXYEP_", 0) != 0) continue;
     auto name = var.substr(0, var.find('='));
-    if (name != kConfigFileVariable && !find(name))
+    if (name != kConfigFileVariable && name.rfind(kRlVariablePrefix, 0) != 0 && !find(name))
       log::warn("environment variable {} is not a ProxyEP parameter (ignored)", name);
   }
   set_all(values, Source::environment);

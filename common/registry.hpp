@@ -144,6 +144,9 @@ class Registry {
   // at their defaults: a file of tuned values under anything set explicitly.
   void load_environment();
   static constexpr const char* kConfigFileVariable = "PROXYEP_CONFIG";
+  // Variables of the Python RL layer (python/proxyep/rl: keys, URLs, tool paths): not runtime
+  // parameters, so not reported as unknown ones.
+  static constexpr const char* kRlVariablePrefix = "PROXYEP_RL_";
   // Loads once per process, on the first Param::get(); entry points may call it earlier to
   // surface malformed values before any work starts.
   void ensure_environment_loaded();

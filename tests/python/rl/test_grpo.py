@@ -108,8 +108,10 @@ def test_addition_task_reward():
         assert len(task.answer(i)) <= task.max_new_tokens()
     assert task.prompt(5) == AdditionTask(digits=2, seed=3).prompt(5)  # seeded: any process regenerates it
     i = next(i for i in range(100) if sum(task.operands(i)) >= 10)
-    ans = task.answer(i)
-    wrong_last = ans[:-2] + [(ans[-2] + 1) % 10, EOS]
-    assert task.reward(i, wrong_last) == pytest.approx(0.5 * (len(ans) - 2) / (len(ans) - 1))
+    ans, total = task.answer(i), sum(task.operands(i))
+    off_by_3 = [int(c) for c in str(total + 3)] + [EOS]
+    assert task.reward(i, off_by_3) == pytest.approx(0.8 * (1 - 3 / 200))
+    assert task.reward(i, [0, 0, 0, EOS]) == pytest.approx(0.8 * max(0.0, 1 - total / 200))
     assert task.reward(i, ans[:-1]) == 0.0  # no EOS: malformed
     assert task.reward(i, [PLUS, EOS]) == 0.0 and task.reward(i, [EOS]) == 0.0 and task.reward(i, []) == 0.0
+    assert task.reward(i, [1, EQUALS, EOS]) == 0.0

@@ -1,0 +1,106 @@
+"""What the trainer's rank 0 hosts in a GRPO run (trainer_run.py): the coordinator (an
+embedded MemoryCoordinator served on loopback to the workers, or a Redis one they reach
+directly), the experience buffer, the controller thread (controller.py) and the weight
+publisher (weight_publisher.py). ``start`` publishes the current version (so every worker, early
+or late, gets it on joining) and writes ``endpoints.json`` in the run directory: where workers
+find the coordinator and the publisher.
+
+On resume the pool (coordinator snapshot) and the buffer come back from the same checkpoint, so
+what was in flight then is reissued once and nothing completed after it is counted.
+"""
+
+import json
+import logging
+import os
+import time
+
+from .controller import Controller
+from .experience import ExperienceBuffer
+from .protocol import RLError
+from .tasks import AdditionTask
+
+log = logging.getLogger("proxyep.rl.train")
+
+
+def write_json_atomic(path, value):
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+    os.replace(tmp, path)
+
+
+class TrainHost:
+    """What only rank 0 holds: the coordinator and its server, buffer, controller, publisher."""
+
+    def __init__(self, config, run_dir, state, resume_parts):
+        from .coordinator_memory import MemoryCoordinator
+        from .coordinator_service import CoordinatorServer
+        from .open_coordinator import open_coordinator
+        from .weight_publisher import WeightPublisher
+
+        self.config, self.run_dir = config, run_dir
+        r, g = config.rollout, config.grpo
+        authkey = bytes.fromhex(os.environ["PROXYEP_RL_AUTHKEY"])
+        options = dict(lease_timeout_s=r.lease_timeout_s, lease_tokens=r.lease_tokens, max_attempts=r.max_attempts)
+        self.server = None
+        if config.coordinator == "memory":
+            self.coordinator = MemoryCoordinator(**options)
+            self.server = CoordinatorServer(self.coordinator, authkey=authkey)
+            coordinator_url = f"tcp://{self.server.address[0]}:{self.server.address[1]}"
+        else:
+            coordinator_url = os.environ.get("PROXYEP_RL_REDIS_URL", config.coordinator)
+            self.coordinator = open_coordinator(coordinator_url, **options)
+        max_in_flight = g.max_in_flight or (g.staleness + 1) * g.batch_groups
+        self.buffer = ExperienceBuffer(g.batch_groups, g.staleness, max_in_flight, dapo_filter=g.dapo_filter)
+        self.task = AdditionTask(config.task.digits, config.task.seed)
+        if resume_parts is not None:
+            # The pool and the buffer come back from the same moment, so what was in flight at the
+            # checkpoint is reissued once and nothing completed after it is counted.
+            self.coordinator.restore(resume_parts["pool"])
+            self.buffer.restore(resume_parts["buffer"], version=state["version"])
+            self.coordinator.set_version(max(state["version"], self.coordinator.version()))
+        elif config.coordinator != "memory" and self.coordinator.stats().get("submitted", 0):
+            raise RLError(f"coordinator {coordinator_url} already holds a run's state; start a fresh store or "
+                          "resume from a checkpoint")
+        self.buffer.set_version(state["version"])
+        self.controller = Controller(config, self.coordinator, self.buffer, self.task, config.trainer.ranks,
+                                     next_prompt=state["next_prompt"])
+        if resume_parts is not None:
+            self.controller.in_flight = dict(resume_parts["controller"]["in_flight"])
+        self.version = state["version"]
+        self.publisher = None
+        self.coordinator_url = coordinator_url
+        self.WeightPublisher = WeightPublisher
+
+    def start(self, dense, experts):
+        self.publisher = self.WeightPublisher.for_state(dense, experts,
+                                                        authkey=bytes.fromhex(os.environ["PROXYEP_RL_AUTHKEY"]))
+        result = self.publisher.publish(self.version, dense, experts)  # late joiners get this one
+        log.info("published v%d (initial) to %d receivers", self.version, len(result.committed))
+        write_json_atomic(os.path.join(self.run_dir, "endpoints.json"), {
+            "coordinator": self.coordinator_url,
+            "publisher": list(self.publisher.address),
+            "version": self.version,
+            "pid": os.getpid()})
+        self.controller.start()
+
+    def wait_for_workers(self, timeout_s):
+        """The run is over: says so (``trainer-done`` in the run directory) and keeps the
+        coordinator and the publisher up until the supervisor says the workers have drained
+        (``workers-stopped``), so none of them fails on a vanished coordinator; at most
+        ``timeout_s``."""
+        write_json_atomic(os.path.join(self.run_dir, "trainer-done"), {"version": self.buffer.version})
+        stopped = os.path.join(self.run_dir, "workers-stopped")
+        deadline = time.monotonic() + timeout_s
+        while not os.path.exists(stopped) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not os.path.exists(stopped):
+            log.warning("workers did not stop within %.0f s of the run's end", timeout_s)
+
+    def close(self):
+        self.controller.stop()
+        if self.publisher is not None:
+            self.publisher.close()
+        if self.server is not None:
+            self.server.close()
+        self.coordinator.close()

@@ -1,0 +1,244 @@
+"""``python3 -m proxyep.rl.worker``: a rollout worker process, run on every rank of a
+``proxyep launch -n N`` job (N ranks = one EP group, its own gloo process group):
+
+    proxyep launch -n 2 -- python3 -m proxyep.rl.worker --coordinator tcp://10.0.0.5:7000 \\
+        --model-config model.json --worker-id spot-17 [--capacity 4] [--report-every 4] \\
+        [--notice-file PATH] [--notice-url URL] [--drain-budget-s 30] [--seed S] [--weights FILE]
+
+The coordinator URL is opened with open_coordinator ("tcp://host:port" with the key in
+PROXYEP_RL_AUTHKEY, "redis://..."). The worker serves leases until told to stop: SIGTERM to any
+rank, ``--notice-file`` appearing, or ``--notice-url`` answering 200 (spot.py); it then releases
+what it holds as interrupted and exits 0. Exit 1: an error (the message names the phase and the
+peer: e.g. the coordinator's address); 2: bad arguments. SIGTERM to the launcher reaches every
+rank too, but the launcher then exits 143 and SIGKILLs the ranks after its ``--grace-ms``
+(3 s by default): give it more than ``--drain-budget-s``.
+
+``--weights-from HOST:PORT``: each rank subscribes to the trainer's weight publisher
+(weight_subscriber.py; key in PROXYEP_RL_AUTHKEY), starts from the version it is sent on joining
+(the latest committed) and applies every later one between decode steps, all ranks at the same
+step. ``--exchange a2a``: the baseline, every MoE exchange through all_to_all_single (gloo)
+instead of deep_ep's low-latency mode.
+
+``--weights FILE``: a ``torch.save`` of {"version": int, "state": {name: full tensor}} (dense
+reference names, every expert): loaded at start and again whenever the file is replaced (write
+a new file and rename it over the old one); each rank takes its own expert rows.
+"""
+
+import argparse
+import datetime
+import logging
+import math
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+from .generation import BatchGenerator, make_ll_buffer
+from .model_config import ModelConfig, build_a2a_model, build_ep_model, local_expert_state
+from .protocol import RLError
+from .rollout_worker import RolloutWorker, WorkerError
+from .spot import StopNotice
+
+log = logging.getLogger("proxyep.rl.worker")
+
+
+class FileWeightSource:
+    """New weights from a file replaced atomically: ``poll()`` returns (version, this rank's
+    state) when the file is new or changed since the last poll, else None."""
+
+    def __init__(self, path, config, rank, world):
+        self.path, self.config, self.rank, self.world = path, config, rank, world
+        self._seen = None
+
+    def poll(self):
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return None
+        key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if key == self._seen:
+            return None
+        self._seen = key
+        blob = torch.load(self.path, weights_only=True)  # tensors and plain values only: no pickled code
+        if not isinstance(blob, dict) or set(blob) != {"version", "state"}:
+            raise RLError(f"{self.path}: expected {{'version': int, 'state': {{name: tensor}}}}")
+        return blob["version"], local_expert_state(self.config, blob["state"], self.rank, self.world)
+
+
+class PublisherWeightSource:
+    """New weights from the trainer's publisher: ``poll()`` returns (version, this rank's state)
+    once per newly committed version, else None (weight_subscriber.WeightSubscriber)."""
+
+    def __init__(self, address, worker_id, model, config, rank, world, timeout_s):
+        from .weight_subscriber import WeightSubscriber, expected_tensors
+        from .weights_manifest import Layout
+
+        host, _, port = address.rpartition(":")
+        authkey = bytes.fromhex(os.environ.get("PROXYEP_RL_AUTHKEY", ""))
+        self.path = f"the publisher at {address}"
+        self.subscriber = WeightSubscriber((host, int(port)), authkey, worker_id, rank,
+                                           Layout.contiguous(world, config.num_experts),
+                                           expected_tensors(model.named_parameters()), connect_timeout_s=timeout_s)
+        self.timeout_s = timeout_s
+
+    def poll(self):
+        return self.subscriber.poll()
+
+    def first(self):
+        """The version committed on joining (waits for it)."""
+        return self.subscriber.wait_committed(0, self.timeout_s)
+
+    def close(self):
+        self.subscriber.close()
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(prog="python3 -m proxyep.rl.worker", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--coordinator", required=True, help="tcp://host:port, redis://..., as open_coordinator takes")
+    p.add_argument("--model-config", required=True, help="a JSON file or inline JSON (ModelConfig)")
+    p.add_argument("--worker-id", required=True)
+    p.add_argument("--capacity", type=int, default=4, help="samples held by the whole worker at once")
+    p.add_argument("--report-every", type=int, default=4, help="tokens per report_partial")
+    p.add_argument("--notice-file", help="a file whose appearance means: stop (spot notice stand-in)")
+    p.add_argument("--notice-url", help="polled with GET; 200 means: stop (e.g. EC2's spot/instance-action)")
+    p.add_argument("--notice-poll-s", type=float, default=0.2)
+    p.add_argument("--drain-budget-s", type=float, default=30.0, help="from the notice to the last release")
+    p.add_argument("--heartbeat-s", type=float, default=None, help="default: a third of the lease timeout")
+    p.add_argument("--lease-poll-s", type=float, default=0.05, help="how often to ask for work when there is room")
+    p.add_argument("--coordinator-timeout-s", type=float, default=10.0, help="deadline of each coordinator call")
+    p.add_argument("--group-timeout-s", type=float, default=60.0, help="deadline of the worker's own collectives")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed (with group id, sample index, prefix length)")
+    p.add_argument("--weights", help="policy weights file (see above); default: the seeded initial weights, v0")
+    p.add_argument("--weights-from", help="HOST:PORT of the trainer's weight publisher")
+    p.add_argument("--exchange", choices=("proxyep", "a2a"), default="proxyep",
+                   help="MoE exchange of decode: deep_ep low-latency (default) or all_to_all_single (baseline)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
+    args = p.parse_args(argv)
+    for name in ("capacity", "report_every", "threads"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("drain_budget_s", "notice_poll_s", "lease_poll_s", "coordinator_timeout_s", "group_timeout_s"):
+        if not getattr(args, name) > 0:
+            p.error(f"--{name.replace('_', '-')} must be positive")
+    if args.heartbeat_s is not None and not args.heartbeat_s > 0:
+        p.error("--heartbeat-s must be positive")
+    if args.weights and args.weights_from:
+        p.error("--weights and --weights-from exclude each other")
+    return args
+
+
+def _broadcast(obj):
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _open_coordinator(args):
+    from .open_coordinator import open_coordinator
+
+    return open_coordinator(args.coordinator, timeout_s=args.coordinator_timeout_s)
+
+
+def _initial_published(source, generator):
+    """Every rank starts from the same published version: each waits for the one it is sent on
+    joining; if a publish landed in between (ranks differ), all wait for the newest."""
+    version = source.first().version
+    while True:
+        versions = [None] * dist.get_world_size()
+        dist.all_gather_object(versions, version)
+        if len(set(versions)) == 1:
+            break
+        version = source.subscriber.wait_committed(max(versions), source.timeout_s).version
+    update = source.subscriber.latest()
+    if update.version != generator.version:  # version 0 is the seeded initial model, here already
+        generator.apply_weights(update.version, update.tensors)
+    source.poll()  # handed out: poll() reports only later versions
+
+
+def _initial_weights(source, generator):
+    """Applies the weights file, if present, on every rank before any lease; the ranks must
+    have read the same version."""
+    update = source.poll()
+    version = update[0] if update is not None else None
+    versions = [None] * dist.get_world_size()
+    dist.all_gather_object(versions, version)
+    if len(set(versions)) != 1:
+        raise RLError(f"the ranks read different weights versions from {source.path}: {versions}")
+    if update is not None:
+        generator.apply_weights(*update)
+
+
+def main(argv=None):
+    args = parse(argv)
+    rank_env = os.environ.get("RANK", "0")
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"proxyep.rl.worker {args.worker_id} rank {rank_env}: %(message)s")
+    try:
+        config = ModelConfig.load(args.model_config)
+    except RLError as e:
+        log.error("%s", e)
+        return 2
+    # Signals first: a SIGTERM during start-up is a stop request too, not a crash.
+    notice = StopNotice(args.notice_file, args.notice_url, poll_s=args.notice_poll_s).install_signals().start()
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.group_timeout_s))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    coordinator, error = None, None
+    if rank == 0:
+        try:
+            coordinator = _open_coordinator(args)
+            coordinator.version()  # reachable and answering, before anything else starts
+        except Exception as e:  # noqa: BLE001 - the message goes to every rank
+            error = f"cannot reach coordinator {args.coordinator}: {type(e).__name__}: {e}"
+    error = _broadcast(error)
+    if error:
+        log.error("%s", error)
+        notice.close()
+        return 1
+    max_step_tokens = math.ceil(args.capacity / world) * config.max_seq
+    buffer = make_ll_buffer(config, dist.group.WORLD, max_step_tokens) if args.exchange == "proxyep" else None
+    code = 1
+    source = None
+    try:
+        if buffer is not None:
+            model = build_ep_model(config, dist.group.WORLD, buffer)
+            model.set_low_latency(buffer, max_step_tokens)
+        else:
+            model = build_a2a_model(config, dist.group.WORLD)
+        generator = BatchGenerator(model, version=0, max_step_tokens=max_step_tokens)
+        if args.weights:
+            source = FileWeightSource(args.weights, config, rank, world)
+            _initial_weights(source, generator)
+        elif args.weights_from:
+            source = PublisherWeightSource(args.weights_from, args.worker_id, model, config, rank, world,
+                                           args.group_timeout_s)
+            _initial_published(source, generator)
+        worker = RolloutWorker(generator, args.worker_id, coordinator=coordinator, coordinator_name=args.coordinator,
+                               capacity=args.capacity, report_every=args.report_every, notice=notice,
+                               drain_budget_s=args.drain_budget_s, heartbeat_s=args.heartbeat_s,
+                               lease_poll_s=args.lease_poll_s, seed=args.seed, weight_source=source)
+        stats = worker.run()
+        log.info("stopped (%s): %d leases, %d completed, %d released in %.3f s, %d stale, %d steps",
+                 stats.stop_reason, stats.leases, stats.completed, stats.released, stats.drain_s, stats.stale,
+                 generator.steps)
+        code = 0
+    except (WorkerError, RLError) as e:
+        log.error("%s", e)
+    finally:
+        notice.close()
+        if coordinator is not None:
+            coordinator.close()
+        if source is not None and hasattr(source, "close"):
+            source.close()
+    if code == 0:
+        # Collective: only when every rank got here the same way.
+        if buffer is not None:
+            buffer.destroy()
+        dist.destroy_process_group()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
