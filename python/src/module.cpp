@@ -21,4 +21,5 @@ PYBIND11_MODULE(_proxyep, m) {
   });
   proxyep::python::bind_config(m);
   proxyep::python::bind_buffer(m);
+  proxyep::python::bind_rma_link(m);
 }

@@ -46,6 +46,9 @@ def main(argv=None):
     if argv[:1] == ["moe"]:
         from . import moe
         return moe.main(argv[1:])
+    if argv[:1] == ["weights"]:  # its own options: proxyep/bench/weights.py
+        from . import weights
+        return weights.main(argv[1:])
     args = parse(argv)
     body = ep.body if args.kind == "ep" else ll.body
     result = run_ranks(body, args)

@@ -39,9 +39,12 @@ class Controller:
         self._lock = threading.Lock()
         # Held for each round of step(): a checkpoint holds it to snapshot the buffer and the pool at
         # one moment (a group taken from the pool but not yet in the buffer would be in neither).
-        self.paused = threading.Lock()
+        self.paused = threading.RLock()
         self._stop = threading.Event()
         self._window = self._empty_window()
+        # Over the whole run (the accounting of run.py's summary): groups submitted, collected from
+        # the pool, dropped by the DAPO filter, failed there.
+        self.totals = {"submitted": 0, "collected": 0, "filtered": 0, "failed": 0}
         self._last_failed_check = 0.0
         self._thread = None
 
@@ -71,15 +74,16 @@ class Controller:
             log.exception("controller stopped")
             self.error = e
 
-    def step(self):
-        """One round of collect, watch and submit (also callable directly, e.g. by tests)."""
+    def step(self, submit=True):
+        """One round of collect, watch and (unless ``submit`` is False: the run is ending) submit."""
         with self.paused:
             self._collect()
             now = time.monotonic()
             if now - self._last_failed_check > 0.25:
                 self._last_failed_check = now
                 self._watch_failed()
-            self._submit()
+            if submit:
+                self._submit()
 
     def _spec(self, index):
         g = self.config.grpo
@@ -96,6 +100,7 @@ class Controller:
             self.coordinator.submit(spec)
             with self._lock:
                 self.in_flight[spec.group_id] = self.next_prompt
+                self.totals["submitted"] += 1
             self.next_prompt += 1
 
     def _collect(self):
@@ -119,6 +124,8 @@ class Controller:
                 w["exact"] += sum(1 for r in rewards if r == 1.0)
                 w["filtered"] += 0 if kept else 1
                 w["refilled"] += len(refills)
+                self.totals["collected"] += 1
+                self.totals["filtered"] += 0 if kept else 1
 
     def _watch_failed(self):
         with self._lock:
@@ -131,6 +138,7 @@ class Controller:
                     self.in_flight.pop(gid, None)
                     self._window["failed"] += 1
                     self._window["refilled"] += 1
+                    self.totals["failed"] += 1
                 log.warning("group %s failed (out of attempts); a new prompt replaces it", gid)
 
     # ---- the trainer's calls ----
@@ -169,4 +177,8 @@ class Controller:
 
     def snapshot(self):
         with self._lock:
-            return {"next_prompt": self.next_prompt, "in_flight": dict(self.in_flight)}
+            return {"next_prompt": self.next_prompt, "in_flight": dict(self.in_flight), "totals": dict(self.totals)}
+
+    def restore_totals(self, totals):
+        with self._lock:
+            self.totals.update(totals)

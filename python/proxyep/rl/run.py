@@ -35,10 +35,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def default_cli():
-    """The proxyep CLI: PROXYEP_CLI, else the build tree this package was imported from
+    """The proxyep CLI: PROXYEP_RL_CLI, else the build tree this package was imported from
     (<build>/python/proxyep/rl -> <build>/tools/proxyep), else `proxyep` on PATH."""
-    if os.environ.get("PROXYEP_CLI"):
-        return os.environ["PROXYEP_CLI"]
+    if os.environ.get("PROXYEP_RL_CLI"):
+        return os.environ["PROXYEP_RL_CLI"]
     # The package is linked into <build>/python; resolve the link's directory, not the source's.
     here = os.path.dirname(os.path.abspath(sys.modules["proxyep"].__file__))
     candidate = os.path.normpath(os.path.join(here, "..", "..", "tools", "proxyep"))
@@ -280,7 +280,7 @@ def main(argv=None):
     p.add_argument("--resume", action="store_true")
     p.add_argument("--preempt", type=float, default=None, help="Spot notices per worker per minute")
     p.add_argument("--iterations", type=int, default=None)
-    p.add_argument("--cli", default=None, help="the proxyep CLI (default: PROXYEP_CLI or the build tree's)")
+    p.add_argument("--cli", default=None, help="the proxyep CLI (default: PROXYEP_RL_CLI or the build tree's)")
     args = p.parse_args(argv)
     try:
         config = RunConfig.load(args.config)

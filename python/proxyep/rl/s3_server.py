@@ -30,9 +30,9 @@ class S3ServerError(RuntimeError):
 
 
 def default_cli():
-    """s3rver's CLI as ``npm ci --prefix tests/python/rl/s3`` installs it ($PROXYEP_S3RVER
+    """s3rver's CLI as ``npm ci --prefix tests/python/rl/s3`` installs it ($PROXYEP_RL_S3RVER
     overrides), or None when it is not installed."""
-    override = os.environ.get("PROXYEP_S3RVER")
+    override = os.environ.get("PROXYEP_RL_S3RVER")
     if override:
         return override if os.path.exists(override) else None
     # This file is python/proxyep/rl/s3_server.py in the source tree (build trees link to it).

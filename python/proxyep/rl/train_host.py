@@ -67,6 +67,7 @@ class TrainHost:
                                      next_prompt=state["next_prompt"])
         if resume_parts is not None:
             self.controller.in_flight = dict(resume_parts["controller"]["in_flight"])
+            self.controller.restore_totals(resume_parts["controller"].get("totals", {}))
         self.version = state["version"]
         self.publisher = None
         self.coordinator_url = coordinator_url
@@ -83,6 +84,23 @@ class TrainHost:
             "version": self.version,
             "pid": os.getpid()})
         self.controller.start()
+
+    def summary(self, consumed_ids):
+        """The run's accounting once it is over (written to summary.json): every group submitted
+        ends complete, failed or aborted in the pool; every complete one was collected; every
+        collected one was consumed by the trainer, is still in the buffer, or was filtered or
+        evicted. ``lost`` and ``duplicated`` must be 0."""
+        self.controller.stop()
+        self.controller.step(submit=False)  # what completed before the final abort
+        pool = self.coordinator.stats()
+        buffer = self.buffer.metrics()
+        totals = dict(self.controller.totals)
+        ended = pool.get("completed_groups", 0) + pool.get("failed_groups", 0) + pool.get("aborted_groups", 0)
+        placed = len(consumed_ids) + buffer.get("depth", 0) + totals["filtered"] + buffer.get("evicted", 0)
+        return {"pool": pool, "buffer": buffer, "controller": totals, "consumed_groups": len(consumed_ids),
+                "lost": (pool.get("submitted", 0) - ended) + (totals["collected"] - placed)
+                + (pool.get("completed_groups", 0) - totals["collected"]),
+                "duplicated": len(consumed_ids) - len(set(consumed_ids))}
 
     def wait_for_workers(self, timeout_s):
         """The run is over: says so (``trainer-done`` in the run directory) and keeps the

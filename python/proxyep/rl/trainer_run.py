@@ -74,7 +74,7 @@ class TrainerRun:
                                    pad_token=AdditionTask.stop_token)
         self.writer = CheckpointWriter(checkpoint_store(config, run_dir), keep=3)
         self.resume_parts = None
-        self.state = {"version": 0, "next_prompt": 0, "started": time.time()}
+        self.state = {"version": 0, "next_prompt": 0, "started": time.time(), "consumed": []}
         if resume:
             self._resume()
 
@@ -110,6 +110,9 @@ class TrainerRun:
             if host is not None:
                 host.coordinator.abort(None)  # surplus rollouts: nothing more is needed
                 host.wait_for_workers(self.config.rollout.drain_budget_s + 20)
+                summary = host.summary(self.state.get("consumed", []))
+                with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
+                    json.dump(summary, f, indent=1, sort_keys=True)
             return 0
         finally:
             if host is not None:
@@ -143,6 +146,7 @@ class TrainerRun:
             host.coordinator.set_version(version)
         t3 = time.perf_counter()
         if host is not None:
+            self.state.setdefault("consumed", []).extend(s.group_id for s in groups)
             self._record(host, version, groups, stats, publish, {"rollout": t1 - t0, "train": t2 - t1, "sync": t3 - t2,
                                                                   "wait": message["waited"]})
         every = self.config.checkpoint_every
@@ -203,8 +207,9 @@ class TrainerRun:
             parts["buffer"] = host.buffer.snapshot()
             parts["pool"] = host.coordinator.snapshot()
             snap = host.controller.snapshot()
-        parts["controller"] = {"in_flight": snap["in_flight"]}
-        parts["driver"] = {"version": version, "next_prompt": snap["next_prompt"], "started": self.state["started"]}
+        parts["controller"] = {"in_flight": snap["in_flight"], "totals": snap["totals"]}
+        parts["driver"] = {"version": version, "next_prompt": snap["next_prompt"], "started": self.state["started"],
+                           "consumed": list(self.state.get("consumed", []))}
         t0 = time.perf_counter()
         self.writer.save(version, parts)
         log.info("checkpoint %d written in %.2f s", version, time.perf_counter() - t0)

@@ -51,6 +51,6 @@ foreach(suite worker spot)
   # The worker ranks busy-poll the fabric like the launched suites: not alongside them.
   set_tests_properties(python.rl.rollout_${suite} PROPERTIES TIMEOUT ${timeout} LABELS python
                        ENVIRONMENT
-                       "PYTHONPATH=${PROXYEP_PYTHON_DIR};PYTHONDONTWRITEBYTECODE=1;PROXYEP_CLI=$<TARGET_FILE:proxyep>"
+                       "PYTHONPATH=${PROXYEP_PYTHON_DIR};PYTHONDONTWRITEBYTECODE=1;PROXYEP_RL_CLI=$<TARGET_FILE:proxyep>"
                        RESOURCE_LOCK busy_polling_ranks)
 endforeach()

@@ -30,7 +30,7 @@ from proxyep.rl.model_config import ModelConfig, build_dense_reference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-CLI = os.environ.get("PROXYEP_CLI", os.path.join(REPO, "build", "release", "tools", "proxyep"))
+CLI = os.environ.get("PROXYEP_RL_CLI", os.path.join(REPO, "build", "release", "tools", "proxyep"))
 CONFIG = ModelConfig(vocab=64, hidden=128, layers=2, heads=4, num_experts=4, topk=2, ffn_hidden=32, max_seq=40, seed=5)
 GATE_S = 120  # the most any gate holds a call (a test that forgets to open one fails, not hangs)
 
