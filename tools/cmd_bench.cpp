@@ -73,6 +73,7 @@ void register_bench(CLI::App& app, Action& action) {
   register_bench_ll(*bench, action);
   register_bench_proxy(*bench, action);
   register_bench_ring(*bench, action);
+  register_bench_rl(*bench, action);
 }
 
 }  // namespace proxyep::tools

@@ -17,5 +17,7 @@ void register_launch(CLI::App& app, Action& action);
 void register_bench(CLI::App& app, Action& action);
 void register_status(CLI::App& app, Action& action);
 void register_tune(CLI::App& app, Action& action);
+void register_rl(CLI::App& app, Action& action);          // cmd_rl.cpp: hands over to Python
+void register_bench_rl(CLI::App& bench, Action& action);  // cmd_rl.cpp
 
 }  // namespace proxyep::tools

@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   tools::register_bench(app, action);
   tools::register_status(app, action);
   tools::register_tune(app, action);
+  tools::register_rl(app, action);
 
   try {
     app.parse(argc, argv);

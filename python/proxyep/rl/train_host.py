@@ -7,6 +7,10 @@ find the coordinator and the publisher.
 
 On resume the pool (coordinator snapshot) and the buffer come back from the same checkpoint, so
 what was in flight then is reissued once and nothing completed after it is counted.
+
+A Redis coordinator is reached through RetryingCoordinator: a redis-server restart (the
+supervisor restarts its own) is an outage of a second or so, which the controller thread and the
+trainer ride out instead of failing the run.
 """
 
 import json
@@ -29,6 +33,63 @@ def write_json_atomic(path, value):
     os.replace(tmp, path)
 
 
+def _unreachable(error):
+    """True when ``error`` (an RLError from RedisCoordinator) is the server being away: refused
+    or dropped connections, timeouts, a server still loading its append-only file."""
+    import redis
+
+    return isinstance(error.__cause__, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError))
+
+
+class RetryingCoordinator:
+    """A coordinator whose calls are retried while its server is unreachable, for at most
+    ``window_s`` from the first failure of a call; then the call fails naming the coordinator and
+    the call. Any other error is raised at once.
+
+    A retry is safe for every call rank 0 makes: reads, set_version (the same version again),
+    abort(None), and submit, whose retry after a lost reply is refused as a duplicate: the first
+    try landed, which is what a duplicate there means. take_completed is the exception: a reply
+    lost after the server applied the take (killed between its fsync and its answer) would leave
+    those groups taken and uncollected; the window is one reply's write."""
+
+    def __init__(self, inner, where, window_s, poll_s=0.2):
+        self.inner, self.where, self.window_s, self.poll_s = inner, where, window_s, poll_s
+        self.outages = 0  # calls that had to wait for the server at least once
+
+    def __getattr__(self, name):
+        attr = getattr(self.inner, name)
+        if not callable(attr) or name == "close":
+            return attr
+
+        def call(*args, **kwargs):
+            return self._call(name, attr, args, kwargs)
+        return call
+
+    def _call(self, name, fn, args, kwargs):
+        from .coordinator_memory import duplicate_group
+
+        deadline = None
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except RLError as e:
+                if (deadline is not None and name == "submit"
+                        and str(e.__cause__ or e) == str(duplicate_group(args[0].group_id))):
+                    return None  # the try whose reply was lost did land
+                if not _unreachable(e):
+                    raise
+                now = time.monotonic()
+                if deadline is None:
+                    deadline = now + self.window_s
+                    self.outages += 1
+                    log.warning("coordinator %s unreachable (%s); retrying for up to %.0f s", self.where, name,
+                                self.window_s)
+                if now >= deadline:
+                    raise RLError(f"coordinator {self.where} unreachable for {self.window_s:g} s "
+                                  f"(call {name}): {e}") from e
+                time.sleep(min(self.poll_s, max(0.0, deadline - now)))
+
+
 class TrainHost:
     """What only rank 0 holds: the coordinator and its server, buffer, controller, publisher."""
 
@@ -49,7 +110,11 @@ class TrainHost:
             coordinator_url = f"tcp://{self.server.address[0]}:{self.server.address[1]}"
         else:
             coordinator_url = os.environ.get("PROXYEP_RL_REDIS_URL", config.coordinator)
-            self.coordinator = open_coordinator(coordinator_url, **options)
+            if not coordinator_url.startswith("redis://"):
+                raise RLError("coordinator 'redis' needs PROXYEP_RL_REDIS_URL (the supervisor sets it to the "
+                              "redis-server it starts)")
+            self.coordinator = RetryingCoordinator(open_coordinator(coordinator_url, **options), coordinator_url,
+                                                   config.coordinator_retry_s)
         max_in_flight = g.max_in_flight or (g.staleness + 1) * g.batch_groups
         self.buffer = ExperienceBuffer(g.batch_groups, g.staleness, max_in_flight, dapo_filter=g.dapo_filter)
         self.task = AdditionTask(config.task.digits, config.task.seed)
