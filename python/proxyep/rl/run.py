@@ -9,11 +9,18 @@ process groups, supervised.
 - preemption (``--preempt RATE`` per worker per minute, or a schedule): the supervisor writes a
   worker's notice file (the stand-in for the Spot notice); the worker stops leasing, flushes and
   releases as interrupted, exits 0; after ``restart_delay_s`` a replacement with a new worker id
-  joins and pulls the latest weights. A worker that dies any other way is replaced too.
+  joins and pulls the latest weights. A worker that dies any other way is replaced too; a
+  schedule entry of kind "kill" makes one die that way (SIGKILL to its ranks and launcher: a lost
+  machine, whose leases the coordinator requeues when they expire).
+- ``"coordinator": "redis"``: the supervisor runs its own redis-server (append-only, in
+  <run dir>/redis, redis_server.py) and hands its URL to the trainer (PROXYEP_RL_REDIS_URL) and,
+  through endpoints.json, to the workers; if that server dies it is restarted on the same port
+  and directory (it reloads its append-only file) and the run goes on.
 - a live progress line per iteration (from the trainer's metrics.jsonl), and at the end a table.
 
 Everything lives in the run directory: config.json, endpoints.json, metrics.jsonl, logs/,
-checkpoints/ (unless the config puts them in S3), events.jsonl (preemptions, restarts).
+checkpoints/ (unless the config puts them in S3), events.jsonl (preemptions, kills, restarts),
+redis/ (with the redis coordinator).
 ``--resume`` restarts the trainer from its newest complete checkpoint (workers are replaced too:
 they pull the checkpoint's version from the new publisher).
 """
@@ -64,6 +71,39 @@ def stop_launch(proc, wait_s, grace_s):
         proc.wait()
 
 
+def launched_ranks(launcher_pid):
+    """The pids of a ``proxyep launch`` job's ranks: the launcher's children (each rank leads its
+    own process group, so the launcher's group does not reach them). Found in /proc by parent pid."""
+    ranks = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        # pid (comm) state ppid ...: comm may hold spaces and parentheses, so split after the last ')'.
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == launcher_pid:
+            ranks.append(int(entry))
+    return sorted(ranks)
+
+
+def kill_launch(proc):
+    """SIGKILL to a ``proxyep launch`` job's ranks, then to the launcher (a lost machine: nothing
+    gets to flush or release). Returns the rank pids killed."""
+    ranks = launched_ranks(proc.pid) if proc.poll() is None else []
+    for pid in ranks:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    return ranks
+
+
 def _exit_on_signal(signum, frame):
     # SIGTERM/SIGINT end the supervisor through its finally blocks, which stop every job it
     # started (a plain kill would leave them running).
@@ -101,7 +141,7 @@ class Supervisor:
         self.env.setdefault("PROXYEP_RL_AUTHKEY", secrets.token_hex(32))
         self.env["PYTHONPATH"] = os.pathsep.join(p for p in [os.path.dirname(os.path.dirname(HERE)),
                                                              self.env.get("PYTHONPATH", "")] if p)
-        self.redis = None
+        self.redis = None  # the RedisServer of "coordinator": "redis"
         self.trainer = None
         self.workers = [WorkerSlot(i) for i in range(config.rollout.workers)]
         self.rng = random.Random(config.preempt.seed)
@@ -117,6 +157,24 @@ class Supervisor:
     def _event(self, kind, **info):
         with open(os.path.join(self.run_dir, "events.jsonl"), "a") as f:
             f.write(json.dumps({"time": time.time(), "event": kind, **info}) + "\n")
+
+    def _start_redis(self):
+        from .redis_server import RedisServer
+
+        directory = os.path.join(self.run_dir, "redis")
+        os.makedirs(directory, exist_ok=True)
+        self.redis = RedisServer(directory, appendfsync=self.config.redis_appendfsync)
+        self.env["PROXYEP_RL_REDIS_URL"] = self.redis.url
+        self._event("redis_started", pid=self.redis.process.pid, port=self.redis.port)
+
+    def _tend_redis(self):
+        """A redis-server that died is started again on its port and directory (it reloads its
+        append-only file); the trainer's host retries meanwhile, workers that fail are replaced."""
+        if self.redis is None or self.redis.process.poll() is None:
+            return
+        self._event("redis_died", pid=self.redis.process.pid, code=self.redis.process.returncode)
+        self.redis.start()
+        self._event("redis_started", pid=self.redis.process.pid, port=self.redis.port)
 
     def _start_trainer(self):
         t = self.config.trainer
@@ -170,6 +228,12 @@ class Supervisor:
         slot.preemptions += 1
         self._event("preempt", worker=slot.worker_id, why=why)
 
+    def _kill(self, slot: WorkerSlot):
+        if slot.proc is None or slot.proc.poll() is not None:
+            return
+        ranks = kill_launch(slot.proc)
+        self._event("worker_killed", worker=slot.worker_id, pid=slot.proc.pid, ranks=ranks)
+
     def _stop_all(self, timeout_s):
         """Notices to every worker (they drain and exit 0); one still running after
         ``timeout_s`` is stopped through its launcher."""
@@ -185,23 +249,39 @@ class Supervisor:
 
     def run(self):
         self.started = time.monotonic()
-        self._start_trainer()
-        for slot in self.workers:
-            self._start_worker(slot)
-        schedule = sorted((float(t), int(w)) for t, w in self.config.preempt.schedule)
-        rate = self.config.preempt.rate / 60.0
-        next_random = [self._next_arrival(rate) for _ in self.workers]
-        code = None
-        finishing = False
+        # What an earlier run (before a --resume) left must not end this one: gone before the
+        # trainer starts, since it writes trainer-done itself.
         for name in ("trainer-done", "workers-stopped"):
             if os.path.exists(os.path.join(self.run_dir, name)):
                 os.unlink(os.path.join(self.run_dir, name))
         try:
+            if self.config.coordinator == "redis":
+                self._start_redis()
+            self._start_trainer()
+        except BaseException:
+            if self.trainer is not None:
+                stop_launch(self.trainer, 0, 3)
+            self._stop_redis()
+            raise
+        for slot in self.workers:
+            self._start_worker(slot)
+        p = self.config.preempt
+        schedule = sorted((float(e[0]), int(e[1]), e[2] if len(e) > 2 else "notice") for e in p.schedule)
+        rate = self.config.preempt.rate / 60.0
+        next_random = [self._next_arrival(rate) for _ in self.workers]
+        code = None
+        finishing = False
+        try:
             while code is None:
                 now = time.monotonic() - self.started
-                while schedule and schedule[0][0] <= now:
-                    _, w = schedule.pop(0)
-                    self._preempt(self.workers[w], "scheduled")
+                at = now if p.schedule_unit == "seconds" else (self.records[-1]["iteration"] if self.records else 0)
+                while schedule and schedule[0][0] <= at and not finishing:
+                    _, w, kind = schedule.pop(0)
+                    if kind == "kill":
+                        self._kill(self.workers[w])
+                    else:
+                        self._preempt(self.workers[w], "scheduled")
+                self._tend_redis()
                 for i, slot in enumerate(self.workers):
                     if finishing:
                         break
@@ -218,10 +298,18 @@ class Supervisor:
                 code = self.trainer.poll()
                 time.sleep(0.05)
         finally:
-            stop_launch(self.trainer, 0, 3)
-            self._stop_all(self.config.rollout.drain_budget_s + 15)
+            try:
+                stop_launch(self.trainer, 0, 3)
+                self._stop_all(self.config.rollout.drain_budget_s + 15)
+            finally:
+                self._stop_redis()
         self._print_progress()
         return code
+
+    def _stop_redis(self):
+        if self.redis is not None:
+            self.redis.stop()
+            self._event("redis_stopped", pid=self.redis.process.pid)
 
     def _next_arrival(self, rate):
         return self.rng.expovariate(rate) if rate > 0 else float("inf")

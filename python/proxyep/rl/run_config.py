@@ -57,10 +57,16 @@ class RolloutConfig:
     exchange: str = "proxyep"  # or "a2a"
 
 
+PREEMPT_KINDS = ("notice", "kill")
+
+
 @dataclasses.dataclass
 class PreemptConfig:
     rate: float = 0.0  # Spot notices per worker per minute (Poisson), 0: none
-    schedule: List[List[float]] = dataclasses.field(default_factory=list)  # [[seconds, worker], ...]
+    # [[at, worker], ...] or [[at, worker, kind], ...]: kind "notice" (the default: the Spot
+    # notice, a drain) or "kill" (SIGKILL to the worker's ranks and launcher: a lost machine).
+    schedule: List[list] = dataclasses.field(default_factory=list)
+    schedule_unit: str = "seconds"  # `at` counts seconds since the run started, or "iterations" trained
     restart_delay_s: float = 1.0  # before an interrupted worker rejoins
     seed: int = 0
 
@@ -78,6 +84,12 @@ class RunConfig:
     checkpoint_dir: Optional[str] = None  # default: <run dir>/checkpoints
     checkpoint_s3: Optional[dict] = None  # {"bucket", "prefix", "endpoint_url", ...}: S3Store instead
     checkpoint_every: int = 10  # iterations; 0: never
+    # coordinator "redis": the supervisor's own redis-server (<run dir>/redis). "always": every
+    # write is on disk before it is acknowledged, so a server crash loses no transition.
+    redis_appendfsync: str = "always"
+    # How long the trainer's rank 0 keeps retrying a Redis coordinator it cannot reach (a server
+    # restart) before the run fails.
+    coordinator_retry_s: float = 30.0
     seed: int = 0
 
     def validate(self):
@@ -110,10 +122,24 @@ class RunConfig:
                           f"{self.task.digits}-digit additions)")
         if self.preempt.rate < 0:
             raise RLError("run config: preempt.rate must be >= 0")
+        if self.preempt.schedule_unit not in ("seconds", "iterations"):
+            raise RLError(f"run config: preempt.schedule_unit must be 'seconds' or 'iterations', "
+                          f"got {self.preempt.schedule_unit!r}")
         for item in self.preempt.schedule:
-            if (not isinstance(item, (list, tuple)) or len(item) != 2 or not item[0] >= 0
-                    or not 0 <= int(item[1]) < r.workers):
-                raise RLError(f"run config: preempt.schedule entries are [seconds, worker index], got {item!r}")
+            if (not isinstance(item, (list, tuple)) or len(item) not in (2, 3)
+                    or not isinstance(item[0], (int, float)) or isinstance(item[0], bool) or not item[0] >= 0
+                    or not isinstance(item[1], int) or isinstance(item[1], bool) or not 0 <= item[1] < r.workers
+                    or (len(item) == 3 and item[2] not in PREEMPT_KINDS)):
+                raise RLError(f"run config: preempt.schedule entries are [at, worker index] or [at, worker index, "
+                              f"kind] (kind in {list(PREEMPT_KINDS)}, worker index < {r.workers}), got {item!r}")
+        if not (self.coordinator in ("memory", "redis") or str(self.coordinator).startswith("redis://")):
+            raise RLError(f"run config: coordinator must be 'memory', 'redis' or a redis:// URL, "
+                          f"got {self.coordinator!r}")
+        if self.redis_appendfsync not in ("always", "everysec", "no"):
+            raise RLError(f"run config: redis_appendfsync must be always, everysec or no, "
+                          f"got {self.redis_appendfsync!r}")
+        if not self.coordinator_retry_s >= 0:
+            raise RLError(f"run config: coordinator_retry_s must be >= 0, got {self.coordinator_retry_s!r}")
         g.loss.validate()
         return self
 

@@ -74,7 +74,7 @@ class RetryingCoordinator:
                 return fn(*args, **kwargs)
             except RLError as e:
                 if (deadline is not None and name == "submit"
-                        and str(e.__cause__ or e) == str(duplicate_group(args[0].group_id))):
+                        and str(e) == str(duplicate_group(args[0].group_id))):
                     return None  # the try whose reply was lost did land
                 if not _unreachable(e):
                     raise

@@ -11,6 +11,10 @@ Iteration i takes the policy from version i to i + 1:
 4. metrics: one JSON line in metrics.jsonl (docs/RL.md section 7);
 5. checkpoint every ``checkpoint_every`` iterations and after the last: every rank's model and
    optimiser state (gathered to rank 0), the buffer, the pool, the controller's counters.
+
+On resume the run goes back to its newest complete checkpoint: metrics.jsonl keeps the
+iterations up to it and the lines of later ones (trained, then lost with the trainer) move to
+metrics-rolled-back.jsonl, so metrics.jsonl has each iteration once, in order.
 """
 
 import json
@@ -89,7 +93,31 @@ class TrainerRun:
         self.optimizer.load_state_dict(ckpt.parts[f"optimizer.rank{self.rank}"])
         self.state = dict(ckpt.parts["driver"])
         self.resume_parts = ckpt.parts
+        if self.rank == 0:
+            self._roll_back_metrics(self.state["version"])
         log.info("resume: checkpoint %d (version %d)", step, self.state["version"])
+
+    def _roll_back_metrics(self, version):
+        path = os.path.join(self.run_dir, "metrics.jsonl")
+        if not os.path.exists(path):
+            return
+        with open(path) as f:
+            lines = f.readlines()
+        keep, later = [], []
+        for line in lines:
+            if not line.endswith("\n"):
+                later.append(line + "\n")  # torn by the kill: kept aside, never parsed as a record
+                continue
+            (keep if json.loads(line)["iteration"] <= version else later).append(line)
+        if later:
+            with open(os.path.join(self.run_dir, "metrics-rolled-back.jsonl"), "a") as f:
+                f.writelines(later)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.writelines(keep)
+        os.replace(tmp, path)
+        log.info("resume: metrics.jsonl rolled back to iteration %d (%d later lines kept aside)", version,
+                 len(later))
 
     def run(self):
         from proxyep.moe.training import gather_ep_state
@@ -108,6 +136,9 @@ class TrainerRun:
                 self.ep_buffer.destroy()  # collective: while every rank is still here
                 self.ep_buffer = None
             if host is not None:
+                # The controller first: it would otherwise go on submitting after the abort (the
+                # buffer admits the next version's groups), and those would never end.
+                host.controller.stop()
                 host.coordinator.abort(None)  # surplus rollouts: nothing more is needed
                 host.wait_for_workers(self.config.rollout.drain_budget_s + 20)
                 summary = host.summary(self.state.get("consumed", []))
