@@ -22,6 +22,7 @@ packages=(
   python3-redis  # the coordinator's Redis client (redis-py)
   python3-boto3  # proxyep.rl.object_store.S3Store: checkpoints to any S3-compatible endpoint
   python3-hypothesis  # property tests (the experience buffer's staleness bound over random schedules)
+  python3-matplotlib  # the PNG plots of `python3 -m proxyep.bench rl` (Agg backend, no display)
 )
 
 missing=()

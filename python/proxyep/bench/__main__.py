@@ -49,6 +49,9 @@ def main(argv=None):
     if argv[:1] == ["weights"]:  # its own options: proxyep/bench/weights.py
         from . import weights
         return weights.main(argv[1:])
+    if argv[:1] == ["rl"]:  # the GRPO run as a benchmark: proxyep/rl/bench_rl.py
+        from proxyep.rl import bench_rl
+        return bench_rl.main(argv[1:])
     args = parse(argv)
     body = ep.body if args.kind == "ep" else ll.body
     result = run_ranks(body, args)

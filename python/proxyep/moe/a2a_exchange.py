@@ -19,6 +19,8 @@ Received rows come grouped by source rank, tokens ascending within a source (dee
 too). The handle is a plain object (not a tensor), as deep_ep's.
 """
 
+import math
+
 import torch
 import torch.distributed as dist
 
@@ -33,7 +35,8 @@ class A2AHandle:
 
 
 def _bytes(t):
-    return t.contiguous().view(torch.uint8).reshape(t.shape[0], -1)
+    # The row size spelled out: reshape(0, -1) is ambiguous, and a decoding rank may have no rows.
+    return t.contiguous().view(torch.uint8).reshape(t.shape[0], t.element_size() * math.prod(t.shape[1:]))
 
 
 def _all_to_all_rows(send, send_counts, recv_counts, group):
