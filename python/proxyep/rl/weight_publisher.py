@@ -325,8 +325,9 @@ class WeightPublisher:
             timeout_ms = int(self.stage_timeout_s * 1000)
             region, remote = session.regions[slot], session.remote
             writes = [(c.src, c.length, c.dst, (tag << 24) | i) for i, c in enumerate(chunks)]
+            reply = None
             if self.fault_hook is None:
-                session.sender.write_batch(region, remote, writes, timeout_ms, phase)
+                reply = self._write_all(session, region, remote, writes, phase, peer)
             else:
                 for i, w in enumerate(writes):
                     action = self.fault_hook("chunk", session=session.name, version=version, index=i,
@@ -334,10 +335,13 @@ class WeightPublisher:
                     if action == "corrupt":
                         self._write_corrupted(session, slot, w, timeout_ms, phase)
                     else:
-                        session.sender.write(region, w[0], w[1], remote, w[2], w[3], timeout_ms, phase)
+                        reply = self._write_all(session, region, remote, [w], phase, peer)
+                        if reply is not None:
+                            break
             sent = sum(c.length for c in chunks)
             session.bytes_total += sent
-            reply = self._flush(session, phase, peer)
+            if reply is None:
+                reply = self._flush(session, phase, peer)
             if reply is None:
                 reply = wire.recv(session.conn, self.stage_timeout_s + self.control_timeout_s, phase, peer)
             if reply["op"] == "staged" and reply.get("version") == version:
@@ -351,6 +355,28 @@ class WeightPublisher:
             return _Outcome("dead", str(e), sent)
         except RuntimeError as e:  # ProxyEPError from the link (names the phase and the peer)
             return _Outcome("dead", f"fabric: {e}", sent)
+
+    def _write_all(self, session, region, remote, writes, phase, peer):
+        """Posts the transfer's writes in slices, watching the control channel between them, as
+        _flush does: a receiver that said ready and then died (a drained worker exiting) ends the
+        transfer at once (PeerGone) instead of having its writes refused until the stage
+        deadline. Returns the receiver's message if it sent one (stage_failed), else None."""
+        deadline = time.monotonic() + self.stage_timeout_s
+        first = session.sender.posted
+        while True:
+            done = session.sender.posted - first  # a refused write is not counted: resume there
+            if done >= len(writes):
+                return None
+            try:
+                session.sender.write_batch(region, remote, writes[done:], 5 * _SLICE_MS, phase)
+                return None
+            except RuntimeError as e:  # ProxyEPError
+                if "refused a write" not in str(e):
+                    raise
+                if session.conn.poll(0):
+                    return wire.recv(session.conn, self.control_timeout_s, phase, peer)
+                if time.monotonic() >= deadline:
+                    raise
 
     def _flush(self, session, phase, peer):
         """Waits until the transfer's writes completed here, in slices, watching the control
