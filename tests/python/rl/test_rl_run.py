@@ -57,8 +57,9 @@ def test_seeded_run_learns_on_policy_with_every_metric(tmp_path):
         assert 0 <= r["clip_fraction"] <= 1 and r["logprob_gap"] >= 0
         ws = r["weight_sync"]
         # Every joined rank got the whole new version: the dense part and its own experts, the
-        # same bytes for each receiver. A worker that joins late (its 2 ranks) adds 2 receivers.
-        assert ws["committed"] in (2, 4) and not ws["dropped"] and ws["gbps"] > 0
+        # same bytes for each receiver. Each rank of a worker joins on its own (a publish may
+        # find one rank of a starting worker joined and not the other), 2 workers x 2 ranks.
+        assert 1 <= ws["committed"] <= 4 and not ws["dropped"] and ws["gbps"] > 0
         assert ws["bytes"] == ws["committed"] * per_receiver
         assert set(ws["seconds"]) >= {"stage", "commit"}
         assert r["pool"] == {"requeued": 0, "interrupted": 0, "expired": 0, "failed_groups": 0, "errors": 0}, r
@@ -67,8 +68,10 @@ def test_seeded_run_learns_on_policy_with_every_metric(tmp_path):
 
 
 def _released(log):
-    """Leases a worker released (as interrupted) when it stopped, from its ranks' last lines."""
-    return sum(int(n) for n in re.findall(r"stopped \(.*?\): \d+ leases, \d+ completed, (\d+) released", log))
+    """Leases a worker released (as interrupted) when it stopped, from its rank 0's last line
+    (every rank logs the same drain result: rank 0 did the releasing)."""
+    return sum(int(n) for n in re.findall(r"rank 0: stopped \(.*?\): \d+ leases, \d+ completed, (\d+) released",
+                                          log))
 
 
 def _joined_at(log, worker_id):
