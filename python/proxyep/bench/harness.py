@@ -144,3 +144,15 @@ def print_table(title, rows, reference=None):
         us = row["us"]
         ratio = f"{us['p50'] / base:.2f}x" if base else "-"
         print(f"  {name:34s}{us['p50']:10.1f}{us['p95']:10.1f}{us['p99']:10.1f}{ratio:>18s}")
+
+
+def add_shape_arguments(p):
+    """TinyMoELM's shape for bench moe and bench weights (defaults: bench moe's, a
+    shape whose step the exchange weighs on)."""
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--experts", type=int, default=8)
+    p.add_argument("--topk", type=int, default=2)
+    p.add_argument("--ffn-hidden", type=int, default=16)
+    p.add_argument("--vocab", type=int, default=64)

@@ -31,7 +31,7 @@ from proxyep.moe.layer import DeepEPExchange
 from proxyep.moe.model import TinyMoELM, cross_entropy
 from proxyep.moe.training import BigramTask, sync_gradients
 
-from .harness import percentiles, run_ranks
+from .harness import add_shape_arguments, percentiles, run_ranks
 
 VARIANTS = ("proxyep", "a2a")
 
@@ -43,13 +43,7 @@ def parse(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ranks", type=int, default=2, help="ranks to start when run alone")
     p.add_argument("--ranks-per-node", type=int, default=None, help="default: all on one node")
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--topk", type=int, default=2)
-    p.add_argument("--ffn-hidden", type=int, default=16)
-    p.add_argument("--vocab", type=int, default=64)
+    add_shape_arguments(p)
     p.add_argument("--tokens", type=int, default=64, help="training tokens per rank (a multiple of --seq)")
     p.add_argument("--seq", type=int, default=16, help="training sequence length")
     p.add_argument("--aux-loss-coef", type=float, default=0.01)

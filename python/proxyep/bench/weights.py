@@ -29,20 +29,13 @@ import time
 import torch
 import torch.distributed as dist
 
-from .harness import percentiles, run_ranks
+from .harness import add_shape_arguments, percentiles, run_ranks
 
 
 def parse(argv):
     p = argparse.ArgumentParser(prog="python3 -m proxyep.bench weights", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    # TinyMoELM's shape in python3 -m proxyep.bench moe (its defaults).
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--experts", type=int, default=8)
-    p.add_argument("--topk", type=int, default=2)
-    p.add_argument("--ffn-hidden", type=int, default=16)
-    p.add_argument("--vocab", type=int, default=64)
+    add_shape_arguments(p)  # TinyMoELM's shape in python3 -m proxyep.bench moe (its defaults)
     p.add_argument("--max-seq", type=int, default=64)
     p.add_argument("--receivers", type=int, default=2)
     p.add_argument("--layout", choices=["ep1", "ep2"], default="ep1",

@@ -75,13 +75,18 @@ class ModelConfig:
     @classmethod
     def load(cls, file_or_json):
         """From a path to a JSON file, or from the JSON text itself (starts with '{')."""
-        text = file_or_json
-        if not file_or_json.lstrip().startswith("{"):
-            if not os.path.isfile(file_or_json):
-                raise RLError(f"model config: {file_or_json!r} is neither a file nor a JSON object")
-            with open(file_or_json) as f:
-                text = f.read()
-        return cls.from_json(text)
+        return cls.from_json(json_argument(file_or_json, "model config"))
+
+
+def json_argument(file_or_json, what):
+    """The JSON text of a command-line argument that is either inline JSON (starts with '{') or
+    a path to a file holding it; RLError naming ``what`` when it is neither."""
+    if file_or_json.lstrip().startswith("{"):
+        return file_or_json
+    if not os.path.isfile(file_or_json):
+        raise RLError(f"{what}: {file_or_json!r} is neither a file nor a JSON object")
+    with open(file_or_json) as f:
+        return f.read()
 
 
 def build_ep_model(config, group, buffer):

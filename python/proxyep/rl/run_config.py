@@ -7,11 +7,10 @@ are refused so a typo is an error, not a silently ignored setting.
 
 import dataclasses
 import json
-import os
 from typing import List, Optional
 
 from .grpo import LossConfig
-from .model_config import ModelConfig
+from .model_config import ModelConfig, json_argument
 from .protocol import RLError
 
 
@@ -156,12 +155,7 @@ class RunConfig:
     @classmethod
     def load(cls, path_or_json):
         """From a file, or an inline JSON object (starting with '{')."""
-        text = path_or_json
-        if not path_or_json.lstrip().startswith("{"):
-            if not os.path.exists(path_or_json):
-                raise RLError(f"run config: no such file {path_or_json}")
-            with open(path_or_json) as f:
-                text = f.read()
+        text = json_argument(path_or_json, "run config")
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:

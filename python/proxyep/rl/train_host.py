@@ -97,7 +97,6 @@ class TrainHost:
         from .coordinator_memory import MemoryCoordinator
         from .coordinator_service import CoordinatorServer
         from .open_coordinator import open_coordinator
-        from .weight_publisher import WeightPublisher
 
         self.config, self.run_dir = config, run_dir
         r, g = config.rollout, config.grpo
@@ -136,10 +135,11 @@ class TrainHost:
         self.version = state["version"]
         self.publisher = None
         self.coordinator_url = coordinator_url
-        self.WeightPublisher = WeightPublisher
 
     def start(self, dense, experts):
-        self.publisher = self.WeightPublisher.for_state(dense, experts,
+        from .weight_publisher import WeightPublisher
+
+        self.publisher = WeightPublisher.for_state(dense, experts,
                                                         authkey=bytes.fromhex(os.environ["PROXYEP_RL_AUTHKEY"]))
         result = self.publisher.publish(self.version, dense, experts)  # late joiners get this one
         log.info("published v%d (initial) to %d receivers", self.version, len(result.committed))

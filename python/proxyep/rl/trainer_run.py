@@ -78,6 +78,7 @@ class TrainerRun:
                                    pad_token=AdditionTask.stop_token)
         self.writer = CheckpointWriter(checkpoint_store(config, run_dir), keep=3)
         self.resume_parts = None
+        self._last_pool = None  # the pool's counters at the previous iteration (per-iteration deltas)
         self.state = {"version": 0, "next_prompt": 0, "started": time.time(), "consumed": []}
         if resume:
             self._resume()
@@ -189,8 +190,7 @@ class TrainerRun:
         window = host.controller.take_window()
         pool = host.coordinator.stats()
         now = time.time()
-        last = getattr(self, "_last", None)
-        self._last = (now, pool)
+        last, self._last_pool = self._last_pool, pool
         iteration_s = phases["rollout"] + phases["train"] + phases["sync"]
         lags = {}
         for scored in groups:
@@ -200,7 +200,7 @@ class TrainerRun:
         rewards = [r for s in groups for r in s.rewards]
         sent = sum(publish.bytes.values()) if publish is not None else 0
         sync_s = phases["sync"]
-        delta = {k: pool.get(k, 0) - (last[1].get(k, 0) if last else 0)
+        delta = {k: pool.get(k, 0) - (last.get(k, 0) if last else 0)
                  for k in ("requeued", "interrupted", "expired", "failed_groups", "errors")}
         record = {
             "iteration": version, "time": now, "iteration_s": iteration_s,
