@@ -7,10 +7,12 @@
 #include "common/params.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/row_format.hpp"
+#include "integrations/backend/device_backend.hpp"
 #include "integrations/backend/host_backend.hpp"
 #include "integrations/buffer_metrics.hpp"
 #include "integrations/call_sequence.hpp"
 #include "integrations/comm_stream.hpp"
+#include "integrations/device_calls.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
@@ -147,6 +149,7 @@ struct Buffer::Impl {
         buffer_id(new_buffer_id()),
         mode(*session, backend, calls, stream, buffer_id, landing),
         low_latency(*session, backend, calls, stream, buffer_id, opts.enable_shrink) {
+    if (opts.device) device_backend = std::make_unique<integrations::DeviceBackend>(opts.device);
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
     made.store(true, std::memory_order_release);
   }
@@ -179,6 +182,13 @@ struct Buffer::Impl {
     require(options.num_nvl_bytes > 0, phase,
             "this Buffer was made for low-latency calls only (num_nvl_bytes 0)");
   }
+  // The device runtime for a call whose tensors are on the device.
+  gpu_side::device::DeviceRuntime& device(std::string_view phase) {
+    require(device_backend != nullptr, phase,
+            "the call's tensors are device memory but the Buffer was made without a device "
+            "(BufferOptions::device)");
+    return device_backend->device();
+  }
   void check_low_latency(std::string_view phase) {
     check_usable(phase);
     require(options.low_latency_mode, phase,
@@ -203,6 +213,7 @@ struct Buffer::Impl {
   uint64_t buffer_id;
   integrations::normal::NormalMode mode;
   integrations::low_latency::LowLatencyMode low_latency;
+  std::unique_ptr<integrations::DeviceBackend> device_backend;  // with BufferOptions::device
   bool destroyed = false;
 };
 
@@ -304,18 +315,42 @@ int64_t Buffer::rdma_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_byte
 DispatchLayout Buffer::get_dispatch_layout(const TensorRef& topk_idx, int num_experts) {
   impl_->check_usable("get_dispatch_layout");
   auto shape = impl_->mode.shape_for(num_experts);
+  if (topk_idx.device == ep::Device::cuda) {
+    impl_->device("get_dispatch_layout");
+    return impl_->device_backend->layout(topk_idx, shape);
+  }
   ep::validate_topk_idx(topk_idx, shape, "get_dispatch_layout");
   return impl_->backend.layout(topk_idx, shape);
 }
 
 DispatchResult Buffer::dispatch(const DispatchArgs& args) {
   impl_->check_normal("dispatch");
-  return impl_->mode.dispatch(args);
+  const bool on_device = integrations::tensors_on_device(
+      "dispatch", {{"x", args.x},
+                   {"x_scales", args.x_scales},
+                   {"num_tokens_per_rank", args.num_tokens_per_rank},
+                   {"num_tokens_per_rdma_rank", args.num_tokens_per_rdma_rank},
+                   {"is_token_in_rank", args.is_token_in_rank},
+                   {"num_tokens_per_expert", args.num_tokens_per_expert},
+                   {"topk_idx", args.topk_idx},
+                   {"topk_weights", args.topk_weights}});
+  if (!on_device) return impl_->mode.dispatch(args);
+  return integrations::dispatch_on_device(
+      impl_->device("dispatch"), args,
+      [this](const DispatchArgs& host) { return impl_->mode.dispatch(host); });
 }
 
 CombineResult Buffer::combine(const CombineArgs& args) {
   impl_->check_normal("combine");
-  return impl_->mode.combine(args);
+  const bool on_device =
+      integrations::tensors_on_device("combine", {{"x", args.x},
+                                                  {"topk_weights", args.topk_weights},
+                                                  {"bias0", args.bias0},
+                                                  {"bias1", args.bias1}});
+  if (!on_device) return impl_->mode.combine(args);
+  return integrations::combine_on_device(
+      impl_->device("combine"), args,
+      [this](const CombineArgs& host) { return impl_->mode.combine(host); });
 }
 
 int64_t Buffer::get_low_latency_rdma_size_hint(int num_max_dispatch_tokens_per_rank, int hidden,

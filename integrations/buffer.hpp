@@ -1,6 +1,6 @@
 // proxyep::Buffer: DeepEP V1's deep_ep.Buffer (DEEPEP_COMPAT 1.2-1.5, 2.1-2.8) in C++, normal
-// and low-latency modes, CPU backend. Named structs replace DeepEP's tuples (layout, dispatch
-// result, handle).
+// and low-latency modes, CPU backend; device tensors in normal mode with BufferOptions::device.
+// Named structs replace DeepEP's tuples (layout, dispatch result, handle).
 //
 //   auto boot = control::Bootstrap::from_environment();
 //   Buffer buffer(*boot, {.num_nvl_bytes = Buffer::nvl_bytes_hint(4096, 7168 * 2, 8, world)});
@@ -40,6 +40,7 @@
 #pragma once
 
 #include "control/bootstrap.hpp"
+#include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/tensor.hpp"
 #include "integrations/config.hpp"
@@ -122,6 +123,11 @@ struct BufferOptions {
   bool enable_shrink = false;
   bool explicitly_destroy = false;
   int ranks_per_node = 0;  // 0: the bootstrap's LOCAL_WORLD_SIZE
+  // The device this rank's device tensors live on (gpu_side/device/device_runtime.hpp): a
+  // CudaDevice on a GPU, a SimulatedDevice in tests. Without one, calls take host tensors only.
+  // Normal-mode calls with device tensors stage through host memory (device_calls.hpp);
+  // get_dispatch_layout runs on the device; low-latency calls take host tensors only for now.
+  std::shared_ptr<gpu_side::device::DeviceRuntime> device;
 };
 
 // DeepEP's intranode handle, plus what combine and cached dispatch need.

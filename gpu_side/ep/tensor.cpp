@@ -151,12 +151,16 @@ Tensor Tensor::empty(DType dtype, int64_t rows, int64_t cols) {
   return t;
 }
 
-Tensor Tensor::over(std::shared_ptr<std::byte[]> storage, DType dtype, int64_t rows, int64_t cols) {
-  require(rows >= 0 && cols >= 0, "tensor", "negative shape [{}, {}]", rows, cols);
+Tensor Tensor::over(std::shared_ptr<std::byte[]> storage, DType dtype, int64_t rows, int64_t cols,
+                    Device device) {
+  const bool vector = cols < 0;
+  if (vector) cols = 1;
+  require(rows >= 0, "tensor", "negative shape [{}, {}]", rows, cols);
   require(storage != nullptr || rows * cols == 0, "tensor", "no storage for [{}, {}]", rows, cols);
   Tensor t;
   t.dtype_ = dtype;
-  t.dims_ = 2;
+  t.device_ = device;
+  t.dims_ = vector ? 1 : 2;
   t.rows_ = rows;
   t.cols_ = cols;
   t.storage_ = std::move(storage);
@@ -198,7 +202,7 @@ Tensor Tensor::copy_of(const TensorRef& source) {
 
 TensorRef Tensor::ref() const {
   if (!defined()) return {};
-  return {data_, dtype_, Device::host, dims_, rows_, cols_, dims_ == 1 ? 1 : cols_, 1};
+  return {data_, dtype_, device_, dims_, rows_, cols_, dims_ == 1 ? 1 : cols_, 1};
 }
 
 Tensor Tensor::clone() const {
@@ -231,7 +235,7 @@ void require_contiguous(const TensorRef& t, std::string_view phase, std::string_
 
 void require_host(const TensorRef& t, std::string_view phase, std::string_view name) {
   require(t.device == Device::host, phase,
-          "{} is CUDA memory; this build's Buffer runs the CPU backend (host tensors)", name);
+          "{} is device memory; this call takes host tensors (the CPU backend) here", name);
 }
 
 }  // namespace proxyep::gpu_side::ep

@@ -58,8 +58,9 @@ struct TensorRef {
   std::string describe() const;  // "bf16[4096, 7168]" / "None"
 };
 
-// Owning, contiguous, host memory (64-byte aligned). Copies share the storage (like
-// torch.Tensor handles); clone() copies the bytes.
+// Owning, contiguous memory: host memory (64-byte aligned) from the factories, or whatever
+// over() is given, device memory included. Copies share the storage (like torch.Tensor
+// handles); clone() copies the bytes (host tensors only).
 class Tensor {
  public:
   Tensor() = default;
@@ -68,12 +69,15 @@ class Tensor {
   static Tensor zeros(DType dtype, int64_t rows);
   static Tensor zeros(DType dtype, int64_t rows, int64_t cols);
   static Tensor copy_of(const TensorRef& source);  // contiguous copy of any view
-  // A 2-D tensor over `storage`, memory someone else allocated: its deleter runs when the last
-  // handle is dropped (e.g. an output block in memory the node's ranks share).
-  static Tensor over(std::shared_ptr<std::byte[]> storage, DType dtype, int64_t rows, int64_t cols);
+  // A tensor over `storage`, memory someone else allocated: its deleter runs when the last
+  // handle is dropped (e.g. an output block in memory the node's ranks share, or device memory
+  // from a DeviceRuntime, with device = cuda). cols < 0: a 1-D tensor of `rows`.
+  static Tensor over(std::shared_ptr<std::byte[]> storage, DType dtype, int64_t rows, int64_t cols,
+                     Device device = Device::host);
 
   bool defined() const { return dims_ != 0; }
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
   int dims() const { return dims_; }
   int64_t rows() const { return rows_; }
   int64_t cols() const { return cols_; }
@@ -100,6 +104,7 @@ class Tensor {
   std::shared_ptr<std::byte[]> storage_;
   std::byte* data_ = nullptr;
   DType dtype_ = DType::u8;
+  Device device_ = Device::host;
   int dims_ = 0;
   int64_t rows_ = 0, cols_ = 1;
 };

@@ -13,26 +13,6 @@ namespace ep = proxyep::gpu_side::ep;
 
 namespace proxyep::integrations {
 
-namespace {
-
-// `source` as the raw pointers the shared rule reads.
-ep::RowInput row_input(const RowSource& source) {
-  ep::RowInput in;
-  in.x = static_cast<const std::byte*>(source.x.data);
-  if (source.x_scales.defined()) {
-    in.scales = source.x_scales.as<uint32_t>();
-    in.scale_row_stride = source.x_scales.row_stride;
-    in.scale_col_stride = source.x_scales.col_stride;
-  }
-  in.topk_idx = source.topk_idx.defined() ? source.topk_idx.as<int64_t>() : nullptr;
-  in.topk_weights = source.topk_weights.defined() ? source.topk_weights.as<float>() : nullptr;
-  in.format = source.format;
-  in.shape = source.shape;
-  return in;
-}
-
-}  // namespace
-
 int HostBackend::default_threads(int ranks_per_node) {
   int64_t configured = params::ep_host_threads.get();
   if (configured > 0) return static_cast<int>(std::min<int64_t>(configured, 64));

@@ -2,10 +2,18 @@
 // protocols (integrations/normal) decide which rows go where and when; a backend packs them
 // into slots, copies them out, reduces them and allocates the outputs, on the processor that
 // holds the tensors:
-//   HostBackend   CPU tensors: the CPU twins of the kernels on the host executor (host_backend.hpp)
-//   (CUDA)        device tensors: the kernels of gpu_side/cuda (its own issue; it plugs in here)
+//   HostBackend    CPU tensors: the CPU twins of the kernels on the host executor
+//   (host_backend.hpp) DeviceBackend  device tensors: the kernels on a DeviceRuntime, CUDA or the
+//   host-simulated
+//                  device (device_backend.hpp)
 // Every backend runs the same per-row rules (gpu_side/ep/row_rules.hpp), so results are
 // bit-identical whichever runs them.
+//
+// Memory. Tensors, rows, slots and outputs are in the backend's memory: host memory for the host
+// backend; device memory or device-reachable (registered) host memory for a device backend. The
+// index arrays that steer the work (`tokens`, TokenRoutes, CombineInput's send_head and per-rank
+// tables) are host memory: the protocols compute them on the host, and a device backend uploads
+// them. Every call has finished its work when it returns.
 #pragma once
 
 #include "gpu_side/ep/ep_shape.hpp"
@@ -26,6 +34,22 @@ struct RowSource {
   gpu_side::ep::RowFormat format;
   gpu_side::ep::EpShape shape;
 };
+
+// `source` as the raw pointers the shared rules and the kernels read.
+inline gpu_side::ep::RowInput row_input(const RowSource& source) {
+  gpu_side::ep::RowInput in;
+  in.x = static_cast<const std::byte*>(source.x.data);
+  if (source.x_scales.defined()) {
+    in.scales = source.x_scales.as<uint32_t>();
+    in.scale_row_stride = source.x_scales.row_stride;
+    in.scale_col_stride = source.x_scales.col_stride;
+  }
+  in.topk_idx = source.topk_idx.defined() ? source.topk_idx.as<int64_t>() : nullptr;
+  in.topk_weights = source.topk_weights.defined() ? source.topk_weights.as<float>() : nullptr;
+  in.format = source.format;
+  in.shape = source.shape;
+  return in;
+}
 
 // Where each of a rank's tokens goes: is_token_in_rank and its positions (send_head).
 struct TokenRoutes {

@@ -4,6 +4,7 @@
 #include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "tools/bench/ring_bench_queues.hpp"
+#include "tools/bench/ring_gpu_bench.hpp"
 #include "tools/bench/stats.hpp"
 
 #include <fmt/format.h>
@@ -407,8 +408,19 @@ void register_bench_ring(CLI::App& bench, Action& action) {
   cmd->add_option("--timeout-ms", options->timeout_ms, "deadline of every wait")
       ->capture_default_str();
   cmd->add_flag("--json", *json, "print one JSON document on stdout");
-  cmd->callback([options, json, &action] {
-    action = [options, json] {
+  auto gpu = std::make_shared<RingGpuFlags>();
+  cmd->add_flag("--gpu", gpu->enabled,
+                "a CUDA kernel produces instead (--ops, --reps, --capacity, --burst, "
+                "--latency-samples, --timeout-ms apply): GPU-to-CPU descriptors/s and latency; "
+                "exits 77 when no CUDA device is usable");
+  cmd->add_option("--gpu-blocks", gpu->blocks,
+                  "--gpu: thread blocks pushing (0: one per multiprocessor)")
+      ->capture_default_str();
+  cmd->add_option("--gpu-threads", gpu->threads, "--gpu: threads per block")->capture_default_str();
+  cmd->callback([options, json, gpu, cmd, &action] {
+    action = [options, json, gpu, cmd] {
+      check_ring_gpu_flags(*cmd, gpu->enabled);
+      if (gpu->enabled) return bench_ring_gpu_command(*options, *gpu, *json);
       auto results = run_ring_bench(*options);
       if (*json)
         fmt::print("{}\n", results.dump(2));

@@ -1,0 +1,140 @@
+// The CUDA DeviceRuntime (cuda_device.hpp).
+#include "gpu_side/cuda/cuda_device.hpp"
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "gpu_side/cuda/ep_kernels.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <thread>
+
+namespace proxyep::gpu_side::cuda {
+
+namespace {
+
+constexpr const char* kPhase = "cuda device";
+
+}  // namespace
+
+struct CudaDevice::State {
+  int ordinal = 0;
+  cudaStream_t stream = nullptr;
+
+  ~State() {
+    if (stream == nullptr) return;
+    (void)cudaSetDevice(ordinal);
+    const cudaError_t status = cudaStreamSynchronize(stream);
+    if (status != cudaSuccess)
+      log::warn("cuda device {}: stream failed at teardown: {}", ordinal,
+                cudaGetErrorString(status));
+    (void)cudaStreamDestroy(stream);
+  }
+  // Every call of the runtime API acts on the calling thread's current device.
+  void select() const { check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice"); }
+};
+
+CudaDevice::CudaDevice(int ordinal) : state_(std::make_shared<State>()) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  require(status == cudaSuccess && count > 0, kPhase, "no usable CUDA device: {}",
+          status == cudaSuccess ? "cudaGetDeviceCount found 0" : cudaGetErrorString(status));
+  if (ordinal < 0) check_cuda(cudaGetDevice(&ordinal), kPhase, "cudaGetDevice");
+  require(ordinal < count, kPhase, "device {} does not exist ({} found)", ordinal, count);
+  state_->ordinal = ordinal;
+  state_->select();
+  check_cuda(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), kPhase,
+             "cudaStreamCreateWithFlags");
+}
+
+CudaDevice::~CudaDevice() = default;
+
+int CudaDevice::ordinal() const {
+  return state_->ordinal;
+}
+
+void* CudaDevice::stream() const {
+  return state_->stream;
+}
+
+std::shared_ptr<std::byte[]> CudaDevice::allocate(uint64_t bytes) {
+  state_->select();
+  void* memory = nullptr;
+  check_cuda(cudaMallocAsync(&memory, std::max<uint64_t>(bytes, 1), state_->stream), kPhase,
+             "cudaMallocAsync");
+  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory),
+                                      [state = state_](std::byte* p) {
+                                        (void)cudaSetDevice(state->ordinal);
+                                        (void)cudaFreeAsync(p, state->stream);
+                                      });
+}
+
+void* CudaDevice::register_host(void* host, uint64_t bytes) {
+  state_->select();
+  check_cuda(cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
+             kPhase, "cudaHostRegister");
+  void* device = nullptr;
+  const cudaError_t status = cudaHostGetDevicePointer(&device, host, 0);
+  if (status != cudaSuccess) {
+    (void)cudaHostUnregister(host);
+    check_cuda(status, kPhase, "cudaHostGetDevicePointer");
+  }
+  return device;
+}
+
+void CudaDevice::unregister_host(void* host) {
+  state_->select();
+  check_cuda(cudaHostUnregister(host), kPhase, "cudaHostUnregister");
+}
+
+void CudaDevice::copy(void* to, const void* from, uint64_t bytes) {
+  if (bytes == 0) return;
+  state_->select();
+  check_cuda(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, state_->stream), kPhase,
+             "cudaMemcpyAsync");
+}
+
+void CudaDevice::fill(void* to, uint8_t value, uint64_t bytes) {
+  if (bytes == 0) return;
+  state_->select();
+  check_cuda(cudaMemsetAsync(to, value, bytes, state_->stream), kPhase, "cudaMemsetAsync");
+}
+
+void CudaDevice::dispatch_layout(const ep::LayoutParams& params) {
+  state_->select();
+  check_cuda(launch_dispatch_layout(params, state_->stream), kPhase, "dispatch_layout launch");
+}
+
+void CudaDevice::dispatch_rows(const ep::DispatchParams& params) {
+  state_->select();
+  check_cuda(launch_dispatch_rows(params, state_->stream), kPhase, "dispatch_rows launch");
+}
+
+void CudaDevice::dispatch_chunk(const ep::ChunkParams& params) {
+  state_->select();
+  check_cuda(launch_dispatch_chunk(params, state_->stream), kPhase, "dispatch_chunk launch");
+}
+
+void CudaDevice::combine(const ep::CombineParams& params) {
+  state_->select();
+  check_cuda(launch_combine(params, state_->stream), kPhase, "combine launch");
+}
+
+void CudaDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
+  // cudaStreamSynchronize has no deadline; poll the stream with short sleeps so a kernel stuck
+  // on a dead peer becomes an error, not a hang.
+  state_->select();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    const cudaError_t status = cudaStreamQuery(state_->stream);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady)
+      fail(std::string(phase), "cuda device {}: {}", state_->ordinal, cudaGetErrorString(status));
+    if (std::chrono::steady_clock::now() >= deadline)
+      fail(std::string(phase), "cuda device {}: the stream is still busy after {} ms",
+           state_->ordinal, timeout.count());
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+}
+
+}  // namespace proxyep::gpu_side::cuda

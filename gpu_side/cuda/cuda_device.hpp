@@ -1,0 +1,43 @@
+// CudaDevice: the DeviceRuntime (gpu_side/device/device_runtime.hpp) on a CUDA GPU. One
+// non-blocking stream per device object (the backend's communication stream), stream-ordered
+// allocation (cudaMallocAsync / cudaFreeAsync), host memory registered mapped, and the kernels
+// of ep_kernels.hpp. Errors become proxyep::Error naming the operation; a fault inside a kernel
+// surfaces at synchronize(), as CUDA reports it.
+#pragma once
+
+#include "gpu_side/device/device_runtime.hpp"
+
+#include <memory>
+
+namespace proxyep::gpu_side::cuda {
+
+class CudaDevice final : public device::DeviceRuntime {
+ public:
+  // On `ordinal`, or the current device when -1. Throws proxyep::Error when no device is usable.
+  explicit CudaDevice(int ordinal = -1);
+  ~CudaDevice() override;  // synchronizes its stream (errors are logged)
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  int ordinal() const;
+  // The cudaStream_t the operations run on, for callers that order their own work after it.
+  void* stream() const;
+
+  std::string_view kind() const override { return "cuda"; }
+  std::shared_ptr<std::byte[]> allocate(uint64_t bytes) override;
+  void* register_host(void* host, uint64_t bytes) override;
+  void unregister_host(void* host) override;
+  void copy(void* to, const void* from, uint64_t bytes) override;
+  void fill(void* to, uint8_t value, uint64_t bytes) override;
+  void dispatch_layout(const ep::LayoutParams& params) override;
+  void dispatch_rows(const ep::DispatchParams& params) override;
+  void dispatch_chunk(const ep::ChunkParams& params) override;
+  void combine(const ep::CombineParams& params) override;
+  void synchronize(std::string_view phase, std::chrono::milliseconds timeout) override;
+
+ private:
+  struct State;  // shared with allocations, which free on the stream after the device is gone
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace proxyep::gpu_side::cuda

@@ -1,0 +1,65 @@
+// DeviceRuntime: what a backend needs from a GPU, and nothing more: device memory, host memory
+// made visible to kernels, copies and fills, the normal-mode EP kernels, and a wait. Every
+// operation but synchronize() is queued on the runtime's one stream and runs after the ones
+// queued before it, as on a CUDA stream; pointers it is given must stay valid until the next
+// synchronize() returns.
+//
+// Two implementations share every line above this interface:
+//   CudaDevice       (gpu_side/cuda/cuda_device.hpp)  the CUDA runtime and the kernels of
+//                                                     gpu_side/cuda; built only with nvcc
+//   SimulatedDevice  (simulated_device.hpp)           the host standing in for the GPU: separate
+//                    allocations no other thread may touch, a worker thread for the stream, the
+//                    kernels' CPU twins, and a check of every address an operation is given
+// so what can be wrong in the wiring (which memory is passed where, what waits on what) is
+// tested on every run, without a GPU.
+//
+// Errors. An operation with inconsistent parameters or an address the device cannot reach
+// throws proxyep::Error(phase) at once, before anything is queued. A failure while the stream
+// runs is sticky, as CUDA's are: synchronize() throws it, naming the operation.
+#pragma once
+
+#include "gpu_side/ep/kernel_params.hpp"
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+namespace proxyep::gpu_side::device {
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+
+  // "cuda" or "simulated": for logs and errors.
+  virtual std::string_view kind() const = 0;
+
+  // `bytes` of device memory (at least 256-byte aligned, uninitialised), released when the last
+  // owner drops it, after the work queued before that point (stream-ordered, like
+  // cudaFreeAsync): a tensor may be dropped while a kernel that uses it is still queued.
+  virtual std::shared_ptr<std::byte[]> allocate(uint64_t bytes) = 0;
+
+  // Makes `bytes` of host memory at `host` (an arena, a staging area) reachable by the device
+  // (cudaHostRegister, mapped) and returns the address kernels use for it. Until unregister_host
+  // the host memory must stay mapped. Registering memory twice is an error.
+  virtual void* register_host(void* host, uint64_t bytes) = 0;
+  virtual void unregister_host(void* host) = 0;
+
+  // Stream-ordered operations. Addresses are device addresses: device memory or registered host
+  // memory. copy() also takes plain host memory on either side, which it may read or write at
+  // any time until the next synchronize() returns (CUDA may finish sooner; nothing relies on it).
+  virtual void copy(void* to, const void* from, uint64_t bytes) = 0;
+  virtual void fill(void* to, uint8_t value, uint64_t bytes) = 0;
+  virtual void dispatch_layout(const ep::LayoutParams& params) = 0;
+  virtual void dispatch_rows(const ep::DispatchParams& params) = 0;
+  virtual void dispatch_chunk(const ep::ChunkParams& params) = 0;
+  virtual void combine(const ep::CombineParams& params) = 0;
+
+  // Waits until everything queued has run, for at most `timeout`; throws proxyep::Error(phase)
+  // for a failed operation (then the runtime is unusable, as a CUDA context is after a fault)
+  // or a stream still busy at the deadline (then it may be called again).
+  virtual void synchronize(std::string_view phase, std::chrono::milliseconds timeout) = 0;
+};
+
+}  // namespace proxyep::gpu_side::device

@@ -1,0 +1,406 @@
+// The host-simulated device (simulated_device.hpp).
+#include "gpu_side/device/simulated_device.hpp"
+
+#include "common/error.hpp"
+#include "common/log.hpp"
+#include "gpu_side/device/thread_access_key.hpp"
+#include "gpu_side/ep/layout_rules.hpp"
+#include "gpu_side/ep/row_rules.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::gpu_side::device {
+
+namespace {
+
+constexpr std::string_view kPhase = "simulated device";
+
+struct Range {
+  uint64_t bytes = 0;
+  bool device = false;  // device memory (else registered host memory)
+};
+
+uint64_t page_rounded(uint64_t bytes) {
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return (std::max<uint64_t>(bytes, 1) + page - 1) / page * page;
+}
+
+}  // namespace
+
+struct SimulatedDevice::Core {
+  struct Op {
+    std::string name;
+    std::function<void()> body;
+    bool release = false;  // frees memory: runs even after a failure
+  };
+
+  SimulatedDeviceOptions options;
+  std::optional<ThreadAccessKey> key;
+
+  mutable std::mutex mutex;
+  std::condition_variable wake, idle;
+  std::map<uintptr_t, Range> ranges;  // reachable memory, by start address
+  uint64_t device_bytes = 0;
+  std::deque<Op> queue;
+  bool busy = false;      // the worker is running an operation
+  bool flushing = false;  // deferred mode: synchronize() asked the worker to run the queue
+  bool stopping = false, stopped = false;
+  std::optional<std::string> failure;  // sticky, like a CUDA context's
+  uint64_t ops_run = 0;
+  std::thread worker;
+
+  // Whether [p, p + bytes) lies inside one reachable range. Locks.
+  bool reachable(const void* p, uint64_t bytes) const {
+    if (bytes == 0) return true;
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard lock(mutex);
+    auto it = ranges.upper_bound(address);
+    if (it == ranges.begin()) return false;
+    --it;
+    return address - it->first + bytes <= it->second.bytes;
+  }
+
+  void require_reachable(std::string_view op, std::string_view what, const void* p,
+                         uint64_t bytes) const {
+    if (!reachable(p, bytes))
+      fail(std::string(kPhase),
+           "{}: {} at {} ({} bytes) is neither device memory nor registered host memory", op, what,
+           p, bytes);
+  }
+
+  void enqueue(std::string name, std::function<void()> body, bool release = false) {
+    {
+      std::lock_guard lock(mutex);
+      queue.push_back({std::move(name), std::move(body), release});
+    }
+    wake.notify_one();
+  }
+
+  void run() {
+    if (key) key->allow_this_thread();
+    std::unique_lock lock(mutex);
+    while (true) {
+      wake.wait(lock, [&] {
+        return stopping || (!queue.empty() && (!options.defer_until_synchronize || flushing));
+      });
+      if (queue.empty()) {
+        if (stopping) return;
+        continue;
+      }
+      Op op = std::move(queue.front());
+      queue.pop_front();
+      if (failure && !op.release) {
+        finish_if_idle();
+        continue;  // a failed stream runs nothing more, as a faulted CUDA context
+      }
+      busy = true;
+      lock.unlock();
+      std::optional<std::string> error;
+      try {
+        op.body();
+      } catch (const Error& e) {
+        error = e.message();  // the checks name the operation already
+      } catch (const std::exception& e) {
+        error = fmt::format("{}: {}", op.name, e.what());
+      }
+      op.body = nullptr;  // drop what it captured (maybe the last owner of some memory) unlocked
+      lock.lock();
+      busy = false;
+      ++ops_run;
+      if (error && !failure) failure = std::move(error);
+      finish_if_idle();
+    }
+  }
+
+  void finish_if_idle() {
+    if (queue.empty()) {
+      flushing = false;
+      idle.notify_all();
+    }
+  }
+
+  // An allocation's last owner is gone: unreachable at once (so an operation queued after this
+  // point is refused, as a use after cudaFreeAsync would be wrong), unmapped in stream order.
+  void release(std::byte* memory, uint64_t mapped) {
+    std::unique_lock lock(mutex);
+    ranges.erase(reinterpret_cast<uintptr_t>(memory));
+    if (stopped) {
+      device_bytes -= mapped;
+      lock.unlock();
+      ::munmap(memory, mapped);
+      return;
+    }
+    queue.push_back({"release",
+                     [this, memory, mapped] {
+                       ::munmap(memory, mapped);
+                       std::lock_guard inner(mutex);
+                       device_bytes -= mapped;
+                     },
+                     true});
+    lock.unlock();
+    wake.notify_one();
+  }
+};
+
+SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options) : core_(std::make_shared<Core>()) {
+  core_->options = options;
+  if (options.protect_device_memory) {
+    core_->key = ThreadAccessKey::allocate();
+    if (!core_->key)
+      log::info(
+          "simulated device: no memory protection keys here; device memory is readable by "
+          "every thread");
+  }
+  core_->worker = std::thread([core = core_.get()] { core->run(); });
+}
+
+SimulatedDevice::~SimulatedDevice() {
+  {
+    std::lock_guard lock(core_->mutex);
+    core_->stopping = true;
+    core_->flushing = true;
+  }
+  core_->wake.notify_all();
+  core_->worker.join();
+  std::lock_guard lock(core_->mutex);
+  core_->stopped = true;
+}
+
+bool SimulatedDevice::device_memory_protected() const {
+  return core_->key.has_value();
+}
+
+uint64_t SimulatedDevice::device_bytes_in_use() const {
+  std::lock_guard lock(core_->mutex);
+  return core_->device_bytes;
+}
+
+uint64_t SimulatedDevice::operations_run() const {
+  std::lock_guard lock(core_->mutex);
+  return core_->ops_run;
+}
+
+std::shared_ptr<std::byte[]> SimulatedDevice::allocate(uint64_t bytes) {
+  const uint64_t mapped = page_rounded(bytes);
+  void* memory =
+      ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  require(memory != MAP_FAILED, kPhase, "allocate: {} bytes of device memory: {}", bytes,
+          std::strerror(errno));
+  if (core_->key && !core_->key->tag(memory, mapped)) {
+    ::munmap(memory, mapped);
+    fail(std::string(kPhase), "allocate: tagging {} bytes with the protection key failed: {}",
+         mapped, std::strerror(errno));
+  }
+  {
+    std::lock_guard lock(core_->mutex);
+    core_->ranges[reinterpret_cast<uintptr_t>(memory)] = {mapped, true};
+    core_->device_bytes += mapped;
+  }
+  return std::shared_ptr<std::byte[]>(
+      static_cast<std::byte*>(memory),
+      [core = core_, mapped](std::byte* p) { core->release(p, mapped); });
+}
+
+void* SimulatedDevice::register_host(void* host, uint64_t bytes) {
+  require(host != nullptr && bytes > 0, kPhase, "register_host: no memory given");
+  std::lock_guard lock(core_->mutex);
+  const auto start = reinterpret_cast<uintptr_t>(host);
+  auto next = core_->ranges.lower_bound(start);
+  const bool overlaps_next = next != core_->ranges.end() && next->first < start + bytes;
+  const bool overlaps_previous = next != core_->ranges.begin() &&
+                                 std::prev(next)->first + std::prev(next)->second.bytes > start;
+  require(!overlaps_next && !overlaps_previous, kPhase,
+          "register_host: {} ({} bytes) overlaps memory the device already reaches", host, bytes);
+  core_->ranges[start] = {bytes, false};
+  return host;
+}
+
+void SimulatedDevice::unregister_host(void* host) {
+  std::lock_guard lock(core_->mutex);
+  auto it = core_->ranges.find(reinterpret_cast<uintptr_t>(host));
+  require(it != core_->ranges.end() && !it->second.device, kPhase,
+          "unregister_host: {} was not registered", host);
+  core_->ranges.erase(it);
+}
+
+void SimulatedDevice::copy(void* to, const void* from, uint64_t bytes) {
+  if (bytes == 0) return;
+  require(to != nullptr && from != nullptr, kPhase, "copy: null address");
+  // Plain host memory is allowed on either side (a staged copy); device memory must be whole.
+  auto check_side = [&](const void* p, std::string_view what) {
+    const bool reached = core_->reachable(p, 1);
+    if (reached) core_->require_reachable("copy", what, p, bytes);
+  };
+  check_side(to, "destination");
+  check_side(from, "source");
+  core_->enqueue("copy", [to, from, bytes] { std::memmove(to, from, bytes); });
+}
+
+void SimulatedDevice::fill(void* to, uint8_t value, uint64_t bytes) {
+  if (bytes == 0) return;
+  core_->require_reachable("fill", "destination", to, bytes);
+  core_->enqueue("fill", [to, value, bytes] { std::memset(to, value, bytes); });
+}
+
+void SimulatedDevice::dispatch_layout(const ep::LayoutParams& p) {
+  const ep::EpShape& s = p.shape;
+  require(s.num_ranks >= 1 && s.ranks_per_node >= 1 && s.num_experts >= 1 &&
+              s.num_experts % s.num_ranks == 0 && p.num_tokens >= 0 && p.topk >= 0 &&
+              p.topk <= ep::kMaxTopk,
+          kPhase, "dispatch_layout: inconsistent parameters");
+  const Core& c = *core_;
+  const auto tokens = static_cast<uint64_t>(p.num_tokens);
+  c.require_reachable("dispatch_layout", "topk_idx", p.topk_idx, tokens * p.topk * 8);
+  c.require_reachable("dispatch_layout", "tokens_per_rank", p.tokens_per_rank, 4ull * s.num_ranks);
+  if (p.tokens_per_node != nullptr)
+    c.require_reachable("dispatch_layout", "tokens_per_node", p.tokens_per_node,
+                        4ull * s.num_nodes());
+  c.require_reachable("dispatch_layout", "tokens_per_expert", p.tokens_per_expert,
+                      4ull * s.num_experts);
+  c.require_reachable("dispatch_layout", "is_token_in_rank", p.is_token_in_rank,
+                      tokens * s.num_ranks);
+  require(p.tokens_per_rank != nullptr && p.tokens_per_expert != nullptr, kPhase,
+          "dispatch_layout: no counters");
+  core_->enqueue("dispatch_layout", [p] {
+    const ep::EpShape& s = p.shape;
+    std::memset(p.tokens_per_rank, 0, 4ull * s.num_ranks);
+    if (p.tokens_per_node != nullptr) std::memset(p.tokens_per_node, 0, 4ull * s.num_nodes());
+    std::memset(p.tokens_per_expert, 0, 4ull * s.num_experts);
+    for (int64_t t = 0; t < p.num_tokens; ++t)
+      ep::count_token(p.topk_idx + t * p.topk, p.topk, s, p.tokens_per_rank, p.tokens_per_node,
+                      p.tokens_per_expert, p.is_token_in_rank + t * s.num_ranks);
+  });
+}
+
+namespace {
+
+// Every byte dispatch_row reads and writes for token t -> row `row` of `sink`, checked before
+// the row is written (on the stream, where the tables holding these addresses can be read).
+void check_row(const SimulatedDevice::Core& c, std::string_view op, const ep::RowInput& in,
+               const ep::RowSink& sink, int64_t row, int64_t t) {
+  const ep::RowFormat& f = in.format;
+  const int64_t r = sink.first_row + row;
+  require(t >= 0 && r >= 0, kPhase, "{}: token {} to row {}", op, t, r);
+  c.require_reachable(op, "x row", in.x + t * f.hidden_bytes, f.hidden_bytes);
+  c.require_reachable(op, "sink x row", sink.x + r * f.hidden_bytes, f.hidden_bytes);
+  if (f.scale_cols > 0) {
+    const int64_t last = t * in.scale_row_stride + (f.scale_cols - 1) * in.scale_col_stride;
+    c.require_reachable(op, "x_scales", in.scales + t * in.scale_row_stride, 4);
+    c.require_reachable(op, "x_scales", in.scales + last, 4);
+    c.require_reachable(op, "sink scales row", sink.scales + r * f.scale_cols, 4ull * f.scale_cols);
+  }
+  if (f.topk > 0) {
+    c.require_reachable(op, "topk_idx row", in.topk_idx + t * f.topk, 8ull * f.topk);
+    c.require_reachable(op, "sink topk_idx row", sink.topk_idx + r * f.topk, 8ull * f.topk);
+  }
+  if (f.weights > 0) {
+    c.require_reachable(op, "topk_weights row", in.topk_weights + t * f.topk, 4ull * f.topk);
+    c.require_reachable(op, "sink weights row", sink.weights + r * f.topk, 4ull * f.topk);
+  }
+  if (f.src_index > 0) c.require_reachable(op, "sink src_index", sink.src_index + r, 4);
+}
+
+}  // namespace
+
+void SimulatedDevice::dispatch_rows(const ep::DispatchParams& p) {
+  const int ranks = p.input.shape.num_ranks;
+  require(ranks >= 1 && p.num_tokens >= 0 && p.threads > 0 && p.threads % 32 == 0, kPhase,
+          "dispatch_rows: inconsistent parameters");
+  const auto tokens = static_cast<uint64_t>(p.num_tokens);
+  core_->require_reachable("dispatch_rows", "send_head", p.send_head, tokens * ranks * 4);
+  core_->require_reachable("dispatch_rows", "sinks", p.sinks, sizeof(ep::RowSink) * ranks);
+  core_->enqueue("dispatch_rows", [p, core = core_.get()] {
+    const int ranks = p.input.shape.num_ranks;
+    for (int64_t t = 0; t < p.num_tokens; ++t)
+      for (int d = 0; d < ranks; ++d) {
+        const int32_t row = p.send_head[t * ranks + d];
+        const ep::RowSink& sink = p.sinks[d];
+        if (row < 0 || sink.x == nullptr) continue;
+        check_row(*core, "dispatch_rows", p.input, sink, row, t);
+        ep::dispatch_row(p.input, sink, row, t, ep::HostLanes{});
+      }
+  });
+}
+
+void SimulatedDevice::dispatch_chunk(const ep::ChunkParams& p) {
+  require(p.rows >= 0 && p.threads > 0 && p.threads % 32 == 0, kPhase,
+          "dispatch_chunk: inconsistent parameters");
+  if (p.rows == 0) return;
+  core_->require_reachable("dispatch_chunk", "tokens", p.tokens, static_cast<uint64_t>(p.rows) * 4);
+  core_->enqueue("dispatch_chunk", [p, core = core_.get()] {
+    for (int64_t i = 0; i < p.rows; ++i) {
+      check_row(*core, "dispatch_chunk", p.input, p.sink, i, p.tokens[i]);
+      ep::dispatch_row(p.input, p.sink, i, p.tokens[i], ep::HostLanes{});
+    }
+  });
+}
+
+void SimulatedDevice::combine(const ep::CombineParams& p) {
+  const ep::CombineInput& in = p.input;
+  require(in.num_ranks >= 1 && in.hidden > 0 && in.hidden % ep::kCombineChunk == 0 &&
+              in.topk >= 0 && p.num_tokens >= 0 && p.threads > 0 && p.threads % 32 == 0,
+          kPhase, "combine: inconsistent parameters");
+  const auto tokens = static_cast<uint64_t>(p.num_tokens);
+  const auto ranks = static_cast<uint64_t>(in.num_ranks);
+  const uint64_t row_bytes = static_cast<uint64_t>(in.hidden) * 2;
+  const Core& c = *core_;
+  c.require_reachable("combine", "send_head", in.send_head, tokens * ranks * 4);
+  c.require_reachable("combine", "out", in.out, tokens * row_bytes);
+  if (in.bias0 != nullptr) c.require_reachable("combine", "bias0", in.bias0, tokens * row_bytes);
+  if (in.bias1 != nullptr) c.require_reachable("combine", "bias1", in.bias1, tokens * row_bytes);
+  c.require_reachable("combine", "block_rows", in.block_rows, ranks * sizeof(void*));
+  if (in.topk > 0) {
+    c.require_reachable("combine", "out_weights", in.out_weights, tokens * in.topk * 4);
+    c.require_reachable("combine", "block_weights", in.block_weights, ranks * sizeof(void*));
+  }
+  if (in.block_chunk_rows != nullptr) {
+    c.require_reachable("combine", "block_chunk_rows", in.block_chunk_rows, ranks * 8);
+    c.require_reachable("combine", "block_chunks", in.block_chunks, ranks * sizeof(void*));
+  }
+  core_->enqueue("combine", [p, core = core_.get(), row_bytes] {
+    const ep::CombineInput& in = p.input;
+    for (int64_t t = 0; t < p.num_tokens; ++t) {
+      for (int r = 0; r < in.num_ranks; ++r) {
+        const int32_t pos = in.send_head[t * in.num_ranks + r];
+        if (pos < 0) continue;
+        if (in.block_chunk_rows != nullptr && in.block_chunk_rows[r] > 0)
+          core->require_reachable("combine", "chunk table entry",
+                                  in.block_chunks[r] + pos / in.block_chunk_rows[r], sizeof(void*));
+        core->require_reachable("combine", "returned row", ep::block_row(in, r, pos), row_bytes);
+        if (in.topk > 0)
+          core->require_reachable("combine", "returned weights",
+                                  in.block_weights[r] + int64_t{pos} * in.topk, 4ull * in.topk);
+      }
+      ep::combine_token(in, t, ep::HostLanes{});
+    }
+  });
+}
+
+void SimulatedDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
+  std::unique_lock lock(core_->mutex);
+  core_->flushing = true;
+  core_->wake.notify_all();
+  const bool drained =
+      core_->idle.wait_for(lock, timeout, [&] { return core_->queue.empty() && !core_->busy; });
+  if (!drained)
+    fail(std::string(phase),
+         "the simulated device's stream is still busy after {} ms ({} "
+         "operations queued)",
+         timeout.count(), core_->queue.size());
+  if (core_->failure) fail(std::string(phase), "the simulated device failed: {}", *core_->failure);
+}
+
+}  // namespace proxyep::gpu_side::device

@@ -1,0 +1,62 @@
+// SimulatedDevice: the DeviceRuntime (device_runtime.hpp) with the host standing in for the GPU,
+// so the backend code above the interface runs in CI exactly as it runs on CUDA.
+//
+// What it simulates, and so what a test on it catches:
+// - Device memory is separate: page-aligned mappings tagged with a memory protection key
+//   (thread_access_key.hpp) that only the stream's thread may touch. Host code that reads or
+//   writes a device address faults at once. (Without pkeys, device_memory_protected() is false
+//   and that one check is lost; the others stay.)
+// - Reachability: every address an operation is given, and every address inside the tables it
+//   points to (sink arrays, combine's per-rank rows), must lie in device memory or registered
+//   host memory, for the whole extent the operation touches. A plain host pointer handed to a
+//   kernel is refused naming the operation and the argument.
+// - The stream is asynchronous: one worker thread runs the queued operations in order. With
+//   defer_until_synchronize nothing runs until synchronize() is called, so a host that reads a
+//   result (in registered host memory) before waiting reads stale bytes and its test fails.
+// - Kernels are the CPU twins of the CUDA kernels: the same per-row and per-token rules
+//   (gpu_side/ep/layout_rules.hpp, row_rules.hpp), so results are bit-identical to the GPU's.
+#pragma once
+
+#include "gpu_side/device/device_runtime.hpp"
+
+#include <memory>
+
+namespace proxyep::gpu_side::device {
+
+struct SimulatedDeviceOptions {
+  bool defer_until_synchronize = false;
+  bool protect_device_memory = true;  // where the CPU and kernel have protection keys
+};
+
+class SimulatedDevice final : public DeviceRuntime {
+ public:
+  explicit SimulatedDevice(SimulatedDeviceOptions options = {});
+  // Runs what is queued, then stops the stream; memory still owned elsewhere stays valid and is
+  // released directly when dropped.
+  ~SimulatedDevice() override;
+  SimulatedDevice(const SimulatedDevice&) = delete;
+  SimulatedDevice& operator=(const SimulatedDevice&) = delete;
+
+  bool device_memory_protected() const;
+  uint64_t device_bytes_in_use() const;  // allocated and not yet released
+  uint64_t operations_run() const;       // by the stream, since construction
+
+  std::string_view kind() const override { return "simulated"; }
+  std::shared_ptr<std::byte[]> allocate(uint64_t bytes) override;
+  void* register_host(void* host, uint64_t bytes) override;
+  void unregister_host(void* host) override;
+  void copy(void* to, const void* from, uint64_t bytes) override;
+  void fill(void* to, uint8_t value, uint64_t bytes) override;
+  void dispatch_layout(const ep::LayoutParams& params) override;
+  void dispatch_rows(const ep::DispatchParams& params) override;
+  void dispatch_chunk(const ep::ChunkParams& params) override;
+  void combine(const ep::CombineParams& params) override;
+  void synchronize(std::string_view phase, std::chrono::milliseconds timeout) override;
+
+  struct Core;  // shared with allocations, which may outlive the device
+
+ private:
+  std::shared_ptr<Core> core_;
+};
+
+}  // namespace proxyep::gpu_side::device

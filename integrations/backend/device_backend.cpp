@@ -1,0 +1,179 @@
+// The device backend (device_backend.hpp).
+#include "integrations/backend/device_backend.hpp"
+
+#include "common/error.hpp"
+#include "common/params.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::integrations {
+
+namespace {
+
+// DeepEP returns num_tokens_per_rdma_rank as None within one NVLink domain (as layout.cpp).
+constexpr int kMaxRanksWithoutRdma = 8;
+
+void require_on_device(const ep::TensorRef& t, std::string_view phase, std::string_view name) {
+  if (t.defined())
+    require(t.device == ep::Device::cuda, phase,
+            "{} must be on the same device as the call's other tensors; got {} in host memory",
+            name, t);
+}
+
+void require_source_on_device(const RowSource& source, std::string_view phase) {
+  require_on_device(source.x, phase, "x");
+  require_on_device(source.x_scales, phase, "x_scales");
+  require_on_device(source.topk_idx, phase, "topk_idx");
+  require_on_device(source.topk_weights, phase, "topk_weights");
+}
+
+}  // namespace
+
+DeviceBackend::DeviceBackend(std::shared_ptr<gpu_side::device::DeviceRuntime> device)
+    : device_(std::move(device)) {
+  require(device_ != nullptr, "device backend", "no device runtime given");
+}
+
+template <typename T>
+const T* DeviceBackend::upload(const T* host, size_t count) {
+  if (count == 0) return nullptr;
+  // The copy may run any time before finish(), and callers pass arrays that die sooner (a
+  // table built in a nested scope): the bytes are taken now, into staging held until then.
+  const size_t bytes = count * sizeof(T);
+  auto& staged = host_scratch_.emplace_back(bytes);
+  std::memcpy(staged.data(), host, bytes);
+  auto memory = device_->allocate(bytes);
+  device_->copy(memory.get(), staged.data(), bytes);
+  const auto* address = reinterpret_cast<const T*>(memory.get());
+  scratch_.push_back(std::move(memory));
+  return address;
+}
+
+void DeviceBackend::finish(std::string_view phase) {
+  // The scratch goes only once the stream has run: its release is stream-ordered anyway, but a
+  // failed wait must not leave host arrays it reads from (the callers' vectors) in doubt.
+  device_->synchronize(phase, std::chrono::milliseconds(params::ep_timeout_ms.get()));
+  scratch_.clear();
+  host_scratch_.clear();
+}
+
+ep::Tensor DeviceBackend::allocate(ep::DType dtype, int64_t rows, int64_t cols) {
+  require(rows >= 0 && cols >= 0, "device backend", "negative shape [{}, {}]", rows, cols);
+  const uint64_t bytes = static_cast<uint64_t>(rows * cols) * ep::dtype_size(dtype);
+  return ep::Tensor::over(device_->allocate(bytes), dtype, rows, cols, ep::Device::cuda);
+}
+
+ep::Tensor DeviceBackend::allocate(ep::DType dtype, int64_t rows) {
+  require(rows >= 0, "device backend", "negative shape [{}]", rows);
+  const uint64_t bytes = static_cast<uint64_t>(rows) * ep::dtype_size(dtype);
+  return ep::Tensor::over(device_->allocate(bytes), dtype, rows, -1, ep::Device::cuda);
+}
+
+ep::DispatchLayout DeviceBackend::layout(const ep::TensorRef& topk_idx, const ep::EpShape& shape) {
+  constexpr std::string_view kPhase = "get_dispatch_layout";
+  ep::require_dtype(topk_idx, ep::DType::i64, kPhase, "topk_idx");
+  require_on_device(topk_idx, kPhase, "topk_idx");
+  ep::require_contiguous(topk_idx, kPhase, "topk_idx");
+  // The host path's checks, on a host copy: the kernel trusts every entry.
+  ep::Tensor checked = topk_idx.dims == 2
+                           ? ep::Tensor::empty(ep::DType::i64, topk_idx.rows, topk_idx.cols)
+                           : ep::Tensor::empty(ep::DType::i64, topk_idx.rows);
+  device_->copy(checked.raw(), topk_idx.data, checked.bytes());
+  finish(kPhase);
+  ep::validate_topk_idx(checked, shape, kPhase);
+
+  const int64_t tokens = topk_idx.rows;
+  const int ranks = shape.num_ranks;
+  ep::DispatchLayout layout;
+  layout.num_tokens_per_rank = allocate(ep::DType::i32, ranks);
+  if (ranks > kMaxRanksWithoutRdma)
+    layout.num_tokens_per_rdma_rank = allocate(ep::DType::i32, shape.num_nodes());
+  layout.num_tokens_per_expert = allocate(ep::DType::i32, shape.num_experts);
+  layout.is_token_in_rank = allocate(ep::DType::boolean, tokens, ranks);
+  device_->dispatch_layout({.topk_idx = topk_idx.as<int64_t>(),
+                            .num_tokens = tokens,
+                            .topk = static_cast<int>(topk_idx.cols),
+                            .shape = shape,
+                            .tokens_per_rank = layout.num_tokens_per_rank.data<int32_t>(),
+                            .tokens_per_node = layout.num_tokens_per_rdma_rank.defined()
+                                                   ? layout.num_tokens_per_rdma_rank.data<int32_t>()
+                                                   : nullptr,
+                            .tokens_per_expert = layout.num_tokens_per_expert.data<int32_t>(),
+                            .is_token_in_rank = layout.is_token_in_rank.data<bool>()});
+  finish(kPhase);
+  return layout;
+}
+
+void DeviceBackend::pack_rows(const RowSource& source, const ep::RowSink& sink,
+                              std::span<const int32_t> tokens) {
+  if (tokens.empty()) return;
+  require_source_on_device(source, "dispatch");
+  device_->dispatch_chunk({.input = row_input(source),
+                           .tokens = upload(tokens.data(), tokens.size()),
+                           .sink = sink,
+                           .rows = static_cast<int64_t>(tokens.size())});
+  finish("dispatch");
+}
+
+void DeviceBackend::place_routed_rows(const RowSource& source, const ep::RowSink& sink,
+                                      const TokenRoutes& routes) {
+  if (routes.tokens <= 0) return;
+  require_source_on_device(source, "dispatch");
+  // Only sink.rank's column is written: the kernel skips destinations whose sink has no rows.
+  std::vector<ep::RowSink> sinks(static_cast<size_t>(routes.ranks));
+  sinks[static_cast<size_t>(sink.rank)] = sink;
+  device_->dispatch_rows(
+      {.input = row_input(source),
+       .send_head = upload(routes.send_head, static_cast<size_t>(routes.tokens * routes.ranks)),
+       .sinks = upload(sinks.data(), sinks.size()),
+       .num_tokens = routes.tokens});
+  finish("dispatch");
+}
+
+void DeviceBackend::copy_rows(std::byte* to, const std::byte* from, int64_t rows,
+                              uint64_t row_bytes) {
+  if (rows <= 0) return;
+  device_->copy(to, from, static_cast<uint64_t>(rows) * row_bytes);
+  finish("copy rows");
+}
+
+void DeviceBackend::fill(std::byte* to, uint8_t value, uint64_t bytes) {
+  if (bytes == 0) return;
+  device_->fill(to, value, bytes);
+  finish("fill");
+}
+
+void DeviceBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
+  if (num_tokens <= 0) return;
+  const int ranks = input.num_ranks;
+  const auto n = static_cast<size_t>(ranks);
+  ep::CombineInput in = input;
+  in.send_head = upload(input.send_head, static_cast<size_t>(num_tokens) * n);
+  in.block_rows = upload(input.block_rows, n);
+  if (input.topk > 0) in.block_weights = upload(input.block_weights, n);
+  if (input.block_chunk_rows != nullptr) {
+    // A chunked block's table of chunk addresses is as long as its rows need: the largest
+    // position any token has there, plus one, in chunks.
+    std::vector<int64_t> rows(n, 0);
+    for (int64_t t = 0; t < num_tokens; ++t)
+      for (int r = 0; r < ranks; ++r)
+        rows[static_cast<size_t>(r)] = std::max<int64_t>(
+            rows[static_cast<size_t>(r)], int64_t{input.send_head[t * ranks + r]} + 1);
+    std::vector<const uint16_t* const*> chunks(n, nullptr);
+    for (size_t r = 0; r < n; ++r) {
+      const int64_t per = input.block_chunk_rows[r];
+      if (per > 0 && rows[r] > 0)
+        chunks[r] = upload(input.block_chunks[r], static_cast<size_t>((rows[r] + per - 1) / per));
+    }
+    in.block_chunk_rows = upload(input.block_chunk_rows, n);
+    in.block_chunks = upload(chunks.data(), n);
+  }
+  device_->combine({.input = in, .num_tokens = num_tokens});
+  finish("combine");
+}
+
+}  // namespace proxyep::integrations

@@ -1,0 +1,43 @@
+// Normal-mode calls whose tensors live on a device, and get_dispatch_layout's kernel.
+//
+// This step of the GPU backend stages through host memory: a dispatch or combine with device
+// tensors copies its inputs to the host on the device's stream (one wait), runs the host
+// protocol on the copies exactly as for CPU tensors, and returns device tensors holding the
+// outputs. The protocols (normal/) do not change and results are bit-identical to the host
+// path's. What it costs: two PCIe crossings of every row (the host bounce buffer that
+// EFA_LIBFABRIC.md describes for providers without FI_HMEM, used for every path for now) and no
+// overlap: async_finish is accepted and the call is complete when it returns (its event is
+// already set). get_dispatch_layout runs its kernel on the device (DeviceBackend).
+//
+// The handle stays in host memory (DeepEP keeps its tensors on the GPU): pass it back unchanged.
+// A call mixing host and device tensors is refused, naming the first tensor on the other side,
+// before anything is sent.
+#pragma once
+
+#include "gpu_side/device/device_runtime.hpp"
+#include "integrations/buffer.hpp"
+
+#include <functional>
+#include <initializer_list>
+#include <string_view>
+
+namespace proxyep::integrations {
+
+struct NamedTensor {
+  std::string_view name;
+  const gpu_side::ep::TensorRef& tensor;
+};
+
+// True when every defined tensor of a call is on the device, false when every one is in host
+// memory (or none is defined). Throws proxyep::Error(phase) naming the first that disagrees.
+bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor> tensors);
+
+using HostDispatch = std::function<DispatchResult(const DispatchArgs&)>;
+using HostCombine = std::function<CombineResult(const CombineArgs&)>;
+
+DispatchResult dispatch_on_device(gpu_side::device::DeviceRuntime& device, const DispatchArgs& args,
+                                  const HostDispatch& host_call);
+CombineResult combine_on_device(gpu_side::device::DeviceRuntime& device, const CombineArgs& args,
+                                const HostCombine& host_call);
+
+}  // namespace proxyep::integrations

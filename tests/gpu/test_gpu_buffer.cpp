@@ -1,0 +1,34 @@
+// Buffer calls with CUDA tensors on one GPU, ranks as threads of this process (each rank its own
+// CudaDevice, i.e. its own stream, on device 0): the cases tests/unit/integrations/
+// test_device_buffer_threads.cpp runs on the host-simulated device (device_buffer_case.hpp).
+// Exits 77 (skipped) without a usable CUDA device.
+#include "gpu_side/cuda/cuda_device.hpp"
+#include "tests/gpu/device_check.hpp"
+#include "tests/unit/integrations/device_buffer_case.hpp"
+
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+using namespace proxyep;
+
+namespace {
+
+std::shared_ptr<gpu_side::device::DeviceRuntime> cuda_device(int) {
+  return std::make_shared<gpu_side::cuda::CudaDevice>(0);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA tensors through the Buffer: node peers (ranks as threads on one GPU)") {
+  integrations::testing::run_device_buffer(integrations::testing::kRanks, cuda_device);
+}
+
+TEST_CASE("CUDA tensors through the Buffer: over the fabric with the reorder shim") {
+  integrations::testing::run_device_buffer(1, cuda_device);
+}
+
+int main(int argc, char** argv) {
+  if (!testing::cuda_device_present()) return testing::kSkipExitCode;
+  doctest::Context context(argc, argv);
+  return context.run();
+}

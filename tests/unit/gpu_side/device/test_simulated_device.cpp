@@ -1,0 +1,223 @@
+// The host-simulated device (gpu_side/device/simulated_device.hpp): the checks that make it
+// worth running backend code on in CI. Each case is a wiring mistake a GPU build would make
+// silently (garbage, a fault, a race) and the simulation must refuse loudly.
+#include "common/error.hpp"
+#include "gpu_side/device/simulated_device.hpp"
+#include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/workload.hpp"
+
+#include <doctest/doctest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace proxyep;
+using namespace proxyep::gpu_side;
+using device::SimulatedDevice;
+using device::SimulatedDeviceOptions;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string error_of(auto&& body) {
+  try {
+    body();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Host memory the device may reach once registered: page-aligned, like an arena mapping.
+struct HostPages {
+  explicit HostPages(size_t bytes) : bytes(bytes) {
+    memory = static_cast<std::byte*>(
+        ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    REQUIRE(memory != MAP_FAILED);
+  }
+  ~HostPages() { ::munmap(memory, bytes); }
+  std::byte* memory;
+  size_t bytes;
+};
+
+}  // namespace
+
+TEST_CASE("simulated device: bytes go to device memory and back in stream order") {
+  SimulatedDevice dev;
+  auto memory = dev.allocate(1000);
+  std::vector<uint8_t> in(1000), out(1000, 0);
+  for (size_t i = 0; i < in.size(); ++i)
+    in[i] = static_cast<uint8_t>(i * 13);
+  dev.copy(memory.get(), in.data(), in.size());
+  dev.fill(memory.get() + 10, 0xab, 5);
+  dev.copy(out.data(), memory.get(), out.size());
+  dev.synchronize("test", 10s);
+  for (size_t i = 0; i < out.size(); ++i) {
+    CAPTURE(i);
+    CHECK(out[i] == (i >= 10 && i < 15 ? 0xab : in[i]));
+  }
+  CHECK(dev.operations_run() == 3);
+}
+
+TEST_CASE("simulated device: memory is released in stream order and counted") {
+  SimulatedDevice dev;
+  const uint64_t before = dev.device_bytes_in_use();
+  {
+    auto memory = dev.allocate(3 * 4096 + 1);
+    CHECK(dev.device_bytes_in_use() == before + 4 * 4096);
+  }
+  dev.synchronize("test", 10s);
+  CHECK(dev.device_bytes_in_use() == before);
+}
+
+TEST_CASE("simulated device: a plain host address handed to a kernel is refused, naming it") {
+  SimulatedDevice dev;
+  std::vector<std::byte> host(64);
+  CHECK(error_of([&] { dev.fill(host.data(), 0, host.size()); }).find("fill: destination") !=
+        std::string::npos);
+  const std::array<int32_t, 2> tokens = {0, 1};
+  ep::ChunkParams chunk;
+  chunk.tokens = tokens.data();
+  chunk.rows = 2;
+  const std::string message = error_of([&] { dev.dispatch_chunk(chunk); });
+  CHECK(message.find("dispatch_chunk: tokens") != std::string::npos);
+  CHECK(message.find("neither device memory nor registered host memory") != std::string::npos);
+  // Registered, the same host memory is fine.
+  void* reachable = dev.register_host(host.data(), host.size());
+  dev.fill(reachable, 7, host.size());
+  dev.synchronize("test", 10s);
+  CHECK(host[63] == std::byte{7});
+  dev.unregister_host(host.data());
+  CHECK(error_of([&] { dev.fill(host.data(), 0, 1); }).find("fill") != std::string::npos);
+}
+
+TEST_CASE("simulated device: an extent past the end of an allocation is refused") {
+  SimulatedDevice dev;
+  auto memory = dev.allocate(4096);
+  CHECK(error_of([&] { dev.fill(memory.get() + 4000, 0, 200); }).find("(200 bytes)") !=
+        std::string::npos);
+}
+
+TEST_CASE("simulated device: memory whose last owner is gone is unreachable at once") {
+  SimulatedDevice dev;
+  auto memory = dev.allocate(4096);
+  std::byte* address = memory.get();
+  memory.reset();
+  CHECK_FALSE(error_of([&] { dev.fill(address, 0, 16); }).empty());
+}
+
+TEST_CASE("simulated device: a bad address inside a table fails the stream, stickily") {
+  SimulatedDevice dev;
+  // One token row routed to a sink whose x is plain host memory: the table is on the device,
+  // so only the stream can see the mistake, and synchronize() reports it.
+  ep::RowFormat format;
+  format.hidden_bytes = 64;
+  auto x = dev.allocate(64);
+  auto send_head = dev.allocate(4);
+  auto sinks = dev.allocate(sizeof(ep::RowSink));
+  std::vector<std::byte> wrong(64);
+  ep::RowSink sink;
+  sink.x = wrong.data();
+  sink.rank = 0;
+  const int32_t head = 0;
+  dev.copy(send_head.get(), &head, 4);
+  dev.copy(sinks.get(), &sink, sizeof(sink));
+  ep::DispatchParams params;
+  params.input.x = x.get();
+  params.input.format = format;
+  params.input.shape = ep::EpShape{1, 1, 1};
+  params.send_head = reinterpret_cast<const int32_t*>(send_head.get());
+  params.sinks = reinterpret_cast<const ep::RowSink*>(sinks.get());
+  params.num_tokens = 1;
+  dev.dispatch_rows(params);
+  std::string message = error_of([&] { dev.synchronize("dispatch", 10s); });
+  CHECK(message.find("dispatch: the simulated device failed: dispatch_rows: sink x row") !=
+        std::string::npos);
+  // Later work does not run; the failure is reported again.
+  std::vector<std::byte> back(64, std::byte{1});
+  dev.copy(back.data(), x.get(), 64);
+  CHECK_FALSE(error_of([&] { dev.synchronize("again", 10s); }).empty());
+  CHECK(back[0] == std::byte{1});
+}
+
+TEST_CASE("simulated device: a deferred stream shows a read before synchronize() as stale") {
+  SimulatedDevice dev(SimulatedDeviceOptions{.defer_until_synchronize = true});
+  HostPages pages(4096);
+  void* reachable = dev.register_host(pages.memory, pages.bytes);
+  dev.fill(reachable, 0x5a, 16);
+  std::this_thread::sleep_for(20ms);  // an eager stream would have run it by now
+  CHECK(pages.memory[0] == std::byte{0});
+  dev.synchronize("test", 10s);
+  CHECK(pages.memory[0] == std::byte{0x5a});
+  dev.unregister_host(pages.memory);
+}
+
+TEST_CASE("simulated device: get_dispatch_layout's kernel twin equals the host layout") {
+  SimulatedDevice dev;
+  ep::WorkloadOptions options;
+  options.shape = ep::EpShape{16, 4, 64};
+  options.num_tokens = 45;
+  options.hidden = 128;
+  options.topk = 6;
+  options.drop_fraction = 0.1;
+  const ep::RankInputs inputs = ep::make_rank_inputs(options, 3);
+  const ep::DispatchLayout want = ep::compute_dispatch_layout(inputs.topk_idx, options.shape);
+
+  const int64_t tokens = inputs.topk_idx.rows();
+  auto topk = dev.allocate(inputs.topk_idx.bytes());
+  auto per_rank = dev.allocate(16 * 4), per_node = dev.allocate(4 * 4),
+       per_expert = dev.allocate(64 * 4),
+       in_rank = dev.allocate(static_cast<uint64_t>(tokens) * 16);
+  dev.copy(topk.get(), inputs.topk_idx.raw(), inputs.topk_idx.bytes());
+  dev.dispatch_layout({.topk_idx = reinterpret_cast<const int64_t*>(topk.get()),
+                       .num_tokens = tokens,
+                       .topk = 6,
+                       .shape = options.shape,
+                       .tokens_per_rank = reinterpret_cast<int32_t*>(per_rank.get()),
+                       .tokens_per_node = reinterpret_cast<int32_t*>(per_node.get()),
+                       .tokens_per_expert = reinterpret_cast<int32_t*>(per_expert.get()),
+                       .is_token_in_rank = reinterpret_cast<bool*>(in_rank.get())});
+  std::vector<int32_t> got_rank(16), got_node(4), got_expert(64);
+  std::vector<uint8_t> got_in_rank(static_cast<size_t>(tokens) * 16);
+  dev.copy(got_rank.data(), per_rank.get(), 16 * 4);
+  dev.copy(got_node.data(), per_node.get(), 4 * 4);
+  dev.copy(got_expert.data(), per_expert.get(), 64 * 4);
+  dev.copy(got_in_rank.data(), in_rank.get(), got_in_rank.size());
+  dev.synchronize("test", 10s);
+  CHECK(std::memcmp(got_rank.data(), want.num_tokens_per_rank.raw(), 16 * 4) == 0);
+  CHECK(std::memcmp(got_node.data(), want.num_tokens_per_rdma_rank.raw(), 4 * 4) == 0);
+  CHECK(std::memcmp(got_expert.data(), want.num_tokens_per_expert.raw(), 64 * 4) == 0);
+  CHECK(std::memcmp(got_in_rank.data(), want.is_token_in_rank.raw(), got_in_rank.size()) == 0);
+}
+
+TEST_CASE("simulated device: host code that touches device memory faults") {
+  SimulatedDevice dev;
+  if (!dev.device_memory_protected()) {
+    MESSAGE("no memory protection keys on this machine: the fault is not checked");
+    return;
+  }
+  auto memory = dev.allocate(4096);
+  dev.fill(memory.get(), 1, 4096);
+  dev.synchronize("test", 10s);
+  // In a child, so the fault ends the child only. _exit: no destructors of the parent's state.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::signal(SIGSEGV, SIG_DFL);  // a sanitizer's handler would report instead of dying
+    volatile std::byte value = memory.get()[0];
+    (void)value;
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFSIGNALED(status));
+  if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGSEGV);
+}

@@ -1,0 +1,161 @@
+// Buffer calls with device tensors (integrations/device_calls.hpp) on any DeviceRuntime, ranks
+// as threads (a real TCP bootstrap on loopback, real shared arenas, a real fabric with the
+// reorder shim when the ranks are on different "nodes"): get_dispatch_layout on the device,
+// a call mixing host and device tensors refused, dispatch (fresh with async_finish, and cached)
+// and combine with device inputs returning device outputs, checked exactly against
+// gpu_side/ep/reference.hpp. Run on the host-simulated device by
+// tests/unit/integrations/test_device_buffer_threads.cpp and on CUDA by
+// tests/gpu/test_gpu_buffer.cpp.
+#pragma once
+
+#include "gpu_side/device/device_runtime.hpp"
+#include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/reference.hpp"
+#include "gpu_side/ep/workload.hpp"
+#include "integrations/buffer.hpp"
+#include "tests/unit/integrations/buffer_rank_threads.hpp"
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace proxyep::integrations::testing {
+
+namespace ep = gpu_side::ep;
+
+using DeviceFactory = std::function<std::shared_ptr<gpu_side::device::DeviceRuntime>(int rank)>;
+
+inline constexpr int kRanks = 2;
+inline constexpr int kTokens = 40;
+inline constexpr int kHidden = 512;
+inline constexpr auto kWait = std::chrono::seconds(20);
+
+inline ep::Tensor upload(gpu_side::device::DeviceRuntime& device, const ep::Tensor& host) {
+  ep::Tensor t = ep::Tensor::over(device.allocate(host.bytes()), host.dtype(), host.rows(),
+                                  host.dims() == 1 ? -1 : host.cols(), ep::Device::cuda);
+  device.copy(t.raw(), host.raw(), host.bytes());
+  device.synchronize("test upload", kWait);
+  return t;
+}
+
+inline ep::Tensor download(gpu_side::device::DeviceRuntime& device, const ep::Tensor& t,
+                           const std::string& what) {
+  require(t.defined() && t.device() == ep::Device::cuda, "test", "{} is not a device tensor", what);
+  ep::Tensor host = t.dims() == 1 ? ep::Tensor::empty(t.dtype(), t.rows())
+                                  : ep::Tensor::empty(t.dtype(), t.rows(), t.cols());
+  device.copy(host.raw(), t.raw(), t.bytes());
+  device.synchronize("test download", kWait);
+  return host;
+}
+
+inline void require_equal(gpu_side::device::DeviceRuntime& device, const ep::Tensor& got,
+                          const ep::Tensor& want, int64_t rows, const std::string& what) {
+  const ep::Tensor host = download(device, got, what);
+  const size_t bytes = static_cast<size_t>(rows) * want.bytes() / static_cast<size_t>(want.rows());
+  require(host.rows() >= rows && std::memcmp(host.raw(), want.raw(), bytes) == 0, "test",
+          "{} differs from the reference", what);
+}
+
+// One rank: `make_device(rank)` gives the rank's device.
+inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options options,
+                                   const DeviceFactory& make_device) {
+  auto boot = control::Bootstrap::connect(std::move(options));
+  const int me = boot->rank();
+  std::shared_ptr<gpu_side::device::DeviceRuntime> device = make_device(me);
+  BufferOptions o;
+  o.ranks_per_node = per_node;
+  o.num_nvl_bytes = Buffer::nvl_bytes_hint(kTokens, kHidden * 2, 3, kRanks);
+  o.num_rdma_bytes =
+      per_node < kRanks ? Buffer::rdma_bytes_hint(kTokens, kHidden * 2, 3, kRanks, per_node) : 0;
+  o.device = device;
+  Buffer buffer(*boot, o);
+
+  ep::WorkloadOptions w;
+  w.shape = {kRanks, per_node, 4 * kRanks};
+  w.num_tokens = kTokens;
+  w.hidden = kHidden;
+  w.topk = 3;
+  w.drop_fraction = 0.1;
+  w.seed = 5;
+  std::vector<ep::RankInputs> all;
+  std::vector<ep::DispatchInputs> views;
+  for (int r = 0; r < kRanks; ++r)
+    all.push_back(ep::make_rank_inputs(w, r));
+  for (const auto& in : all)
+    views.push_back({in.x, {}, in.topk_idx, in.topk_weights});
+  const ep::RankInputs& mine = all[static_cast<size_t>(me)];
+  std::vector<ep::ReferenceDispatch> want;
+  for (int r = 0; r < kRanks; ++r)
+    want.push_back(ep::reference_dispatch(views, w.shape, r));
+  const ep::ReferenceDispatch& wanted = want[static_cast<size_t>(me)];
+  const int64_t recv = wanted.recv_src_idx.rows();
+
+  const ep::Tensor x = upload(*device, mine.x), topk_idx = upload(*device, mine.topk_idx),
+                   topk_weights = upload(*device, mine.topk_weights);
+  const DispatchLayout layout = buffer.get_dispatch_layout(topk_idx, w.shape.num_experts);
+  const DispatchLayout host_layout = ep::compute_dispatch_layout(mine.topk_idx, w.shape);
+  require_equal(*device, layout.is_token_in_rank, host_layout.is_token_in_rank, kTokens,
+                "is_token_in_rank");
+  require_equal(*device, layout.num_tokens_per_expert, host_layout.num_tokens_per_expert,
+                w.shape.num_experts, "num_tokens_per_expert");
+
+  // A call mixing host and device tensors is refused on this rank before anything is sent (every
+  // rank makes the same mistake, so no peer waits), and the Buffer stays usable.
+  std::string mixed;
+  try {
+    buffer.dispatch({.x = mine.x,
+                     .num_tokens_per_rank = layout.num_tokens_per_rank,
+                     .is_token_in_rank = layout.is_token_in_rank,
+                     .num_tokens_per_expert = layout.num_tokens_per_expert,
+                     .topk_idx = topk_idx,
+                     .topk_weights = topk_weights});
+  } catch (const Error& e) {
+    mixed = e.what();
+  }
+  require(mixed.find("num_tokens_per_rank is in device memory but x is in host memory") !=
+              std::string::npos,
+          "test", "mixed call: {}", mixed);
+
+  DispatchResult d = buffer.dispatch({.x = x,
+                                      .num_tokens_per_rank = layout.num_tokens_per_rank,
+                                      .is_token_in_rank = layout.is_token_in_rank,
+                                      .num_tokens_per_expert = layout.num_tokens_per_expert,
+                                      .topk_idx = topk_idx,
+                                      .topk_weights = topk_weights,
+                                      .async_finish = true});
+  d.event.wait();
+  require(d.handle.num_recv_tokens == recv, "test", "received {} rows, reference {}",
+          d.handle.num_recv_tokens, recv);
+  require_equal(*device, d.recv_x, wanted.recv_x, recv, "recv_x");
+  require_equal(*device, d.recv_topk_idx, wanted.recv_topk_idx, recv, "recv_topk_idx");
+  require_equal(*device, d.recv_topk_weights, wanted.recv_topk_weights, recv, "recv_topk_weights");
+  const DispatchResult cached = buffer.dispatch({.x = x, .handle = &d.handle});
+  require_equal(*device, cached.recv_x, wanted.recv_x, recv, "recv_x (cached)");
+
+  std::vector<ep::TensorRef> expert_out, weights;
+  for (const auto& r : want) {
+    expert_out.push_back(r.recv_x);
+    weights.push_back(r.recv_topk_weights);
+  }
+  const ep::ReferenceCombine combined_want =
+      ep::reference_combine(expert_out, want, weights, w.shape, me, kTokens);
+  const CombineResult c =
+      buffer.combine({.x = d.recv_x, .handle = &d.handle, .topk_weights = d.recv_topk_weights});
+  require_equal(*device, c.combined_x, combined_want.combined_x, kTokens, "combined_x");
+  require_equal(*device, c.combined_topk_weights, combined_want.combined_topk_weights, kTokens,
+                "combined_topk_weights");
+  if (per_node == 1)
+    require(buffer.stats().reordered_completions.has_value(), "test",
+            "the fabric path ran without the reorder shim");
+  buffer.destroy();
+}
+
+inline void run_device_buffer(int per_node, const DeviceFactory& make_device) {
+  run_buffer_ranks(kRanks, per_node == 1, [per_node, make_device](control::Bootstrap::Options o) {
+    run_device_buffer_rank(per_node, std::move(o), make_device);
+  });
+}
+
+}  // namespace proxyep::integrations::testing

@@ -1,0 +1,28 @@
+// Buffer calls with device tensors on the host-simulated device, ranks as threads
+// (device_buffer_case.hpp). Rank 1's device runs nothing until waited for, so a missing wait
+// shows as stale bytes; device memory is tagged so that host code touching it faults.
+#include "gpu_side/device/simulated_device.hpp"
+#include "tests/unit/integrations/device_buffer_case.hpp"
+
+#include <doctest/doctest.h>
+
+using namespace proxyep;
+using gpu_side::device::SimulatedDevice;
+using gpu_side::device::SimulatedDeviceOptions;
+
+namespace {
+
+std::shared_ptr<gpu_side::device::DeviceRuntime> simulated(int rank) {
+  return std::make_shared<SimulatedDevice>(
+      SimulatedDeviceOptions{.defer_until_synchronize = rank == 1});
+}
+
+}  // namespace
+
+TEST_CASE("device tensors through the Buffer: node peers (ranks as threads)") {
+  integrations::testing::run_device_buffer(integrations::testing::kRanks, simulated);
+}
+
+TEST_CASE("device tensors through the Buffer: over the fabric with the reorder shim") {
+  integrations::testing::run_device_buffer(1, simulated);
+}
