@@ -17,7 +17,8 @@ namespace {
 // device's stream; the host buffers live until the call returns.
 class Staging {
  public:
-  explicit Staging(gpu_side::device::DeviceRuntime& device) : device_(device) {}
+  Staging(gpu_side::device::DeviceRuntime& device, std::string_view phase)
+      : device_(device), phase_(phase) {}
 
   // A host view of `t` with its shape and strides, valid after wait(). Copies the span the
   // strides cover (column-major scales included).
@@ -52,11 +53,9 @@ class Staging {
     device_.synchronize(phase_, std::chrono::milliseconds(params::ep_timeout_ms.get()));
   }
 
-  void set_phase(std::string_view phase) { phase_ = phase; }
-
  private:
   gpu_side::device::DeviceRuntime& device_;
-  std::string_view phase_ = "device staging";
+  std::string_view phase_;
   std::vector<ep::Tensor> held_;
 };
 
@@ -80,8 +79,7 @@ bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor
 
 DispatchResult dispatch_on_device(gpu_side::device::DeviceRuntime& device, const DispatchArgs& args,
                                   const HostDispatch& host_call) {
-  Staging staging(device);
-  staging.set_phase("dispatch");
+  Staging staging(device, "dispatch");
   DispatchArgs host = args;
   host.x = staging.to_host(args.x);
   host.x_scales = staging.to_host(args.x_scales);
@@ -105,8 +103,7 @@ DispatchResult dispatch_on_device(gpu_side::device::DeviceRuntime& device, const
 
 CombineResult combine_on_device(gpu_side::device::DeviceRuntime& device, const CombineArgs& args,
                                 const HostCombine& host_call) {
-  Staging staging(device);
-  staging.set_phase("combine");
+  Staging staging(device, "combine");
   CombineArgs host = args;
   host.x = staging.to_host(args.x);
   host.topk_weights = staging.to_host(args.topk_weights);
