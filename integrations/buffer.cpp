@@ -13,6 +13,7 @@
 #include "integrations/call_sequence.hpp"
 #include "integrations/comm_stream.hpp"
 #include "integrations/device_calls.hpp"
+#include "integrations/device_ll_calls.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
@@ -183,11 +184,11 @@ struct Buffer::Impl {
             "this Buffer was made for low-latency calls only (num_nvl_bytes 0)");
   }
   // The device runtime for a call whose tensors are on the device.
-  gpu_side::device::DeviceRuntime& device(std::string_view phase) {
-    require(device_backend != nullptr, phase,
+  const std::shared_ptr<gpu_side::device::DeviceRuntime>& device(std::string_view phase) {
+    require(options.device != nullptr, phase,
             "the call's tensors are device memory but the Buffer was made without a device "
             "(BufferOptions::device)");
-    return device_backend->device();
+    return options.device;
   }
   void check_low_latency(std::string_view phase) {
     check_usable(phase);
@@ -214,6 +215,7 @@ struct Buffer::Impl {
   integrations::normal::NormalMode mode;
   integrations::low_latency::LowLatencyMode low_latency;
   std::unique_ptr<integrations::DeviceBackend> device_backend;  // with BufferOptions::device
+  integrations::DeviceCombineBuffer device_combine_buffer;      // zero_copy of device calls
   bool destroyed = false;
 };
 
@@ -371,13 +373,48 @@ void Buffer::clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int 
 }
 
 LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchArgs& args) {
-  impl_->check_low_latency("low_latency_dispatch");
-  return impl_->low_latency.dispatch(args);
+  constexpr const char* kCall = "low_latency_dispatch";
+  impl_->check_low_latency(kCall);
+  const bool on_device = integrations::tensors_on_device(
+      kCall, {{"x", args.x},
+              {"topk_idx", args.topk_idx},
+              {"cumulative_local_expert_recv_stats", args.cumulative_local_expert_recv_stats},
+              {"dispatch_wait_recv_cost_stats", args.dispatch_wait_recv_cost_stats}});
+  if (!on_device) return impl_->low_latency.dispatch(args);
+  return integrations::ll_dispatch_on_device(
+      impl_->device(kCall), impl_->stream, args,
+      [this](const LowLatencyDispatchArgs& host) { return impl_->low_latency.dispatch(host); });
 }
 
 LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs& args) {
-  impl_->check_low_latency("low_latency_combine");
-  return impl_->low_latency.combine(args);
+  constexpr const char* kCall = "low_latency_combine";
+  impl_->check_low_latency(kCall);
+  // With zero_copy, x is ignored (DeepEP callers often pass the combine buffer itself).
+  const TensorRef x = args.zero_copy ? TensorRef{} : args.x;
+  const bool on_device = integrations::tensors_on_device(
+      kCall, {{"x", x},
+              {"topk_idx", args.topk_idx},
+              {"topk_weights", args.topk_weights},
+              {"out", args.out},
+              {"combine_wait_recv_cost_stats", args.combine_wait_recv_cost_stats}});
+  if (args.zero_copy && args.handle != nullptr) {
+    const bool buffer_on_device = args.handle->device == ep::Device::cuda;
+    require(buffer_on_device == on_device, kCall,
+            "zero_copy: the handle came from a dispatch with {} tensors, so its combine buffer "
+            "(get_next_low_latency_combine_buffer) is {} memory, but this call's tensors are in {} "
+            "memory",
+            buffer_on_device ? "device" : "host", buffer_on_device ? "device" : "host",
+            on_device ? "device" : "host");
+  }
+  if (!on_device) return impl_->low_latency.combine(args);
+  ep::Tensor device_buffer, host_buffer;
+  if (args.zero_copy) {
+    host_buffer = impl_->low_latency.next_combine_buffer(*args.handle);
+    device_buffer = impl_->device_combine_buffer.get(*impl_->device(kCall), host_buffer);
+  }
+  return integrations::ll_combine_on_device(
+      impl_->device(kCall), impl_->stream, args, device_buffer, host_buffer,
+      [this](const LowLatencyCombineArgs& host) { return impl_->low_latency.combine(host); });
 }
 
 void Buffer::low_latency_update_mask_buffer(int rank_to_mask, bool mask) {
@@ -386,8 +423,12 @@ void Buffer::low_latency_update_mask_buffer(int rank_to_mask, bool mask) {
 }
 
 void Buffer::low_latency_query_mask_buffer(const TensorRef& mask_status) {
-  impl_->check_low_latency("low_latency_query_mask_buffer");
-  impl_->low_latency.query_mask(mask_status);
+  constexpr const char* kCall = "low_latency_query_mask_buffer";
+  impl_->check_low_latency(kCall);
+  if (mask_status.device != ep::Device::cuda) return impl_->low_latency.query_mask(mask_status);
+  integrations::ll_query_on_device(
+      impl_->device(kCall), mask_status,
+      [this](const TensorRef& host) { impl_->low_latency.query_mask(host); });
 }
 
 void Buffer::low_latency_clean_mask_buffer() {
@@ -396,8 +437,11 @@ void Buffer::low_latency_clean_mask_buffer() {
 }
 
 Tensor Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) {
-  impl_->check_low_latency("get_next_low_latency_combine_buffer");
-  return impl_->low_latency.next_combine_buffer(handle);
+  constexpr const char* kCall = "get_next_low_latency_combine_buffer";
+  impl_->check_low_latency(kCall);
+  Tensor host = impl_->low_latency.next_combine_buffer(handle);
+  if (handle.device != ep::Device::cuda) return host;
+  return impl_->device_combine_buffer.get(*impl_->device(kCall), host);
 }
 
 std::span<std::byte> Buffer::local_buffer(bool use_rdma_buffer) {

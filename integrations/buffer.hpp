@@ -1,5 +1,5 @@
 // proxyep::Buffer: DeepEP V1's deep_ep.Buffer (DEEPEP_COMPAT 1.2-1.5, 2.1-2.8) in C++, normal
-// and low-latency modes, CPU backend; device tensors in normal mode with BufferOptions::device.
+// and low-latency modes, CPU backend; device tensors in both modes with BufferOptions::device.
 // Named structs replace DeepEP's tuples (layout, dispatch result, handle).
 //
 //   auto boot = control::Bootstrap::from_environment();
@@ -125,8 +125,10 @@ struct BufferOptions {
   int ranks_per_node = 0;  // 0: the bootstrap's LOCAL_WORLD_SIZE
   // The device this rank's device tensors live on (gpu_side/device/device_runtime.hpp): a
   // CudaDevice on a GPU, a SimulatedDevice in tests. Without one, calls take host tensors only.
-  // Normal-mode calls with device tensors stage through host memory (device_calls.hpp);
-  // get_dispatch_layout runs on the device; low-latency calls take host tensors only for now.
+  // Calls with device tensors stage through host memory (device_calls.hpp for normal mode,
+  // device_ll_calls.hpp for low-latency calls); get_dispatch_layout runs on the device. The
+  // device's stream runs after nothing of the caller's: finish writing a call's inputs (wait
+  // for the stream that made them) before the call.
   std::shared_ptr<gpu_side::device::DeviceRuntime> device;
 };
 

@@ -2,64 +2,11 @@
 #include "integrations/device_calls.hpp"
 
 #include "common/error.hpp"
-#include "common/params.hpp"
-
-#include <chrono>
-#include <vector>
+#include "integrations/device_staging.hpp"
 
 namespace ep = proxyep::gpu_side::ep;
 
 namespace proxyep::integrations {
-
-namespace {
-
-// Host copies of a call's device inputs and device copies of its host outputs, moved on the
-// device's stream; the host buffers live until the call returns.
-class Staging {
- public:
-  Staging(gpu_side::device::DeviceRuntime& device, std::string_view phase)
-      : device_(device), phase_(phase) {}
-
-  // A host view of `t` with its shape and strides, valid after wait(). Copies the span the
-  // strides cover (column-major scales included).
-  ep::TensorRef to_host(const ep::TensorRef& t) {
-    if (!t.defined()) return t;
-    int64_t extent = 0;
-    if (t.numel() > 0)
-      extent = (t.rows - 1) * t.row_stride + (t.dims == 2 ? (t.cols - 1) * t.col_stride : 0) + 1;
-    require(extent >= 0 && t.row_stride >= 0 && t.col_stride >= 0, phase_,
-            "device tensors with negative strides are not supported; got {}", t);
-    ep::Tensor host = ep::Tensor::empty(t.dtype, extent);
-    device_.copy(host.raw(), t.data, host.bytes());
-    ep::TensorRef view = t;
-    view.data = host.raw();
-    view.device = ep::Device::host;
-    held_.push_back(std::move(host));
-    return view;
-  }
-
-  // A device tensor with `host`'s bytes (undefined stays undefined), valid after wait().
-  ep::Tensor to_device(const ep::Tensor& host) {
-    if (!host.defined()) return {};
-    const uint64_t bytes = host.bytes();
-    ep::Tensor t = ep::Tensor::over(device_.allocate(bytes), host.dtype(), host.rows(),
-                                    host.dims() == 1 ? -1 : host.cols(), ep::Device::cuda);
-    device_.copy(t.raw(), host.raw(), bytes);
-    held_.push_back(host);
-    return t;
-  }
-
-  void wait() {
-    device_.synchronize(phase_, std::chrono::milliseconds(params::ep_timeout_ms.get()));
-  }
-
- private:
-  gpu_side::device::DeviceRuntime& device_;
-  std::string_view phase_;
-  std::vector<ep::Tensor> held_;
-};
-
-}  // namespace
 
 bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor> tensors) {
   const NamedTensor* first = nullptr;
@@ -77,9 +24,9 @@ bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor
   return first != nullptr && first->tensor.device == ep::Device::cuda;
 }
 
-DispatchResult dispatch_on_device(gpu_side::device::DeviceRuntime& device, const DispatchArgs& args,
-                                  const HostDispatch& host_call) {
-  Staging staging(device, "dispatch");
+DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                  const DispatchArgs& args, const HostDispatch& host_call) {
+  DeviceStaging staging(device, "dispatch");
   DispatchArgs host = args;
   host.x = staging.to_host(args.x);
   host.x_scales = staging.to_host(args.x_scales);
@@ -101,9 +48,9 @@ DispatchResult dispatch_on_device(gpu_side::device::DeviceRuntime& device, const
   return result;
 }
 
-CombineResult combine_on_device(gpu_side::device::DeviceRuntime& device, const CombineArgs& args,
-                                const HostCombine& host_call) {
-  Staging staging(device, "combine");
+CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                const CombineArgs& args, const HostCombine& host_call) {
+  DeviceStaging staging(device, "combine");
   CombineArgs host = args;
   host.x = staging.to_host(args.x);
   host.topk_weights = staging.to_host(args.topk_weights);

@@ -19,6 +19,7 @@
 
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <string_view>
 
 namespace proxyep::integrations {
@@ -35,9 +36,9 @@ bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor
 using HostDispatch = std::function<DispatchResult(const DispatchArgs&)>;
 using HostCombine = std::function<CombineResult(const CombineArgs&)>;
 
-DispatchResult dispatch_on_device(gpu_side::device::DeviceRuntime& device, const DispatchArgs& args,
-                                  const HostDispatch& host_call);
-CombineResult combine_on_device(gpu_side::device::DeviceRuntime& device, const CombineArgs& args,
-                                const HostCombine& host_call);
+DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                  const DispatchArgs& args, const HostDispatch& host_call);
+CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                const CombineArgs& args, const HostCombine& host_call);
 
 }  // namespace proxyep::integrations

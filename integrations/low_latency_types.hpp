@@ -30,6 +30,9 @@ struct LowLatencyHandle {
   int num_max_dispatch_tokens_per_rank = 0;
   int hidden = 0;
   int num_experts = 0;
+  // Where the dispatch's tensors were (integrations/device_ll_calls.hpp): a zero_copy combine
+  // buffer of a device dispatch is device memory.
+  gpu_side::ep::Device device = gpu_side::ep::Device::host;
   // The dispatch this handle came from (which Buffer, which call, what this rank sent where).
   std::shared_ptr<const integrations::low_latency::CallState> dispatched;
 };

@@ -1,10 +1,12 @@
 // Buffer calls with CUDA tensors on one GPU, ranks as threads of this process (each rank its own
 // CudaDevice, i.e. its own stream, on device 0): the cases tests/unit/integrations/
-// test_device_buffer_threads.cpp runs on the host-simulated device (device_buffer_case.hpp).
+// test_device_buffer_threads.cpp runs on the host-simulated device (device_buffer_case.hpp,
+// device_ll_case.hpp).
 // Exits 77 (skipped) without a usable CUDA device.
 #include "gpu_side/cuda/cuda_device.hpp"
 #include "tests/gpu/device_check.hpp"
 #include "tests/unit/integrations/device_buffer_case.hpp"
+#include "tests/unit/integrations/device_ll_case.hpp"
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -25,6 +27,14 @@ TEST_CASE("CUDA tensors through the Buffer: node peers (ranks as threads on one 
 
 TEST_CASE("CUDA tensors through the Buffer: over the fabric with the reorder shim") {
   integrations::testing::run_device_buffer(1, cuda_device);
+}
+
+TEST_CASE("CUDA tensors through low-latency calls: node peers (ranks as threads on one GPU)") {
+  integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, cuda_device);
+}
+
+TEST_CASE("CUDA tensors through low-latency calls: over the fabric with the reorder shim") {
+  integrations::testing::ll::run_device_ll(1, cuda_device);
 }
 
 int main(int argc, char** argv) {

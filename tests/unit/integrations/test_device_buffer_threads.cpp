@@ -3,6 +3,7 @@
 // shows as stale bytes; device memory is tagged so that host code touching it faults.
 #include "gpu_side/device/simulated_device.hpp"
 #include "tests/unit/integrations/device_buffer_case.hpp"
+#include "tests/unit/integrations/device_ll_case.hpp"
 
 #include <doctest/doctest.h>
 
@@ -25,4 +26,12 @@ TEST_CASE("device tensors through the Buffer: node peers (ranks as threads)") {
 
 TEST_CASE("device tensors through the Buffer: over the fabric with the reorder shim") {
   integrations::testing::run_device_buffer(1, simulated);
+}
+
+TEST_CASE("device tensors through low-latency calls: node peers (ranks as threads)") {
+  integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, simulated);
+}
+
+TEST_CASE("device tensors through low-latency calls: over the fabric with the reorder shim") {
+  integrations::testing::ll::run_device_ll(1, simulated);
 }

@@ -1,0 +1,131 @@
+// Low-latency calls with device tensors, staged through host memory (device_ll_calls.hpp).
+#include "integrations/device_ll_calls.hpp"
+
+#include "common/error.hpp"
+#include "common/params.hpp"
+#include "integrations/device_staging.hpp"
+
+#include <chrono>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::integrations {
+
+namespace {
+
+// A device output and the host protocol's tensor that fills it.
+struct Output {
+  ep::Tensor device, host;
+};
+
+// Fills `outputs` and writes the in-place tensors back once the host call's receive phase is done:
+// now, after the hook's receive, or on the stream right after the call's background work. The
+// staging is also held until the stream has passed the call's send phase, which reads the host
+// copies even when the hook is dropped uncalled.
+void finish_when_received(CommStream& stream, const std::shared_ptr<DeviceStaging>& staging,
+                          std::vector<Output> outputs, RecvHook& hook, CallEvent& event) {
+  auto finish = [staging, outputs = std::move(outputs)] {
+    for (const Output& o : outputs)
+      staging->upload(o.device, o.host);
+    staging->write_back();
+    staging->wait();
+  };
+  if (hook.defined()) {
+    stream.submit([staging] {});
+    auto once = std::make_shared<std::once_flag>();
+    hook = RecvHook([receive = hook, finish = std::move(finish), once] {
+      receive();
+      std::call_once(*once, finish);
+    });
+  } else if (event.defined()) {
+    // Stream order: it runs after the call's task; settling rethrows that task's failure first.
+    event = stream.event_for(stream.submit(std::move(finish)));
+  } else {
+    finish();
+  }
+}
+
+}  // namespace
+
+LowLatencyDispatchResult ll_dispatch_on_device(
+    const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, CommStream& stream,
+    const LowLatencyDispatchArgs& args, const HostLlDispatch& host_call) {
+  auto staging = std::make_shared<DeviceStaging>(device, "low_latency_dispatch");
+  LowLatencyDispatchArgs host = args;
+  host.x = staging->to_host(args.x);
+  host.topk_idx = staging->to_host(args.topk_idx);
+  host.cumulative_local_expert_recv_stats =
+      staging->accumulate(args.cumulative_local_expert_recv_stats);
+  host.dispatch_wait_recv_cost_stats = staging->accumulate(args.dispatch_wait_recv_cost_stats);
+  staging->wait();
+  LowLatencyDispatchResult result = host_call(host);
+  LowLatencyDispatchResult on_device = result;
+  on_device.recv_x = staging->device_like(result.recv_x);
+  on_device.recv_x_scales = staging->device_like(result.recv_x_scales);
+  on_device.recv_count = staging->device_like(result.recv_count);
+  on_device.handle.device = ep::Device::cuda;
+  finish_when_received(stream, staging,
+                       {{on_device.recv_x, result.recv_x},
+                        {on_device.recv_x_scales, result.recv_x_scales},
+                        {on_device.recv_count, result.recv_count}},
+                       on_device.hook, on_device.event);
+  return on_device;
+}
+
+LowLatencyCombineResult ll_combine_on_device(
+    const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, CommStream& stream,
+    const LowLatencyCombineArgs& args, const ep::Tensor& device_combine_buffer,
+    ep::Tensor host_combine_buffer, const HostLlCombine& host_call) {
+  auto staging = std::make_shared<DeviceStaging>(device, "low_latency_combine");
+  LowLatencyCombineArgs host = args;
+  if (args.zero_copy) {
+    require(device_combine_buffer.defined() &&
+                device_combine_buffer.bytes() == host_combine_buffer.bytes(),
+            "low_latency_combine",
+            "zero_copy: write the expert outputs into get_next_low_latency_combine_buffer(handle) "
+            "of this handle first");
+    device->copy(host_combine_buffer.raw(), device_combine_buffer.raw(),
+                 host_combine_buffer.bytes());
+  } else {
+    host.x = staging->to_host(args.x);
+  }
+  host.topk_idx = staging->to_host(args.topk_idx);
+  host.topk_weights = staging->to_host(args.topk_weights);
+  host.out = staging->in_out(args.out);
+  host.combine_wait_recv_cost_stats = staging->accumulate(args.combine_wait_recv_cost_stats);
+  staging->wait();
+  LowLatencyCombineResult result = host_call(host);
+  LowLatencyCombineResult on_device = result;
+  on_device.combined_x = staging->device_like(result.combined_x);
+  finish_when_received(stream, staging, {{on_device.combined_x, result.combined_x}}, on_device.hook,
+                       on_device.event);
+  return on_device;
+}
+
+void ll_query_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                        const ep::TensorRef& out,
+                        const std::function<void(const ep::TensorRef&)>& host_query) {
+  DeviceStaging staging(device, "low_latency_query_mask_buffer");
+  const ep::TensorRef host = staging.in_out(out);
+  staging.wait();
+  host_query(host);
+  staging.write_back();
+  staging.wait();
+}
+
+ep::Tensor DeviceCombineBuffer::get(gpu_side::device::DeviceRuntime& device,
+                                    const ep::Tensor& host_buffer) {
+  if (buffer_.rows() == host_buffer.rows() && buffer_.cols() == host_buffer.cols()) return buffer_;
+  buffer_ = ep::Tensor::over(device.allocate(host_buffer.bytes()), host_buffer.dtype(),
+                             host_buffer.rows(), host_buffer.cols(), ep::Device::cuda);
+  // Zeroed, as the host buffer is, before the caller's own stream may write into it.
+  device.fill(buffer_.raw(), 0, buffer_.bytes());
+  device.synchronize("get_next_low_latency_combine_buffer",
+                     std::chrono::milliseconds(params::ep_timeout_ms.get()));
+  return buffer_;
+}
+
+}  // namespace proxyep::integrations

@@ -1,0 +1,151 @@
+// Low-latency calls with device tensors (integrations/device_ll_calls.hpp) on any DeviceRuntime,
+// ranks as threads (node peers, or over the fabric with the reorder shim): a dispatch with a hook
+// and one with async_finish in flight together, the cumulative statistics written in place on the
+// device, a combine with async_finish and a zero_copy one through the device combine buffer with
+// a hook and `out`, a mask query into a device tensor, and the calls mixing host and device
+// memory refused on every rank before anything is sent. Outputs are downloaded and checked
+// exactly against gpu_side/ep/ll_reference.hpp (ll_case_checks.hpp). Run on the host-simulated
+// device by test_device_buffer_threads.cpp and on CUDA by tests/gpu/test_gpu_buffer.cpp.
+#pragma once
+
+#include "integrations/buffer.hpp"
+#include "tests/unit/integrations/buffer_rank_threads.hpp"
+#include "tests/unit/integrations/device_test_tensors.hpp"
+#include "tests/unit/integrations/ll_case_checks.hpp"
+
+#include <string>
+
+namespace proxyep::integrations::testing::ll {
+
+// The message of the proxyep::Error `call` throws ("" when it does not).
+template <typename Call>
+std::string error_of(Call&& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline void require_mentions(const std::string& error, const std::string& words) {
+  require(error.find(words) != std::string::npos, "test", "expected an error saying '{}'; got '{}'",
+          words, error);
+}
+
+inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options,
+                               const DeviceFactory& make_device) {
+  auto boot = control::Bootstrap::connect(std::move(options));
+  const int me = boot->rank();
+  std::shared_ptr<gpu_side::device::DeviceRuntime> device = make_device(me);
+  gpu_side::device::DeviceRuntime& dev = *device;
+  BufferOptions o;
+  o.low_latency_mode = true;
+  o.enable_shrink = true;  // for the mask query
+  o.ranks_per_node = per_node;
+  o.num_rdma_bytes =
+      Buffer::get_low_latency_rdma_size_hint(kTokens, kHidden, kRanks, kLocal * kRanks);
+  o.device = device;
+  Buffer buffer(*boot, o);
+
+  const ep::Tensor recv_stats = upload(dev, ep::Tensor::zeros(ep::DType::i32, kLocal));
+  const ep::Tensor wait_stats = upload(dev, ep::Tensor::zeros(ep::DType::i64, kRanks));
+  std::vector<int32_t> received(kLocal, 0);
+  for (uint64_t round = 0; round < 2; ++round) {
+    const auto a = inputs(2 * round + 1), b = inputs(2 * round + 2);
+    const ep::Tensor xa = upload(dev, a[me].x), ia = upload(dev, a[me].topk_idx),
+                     wa = upload(dev, a[me].topk_weights), xb = upload(dev, b[me].x),
+                     ib = upload(dev, b[me].topk_idx), wb = upload(dev, b[me].topk_weights);
+    auto args = [&](const ep::Tensor& x, const ep::Tensor& idx) {
+      LowLatencyDispatchArgs d;
+      d.x = x;
+      d.topk_idx = idx;
+      d.num_max_dispatch_tokens_per_rank = kTokens;
+      d.num_experts = kLocal * kRanks;
+      d.cumulative_local_expert_recv_stats = recv_stats;
+      d.dispatch_wait_recv_cost_stats = wait_stats;
+      return d;
+    };
+    if (round == 0) {
+      LowLatencyDispatchArgs mixed = args(xa, ia);
+      mixed.x = a[me].x;
+      require_mentions(error_of([&] { buffer.low_latency_dispatch(mixed); }),
+                       "topk_idx is in device memory but x is in host memory");
+    }
+    LowLatencyDispatchArgs hooked = args(xa, ia), async = args(xb, ib);
+    hooked.return_recv_hook = true;
+    async.async_finish = true;
+    LowLatencyDispatchResult da = buffer.low_latency_dispatch(hooked);
+    LowLatencyDispatchResult db = buffer.low_latency_dispatch(async);
+    require(da.recv_x.device() == ep::Device::cuda && da.handle.device == ep::Device::cuda, "test",
+            "a device dispatch returned host outputs");
+    da.hook();
+    db.event.wait();
+    for (const LowLatencyDispatchResult* d : {&da, &db}) {
+      const ep::Tensor count = download(dev, d->recv_count, "recv_count");
+      check_dispatch(*d, download(dev, d->recv_x, "recv_x"),
+                     download(dev, d->recv_x_scales, "recv_x_scales"), count, d == &da ? a : b, me);
+      for (int e = 0; e < kLocal; ++e)
+        received[static_cast<size_t>(e)] += count.data<int32_t>()[e];
+    }
+    const ep::Tensor stats = download(dev, recv_stats, "cumulative_local_expert_recv_stats");
+    for (int e = 0; e < kLocal; ++e)
+      require(stats.data<int32_t>()[e] == received[static_cast<size_t>(e)], "test",
+              "cumulative_local_expert_recv_stats[{}] is {}, the calls received {}", e,
+              stats.data<int32_t>()[e], received[static_cast<size_t>(e)]);
+
+    // Combine a with async_finish; b zero_copy through the device combine buffer, with a hook
+    // and `out`.
+    const ep::Tensor outputs_a = upload(dev, expert_outputs(da, me));
+    LowLatencyCombineArgs ca{
+        .x = outputs_a, .topk_idx = ia, .topk_weights = wa, .handle = &da.handle};
+    ca.async_finish = true;
+    const ep::Tensor combine_buffer = buffer.get_next_low_latency_combine_buffer(db.handle);
+    require(combine_buffer.device() == ep::Device::cuda, "test",
+            "the combine buffer of a device dispatch is host memory");
+    const ep::Tensor outputs_b = expert_outputs(db, me);
+    dev.copy(const_cast<std::byte*>(combine_buffer.raw()), outputs_b.raw(), outputs_b.bytes());
+    dev.synchronize("test combine buffer", kWait);
+    const ep::Tensor out = upload(dev, ep::Tensor::zeros(ep::DType::bf16, kTokens, kHidden));
+    LowLatencyCombineArgs cb{.x = combine_buffer,
+                             .topk_idx = ib,
+                             .topk_weights = wb,
+                             .handle = &db.handle,
+                             .zero_copy = true,
+                             .out = out};
+    cb.return_recv_hook = true;
+    if (round == 0) {
+      LowLatencyCombineArgs host_tensors = cb;
+      host_tensors.topk_idx = b[me].topk_idx;
+      host_tensors.topk_weights = b[me].topk_weights;
+      host_tensors.out = {};
+      require_mentions(error_of([&] { buffer.low_latency_combine(host_tensors); }),
+                       "zero_copy: the handle came from a dispatch with device tensors");
+    }
+    LowLatencyCombineResult ra = buffer.low_latency_combine(ca);
+    LowLatencyCombineResult rb = buffer.low_latency_combine(cb);
+    rb.hook();
+    ra.event.wait();
+    require(!rb.combined_x.defined(), "test", "a combine into `out` returned another tensor");
+    check_combine(download(dev, ra.combined_x, "combined_x"), a[me], me);
+    check_combine(download(dev, out, "out"), b[me], me);
+  }
+  const ep::Tensor mask = upload(dev, ep::Tensor::zeros(ep::DType::i32, kRanks));
+  dev.fill(const_cast<std::byte*>(mask.raw()), 7, mask.bytes());
+  buffer.low_latency_query_mask_buffer(mask);
+  const ep::Tensor masked = download(dev, mask, "mask_status");
+  for (int r = 0; r < kRanks; ++r)
+    require(masked.data<int32_t>()[r] == 0, "test", "rank {} reads as masked", r);
+  if (per_node == 1)
+    require(buffer.stats().reordered_completions.has_value(), "test",
+            "the fabric path ran without the reorder shim");
+  buffer.destroy();
+}
+
+inline void run_device_ll(int per_node, const DeviceFactory& make_device) {
+  run_buffer_ranks(kRanks, per_node == 1, [per_node, make_device](control::Bootstrap::Options o) {
+    run_device_ll_rank(per_node, std::move(o), make_device);
+  });
+}
+
+}  // namespace proxyep::integrations::testing::ll
