@@ -338,7 +338,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
                    {"topk_weights", args.topk_weights}});
   if (!on_device) return impl_->mode.dispatch(args);
   return integrations::dispatch_on_device(
-      impl_->device("dispatch"), args,
+      impl_->device("dispatch"), impl_->stream, args,
       [this](const DispatchArgs& host) { return impl_->mode.dispatch(host); });
 }
 
@@ -351,7 +351,7 @@ CombineResult Buffer::combine(const CombineArgs& args) {
                                                   {"bias1", args.bias1}});
   if (!on_device) return impl_->mode.combine(args);
   return integrations::combine_on_device(
-      impl_->device("combine"), args,
+      impl_->device("combine"), impl_->stream, args,
       [this](const CombineArgs& host) { return impl_->mode.combine(host); });
 }
 

@@ -25,44 +25,55 @@ bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor
 }
 
 DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                  const DispatchArgs& args, const HostDispatch& host_call) {
-  DeviceStaging staging(device, "dispatch");
+                                  CommStream& stream, const DispatchArgs& args,
+                                  const HostDispatch& host_call) {
+  auto staging = std::make_shared<DeviceStaging>(device, "dispatch");
   DispatchArgs host = args;
-  host.x = staging.to_host(args.x);
-  host.x_scales = staging.to_host(args.x_scales);
-  host.num_tokens_per_rank = staging.to_host(args.num_tokens_per_rank);
-  host.num_tokens_per_rdma_rank = staging.to_host(args.num_tokens_per_rdma_rank);
-  host.is_token_in_rank = staging.to_host(args.is_token_in_rank);
-  host.num_tokens_per_expert = staging.to_host(args.num_tokens_per_expert);
-  host.topk_idx = staging.to_host(args.topk_idx);
-  host.topk_weights = staging.to_host(args.topk_weights);
-  // Outputs are copied to the device once the rows are in: the call must be complete here.
-  host.async_finish = false;
-  staging.wait();
-  DispatchResult result = host_call(host);
-  result.recv_x = staging.to_device(result.recv_x);
-  result.recv_x_scales = staging.to_device(result.recv_x_scales);
-  result.recv_topk_idx = staging.to_device(result.recv_topk_idx);
-  result.recv_topk_weights = staging.to_device(result.recv_topk_weights);
-  staging.wait();
-  return result;
+  host.x = staging->to_host(args.x);
+  host.x_scales = staging->to_host(args.x_scales);
+  host.num_tokens_per_rank = staging->to_host(args.num_tokens_per_rank);
+  host.num_tokens_per_rdma_rank = staging->to_host(args.num_tokens_per_rdma_rank);
+  host.is_token_in_rank = staging->to_host(args.is_token_in_rank);
+  host.num_tokens_per_expert = staging->to_host(args.num_tokens_per_expert);
+  host.topk_idx = staging->to_host(args.topk_idx);
+  host.topk_weights = staging->to_host(args.topk_weights);
+  staging->wait();
+  const DispatchResult result = host_call(host);
+  DispatchResult on_device = result;
+  on_device.recv_x = staging->device_like(result.recv_x);
+  on_device.recv_x_scales = staging->device_like(result.recv_x_scales);
+  on_device.recv_topk_idx = staging->device_like(result.recv_topk_idx);
+  on_device.recv_topk_weights = staging->device_like(result.recv_topk_weights);
+  RecvHook no_hook;
+  finish_on_device(stream, staging,
+                   {{on_device.recv_x, result.recv_x},
+                    {on_device.recv_x_scales, result.recv_x_scales},
+                    {on_device.recv_topk_idx, result.recv_topk_idx},
+                    {on_device.recv_topk_weights, result.recv_topk_weights}},
+                   no_hook, on_device.event);
+  return on_device;
 }
 
 CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                const CombineArgs& args, const HostCombine& host_call) {
-  DeviceStaging staging(device, "combine");
+                                CommStream& stream, const CombineArgs& args,
+                                const HostCombine& host_call) {
+  auto staging = std::make_shared<DeviceStaging>(device, "combine");
   CombineArgs host = args;
-  host.x = staging.to_host(args.x);
-  host.topk_weights = staging.to_host(args.topk_weights);
-  host.bias0 = staging.to_host(args.bias0);
-  host.bias1 = staging.to_host(args.bias1);
-  host.async_finish = false;
-  staging.wait();
-  CombineResult result = host_call(host);
-  result.combined_x = staging.to_device(result.combined_x);
-  result.combined_topk_weights = staging.to_device(result.combined_topk_weights);
-  staging.wait();
-  return result;
+  host.x = staging->to_host(args.x);
+  host.topk_weights = staging->to_host(args.topk_weights);
+  host.bias0 = staging->to_host(args.bias0);
+  host.bias1 = staging->to_host(args.bias1);
+  staging->wait();
+  const CombineResult result = host_call(host);
+  CombineResult on_device = result;
+  on_device.combined_x = staging->device_like(result.combined_x);
+  on_device.combined_topk_weights = staging->device_like(result.combined_topk_weights);
+  RecvHook no_hook;
+  finish_on_device(stream, staging,
+                   {{on_device.combined_x, result.combined_x},
+                    {on_device.combined_topk_weights, result.combined_topk_weights}},
+                   no_hook, on_device.event);
+  return on_device;
 }
 
 }  // namespace proxyep::integrations

@@ -5,9 +5,11 @@
 // protocol on the copies exactly as for CPU tensors, and returns device tensors holding the
 // outputs. The protocols (normal/) do not change and results are bit-identical to the host
 // path's. What it costs: two PCIe crossings of every row (the host bounce buffer that
-// EFA_LIBFABRIC.md describes for providers without FI_HMEM, used for every path for now) and no
-// overlap: async_finish is accepted and the call is complete when it returns (its event is
-// already set). get_dispatch_layout runs its kernel on the device (DeviceBackend).
+// EFA_LIBFABRIC.md describes for providers without FI_HMEM, used for every path for now;
+// device_staging.hpp). With async_finish the call returns as the host one does (a dispatch once
+// its outputs are sized) with device outputs allocated, and the rows move, and are copied to the
+// device, on the Buffer's communication stream; `event.wait()` (or any later Buffer call) finds
+// them filled. get_dispatch_layout runs its kernel on the device (DeviceBackend).
 //
 // The handle stays in host memory (DeepEP keeps its tensors on the GPU): pass it back unchanged.
 // A call mixing host and device tensors is refused, naming the first tensor on the other side,
@@ -16,6 +18,7 @@
 
 #include "gpu_side/device/device_runtime.hpp"
 #include "integrations/buffer.hpp"
+#include "integrations/comm_stream.hpp"
 
 #include <functional>
 #include <initializer_list>
@@ -37,8 +40,10 @@ using HostDispatch = std::function<DispatchResult(const DispatchArgs&)>;
 using HostCombine = std::function<CombineResult(const CombineArgs&)>;
 
 DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                  const DispatchArgs& args, const HostDispatch& host_call);
+                                  CommStream& stream, const DispatchArgs& args,
+                                  const HostDispatch& host_call);
 CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                const CombineArgs& args, const HostCombine& host_call);
+                                CommStream& stream, const CombineArgs& args,
+                                const HostCombine& host_call);
 
 }  // namespace proxyep::integrations

@@ -6,49 +6,10 @@
 #include "integrations/device_staging.hpp"
 
 #include <chrono>
-#include <mutex>
-#include <utility>
-#include <vector>
 
 namespace ep = proxyep::gpu_side::ep;
 
 namespace proxyep::integrations {
-
-namespace {
-
-// A device output and the host protocol's tensor that fills it.
-struct Output {
-  ep::Tensor device, host;
-};
-
-// Fills `outputs` and writes the in-place tensors back once the host call's receive phase is done:
-// now, after the hook's receive, or on the stream right after the call's background work. The
-// staging is also held until the stream has passed the call's send phase, which reads the host
-// copies even when the hook is dropped uncalled.
-void finish_when_received(CommStream& stream, const std::shared_ptr<DeviceStaging>& staging,
-                          std::vector<Output> outputs, RecvHook& hook, CallEvent& event) {
-  auto finish = [staging, outputs = std::move(outputs)] {
-    for (const Output& o : outputs)
-      staging->upload(o.device, o.host);
-    staging->write_back();
-    staging->wait();
-  };
-  if (hook.defined()) {
-    stream.submit([staging] {});
-    auto once = std::make_shared<std::once_flag>();
-    hook = RecvHook([receive = hook, finish = std::move(finish), once] {
-      receive();
-      std::call_once(*once, finish);
-    });
-  } else if (event.defined()) {
-    // Stream order: it runs after the call's task; settling rethrows that task's failure first.
-    event = stream.event_for(stream.submit(std::move(finish)));
-  } else {
-    finish();
-  }
-}
-
-}  // namespace
 
 LowLatencyDispatchResult ll_dispatch_on_device(
     const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, CommStream& stream,
@@ -67,11 +28,11 @@ LowLatencyDispatchResult ll_dispatch_on_device(
   on_device.recv_x_scales = staging->device_like(result.recv_x_scales);
   on_device.recv_count = staging->device_like(result.recv_count);
   on_device.handle.device = ep::Device::cuda;
-  finish_when_received(stream, staging,
-                       {{on_device.recv_x, result.recv_x},
-                        {on_device.recv_x_scales, result.recv_x_scales},
-                        {on_device.recv_count, result.recv_count}},
-                       on_device.hook, on_device.event);
+  finish_on_device(stream, staging,
+                   {{on_device.recv_x, result.recv_x},
+                    {on_device.recv_x_scales, result.recv_x_scales},
+                    {on_device.recv_count, result.recv_count}},
+                   on_device.hook, on_device.event);
   return on_device;
 }
 
@@ -100,8 +61,8 @@ LowLatencyCombineResult ll_combine_on_device(
   LowLatencyCombineResult result = host_call(host);
   LowLatencyCombineResult on_device = result;
   on_device.combined_x = staging->device_like(result.combined_x);
-  finish_when_received(stream, staging, {{on_device.combined_x, result.combined_x}}, on_device.hook,
-                       on_device.event);
+  finish_on_device(stream, staging, {{on_device.combined_x, result.combined_x}}, on_device.hook,
+                   on_device.event);
   return on_device;
 }
 

@@ -5,6 +5,7 @@
 #include "common/params.hpp"
 
 #include <chrono>
+#include <mutex>
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -111,6 +112,29 @@ ep::Tensor DeviceStaging::to_device(const ep::Tensor& host) {
 
 void DeviceStaging::wait() {
   device_->synchronize(phase_, std::chrono::milliseconds(params::ep_timeout_ms.get()));
+}
+
+void finish_on_device(CommStream& stream, const std::shared_ptr<DeviceStaging>& staging,
+                      std::vector<StagedOutput> outputs, RecvHook& hook, CallEvent& event) {
+  auto finish = [staging, outputs = std::move(outputs)] {
+    for (const StagedOutput& o : outputs)
+      staging->upload(o.device, o.host);
+    staging->write_back();
+    staging->wait();
+  };
+  if (hook.defined()) {
+    stream.submit([staging] {});
+    auto once = std::make_shared<std::once_flag>();
+    hook = RecvHook([receive = hook, finish = std::move(finish), once] {
+      receive();
+      std::call_once(*once, finish);
+    });
+  } else if (event.defined()) {
+    // Stream order: it runs after the call's task; settling rethrows that task's failure first.
+    event = stream.event_for(stream.submit(std::move(finish)));
+  } else {
+    finish();
+  }
 }
 
 }  // namespace proxyep::integrations

@@ -8,6 +8,8 @@
 
 #include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/ep/tensor.hpp"
+#include "integrations/comm_stream.hpp"
+#include "integrations/low_latency_types.hpp"
 
 #include <memory>
 #include <string_view>
@@ -55,5 +57,19 @@ class DeviceStaging {
   };
   std::vector<WriteBack> write_backs_;
 };
+
+// A device output (from device_like) and the host protocol's tensor that fills it.
+struct StagedOutput {
+  gpu_side::ep::Tensor device, host;
+};
+
+// Fills `outputs` and writes the staging's in-place tensors back once the host call is complete:
+// now (neither `hook` nor `event` defined), after the hook's receive phase (`hook` is wrapped),
+// or on the stream right after the call's background work (`event` is replaced; waiting for it,
+// or any later Buffer call, finds the outputs filled). The staging, with its host copies, is
+// held until the stream has passed the call's work, which reads them even when a hook is
+// dropped uncalled.
+void finish_on_device(CommStream& stream, const std::shared_ptr<DeviceStaging>& staging,
+                      std::vector<StagedOutput> outputs, RecvHook& hook, CallEvent& event);
 
 }  // namespace proxyep::integrations

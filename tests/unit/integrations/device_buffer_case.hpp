@@ -1,8 +1,8 @@
 // Buffer calls with device tensors (integrations/device_calls.hpp) on any DeviceRuntime, ranks
 // as threads (a real TCP bootstrap on loopback, real shared arenas, a real fabric with the
 // reorder shim when the ranks are on different "nodes"): get_dispatch_layout on the device,
-// a call mixing host and device tensors refused, dispatch (fresh with async_finish, and cached)
-// and combine with device inputs returning device outputs, checked exactly against
+// a call mixing host and device tensors refused, dispatch (fresh and cached, with async_finish)
+// and combine (async) with device inputs returning device outputs, checked exactly against
 // gpu_side/ep/reference.hpp. Run on the host-simulated device by
 // tests/unit/integrations/test_device_buffer_threads.cpp and on CUDA by
 // tests/gpu/test_gpu_buffer.cpp.
@@ -103,8 +103,10 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   require_equal(*device, d.recv_x, wanted.recv_x, recv, "recv_x");
   require_equal(*device, d.recv_topk_idx, wanted.recv_topk_idx, recv, "recv_topk_idx");
   require_equal(*device, d.recv_topk_weights, wanted.recv_topk_weights, recv, "recv_topk_weights");
-  const DispatchResult cached = buffer.dispatch({.x = x, .handle = &d.handle});
-  require_equal(*device, cached.recv_x, wanted.recv_x, recv, "recv_x (cached)");
+  // An async cached dispatch whose event is never waited for: the next call (the combine) finds
+  // its device outputs filled, as later work on a stream does.
+  const DispatchResult cached =
+      buffer.dispatch({.x = x, .handle = &d.handle, .async_finish = true});
 
   std::vector<ep::TensorRef> expert_out, weights;
   for (const auto& r : want) {
@@ -113,8 +115,12 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   }
   const ep::ReferenceCombine combined_want =
       ep::reference_combine(expert_out, want, weights, w.shape, me, kTokens);
-  const CombineResult c =
-      buffer.combine({.x = d.recv_x, .handle = &d.handle, .topk_weights = d.recv_topk_weights});
+  const CombineResult c = buffer.combine({.x = d.recv_x,
+                                          .handle = &d.handle,
+                                          .topk_weights = d.recv_topk_weights,
+                                          .async_finish = true});
+  require_equal(*device, cached.recv_x, wanted.recv_x, recv, "recv_x (cached)");
+  c.event.wait();
   require_equal(*device, c.combined_x, combined_want.combined_x, kTokens, "combined_x");
   require_equal(*device, c.combined_topk_weights, combined_want.combined_topk_weights, kTokens,
                 "combined_topk_weights");
