@@ -20,9 +20,6 @@ namespace {
 // thousand tokens still spread over a handful of threads.
 constexpr int64_t kTokensPerBlock = 512;
 
-// DeepEP returns num_tokens_per_rdma_rank as None within one NVLink domain (<= 8 ranks).
-constexpr int kMaxRanksWithoutRdma = 8;
-
 }  // namespace
 
 void validate_topk_idx(const TensorRef& topk_idx, const EpShape& shape, std::string_view phase) {
@@ -56,7 +53,7 @@ DispatchLayout compute_dispatch_layout(const TensorRef& topk_idx, const EpShape&
   const int64_t num_tokens = topk_idx.rows;
   const int topk = static_cast<int>(topk_idx.cols);
   const int num_ranks = shape.num_ranks;
-  const bool per_node = num_ranks > kMaxRanksWithoutRdma;
+  const bool per_node = layout_has_node_counts(num_ranks);
   const int num_nodes = per_node ? shape.num_nodes() : 0;
 
   DispatchLayout layout;

@@ -18,6 +18,12 @@ struct DispatchLayout {
   Tensor is_token_in_rank;          // bool [N, R]
 };
 
+// Whether a layout over `num_ranks` has num_tokens_per_rdma_rank: DeepEP returns None within one
+// NVLink domain (<= 8 ranks). Every backend's layout follows it.
+constexpr bool layout_has_node_counts(int num_ranks) {
+  return num_ranks > 8;
+}
+
 // Checks topk_idx (host, int64, 2-D, contiguous, entries in [-1, E)) and the shape (E divisible
 // by R) and throws proxyep::Error("get_dispatch_layout", ...) naming the first bad entry.
 void validate_topk_idx(const TensorRef& topk_idx, const EpShape& shape, std::string_view phase);

@@ -3,6 +3,7 @@
 
 #include "common/error.hpp"
 #include "common/params.hpp"
+#include "gpu_side/ep/layout.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -13,9 +14,6 @@ namespace ep = proxyep::gpu_side::ep;
 namespace proxyep::integrations {
 
 namespace {
-
-// DeepEP returns num_tokens_per_rdma_rank as None within one NVLink domain (as layout.cpp).
-constexpr int kMaxRanksWithoutRdma = 8;
 
 void require_on_device(const ep::TensorRef& t, std::string_view phase, std::string_view name) {
   if (t.defined())
@@ -90,7 +88,7 @@ ep::DispatchLayout DeviceBackend::layout(const ep::TensorRef& topk_idx, const ep
   const int ranks = shape.num_ranks;
   ep::DispatchLayout layout;
   layout.num_tokens_per_rank = allocate(ep::DType::i32, ranks);
-  if (ranks > kMaxRanksWithoutRdma)
+  if (ep::layout_has_node_counts(ranks))
     layout.num_tokens_per_rdma_rank = allocate(ep::DType::i32, shape.num_nodes());
   layout.num_tokens_per_expert = allocate(ep::DType::i32, shape.num_experts);
   layout.is_token_in_rank = allocate(ep::DType::boolean, tokens, ranks);
