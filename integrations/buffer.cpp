@@ -314,11 +314,18 @@ int64_t Buffer::rdma_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_byte
   return round_up_128(per_destination * static_cast<uint64_t>(remote));
 }
 
-DispatchLayout Buffer::get_dispatch_layout(const TensorRef& topk_idx, int num_experts) {
-  impl_->check_usable("get_dispatch_layout");
+DispatchLayout Buffer::get_dispatch_layout(
+    const TensorRef& topk_idx, int num_experts,
+    std::shared_ptr<gpu_side::device::DeviceEvent> previous_event) {
+  constexpr const char* kCall = "get_dispatch_layout";
+  impl_->check_usable(kCall);
   auto shape = impl_->mode.shape_for(num_experts);
-  if (topk_idx.device == ep::Device::cuda) {
-    impl_->device("get_dispatch_layout");
+  const bool on_device = topk_idx.device == ep::Device::cuda;
+  integrations::require_event_on_device(kCall, on_device, previous_event);
+  if (on_device) {
+    const auto& device = impl_->device(kCall);
+    if (previous_event)
+      device->wait_event(previous_event, std::chrono::milliseconds(params::ep_timeout_ms.get()));
     return impl_->device_backend->layout(topk_idx, shape);
   }
   ep::validate_topk_idx(topk_idx, shape, "get_dispatch_layout");
@@ -336,6 +343,7 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
                    {"num_tokens_per_expert", args.num_tokens_per_expert},
                    {"topk_idx", args.topk_idx},
                    {"topk_weights", args.topk_weights}});
+  integrations::require_event_on_device("dispatch", on_device, args.previous_event);
   if (!on_device) return impl_->mode.dispatch(args);
   return integrations::dispatch_on_device(
       impl_->device("dispatch"), impl_->stream, args,
@@ -349,6 +357,7 @@ CombineResult Buffer::combine(const CombineArgs& args) {
                                                   {"topk_weights", args.topk_weights},
                                                   {"bias0", args.bias0},
                                                   {"bias1", args.bias1}});
+  integrations::require_event_on_device("combine", on_device, args.previous_event);
   if (!on_device) return impl_->mode.combine(args);
   return integrations::combine_on_device(
       impl_->device("combine"), impl_->stream, args,
@@ -380,6 +389,7 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
               {"topk_idx", args.topk_idx},
               {"cumulative_local_expert_recv_stats", args.cumulative_local_expert_recv_stats},
               {"dispatch_wait_recv_cost_stats", args.dispatch_wait_recv_cost_stats}});
+  integrations::require_event_on_device(kCall, on_device, args.previous_event);
   if (!on_device) return impl_->low_latency.dispatch(args);
   return integrations::ll_dispatch_on_device(
       impl_->device(kCall), impl_->stream, args,
@@ -397,6 +407,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
               {"topk_weights", args.topk_weights},
               {"out", args.out},
               {"combine_wait_recv_cost_stats", args.combine_wait_recv_cost_stats}});
+  integrations::require_event_on_device(kCall, on_device, args.previous_event);
   if (args.zero_copy && args.handle != nullptr) {
     const bool buffer_on_device = args.handle->device == ep::Device::cuda;
     require(buffer_on_device == on_device, kCall,

@@ -127,8 +127,8 @@ struct BufferOptions {
   // CudaDevice on a GPU, a SimulatedDevice in tests. Without one, calls take host tensors only.
   // Calls with device tensors stage through host memory (device_calls.hpp for normal mode,
   // device_ll_calls.hpp for low-latency calls); get_dispatch_layout runs on the device. The
-  // device's stream runs after nothing of the caller's: finish writing a call's inputs (wait
-  // for the stream that made them) before the call.
+  // device's stream is the Buffer's own: a call's `previous_event` orders it after the work
+  // that made the inputs (else they must be complete before the call).
   std::shared_ptr<gpu_side::device::DeviceRuntime> device;
 };
 
@@ -161,6 +161,11 @@ struct DispatchArgs {
   // on the Buffer's communication thread; DispatchResult::event joins it. x and the other inputs
   // are read until then: keep them alive and unchanged.
   bool async_finish = false;
+  // With device tensors (DeepEP's previous_event): the Buffer's device stream reads the inputs
+  // after this point of the caller's stream (DeviceRuntime::record, or CudaDevice::record_on for
+  // a stream of the caller's). Without one, the inputs must be complete before the call.
+  // Refused for host tensors.
+  std::shared_ptr<gpu_side::device::DeviceEvent> previous_event;
 };
 
 struct DispatchResult {
@@ -183,6 +188,7 @@ struct CombineArgs {
   // Buffer's communication thread; CombineResult::event joins it. The inputs and the handle's
   // tensors are read until then.
   bool async_finish = false;
+  std::shared_ptr<gpu_side::device::DeviceEvent> previous_event;  // as in DispatchArgs
 };
 
 struct CombineResult {
@@ -218,7 +224,10 @@ class Buffer {
   static int64_t rdma_bytes_hint(int64_t max_tokens_per_rank, int64_t hidden_bytes, int num_topk,
                                  int num_ranks, int ranks_per_node);
 
-  DispatchLayout get_dispatch_layout(const TensorRef& topk_idx, int num_experts);
+  // `previous_event`: with a device topk_idx, as in DispatchArgs.
+  DispatchLayout get_dispatch_layout(
+      const TensorRef& topk_idx, int num_experts,
+      std::shared_ptr<gpu_side::device::DeviceEvent> previous_event = nullptr);
   DispatchResult dispatch(const DispatchArgs& args);
   CombineResult combine(const CombineArgs& args);
 

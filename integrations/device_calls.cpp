@@ -24,10 +24,18 @@ bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor
   return first != nullptr && first->tensor.device == ep::Device::cuda;
 }
 
+void require_event_on_device(std::string_view phase, bool on_device,
+                             const std::shared_ptr<gpu_side::device::DeviceEvent>& event) {
+  require(event == nullptr || on_device, phase,
+          "previous_event orders the Buffer's device stream, but this call's tensors are in host "
+          "memory (pass no event, or device tensors)");
+}
+
 DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                                   CommStream& stream, const DispatchArgs& args,
                                   const HostDispatch& host_call) {
   auto staging = std::make_shared<DeviceStaging>(device, "dispatch");
+  staging->order_after(args.previous_event);
   DispatchArgs host = args;
   host.x = staging->to_host(args.x);
   host.x_scales = staging->to_host(args.x_scales);
@@ -58,6 +66,7 @@ CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRu
                                 CommStream& stream, const CombineArgs& args,
                                 const HostCombine& host_call) {
   auto staging = std::make_shared<DeviceStaging>(device, "combine");
+  staging->order_after(args.previous_event);
   CombineArgs host = args;
   host.x = staging->to_host(args.x);
   host.topk_weights = staging->to_host(args.topk_weights);

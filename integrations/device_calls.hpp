@@ -36,6 +36,11 @@ struct NamedTensor {
 // memory (or none is defined). Throws proxyep::Error(phase) naming the first that disagrees.
 bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor> tensors);
 
+// A previous_event orders device work: refused (before anything is sent) for a call whose
+// tensors are in host memory.
+void require_event_on_device(std::string_view phase, bool on_device,
+                             const std::shared_ptr<gpu_side::device::DeviceEvent>& event);
+
 using HostDispatch = std::function<DispatchResult(const DispatchArgs&)>;
 using HostCombine = std::function<CombineResult(const CombineArgs&)>;
 

@@ -15,6 +15,7 @@ LowLatencyDispatchResult ll_dispatch_on_device(
     const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, CommStream& stream,
     const LowLatencyDispatchArgs& args, const HostLlDispatch& host_call) {
   auto staging = std::make_shared<DeviceStaging>(device, "low_latency_dispatch");
+  staging->order_after(args.previous_event);
   LowLatencyDispatchArgs host = args;
   host.x = staging->to_host(args.x);
   host.topk_idx = staging->to_host(args.topk_idx);
@@ -41,6 +42,7 @@ LowLatencyCombineResult ll_combine_on_device(
     const LowLatencyCombineArgs& args, const ep::Tensor& device_combine_buffer,
     ep::Tensor host_combine_buffer, const HostLlCombine& host_call) {
   auto staging = std::make_shared<DeviceStaging>(device, "low_latency_combine");
+  staging->order_after(args.previous_event);
   LowLatencyCombineArgs host = args;
   if (args.zero_copy) {
     require(device_combine_buffer.defined() &&

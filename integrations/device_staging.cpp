@@ -27,6 +27,10 @@ DeviceStaging::DeviceStaging(std::shared_ptr<gpu_side::device::DeviceRuntime> de
                              std::string_view phase)
     : device_(std::move(device)), phase_(phase) {}
 
+void DeviceStaging::order_after(const std::shared_ptr<gpu_side::device::DeviceEvent>& event) {
+  if (event) device_->wait_event(event, std::chrono::milliseconds(params::ep_timeout_ms.get()));
+}
+
 ep::TensorRef DeviceStaging::host_view(const ep::TensorRef& t, bool zeroed) {
   if (!t.defined()) return t;
   const int64_t elements = extent(t, phase_);

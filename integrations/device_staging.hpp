@@ -21,6 +21,10 @@ class DeviceStaging {
  public:
   DeviceStaging(std::shared_ptr<gpu_side::device::DeviceRuntime> device, std::string_view phase);
 
+  // Makes the copies queued from here on wait for `event` (none: no wait), the caller's
+  // previous_event.
+  void order_after(const std::shared_ptr<gpu_side::device::DeviceEvent>& event);
+
   // A host view of device tensor `t` with its shape and strides, filled by the next wait().
   // Copies the span the strides cover (column-major scales included); undefined stays undefined.
   gpu_side::ep::TensorRef to_host(const gpu_side::ep::TensorRef& t);

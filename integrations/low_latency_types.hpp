@@ -19,6 +19,10 @@
 
 namespace proxyep {
 
+namespace gpu_side::device {
+class DeviceEvent;  // gpu_side/device/device_runtime.hpp
+}
+
 namespace integrations::low_latency {
 struct CallState;  // what a call in flight keeps (low_latency/ll_call.hpp)
 }
@@ -82,6 +86,10 @@ struct LowLatencyDispatchArgs {
   bool use_ue8m0 = false;         // scales as exponent bytes, four per int32 (needs round_scale)
   bool async_finish = false;      // send and receive in the background; `event` joins them
   bool return_recv_hook = false;  // send in the background, receive in `hook`
+  // With device tensors: the Buffer's device stream reads the inputs after this point of the
+  // caller's stream (DeviceRuntime::record; CudaDevice::record_on for a stream of the caller's).
+  // DeepEP's LL calls run on the caller's stream; this Buffer's device work runs on its own.
+  std::shared_ptr<gpu_side::device::DeviceEvent> previous_event;
 };
 
 struct LowLatencyDispatchResult {
@@ -106,6 +114,7 @@ struct LowLatencyCombineArgs {
   bool return_recv_hook = false;
   gpu_side::ep::TensorRef out;  // bf16 [T', H], written in place when given
   gpu_side::ep::TensorRef combine_wait_recv_cost_stats;  // i64 [R], += ns waited per source
+  std::shared_ptr<gpu_side::device::DeviceEvent> previous_event;  // as in the dispatch's args
 };
 
 struct LowLatencyCombineResult {

@@ -15,6 +15,24 @@ namespace {
 
 constexpr const char* kPhase = "cuda device";
 
+// A cudaEvent_t (timing off: the cheapest kind) and the device it was recorded on.
+class CudaEvent final : public device::DeviceEvent {
+ public:
+  explicit CudaEvent(int ordinal) : ordinal_(ordinal) {
+    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), kPhase,
+               "cudaEventCreateWithFlags");
+  }
+  ~CudaEvent() override { (void)cudaEventDestroy(event_); }
+  CudaEvent(const CudaEvent&) = delete;
+  CudaEvent& operator=(const CudaEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+  int ordinal() const { return ordinal_; }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+  int ordinal_;
+};
+
 }  // namespace
 
 struct CudaDevice::State {
@@ -118,6 +136,29 @@ void CudaDevice::dispatch_chunk(const ep::ChunkParams& params) {
 void CudaDevice::combine(const ep::CombineParams& params) {
   state_->select();
   check_cuda(launch_combine(params, state_->stream), kPhase, "combine launch");
+}
+
+std::shared_ptr<device::DeviceEvent> CudaDevice::record() {
+  return record_on(state_->stream);
+}
+
+std::shared_ptr<device::DeviceEvent> CudaDevice::record_on(void* caller_stream) {
+  state_->select();
+  auto event = std::make_shared<CudaEvent>(state_->ordinal);
+  check_cuda(cudaEventRecord(event->get(), static_cast<cudaStream_t>(caller_stream)), kPhase,
+             "cudaEventRecord");
+  return event;
+}
+
+void CudaDevice::wait_event(const std::shared_ptr<device::DeviceEvent>& event,
+                            std::chrono::milliseconds) {
+  auto cuda = std::dynamic_pointer_cast<CudaEvent>(event);
+  require(cuda != nullptr && cuda->ordinal() == state_->ordinal, kPhase,
+          "wait_event: the event was not recorded on CUDA device {}", state_->ordinal);
+  state_->select();
+  // The stream holds its own reference to the event's work: destroying the event after this
+  // call is allowed (cudaEventDestroy defers until the recorded work completes).
+  check_cuda(cudaStreamWaitEvent(state_->stream, cuda->get(), 0), kPhase, "cudaStreamWaitEvent");
 }
 
 void CudaDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {

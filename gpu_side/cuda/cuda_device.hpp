@@ -33,6 +33,13 @@ class CudaDevice final : public device::DeviceRuntime {
   void dispatch_rows(const ep::DispatchParams& params) override;
   void dispatch_chunk(const ep::ChunkParams& params) override;
   void combine(const ep::CombineParams& params) override;
+  std::shared_ptr<device::DeviceEvent> record() override;
+  void wait_event(const std::shared_ptr<device::DeviceEvent>& event,
+                  std::chrono::milliseconds timeout) override;
+  // An event at the current end of a stream of the caller's on this device (a cudaStream_t,
+  // e.g. torch.cuda.current_stream().cuda_stream; nullptr is the legacy default stream): what
+  // a call's previous_event is made from.
+  std::shared_ptr<device::DeviceEvent> record_on(void* caller_stream);
   void synchronize(std::string_view phase, std::chrono::milliseconds timeout) override;
 
  private:

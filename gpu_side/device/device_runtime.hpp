@@ -28,6 +28,13 @@
 
 namespace proxyep::gpu_side::device {
 
+// A point in one stream's work (a cudaEvent_t), from DeviceRuntime::record(). Opaque: only a
+// runtime of the same kind and device can wait for it.
+class DeviceEvent {
+ public:
+  virtual ~DeviceEvent() = default;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -55,6 +62,16 @@ class DeviceRuntime {
   virtual void dispatch_rows(const ep::DispatchParams& params) = 0;
   virtual void dispatch_chunk(const ep::ChunkParams& params) = 0;
   virtual void combine(const ep::CombineParams& params) = 0;
+
+  // Events order two streams of one device (the caller's compute stream and a Buffer's, as
+  // DeepEP's previous_event does). record() marks the point after everything queued so far;
+  // wait_event() makes this stream's later operations run after `event`'s point, which another
+  // runtime on the same device recorded. The wait is queued, not performed: a point never
+  // reached (a stream that stalled) fails this stream within `timeout` where the runtime can
+  // bound it (the simulated device), else at synchronize()'s deadline (CUDA).
+  virtual std::shared_ptr<DeviceEvent> record() = 0;
+  virtual void wait_event(const std::shared_ptr<DeviceEvent>& event,
+                          std::chrono::milliseconds timeout) = 0;
 
   // Waits until everything queued has run, for at most `timeout`; throws proxyep::Error(phase)
   // for a failed operation (then the runtime is unusable, as a CUDA context is after a fault)

@@ -40,27 +40,12 @@ uint64_t page_rounded(uint64_t bytes) {
 
 }  // namespace
 
-struct SimulatedDevice::Core {
-  struct Op {
-    std::string name;
-    std::function<void()> body;
-    bool release = false;  // frees memory: runs even after a failure
-  };
-
-  SimulatedDeviceOptions options;
+// What the streams of one simulated device share: its memory and what the device can reach.
+struct SimulatedDevice::Memory {
   std::optional<ThreadAccessKey> key;
-
   mutable std::mutex mutex;
-  std::condition_variable wake, idle;
   std::map<uintptr_t, Range> ranges;  // reachable memory, by start address
   uint64_t device_bytes = 0;
-  std::deque<Op> queue;
-  bool busy = false;      // the worker is running an operation
-  bool flushing = false;  // deferred mode: synchronize() asked the worker to run the queue
-  bool stopping = false, stopped = false;
-  std::optional<std::string> failure;  // sticky, like a CUDA context's
-  uint64_t ops_run = 0;
-  std::thread worker;
 
   // Whether [p, p + bytes) lies inside one reachable range. Locks.
   bool reachable(const void* p, uint64_t bytes) const {
@@ -72,6 +57,38 @@ struct SimulatedDevice::Core {
     --it;
     return address - it->first + bytes <= it->second.bytes;
   }
+};
+
+// An event: reached when the stream that recorded it ran everything queued before it.
+struct SimulatedDevice::Event final : DeviceEvent {
+  const Memory* device = nullptr;  // events order the streams of one device
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool reached = false;
+};
+
+// One stream: its queue and the worker thread that runs it.
+struct SimulatedDevice::Core {
+  struct Op {
+    std::string name;
+    std::function<void()> body;
+    bool release = false;  // frees memory: runs even after a failure
+  };
+
+  SimulatedDeviceOptions options;
+  std::shared_ptr<Memory> memory;
+
+  mutable std::mutex mutex;
+  std::condition_variable wake, idle;
+  std::deque<Op> queue;
+  bool busy = false;      // the worker is running an operation
+  bool flushing = false;  // deferred mode: synchronize() asked the worker to run the queue
+  bool stopping = false, stopped = false;
+  std::optional<std::string> failure;  // sticky, like a CUDA context's
+  uint64_t ops_run = 0;
+  std::thread worker;
+
+  bool reachable(const void* p, uint64_t bytes) const { return memory->reachable(p, bytes); }
 
   void require_reachable(std::string_view op, std::string_view what, const void* p,
                          uint64_t bytes) const {
@@ -90,7 +107,7 @@ struct SimulatedDevice::Core {
   }
 
   void run() {
-    if (key) key->allow_this_thread();
+    if (memory->key) memory->key->allow_this_thread();
     std::unique_lock lock(mutex);
     while (true) {
       wake.wait(lock, [&] {
@@ -108,6 +125,8 @@ struct SimulatedDevice::Core {
       }
       busy = true;
       lock.unlock();
+      if (options.operation_delay.count() > 0 && !op.release)
+        std::this_thread::sleep_for(options.operation_delay);
       std::optional<std::string> error;
       try {
         op.body();
@@ -134,37 +153,52 @@ struct SimulatedDevice::Core {
 
   // An allocation's last owner is gone: unreachable at once (so an operation queued after this
   // point is refused, as a use after cudaFreeAsync would be wrong), unmapped in stream order.
-  void release(std::byte* memory, uint64_t mapped) {
+  void release(std::byte* mapping, uint64_t mapped) {
+    {
+      std::lock_guard lock(memory->mutex);
+      memory->ranges.erase(reinterpret_cast<uintptr_t>(mapping));
+    }
+    auto unmap = [shared = memory, mapping, mapped] {
+      ::munmap(mapping, mapped);
+      std::lock_guard inner(shared->mutex);
+      shared->device_bytes -= mapped;
+    };
     std::unique_lock lock(mutex);
-    ranges.erase(reinterpret_cast<uintptr_t>(memory));
     if (stopped) {
-      device_bytes -= mapped;
       lock.unlock();
-      ::munmap(memory, mapped);
+      unmap();
       return;
     }
-    queue.push_back({"release",
-                     [this, memory, mapped] {
-                       ::munmap(memory, mapped);
-                       std::lock_guard inner(mutex);
-                       device_bytes -= mapped;
-                     },
-                     true});
+    queue.push_back({"release", std::move(unmap), true});
     lock.unlock();
     wake.notify_one();
   }
 };
 
-SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options) : core_(std::make_shared<Core>()) {
-  core_->options = options;
+SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options)
+    : SimulatedDevice(std::make_shared<Memory>(), options) {
   if (options.protect_device_memory) {
-    core_->key = ThreadAccessKey::allocate();
-    if (!core_->key)
+    core_->memory->key = ThreadAccessKey::allocate();
+    if (!core_->memory->key)
       log::info(
           "simulated device: no memory protection keys here; device memory is readable by "
           "every thread");
   }
   core_->worker = std::thread([core = core_.get()] { core->run(); });
+}
+
+SimulatedDevice::SimulatedDevice(std::shared_ptr<Memory> memory, SimulatedDeviceOptions options)
+    : core_(std::make_shared<Core>()) {
+  core_->options = options;
+  core_->memory = std::move(memory);
+}
+
+std::shared_ptr<SimulatedDevice> SimulatedDevice::another_stream(
+    SimulatedDeviceOptions options) const {
+  // Not make_shared: the constructor that shares the memory is private.
+  std::shared_ptr<SimulatedDevice> stream(new SimulatedDevice(core_->memory, options));
+  stream->core_->worker = std::thread([core = stream->core_.get()] { core->run(); });
+  return stream;
 }
 
 SimulatedDevice::~SimulatedDevice() {
@@ -180,12 +214,12 @@ SimulatedDevice::~SimulatedDevice() {
 }
 
 bool SimulatedDevice::device_memory_protected() const {
-  return core_->key.has_value();
+  return core_->memory->key.has_value();
 }
 
 uint64_t SimulatedDevice::device_bytes_in_use() const {
-  std::lock_guard lock(core_->mutex);
-  return core_->device_bytes;
+  std::lock_guard lock(core_->memory->mutex);
+  return core_->memory->device_bytes;
 }
 
 uint64_t SimulatedDevice::operations_run() const {
@@ -199,15 +233,16 @@ std::shared_ptr<std::byte[]> SimulatedDevice::allocate(uint64_t bytes) {
       ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   require(memory != MAP_FAILED, kPhase, "allocate: {} bytes of device memory: {}", bytes,
           std::strerror(errno));
-  if (core_->key && !core_->key->tag(memory, mapped)) {
+  Memory& shared = *core_->memory;
+  if (shared.key && !shared.key->tag(memory, mapped)) {
     ::munmap(memory, mapped);
     fail(std::string(kPhase), "allocate: tagging {} bytes with the protection key failed: {}",
          mapped, std::strerror(errno));
   }
   {
-    std::lock_guard lock(core_->mutex);
-    core_->ranges[reinterpret_cast<uintptr_t>(memory)] = {mapped, true};
-    core_->device_bytes += mapped;
+    std::lock_guard lock(shared.mutex);
+    shared.ranges[reinterpret_cast<uintptr_t>(memory)] = {mapped, true};
+    shared.device_bytes += mapped;
   }
   return std::shared_ptr<std::byte[]>(
       static_cast<std::byte*>(memory),
@@ -216,24 +251,26 @@ std::shared_ptr<std::byte[]> SimulatedDevice::allocate(uint64_t bytes) {
 
 void* SimulatedDevice::register_host(void* host, uint64_t bytes) {
   require(host != nullptr && bytes > 0, kPhase, "register_host: no memory given");
-  std::lock_guard lock(core_->mutex);
+  Memory& shared = *core_->memory;
+  std::lock_guard lock(shared.mutex);
   const auto start = reinterpret_cast<uintptr_t>(host);
-  auto next = core_->ranges.lower_bound(start);
-  const bool overlaps_next = next != core_->ranges.end() && next->first < start + bytes;
-  const bool overlaps_previous = next != core_->ranges.begin() &&
+  auto next = shared.ranges.lower_bound(start);
+  const bool overlaps_next = next != shared.ranges.end() && next->first < start + bytes;
+  const bool overlaps_previous = next != shared.ranges.begin() &&
                                  std::prev(next)->first + std::prev(next)->second.bytes > start;
   require(!overlaps_next && !overlaps_previous, kPhase,
           "register_host: {} ({} bytes) overlaps memory the device already reaches", host, bytes);
-  core_->ranges[start] = {bytes, false};
+  shared.ranges[start] = {bytes, false};
   return host;
 }
 
 void SimulatedDevice::unregister_host(void* host) {
-  std::lock_guard lock(core_->mutex);
-  auto it = core_->ranges.find(reinterpret_cast<uintptr_t>(host));
-  require(it != core_->ranges.end() && !it->second.device, kPhase,
+  Memory& shared = *core_->memory;
+  std::lock_guard lock(shared.mutex);
+  auto it = shared.ranges.find(reinterpret_cast<uintptr_t>(host));
+  require(it != shared.ranges.end() && !it->second.device, kPhase,
           "unregister_host: {} was not registered", host);
-  core_->ranges.erase(it);
+  shared.ranges.erase(it);
 }
 
 void SimulatedDevice::copy(void* to, const void* from, uint64_t bytes) {
@@ -386,6 +423,31 @@ void SimulatedDevice::combine(const ep::CombineParams& p) {
       }
       ep::combine_token(in, t, ep::HostLanes{});
     }
+  });
+}
+
+std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
+  auto event = std::make_shared<Event>();
+  event->device = core_->memory.get();
+  core_->enqueue("record", [event] {
+    {
+      std::lock_guard lock(event->mutex);
+      event->reached = true;
+    }
+    event->changed.notify_all();
+  });
+  return event;
+}
+
+void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
+                                 std::chrono::milliseconds timeout) {
+  auto simulated = std::dynamic_pointer_cast<Event>(event);
+  require(simulated != nullptr && simulated->device == core_->memory.get(), kPhase,
+          "wait_event: the event was not recorded on a stream of this device");
+  core_->enqueue("wait_event", [simulated, timeout] {
+    std::unique_lock lock(simulated->mutex);
+    require(simulated->changed.wait_for(lock, timeout, [&] { return simulated->reached; }), kPhase,
+            "wait_event: the event was not reached within {} ms", timeout.count());
   });
 }
 

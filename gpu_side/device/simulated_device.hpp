@@ -10,7 +10,8 @@
 //   points to (sink arrays, combine's per-rank rows), must lie in device memory or registered
 //   host memory, for the whole extent the operation touches. A plain host pointer handed to a
 //   kernel is refused naming the operation and the argument.
-// - The stream is asynchronous: one worker thread runs the queued operations in order. With
+// - The stream is asynchronous: one worker thread runs the queued operations in order;
+//   another_stream() gives a second stream of the same device, ordered only through events. With
 //   defer_until_synchronize nothing runs until synchronize() is called, so a host that reads a
 //   result (in registered host memory) before waiting reads stale bytes and its test fails.
 // - Kernels are the CPU twins of the CUDA kernels: the same per-row and per-token rules
@@ -19,13 +20,18 @@
 
 #include "gpu_side/device/device_runtime.hpp"
 
+#include <chrono>
 #include <memory>
 
 namespace proxyep::gpu_side::device {
 
 struct SimulatedDeviceOptions {
+  // An event recorded on a deferred stream is reached only when that stream is synchronized.
   bool defer_until_synchronize = false;
   bool protect_device_memory = true;  // where the CPU and kernel have protection keys
+  // Each operation starts this late: a slow stream, so that work another stream does not wait
+  // for (with wait_event) visibly races it.
+  std::chrono::milliseconds operation_delay{0};
 };
 
 class SimulatedDevice final : public DeviceRuntime {
@@ -36,6 +42,11 @@ class SimulatedDevice final : public DeviceRuntime {
   ~SimulatedDevice() override;
   SimulatedDevice(const SimulatedDevice&) = delete;
   SimulatedDevice& operator=(const SimulatedDevice&) = delete;
+
+  // Another stream of this device, as a second cudaStream_t: the same memory (its thread may
+  // touch it too; device_bytes_in_use counts both), its own queue, ordered with this one only
+  // through events (record / wait_event).
+  std::shared_ptr<SimulatedDevice> another_stream(SimulatedDeviceOptions options = {}) const;
 
   bool device_memory_protected() const;
   uint64_t device_bytes_in_use() const;  // allocated and not yet released
@@ -51,11 +62,17 @@ class SimulatedDevice final : public DeviceRuntime {
   void dispatch_rows(const ep::DispatchParams& params) override;
   void dispatch_chunk(const ep::ChunkParams& params) override;
   void combine(const ep::CombineParams& params) override;
+  std::shared_ptr<DeviceEvent> record() override;
+  void wait_event(const std::shared_ptr<DeviceEvent>& event,
+                  std::chrono::milliseconds timeout) override;
   void synchronize(std::string_view phase, std::chrono::milliseconds timeout) override;
 
-  struct Core;  // shared with allocations, which may outlive the device
+  struct Core;    // one stream; shared with allocations, which may outlive the device
+  struct Memory;  // what the streams of a device share
+  struct Event;
 
  private:
+  SimulatedDevice(std::shared_ptr<Memory> memory, SimulatedDeviceOptions options);
   std::shared_ptr<Core> core_;
 };
 

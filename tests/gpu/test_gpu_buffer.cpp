@@ -15,8 +15,10 @@ using namespace proxyep;
 
 namespace {
 
-std::shared_ptr<gpu_side::device::DeviceRuntime> cuda_device(int) {
-  return std::make_shared<gpu_side::cuda::CudaDevice>(0);
+// The Buffer's stream and the caller's: two streams of device 0.
+integrations::testing::RankDevice cuda_device(int) {
+  return {std::make_shared<gpu_side::cuda::CudaDevice>(0),
+          std::make_shared<gpu_side::cuda::CudaDevice>(0)};
 }
 
 }  // namespace

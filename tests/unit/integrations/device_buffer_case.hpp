@@ -35,7 +35,9 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
                                    const DeviceFactory& make_device) {
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
-  std::shared_ptr<gpu_side::device::DeviceRuntime> device = make_device(me);
+  const RankDevice devices = make_device(me);
+  const std::shared_ptr<gpu_side::device::DeviceRuntime>& device = devices.buffer;
+  gpu_side::device::DeviceRuntime& caller = *devices.caller;
   BufferOptions o;
   o.ranks_per_node = per_node;
   o.num_nvl_bytes = Buffer::nvl_bytes_hint(kTokens, kHidden * 2, 3, kRanks);
@@ -66,7 +68,10 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
 
   const ep::Tensor x = upload(*device, mine.x), topk_idx = upload(*device, mine.topk_idx),
                    topk_weights = upload(*device, mine.topk_weights);
-  const DispatchLayout layout = buffer.get_dispatch_layout(topk_idx, w.shape.num_experts);
+  // topk_idx and x as the caller's stream makes them, which the Buffer's stream must wait for.
+  const ep::Tensor topk_idx_late = produce_on(caller, mine.topk_idx);
+  const DispatchLayout layout =
+      buffer.get_dispatch_layout(topk_idx_late, w.shape.num_experts, caller.record());
   const DispatchLayout host_layout = ep::compute_dispatch_layout(mine.topk_idx, w.shape);
   require_equal(*device, layout.is_token_in_rank, host_layout.is_token_in_rank, kTokens,
                 "is_token_in_rank");
@@ -75,28 +80,36 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
 
   // A call mixing host and device tensors is refused on this rank before anything is sent (every
   // rank makes the same mistake, so no peer waits), and the Buffer stays usable.
-  std::string mixed;
-  try {
+  require_mentions(error_of([&] {
+                     buffer.dispatch({.x = mine.x,
+                                      .num_tokens_per_rank = layout.num_tokens_per_rank,
+                                      .is_token_in_rank = layout.is_token_in_rank,
+                                      .num_tokens_per_expert = layout.num_tokens_per_expert,
+                                      .topk_idx = topk_idx,
+                                      .topk_weights = topk_weights});
+                   }),
+                   "num_tokens_per_rank is in device memory but x is in host memory");
+  // So is a previous_event with host tensors: it orders device work.
+  const std::string host_event = error_of([&] {
     buffer.dispatch({.x = mine.x,
-                     .num_tokens_per_rank = layout.num_tokens_per_rank,
-                     .is_token_in_rank = layout.is_token_in_rank,
-                     .num_tokens_per_expert = layout.num_tokens_per_expert,
-                     .topk_idx = topk_idx,
-                     .topk_weights = topk_weights});
-  } catch (const Error& e) {
-    mixed = e.what();
-  }
-  require(mixed.find("num_tokens_per_rank is in device memory but x is in host memory") !=
-              std::string::npos,
-          "test", "mixed call: {}", mixed);
+                     .num_tokens_per_rank = host_layout.num_tokens_per_rank,
+                     .is_token_in_rank = host_layout.is_token_in_rank,
+                     .num_tokens_per_expert = host_layout.num_tokens_per_expert,
+                     .topk_idx = mine.topk_idx,
+                     .topk_weights = mine.topk_weights,
+                     .previous_event = caller.record()});
+  });
+  require_mentions(host_event, "previous_event orders the Buffer's device stream");
 
-  DispatchResult d = buffer.dispatch({.x = x,
+  const ep::Tensor x_late = produce_on(caller, mine.x);
+  DispatchResult d = buffer.dispatch({.x = x_late,
                                       .num_tokens_per_rank = layout.num_tokens_per_rank,
                                       .is_token_in_rank = layout.is_token_in_rank,
                                       .num_tokens_per_expert = layout.num_tokens_per_expert,
                                       .topk_idx = topk_idx,
                                       .topk_weights = topk_weights,
-                                      .async_finish = true});
+                                      .async_finish = true,
+                                      .previous_event = caller.record()});
   d.event.wait();
   require(d.handle.num_recv_tokens == recv, "test", "received {} rows, reference {}",
           d.handle.num_recv_tokens, recv);
@@ -127,6 +140,7 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   if (per_node == 1)
     require(buffer.stats().reordered_completions.has_value(), "test",
             "the fabric path ran without the reorder shim");
+  caller.synchronize("test caller stream", kWait);
   buffer.destroy();
 }
 

@@ -17,27 +17,13 @@
 
 namespace proxyep::integrations::testing::ll {
 
-// The message of the proxyep::Error `call` throws ("" when it does not).
-template <typename Call>
-std::string error_of(Call&& call) {
-  try {
-    call();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-inline void require_mentions(const std::string& error, const std::string& words) {
-  require(error.find(words) != std::string::npos, "test", "expected an error saying '{}'; got '{}'",
-          words, error);
-}
-
 inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options,
                                const DeviceFactory& make_device) {
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
-  std::shared_ptr<gpu_side::device::DeviceRuntime> device = make_device(me);
+  const RankDevice devices = make_device(me);
+  const std::shared_ptr<gpu_side::device::DeviceRuntime>& device = devices.buffer;
+  gpu_side::device::DeviceRuntime& caller = *devices.caller;
   gpu_side::device::DeviceRuntime& dev = *device;
   BufferOptions o;
   o.low_latency_mode = true;
@@ -72,7 +58,10 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
       require_mentions(error_of([&] { buffer.low_latency_dispatch(mixed); }),
                        "topk_idx is in device memory but x is in host memory");
     }
-    LowLatencyDispatchArgs hooked = args(xa, ia), async = args(xb, ib);
+    // The hooked dispatch's x as the caller's stream makes it, waited for through previous_event.
+    const ep::Tensor xa_late = produce_on(caller, a[me].x);
+    LowLatencyDispatchArgs hooked = args(xa_late, ia), async = args(xb, ib);
+    hooked.previous_event = caller.record();
     hooked.return_recv_hook = true;
     async.async_finish = true;
     LowLatencyDispatchResult da = buffer.low_latency_dispatch(hooked);
@@ -136,6 +125,7 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
   const ep::Tensor masked = download(dev, mask, "mask_status");
   for (int r = 0; r < kRanks; ++r)
     require(masked.data<int32_t>()[r] == 0, "test", "rank {} reads as masked", r);
+  caller.synchronize("test caller stream", kWait);
   if (per_node == 1)
     require(buffer.stats().reordered_completions.has_value(), "test",
             "the fabric path ran without the reorder shim");

@@ -17,8 +17,13 @@ namespace proxyep::integrations::testing {
 
 namespace ep = gpu_side::ep;
 
-// The device of rank `rank` of a test.
-using DeviceFactory = std::function<std::shared_ptr<gpu_side::device::DeviceRuntime>(int rank)>;
+// A rank's device: the stream its Buffer works on, and another stream of the same device standing
+// for the caller's compute stream, where a test makes some inputs (a slow one on the simulated
+// device, so that a call that does not wait for its previous_event reads stale inputs).
+struct RankDevice {
+  std::shared_ptr<gpu_side::device::DeviceRuntime> buffer, caller;
+};
+using DeviceFactory = std::function<RankDevice(int rank)>;
 
 inline constexpr auto kWait = std::chrono::seconds(20);
 
@@ -27,6 +32,15 @@ inline ep::Tensor upload(gpu_side::device::DeviceRuntime& device, const ep::Tens
                                   host.dims() == 1 ? -1 : host.cols(), ep::Device::cuda);
   device.copy(t.raw(), host.raw(), host.bytes());
   device.synchronize("test upload", kWait);
+  return t;
+}
+
+// `host`'s bytes in device memory as `stream` writes them, not waited for: the output of a kernel
+// of the caller's. `host` must stay alive until `stream` is synchronized.
+inline ep::Tensor produce_on(gpu_side::device::DeviceRuntime& stream, const ep::Tensor& host) {
+  ep::Tensor t = ep::Tensor::over(stream.allocate(host.bytes()), host.dtype(), host.rows(),
+                                  host.dims() == 1 ? -1 : host.cols(), ep::Device::cuda);
+  stream.copy(t.raw(), host.raw(), host.bytes());
   return t;
 }
 
@@ -46,6 +60,22 @@ inline void require_equal(gpu_side::device::DeviceRuntime& device, const ep::Ten
   const size_t bytes = static_cast<size_t>(rows) * want.bytes() / static_cast<size_t>(want.rows());
   require(host.rows() >= rows && std::memcmp(host.raw(), want.raw(), bytes) == 0, "test",
           "{} differs from the reference", what);
+}
+
+// The message of the proxyep::Error `call` throws ("" when it does not).
+template <typename Call>
+std::string error_of(Call&& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+inline void require_mentions(const std::string& error, const std::string& words) {
+  require(error.find(words) != std::string::npos, "test", "expected an error saying '{}'; got '{}'",
+          words, error);
 }
 
 }  // namespace proxyep::integrations::testing

@@ -13,9 +13,13 @@ using gpu_side::device::SimulatedDeviceOptions;
 
 namespace {
 
-std::shared_ptr<gpu_side::device::DeviceRuntime> simulated(int rank) {
-  return std::make_shared<SimulatedDevice>(
+// Rank 1's Buffer stream runs nothing until waited for; every caller stream is slow (20 ms per
+// operation), so an input read without waiting for its previous_event is stale.
+integrations::testing::RankDevice simulated(int rank) {
+  auto buffer = std::make_shared<SimulatedDevice>(
       SimulatedDeviceOptions{.defer_until_synchronize = rank == 1});
+  auto caller = buffer->another_stream({.operation_delay = std::chrono::milliseconds(20)});
+  return {buffer, caller};
 }
 
 }  // namespace

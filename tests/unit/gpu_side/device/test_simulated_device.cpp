@@ -221,3 +221,41 @@ TEST_CASE("simulated device: host code that touches device memory faults") {
   CHECK(WIFSIGNALED(status));
   if (WIFSIGNALED(status)) CHECK(WTERMSIG(status) == SIGSEGV);
 }
+
+TEST_CASE("simulated device: an event orders a second stream after a slow first one") {
+  SimulatedDevice dev;
+  // The caller's stream: each operation starts 30 ms late, so a stream that does not wait for
+  // its event reads the old bytes.
+  auto caller = dev.another_stream({.operation_delay = 30ms});
+  auto memory = caller->allocate(64);
+  dev.fill(memory.get(), 0, 64);
+  dev.synchronize("test", 5s);
+  std::array<uint8_t, 64> written{}, read{};
+  written.fill(7);
+  caller->copy(memory.get(), written.data(), written.size());
+  dev.wait_event(caller->record(), 5s);
+  dev.copy(read.data(), memory.get(), read.size());
+  dev.synchronize("test", 5s);
+  CHECK(read == written);
+  // One device: memory either stream allocated counts once, whichever stream frees it.
+  CHECK(dev.device_bytes_in_use() == caller->device_bytes_in_use());
+  caller->synchronize("test", 5s);
+}
+
+TEST_CASE("simulated device: an event never reached fails the waiting stream, naming it") {
+  SimulatedDevice dev;
+  auto stalled = dev.another_stream({.defer_until_synchronize = true});
+  stalled->fill(stalled->allocate(8).get(), 0, 8);
+  dev.wait_event(stalled->record(), 50ms);
+  const std::string error = error_of([&] { dev.synchronize("after the caller", 5s); });
+  CHECK(error.find("after the caller") != std::string::npos);
+  CHECK(error.find("wait_event: the event was not reached within 50 ms") != std::string::npos);
+  stalled->synchronize("test", 5s);
+}
+
+TEST_CASE("simulated device: an event of another device is refused") {
+  SimulatedDevice one, other;
+  const std::string error = error_of([&] { one.wait_event(other.record(), 1s); });
+  CHECK(error.find("the event was not recorded on a stream of this device") != std::string::npos);
+  other.synchronize("test", 5s);
+}
