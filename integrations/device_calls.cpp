@@ -46,20 +46,15 @@ DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::Device
   host.topk_idx = staging->to_host(args.topk_idx);
   host.topk_weights = staging->to_host(args.topk_weights);
   staging->wait();
-  const DispatchResult result = host_call(host);
-  DispatchResult on_device = result;
-  on_device.recv_x = staging->device_like(result.recv_x);
-  on_device.recv_x_scales = staging->device_like(result.recv_x_scales);
-  on_device.recv_topk_idx = staging->device_like(result.recv_topk_idx);
-  on_device.recv_topk_weights = staging->device_like(result.recv_topk_weights);
+  DispatchResult result = host_call(host);
   RecvHook no_hook;
-  finish_on_device(stream, staging,
-                   {{on_device.recv_x, result.recv_x},
-                    {on_device.recv_x_scales, result.recv_x_scales},
-                    {on_device.recv_topk_idx, result.recv_topk_idx},
-                    {on_device.recv_topk_weights, result.recv_topk_weights}},
-                   no_hook, on_device.event);
-  return on_device;
+  finish_on_device(
+      stream, staging,
+      {staging->move_to_device(result.recv_x), staging->move_to_device(result.recv_x_scales),
+       staging->move_to_device(result.recv_topk_idx),
+       staging->move_to_device(result.recv_topk_weights)},
+      no_hook, result.event);
+  return result;
 }
 
 CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
@@ -73,16 +68,13 @@ CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRu
   host.bias0 = staging->to_host(args.bias0);
   host.bias1 = staging->to_host(args.bias1);
   staging->wait();
-  const CombineResult result = host_call(host);
-  CombineResult on_device = result;
-  on_device.combined_x = staging->device_like(result.combined_x);
-  on_device.combined_topk_weights = staging->device_like(result.combined_topk_weights);
+  CombineResult result = host_call(host);
   RecvHook no_hook;
   finish_on_device(stream, staging,
-                   {{on_device.combined_x, result.combined_x},
-                    {on_device.combined_topk_weights, result.combined_topk_weights}},
-                   no_hook, on_device.event);
-  return on_device;
+                   {staging->move_to_device(result.combined_x),
+                    staging->move_to_device(result.combined_topk_weights)},
+                   no_hook, result.event);
+  return result;
 }
 
 }  // namespace proxyep::integrations

@@ -24,17 +24,13 @@ LowLatencyDispatchResult ll_dispatch_on_device(
   host.dispatch_wait_recv_cost_stats = staging->accumulate(args.dispatch_wait_recv_cost_stats);
   staging->wait();
   LowLatencyDispatchResult result = host_call(host);
-  LowLatencyDispatchResult on_device = result;
-  on_device.recv_x = staging->device_like(result.recv_x);
-  on_device.recv_x_scales = staging->device_like(result.recv_x_scales);
-  on_device.recv_count = staging->device_like(result.recv_count);
-  on_device.handle.device = ep::Device::cuda;
-  finish_on_device(stream, staging,
-                   {{on_device.recv_x, result.recv_x},
-                    {on_device.recv_x_scales, result.recv_x_scales},
-                    {on_device.recv_count, result.recv_count}},
-                   on_device.hook, on_device.event);
-  return on_device;
+  result.handle.device = ep::Device::cuda;
+  finish_on_device(
+      stream, staging,
+      {staging->move_to_device(result.recv_x), staging->move_to_device(result.recv_x_scales),
+       staging->move_to_device(result.recv_count)},
+      result.hook, result.event);
+  return result;
 }
 
 LowLatencyCombineResult ll_combine_on_device(
@@ -61,11 +57,9 @@ LowLatencyCombineResult ll_combine_on_device(
   host.combine_wait_recv_cost_stats = staging->accumulate(args.combine_wait_recv_cost_stats);
   staging->wait();
   LowLatencyCombineResult result = host_call(host);
-  LowLatencyCombineResult on_device = result;
-  on_device.combined_x = staging->device_like(result.combined_x);
-  finish_on_device(stream, staging, {{on_device.combined_x, result.combined_x}}, on_device.hook,
-                   on_device.event);
-  return on_device;
+  finish_on_device(stream, staging, {staging->move_to_device(result.combined_x)}, result.hook,
+                   result.event);
+  return result;
 }
 
 void ll_query_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,

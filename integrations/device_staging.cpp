@@ -108,10 +108,10 @@ void DeviceStaging::upload(ep::Tensor device, const ep::Tensor& host) {
   held_.push_back(host);
 }
 
-ep::Tensor DeviceStaging::to_device(const ep::Tensor& host) {
-  ep::Tensor t = device_like(host);
-  upload(t, host);
-  return t;
+StagedOutput DeviceStaging::move_to_device(ep::Tensor& output) {
+  StagedOutput staged{device_like(output), output};
+  output = staged.device;
+  return staged;
 }
 
 void DeviceStaging::wait() {

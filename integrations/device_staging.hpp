@@ -17,6 +17,11 @@
 
 namespace proxyep::integrations {
 
+// A device output (from device_like) and the host protocol's tensor that fills it.
+struct StagedOutput {
+  gpu_side::ep::Tensor device, host;
+};
+
 class DeviceStaging {
  public:
   DeviceStaging(std::shared_ptr<gpu_side::device::DeviceRuntime> device, std::string_view phase);
@@ -43,8 +48,9 @@ class DeviceStaging {
   // Queues the copy of `host` into `device` (both from device_like), holding `host` until the
   // staging goes.
   void upload(gpu_side::ep::Tensor device, const gpu_side::ep::Tensor& host);
-  // device_like(host) with `host`'s bytes after the next wait().
-  gpu_side::ep::Tensor to_device(const gpu_side::ep::Tensor& host);
+  // Replaces a host protocol's output with device_like(output) and returns the pair, for
+  // finish_on_device to fill.
+  StagedOutput move_to_device(gpu_side::ep::Tensor& output);
 
   // Waits (ep.timeout_ms) for every copy queued so far; throws proxyep::Error(phase).
   void wait();
@@ -60,11 +66,6 @@ class DeviceStaging {
     bool add;  // accumulate: add `host` to the device's values; else copy it over them
   };
   std::vector<WriteBack> write_backs_;
-};
-
-// A device output (from device_like) and the host protocol's tensor that fills it.
-struct StagedOutput {
-  gpu_side::ep::Tensor device, host;
 };
 
 // Fills `outputs` and writes the staging's in-place tensors back once the host call is complete:
