@@ -420,6 +420,9 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   if (!on_device) return impl_->low_latency.combine(args);
   ep::Tensor device_buffer, host_buffer;
   if (args.zero_copy) {
+    // (next_combine_buffer refuses a handle of another Buffer, as the host path does.)
+    require(args.handle != nullptr, kCall,
+            "the handle was not made by this Buffer's low_latency_dispatch");
     host_buffer = impl_->low_latency.next_combine_buffer(*args.handle);
     device_buffer = impl_->device_combine_buffer.get(*impl_->device(kCall), host_buffer);
   }

@@ -128,7 +128,11 @@ struct BufferOptions {
   // Calls with device tensors stage through host memory (device_calls.hpp for normal mode,
   // device_ll_calls.hpp for low-latency calls); get_dispatch_layout runs on the device. The
   // device's stream is the Buffer's own: a call's `previous_event` orders it after the work
-  // that made the inputs (else they must be complete before the call).
+  // that made the inputs (else they must be complete before the call). Outputs are complete
+  // when the call returns (or its event or hook completes) and are released on the Buffer's
+  // stream when their last handle goes, which orders the release after the Buffer's work only:
+  // drop them after the work of other streams that reads them has finished (as a CUDA caching
+  // allocator needs record_stream; DeepEP's allocate_on_comm_stream is that case).
   std::shared_ptr<gpu_side::device::DeviceRuntime> device;
 };
 
