@@ -7,6 +7,7 @@
 #include "control/daemon_handshake.hpp"
 #include "daemon/daemon_metrics.hpp"
 
+#include <malloc.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -144,13 +145,27 @@ void Daemon::tend_attached() {
     client->tick();
     running += client->running() ? 1 : 0;
   }
+  const size_t before = attached_.size();
   std::erase_if(attached_, [](const auto& client) { return client->done(); });
   stats_->clients_attached.store(running, std::memory_order_relaxed);
-  std::vector<ServedRanks::Entry> entries;
-  for (const auto& client : attached_)
-    if (client->running()) entries.push_back({client->served_shared(), client->peer().pid});
-  std::lock_guard lock(served_->mutex);
-  served_->entries.swap(entries);  // the old list goes when `entries` does, outside the lock
+  {
+    std::vector<ServedRanks::Entry> entries;
+    for (const auto& client : attached_)
+      if (client->running()) entries.push_back({client->served_shared(), client->peer().pid});
+    std::lock_guard lock(served_->mutex);
+    served_->entries.swap(entries);  // the old list goes when `entries` does, outside the lock
+  }
+  // After the old list: it may hold a departed client's last reference.
+  if (attached_.size() < before) return_freed_memory();
+}
+
+void Daemon::return_freed_memory() {
+  // A client's fabric (the provider's buffer pools) is tens of MiB of heap. glibc keeps what is
+  // freed unless it sits at the top of the heap, so without this a daemon serving clients for
+  // weeks would hold the high-water mark of all of them that ever overlapped. Once per departure.
+#ifdef __GLIBC__
+  ::malloc_trim(0);
+#endif
 }
 
 void Daemon::take_stop_requests(bool wake_ready, bool signal_ready) {

@@ -70,6 +70,7 @@ class Daemon {
                           const std::vector<fabric::Bytes>& group) const;
   // Turns of the loop for attached clients: setup progress, failures, the gauge.
   void tend_attached();
+  void return_freed_memory();
 
   DaemonOptions options_;
   std::shared_ptr<DaemonStats> stats_;  // shared with the metrics callback
