@@ -24,8 +24,8 @@ using namespace proxyep;
 
 int main(int argc, char** argv) {
   CLI::App app{
-      "proxyepd: the ProxyEP node daemon (this build: the control plane; serves status, "
-      "refuses attach)"};
+      "proxyepd: the ProxyEP node daemon (serves the proxy threads of the ranks that attach, "
+      "their status and metrics)"};
   std::string config_file;
   std::vector<std::string> overrides;
   std::optional<std::string> socket;
