@@ -14,6 +14,7 @@
 #include "integrations/comm_stream.hpp"
 #include "integrations/device_calls.hpp"
 #include "integrations/device_ll_calls.hpp"
+#include "integrations/device_regions.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
@@ -150,7 +151,11 @@ struct Buffer::Impl {
         buffer_id(new_buffer_id()),
         mode(*session, backend, calls, stream, buffer_id, landing),
         low_latency(*session, backend, calls, stream, buffer_id, opts.enable_shrink) {
-    if (opts.device) device_backend = std::make_unique<integrations::DeviceBackend>(opts.device);
+    if (opts.device) {
+      device_backend = std::make_unique<integrations::DeviceBackend>(opts.device);
+      device_regions =
+          std::make_unique<integrations::DeviceRegions>(opts.device, session->row_memory(), kPhase);
+    }
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
     made.store(true, std::memory_order_release);
   }
@@ -215,6 +220,7 @@ struct Buffer::Impl {
   integrations::normal::NormalMode mode;
   integrations::low_latency::LowLatencyMode low_latency;
   std::unique_ptr<integrations::DeviceBackend> device_backend;  // with BufferOptions::device
+  std::unique_ptr<integrations::DeviceRegions> device_regions;  // the session's, for its kernels
   integrations::DeviceCombineBuffer device_combine_buffer;      // zero_copy of device calls
   bool destroyed = false;
 };
@@ -345,9 +351,8 @@ DispatchResult Buffer::dispatch(const DispatchArgs& args) {
                    {"topk_weights", args.topk_weights}});
   integrations::require_event_on_device("dispatch", on_device, args.previous_event);
   if (!on_device) return impl_->mode.dispatch(args);
-  return integrations::dispatch_on_device(
-      impl_->device("dispatch"), impl_->stream, args,
-      [this](const DispatchArgs& host) { return impl_->mode.dispatch(host); });
+  return integrations::dispatch_on_device(impl_->device("dispatch"), *impl_->device_backend,
+                                          impl_->mode, args);
 }
 
 CombineResult Buffer::combine(const CombineArgs& args) {
@@ -359,9 +364,8 @@ CombineResult Buffer::combine(const CombineArgs& args) {
                                                   {"bias1", args.bias1}});
   integrations::require_event_on_device("combine", on_device, args.previous_event);
   if (!on_device) return impl_->mode.combine(args);
-  return integrations::combine_on_device(
-      impl_->device("combine"), impl_->stream, args,
-      [this](const CombineArgs& host) { return impl_->mode.combine(host); });
+  return integrations::combine_on_device(impl_->device("combine"), *impl_->device_backend,
+                                         impl_->mode, args);
 }
 
 int64_t Buffer::get_low_latency_rdma_size_hint(int num_max_dispatch_tokens_per_rank, int hidden,

@@ -125,8 +125,10 @@ struct BufferOptions {
   int ranks_per_node = 0;  // 0: the bootstrap's LOCAL_WORLD_SIZE
   // The device this rank's device tensors live on (gpu_side/device/device_runtime.hpp): a
   // CudaDevice on a GPU, a SimulatedDevice in tests. Without one, calls take host tensors only.
-  // Calls with device tensors stage through host memory (device_calls.hpp for normal mode,
-  // device_ll_calls.hpp for low-latency calls); get_dispatch_layout runs on the device. The
+  // Normal-mode calls with device tensors run on the device backend, which packs rows straight
+  // into the session's slots (registered with the device while the Buffer lives:
+  // device_calls.hpp, device_regions.hpp); low-latency calls stage through host memory
+  // (device_ll_calls.hpp); get_dispatch_layout runs on the device. The
   // device's stream is the Buffer's own: a call's `previous_event` orders it after the work
   // that made the inputs (else they must be complete before the call). Outputs are complete
   // when the call returns (or its event or hook completes) and are released on the Buffer's

@@ -1,4 +1,4 @@
-// Normal-mode calls with device tensors, staged through host memory (device_calls.hpp).
+// Normal-mode calls with device tensors on the direct path (device_calls.hpp).
 #include "integrations/device_calls.hpp"
 
 #include "common/error.hpp"
@@ -32,49 +32,28 @@ void require_event_on_device(std::string_view phase, bool on_device,
 }
 
 DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                  CommStream& stream, const DispatchArgs& args,
-                                  const HostDispatch& host_call) {
-  auto staging = std::make_shared<DeviceStaging>(device, "dispatch");
-  staging->order_after(args.previous_event);
-  DispatchArgs host = args;
-  host.x = staging->to_host(args.x);
-  host.x_scales = staging->to_host(args.x_scales);
-  host.num_tokens_per_rank = staging->to_host(args.num_tokens_per_rank);
-  host.num_tokens_per_rdma_rank = staging->to_host(args.num_tokens_per_rdma_rank);
-  host.is_token_in_rank = staging->to_host(args.is_token_in_rank);
-  host.num_tokens_per_expert = staging->to_host(args.num_tokens_per_expert);
-  host.topk_idx = staging->to_host(args.topk_idx);
-  host.topk_weights = staging->to_host(args.topk_weights);
-  staging->wait();
-  DispatchResult result = host_call(host);
-  RecvHook no_hook;
-  finish_on_device(
-      stream, staging,
-      {staging->move_to_device(result.recv_x), staging->move_to_device(result.recv_x_scales),
-       staging->move_to_device(result.recv_topk_idx),
-       staging->move_to_device(result.recv_topk_weights)},
-      no_hook, result.event);
-  return result;
+                                  RowBackend& backend, normal::NormalMode& mode,
+                                  const DispatchArgs& args) {
+  // Every read of the inputs, the steering copies' and the kernels', after previous_event.
+  DeviceStaging steering(device, "dispatch");
+  steering.order_after(args.previous_event);
+  normal::DeviceCall call{.backend = backend, .steering = {}};
+  if (args.handle == nullptr) {
+    call.steering.is_token_in_rank = steering.to_host(args.is_token_in_rank);
+    call.steering.num_tokens_per_rank = steering.to_host(args.num_tokens_per_rank);
+    call.steering.num_tokens_per_expert = steering.to_host(args.num_tokens_per_expert);
+    call.steering.topk_idx = steering.to_host(args.topk_idx);
+  }
+  steering.wait();
+  return mode.dispatch(args, &call);
 }
 
 CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                CommStream& stream, const CombineArgs& args,
-                                const HostCombine& host_call) {
-  auto staging = std::make_shared<DeviceStaging>(device, "combine");
-  staging->order_after(args.previous_event);
-  CombineArgs host = args;
-  host.x = staging->to_host(args.x);
-  host.topk_weights = staging->to_host(args.topk_weights);
-  host.bias0 = staging->to_host(args.bias0);
-  host.bias1 = staging->to_host(args.bias1);
-  staging->wait();
-  CombineResult result = host_call(host);
-  RecvHook no_hook;
-  finish_on_device(stream, staging,
-                   {staging->move_to_device(result.combined_x),
-                    staging->move_to_device(result.combined_topk_weights)},
-                   no_hook, result.event);
-  return result;
+                                RowBackend& backend, normal::NormalMode& mode,
+                                const CombineArgs& args) {
+  DeviceStaging(device, "combine").order_after(args.previous_event);  // nothing to copy
+  const normal::DeviceCall call{.backend = backend, .steering = {}};
+  return mode.combine(args, &call);
 }
 
 }  // namespace proxyep::integrations

@@ -1,26 +1,26 @@
 // Normal-mode calls whose tensors live on a device, and get_dispatch_layout's kernel.
 //
-// This step of the GPU backend stages through host memory: a dispatch or combine with device
-// tensors copies its inputs to the host on the device's stream (one wait), runs the host
-// protocol on the copies exactly as for CPU tensors, and returns device tensors holding the
-// outputs. The protocols (normal/) do not change and results are bit-identical to the host
-// path's. What it costs: two PCIe crossings of every row (the host bounce buffer that
-// EFA_LIBFABRIC.md describes for providers without FI_HMEM, used for every path for now;
-// device_staging.hpp). With async_finish the call returns as the host one does (a dispatch once
-// its outputs are sized) with device outputs allocated, and the rows move, and are copied to the
-// device, on the Buffer's communication stream; `event.wait()` (or any later Buffer call) finds
-// them filled. get_dispatch_layout runs its kernel on the device (DeviceBackend).
+// The direct path: the rows of a dispatch or combine with device tensors never pass through
+// host code. The device backend's kernels pack them from the caller's tensors straight into the
+// slots (this rank's staging, the node peers' arenas: host memory registered with the device,
+// device_regions.hpp), and copy arriving rows out of the slots into device outputs; the proxies
+// move the slots as for host calls. What the protocol itself reads of the tensors, a dispatch's
+// steering (is_token_in_rank, the counts, topk_idx's values to check), is copied to the host
+// first, on the device's stream after previous_event. async_finish behaves as for host tensors:
+// the call returns with its device outputs allocated and fills them on the CommStream.
 //
-// The handle stays in host memory (DeepEP keeps its tensors on the GPU): pass it back unchanged.
-// A call mixing host and device tensors is refused, naming the first tensor on the other side,
-// before anything is sent.
+// Not yet: FI_HMEM (the fabric reading and writing device memory, so that rows to other nodes
+// skip the slots too) and CUDA IPC arenas in device memory (node peers' rows would stay on the
+// GPUs); the rows cross PCIe once each way. The handle's routing tables are host memory and its
+// recv_src_idx device memory: pass it back unchanged. A call mixing host and device tensors is
+// refused, naming the first tensor on the other side, before anything is sent.
 #pragma once
 
 #include "gpu_side/device/device_runtime.hpp"
+#include "integrations/backend/row_backend.hpp"
 #include "integrations/buffer.hpp"
-#include "integrations/comm_stream.hpp"
+#include "integrations/normal/normal_mode.hpp"
 
-#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string_view>
@@ -41,14 +41,12 @@ bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor
 void require_event_on_device(std::string_view phase, bool on_device,
                              const std::shared_ptr<gpu_side::device::DeviceEvent>& event);
 
-using HostDispatch = std::function<DispatchResult(const DispatchArgs&)>;
-using HostCombine = std::function<CombineResult(const CombineArgs&)>;
-
+// `mode`'s call with `backend` (a DeviceBackend on `device`) doing the per-row work.
 DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                  CommStream& stream, const DispatchArgs& args,
-                                  const HostDispatch& host_call);
+                                  RowBackend& backend, normal::NormalMode& mode,
+                                  const DispatchArgs& args);
 CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                CommStream& stream, const CombineArgs& args,
-                                const HostCombine& host_call);
+                                RowBackend& backend, normal::NormalMode& mode,
+                                const CombineArgs& args);
 
 }  // namespace proxyep::integrations

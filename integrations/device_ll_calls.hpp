@@ -1,5 +1,5 @@
-// Low-latency calls whose tensors live on a device, staged through host memory as the normal-mode
-// ones are (device_calls.hpp): the inputs are copied to the host on the device's stream, the
+// Low-latency calls whose tensors live on a device, staged through host memory (normal-mode ones
+// take the direct path, device_calls.hpp; LL calls on the device backend are next): the inputs are copied to the host on the device's stream, the
 // host protocol runs on the copies with the caller's return_recv_hook / async_finish, and the
 // outputs are device tensors, allocated when the call returns and filled when its receive
 // phase completes: in the call itself, in `hook()`, or on the Buffer's communication stream

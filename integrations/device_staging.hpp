@@ -1,7 +1,7 @@
 // DeviceStaging: host copies of a device call's tensors, and device copies of its host outputs,
-// moved on the device's stream (device_calls.hpp, device_ll_calls.hpp). This is the host bounce
-// buffer of EFA_LIBFABRIC.md, used for every path for now: the protocols run unchanged on the
-// host copies. Every copy is queued; wait() makes the queued ones complete. The host buffers
+// moved on the device's stream (device_ll_calls.hpp; device_calls.hpp copies a dispatch's
+// steering tensors with it). This is the host bounce buffer of EFA_LIBFABRIC.md, used by the
+// low-latency calls for now: the protocol runs unchanged on the host copies. Every copy is queued; wait() makes the queued ones complete. The host buffers
 // (and the device the staging uses) live as long as the staging, so a call that finishes later
 // (a receive hook, an async event) keeps it in its closure.
 #pragma once

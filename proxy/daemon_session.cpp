@@ -250,6 +250,12 @@ std::span<std::byte> DaemonSession::staging_data_area() const {
           layout().sizes().staging_bytes};
 }
 
+std::vector<std::span<std::byte>> DaemonSession::row_memory() const {
+  std::vector<std::span<std::byte>> regions = node_->all_mapped();
+  if (staging_) regions.push_back(staging_->bytes());
+  return regions;
+}
+
 std::string DaemonSession::describe() const {
   return fmt::format("{} ranks, {} per node, arena {} bytes; proxy: proxyepd at {} ({})", ranks(),
                      ranks_per_node(), layout().arena_bytes(), daemon_ ? daemon_->path() : "?",

@@ -56,6 +56,7 @@ class DaemonSession final : public Session {
   void stop() noexcept override;
   std::span<std::byte> data_area() const override;
   std::span<std::byte> staging_data_area() const override;
+  std::vector<std::span<std::byte>> row_memory() const override;
   std::string describe() const override;
   std::optional<fabric::ReorderStats> reorder_stats() const override { return std::nullopt; }
   // The proxy threads are the daemon's: its metrics endpoint reports them.

@@ -225,6 +225,12 @@ std::span<std::byte> InProcessSession::staging_data_area() const {
           layout().sizes().staging_bytes};
 }
 
+std::vector<std::span<std::byte>> InProcessSession::row_memory() const {
+  std::vector<std::span<std::byte>> regions = state_->node->all_mapped();
+  if (state_->staging) regions.push_back(state_->staging->bytes());
+  return regions;
+}
+
 std::string InProcessSession::describe() const {
   const ArenaLayout& l = layout();
   std::string out = fmt::format("{} ranks, {} per node, arena {} bytes ({} per source)", ranks(),

@@ -42,6 +42,7 @@ class InProcessSession final : public Session {
   void stop() noexcept override;
   std::span<std::byte> data_area() const override;
   std::span<std::byte> staging_data_area() const override;
+  std::vector<std::span<std::byte>> row_memory() const override;
   std::string describe() const override;
   std::vector<ThreadStats> proxy_thread_stats() const override;
   bool proxy_failed() const override;

@@ -99,6 +99,13 @@ std::byte* NodeMemory::peer(int rank) const {
   return m ? static_cast<std::byte*>(m->host()) : nullptr;
 }
 
+std::vector<std::span<std::byte>> NodeMemory::all_mapped() const {
+  std::vector<std::span<std::byte>> out{local_.bytes()};
+  for (const auto& m : mapped_)
+    if (m) out.push_back(m->bytes());
+  return out;
+}
+
 bool NodeMemory::peer_alive(int rank) const {
   pid_t pid = pids_.at(static_cast<size_t>(rank));
   return !(::kill(pid, 0) != 0 && errno == ESRCH);

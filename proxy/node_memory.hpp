@@ -17,6 +17,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -45,6 +46,8 @@ class NodeMemory {
   // arena for rank == self.)
   std::byte* peer(int rank) const;
   bool on_node(int rank) const { return peer(rank) != nullptr; }
+  // This rank's arena and every node peer's as mapped here (whole, `bytes()` each).
+  std::vector<std::span<std::byte>> all_mapped() const;
   // False once the process of node peer `rank` has exited (kill(pid, 0) fails with ESRCH).
   bool peer_alive(int rank) const;
   pid_t peer_pid(int rank) const { return pids_.at(static_cast<size_t>(rank)); }

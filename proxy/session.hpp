@@ -32,6 +32,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace proxyep::proxy {
 
@@ -126,6 +127,10 @@ class Session {
   // every call.
   virtual std::span<std::byte> data_area() const = 0;
   virtual std::span<std::byte> staging_data_area() const = 0;
+  // Every region of host memory a call's rows are written to or read from on this rank: its
+  // arena, the node peers' arenas mapped here, its staging (when it has one). A device backend
+  // registers them so that kernels pack and unpack rows there (integrations/device_regions.hpp).
+  virtual std::vector<std::span<std::byte>> row_memory() const = 0;
   // One line for the debug log: sizes, paths, threads.
   virtual std::string describe() const = 0;
   // What the fabric's reorder shim (fabric.reorder, a testing aid) did, so a test can prove its

@@ -28,13 +28,16 @@ struct CheckedCombine {
 };
 
 // All on the calling rank, before anything is sent.
-CheckedCombine check_combine_args(const CombineArgs& a, uint64_t buffer_id) {
+CheckedCombine check_combine_args(const CombineArgs& a, bool on_device, uint64_t buffer_id) {
   require(a.handle != nullptr, kPhase, "combine needs the handle of a dispatch");
   const DispatchHandle& h = *a.handle;
   require(h.buffer_id == buffer_id, kPhase, "the handle was made by another Buffer");
   const int64_t num_recv = h.num_recv_tokens;
   ep::require_dtype(a.x, DType::bf16, kPhase, "x");
-  ep::require_host(a.x, kPhase, "x");
+  if (on_device)
+    require(a.x.device == ep::Device::cuda, kPhase, "x must be device memory; got {}", a.x);
+  else
+    ep::require_host(a.x, kPhase, "x");
   require(a.x.dims == 2 && a.x.rows >= num_recv, kPhase,
           "x must be [num_recv_tokens = {}, hidden] (one row per received token); got {}", num_recv,
           a.x);
@@ -100,7 +103,8 @@ struct CombineCall {
   CombineCall(const CombineCall&) = delete;
   CombineCall& operator=(const CombineCall&) = delete;
 
-  CombineArgs args;  // the caller's views: read until the call ends
+  CombineArgs args;               // the caller's views: read until the call ends
+  RowBackend* backend = nullptr;  // the host backend, or a device call's
   DispatchHandle handle;
   CheckedCombine in;
   // What the handle's dispatch moved: now every row goes back, d -> s for each s -> d.
@@ -112,23 +116,24 @@ struct CombineCall {
   PhaseClock clock;
 };
 
-CombineResult NormalMode::combine(const CombineArgs& args) {
+CombineResult NormalMode::combine(const CombineArgs& args, const DeviceCall* device) {
   PhaseClock started(stats_.combine_phases);
   calls_.check_usable(kPhase);
-  const CheckedCombine in = check_combine_args(args, buffer_id_);
+  const CheckedCombine in = check_combine_args(args, device != nullptr, buffer_id_);
   const int me = session_.rank();
   require_row_fits(session_, in.format, kPhase);
   auto c = std::make_shared<CombineCall>(args, in, me, started);
+  RowBackend& backend = *(c->backend = device != nullptr ? &device->backend : &backend_);
   const CombineArgs& a = c->args;
   const float* weights = in.topk > 0 ? a.topk_weights.as<float>() : nullptr;
   CombineStreams& streams =
-      c->streams.emplace(backend_, in.format, c->dispatched,
-                         static_cast<const std::byte*>(a.x.data), weights, in.topk, me);
+      c->streams.emplace(backend, in.format, c->dispatched, static_cast<const std::byte*>(a.x.data),
+                         weights, in.topk, me, device != nullptr);
   streams.out = plan_streams(session_, in.format, c->rows_to);
   streams.in = plan_streams(session_, in.format, c->dispatched.sent_by(me));
-  c->out.combined_x = backend_.allocate(DType::bf16, c->handle.num_tokens, in.hidden);
+  c->out.combined_x = backend.allocate(DType::bf16, c->handle.num_tokens, in.hidden);
   if (in.topk > 0)
-    c->out.combined_topk_weights = backend_.allocate(DType::f32, c->handle.num_tokens, in.topk);
+    c->out.combined_topk_weights = backend.allocate(DType::f32, c->handle.num_tokens, in.topk);
 
   c->call = calls_.begin(integrations::CallKind::sync, kPhase);
   c->clock.lap(&PhaseTimes::prepare_ns);
@@ -164,7 +169,7 @@ void NormalMode::run_combine(CombineCall& c) {
   });
 
   const CombineArgs& a = c.args;
-  backend_.reduce(
+  c.backend->reduce(
       ep::CombineInput{
           .block_rows = streams.block_rows().data(),
           .block_weights = in.topk > 0 ? streams.block_weights().data() : nullptr,

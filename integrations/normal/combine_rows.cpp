@@ -7,7 +7,7 @@ namespace proxyep::integrations::normal {
 
 CombineStreams::CombineStreams(RowBackend& backend, const ep::RowFormat& format,
                                const RowCounts& counts, const std::byte* x, const float* weights,
-                               int topk, int me)
+                               int topk, int me, bool x_on_device)
     : RowStreams(format, counts.ranks()),
       backend_(backend),
       counts_(counts),
@@ -15,6 +15,7 @@ CombineStreams::CombineStreams(RowBackend& backend, const ep::RowFormat& format,
       weights_(weights),
       topk_(topk),
       me_(me),
+      x_on_device_(x_on_device),
       row_bytes_(format.hidden_bytes),
       block_rows_(static_cast<size_t>(counts.ranks()), nullptr),
       block_weights_(static_cast<size_t>(counts.ranks()), nullptr),
@@ -44,7 +45,7 @@ void CombineStreams::fill(int s, uint64_t first, uint64_t rows, std::byte* slot)
 const std::byte* CombineStreams::caller_rows(int s, uint64_t first, uint64_t rows) const {
   // RowAreas::x leads the chunk; with no weights nothing follows it.
   (void)rows;
-  if (weights_ != nullptr) return nullptr;
+  if (weights_ != nullptr || x_on_device_) return nullptr;
   return x_ + (counts_.first_from(s, me_) + static_cast<int64_t>(first)) * row_bytes_;
 }
 

@@ -17,14 +17,16 @@ namespace proxyep::integrations::normal {
 class CombineStreams final : public RowStreams {
  public:
   // `x` [num_recv, hidden] and `weights` (f32 [num_recv, topk] or null): the rows to return.
+  // `x_on_device`: the fabric cannot read x (caller_rows offers none).
   CombineStreams(RowBackend& backend, const gpu_side::ep::RowFormat& format,
                  const RowCounts& counts, const std::byte* x, const float* weights, int topk,
-                 int me);
+                 int me, bool x_on_device);
 
   void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
   void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
             const std::byte* slot) override;
-  // Without weights a chunk is x's rows as they are (the rows for a source are contiguous).
+  // Without weights a chunk is x's rows as they are (the rows for a source are contiguous); x
+  // in device memory is never offered (FI_HMEM registration is not built yet).
   const std::byte* caller_rows(int destination, uint64_t first, uint64_t rows) const override;
 
   // Each rank's block of rows for this rank's tokens (this rank's own: in x), for the reduce.
@@ -42,6 +44,7 @@ class CombineStreams final : public RowStreams {
   const std::byte* x_;
   const float* weights_;
   int topk_, me_;
+  bool x_on_device_;
   uint64_t row_bytes_;
   std::vector<const uint16_t*> block_rows_;
   std::vector<const float*> block_weights_;

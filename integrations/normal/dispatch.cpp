@@ -27,21 +27,32 @@ NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequenc
       stream_(stream),
       landing_(std::move(landing)) {}
 
-DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
+DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* device) {
   PhaseClock started(stats_.dispatch_phases);
   calls_.check_usable(kPhase);
   const int R = session_.ranks(), me = session_.rank();
-  const DispatchInput in = check_dispatch_args(args, R, session_.ranks_per_node(), buffer_id_);
+  // What the protocol reads on the host: a device call's steering copies.
+  DispatchArgs view = args;
+  if (device != nullptr && args.handle == nullptr) {
+    view.is_token_in_rank = device->steering.is_token_in_rank;
+    view.num_tokens_per_rank = device->steering.num_tokens_per_rank;
+    view.num_tokens_per_expert = device->steering.num_tokens_per_expert;
+    view.topk_idx = device->steering.topk_idx;
+  }
+  const DispatchInput in =
+      check_dispatch_args(view, device != nullptr, R, session_.ranks_per_node(), buffer_id_);
   // Rows stream through the slots in chunks: any number of tokens fits if one row fits a slot.
   require_row_fits(session_, in.format, kPhase);
   auto d = std::make_shared<DispatchCall>(args, started);
   PhaseClock& clock = d->clock;
   const DispatchArgs& a = d->args;
   d->in = in;
+  d->backend = device != nullptr ? &device->backend : &backend_;
+  d->on_device = device != nullptr;
   d->routing = in.cached ? TokenRouting::cached(*a.handle, me)
-                         : TokenRouting::fresh(a.is_token_in_rank, R, me);
-  DispatchStreams& streams =
-      d->streams.emplace(backend_, d->in, a, d->routing, shape_for(in.num_experts), me);
+                         : TokenRouting::fresh(view.is_token_in_rank, R, me);
+  DispatchStreams& streams = d->streams.emplace(*d->backend, d->in, a, d->routing,
+                                                shape_for(in.num_experts), me, d->on_device);
   streams.out = plan_streams(session_, in.format, d->routing.rows_to);
   clock.lap(&PhaseTimes::prepare_ns);
 
@@ -49,9 +60,11 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
   calls_.step([&] { send_eager(session_, call, streams, stats_, clock, kPhase); });
-  if (landing_) d->offer = landing_->offer();
+  // A device call's recv_x is device memory: it offers no landing region.
+  const bool lands = landing_ && !d->on_device;
+  if (lands) d->offer = landing_->offer();
   const auto records =
-      calls_.step([&] { return notify_dispatch(call, in, a, d->routing, d->offer); });
+      calls_.step([&] { return notify_dispatch(call, in, view, d->routing, d->offer); });
   const RowCounts counts = RowCounts::from_records(records);
   agree_dispatch(call, in, a, records, counts);
   clock.lap(&PhaseTimes::notify_ns);
@@ -63,8 +76,8 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args) {
   gpu_side::ep::Tensor landed;
   const int64_t place = landing_place(records[me], counts, me);
   if (place >= 0) landed = land_recv_x(in, a, static_cast<uint64_t>(place), rows);
-  if (landing_) landing_->note_need(static_cast<uint64_t>(rows) * in.format.hidden_bytes);
-  d->out = allocate_outputs(in, a, d->num_recv, std::move(landed));
+  if (lands) landing_->note_need(static_cast<uint64_t>(rows) * in.format.hidden_bytes);
+  d->out = allocate_outputs(*d->backend, in, a, d->num_recv, std::move(landed));
   std::vector<int64_t> first_row(static_cast<size_t>(R));
   for (int s = 0; s < R; ++s)
     first_row[s] = counts.first_from(s, me);
@@ -80,7 +93,7 @@ void NormalMode::move_rows(DispatchCall& d) {
   calls_.step([&] { run_streams(session_, d.call, *d.streams, stats_, d.clock, kPhase); });
   calls_.step([&] { await_in_place(d); });
   d.clock.lap(&PhaseTimes::wait_ns);
-  clear_padding(d.out, d.in, d.num_recv);
+  clear_padding(*d.backend, d.out, d.in, d.num_recv);
   stats_.rows_stored_in_place += d.streams->rows_in_place();
   d.clock.lap(&PhaseTimes::prepare_ns);
   calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call
@@ -152,24 +165,26 @@ void NormalMode::agree_dispatch(uint64_t call, const DispatchInput& in, const Di
   }
 }
 
-DispatchResult NormalMode::allocate_outputs(const DispatchInput& in, const DispatchArgs& a,
-                                            int64_t num_recv, gpu_side::ep::Tensor recv_x) {
+DispatchResult NormalMode::allocate_outputs(RowBackend& backend, const DispatchInput& in,
+                                            const DispatchArgs& a, int64_t num_recv,
+                                            gpu_side::ep::Tensor recv_x) {
   DispatchResult out;
   const int64_t rows = a.num_worst_tokens > 0 ? a.num_worst_tokens : num_recv;
-  out.recv_x = recv_x.defined() ? std::move(recv_x) : backend_.allocate(a.x.dtype, rows, in.hidden);
-  if (in.fp8) out.recv_x_scales = backend_.allocate(a.x_scales.dtype, rows, in.format.scale_cols);
-  if (in.topk > 0) out.recv_topk_idx = backend_.allocate(DType::i64, rows, in.topk);
-  if (in.weights) out.recv_topk_weights = backend_.allocate(DType::f32, rows, in.topk);
-  if (!in.cached) out.handle.recv_src_idx = backend_.allocate(DType::i32, num_recv);
+  out.recv_x = recv_x.defined() ? std::move(recv_x) : backend.allocate(a.x.dtype, rows, in.hidden);
+  if (in.fp8) out.recv_x_scales = backend.allocate(a.x_scales.dtype, rows, in.format.scale_cols);
+  if (in.topk > 0) out.recv_topk_idx = backend.allocate(DType::i64, rows, in.topk);
+  if (in.weights) out.recv_topk_weights = backend.allocate(DType::f32, rows, in.topk);
+  if (!in.cached) out.handle.recv_src_idx = backend.allocate(DType::i32, num_recv);
   return out;
 }
 
 // The num_worst_tokens padding: zero rows, -1 selections.
-void NormalMode::clear_padding(DispatchResult& out, const DispatchInput& in, int64_t num_recv) {
+void NormalMode::clear_padding(RowBackend& backend, DispatchResult& out, const DispatchInput& in,
+                               int64_t num_recv) {
   const int64_t rows = out.recv_x.rows();
   if (rows <= num_recv) return;
   auto clear = [&](Tensor& t, uint64_t unit, uint8_t byte) {
-    backend_.fill(t.raw() + num_recv * unit, byte, static_cast<uint64_t>(rows - num_recv) * unit);
+    backend.fill(t.raw() + num_recv * unit, byte, static_cast<uint64_t>(rows - num_recv) * unit);
   };
   clear(out.recv_x, in.format.hidden_bytes, 0);
   if (in.fp8) clear(out.recv_x_scales, 4ull * in.format.scale_cols, 0);

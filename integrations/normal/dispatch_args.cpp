@@ -15,9 +15,17 @@ constexpr const char* kPhase = "dispatch";
 // More scale words per token than any FP8 layout needs (hidden / 128 for hidden up to 64 Ki).
 constexpr int64_t kMaxScaleCols = 512;
 
-void check_x(const DispatchArgs& a, DispatchInput& in) {
+// The rows' tensors are where the call's backend works (the Buffer picked it from them).
+void require_place(const TensorRef& t, bool on_device, std::string_view name) {
+  if (on_device)
+    require(t.device == ep::Device::cuda, kPhase, "{} must be device memory; got {}", name, t);
+  else
+    ep::require_host(t, kPhase, name);
+}
+
+void check_x(const DispatchArgs& a, bool on_device, DispatchInput& in) {
   ep::require_defined(a.x, kPhase, "x");
-  ep::require_host(a.x, kPhase, "x");
+  require_place(a.x, on_device, "x");
   require(a.x.dims == 2, kPhase, "x must be 2-D [num_tokens, hidden]; got {}", a.x);
   ep::require_contiguous(a.x, kPhase, "x");
   require(a.x.dtype == DType::bf16 || a.x.dtype == DType::fp8_e4m3, kPhase,
@@ -35,7 +43,7 @@ void check_x(const DispatchArgs& a, DispatchInput& in) {
   in.format.hidden_bytes = static_cast<uint32_t>(hidden_bytes);
 }
 
-void check_scales(const DispatchArgs& a, DispatchInput& in) {
+void check_scales(const DispatchArgs& a, bool on_device, DispatchInput& in) {
   if (!in.fp8) {
     require(!a.x_scales.defined(), kPhase, "x_scales given with bf16 x (scales go with FP8 x)");
     return;
@@ -43,7 +51,7 @@ void check_scales(const DispatchArgs& a, DispatchInput& in) {
   // DeepEP moves the scales as opaque 4-byte words, as many per token as x_scales has columns:
   // float32 [tokens, hidden / 128], or int32 [tokens, hidden / 512] packing four UE8M0 bytes.
   ep::require_defined(a.x_scales, kPhase, "x_scales (FP8 x)");
-  ep::require_host(a.x_scales, kPhase, "x_scales");
+  require_place(a.x_scales, on_device, "x_scales");
   require(a.x_scales.dtype == DType::f32 || a.x_scales.dtype == DType::i32, kPhase,
           "x_scales must be float32 (or int32 packed UE8M0); got {}", a.x_scales);
   require(a.x_scales.dims == 2 && a.x_scales.rows == in.tokens && a.x_scales.cols >= 1 &&
@@ -113,11 +121,11 @@ void check_layout(const DispatchArgs& a, DispatchInput& in, int R) {
 
 }  // namespace
 
-DispatchInput check_dispatch_args(const DispatchArgs& a, int ranks, int ranks_per_node,
-                                  uint64_t buffer_id) {
+DispatchInput check_dispatch_args(const DispatchArgs& a, bool on_device, int ranks,
+                                  int ranks_per_node, uint64_t buffer_id) {
   DispatchInput in;
-  check_x(a, in);
-  check_scales(a, in);
+  check_x(a, on_device, in);
+  check_scales(a, on_device, in);
   require(a.expert_alignment >= 1, kPhase, "expert_alignment must be >= 1; got {}",
           a.expert_alignment);
   require(a.num_worst_tokens >= 0, kPhase, "num_worst_tokens must be >= 0; got {}",

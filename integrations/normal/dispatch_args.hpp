@@ -21,8 +21,10 @@ struct DispatchInput {
   gpu_side::ep::RowFormat format;
 };
 
-// `ranks`, `ranks_per_node`: the group's; `buffer_id`: the Buffer whose handles are valid.
-DispatchInput check_dispatch_args(const DispatchArgs& args, int ranks, int ranks_per_node,
-                                  uint64_t buffer_id);
+// `ranks`, `ranks_per_node`: the group's; `buffer_id`: the Buffer whose handles are valid;
+// `on_device`: where x and x_scales must be (the values read here, of the layout tensors and
+// topk_idx, are always host memory: a device call passes host copies of them).
+DispatchInput check_dispatch_args(const DispatchArgs& args, bool on_device, int ranks,
+                                  int ranks_per_node, uint64_t buffer_id);
 
 }  // namespace proxyep::integrations::normal

@@ -27,7 +27,9 @@ struct DispatchCall {
   DispatchCall(const DispatchCall&) = delete;
   DispatchCall& operator=(const DispatchCall&) = delete;
 
-  DispatchArgs args;  // the caller's views: read until the rows moved
+  DispatchArgs args;              // the caller's views: read until the rows moved
+  RowBackend* backend = nullptr;  // the host backend, or a device call's
+  bool on_device = false;         // DeviceCall (normal_mode.hpp)
   std::optional<DispatchHandle> handle;
   DispatchInput in;
   TokenRouting routing;

@@ -1,6 +1,8 @@
 // A dispatch's routing and streams (dispatch_rows.hpp).
 #include "integrations/normal/dispatch_rows.hpp"
 
+#include <cstring>
+
 namespace ep = proxyep::gpu_side::ep;
 
 namespace proxyep::integrations::normal {
@@ -58,7 +60,7 @@ TokenRoutes TokenRouting::routes() const {
 
 DispatchStreams::DispatchStreams(RowBackend& backend, const DispatchInput& input,
                                  const DispatchArgs& args, const TokenRouting& routing,
-                                 const ep::EpShape& shape, int me)
+                                 const ep::EpShape& shape, int me, bool on_device)
     : RowStreams(input.format, shape.num_ranks),
       backend_(backend),
       input_(input),
@@ -69,7 +71,8 @@ DispatchStreams::DispatchStreams(RowBackend& backend, const DispatchInput& input
               .topk_weights = input.cached ? TensorRef{} : args.topk_weights,
               .format = input.format,
               .shape = shape},
-      me_(me) {}
+      me_(me),
+      on_device_(on_device) {}
 
 void DispatchStreams::receive_into(DispatchResult& out, std::vector<int64_t> first_row) {
   out_ = &out;
@@ -89,16 +92,22 @@ int64_t DispatchStreams::landing_offset(int d, uint64_t first) const {
 }
 
 void DispatchStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot) {
-  auto sink = ep::RowSink::at(slot, ep::RowAreas::of(rows, format), 0, d);
+  const auto areas = ep::RowAreas::of(rows, format);
+  auto sink = ep::RowSink::at(slot, areas, 0, d);
   // The slot's x area then stays unused: the chunk still carries the rest of the rows and says,
   // by arriving, that they are all stored.
-  if (!x_to_.empty() && x_to_[d] != nullptr) {
-    sink.x = x_to_[d] + first * format.hidden_bytes;
+  std::byte* store_at =
+      !x_to_.empty() && x_to_[d] != nullptr ? x_to_[d] + first * format.hidden_bytes : nullptr;
+  if (store_at != nullptr) {
+    if (!on_device_) sink.x = store_at;
     rows_in_place_ += rows;
   }
   if (!landing_at_.empty() && landing_at_[d] >= 0) rows_in_place_ += rows;  // sent from here
   backend_.pack_rows(source_, sink,
                      std::span<const int32_t>(routing_.tokens_to[d]).subspan(first, rows));
+  // Done when pack_rows returns (RowBackend): the host moves the token bytes on.
+  if (store_at != nullptr && on_device_)
+    std::memcpy(store_at, slot + areas.x, rows * format.hidden_bytes);
 }
 
 void DispatchStreams::take(int s, uint64_t, uint64_t first, uint64_t rows, const std::byte* slot) {

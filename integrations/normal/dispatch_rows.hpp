@@ -34,8 +34,11 @@ struct TokenRouting {
 
 class DispatchStreams final : public RowStreams {
  public:
+  // `on_device`: the backend's kernels cannot write peers' landing regions (not registered with
+  // the device: they are mostly unused address space); rows stored there go through the slot.
   DispatchStreams(RowBackend& backend, const DispatchInput& input, const DispatchArgs& args,
-                  const TokenRouting& routing, const gpu_side::ep::EpShape& shape, int me);
+                  const TokenRouting& routing, const gpu_side::ep::EpShape& shape, int me,
+                  bool on_device);
 
   // The outputs the arriving rows go to; rows from source s start at row first_row[s].
   void receive_into(DispatchResult& out, std::vector<int64_t> first_row);
@@ -62,6 +65,7 @@ class DispatchStreams final : public RowStreams {
   const TokenRouting& routing_;
   RowSource source_;
   int me_;
+  bool on_device_;
   DispatchResult* out_ = nullptr;
   std::vector<int64_t> first_row_;
   std::vector<std::byte*> x_to_;     // by destination; empty: none in place

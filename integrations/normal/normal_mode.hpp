@@ -7,7 +7,8 @@
 //   4. moves every other stream in chunks (streams.hpp) while the rows that arrive are copied
 //      into the outputs (dispatch) or gathered for the reduce (combine);
 //   5. waits until its own writes completed (quiet): staging is rewritten by the next call.
-// The per-row work is the backend's (backend/row_backend.hpp).
+// The per-row work is the backend's (backend/row_backend.hpp): the host backend for host
+// tensors, a device backend, given per call, for device tensors (DeviceCall).
 //
 // With async_finish a call returns as soon as its outputs exist and finishes on the Buffer's
 // CommStream: a dispatch after step 3 (the notify phase sizes its outputs, as DeepEP's CPU waits
@@ -37,6 +38,19 @@ class LandingZone;
 struct DispatchCall;  // dispatch.cpp
 struct CombineCall;   // combine.cpp
 
+// A call whose tensors are in device memory (integrations/device_calls.hpp): `backend` moves its
+// rows, which host code never touches, and `steering` holds host copies of what the protocol
+// itself reads of a dispatch's device tensors: is_token_in_rank, num_tokens_per_rank,
+// num_tokens_per_expert and topk_idx (its values are checked; undefined for a combine or a
+// cached dispatch). Such a call offers no landing region (its recv_x is device memory), stores
+// into node peers' landing regions through its slots, and never has the fabric read its x.
+struct DeviceCall {
+  RowBackend& backend;
+  struct {
+    gpu_side::ep::TensorRef is_token_in_rank, num_tokens_per_rank, num_tokens_per_expert, topk_idx;
+  } steering;
+};
+
 class NormalMode {
  public:
   // `buffer_id` tells this Buffer's handles from others'; `calls` and `stream` are shared with
@@ -45,8 +59,9 @@ class NormalMode {
   NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls, CommStream& stream,
              uint64_t buffer_id, std::shared_ptr<LandingZone> landing);
 
-  DispatchResult dispatch(const DispatchArgs& args);
-  CombineResult combine(const CombineArgs& args);
+  // `device`: null for host tensors.
+  DispatchResult dispatch(const DispatchArgs& args, const DeviceCall* device = nullptr);
+  CombineResult combine(const CombineArgs& args, const DeviceCall* device = nullptr);
 
   void check_usable(std::string_view phase) const { calls_.check_usable(phase); }
   // Calls, eager streams, chunks and stalls (bytes are the channels' to count).
@@ -63,6 +78,7 @@ class NormalMode {
 
  private:
   // ---- dispatch steps (dispatch.cpp) ----
+  // `args` as the protocol reads them: a device call's with its host steering copies.
   std::vector<NotifyRecord> notify_dispatch(uint64_t call, const DispatchInput& input,
                                             const DispatchArgs& args, const TokenRouting& routing,
                                             const LandingBlocks::Offer& offer);
@@ -76,9 +92,11 @@ class NormalMode {
   void plan_in_place(DispatchCall& call, const std::vector<NotifyRecord>& records,
                      const RowCounts& counts);
   void await_in_place(DispatchCall& call);
-  DispatchResult allocate_outputs(const DispatchInput& input, const DispatchArgs& args,
-                                  int64_t num_recv, gpu_side::ep::Tensor recv_x);
-  void clear_padding(DispatchResult& out, const DispatchInput& input, int64_t num_recv);
+  DispatchResult allocate_outputs(RowBackend& backend, const DispatchInput& input,
+                                  const DispatchArgs& args, int64_t num_recv,
+                                  gpu_side::ep::Tensor recv_x);
+  void clear_padding(RowBackend& backend, DispatchResult& out, const DispatchInput& input,
+                     int64_t num_recv);
   void finish_handle(DispatchResult& out, const DispatchInput& input, const DispatchArgs& args,
                      const TokenRouting& routing, const RowCounts& counts,
                      const std::vector<NotifyRecord>& records) const;

@@ -3,7 +3,8 @@
 // reorder shim when the ranks are on different "nodes"): get_dispatch_layout on the device,
 // a call mixing host and device tensors refused, dispatch (fresh and cached, with async_finish)
 // and combine (async) with device inputs returning device outputs, checked exactly against
-// gpu_side/ep/reference.hpp. Run on the host-simulated device by
+// gpu_side/ep/reference.hpp, and one call with host tensors on rank 0 and device tensors on
+// the others. Run on the host-simulated device by
 // tests/unit/integrations/test_device_buffer_threads.cpp and on CUDA by
 // tests/gpu/test_gpu_buffer.cpp.
 #pragma once
@@ -137,6 +138,44 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   require_equal(*device, c.combined_x, combined_want.combined_x, kTokens, "combined_x");
   require_equal(*device, c.combined_topk_weights, combined_want.combined_topk_weights, kTokens,
                 "combined_topk_weights");
+
+  // One call, tensors in different places on different ranks: rank 0's in host memory, the
+  // others' on their devices. Each rank's side follows its own tensors: rank 0 offers its landing
+  // region for recv_x and a device rank's kernels cannot reach it (stored through the slots);
+  // rank 0's combine may have the fabric send straight from its x, a device rank's never (no
+  // weights, so x's rows are offered).
+  const bool on_host = me == 0;
+  auto same = [&](const ep::Tensor& got, const ep::Tensor& want, int64_t rows,
+                  const std::string& what) {
+    if (!on_host) return require_equal(*device, got, want, rows, what);
+    require(got.device() == ep::Device::host, "test", "{} of a host call is not host memory", what);
+    const size_t bytes =
+        static_cast<size_t>(rows) * want.bytes() / static_cast<size_t>(want.rows());
+    require(std::memcmp(got.raw(), want.raw(), bytes) == 0, "test", "{} differs (mixed)", what);
+  };
+  const DispatchResult m =
+      on_host ? buffer.dispatch({.x = mine.x,
+                                 .num_tokens_per_rank = host_layout.num_tokens_per_rank,
+                                 .is_token_in_rank = host_layout.is_token_in_rank,
+                                 .num_tokens_per_expert = host_layout.num_tokens_per_expert,
+                                 .topk_idx = mine.topk_idx,
+                                 .topk_weights = mine.topk_weights})
+              : buffer.dispatch({.x = x,
+                                 .num_tokens_per_rank = layout.num_tokens_per_rank,
+                                 .is_token_in_rank = layout.is_token_in_rank,
+                                 .num_tokens_per_expert = layout.num_tokens_per_expert,
+                                 .topk_idx = topk_idx,
+                                 .topk_weights = topk_weights});
+  require(m.handle.num_recv_tokens == recv, "test", "mixed: received {} rows, reference {}",
+          m.handle.num_recv_tokens, recv);
+  same(m.recv_x, wanted.recv_x, recv, "recv_x (mixed)");
+  same(m.recv_topk_idx, wanted.recv_topk_idx, recv, "recv_topk_idx (mixed)");
+  // Without weights: every rank's own rows come back unweighted (the reference with none).
+  const ep::ReferenceCombine plain_want =
+      ep::reference_combine(expert_out, want, {}, w.shape, me, kTokens);
+  const CombineResult mc = buffer.combine({.x = m.recv_x, .handle = &m.handle});
+  same(mc.combined_x, plain_want.combined_x, kTokens, "combined_x (mixed)");
+
   if (per_node == 1)
     require(buffer.stats().reordered_completions.has_value(), "test",
             "the fabric path ran without the reorder shim");
@@ -144,10 +183,17 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   buffer.destroy();
 }
 
+// Twice: with the default ep.eager_bytes (these rows travel with the notify records) and with
+// none (chunks through the slots, recv_x in the landing region where a host rank offers it).
 inline void run_device_buffer(int per_node, const DeviceFactory& make_device) {
-  run_buffer_ranks(kRanks, per_node == 1, [per_node, make_device](control::Bootstrap::Options o) {
-    run_device_buffer_rank(per_node, std::move(o), make_device);
-  });
+  for (const bool eager : {true, false}) {
+    INFO("eager rows: " << eager);
+    if (!eager) params::ep_eager_bytes.set(0);
+    run_buffer_ranks(kRanks, per_node == 1, [per_node, make_device](control::Bootstrap::Options o) {
+      run_device_buffer_rank(per_node, std::move(o), make_device);
+    });
+    params::ep_eager_bytes.reset();
+  }
 }
 
 }  // namespace proxyep::integrations::testing
