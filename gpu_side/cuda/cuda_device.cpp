@@ -161,21 +161,58 @@ void CudaDevice::wait_event(const std::shared_ptr<device::DeviceEvent>& event,
   check_cuda(cudaStreamWaitEvent(state_->stream, cuda->get(), 0), kPhase, "cudaStreamWaitEvent");
 }
 
-void CudaDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
-  // cudaStreamSynchronize has no deadline; poll the stream with short sleeps so a kernel stuck
-  // on a dead peer becomes an error, not a hang.
-  state_->select();
+namespace {
+
+// Polls `query` (cudaStreamQuery, cudaEventQuery) until it stops saying cudaErrorNotReady, for
+// at most `timeout`: the blocking calls have no deadline, and a kernel stuck on a dead peer must
+// become an error, not a hang.
+template <typename Query>
+void poll_until_done(Query&& query, int ordinal, std::string_view phase, std::string_view what,
+                     std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (true) {
-    const cudaError_t status = cudaStreamQuery(state_->stream);
+    const cudaError_t status = query();
     if (status == cudaSuccess) return;
     if (status != cudaErrorNotReady)
-      fail(std::string(phase), "cuda device {}: {}", state_->ordinal, cudaGetErrorString(status));
+      fail(std::string(phase), "cuda device {}: {}", ordinal, cudaGetErrorString(status));
     if (std::chrono::steady_clock::now() >= deadline)
-      fail(std::string(phase), "cuda device {}: the stream is still busy after {} ms",
-           state_->ordinal, timeout.count());
+      fail(std::string(phase), "cuda device {}: {} after {} ms", ordinal, what, timeout.count());
     std::this_thread::sleep_for(std::chrono::microseconds(20));
   }
+}
+
+const CudaEvent& recorded_here(const device::DeviceEvent& event, int ordinal,
+                               std::string_view phase) {
+  const auto* cuda = dynamic_cast<const CudaEvent*>(&event);
+  require(cuda != nullptr && cuda->ordinal() == ordinal, phase,
+          "the host waits only for an event recorded on CUDA device {}", ordinal);
+  return *cuda;
+}
+
+}  // namespace
+
+bool CudaDevice::reached(const device::DeviceEvent& event, std::string_view phase) {
+  const CudaEvent& cuda = recorded_here(event, state_->ordinal, phase);
+  state_->select();
+  const cudaError_t status = cudaEventQuery(cuda.get());
+  if (status == cudaErrorNotReady) return false;
+  if (status != cudaSuccess)
+    fail(std::string(phase), "cuda device {}: {}", state_->ordinal, cudaGetErrorString(status));
+  return true;
+}
+
+void CudaDevice::wait_for(const device::DeviceEvent& event, std::string_view phase,
+                          std::chrono::milliseconds timeout) {
+  const CudaEvent& cuda = recorded_here(event, state_->ordinal, phase);
+  state_->select();
+  poll_until_done([&] { return cudaEventQuery(cuda.get()); }, state_->ordinal, phase,
+                  "the stream has not reached the event", timeout);
+}
+
+void CudaDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
+  state_->select();
+  poll_until_done([&] { return cudaStreamQuery(state_->stream); }, state_->ordinal, phase,
+                  "the stream is still busy", timeout);
 }
 
 }  // namespace proxyep::gpu_side::cuda

@@ -36,6 +36,9 @@ class CudaDevice final : public device::DeviceRuntime {
   std::shared_ptr<device::DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<device::DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;
+  bool reached(const device::DeviceEvent& event, std::string_view phase) override;
+  void wait_for(const device::DeviceEvent& event, std::string_view phase,
+                std::chrono::milliseconds timeout) override;
   // An event at the current end of a stream of the caller's on this device (a cudaStream_t,
   // e.g. torch.cuda.current_stream().cuda_stream; nullptr is the legacy default stream): what
   // a call's previous_event is made from.

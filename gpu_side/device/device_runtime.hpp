@@ -73,6 +73,15 @@ class DeviceRuntime {
   virtual void wait_event(const std::shared_ptr<DeviceEvent>& event,
                           std::chrono::milliseconds timeout) = 0;
 
+  // The host's side of an event this runtime recorded: reached() says, without blocking,
+  // whether its stream has run everything queued before it (cudaEventQuery); wait_for() blocks
+  // until it has, for at most `timeout`. Both throw proxyep::Error(phase) for a failed stream
+  // (naming the operation), wait_for() also at the deadline. A backend publishes what its
+  // kernels wrote (to the proxies, to a peer) only once their event is reached.
+  virtual bool reached(const DeviceEvent& event, std::string_view phase) = 0;
+  virtual void wait_for(const DeviceEvent& event, std::string_view phase,
+                        std::chrono::milliseconds timeout) = 0;
+
   // Waits until everything queued has run, for at most `timeout`; throws proxyep::Error(phase)
   // for a failed operation (then the runtime is unusable, as a CUDA context is after a fault)
   // or a stream still busy at the deadline (then it may be called again).

@@ -62,8 +62,9 @@ struct SimulatedDevice::Memory {
 // An event: reached when the stream that recorded it ran everything queued before it.
 struct SimulatedDevice::Event final : DeviceEvent {
   const Memory* device = nullptr;  // events order the streams of one device
-  std::mutex mutex;
-  std::condition_variable changed;
+  const Core* stream = nullptr;    // the one that recorded it (the host waits there)
+  mutable std::mutex mutex;        // the host waits on a const event
+  mutable std::condition_variable changed;
   bool reached = false;
 };
 
@@ -72,7 +73,7 @@ struct SimulatedDevice::Core {
   struct Op {
     std::string name;
     std::function<void()> body;
-    bool release = false;  // frees memory: runs even after a failure
+    bool always = false;  // frees memory or marks an event: runs even after a failure
   };
 
   SimulatedDeviceOptions options;
@@ -98,10 +99,10 @@ struct SimulatedDevice::Core {
            p, bytes);
   }
 
-  void enqueue(std::string name, std::function<void()> body, bool release = false) {
+  void enqueue(std::string name, std::function<void()> body, bool always = false) {
     {
       std::lock_guard lock(mutex);
-      queue.push_back({std::move(name), std::move(body), release});
+      queue.push_back({std::move(name), std::move(body), always});
     }
     wake.notify_one();
   }
@@ -119,13 +120,13 @@ struct SimulatedDevice::Core {
       }
       Op op = std::move(queue.front());
       queue.pop_front();
-      if (failure && !op.release) {
+      if (failure && !op.always) {
         finish_if_idle();
         continue;  // a failed stream runs nothing more, as a faulted CUDA context
       }
       busy = true;
       lock.unlock();
-      if (options.operation_delay.count() > 0 && !op.release)
+      if (options.operation_delay.count() > 0 && !op.always)
         std::this_thread::sleep_for(options.operation_delay);
       std::optional<std::string> error;
       try {
@@ -142,6 +143,17 @@ struct SimulatedDevice::Core {
       if (error && !failure) failure = std::move(error);
       finish_if_idle();
     }
+  }
+
+  // Deferred mode: the host waits, so the queue runs now. Locked.
+  void flush() {
+    flushing = true;
+    wake.notify_all();
+  }
+
+  // Throws proxyep::Error(phase) when an operation failed. Locked.
+  void require_healthy(std::string_view phase) const {
+    if (failure) fail(std::string(phase), "the simulated device failed: {}", *failure);
   }
 
   void finish_if_idle() {
@@ -429,14 +441,66 @@ void SimulatedDevice::combine(const ep::CombineParams& p) {
 std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
   auto event = std::make_shared<Event>();
   event->device = core_->memory.get();
-  core_->enqueue("record", [event] {
-    {
-      std::lock_guard lock(event->mutex);
-      event->reached = true;
-    }
-    event->changed.notify_all();
-  });
+  event->stream = core_.get();
+  // Reached even after a failure (a waiting host then reports the failure at once, not at its
+  // deadline).
+  core_->enqueue(
+      "record",
+      [event] {
+        {
+          std::lock_guard lock(event->mutex);
+          event->reached = true;
+        }
+        event->changed.notify_all();
+      },
+      true);
   return event;
+}
+
+namespace {
+
+const SimulatedDevice::Event& recorded_on(const DeviceEvent& event,
+                                          const SimulatedDevice::Core* stream,
+                                          std::string_view phase) {
+  const auto* simulated = dynamic_cast<const SimulatedDevice::Event*>(&event);
+  require(simulated != nullptr && simulated->stream == stream, phase,
+          "the host waits only for an event this stream recorded");
+  return *simulated;
+}
+
+}  // namespace
+
+bool SimulatedDevice::reached(const DeviceEvent& event, std::string_view phase) {
+  const Event& recorded = recorded_on(event, core_.get(), phase);
+  bool is_reached = false;
+  {
+    std::lock_guard lock(recorded.mutex);
+    is_reached = recorded.reached;
+  }
+  std::lock_guard lock(core_->mutex);
+  core_->require_healthy(phase);
+  return is_reached;
+}
+
+void SimulatedDevice::wait_for(const DeviceEvent& event, std::string_view phase,
+                               std::chrono::milliseconds timeout) {
+  const Event& recorded = recorded_on(event, core_.get(), phase);
+  {
+    std::lock_guard lock(core_->mutex);
+    core_->flush();
+  }
+  bool is_reached = false;
+  {
+    std::unique_lock lock(recorded.mutex);
+    is_reached = recorded.changed.wait_for(lock, timeout, [&] { return recorded.reached; });
+  }
+  std::lock_guard lock(core_->mutex);
+  core_->require_healthy(phase);
+  if (!is_reached)
+    fail(std::string(phase),
+         "the simulated device's stream has not reached the event after {} ms ({} operations "
+         "queued)",
+         timeout.count(), core_->queue.size());
 }
 
 void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
@@ -453,8 +517,7 @@ void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
 
 void SimulatedDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
   std::unique_lock lock(core_->mutex);
-  core_->flushing = true;
-  core_->wake.notify_all();
+  core_->flush();
   const bool drained =
       core_->idle.wait_for(lock, timeout, [&] { return core_->queue.empty() && !core_->busy; });
   if (!drained)
@@ -462,7 +525,7 @@ void SimulatedDevice::synchronize(std::string_view phase, std::chrono::milliseco
          "the simulated device's stream is still busy after {} ms ({} "
          "operations queued)",
          timeout.count(), core_->queue.size());
-  if (core_->failure) fail(std::string(phase), "the simulated device failed: {}", *core_->failure);
+  core_->require_healthy(phase);
 }
 
 }  // namespace proxyep::gpu_side::device

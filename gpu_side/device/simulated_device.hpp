@@ -12,8 +12,9 @@
 //   kernel is refused naming the operation and the argument.
 // - The stream is asynchronous: one worker thread runs the queued operations in order;
 //   another_stream() gives a second stream of the same device, ordered only through events. With
-//   defer_until_synchronize nothing runs until synchronize() is called, so a host that reads a
-//   result (in registered host memory) before waiting reads stale bytes and its test fails.
+//   defer_until_synchronize nothing runs until the host waits (synchronize(), wait_for()), so a
+//   host that reads a result (in registered host memory) before waiting reads stale bytes and
+//   its test fails.
 // - Kernels are the CPU twins of the CUDA kernels: the same per-row and per-token rules
 //   (gpu_side/ep/layout_rules.hpp, row_rules.hpp), so results are bit-identical to the GPU's.
 #pragma once
@@ -65,6 +66,9 @@ class SimulatedDevice final : public DeviceRuntime {
   std::shared_ptr<DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;
+  bool reached(const DeviceEvent& event, std::string_view phase) override;
+  void wait_for(const DeviceEvent& event, std::string_view phase,
+                std::chrono::milliseconds timeout) override;
   void synchronize(std::string_view phase, std::chrono::milliseconds timeout) override;
 
   struct Core;    // one stream; shared with allocations, which may outlive the device

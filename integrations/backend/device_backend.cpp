@@ -39,24 +39,54 @@ DeviceBackend::DeviceBackend(std::shared_ptr<gpu_side::device::DeviceRuntime> de
 template <typename T>
 const T* DeviceBackend::upload(const T* host, size_t count) {
   if (count == 0) return nullptr;
-  // The copy may run any time before finish(), and callers pass arrays that die sooner (a
+  // The copy may run any time before the next mark, and callers pass arrays that die sooner (a
   // table built in a nested scope): the bytes are taken now, into staging held until then.
   const size_t bytes = count * sizeof(T);
-  auto& staged = host_scratch_.emplace_back(bytes);
-  std::memcpy(staged.data(), host, bytes);
-  auto memory = device_->allocate(bytes);
-  device_->copy(memory.get(), staged.data(), bytes);
-  const auto* address = reinterpret_cast<const T*>(memory.get());
-  scratch_.push_back(std::move(memory));
-  return address;
+  Upload& staged = uploads_.emplace_back(Upload{.before = last_ + 1,
+                                                .device = device_->allocate(bytes),
+                                                .host = std::vector<std::byte>(bytes)});
+  std::memcpy(staged.host.data(), host, bytes);
+  device_->copy(staged.device.get(), staged.host.data(), bytes);
+  return reinterpret_cast<const T*>(staged.device.get());
 }
 
-void DeviceBackend::finish(std::string_view phase) {
-  // The scratch goes only once the stream has run: its release is stream-ordered anyway, but a
-  // failed wait must not leave host arrays it reads from (the callers' vectors) in doubt.
-  device_->synchronize(phase, std::chrono::milliseconds(params::ep_timeout_ms.get()));
-  scratch_.clear();
-  host_scratch_.clear();
+DeviceBackend::Mark DeviceBackend::mark() {
+  std::lock_guard lock(mutex_);
+  if (!queued_) return last_;  // the newest mark already follows everything queued
+  pending_.push_back({.mark = ++last_, .event = device_->record()});
+  queued_ = false;
+  return last_;
+}
+
+bool DeviceBackend::reached(Mark mark, std::string_view phase) {
+  std::lock_guard lock(mutex_);
+  require(mark <= last_, phase, "mark {} was never handed out (newest {})", mark, last_);
+  // The stream runs in order: the oldest marks are reached first.
+  while (!pending_.empty() && mark > done_ && device_->reached(*pending_.front().event, phase))
+    passed(pending_.front().mark);
+  return mark <= done_;
+}
+
+void DeviceBackend::wait(Mark mark, std::string_view phase) {
+  std::unique_lock lock(mutex_);
+  require(mark <= last_, phase, "mark {} was never handed out (newest {})", mark, last_);
+  if (mark <= done_) return;
+  // Every mark in (done_, last_] is pending: `mark`'s own event is there.
+  const Recorded awaited = *std::find_if(pending_.begin(), pending_.end(),
+                                         [&](const Recorded& r) { return r.mark == mark; });
+  lock.unlock();  // another thread may queue work meanwhile
+  device_->wait_for(*awaited.event, phase, std::chrono::milliseconds(params::ep_timeout_ms.get()));
+  lock.lock();
+  passed(awaited.mark);
+}
+
+void DeviceBackend::passed(Mark mark) {
+  done_ = std::max(done_, mark);
+  while (!pending_.empty() && pending_.front().mark <= done_)
+    pending_.pop_front();
+  // The device copy is released in stream order; the host bytes were read before the mark.
+  while (!uploads_.empty() && uploads_.front().before <= done_)
+    uploads_.pop_front();
 }
 
 ep::Tensor DeviceBackend::allocate(ep::DType dtype, int64_t rows, int64_t cols) {
@@ -80,8 +110,12 @@ ep::DispatchLayout DeviceBackend::layout(const ep::TensorRef& topk_idx, const ep
   ep::Tensor checked = topk_idx.dims == 2
                            ? ep::Tensor::empty(ep::DType::i64, topk_idx.rows, topk_idx.cols)
                            : ep::Tensor::empty(ep::DType::i64, topk_idx.rows);
-  device_->copy(checked.raw(), topk_idx.data, checked.bytes());
-  finish(kPhase);
+  {
+    std::lock_guard lock(mutex_);
+    device_->copy(checked.raw(), topk_idx.data, checked.bytes());
+    queued();
+  }
+  complete(kPhase);
   ep::validate_topk_idx(checked, shape, kPhase);
 
   const int64_t tokens = topk_idx.rows;
@@ -92,6 +126,7 @@ ep::DispatchLayout DeviceBackend::layout(const ep::TensorRef& topk_idx, const ep
     layout.num_tokens_per_rdma_rank = allocate(ep::DType::i32, shape.num_nodes());
   layout.num_tokens_per_expert = allocate(ep::DType::i32, shape.num_experts);
   layout.is_token_in_rank = allocate(ep::DType::boolean, tokens, ranks);
+  std::unique_lock lock(mutex_);
   device_->dispatch_layout({.topk_idx = topk_idx.as<int64_t>(),
                             .num_tokens = tokens,
                             .topk = static_cast<int>(topk_idx.cols),
@@ -102,7 +137,10 @@ ep::DispatchLayout DeviceBackend::layout(const ep::TensorRef& topk_idx, const ep
                                                    : nullptr,
                             .tokens_per_expert = layout.num_tokens_per_expert.data<int32_t>(),
                             .is_token_in_rank = layout.is_token_in_rank.data<bool>()});
-  finish(kPhase);
+  queued();
+  lock.unlock();
+  // Done on return: the caller may read the layout from any stream of its own.
+  complete(kPhase);
   return layout;
 }
 
@@ -110,11 +148,12 @@ void DeviceBackend::pack_rows(const RowSource& source, const ep::RowSink& sink,
                               std::span<const int32_t> tokens) {
   if (tokens.empty()) return;
   require_source_on_device(source, "dispatch");
+  std::lock_guard lock(mutex_);
   device_->dispatch_chunk({.input = row_input(source),
                            .tokens = upload(tokens.data(), tokens.size()),
                            .sink = sink,
                            .rows = static_cast<int64_t>(tokens.size())});
-  finish("dispatch");
+  queued();
 }
 
 void DeviceBackend::place_routed_rows(const RowSource& source, const ep::RowSink& sink,
@@ -124,31 +163,35 @@ void DeviceBackend::place_routed_rows(const RowSource& source, const ep::RowSink
   // Only sink.rank's column is written: the kernel skips destinations whose sink has no rows.
   std::vector<ep::RowSink> sinks(static_cast<size_t>(routes.ranks));
   sinks[static_cast<size_t>(sink.rank)] = sink;
+  std::lock_guard lock(mutex_);
   device_->dispatch_rows(
       {.input = row_input(source),
        .send_head = upload(routes.send_head, static_cast<size_t>(routes.tokens * routes.ranks)),
        .sinks = upload(sinks.data(), sinks.size()),
        .num_tokens = routes.tokens});
-  finish("dispatch");
+  queued();
 }
 
 void DeviceBackend::copy_rows(std::byte* to, const std::byte* from, int64_t rows,
                               uint64_t row_bytes) {
   if (rows <= 0) return;
+  std::lock_guard lock(mutex_);
   device_->copy(to, from, static_cast<uint64_t>(rows) * row_bytes);
-  finish("copy rows");
+  queued();
 }
 
 void DeviceBackend::fill(std::byte* to, uint8_t value, uint64_t bytes) {
   if (bytes == 0) return;
+  std::lock_guard lock(mutex_);
   device_->fill(to, value, bytes);
-  finish("fill");
+  queued();
 }
 
 void DeviceBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
   if (num_tokens <= 0) return;
   const int ranks = input.num_ranks;
   const auto n = static_cast<size_t>(ranks);
+  std::lock_guard lock(mutex_);
   ep::CombineInput in = input;
   in.send_head = upload(input.send_head, static_cast<size_t>(num_tokens) * n);
   in.block_rows = upload(input.block_rows, n);
@@ -171,7 +214,7 @@ void DeviceBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
     in.block_chunks = upload(chunks.data(), n);
   }
   device_->combine({.input = in, .num_tokens = num_tokens});
-  finish("combine");
+  queued();
 }
 
 }  // namespace proxyep::integrations

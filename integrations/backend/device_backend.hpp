@@ -9,15 +9,21 @@
 //   the device addresses of their parts).
 // - Validation on the host. get_dispatch_layout copies topk_idx back once to check it as the
 //   host path does (an expert id out of range would make the kernel write out of bounds).
-// - Completion. RowBackend promises every call's work is done when it returns (the protocols
-//   then publish the rows to their peers), so each call ends with a synchronize() bounded by
-//   ep.timeout_ms. (Overlapping them on the communication stream is the next step.)
+// - Completion. Every call only queues its work on the device's stream and returns; a mark is
+//   an event recorded on the stream (none when nothing was queued since the last), reached()
+//   asks it without blocking, wait() blocks for at most ep.timeout_ms. So the kernels of one
+//   chunk run while the host posts the chunk before it, and the host waits only where it hands
+//   bytes on (RowBackend's completion rule). The uploads' memory is held until a mark after
+//   them is reached. A Buffer's calls use the backend from the caller's thread and from the
+//   communication stream's, so its state is locked.
 #pragma once
 
 #include "gpu_side/device/device_runtime.hpp"
 #include "integrations/backend/row_backend.hpp"
 
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 namespace proxyep::integrations {
@@ -40,16 +46,37 @@ class DeviceBackend final : public RowBackend {
   void fill(std::byte* to, uint8_t value, uint64_t bytes) override;
   void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) override;
 
+  Mark mark() override;
+  bool reached(Mark mark, std::string_view phase) override;
+  void wait(Mark mark, std::string_view phase) override;
+
  private:
-  // A device copy of the `count` values at `host` as they are now, alive until finish().
+  // A device copy of the `count` values at `host` as they are now, held until the next mark is
+  // reached. Locked.
   template <typename T>
   const T* upload(const T* host, size_t count);
-  // Waits for the queued work (ep.timeout_ms), then drops the scratch.
-  void finish(std::string_view phase);
+  // After queueing work. Locked.
+  void queued() { queued_ = true; }
+  // Marks up to `mark` are reached: drops their events and the uploads before them. Locked.
+  void passed(Mark mark);
+
+  struct Upload {
+    Mark before;                          // the first mark after it
+    std::shared_ptr<std::byte[]> device;  // the copy the kernels read
+    std::vector<std::byte> host;          // what it is copied from
+  };
+  struct Recorded {
+    Mark mark;
+    std::shared_ptr<gpu_side::device::DeviceEvent> event;
+  };
 
   std::shared_ptr<gpu_side::device::DeviceRuntime> device_;
-  std::vector<std::shared_ptr<std::byte[]>> scratch_;  // device copies of the uploads
-  std::vector<std::vector<std::byte>> host_scratch_;   // what they are copied from
+  std::mutex mutex_;
+  std::deque<Upload> uploads_;    // oldest first
+  std::deque<Recorded> pending_;  // marks not yet known reached, in stream order
+  Mark last_ = 0;                 // the newest mark handed out
+  Mark done_ = 0;                 // every mark up to this one is reached
+  bool queued_ = false;           // work queued since mark last_
 };
 
 }  // namespace proxyep::integrations

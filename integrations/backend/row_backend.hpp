@@ -13,7 +13,15 @@
 // backend; device memory or device-reachable (registered) host memory for a device backend. The
 // index arrays that steer the work (`tokens`, TokenRoutes, CombineInput's send_head and per-rank
 // tables) are host memory: the protocols compute them on the host, and a device backend uploads
-// them. Every call has finished its work when it returns.
+// them.
+//
+// Completion. A backend may queue its work and return before it has run (a device backend's
+// stream). mark() names the point after everything queued so far; once reached(mark) is true,
+// or wait(mark) returned, that work has written its outputs and stopped reading its inputs (the
+// steering arrays are taken when a call is made: they may change at once). So the protocols
+// wait for a mark before they publish what the work wrote or let what it reads change: before a
+// filled chunk is sent, before a slot's credit goes back, before a call ends (complete()). The
+// host backend's work is done when each call returns: its marks are reached at once.
 #pragma once
 
 #include "gpu_side/ep/ep_shape.hpp"
@@ -25,6 +33,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 namespace proxyep::integrations {
 
@@ -82,6 +91,18 @@ class RowBackend {
   virtual void fill(std::byte* to, uint8_t value, uint64_t bytes) = 0;
   // Combine: what gpu_side::ep::combine_token gives for tokens [0, num_tokens).
   virtual void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) = 0;
+
+  // ---- completion (above) ----
+  using Mark = uint64_t;
+  virtual Mark mark() { return 0; }
+  // Throws proxyep::Error(phase) for work that failed (and, wait(), at ep.timeout_ms).
+  virtual bool reached(Mark mark, std::string_view phase) {
+    (void)mark, (void)phase;
+    return true;
+  }
+  virtual void wait(Mark mark, std::string_view phase) { (void)mark, (void)phase; }
+  // Waits for everything queued so far.
+  void complete(std::string_view phase) { wait(mark(), phase); }
 };
 
 }  // namespace proxyep::integrations

@@ -184,6 +184,9 @@ void NormalMode::run_combine(CombineCall& c) {
           .hidden = in.hidden,
           .topk = in.topk},
       h.num_tokens);
+  // The slots it reads in place are the next call's once this returns (and combined_x the
+  // caller's).
+  calls_.step([&] { c.backend->complete(kPhase); });
   clock.lap(&PhaseTimes::reduce_ns);
   stats_.chunks_reduced_in_place += streams.chunks_in_place();
   calls_.step([&] { session_.quiet(kPhase); });

@@ -8,8 +8,7 @@ namespace proxyep::integrations::normal {
 CombineStreams::CombineStreams(RowBackend& backend, const ep::RowFormat& format,
                                const RowCounts& counts, const std::byte* x, const float* weights,
                                int topk, int me, bool x_on_device)
-    : RowStreams(format, counts.ranks()),
-      backend_(backend),
+    : RowStreams(backend, format, counts.ranks()),
       counts_(counts),
       x_(x),
       weights_(weights),
@@ -35,11 +34,10 @@ void CombineStreams::fill(int s, uint64_t first, uint64_t rows, std::byte* slot)
   const auto areas = ep::RowAreas::of(rows, format);
   const int64_t from = counts_.first_from(s, me_) + static_cast<int64_t>(first);
   const auto n = static_cast<int64_t>(rows);
-  backend_.copy_rows(slot + areas.x, x_ + from * row_bytes_, n, row_bytes_);
+  backend.copy_rows(slot + areas.x, x_ + from * row_bytes_, n, row_bytes_);
   if (weights_ != nullptr)
-    backend_.copy_rows(slot + areas.weights,
-                       reinterpret_cast<const std::byte*>(weights_ + from * topk_), n,
-                       4ull * topk_);
+    backend.copy_rows(slot + areas.weights,
+                      reinterpret_cast<const std::byte*>(weights_ + from * topk_), n, 4ull * topk_);
 }
 
 const std::byte* CombineStreams::caller_rows(int s, uint64_t first, uint64_t rows) const {
@@ -70,18 +68,18 @@ void CombineStreams::take(int r, uint64_t chunk, uint64_t first, uint64_t rows,
     ++chunks_in_place_;
   } else {
     if (!gathered_x_[r].defined()) {
-      gathered_x_[r] = backend_.allocate(DType::bf16, total, row_bytes_ / 2);
+      gathered_x_[r] = backend.allocate(DType::bf16, total, row_bytes_ / 2);
       block_rows_[r] = gathered_x_[r].data<uint16_t>();
     }
-    backend_.copy_rows(gathered_x_[r].raw() + first * row_bytes_, slot + areas.x, n, row_bytes_);
+    backend.copy_rows(gathered_x_[r].raw() + first * row_bytes_, slot + areas.x, n, row_bytes_);
   }
   if (topk_ == 0) return;
   if (!gathered_weights_[r].defined()) {
-    gathered_weights_[r] = backend_.allocate(DType::f32, total, topk_);
+    gathered_weights_[r] = backend.allocate(DType::f32, total, topk_);
     block_weights_[r] = gathered_weights_[r].data<float>();
   }
-  backend_.copy_rows(gathered_weights_[r].raw() + first * 4ull * topk_, slot + areas.weights, n,
-                     4ull * topk_);
+  backend.copy_rows(gathered_weights_[r].raw() + first * 4ull * topk_, slot + areas.weights, n,
+                    4ull * topk_);
 }
 
 }  // namespace proxyep::integrations::normal

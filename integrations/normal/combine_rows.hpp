@@ -39,7 +39,6 @@ class CombineStreams final : public RowStreams {
   uint64_t chunks_in_place() const { return chunks_in_place_; }
 
  private:
-  RowBackend& backend_;
   const RowCounts& counts_;
   const std::byte* x_;
   const float* weights_;

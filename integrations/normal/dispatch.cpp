@@ -94,6 +94,8 @@ void NormalMode::move_rows(DispatchCall& d) {
   calls_.step([&] { await_in_place(d); });
   d.clock.lap(&PhaseTimes::wait_ns);
   clear_padding(*d.backend, d.out, d.in, d.num_recv);
+  // The outputs are the caller's, and the slots and staging the next call's, once this returns.
+  calls_.step([&] { d.backend->complete(kPhase); });
   stats_.rows_stored_in_place += d.streams->rows_in_place();
   d.clock.lap(&PhaseTimes::prepare_ns);
   calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call

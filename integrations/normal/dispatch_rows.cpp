@@ -61,8 +61,7 @@ TokenRoutes TokenRouting::routes() const {
 DispatchStreams::DispatchStreams(RowBackend& backend, const DispatchInput& input,
                                  const DispatchArgs& args, const TokenRouting& routing,
                                  const ep::EpShape& shape, int me, bool on_device)
-    : RowStreams(input.format, shape.num_ranks),
-      backend_(backend),
+    : RowStreams(backend, input.format, shape.num_ranks),
       input_(input),
       routing_(routing),
       source_{.x = args.x,
@@ -103,11 +102,16 @@ void DispatchStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot
     rows_in_place_ += rows;
   }
   if (!landing_at_.empty() && landing_at_[d] >= 0) rows_in_place_ += rows;  // sent from here
-  backend_.pack_rows(source_, sink,
-                     std::span<const int32_t>(routing_.tokens_to[d]).subspan(first, rows));
-  // Done when pack_rows returns (RowBackend): the host moves the token bytes on.
-  if (store_at != nullptr && on_device_)
-    std::memcpy(store_at, slot + areas.x, rows * format.hidden_bytes);
+  backend.pack_rows(source_, sink,
+                    std::span<const int32_t>(routing_.tokens_to[d]).subspan(first, rows));
+}
+
+void DispatchStreams::filled(int d, uint64_t first, uint64_t rows, const std::byte* slot) {
+  // A device call's rows for a node peer's landing region went into the slot (fill): the host
+  // moves the token bytes on, now that the kernel wrote them.
+  if (!on_device_ || x_to_.empty() || x_to_[d] == nullptr) return;
+  std::memcpy(x_to_[d] + first * format.hidden_bytes, slot + ep::RowAreas::of(rows, format).x,
+              rows * format.hidden_bytes);
 }
 
 void DispatchStreams::take(int s, uint64_t, uint64_t first, uint64_t rows, const std::byte* slot) {
@@ -115,7 +119,7 @@ void DispatchStreams::take(int s, uint64_t, uint64_t first, uint64_t rows, const
   const auto n = static_cast<int64_t>(rows);
   const int64_t at = first_row_[s] + static_cast<int64_t>(first);
   auto copy = [&](Tensor& to, uint64_t area, uint64_t unit) {
-    backend_.copy_rows(to.raw() + at * unit, slot + area, n, unit);
+    backend.copy_rows(to.raw() + at * unit, slot + area, n, unit);
   };
   if (x_from_.empty() || x_from_[s] == 0) copy(out_->recv_x, areas.x, format.hidden_bytes);
   if (input_.fp8) copy(out_->recv_x_scales, areas.scales, 4ull * format.scale_cols);
@@ -133,7 +137,7 @@ void DispatchStreams::local() {
   self.src_index = input_.cached ? nullptr : out_->handle.recv_src_idx.data<int32_t>();
   self.first_row = first_row_[me_];
   self.rank = me_;
-  backend_.place_routed_rows(source_, self, routing_.routes());
+  backend.place_routed_rows(source_, self, routing_.routes());
 }
 
 }  // namespace proxyep::integrations::normal

@@ -2,6 +2,7 @@
 #include "integrations/normal/streams.hpp"
 
 #include "common/error.hpp"
+#include "integrations/normal/publish_queue.hpp"
 
 #include <fmt/format.h>
 
@@ -29,6 +30,7 @@ class StreamRun {
   std::vector<int> send_order() const;
   bool can_send(int d) const;
   void send(int d);
+  void post(int d, uint64_t j, uint64_t rows);
   uint64_t arrived(int s) const;
   bool take_arrived(int s);
   bool pending(int r) const;
@@ -44,6 +46,8 @@ class StreamRun {
   const std::string_view phase_;
   const int ranks_, me_;
   std::vector<uint64_t> sent_, taken_;  // chunks, by peer
+  std::vector<char> filling_;           // by peer: a chunk is filled and waits for its post
+  PublishQueue publish_;
 };
 
 StreamRun::StreamRun(proxy::Session& session, uint64_t call, RowStreams& streams,
@@ -57,7 +61,9 @@ StreamRun::StreamRun(proxy::Session& session, uint64_t call, RowStreams& streams
       ranks_(session.ranks()),
       me_(session.rank()),
       sent_(static_cast<size_t>(ranks_), 0),
-      taken_(static_cast<size_t>(ranks_), 0) {
+      taken_(static_cast<size_t>(ranks_), 0),
+      filling_(static_cast<size_t>(ranks_), 0),
+      publish_(streams.backend, phase) {
   for (int r = 0; r < ranks_; ++r) {
     if (r == me_) continue;
     channel(r).begin_streams(call, phase);
@@ -80,8 +86,9 @@ std::vector<int> StreamRun::send_order() const {
 }
 
 bool StreamRun::can_send(int d) const {
+  // One chunk at a time per peer: a fabric channel packs every chunk into its next staging slot.
   const ChunkPlan& p = streams_.out[d];
-  return sent_[d] < p.chunks && channel(d).can_send(sent_[d], p.shape());
+  return !filling_[d] && sent_[d] < p.chunks && channel(d).can_send(sent_[d], p.shape());
 }
 
 void StreamRun::send(int d) {
@@ -97,8 +104,20 @@ void StreamRun::send(int d) {
       ++stats_.chunks_sent_from_caller;
       return;
     }
-  streams_.fill(d, p.first_row(j), rows, to.send_buffer(j, p.shape()));
+  std::byte* slot = to.send_buffer(j, p.shape());
+  streams_.fill(d, p.first_row(j), rows, slot);
   clock_.lap(&PhaseTimes::pack_ns);
+  filling_[d] = 1;
+  publish_.after_work([this, d, j, rows, slot] {
+    clock_.lap(&PhaseTimes::pack_ns);  // waiting for the backend's packing
+    streams_.filled(d, streams_.out[d].first_row(j), rows, slot);
+    post(d, j, rows);
+  });
+}
+
+void StreamRun::post(int d, uint64_t j, uint64_t rows) {
+  const ChunkPlan& p = streams_.out[d];
+  proxy::PeerChannel& to = channel(d);
   if (const int64_t at = streams_.landing_offset(d, p.first_row(j)); at >= 0) {
     // The token bytes lead the chunk (RowAreas::x is 0); the rest starts at the next area.
     const auto areas = ep::RowAreas::of(rows, streams_.format);
@@ -109,6 +128,7 @@ void StreamRun::send(int d) {
     to.send_chunk(j, p.shape(), area_bytes(rows, streams_.format), phase_);
   }
   clock_.lap(&PhaseTimes::post_ns);
+  filling_[d] = 0;
   ++sent_[d];
   ++stats_.chunks_sent;
 }
@@ -136,8 +156,11 @@ bool StreamRun::take_arrived(int s) {
   clock_.lap(&PhaseTimes::unpack_ns);
   stats_.chunks_received += upto - taken_[s];
   taken_[s] = upto;
-  from.consumed(upto, p.chunks, p.shape(), phase_);  // these slots may be written again
-  clock_.lap(&PhaseTimes::post_ns);
+  publish_.after_work([this, &from, &p, upto] {
+    clock_.lap(&PhaseTimes::unpack_ns);  // waiting for the backend's copies out of the slots
+    from.consumed(upto, p.chunks, p.shape(), phase_);  // these slots may be written again
+    clock_.lap(&PhaseTimes::post_ns);
+  });
   return true;
 }
 
@@ -173,7 +196,7 @@ void StreamRun::run() {
         send(d);
         progressed = true;
       }
-      if (sent_[d] < streams_.out[d].chunks) ++stats_.credit_stalls;
+      if (!filling_[d] && sent_[d] < streams_.out[d].chunks) ++stats_.credit_stalls;
     }
     if (!local_done) {
       clock_.lap(&PhaseTimes::post_ns);  // the loop's own bookkeeping, with the posts
@@ -183,6 +206,8 @@ void StreamRun::run() {
     }
     for (int k = 1; k < ranks_; ++k)
       progressed |= take_arrived((me_ + k) % ranks_);
+    // Nothing waits across the loop's own wait: the peers need these chunks and credits.
+    publish_.publish_all();
     if (done()) return;
     if (!progressed) {
       clock_.lap(&PhaseTimes::post_ns);
@@ -220,17 +245,24 @@ void require_row_fits(const proxy::Session& session, const ep::RowFormat& format
 void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
                 PhaseClock& clock, std::string_view phase) {
   const int R = session.ranks(), me = session.rank();
+  PublishQueue publish(streams.backend, phase);
   for (int k = 1; k < R; ++k) {
     const int d = (me + k) % R;
     const ChunkPlan& p = streams.out[d];
     if (!p.eager) continue;
     ++stats.eager_streams;
     proxy::PeerChannel& to = session.channel(d);
-    streams.fill(d, 0, p.rows, to.eager_buffer(call));
+    std::byte* slot = to.eager_buffer(call);
+    streams.fill(d, 0, p.rows, slot);
     clock.lap(&PhaseTimes::pack_ns);
-    to.send_eager(call, area_bytes(p.rows, streams.format), phase);
-    clock.lap(&PhaseTimes::post_ns);
+    publish.after_work([&, d, slot] {
+      clock.lap(&PhaseTimes::pack_ns);
+      streams.filled(d, 0, streams.out[d].rows, slot);
+      session.channel(d).send_eager(call, area_bytes(streams.out[d].rows, streams.format), phase);
+      clock.lap(&PhaseTimes::post_ns);
+    });
   }
+  publish.publish_all();
 }
 
 void run_streams(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,

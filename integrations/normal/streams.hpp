@@ -6,9 +6,15 @@
 // pair can deadlock.
 //
 // What the rows are is the call's business (dispatch_rows.hpp, combine_rows.hpp): a RowStreams
-// says how to fill a chunk and what to do with one that arrived.
+// says how to fill a chunk and what to do with one that arrived, with its backend's work.
+//
+// The backend may still be running that work when fill() or take() returns (a device's
+// stream): a chunk is sent, and a slot's credit handed back, only once the backend's work
+// queued before it is done (RowBackend's completion rule). Until then the loop fills chunks for
+// other destinations, so one chunk's kernels run while the chunk before it is posted.
 #pragma once
 
+#include "integrations/backend/row_backend.hpp"
 #include "integrations/buffer.hpp"
 #include "integrations/normal/chunk_plan.hpp"
 #include "integrations/phase_clock.hpp"
@@ -24,15 +30,23 @@ namespace proxyep::integrations::normal {
 
 class RowStreams {
  public:
-  RowStreams(const gpu_side::ep::RowFormat& format, int ranks)
-      : format(format), out(static_cast<size_t>(ranks)), in(static_cast<size_t>(ranks)) {}
+  RowStreams(RowBackend& backend, const gpu_side::ep::RowFormat& format, int ranks)
+      : backend(backend),
+        format(format),
+        out(static_cast<size_t>(ranks)),
+        in(static_cast<size_t>(ranks)) {}
   virtual ~RowStreams() = default;
 
   // Rows [first, first + rows) of the stream to `destination`, written into `slot` as
   // gpu_side::ep::RowAreas of `rows` rows.
   virtual void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) = 0;
+  // The backend's work for those rows is done; the chunk is sent when this returns.
+  virtual void filled(int destination, uint64_t first, uint64_t rows, const std::byte* slot) {
+    (void)destination, (void)first, (void)rows, (void)slot;
+  }
   // Chunk `chunk` from `source` (its rows [first, first + rows)) has arrived in `slot`; the slot
-  // is handed back when this returns (combine may still read it: combine_rows.hpp says when).
+  // is handed back once the backend's work queued so far is done (combine may still read it:
+  // combine_rows.hpp says when).
   virtual void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
                     const std::byte* slot) = 0;
   // Once, after the first chunks are on their way (e.g. a rank's rows to itself).
@@ -52,6 +66,7 @@ class RowStreams {
     return nullptr;
   }
 
+  RowBackend& backend;  // whose work fills and takes the chunks
   const gpu_side::ep::RowFormat format;
   std::vector<ChunkPlan> out;  // by destination (this rank: none)
   std::vector<ChunkPlan> in;   // by source (this rank: none)

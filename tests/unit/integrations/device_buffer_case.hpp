@@ -31,9 +31,10 @@ inline constexpr int kRanks = 2;
 inline constexpr int kTokens = 40;
 inline constexpr int kHidden = 512;
 
-// One rank: `make_device(rank)` gives the rank's device.
+// One rank: `make_device(rank)` gives the rank's device; the Buffer holds `sized_for` tokens per
+// rank in one chunk (fewer than kTokens: the rows stream in chunks that reuse the slots).
 inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options options,
-                                   const DeviceFactory& make_device) {
+                                   const DeviceFactory& make_device, int sized_for) {
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
   const RankDevice devices = make_device(me);
@@ -41,9 +42,9 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   gpu_side::device::DeviceRuntime& caller = *devices.caller;
   BufferOptions o;
   o.ranks_per_node = per_node;
-  o.num_nvl_bytes = Buffer::nvl_bytes_hint(kTokens, kHidden * 2, 3, kRanks);
+  o.num_nvl_bytes = Buffer::nvl_bytes_hint(sized_for, kHidden * 2, 3, kRanks);
   o.num_rdma_bytes =
-      per_node < kRanks ? Buffer::rdma_bytes_hint(kTokens, kHidden * 2, 3, kRanks, per_node) : 0;
+      per_node < kRanks ? Buffer::rdma_bytes_hint(sized_for, kHidden * 2, 3, kRanks, per_node) : 0;
   o.device = device;
   Buffer buffer(*boot, o);
 
@@ -114,9 +115,11 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   d.event.wait();
   require(d.handle.num_recv_tokens == recv, "test", "received {} rows, reference {}",
           d.handle.num_recv_tokens, recv);
-  require_equal(*device, d.recv_x, wanted.recv_x, recv, "recv_x");
-  require_equal(*device, d.recv_topk_idx, wanted.recv_topk_idx, recv, "recv_topk_idx");
-  require_equal(*device, d.recv_topk_weights, wanted.recv_topk_weights, recv, "recv_topk_weights");
+  // A call whose event was waited for (or that returned) has finished its device work: the
+  // caller's stream reads the outputs without waiting for the Buffer's.
+  require_equal(caller, d.recv_x, wanted.recv_x, recv, "recv_x");
+  require_equal(caller, d.recv_topk_idx, wanted.recv_topk_idx, recv, "recv_topk_idx");
+  require_equal(caller, d.recv_topk_weights, wanted.recv_topk_weights, recv, "recv_topk_weights");
   // An async cached dispatch whose event is never waited for: the next call (the combine) finds
   // its device outputs filled, as later work on a stream does.
   const DispatchResult cached =
@@ -135,8 +138,8 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
                                           .async_finish = true});
   require_equal(*device, cached.recv_x, wanted.recv_x, recv, "recv_x (cached)");
   c.event.wait();
-  require_equal(*device, c.combined_x, combined_want.combined_x, kTokens, "combined_x");
-  require_equal(*device, c.combined_topk_weights, combined_want.combined_topk_weights, kTokens,
+  require_equal(caller, c.combined_x, combined_want.combined_x, kTokens, "combined_x");
+  require_equal(caller, c.combined_topk_weights, combined_want.combined_topk_weights, kTokens,
                 "combined_topk_weights");
 
   // One call, tensors in different places on different ranks: rank 0's in host memory, the
@@ -147,7 +150,7 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   const bool on_host = me == 0;
   auto same = [&](const ep::Tensor& got, const ep::Tensor& want, int64_t rows,
                   const std::string& what) {
-    if (!on_host) return require_equal(*device, got, want, rows, what);
+    if (!on_host) return require_equal(caller, got, want, rows, what);
     require(got.device() == ep::Device::host, "test", "{} of a host call is not host memory", what);
     const size_t bytes =
         static_cast<size_t>(rows) * want.bytes() / static_cast<size_t>(want.rows());
@@ -183,15 +186,22 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   buffer.destroy();
 }
 
-// Twice: with the default ep.eager_bytes (these rows travel with the notify records) and with
-// none (chunks through the slots, recv_x in the landing region where a host rank offers it).
+// Three times: with the default ep.eager_bytes (these rows travel with the notify records);
+// with none (chunks through the slots, recv_x in the landing region where a host rank offers
+// it); and with none in a Buffer for 4 tokens (many chunks per stream, each slot reused within
+// a call, so a credit handed back before the device copied the slot out shows).
 inline void run_device_buffer(int per_node, const DeviceFactory& make_device) {
-  for (const bool eager : {true, false}) {
-    INFO("eager rows: " << eager);
-    if (!eager) params::ep_eager_bytes.set(0);
-    run_buffer_ranks(kRanks, per_node == 1, [per_node, make_device](control::Bootstrap::Options o) {
-      run_device_buffer_rank(per_node, std::move(o), make_device);
-    });
+  struct Run {
+    bool eager;
+    int sized_for;
+  };
+  for (const Run run : {Run{true, kTokens}, Run{false, kTokens}, Run{false, 4}}) {
+    INFO("eager rows: " << run.eager << ", Buffer sized for " << run.sized_for << " tokens");
+    if (!run.eager) params::ep_eager_bytes.set(0);
+    run_buffer_ranks(kRanks, per_node == 1,
+                     [per_node, make_device, run](control::Bootstrap::Options o) {
+                       run_device_buffer_rank(per_node, std::move(o), make_device, run.sized_for);
+                     });
     params::ep_eager_bytes.reset();
   }
 }

@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <thread>
+
 using namespace proxyep;
 using namespace proxyep::testing::device_backend_cases;
 using gpu_side::device::SimulatedDevice;
@@ -54,6 +56,7 @@ TEST_CASE("device backend: a sink the device cannot reach fails the call, naming
   try {
     backend.pack_rows(in.device_source(), ep::RowSink::at(unregistered.data(), areas, 0, 1),
                       tokens);
+    backend.complete("dispatch");
   } catch (const Error& e) {
     message = e.what();
   }
@@ -74,4 +77,42 @@ TEST_CASE("device backend: host tensors are refused before anything is queued") 
       doctest::Contains("x must be on the same device"), Error);
   device->synchronize("test", std::chrono::seconds(10));
   CHECK(device->operations_run() == ran);
+}
+
+TEST_CASE("device backend: work is queued, and done once a mark after it is reached") {
+  auto device = simulated(true);  // runs nothing until the host waits
+  integrations::DeviceBackend backend(device);
+  Arena arena(*device, 4096, 0);
+  backend.fill(arena.device(), 0x5a, 256);
+  const auto filled = backend.mark();
+  CHECK(backend.mark() == filled);  // nothing queued since: the same point
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK_FALSE(backend.reached(filled, "test"));
+  CHECK(arena.host()[0] == std::byte{0});  // a protocol publishing now would publish stale bytes
+  backend.copy_rows(arena.device() + 256, arena.device(), 1, 256);
+  const auto copied = backend.mark();
+  CHECK(copied > filled);
+  backend.wait(filled, "test");
+  CHECK(backend.reached(filled, "test"));
+  CHECK(arena.host()[0] == std::byte{0x5a});
+  backend.wait(copied, "test");
+  CHECK(arena.host()[256] == std::byte{0x5a});
+  CHECK_THROWS_WITH_AS(backend.wait(copied + 1, "test"), doctest::Contains("never handed out"),
+                       Error);
+}
+
+TEST_CASE("device backend: an upload is held until a mark after it is reached, then released") {
+  auto device = simulated(false);
+  integrations::DeviceBackend backend(device);
+  Inputs in(backend, false, 4);
+  const ep::RowAreas areas = ep::RowAreas::of(2, in.format());
+  Arena arena(*device, areas.end, 0);
+  device->synchronize("test", std::chrono::seconds(10));
+  const uint64_t before = device->device_bytes_in_use();
+  const std::vector<int32_t> tokens = {0, 1};
+  backend.pack_rows(in.device_source(), ep::RowSink::at(arena.device(), areas, 0, 1), tokens);
+  CHECK(device->device_bytes_in_use() > before);  // the token list's device copy
+  backend.complete("test");
+  device->synchronize("test", std::chrono::seconds(10));  // releases run in stream order
+  CHECK(device->device_bytes_in_use() == before);
 }

@@ -58,6 +58,13 @@ class ShiftingDevice final : public DeviceRuntime {
                   std::chrono::milliseconds timeout) override {
     inner_->wait_event(event, timeout);
   }
+  bool reached(const DeviceEvent& event, std::string_view phase) override {
+    return inner_->reached(event, phase);
+  }
+  void wait_for(const DeviceEvent& event, std::string_view phase,
+                std::chrono::milliseconds timeout) override {
+    inner_->wait_for(event, phase, timeout);
+  }
   void synchronize(std::string_view phase, std::chrono::milliseconds timeout) override {
     inner_->synchronize(phase, timeout);
   }

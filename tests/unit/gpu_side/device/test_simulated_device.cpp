@@ -138,6 +138,16 @@ TEST_CASE("simulated device: a bad address inside a table fails the stream, stic
   params.sinks = reinterpret_cast<const ep::RowSink*>(sinks.get());
   params.num_tokens = 1;
   dev.dispatch_rows(params);
+  // A host waiting for an event after it hears of the failure at once, not at its deadline.
+  auto after = dev.record();
+  const auto started = std::chrono::steady_clock::now();
+  const std::string waited = error_of([&] { dev.wait_for(*after, "combine", 10s); });
+  CHECK(waited.find("combine: the simulated device failed: dispatch_rows: sink x row") !=
+        std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - started < 5s);
+  CHECK(error_of([&] {
+          dev.reached(*after, "query");
+        }).find("query: the simulated device failed") != std::string::npos);
   std::string message = error_of([&] { dev.synchronize("dispatch", 10s); });
   CHECK(message.find("dispatch: the simulated device failed: dispatch_rows: sink x row") !=
         std::string::npos);
@@ -158,6 +168,39 @@ TEST_CASE("simulated device: a deferred stream shows a read before synchronize()
   dev.synchronize("test", 10s);
   CHECK(pages.memory[0] == std::byte{0x5a});
   dev.unregister_host(pages.memory);
+}
+
+TEST_CASE("simulated device: the host sees an event reached only once the work before it ran") {
+  SimulatedDevice dev(SimulatedDeviceOptions{.defer_until_synchronize = true});
+  HostPages pages(4096);
+  void* reachable = dev.register_host(pages.memory, pages.bytes);
+  dev.fill(reachable, 0x5a, 16);
+  auto filled = dev.record();
+  std::this_thread::sleep_for(20ms);  // an eager stream would have run it by now
+  CHECK_FALSE(dev.reached(*filled, "test"));
+  CHECK(pages.memory[0] == std::byte{0});
+  dev.wait_for(*filled, "test", 10s);  // runs the deferred queue
+  CHECK(dev.reached(*filled, "test"));
+  CHECK(pages.memory[0] == std::byte{0x5a});
+  dev.unregister_host(pages.memory);
+}
+
+TEST_CASE("simulated device: the host waits for its own stream's events, up to a deadline") {
+  SimulatedDevice dev;
+  auto stalled = dev.another_stream({.defer_until_synchronize = true});
+  CHECK(error_of([&] {
+          dev.wait_for(*stalled->record(), "test", 1s);
+        }).find("test: the host waits only for an event this stream recorded") !=
+        std::string::npos);
+  // This stream waits for the stalled one, so an event after that is not reached in time.
+  dev.wait_event(stalled->record(), 5s);
+  auto late = dev.record();
+  CHECK(error_of([&] {
+          dev.wait_for(*late, "combine", 50ms);
+        }).find("combine: the simulated device's stream has not reached the event after 50 ms") !=
+        std::string::npos);
+  stalled->synchronize("test", 5s);
+  dev.wait_for(*late, "test", 5s);
 }
 
 TEST_CASE("simulated device: get_dispatch_layout's kernel twin equals the host layout") {
