@@ -4,6 +4,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu_side/cuda/ep_kernels.hpp"
+#include "gpu_side/cuda/ll_kernels.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -136,6 +137,21 @@ void CudaDevice::dispatch_chunk(const ep::ChunkParams& params) {
 void CudaDevice::combine(const ep::CombineParams& params) {
   state_->select();
   check_cuda(launch_combine(params, state_->stream), kPhase, "combine launch");
+}
+
+void CudaDevice::ll_pack(const ep::LlPackParams& params) {
+  state_->select();
+  check_cuda(launch_ll_pack(params, state_->stream), kPhase, "ll_pack launch");
+}
+
+void CudaDevice::ll_unpack(const ep::LlUnpackParams& params) {
+  state_->select();
+  check_cuda(launch_ll_unpack(params, state_->stream), kPhase, "ll_unpack launch");
+}
+
+void CudaDevice::ll_combine(const ep::LlCombineParams& params) {
+  state_->select();
+  check_cuda(launch_ll_combine(params, state_->stream), kPhase, "ll_combine launch");
 }
 
 std::shared_ptr<device::DeviceEvent> CudaDevice::record() {

@@ -11,12 +11,12 @@ namespace proxyep::gpu_side::cuda {
 namespace {
 
 __global__ void ll_pack_kernel(ep::LlFormat f, const uint16_t* x, const LlPackItem* items,
-                               std::byte* messages, int64_t num_items) {
+                               int64_t num_items) {
   const BlockLanes lanes;
   for (int64_t i = blockIdx.x; i < num_items; i += gridDim.x) {
     const LlPackItem item = items[i];
     ep::ll_pack_message(f, x + static_cast<int64_t>(item.token) * f.hidden, item.token,
-                        messages + item.offset, lanes);
+                        item.message, lanes);
   }
 }
 
@@ -51,11 +51,9 @@ cudaError_t launch_ll_pack(const LlPackParams& p, cudaStream_t stream) {
   if (ep::ll_format_error(p.format) != nullptr || p.num_items < 0 || !valid_threads(p.threads))
     return cudaErrorInvalidValue;
   if (p.num_items == 0) return cudaSuccess;
-  if (p.x == nullptr || p.items == nullptr || p.messages == nullptr || !aligned16(p.x) ||
-      !aligned16(p.messages))
-    return cudaErrorInvalidValue;
+  if (p.x == nullptr || p.items == nullptr || !aligned16(p.x)) return cudaErrorInvalidValue;
   ll_pack_kernel<<<grid_blocks(p.num_items, p.blocks), p.threads, 0, stream>>>(
-      p.format, p.x, p.items, p.messages, p.num_items);
+      p.format, p.x, p.items, p.num_items);
   return cudaGetLastError();
 }
 

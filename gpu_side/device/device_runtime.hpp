@@ -1,5 +1,5 @@
 // DeviceRuntime: what a backend needs from a GPU, and nothing more: device memory, host memory
-// made visible to kernels, copies and fills, the normal-mode EP kernels, and a wait. Every
+// made visible to kernels, copies and fills, the EP kernels of both modes, and waits. Every
 // operation but synchronize() is queued on the runtime's one stream and runs after the ones
 // queued before it, as on a CUDA stream; pointers it is given must stay valid until the next
 // synchronize() returns.
@@ -19,6 +19,7 @@
 #pragma once
 
 #include "gpu_side/ep/kernel_params.hpp"
+#include "gpu_side/ep/ll_kernel_params.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -62,6 +63,10 @@ class DeviceRuntime {
   virtual void dispatch_rows(const ep::DispatchParams& params) = 0;
   virtual void dispatch_chunk(const ep::ChunkParams& params) = 0;
   virtual void combine(const ep::CombineParams& params) = 0;
+  // The low-latency kernels (ll_kernel_params.hpp).
+  virtual void ll_pack(const ep::LlPackParams& params) = 0;
+  virtual void ll_unpack(const ep::LlUnpackParams& params) = 0;
+  virtual void ll_combine(const ep::LlCombineParams& params) = 0;
 
   // Events order two streams of one device (the caller's compute stream and a Buffer's, as
   // DeepEP's previous_event does). record() marks the point after everything queued so far;

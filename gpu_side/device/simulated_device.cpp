@@ -438,6 +438,84 @@ void SimulatedDevice::combine(const ep::CombineParams& p) {
   });
 }
 
+void SimulatedDevice::ll_pack(const ep::LlPackParams& p) {
+  require(ep::ll_format_error(p.format) == nullptr && p.num_items >= 0 && p.threads > 0 &&
+              p.threads % 32 == 0,
+          kPhase, "ll_pack: inconsistent parameters");
+  if (p.num_items == 0) return;
+  core_->require_reachable("ll_pack", "items", p.items,
+                           static_cast<uint64_t>(p.num_items) * sizeof(ep::LlPackItem));
+  core_->enqueue("ll_pack", [p, core = core_.get()] {
+    const uint64_t row_bytes = 2ull * p.format.hidden, message = p.format.message_bytes();
+    for (int64_t i = 0; i < p.num_items; ++i) {
+      const ep::LlPackItem item = p.items[i];
+      require(item.token >= 0 && reinterpret_cast<uintptr_t>(item.message) % 16 == 0, kPhase,
+              "ll_pack: item {} packs token {} at {}", i, item.token,
+              static_cast<const void*>(item.message));
+      const uint16_t* x = p.x + static_cast<int64_t>(item.token) * p.format.hidden;
+      core->require_reachable("ll_pack", "x row", x, row_bytes);
+      core->require_reachable("ll_pack", "message", item.message, message);
+      ep::ll_pack_message(p.format, x, item.token, item.message, ep::HostLanes{});
+    }
+  });
+}
+
+void SimulatedDevice::ll_unpack(const ep::LlUnpackParams& p) {
+  require(ep::ll_format_error(p.format) == nullptr && p.num_items >= 0 && p.num_sinks >= 0 &&
+              p.threads > 0 && p.threads % 32 == 0,
+          kPhase, "ll_unpack: inconsistent parameters");
+  if (p.num_items == 0) return;
+  core_->require_reachable("ll_unpack", "items", p.items,
+                           static_cast<uint64_t>(p.num_items) * sizeof(ep::LlUnpackItem));
+  core_->require_reachable("ll_unpack", "sinks", p.sinks,
+                           static_cast<uint64_t>(p.num_sinks) * sizeof(ep::LlExpertSink));
+  core_->enqueue("ll_unpack", [p, core = core_.get()] {
+    const ep::LlFormat& f = p.format;
+    for (int64_t i = 0; i < p.num_items; ++i) {
+      const ep::LlUnpackItem item = p.items[i];
+      require(item.sink >= 0 && item.sink < p.num_sinks && item.row >= 0, kPhase,
+              "ll_unpack: item {} writes row {} of sink {} ({} sinks)", i, item.row, item.sink,
+              p.num_sinks);
+      const ep::LlExpertSink& sink = p.sinks[item.sink];
+      core->require_reachable("ll_unpack", "message", item.message, f.message_bytes());
+      core->require_reachable("ll_unpack", "sink x row",
+                              sink.x + static_cast<uint64_t>(item.row) * f.payload_bytes(),
+                              f.payload_bytes());
+      core->require_reachable("ll_unpack", "sink src_info", sink.src_info + item.row, 4);
+      if (f.scale_words() > 0) {
+        core->require_reachable("ll_unpack", "sink scales", sink.scales + item.row, 4);
+        core->require_reachable(
+            "ll_unpack", "sink scales",
+            sink.scales + static_cast<int64_t>(f.scale_words() - 1) * sink.scale_stride + item.row,
+            4);
+      }
+      ep::ll_unpack_message(f, item.message, sink, item.row, ep::HostLanes{});
+    }
+  });
+}
+
+void SimulatedDevice::ll_combine(const ep::LlCombineParams& p) {
+  require(p.num_tokens >= 0 && p.topk >= 1 && p.topk <= ep::kLlMaxTopk && p.hidden > 0 &&
+              p.hidden % ep::kLlScaleGroup == 0 && p.threads > 0 && p.threads % 32 == 0,
+          kPhase, "ll_combine: inconsistent parameters");
+  if (p.num_tokens == 0) return;
+  const auto selections = static_cast<uint64_t>(p.num_tokens) * static_cast<uint64_t>(p.topk);
+  const uint64_t row_bytes = 2ull * p.hidden;
+  core_->require_reachable("ll_combine", "rows", p.rows, selections * sizeof(void*));
+  core_->require_reachable("ll_combine", "weights", p.weights, selections * 4);
+  core_->require_reachable("ll_combine", "out", p.out,
+                           static_cast<uint64_t>(p.num_tokens) * row_bytes);
+  core_->enqueue("ll_combine", [p, core = core_.get(), row_bytes] {
+    for (int64_t t = 0; t < p.num_tokens; ++t) {
+      const uint16_t* const* rows = p.rows + t * p.topk;
+      for (int k = 0; k < p.topk; ++k)
+        if (rows[k] != nullptr) core->require_reachable("ll_combine", "row", rows[k], row_bytes);
+      ep::ll_combine_token(rows, p.weights + t * p.topk, p.topk, p.hidden, p.out + t * p.hidden,
+                           ep::HostLanes{});
+    }
+  });
+}
+
 std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
   auto event = std::make_shared<Event>();
   event->device = core_->memory.get();

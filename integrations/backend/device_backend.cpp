@@ -217,4 +217,43 @@ void DeviceBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
   queued();
 }
 
+void DeviceBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,
+                            std::span<const ep::LlPackItem> items) {
+  if (items.empty()) return;
+  require_on_device(x, "low_latency_dispatch", "x");
+  require_ll_tokens(items, x.rows);
+  std::lock_guard lock(mutex_);
+  device_->ll_pack({.format = format,
+                    .x = x.as<uint16_t>(),
+                    .items = upload(items.data(), items.size()),
+                    .num_items = static_cast<int64_t>(items.size())});
+  queued();
+}
+
+void DeviceBackend::ll_unpack(const ep::LlFormat& format, std::span<const ep::LlUnpackItem> items,
+                              std::span<const ep::LlExpertSink> sinks) {
+  if (items.empty()) return;
+  std::lock_guard lock(mutex_);
+  device_->ll_unpack({.format = format,
+                      .items = upload(items.data(), items.size()),
+                      .sinks = upload(sinks.data(), sinks.size()),
+                      .num_sinks = static_cast<int32_t>(sinks.size()),
+                      .num_items = static_cast<int64_t>(items.size())});
+  queued();
+}
+
+void DeviceBackend::ll_combine(std::span<const uint16_t* const> rows, const float* weights,
+                               uint16_t* out, int topk, uint32_t hidden) {
+  const int64_t tokens = ll_combine_tokens(rows, topk);
+  if (tokens == 0) return;
+  std::lock_guard lock(mutex_);
+  device_->ll_combine({.rows = upload(rows.data(), rows.size()),
+                       .weights = weights,
+                       .out = out,
+                       .num_tokens = tokens,
+                       .topk = topk,
+                       .hidden = hidden});
+  queued();
+}
+
 }  // namespace proxyep::integrations

@@ -92,4 +92,60 @@ void HostBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
       num_tokens, [&](int64_t begin, int64_t end) { ep::reduce_tokens_host(input, begin, end); });
 }
 
+void HostBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,
+                          std::span<const ep::LlPackItem> items) {
+  // A token goes to up to topk ranks: it is cast once (the FP8 cast is the costly part), into
+  // its first item's message, and that message copied to the others.
+  require_ll_tokens(items, x.rows);
+  std::vector<int64_t> first(static_cast<size_t>(x.rows), -1);  // by token: its first item
+  std::vector<size_t> casts, copies;
+  for (size_t i = 0; i < items.size(); ++i) {
+    int64_t& at = first[static_cast<size_t>(items[i].token)];
+    if (at < 0) {
+      at = static_cast<int64_t>(i);
+      casts.push_back(i);
+    } else {
+      copies.push_back(i);
+    }
+  }
+  const auto* rows = x.as<uint16_t>();
+  for_each_token_block(static_cast<int64_t>(casts.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const ep::LlPackItem& item = items[casts[static_cast<size_t>(c)]];
+      ep::ll_pack_message(format, rows + static_cast<int64_t>(item.token) * format.hidden,
+                          item.token, item.message, ep::HostLanes{});
+    }
+  });
+  const uint64_t message = format.message_bytes();
+  for_each_token_block(static_cast<int64_t>(copies.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t c = begin; c < end; ++c) {
+      const ep::LlPackItem& item = items[copies[static_cast<size_t>(c)]];
+      std::memcpy(item.message,
+                  items[static_cast<size_t>(first[static_cast<size_t>(item.token)])].message,
+                  message);
+    }
+  });
+}
+
+void HostBackend::ll_unpack(const ep::LlFormat& format, std::span<const ep::LlUnpackItem> items,
+                            std::span<const ep::LlExpertSink> sinks) {
+  for_each_token_block(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const ep::LlUnpackItem& item = items[static_cast<size_t>(i)];
+      ep::ll_unpack_message(format, item.message, sinks[static_cast<size_t>(item.sink)], item.row,
+                            ep::HostLanes{});
+    }
+  });
+}
+
+void HostBackend::ll_combine(std::span<const uint16_t* const> rows, const float* weights,
+                             uint16_t* out, int topk, uint32_t hidden) {
+  const int64_t tokens = ll_combine_tokens(rows, topk);
+  for_each_token_block(tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      ep::ll_combine_token(rows.data() + t * topk, weights + t * topk, topk, hidden,
+                           out + t * hidden, ep::HostLanes{});
+  });
+}
+
 }  // namespace proxyep::integrations

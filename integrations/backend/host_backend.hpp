@@ -28,6 +28,13 @@ class HostBackend final : public RowBackend {
   void copy_rows(std::byte* to, const std::byte* from, int64_t rows, uint64_t row_bytes) override;
   void fill(std::byte* to, uint8_t value, uint64_t bytes) override;
   void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) override;
+  void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
+               std::span<const gpu_side::ep::LlPackItem> items) override;
+  void ll_unpack(const gpu_side::ep::LlFormat& format,
+                 std::span<const gpu_side::ep::LlUnpackItem> items,
+                 std::span<const gpu_side::ep::LlExpertSink> sinks) override;
+  void ll_combine(std::span<const uint16_t* const> rows, const float* weights, uint16_t* out,
+                  int topk, uint32_t hidden) override;
 
  private:
   // body(begin, end) over token ranges covering [0, tokens), on the executor.

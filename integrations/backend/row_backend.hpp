@@ -24,8 +24,10 @@
 // host backend's work is done when each call returns: its marks are reached at once.
 #pragma once
 
+#include "common/error.hpp"
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/ll_kernel_params.hpp"
 #include "gpu_side/ep/row_format.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 #include "gpu_side/ep/tensor.hpp"
@@ -68,6 +70,21 @@ struct TokenRoutes {
   int64_t tokens = 0;
 };
 
+// The tokens of an ll_combine's row table (`topk` entries each); throws proxyep::Error when the
+// table does not split into tokens.
+inline int64_t ll_combine_tokens(std::span<const uint16_t* const> rows, int topk) {
+  require(topk >= 1 && rows.size() % static_cast<size_t>(topk) == 0, "low_latency_combine",
+          "a row table of {} entries is not made of tokens of topk {}", rows.size(), topk);
+  return static_cast<int64_t>(rows.size()) / topk;
+}
+
+// Throws proxyep::Error when an ll_pack item names a token x does not have.
+inline void require_ll_tokens(std::span<const gpu_side::ep::LlPackItem> items, int64_t tokens) {
+  for (const gpu_side::ep::LlPackItem& item : items)
+    require(item.token >= 0 && item.token < tokens, "low_latency_dispatch",
+            "a message of token {} packed from x of {} tokens", item.token, tokens);
+}
+
 class RowBackend {
  public:
   virtual ~RowBackend() = default;
@@ -91,6 +108,21 @@ class RowBackend {
   virtual void fill(std::byte* to, uint8_t value, uint64_t bytes) = 0;
   // Combine: what gpu_side::ep::combine_token gives for tokens [0, num_tokens).
   virtual void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) = 0;
+
+  // ---- low-latency mode (gpu_side/ep/ll_rules.hpp) ----
+  // Dispatch, sender: row items[i].token of x (bf16 [tokens, format.hidden]) packed as the
+  // message at items[i].message (slots: the backend's memory; the item list on the host).
+  virtual void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
+                       std::span<const gpu_side::ep::LlPackItem> items) = 0;
+  // Dispatch, receiver: each item's message becomes row items[i].row of sinks[items[i].sink].
+  virtual void ll_unpack(const gpu_side::ep::LlFormat& format,
+                         std::span<const gpu_side::ep::LlUnpackItem> items,
+                         std::span<const gpu_side::ep::LlExpertSink> sinks) = 0;
+  // Combine, home rank: out[t] = ll_combine_token(rows + t * topk, weights + t * topk) for the
+  // `rows.size() / topk` tokens; rows (null: skipped), weights (f32 [tokens, topk]) and out
+  // (bf16 [tokens, hidden]) in the backend's memory, the table of row addresses on the host.
+  virtual void ll_combine(std::span<const uint16_t* const> rows, const float* weights,
+                          uint16_t* out, int topk, uint32_t hidden) = 0;
 
   // ---- completion (above) ----
   using Mark = uint64_t;

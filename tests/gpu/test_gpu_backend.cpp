@@ -4,6 +4,7 @@
 #include "gpu_side/cuda/cuda_device.hpp"
 #include "tests/gpu/device_check.hpp"
 #include "tests/unit/integrations/device_backend_cases.hpp"
+#include "tests/unit/integrations/device_backend_ll_cases.hpp"
 
 #include <cstdio>
 #include <functional>
@@ -25,6 +26,12 @@ int main() {
       {"place_routed_rows", place_routed_rows_case},
       {"reduce", reduce_case},
       {"copy_rows and fill", copy_fill_case},
+      {"ll_pack bf16", [](auto d) { return ll_pack_case(d, false, false); }},
+      {"ll_pack fp8", [](auto d) { return ll_pack_case(d, true, false); }},
+      {"ll_pack fp8 ue8m0", [](auto d) { return ll_pack_case(d, true, true); }},
+      {"ll_unpack bf16", [](auto d) { return ll_unpack_case(d, false); }},
+      {"ll_unpack fp8", [](auto d) { return ll_unpack_case(d, true); }},
+      {"ll_combine", ll_combine_case},
   };
   return testing::run_gpu_cases(cases, [](const Case& c) {
     const std::string diff = c.second(std::make_shared<gpu_side::cuda::CudaDevice>(0));

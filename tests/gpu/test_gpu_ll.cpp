@@ -78,26 +78,28 @@ bool check_pack(const Case& c, const std::vector<uint16_t>& x, std::mt19937_64& 
   for (int t = 0; t < c.tokens; ++t)
     slot[t] = t;
   std::shuffle(slot.begin(), slot.end(), rng);
-  std::vector<gpu_side::cuda::LlPackItem> items;
+  std::vector<std::pair<uint64_t, int>> placed;  // (message offset, token)
   for (int t = 0; t < c.tokens; ++t)
-    items.push_back({static_cast<uint64_t>(slot[t]) * f.message_bytes(), t});
+    placed.push_back({static_cast<uint64_t>(slot[t]) * f.message_bytes(), t});
   for (int t = 0; t < c.tokens / 4; ++t)
-    items.push_back({static_cast<uint64_t>(c.tokens + t) * f.message_bytes(), t});
+    placed.push_back({static_cast<uint64_t>(c.tokens + t) * f.message_bytes(), t});
 
   messages.assign(static_cast<size_t>(slots) * f.message_bytes(), kFiller);
-  for (const auto& item : items)
-    ll_pack_message(f, x.data() + static_cast<size_t>(item.token) * f.hidden, item.token,
-                    messages.data() + item.offset, HostLanes{});
+  for (const auto& [offset, token] : placed)
+    ll_pack_message(f, x.data() + static_cast<size_t>(token) * f.hidden, token,
+                    messages.data() + offset, HostLanes{});
 
   DeviceMemory x_d(x.data(), x.size() * 2);
-  DeviceMemory items_d(items.data(), items.size() * sizeof(items[0]));
   DeviceMemory out_d(messages.size());
+  std::vector<gpu_side::cuda::LlPackItem> items;
+  for (const auto& [offset, token] : placed)
+    items.push_back({out_d.as<std::byte>() + offset, token});
+  DeviceMemory items_d(items.data(), items.size() * sizeof(items[0]));
   check_cuda(cudaMemset(out_d.as<void>(), static_cast<int>(kFiller), messages.size()), "memset");
   gpu_side::cuda::LlPackParams p;
   p.format = f;
   p.x = x_d.as<uint16_t>();
   p.items = items_d.as<gpu_side::cuda::LlPackItem>();
-  p.messages = out_d.as<std::byte>();
   p.num_items = static_cast<int64_t>(items.size());
   p.blocks = c.blocks;
   if (c.threads > 0) p.threads = c.threads;

@@ -52,6 +52,25 @@ inline ep::Tensor to_host(DeviceBackend& backend, const ep::Tensor& device) {
   return t;
 }
 
+// Host tensors of reproducible values (bf16 in [-15, 16), f32 in [0, 12.5]).
+inline ep::Tensor random_bf16(int64_t rows, int64_t cols, uint64_t seed) {
+  ep::Tensor t = ep::Tensor::empty(ep::DType::bf16, rows, cols);
+  uint64_t s = seed;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    t.data<uint16_t>()[i] =
+        ep::float_to_bf16(static_cast<float>(static_cast<int64_t>(s >> 40) % 2000) / 64.0f - 15.0f);
+  }
+  return t;
+}
+
+inline ep::Tensor random_f32(int64_t rows, int64_t cols, uint64_t seed) {
+  ep::Tensor t = ep::Tensor::empty(ep::DType::f32, rows, cols);
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.data<float>()[i] = static_cast<float>((i * 37 + static_cast<int64_t>(seed)) % 101) / 8.0f;
+  return t;
+}
+
 inline std::string compare(const char* what, const void* got, const void* want, size_t bytes) {
   const auto* a = static_cast<const uint8_t*>(got);
   const auto* b = static_cast<const uint8_t*>(want);
@@ -283,22 +302,6 @@ inline std::string reduce_case(std::shared_ptr<gpu_side::device::DeviceRuntime> 
       if ((t * 7 + r * 3) % 5 != 0)
         send_head[static_cast<size_t>(t * ranks + r)] =
             static_cast<int32_t>(block_rows[static_cast<size_t>(r)]++);
-  auto random_bf16 = [](int64_t rows, int64_t cols, uint64_t seed) {
-    ep::Tensor t = ep::Tensor::empty(ep::DType::bf16, rows, cols);
-    uint64_t s = seed;
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      s = s * 6364136223846793005ull + 1442695040888963407ull;
-      t.data<uint16_t>()[i] = ep::float_to_bf16(
-          static_cast<float>(static_cast<int64_t>(s >> 40) % 2000) / 64.0f - 15.0f);
-    }
-    return t;
-  };
-  auto random_f32 = [](int64_t rows, int64_t cols, uint64_t seed) {
-    ep::Tensor t = ep::Tensor::empty(ep::DType::f32, rows, cols);
-    for (int64_t i = 0; i < t.numel(); ++i)
-      t.data<float>()[i] = static_cast<float>((i * 37 + seed) % 101) / 8.0f;
-    return t;
-  };
   std::vector<ep::Tensor> rows_host, weights_host;
   for (int r = 0; r < ranks; ++r) {
     rows_host.push_back(random_bf16(std::max<int64_t>(block_rows[r], 1), hidden, 11 + r));

@@ -4,6 +4,7 @@
 // before its wait fails the comparison. Plus the wiring the simulation exists to catch.
 #include "gpu_side/device/simulated_device.hpp"
 #include "tests/unit/integrations/device_backend_cases.hpp"
+#include "tests/unit/integrations/device_backend_ll_cases.hpp"
 
 #include <doctest/doctest.h>
 
@@ -32,6 +33,12 @@ TEST_CASE("device backend on the simulated device equals the host backend") {
     CHECK(place_routed_rows_case(simulated(deferred)) == "");
     CHECK(reduce_case(simulated(deferred)) == "");
     CHECK(copy_fill_case(simulated(deferred)) == "");
+    CHECK(ll_pack_case(simulated(deferred), false, false) == "");
+    CHECK(ll_pack_case(simulated(deferred), true, false) == "");
+    CHECK(ll_pack_case(simulated(deferred), true, true) == "");
+    CHECK(ll_unpack_case(simulated(deferred), false) == "");
+    CHECK(ll_unpack_case(simulated(deferred), true) == "");
+    CHECK(ll_combine_case(simulated(deferred)) == "");
   }
 }
 

@@ -158,6 +158,29 @@ TEST_CASE("simulated device: a bad address inside a table fails the stream, stic
   CHECK(back[0] == std::byte{1});
 }
 
+TEST_CASE("simulated device: a low-latency row table entry in plain host memory fails the stream") {
+  SimulatedDevice dev;
+  const uint32_t hidden = 128;
+  auto rows = dev.allocate(2 * sizeof(void*));
+  auto weights = dev.allocate(2 * 4);
+  auto out = dev.allocate(2ull * hidden);
+  auto reachable_row = dev.allocate(2ull * hidden);
+  std::vector<uint16_t> plain(hidden);  // a slot the caller forgot to register
+  const std::array<const uint16_t*, 2> table = {
+      reinterpret_cast<const uint16_t*>(reachable_row.get()), plain.data()};
+  dev.copy(rows.get(), table.data(), sizeof(table));
+  dev.ll_combine({.rows = reinterpret_cast<const uint16_t* const*>(rows.get()),
+                  .weights = reinterpret_cast<const float*>(weights.get()),
+                  .out = reinterpret_cast<uint16_t*>(out.get()),
+                  .num_tokens = 1,
+                  .topk = 2,
+                  .hidden = hidden});
+  CHECK(error_of([&] {
+          dev.synchronize("low_latency_combine", 10s);
+        }).find("low_latency_combine: the simulated device failed: ll_combine: row at") !=
+        std::string::npos);
+}
+
 TEST_CASE("simulated device: a deferred stream shows a read before synchronize() as stale") {
   SimulatedDevice dev(SimulatedDeviceOptions{.defer_until_synchronize = true});
   HostPages pages(4096);

@@ -1,0 +1,66 @@
+// The parameters of the low-latency (LL) EP kernels (DEEPEP_COMPAT 2.7, 2.8), apart from how they
+// are launched: plain structs that the CUDA entry points (gpu_side/cuda/ll_kernels.hpp) and the
+// host-simulated device (gpu_side/device/) both take, as kernel_params.hpp is for normal mode.
+// Each kernel runs one rule of ll_rules.hpp over many items, one thread block per item at a time:
+//   LlPackParams     ll_pack_message    items = (token, destination message offset)
+//   LlUnpackParams   ll_unpack_message  items = (message, expert sink, row)
+//   LlCombineParams  ll_combine_token   items = tokens, each with topk row pointers
+//
+// Every pointer is a device address (device memory, CUDA-IPC-mapped peer memory or mapped
+// pinned host memory), item and sink arrays included.
+#pragma once
+
+#include "gpu_side/ep/ll_rules.hpp"
+
+#include <cstddef>
+#include <cstdint>
+
+namespace proxyep::gpu_side::ep {
+
+// Token `token` (row of x, and the index its header carries) packed as the message at
+// `message`. Items of one launch may write anywhere (every destination's slot at once).
+struct LlPackItem {
+  std::byte* message = nullptr;  // 16-byte aligned; no two items' messages overlap
+  int32_t token = 0;
+};
+
+struct LlPackParams {
+  LlFormat format;                    // ll_format_error(format) == nullptr
+  const uint16_t* x = nullptr;        // bf16 [num_tokens, hidden], 16-byte aligned
+  const LlPackItem* items = nullptr;  // [num_items]
+  int64_t num_items = 0;
+  int blocks = 0;    // 0: enough to cover the GPU
+  int threads = 64;  // per block, a multiple of 32 (the FP8 cast uses one lane per 128 channels)
+};
+
+// The message at `message` becomes row `row` of sinks[sink].
+struct LlUnpackItem {
+  const std::byte* message = nullptr;  // 16-byte aligned
+  int64_t row = 0;
+  int32_t sink = 0;
+};
+
+struct LlUnpackParams {
+  LlFormat format;
+  const LlUnpackItem* items = nullptr;  // [num_items]; no two write the same row of a sink
+  const LlExpertSink* sinks = nullptr;  // rows 16-byte aligned
+  int32_t num_sinks = 0;                // entries of sinks (the simulated device checks items)
+  int64_t num_items = 0;
+  int blocks = 0;     // 0: enough to cover the GPU
+  int threads = 128;  // per block, a multiple of 32
+};
+
+// out[t] = ll_combine_token(rows + t * topk, weights + t * topk, ...) for t in [0, num_tokens).
+struct LlCombineParams {
+  const uint16_t* const* rows = nullptr;  // [num_tokens * topk]: bf16 [hidden] rows (16-byte
+                                          // aligned) or null (skipped)
+  const float* weights = nullptr;         // [num_tokens, topk]
+  uint16_t* out = nullptr;                // bf16 [num_tokens, hidden], 16-byte aligned
+  int64_t num_tokens = 0;
+  int topk = 0;         // 1..kLlMaxTopk
+  uint32_t hidden = 0;  // a multiple of 128
+  int blocks = 0;       // 0: enough to cover the GPU
+  int threads = 128;    // per block, a multiple of 32
+};
+
+}  // namespace proxyep::gpu_side::ep
