@@ -47,6 +47,7 @@ HostExecutor::~HostExecutor() {
 
 void HostExecutor::run(int64_t blocks, const std::function<void(int64_t block)>& body) {
   if (blocks <= 0) return;
+  std::lock_guard turn(turn_);
   // Nobody to share with (no workers, or one block): run inline, without the hand-off's locks
   // and wake-ups (a small Buffer call runs a dozen of these).
   if (blocks == 1 || threads() == 1) {

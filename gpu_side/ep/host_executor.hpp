@@ -23,8 +23,10 @@ class HostExecutor {
   HostExecutor& operator=(const HostExecutor&) = delete;
 
   int threads() const { return static_cast<int>(workers_.size()) + 1; }
-  // Not reentrant (one run at a time, from one thread). The first exception a block throws is
-  // rethrown here after every block has finished or been skipped.
+  // Not reentrant (a body must not call run()). Callers on several threads take turns: a
+  // Buffer's calls run from the caller's thread and from its communication stream's, and
+  // get_dispatch_layout may overlap a call finishing in the background. The first exception a
+  // block throws is rethrown here after every block has finished or been skipped.
   void run(int64_t blocks, const std::function<void(int64_t block)>& body);
 
  private:
@@ -32,6 +34,7 @@ class HostExecutor {
   void drain();
 
   std::vector<std::thread> workers_;
+  std::mutex turn_;  // held for a whole run
   std::mutex mutex_;
   std::condition_variable wake_, done_;
   const std::function<void(int64_t)>* body_ = nullptr;

@@ -54,23 +54,35 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) 
     const CallState& d = *st.dispatched;
     const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
     const auto* ranges = d.layout_range.data<int64_t>();
-    send_phase(
-        st,
-        [&](int home, std::byte* slot, std::vector<int32_t>&) {
-          // The rows of home's block of each local expert, expert by expert: the order in which
-          // home packed its messages (ll_dispatch.cpp).
-          uint64_t bytes = 0;
-          for (int e = 0; e < local; ++e) {
-            const int64_t range = ranges[static_cast<size_t>(e) * R + home];
-            const int64_t begin = range >> 32, count = range & 0xffffffff;
-            const int64_t first = static_cast<int64_t>(e) * R * d.shape.tokens + begin;
-            std::memcpy(slot + bytes, x + static_cast<uint64_t>(first) * row_bytes,
-                        static_cast<uint64_t>(count) * row_bytes);
-            bytes += static_cast<uint64_t>(count) * row_bytes;
-          }
-          return bytes;
-        },
-        kPhase);
+    // Home's rows of each local expert, expert by expert: the order in which home packed its
+    // messages (ll_dispatch.cpp). `place(home, at)` gets each run's first row and its place.
+    auto runs = [&](int home, auto&& place) {
+      uint64_t bytes = 0;
+      for (int e = 0; e < local; ++e) {
+        const int64_t range = ranges[static_cast<size_t>(e) * R + home];
+        const int64_t begin = range >> 32, count = range & 0xffffffff;
+        place(static_cast<int64_t>(e) * R * d.shape.tokens + begin, count, bytes);
+        bytes += static_cast<uint64_t>(count) * row_bytes;
+      }
+      return bytes;
+    };
+    send_phase(st,
+               {.fill =
+                    [&](std::span<const int> homes) {
+                      for (int home : homes) {
+                        std::byte* slot = session_.channel(home).eager_buffer(st.call);
+                        runs(home, [&](int64_t first, int64_t count, uint64_t at) {
+                          backend_.copy_rows(slot + at,
+                                             x + static_cast<uint64_t>(first) * row_bytes, count,
+                                             row_bytes);
+                        });
+                      }
+                    },
+                .describe =
+                    [&](int home, std::vector<int32_t>&) {
+                      return runs(home, [](int64_t, int64_t, uint64_t) {});
+                    }},
+               kPhase);
   };
 
   LowLatencyCombineResult out;
@@ -94,19 +106,15 @@ void LowLatencyMode::receive_combine(CallState& st) {
     if (d.sent_to[s] > 0)
       from[s] = reinterpret_cast<const uint16_t*>(session_.channel(s).eager(st.call));
   }
-  std::vector<const uint16_t*> rows(static_cast<size_t>(K));
-  for (int t = 0; t < st.num_tokens; ++t) {
-    for (int k = 0; k < K; ++k) {
-      const size_t i = static_cast<size_t>(t) * K + k;
-      const int dest = d.dest_of[i];
-      rows[k] = dest < 0 || from[dest] == nullptr
-                    ? nullptr
-                    : from[dest] + static_cast<size_t>(d.slot_of[i]) * H;
-    }
-    ep::ll_combine_token(rows.data(), st.weights.data() + static_cast<size_t>(t) * K, K,
-                         static_cast<uint32_t>(H), st.out + static_cast<size_t>(t) * H,
-                         ep::HostLanes{});
+  // Each (token, k)'s row where its destination sent it back (null: not sent, or masked).
+  std::vector<const uint16_t*> rows(static_cast<size_t>(st.num_tokens) * K);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int dest = d.dest_of[i];
+    rows[i] = dest < 0 || from[dest] == nullptr
+                  ? nullptr
+                  : from[dest] + static_cast<size_t>(d.slot_of[i]) * H;
   }
+  backend_.ll_combine(rows, st.weights.data(), st.out, K, static_cast<uint32_t>(H));
   if (st.wait_stats.defined())
     for (int s = 0; s < R; ++s)
       written_at<int64_t>(st.wait_stats, s) += waited[s];

@@ -63,21 +63,27 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
 
   auto send = [this, state, x, local] {
     CallState& st = *state;
-    cast_tokens(st, x);
     const uint64_t message = st.format.message_bytes();
-    send_phase(
-        st,
-        [&](int d, std::byte* slot, std::vector<int32_t>& counts) {
-          counts.assign(expert_counts_.begin() + d * local,
-                        expert_counts_.begin() + (d + 1) * local);
-          const std::vector<int32_t>& tokens_to = order_[d];
-          for (size_t i = 0; i < tokens_to.size(); ++i)
-            std::memcpy(slot + i * message,
-                        token_messages_.data() + static_cast<uint64_t>(tokens_to[i]) * message,
-                        message);
-          return static_cast<uint64_t>(tokens_to.size()) * message;
-        },
-        kPhase);
+    send_phase(st,
+               {.fill =
+                    [&](std::span<const int> destinations) {
+                      // Each destination's messages in its eager slot, in order_.
+                      std::vector<ep::LlPackItem> items;
+                      for (int d : destinations) {
+                        std::byte* slot = session_.channel(d).eager_buffer(st.call);
+                        const std::vector<int32_t>& tokens_to = order_[d];
+                        for (size_t i = 0; i < tokens_to.size(); ++i)
+                          items.push_back({.message = slot + i * message, .token = tokens_to[i]});
+                      }
+                      backend_.ll_pack(st.format, x, items);
+                    },
+                .describe =
+                    [&](int d, std::vector<int32_t>& counts) {
+                      counts.assign(expert_counts_.begin() + d * local,
+                                    expert_counts_.begin() + (d + 1) * local);
+                      return static_cast<uint64_t>(order_[d].size()) * message;
+                    }},
+               kPhase);
   };
 
   LowLatencyDispatchResult out;
@@ -135,20 +141,6 @@ void LowLatencyMode::route(CallState& st, const ep::TensorRef& topk_idx) {
     }
 }
 
-void LowLatencyMode::cast_tokens(const CallState& st, const ep::TensorRef& x) {
-  const uint64_t message = st.format.message_bytes();
-  token_messages_.resize(static_cast<size_t>(st.num_tokens) * message);
-  const auto* rows = x.as<uint16_t>();
-  for (int t = 0; t < st.num_tokens; ++t) {
-    bool sent = false;
-    for (int k = 0; k < st.topk && !sent; ++k)
-      sent = st.dest_of[static_cast<size_t>(t) * st.topk + k] >= 0;
-    if (!sent) continue;
-    ep::ll_pack_message(st.format, rows + static_cast<size_t>(t) * st.shape.hidden, t,
-                        token_messages_.data() + static_cast<size_t>(t) * message, ep::HostLanes{});
-  }
-}
-
 void LowLatencyMode::receive_dispatch(CallState& st) {
   const int R = st.ranks, local = st.shape.experts / R;
   std::vector<int64_t> waited;
@@ -175,8 +167,12 @@ void LowLatencyMode::receive_dispatch(CallState& st) {
   std::vector<uint64_t> first(static_cast<size_t>(R), 0);  // source's first message of expert e
   auto* counts = st.recv_count.data<int32_t>();
   auto* ranges = st.layout_range.data<int64_t>();
+  // Every message of every source, one batch: expert e's rows are its sources' messages in
+  // rank order (layout_range says where each begins).
+  std::vector<ep::LlExpertSink> sinks(static_cast<size_t>(local));
+  std::vector<ep::LlUnpackItem> items;
   for (int e = 0; e < local; ++e) {
-    ep::LlExpertSink sink;
+    ep::LlExpertSink& sink = sinks[static_cast<size_t>(e)];
     sink.x = st.recv_x.raw() + static_cast<uint64_t>(e) * rows * st.format.payload_bytes();
     if (scale_words > 0)
       sink.scales =
@@ -189,13 +185,15 @@ void LowLatencyMode::receive_dispatch(CallState& st) {
       ranges[static_cast<size_t>(e) * R + s] = (begin << 32) | count;
       const std::byte* from = count > 0 ? session_.channel(s).eager(st.call) : nullptr;
       for (int32_t i = 0; i < count; ++i)
-        ep::ll_unpack_message(st.format, from + (first[s] + static_cast<uint64_t>(i)) * message,
-                              sink, begin + i, ep::HostLanes{});
+        items.push_back({.message = from + (first[s] + static_cast<uint64_t>(i)) * message,
+                         .row = begin + i,
+                         .sink = e});
       first[s] += static_cast<uint64_t>(count);
       begin += count;
     }
     counts[e] = static_cast<int32_t>(begin);
   }
+  backend_.ll_unpack(st.format, items, sinks);
   if (st.recv_stats.defined())
     for (int e = 0; e < local; ++e)
       written_at<int32_t>(st.recv_stats, e) += counts[e];

@@ -149,31 +149,38 @@ void LowLatencyMode::agree(const LlShape& shape, std::string_view phase) {
   agreed_ = shape;
 }
 
-void LowLatencyMode::send_phase(const CallState& state, const Pack& pack, std::string_view phase) {
+void LowLatencyMode::send_phase(const CallState& state, const Sends& sends,
+                                std::string_view phase) {
   calls_.step([&] {
     for (int s = 0; s < session_.ranks(); ++s)
       if (!masked_[static_cast<size_t>(s)]) session_.channel(s).expect_record(state.call, phase);
     calls_.await_slots_free(state.call, phase);
-    send_all(state, pack, phase);
+    send_all(state, sends, phase);
   });
 }
 
-void LowLatencyMode::send_all(const CallState& state, const Pack& pack, std::string_view phase) {
+void LowLatencyMode::send_all(const CallState& state, const Sends& sends, std::string_view phase) {
   const int R = session_.ranks();
   // Writes to other nodes complete in the background: start them before the stores.
-  for (bool background : {true, false})
-    for (int d = 0; d < R; ++d) {
+  for (bool background : {true, false}) {
+    std::vector<int> group;
+    for (int d = 0; d < R; ++d)
+      if (session_.channel(d).background() == background && !masked_[static_cast<size_t>(d)])
+        group.push_back(d);
+    sends.fill(group);
+    backend_.complete(phase);  // the messages are in the slots
+    for (int d : group) {
       proxy::PeerChannel& to = session_.channel(d);
-      if (to.background() != background || masked_[static_cast<size_t>(d)]) continue;
       LlRecord record;
       record.kind = state.kind;
       record.shape = state.shape;
       record.flags = state.flags;
-      record.eager_bytes = pack(d, to.eager_buffer(state.call), record.counts);
+      record.eager_bytes = sends.describe(d, record.counts);
       if (record.eager_bytes > 0) to.send_eager(state.call, record.eager_bytes, phase);
       to.send_record(state.call, encode_ll_record(record, to.record_buffer(state.call), phase),
                      phase);
     }
+  }
 }
 
 std::vector<LlRecord> LowLatencyMode::receive_all(const CallState& state,
@@ -238,6 +245,8 @@ void LowLatencyMode::receive(CallState& state) {
       receive_dispatch(state);
     else
       receive_combine(state);
+    // The slots it read are released next, and the outputs are the caller's.
+    backend_.complete(phase);
   });
   state.received = true;
   calls_.finish_deferred(state.call, phase);

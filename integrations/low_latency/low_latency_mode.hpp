@@ -32,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 namespace proxyep::integrations::low_latency {
@@ -63,13 +64,18 @@ class LowLatencyMode {
   // ---- both calls (low_latency_mode.cpp) ----
   void agree(const LlShape& shape, std::string_view phase);
   void check_slot_fits(const LlShape& shape, std::string_view phase) const;
-  // Sends `state`'s records (and the messages `pack(d, slot)` writes, returning their bytes)
-  // to every rank, peers on other nodes first.
-  using Pack = std::function<uint64_t(int, std::byte*, std::vector<int32_t>&)>;
+  // What a call sends every rank: `fill(destinations)` has the backend write their messages
+  // into their eager slots (one batch of work: a device packs them in one kernel), and
+  // `describe(d, counts)` returns the bytes rank d gets and sets its record's counts.
+  struct Sends {
+    std::function<void(std::span<const int>)> fill;
+    std::function<uint64_t(int, std::vector<int32_t>&)> describe;
+  };
   // Waits until every rank freed the slots `state`'s call reuses, then sends every rank its
-  // record and the messages `pack` writes.
-  void send_phase(const CallState& state, const Pack& pack, std::string_view phase);
-  void send_all(const CallState& state, const Pack& pack, std::string_view phase);
+  // record and messages: peers on other nodes first (their writes complete in the background
+  // while the others' messages are written), each group once the backend's work is done.
+  void send_phase(const CallState& state, const Sends& sends, std::string_view phase);
+  void send_all(const CallState& state, const Sends& sends, std::string_view phase);
   // Waits for every rank's record and eager bytes of `state`'s call; returns the records, and
   // the nanoseconds each source took from `start`.
   std::vector<LlRecord> receive_all(const CallState& state, std::vector<int64_t>& waited_ns,
@@ -86,7 +92,6 @@ class LowLatencyMode {
 
   // ---- dispatch (ll_dispatch.cpp) ----
   void route(CallState& state, const gpu_side::ep::TensorRef& topk_idx);
-  void cast_tokens(const CallState& state, const gpu_side::ep::TensorRef& x);
   void receive_dispatch(CallState& state);
 
   // ---- combine (ll_combine.cpp) ----
@@ -101,7 +106,6 @@ class LowLatencyMode {
   std::vector<uint8_t> masked_;  // by rank
   std::optional<LlShape> agreed_;
   // Send-phase scratch of dispatch, reused across calls:
-  std::vector<std::byte> token_messages_;    // [T', message]: each token cast once
   std::vector<uint16_t> x_copy_;             // x, when the cast runs in the background
   std::vector<int32_t> expert_counts_;       // [R * E_local]: messages per (rank, local expert)
   std::vector<std::vector<int32_t>> order_;  // [R][messages]: the token of each message

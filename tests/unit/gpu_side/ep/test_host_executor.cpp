@@ -85,3 +85,19 @@ TEST_CASE("host_executor: many short runs back to back") {
   }
   CHECK(total > 0);
 }
+
+TEST_CASE("host_executor: callers on two threads take turns, each sees its own blocks") {
+  // A Buffer's calls reach one executor from the caller's thread and from its communication
+  // stream's; interleaved runs would swap each other's bodies and block counts.
+  HostExecutor executor(3);
+  auto caller = [&](int64_t blocks, std::atomic<int64_t>& sum) {
+    for (int run = 0; run < 300; ++run)
+      executor.run(blocks, [&](int64_t b) { sum.fetch_add(b + 1); });
+  };
+  std::atomic<int64_t> first{0}, second{0};
+  std::thread other([&] { caller(5, first); });
+  caller(9, second);
+  other.join();
+  CHECK(first.load() == 300 * 15);
+  CHECK(second.load() == 300 * 45);
+}
