@@ -15,6 +15,7 @@
 #include "integrations/device_calls.hpp"
 #include "integrations/device_ll_calls.hpp"
 #include "integrations/device_regions.hpp"
+#include "integrations/device_staging.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
@@ -329,9 +330,7 @@ DispatchLayout Buffer::get_dispatch_layout(
   const bool on_device = topk_idx.device == ep::Device::cuda;
   integrations::require_event_on_device(kCall, on_device, previous_event);
   if (on_device) {
-    const auto& device = impl_->device(kCall);
-    if (previous_event)
-      device->wait_event(previous_event, std::chrono::milliseconds(params::ep_timeout_ms.get()));
+    integrations::order_after(*impl_->device(kCall), previous_event);
     return impl_->device_backend->layout(topk_idx, shape);
   }
   ep::validate_topk_idx(topk_idx, shape, "get_dispatch_layout");

@@ -1,12 +1,13 @@
 // Low-latency calls whose tensors live on a device, staged through host memory (normal-mode ones
-// take the direct path, device_calls.hpp; LL calls on the device backend are next): the inputs are copied to the host on the device's stream, the
-// host protocol runs on the copies with the caller's return_recv_hook / async_finish, and the
-// outputs are device tensors, allocated when the call returns and filled when its receive
-// phase completes: in the call itself, in `hook()`, or on the Buffer's communication stream
-// right after the receive (so `event.wait()`, and every later Buffer call, finds them filled).
-// Tensors written in place (`out`, a mask query's output) are copied back over the caller's
-// device tensors at the same point; the statistics tensors get what the call adds to them added
-// there (so two calls in flight both count).
+// take the direct path, device_calls.hpp; the LL protocol already runs its per-message work
+// through a RowBackend, so the device backend is the next step here): the inputs are copied to the
+// host on the device's stream, the host protocol runs on the copies with the caller's
+// return_recv_hook / async_finish, and the outputs are device tensors, allocated when the call
+// returns and filled when its receive phase completes: in the call itself, in `hook()`, or on the
+// Buffer's communication stream right after the receive (so `event.wait()`, and every later Buffer
+// call, finds them filled). Tensors written in place (`out`, a mask query's output) are copied back
+// over the caller's device tensors at the same point; the statistics tensors get what the call adds
+// to them added there (so two calls in flight both count).
 //
 // zero_copy: a dispatch with device tensors marks its handle (LowLatencyHandle::device), and
 // get_next_low_latency_combine_buffer of such a handle is a device tensor (DeviceCombineBuffer);

@@ -27,8 +27,13 @@ DeviceStaging::DeviceStaging(std::shared_ptr<gpu_side::device::DeviceRuntime> de
                              std::string_view phase)
     : device_(std::move(device)), phase_(phase) {}
 
+void order_after(gpu_side::device::DeviceRuntime& device,
+                 const std::shared_ptr<gpu_side::device::DeviceEvent>& event) {
+  if (event) device.wait_event(event, std::chrono::milliseconds(params::ep_timeout_ms.get()));
+}
+
 void DeviceStaging::order_after(const std::shared_ptr<gpu_side::device::DeviceEvent>& event) {
-  if (event) device_->wait_event(event, std::chrono::milliseconds(params::ep_timeout_ms.get()));
+  integrations::order_after(*device_, event);
 }
 
 ep::TensorRef DeviceStaging::host_view(const ep::TensorRef& t, bool zeroed) {

@@ -1,9 +1,10 @@
 // DeviceStaging: host copies of a device call's tensors, and device copies of its host outputs,
 // moved on the device's stream (device_ll_calls.hpp; device_calls.hpp copies a dispatch's
 // steering tensors with it). This is the host bounce buffer of EFA_LIBFABRIC.md, used by the
-// low-latency calls for now: the protocol runs unchanged on the host copies. Every copy is queued; wait() makes the queued ones complete. The host buffers
-// (and the device the staging uses) live as long as the staging, so a call that finishes later
-// (a receive hook, an async event) keeps it in its closure.
+// low-latency calls for now: the protocol runs unchanged on the host copies. Every copy is queued;
+// wait() makes the queued ones complete. The host buffers (and the device the staging uses) live as
+// long as the staging, so a call that finishes later (a receive hook, an async event) keeps it in
+// its closure.
 #pragma once
 
 #include "gpu_side/device/device_runtime.hpp"
@@ -16,6 +17,11 @@
 #include <vector>
 
 namespace proxyep::integrations {
+
+// Makes the work `device` queues from here on wait for `event` (a call's previous_event; none: no
+// wait), for at most ep.timeout_ms.
+void order_after(gpu_side::device::DeviceRuntime& device,
+                 const std::shared_ptr<gpu_side::device::DeviceEvent>& event);
 
 // A device output (from device_like) and the host protocol's tensor that fills it.
 struct StagedOutput {

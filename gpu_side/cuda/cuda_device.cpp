@@ -139,6 +139,11 @@ void CudaDevice::combine(const ep::CombineParams& params) {
   check_cuda(launch_combine(params, state_->stream), kPhase, "combine launch");
 }
 
+void CudaDevice::add(const ep::AddParams& params) {
+  state_->select();
+  check_cuda(launch_add(params, state_->stream), kPhase, "add launch");
+}
+
 void CudaDevice::ll_pack(const ep::LlPackParams& params) {
   state_->select();
   check_cuda(launch_ll_pack(params, state_->stream), kPhase, "ll_pack launch");

@@ -438,6 +438,21 @@ void SimulatedDevice::combine(const ep::CombineParams& p) {
   });
 }
 
+void SimulatedDevice::add(const ep::AddParams& p) {
+  require(p.count >= 0, kPhase, "add: inconsistent parameters");
+  if (p.count == 0) return;
+  const uint64_t bytes = static_cast<uint64_t>(p.count) * (p.wide ? 8 : 4);
+  core_->require_reachable("add", "to", p.to, bytes);
+  core_->require_reachable("add", "from", p.from, bytes);
+  core_->enqueue("add", [p] {
+    for (int64_t i = 0; i < p.count; ++i)
+      if (p.wide)
+        static_cast<int64_t*>(p.to)[i] += static_cast<const int64_t*>(p.from)[i];
+      else
+        static_cast<int32_t*>(p.to)[i] += static_cast<const int32_t*>(p.from)[i];
+  });
+}
+
 void SimulatedDevice::ll_pack(const ep::LlPackParams& p) {
   require(ep::ll_format_error(p.format) == nullptr && p.num_items >= 0 && p.threads > 0 &&
               p.threads % 32 == 0,

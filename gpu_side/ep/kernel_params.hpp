@@ -63,4 +63,13 @@ struct CombineParams {
   int threads = 128;  // per block, a multiple of 32
 };
 
+// to[i] += from[i] for i in [0, count), as int32 or int64: the statistics tensors a call adds to
+// (DeepEP's LL kernels add atomically; one launch here owns its elements).
+struct AddParams {
+  bool wide = false;  // int64 (else int32)
+  void* to = nullptr;
+  const void* from = nullptr;
+  int64_t count = 0;
+};
+
 }  // namespace proxyep::gpu_side::ep

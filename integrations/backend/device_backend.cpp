@@ -42,12 +42,18 @@ const T* DeviceBackend::upload(const T* host, size_t count) {
   // The copy may run any time before the next mark, and callers pass arrays that die sooner (a
   // table built in a nested scope): the bytes are taken now, into staging held until then.
   const size_t bytes = count * sizeof(T);
-  Upload& staged = uploads_.emplace_back(Upload{.before = last_ + 1,
-                                                .device = device_->allocate(bytes),
-                                                .host = std::vector<std::byte>(bytes)});
+  const std::byte* staged = stage(host, bytes);
+  Upload& upload = uploads_.back();
+  upload.device = device_->allocate(bytes);
+  device_->copy(upload.device.get(), staged, bytes);
+  return reinterpret_cast<const T*>(upload.device.get());
+}
+
+const std::byte* DeviceBackend::stage(const void* host, size_t bytes) {
+  Upload& staged = uploads_.emplace_back(
+      Upload{.before = last_ + 1, .device = nullptr, .host = std::vector<std::byte>(bytes)});
   std::memcpy(staged.host.data(), host, bytes);
-  device_->copy(staged.device.get(), staged.host.data(), bytes);
-  return reinterpret_cast<const T*>(staged.device.get());
+  return staged.host.data();
 }
 
 DeviceBackend::Mark DeviceBackend::mark() {
@@ -215,6 +221,32 @@ void DeviceBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
   }
   device_->combine({.input = in, .num_tokens = num_tokens});
   queued();
+}
+
+void DeviceBackend::write(std::byte* to, const void* from, uint64_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard lock(mutex_);
+  device_->copy(to, stage(from, bytes), bytes);
+  queued();
+}
+
+template <typename T>
+void DeviceBackend::add_values(T* to, std::span<const T> values) {
+  if (values.empty()) return;
+  std::lock_guard lock(mutex_);
+  device_->add({.wide = sizeof(T) == 8,
+                .to = to,
+                .from = upload(values.data(), values.size()),
+                .count = static_cast<int64_t>(values.size())});
+  queued();
+}
+
+void DeviceBackend::add(int32_t* to, std::span<const int32_t> values) {
+  add_values(to, values);
+}
+
+void DeviceBackend::add(int64_t* to, std::span<const int64_t> values) {
+  add_values(to, values);
 }
 
 void DeviceBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,

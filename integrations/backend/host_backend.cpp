@@ -92,6 +92,20 @@ void HostBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
       num_tokens, [&](int64_t begin, int64_t end) { ep::reduce_tokens_host(input, begin, end); });
 }
 
+void HostBackend::write(std::byte* to, const void* from, uint64_t bytes) {
+  if (bytes > 0) std::memcpy(to, from, bytes);
+}
+
+void HostBackend::add(int32_t* to, std::span<const int32_t> values) {
+  for (size_t i = 0; i < values.size(); ++i)
+    to[i] += values[i];
+}
+
+void HostBackend::add(int64_t* to, std::span<const int64_t> values) {
+  for (size_t i = 0; i < values.size(); ++i)
+    to[i] += values[i];
+}
+
 void HostBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,
                           std::span<const ep::LlPackItem> items) {
   // A token goes to up to topk ranks: it is cast once (the FP8 cast is the costly part), into

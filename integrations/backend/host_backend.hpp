@@ -28,6 +28,9 @@ class HostBackend final : public RowBackend {
   void copy_rows(std::byte* to, const std::byte* from, int64_t rows, uint64_t row_bytes) override;
   void fill(std::byte* to, uint8_t value, uint64_t bytes) override;
   void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) override;
+  void write(std::byte* to, const void* from, uint64_t bytes) override;
+  void add(int32_t* to, std::span<const int32_t> values) override;
+  void add(int64_t* to, std::span<const int64_t> values) override;
   void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                std::span<const gpu_side::ep::LlPackItem> items) override;
   void ll_unpack(const gpu_side::ep::LlFormat& format,

@@ -109,6 +109,13 @@ class RowBackend {
   // Combine: what gpu_side::ep::combine_token gives for tokens [0, num_tokens).
   virtual void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) = 0;
 
+  // ---- host values into the backend's memory (taken with the call) ----
+  // `bytes` bytes of host memory at `from` to `to`.
+  virtual void write(std::byte* to, const void* from, uint64_t bytes) = 0;
+  // to[i] += values[i]: the statistics tensors a call adds to.
+  virtual void add(int32_t* to, std::span<const int32_t> values) = 0;
+  virtual void add(int64_t* to, std::span<const int64_t> values) = 0;
+
   // ---- low-latency mode (gpu_side/ep/ll_rules.hpp) ----
   // Dispatch, sender: row items[i].token of x (bf16 [tokens, format.hidden]) packed as the
   // message at items[i].message (slots: the backend's memory; the item list on the host).

@@ -26,6 +26,7 @@ int main() {
       {"place_routed_rows", place_routed_rows_case},
       {"reduce", reduce_case},
       {"copy_rows and fill", copy_fill_case},
+      {"write and add", write_add_case},
       {"ll_pack bf16", [](auto d) { return ll_pack_case(d, false, false); }},
       {"ll_pack fp8", [](auto d) { return ll_pack_case(d, true, false); }},
       {"ll_pack fp8 ue8m0", [](auto d) { return ll_pack_case(d, true, true); }},

@@ -397,4 +397,33 @@ inline std::string copy_fill_case(std::shared_ptr<gpu_side::device::DeviceRuntim
          compare("arena", arena.host(), arena_before.data(), 4096);
 }
 
+// Host values written into device memory and added to statistics tensors (taken with the call:
+// the host arrays change before the work runs).
+inline std::string write_add_case(std::shared_ptr<gpu_side::device::DeviceRuntime> device) {
+  DeviceBackend backend(device);
+  HostBackend host(1);
+  std::vector<int32_t> counts = {3, -1, 7, 0, 12};
+  std::vector<int64_t> waits = {100, 2000000000000, -5};
+  const ep::Tensor base32 = random_f32(1, 5, 9), base64 = random_f32(1, 6, 4);  // any bytes
+  auto run = [&](integrations::RowBackend& b, ep::Tensor& written, ep::Tensor& sum32,
+                 ep::Tensor& sum64) {
+    b.write(written.raw(), counts.data(), 4 * counts.size());
+    b.write(sum32.raw(), base32.raw(), sum32.bytes());
+    b.write(sum64.raw(), base64.raw(), sum64.bytes());
+    b.add(sum32.data<int32_t>(), counts);
+    b.add(sum32.data<int32_t>(), counts);
+    b.add(sum64.data<int64_t>(), waits);
+  };
+  ep::Tensor got = backend.allocate(ep::DType::i32, 5), got32 = backend.allocate(ep::DType::i32, 5),
+             got64 = backend.allocate(ep::DType::i64, 3);
+  ep::Tensor want = host.allocate(ep::DType::i32, 5), want32 = host.allocate(ep::DType::i32, 5),
+             want64 = host.allocate(ep::DType::i64, 3);
+  run(backend, got, got32, got64);
+  run(host, want, want32, want64);
+  counts.assign(counts.size(), 99);
+  waits.assign(waits.size(), 99);
+  return compare("written", got, want, backend) + compare("added i32", got32, want32, backend) +
+         compare("added i64", got64, want64, backend);
+}
+
 }  // namespace proxyep::testing::device_backend_cases

@@ -33,6 +33,7 @@ TEST_CASE("device backend on the simulated device equals the host backend") {
     CHECK(place_routed_rows_case(simulated(deferred)) == "");
     CHECK(reduce_case(simulated(deferred)) == "");
     CHECK(copy_fill_case(simulated(deferred)) == "");
+    CHECK(write_add_case(simulated(deferred)) == "");
     CHECK(ll_pack_case(simulated(deferred), false, false) == "");
     CHECK(ll_pack_case(simulated(deferred), true, false) == "");
     CHECK(ll_pack_case(simulated(deferred), true, true) == "");
