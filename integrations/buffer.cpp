@@ -394,9 +394,8 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
               {"dispatch_wait_recv_cost_stats", args.dispatch_wait_recv_cost_stats}});
   integrations::require_event_on_device(kCall, on_device, args.previous_event);
   if (!on_device) return impl_->low_latency.dispatch(args);
-  return integrations::ll_dispatch_on_device(
-      impl_->device(kCall), impl_->stream, args,
-      [this](const LowLatencyDispatchArgs& host) { return impl_->low_latency.dispatch(host); });
+  return integrations::ll_dispatch_on_device(impl_->device(kCall), *impl_->device_backend,
+                                             impl_->low_latency, args);
 }
 
 LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs& args) {

@@ -12,25 +12,15 @@ namespace ep = proxyep::gpu_side::ep;
 namespace proxyep::integrations {
 
 LowLatencyDispatchResult ll_dispatch_on_device(
-    const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, CommStream& stream,
-    const LowLatencyDispatchArgs& args, const HostLlDispatch& host_call) {
-  auto staging = std::make_shared<DeviceStaging>(device, "low_latency_dispatch");
-  staging->order_after(args.previous_event);
-  LowLatencyDispatchArgs host = args;
-  host.x = staging->to_host(args.x);
-  host.topk_idx = staging->to_host(args.topk_idx);
-  host.cumulative_local_expert_recv_stats =
-      staging->accumulate(args.cumulative_local_expert_recv_stats);
-  host.dispatch_wait_recv_cost_stats = staging->accumulate(args.dispatch_wait_recv_cost_stats);
-  staging->wait();
-  LowLatencyDispatchResult result = host_call(host);
-  result.handle.device = ep::Device::cuda;
-  finish_on_device(
-      stream, staging,
-      {staging->move_to_device(result.recv_x), staging->move_to_device(result.recv_x_scales),
-       staging->move_to_device(result.recv_count)},
-      result.hook, result.event);
-  return result;
+    const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, RowBackend& backend,
+    low_latency::LowLatencyMode& mode, const LowLatencyDispatchArgs& args) {
+  // Every read of the inputs, the routing's copy and the kernels', after previous_event.
+  DeviceStaging steering(device, "low_latency_dispatch");
+  steering.order_after(args.previous_event);
+  const low_latency::LlDeviceCall call{.backend = backend,
+                                       .topk_idx = steering.to_host(args.topk_idx)};
+  steering.wait();
+  return mode.dispatch(args, &call);
 }
 
 LowLatencyCombineResult ll_combine_on_device(

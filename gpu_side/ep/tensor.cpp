@@ -238,4 +238,12 @@ void require_host(const TensorRef& t, std::string_view phase, std::string_view n
           "{} is device memory; this call takes host tensors (the CPU backend) here", name);
 }
 
+void require_place(const TensorRef& t, bool on_device, std::string_view phase,
+                   std::string_view name) {
+  if (on_device)
+    require(t.device == Device::cuda, phase, "{} must be device memory; got {}", name, t);
+  else
+    require_host(t, phase, name);
+}
+
 }  // namespace proxyep::gpu_side::ep

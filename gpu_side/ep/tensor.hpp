@@ -116,6 +116,9 @@ void require_shape(const TensorRef& t, int64_t rows, int64_t cols, std::string_v
                    std::string_view name);  // cols < 0: a 1-D tensor of `rows`
 void require_contiguous(const TensorRef& t, std::string_view phase, std::string_view name);
 void require_host(const TensorRef& t, std::string_view phase, std::string_view name);
+// Device memory when `on_device` (the call's backend is a device's), else host memory.
+void require_place(const TensorRef& t, bool on_device, std::string_view phase,
+                   std::string_view name);
 
 }  // namespace proxyep::gpu_side::ep
 

@@ -16,7 +16,7 @@ uint32_t record_flags(const ep::LlFormat& f) {
          (f.ue8m0 ? kFlagUe8m0 : 0);
 }
 
-DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& a, int ranks) {
+DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& a, int ranks, bool on_device) {
   constexpr const char* kPhase = "low_latency_dispatch";
   const int R = ranks;
   require(!(a.async_finish && a.return_recv_hook), kPhase,
@@ -30,7 +30,7 @@ DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& a, int ranks) {
   const int64_t tokens = a.x.rows;
   require(tokens <= shape.tokens, kPhase,
           "x has {} tokens, more than num_max_dispatch_tokens_per_rank ({})", tokens, shape.tokens);
-  check_tensor(a.x, ep::DType::bf16, tokens, shape.hidden, true, kPhase, "x");
+  check_tensor(a.x, ep::DType::bf16, tokens, shape.hidden, true, kPhase, "x", on_device);
   ep::require_defined(a.topk_idx, kPhase, "topk_idx");
   const int64_t K = a.topk_idx.dims == 2 ? a.topk_idx.cols : 0;
   require(K >= 1 && K <= ep::kLlMaxTopk, kPhase,
@@ -46,11 +46,11 @@ DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& a, int ranks) {
     fail(kPhase, "{} (hidden {})", why, shape.hidden);
   const int local = shape.experts / R;
   if (a.cumulative_local_expert_recv_stats.defined())
-    check_tensor(a.cumulative_local_expert_recv_stats, ep::DType::i32, local, -1, false, kPhase,
-                 "cumulative_local_expert_recv_stats");
+    check_tensor(a.cumulative_local_expert_recv_stats, ep::DType::i32, local, -1, on_device, kPhase,
+                 "cumulative_local_expert_recv_stats", on_device);
   if (a.dispatch_wait_recv_cost_stats.defined())
-    check_tensor(a.dispatch_wait_recv_cost_stats, ep::DType::i64, R, -1, false, kPhase,
-                 "dispatch_wait_recv_cost_stats");
+    check_tensor(a.dispatch_wait_recv_cost_stats, ep::DType::i64, R, -1, on_device, kPhase,
+                 "dispatch_wait_recv_cost_stats", on_device);
   return {shape, format, tokens, K};
 }
 

@@ -21,7 +21,9 @@ struct DispatchInput {
   int64_t topk = 0;    // K
 };
 
-DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& args, int ranks);
+// `on_device`: x and the statistics are device memory (topk_idx is read on the host: a device
+// call passes a host copy).
+DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& args, int ranks, bool on_device);
 
 // Checks a combine against the dispatch of its handle (which must be this Buffer's, received);
 // returns where its expert outputs are (x, or the zero-copy buffer).

@@ -5,6 +5,7 @@
 
 #include "gpu_side/ep/ll_rules.hpp"
 #include "gpu_side/ep/tensor.hpp"
+#include "integrations/backend/row_backend.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 
 #include <chrono>
@@ -25,12 +26,16 @@ struct CallState {
   int num_tokens = 0;  // T', this rank's tokens
   int topk = 0;
   bool received = false;
+  // Whose per-message work it is: the Buffer's host backend, or a device call's (outputs and
+  // statistics in device memory).
+  RowBackend* backend = nullptr;
 
   // ---- dispatch: where this rank's (token, k) selections went ----
   std::vector<int64_t> topk_idx;  // [T' * K], the routing (combine must pass the same)
   std::vector<int32_t> dest_of;   // [T' * K]: destination rank, -1 for none
   std::vector<int32_t> slot_of;   // [T' * K]: the message's index among those to dest_of
   std::vector<int64_t> sent_to;   // [R]: messages sent to each rank
+  std::vector<int64_t> ranges;    // [E_local * R]: layout_range as the host computed it
 
   // ---- dispatch outputs, filled by the receive phase ----
   gpu_side::ep::Tensor recv_x, recv_x_scales, recv_count, src_info, layout_range;

@@ -35,6 +35,7 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) 
   st.num_tokens = d.num_tokens;
   st.topk = d.topk;
   st.dispatched = dispatched;
+  st.backend = &backend_;  // device tensors are staged through the host (device_ll_calls.hpp)
   st.wait_stats = a.combine_wait_recv_cost_stats;
   st.weights.resize(static_cast<size_t>(d.num_tokens) * d.topk);
   for (int t = 0; t < d.num_tokens; ++t)
@@ -53,7 +54,7 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) 
     const CallState& st = *state;
     const CallState& d = *st.dispatched;
     const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
-    const auto* ranges = d.layout_range.data<int64_t>();
+    const std::vector<int64_t>& ranges = d.ranges;
     // Home's rows of each local expert, expert by expert: the order in which home packed its
     // messages (ll_dispatch.cpp). `place(home, at)` gets each run's first row and its place.
     auto runs = [&](int home, auto&& place) {
@@ -72,9 +73,9 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) 
                       for (int home : homes) {
                         std::byte* slot = session_.channel(home).eager_buffer(st.call);
                         runs(home, [&](int64_t first, int64_t count, uint64_t at) {
-                          backend_.copy_rows(slot + at,
-                                             x + static_cast<uint64_t>(first) * row_bytes, count,
-                                             row_bytes);
+                          st.backend->copy_rows(slot + at,
+                                                x + static_cast<uint64_t>(first) * row_bytes, count,
+                                                row_bytes);
                         });
                       }
                     },
@@ -114,7 +115,7 @@ void LowLatencyMode::receive_combine(CallState& st) {
                   ? nullptr
                   : from[dest] + static_cast<size_t>(d.slot_of[i]) * H;
   }
-  backend_.ll_combine(rows, st.weights.data(), st.out, K, static_cast<uint32_t>(H));
+  st.backend->ll_combine(rows, st.weights.data(), st.out, K, static_cast<uint32_t>(H));
   if (st.wait_stats.defined())
     for (int s = 0; s < R; ++s)
       written_at<int64_t>(st.wait_stats, s) += waited[s];

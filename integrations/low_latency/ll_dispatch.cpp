@@ -17,10 +17,14 @@ constexpr const char* kPhase = "low_latency_dispatch";
 
 }  // namespace
 
-LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& a) {
+LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& a,
+                                                  const LlDeviceCall* device) {
   calls_.check_usable(kPhase);
   const int R = session_.ranks();
-  const DispatchInput in = check_dispatch_args(a, R);
+  // What the protocol reads on the host: a device call's copy of topk_idx.
+  LowLatencyDispatchArgs view = a;
+  if (device != nullptr) view.topk_idx = device->topk_idx;
+  const DispatchInput in = check_dispatch_args(view, R, device != nullptr);
   const LlShape& shape = in.shape;
   const ep::LlFormat& format = in.format;
   const int64_t tokens = in.tokens, K = in.topk;
@@ -41,27 +45,42 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.topk = static_cast<int>(K);
   st.recv_stats = a.cumulative_local_expert_recv_stats;
   st.wait_stats = a.dispatch_wait_recv_cost_stats;
-  route(st, a.topk_idx);
+  RowBackend& backend = *(st.backend = device != nullptr ? &device->backend : &backend_);
+  route(st, view.topk_idx);
   // In the background the cast reads a copy: the caller may reuse x as soon as the call returns.
   const bool background = a.return_recv_hook || a.async_finish;
   ep::TensorRef x = a.x;
-  if (background) {
+  ep::Tensor x_device_copy;
+  if (background && device != nullptr) {
+    // On the device, done before the call returns: the caller's stream may write x next.
+    x_device_copy = backend.allocate(ep::DType::bf16, tokens, shape.hidden);
+    backend.copy_rows(x_device_copy.raw(), static_cast<const std::byte*>(a.x.data), tokens,
+                      2ull * shape.hidden);
+    backend.complete(kPhase);
+    x = x_device_copy;
+  } else if (background) {
     x_copy_.assign(a.x.as<uint16_t>(), a.x.as<uint16_t>() + a.x.numel());
     x = ep::TensorRef::matrix(x_copy_.data(), ep::DType::bf16, tokens, shape.hidden);
   }
 
   const int64_t rows = static_cast<int64_t>(R) * shape.tokens;  // per local expert
+  // A device call's outputs are fresh (stream-ordered allocations); the host's come from a pool.
   Outputs& pool = outputs_[dispatches_++ % 2];
-  st.recv_x = output(pool.recv_x, format.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * rows,
-                     shape.hidden);
+  auto make = [&](ep::Tensor& pooled, ep::DType dtype, int64_t n, int64_t cols) {
+    if (device == nullptr) return output(pooled, dtype, n, cols);
+    return cols < 0 ? backend.allocate(dtype, n) : backend.allocate(dtype, n, cols);
+  };
+  st.recv_x = make(pool.recv_x, format.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * rows,
+                   shape.hidden);
   if (format.fp8)
-    st.recv_x_scales = output(pool.recv_x_scales, format.ue8m0 ? ep::DType::i32 : ep::DType::f32,
-                              local * static_cast<int64_t>(format.scale_words()), rows);
-  st.recv_count = output(pool.recv_count, ep::DType::i32, local, -1);
-  st.src_info = output(pool.src_info, ep::DType::i32, local, rows);
-  st.layout_range = output(pool.layout_range, ep::DType::i64, local, R);
+    st.recv_x_scales = make(pool.recv_x_scales, format.ue8m0 ? ep::DType::i32 : ep::DType::f32,
+                            local * static_cast<int64_t>(format.scale_words()), rows);
+  st.recv_count = make(pool.recv_count, ep::DType::i32, local, -1);
+  st.src_info = make(pool.src_info, ep::DType::i32, local, rows);
+  st.layout_range = make(pool.layout_range, ep::DType::i64, local, R);
 
-  auto send = [this, state, x, local] {
+  auto send = [this, state, x, x_device_copy, local] {
+    (void)x_device_copy;  // holds the memory x points into
     CallState& st = *state;
     const uint64_t message = st.format.message_bytes();
     send_phase(st,
@@ -75,7 +94,7 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
                         for (size_t i = 0; i < tokens_to.size(); ++i)
                           items.push_back({.message = slot + i * message, .token = tokens_to[i]});
                       }
-                      backend_.ll_pack(st.format, x, items);
+                      st.backend->ll_pack(st.format, x, items);
                     },
                 .describe =
                     [&](int d, std::vector<int32_t>& counts) {
@@ -96,6 +115,7 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   out.handle.hidden = shape.hidden;
   out.handle.num_experts = shape.experts;
   out.handle.dispatched = state;
+  if (device != nullptr) out.handle.device = ep::Device::cuda;
   launch(state, send, a.return_recv_hook, a.async_finish, out.hook, out.event);
   return out;
 }
@@ -165,8 +185,10 @@ void LowLatencyMode::receive_dispatch(CallState& st) {
   const int64_t rows = static_cast<int64_t>(R) * st.shape.tokens;
   const uint32_t scale_words = st.format.scale_words();
   std::vector<uint64_t> first(static_cast<size_t>(R), 0);  // source's first message of expert e
-  auto* counts = st.recv_count.data<int32_t>();
-  auto* ranges = st.layout_range.data<int64_t>();
+  // Counts and ranges on the host (combine reads the ranges there), then into the outputs.
+  std::vector<int32_t> counts(static_cast<size_t>(local));
+  std::vector<int64_t>& ranges = st.ranges;
+  ranges.assign(static_cast<size_t>(local) * R, 0);
   // Every message of every source, one batch: expert e's rows are its sources' messages in
   // rank order (layout_range says where each begins).
   std::vector<ep::LlExpertSink> sinks(static_cast<size_t>(local));
@@ -193,13 +215,26 @@ void LowLatencyMode::receive_dispatch(CallState& st) {
     }
     counts[e] = static_cast<int32_t>(begin);
   }
-  backend_.ll_unpack(st.format, items, sinks);
-  if (st.recv_stats.defined())
-    for (int e = 0; e < local; ++e)
-      written_at<int32_t>(st.recv_stats, e) += counts[e];
-  if (st.wait_stats.defined())
-    for (int s = 0; s < R; ++s)
-      written_at<int64_t>(st.wait_stats, s) += waited[s];
+  RowBackend& backend = *st.backend;
+  backend.ll_unpack(st.format, items, sinks);
+  backend.write(st.recv_count.raw(), counts.data(), 4 * counts.size());
+  backend.write(st.layout_range.raw(), ranges.data(), 8 * ranges.size());
+  const bool on_device = st.recv_x.device() == ep::Device::cuda;
+  // The statistics: device ones are contiguous (ll_args.cpp); host ones may be strided views.
+  if (st.recv_stats.defined()) {
+    if (on_device)
+      backend.add(const_cast<int32_t*>(st.recv_stats.as<int32_t>()), counts);
+    else
+      for (int e = 0; e < local; ++e)
+        written_at<int32_t>(st.recv_stats, e) += counts[static_cast<size_t>(e)];
+  }
+  if (st.wait_stats.defined()) {
+    if (on_device)
+      backend.add(const_cast<int64_t*>(st.wait_stats.as<int64_t>()), waited);
+    else
+      for (int s = 0; s < R; ++s)
+        written_at<int64_t>(st.wait_stats, s) += waited[static_cast<size_t>(s)];
+  }
 }
 
 }  // namespace proxyep::integrations::low_latency

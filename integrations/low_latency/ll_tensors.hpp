@@ -15,13 +15,14 @@ T& written_at(const gpu_side::ep::TensorRef& t, int64_t i) {
   return const_cast<T&>(t.at<T>(i, 0));
 }
 
-// A host tensor of `dtype` and shape [rows] (cols < 0) or [rows, cols]; `contiguous` when the
-// call reads it as one block. Throws proxyep::Error(phase) naming `name`.
+// A tensor of `dtype` and shape [rows] (cols < 0) or [rows, cols], in device memory when
+// `on_device` (else host memory); `contiguous` when the call reads it as one block. Throws
+// proxyep::Error(phase) naming `name`.
 inline void check_tensor(const gpu_side::ep::TensorRef& t, gpu_side::ep::DType dtype, int64_t rows,
                          int64_t cols, bool contiguous, std::string_view phase,
-                         std::string_view name) {
+                         std::string_view name, bool on_device = false) {
   gpu_side::ep::require_defined(t, phase, name);
-  gpu_side::ep::require_host(t, phase, name);
+  gpu_side::ep::require_place(t, on_device, phase, name);
   gpu_side::ep::require_dtype(t, dtype, phase, name);
   gpu_side::ep::require_shape(t, rows, cols, phase, name);
   if (contiguous) gpu_side::ep::require_contiguous(t, phase, name);

@@ -168,7 +168,7 @@ void LowLatencyMode::send_all(const CallState& state, const Sends& sends, std::s
       if (session_.channel(d).background() == background && !masked_[static_cast<size_t>(d)])
         group.push_back(d);
     sends.fill(group);
-    backend_.complete(phase);  // the messages are in the slots
+    state.backend->complete(phase);  // the messages are in the slots
     for (int d : group) {
       proxy::PeerChannel& to = session_.channel(d);
       LlRecord record;
@@ -246,7 +246,7 @@ void LowLatencyMode::receive(CallState& state) {
     else
       receive_combine(state);
     // The slots it read are released next, and the outputs are the caller's.
-    backend_.complete(phase);
+    state.backend->complete(phase);
   });
   state.received = true;
   calls_.finish_deferred(state.call, phase);

@@ -37,6 +37,13 @@
 
 namespace proxyep::integrations::low_latency {
 
+// A low-latency dispatch whose x and statistics are device memory (device_ll_calls.hpp): the
+// backend that runs its per-message work, and a host copy of topk_idx (the routing reads it).
+struct LlDeviceCall {
+  RowBackend& backend;
+  gpu_side::ep::TensorRef topk_idx;
+};
+
 class LowLatencyMode {
  public:
   // `enable_shrink`: a peer that is lost or does not deliver within the deadline is masked and
@@ -50,7 +57,8 @@ class LowLatencyMode {
   // clean_low_latency_buffer: a collective call that agrees on `shape` (every rank fails,
   // naming the ranks that differ, when they do not agree) and frees the LL slots.
   void clean(const LlShape& shape);
-  LowLatencyDispatchResult dispatch(const LowLatencyDispatchArgs& args);
+  LowLatencyDispatchResult dispatch(const LowLatencyDispatchArgs& args,
+                                    const LlDeviceCall* device = nullptr);
   LowLatencyCombineResult combine(const LowLatencyCombineArgs& args);
   gpu_side::ep::Tensor next_combine_buffer(const LowLatencyHandle& handle);
 

@@ -17,10 +17,7 @@ constexpr int64_t kMaxScaleCols = 512;
 
 // The rows' tensors are where the call's backend works (the Buffer picked it from them).
 void require_place(const TensorRef& t, bool on_device, std::string_view name) {
-  if (on_device)
-    require(t.device == ep::Device::cuda, kPhase, "{} must be device memory; got {}", name, t);
-  else
-    ep::require_host(t, kPhase, name);
+  ep::require_place(t, on_device, kPhase, name);
 }
 
 void check_x(const DispatchArgs& a, bool on_device, DispatchInput& in) {

@@ -70,12 +70,26 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
             "a device dispatch returned host outputs");
     da.hook();
     db.event.wait();
-    for (const LowLatencyDispatchResult* d : {&da, &db}) {
-      const ep::Tensor count = download(dev, d->recv_count, "recv_count");
-      check_dispatch(*d, download(dev, d->recv_x, "recv_x"),
-                     download(dev, d->recv_x_scales, "recv_x_scales"), count, d == &da ? a : b, me);
+    // Every output is device memory, the handle's src_info and layout_range too (as DeepEP's):
+    // host views of them for the checks, read from the caller's stream (a call whose hook
+    // returned, or whose event was waited for, has finished its device work).
+    auto on_host = [&](const LowLatencyDispatchResult& d) {
+      require(d.handle.src_info.device() == ep::Device::cuda &&
+                  d.handle.layout_range.device() == ep::Device::cuda,
+              "test", "a device dispatch's handle holds host tensors");
+      LowLatencyDispatchResult h = d;
+      h.recv_x = download(caller, d.recv_x, "recv_x");
+      h.recv_x_scales = download(caller, d.recv_x_scales, "recv_x_scales");
+      h.recv_count = download(caller, d.recv_count, "recv_count");
+      h.handle.src_info = download(caller, d.handle.src_info, "src_info");
+      h.handle.layout_range = download(caller, d.handle.layout_range, "layout_range");
+      return h;
+    };
+    const LowLatencyDispatchResult ha = on_host(da), hb = on_host(db);
+    for (const LowLatencyDispatchResult* d : {&ha, &hb}) {
+      check_dispatch(*d, d == &ha ? a : b, me);
       for (int e = 0; e < kLocal; ++e)
-        received[static_cast<size_t>(e)] += count.data<int32_t>()[e];
+        received[static_cast<size_t>(e)] += d->recv_count.data<int32_t>()[e];
     }
     const ep::Tensor stats = download(dev, recv_stats, "cumulative_local_expert_recv_stats");
     for (int e = 0; e < kLocal; ++e)
@@ -85,14 +99,14 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
 
     // Combine a with async_finish; b zero_copy through the device combine buffer, with a hook
     // and `out`.
-    const ep::Tensor outputs_a = upload(dev, expert_outputs(da, me));
+    const ep::Tensor outputs_a = upload(dev, expert_outputs(ha, me));
     LowLatencyCombineArgs ca{
         .x = outputs_a, .topk_idx = ia, .topk_weights = wa, .handle = &da.handle};
     ca.async_finish = true;
     const ep::Tensor combine_buffer = buffer.get_next_low_latency_combine_buffer(db.handle);
     require(combine_buffer.device() == ep::Device::cuda, "test",
             "the combine buffer of a device dispatch is host memory");
-    const ep::Tensor outputs_b = expert_outputs(db, me);
+    const ep::Tensor outputs_b = expert_outputs(hb, me);
     dev.copy(const_cast<std::byte*>(combine_buffer.raw()), outputs_b.raw(), outputs_b.bytes());
     dev.synchronize("test combine buffer", kWait);
     const ep::Tensor out = upload(dev, ep::Tensor::zeros(ep::DType::bf16, kTokens, kHidden));
