@@ -221,20 +221,14 @@ void LowLatencyMode::receive_dispatch(CallState& st) {
   backend.write(st.layout_range.raw(), ranges.data(), 8 * ranges.size());
   const bool on_device = st.recv_x.device() == ep::Device::cuda;
   // The statistics: device ones are contiguous (ll_args.cpp); host ones may be strided views.
-  if (st.recv_stats.defined()) {
-    if (on_device)
-      backend.add(const_cast<int32_t*>(st.recv_stats.as<int32_t>()), counts);
-    else
-      for (int e = 0; e < local; ++e)
-        written_at<int32_t>(st.recv_stats, e) += counts[static_cast<size_t>(e)];
-  }
-  if (st.wait_stats.defined()) {
-    if (on_device)
-      backend.add(const_cast<int64_t*>(st.wait_stats.as<int64_t>()), waited);
-    else
-      for (int s = 0; s < R; ++s)
-        written_at<int64_t>(st.wait_stats, s) += waited[static_cast<size_t>(s)];
-  }
+  auto add_to = [&]<typename T>(const ep::TensorRef& stats, const std::vector<T>& values) {
+    if (!stats.defined()) return;
+    if (on_device) return backend.add(const_cast<T*>(stats.as<T>()), std::span<const T>(values));
+    for (size_t i = 0; i < values.size(); ++i)
+      written_at<T>(stats, static_cast<int64_t>(i)) += values[i];
+  };
+  add_to(st.recv_stats, counts);
+  add_to(st.wait_stats, waited);
 }
 
 }  // namespace proxyep::integrations::low_latency
