@@ -116,11 +116,7 @@ ep::DispatchLayout DeviceBackend::layout(const ep::TensorRef& topk_idx, const ep
   ep::Tensor checked = topk_idx.dims == 2
                            ? ep::Tensor::empty(ep::DType::i64, topk_idx.rows, topk_idx.cols)
                            : ep::Tensor::empty(ep::DType::i64, topk_idx.rows);
-  {
-    std::lock_guard lock(mutex_);
-    device_->copy(checked.raw(), topk_idx.data, checked.bytes());
-    queued();
-  }
+  copy_rows(checked.raw(), static_cast<const std::byte*>(topk_idx.data), 1, checked.bytes());
   complete(kPhase);
   ep::validate_topk_idx(checked, shape, kPhase);
 
@@ -231,21 +227,25 @@ void DeviceBackend::write(std::byte* to, const void* from, uint64_t bytes) {
 }
 
 template <typename T>
-void DeviceBackend::add_values(T* to, std::span<const T> values) {
+void DeviceBackend::add_values(const ep::TensorRef& to, std::span<const T> values) {
   if (values.empty()) return;
+  require_on_device(to, "device backend", "a statistics tensor");
+  ep::require_contiguous(to, "device backend", "a statistics tensor");
+  require(to.rows >= static_cast<int64_t>(values.size()), "device backend", "{} values added to {}",
+          values.size(), to);
   std::lock_guard lock(mutex_);
   device_->add({.wide = sizeof(T) == 8,
-                .to = to,
+                .to = const_cast<void*>(to.data),
                 .from = upload(values.data(), values.size()),
                 .count = static_cast<int64_t>(values.size())});
   queued();
 }
 
-void DeviceBackend::add(int32_t* to, std::span<const int32_t> values) {
+void DeviceBackend::add(const ep::TensorRef& to, std::span<const int32_t> values) {
   add_values(to, values);
 }
 
-void DeviceBackend::add(int64_t* to, std::span<const int64_t> values) {
+void DeviceBackend::add(const ep::TensorRef& to, std::span<const int64_t> values) {
   add_values(to, values);
 }
 

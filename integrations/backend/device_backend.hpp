@@ -46,8 +46,8 @@ class DeviceBackend final : public RowBackend {
   void fill(std::byte* to, uint8_t value, uint64_t bytes) override;
   void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) override;
   void write(std::byte* to, const void* from, uint64_t bytes) override;
-  void add(int32_t* to, std::span<const int32_t> values) override;
-  void add(int64_t* to, std::span<const int64_t> values) override;
+  void add(const gpu_side::ep::TensorRef& to, std::span<const int32_t> values) override;
+  void add(const gpu_side::ep::TensorRef& to, std::span<const int64_t> values) override;
   void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                std::span<const gpu_side::ep::LlPackItem> items) override;
   void ll_unpack(const gpu_side::ep::LlFormat& format,
@@ -68,7 +68,7 @@ class DeviceBackend final : public RowBackend {
   // A host copy of `bytes` at `host` as they are now (a copy's source), held likewise. Locked.
   const std::byte* stage(const void* host, size_t bytes);
   template <typename T>
-  void add_values(T* to, std::span<const T> values);
+  void add_values(const gpu_side::ep::TensorRef& to, std::span<const T> values);
   // After queueing work. Locked.
   void queued() { queued_ = true; }
   // Marks up to `mark` are reached: drops their events and the uploads before them. Locked.

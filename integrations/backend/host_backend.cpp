@@ -96,14 +96,20 @@ void HostBackend::write(std::byte* to, const void* from, uint64_t bytes) {
   if (bytes > 0) std::memcpy(to, from, bytes);
 }
 
-void HostBackend::add(int32_t* to, std::span<const int32_t> values) {
+template <typename T>
+void HostBackend::add_values(const ep::TensorRef& to, std::span<const T> values) {
+  require(to.rows >= static_cast<int64_t>(values.size()), "host backend", "{} values added to {}",
+          values.size(), to);
   for (size_t i = 0; i < values.size(); ++i)
-    to[i] += values[i];
+    const_cast<T&>(to.at<T>(static_cast<int64_t>(i), 0)) += values[i];  // the caller's to write
 }
 
-void HostBackend::add(int64_t* to, std::span<const int64_t> values) {
-  for (size_t i = 0; i < values.size(); ++i)
-    to[i] += values[i];
+void HostBackend::add(const ep::TensorRef& to, std::span<const int32_t> values) {
+  add_values(to, values);
+}
+
+void HostBackend::add(const ep::TensorRef& to, std::span<const int64_t> values) {
+  add_values(to, values);
 }
 
 void HostBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,

@@ -29,8 +29,8 @@ class HostBackend final : public RowBackend {
   void fill(std::byte* to, uint8_t value, uint64_t bytes) override;
   void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) override;
   void write(std::byte* to, const void* from, uint64_t bytes) override;
-  void add(int32_t* to, std::span<const int32_t> values) override;
-  void add(int64_t* to, std::span<const int64_t> values) override;
+  void add(const gpu_side::ep::TensorRef& to, std::span<const int32_t> values) override;
+  void add(const gpu_side::ep::TensorRef& to, std::span<const int64_t> values) override;
   void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                std::span<const gpu_side::ep::LlPackItem> items) override;
   void ll_unpack(const gpu_side::ep::LlFormat& format,
@@ -40,6 +40,8 @@ class HostBackend final : public RowBackend {
                   int topk, uint32_t hidden) override;
 
  private:
+  template <typename T>
+  void add_values(const gpu_side::ep::TensorRef& to, std::span<const T> values);
   // body(begin, end) over token ranges covering [0, tokens), on the executor.
   template <typename Body>
   void for_each_token_block(int64_t tokens, Body&& body);

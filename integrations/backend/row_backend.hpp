@@ -112,9 +112,10 @@ class RowBackend {
   // ---- host values into the backend's memory (taken with the call) ----
   // `bytes` bytes of host memory at `from` to `to`.
   virtual void write(std::byte* to, const void* from, uint64_t bytes) = 0;
-  // to[i] += values[i]: the statistics tensors a call adds to.
-  virtual void add(int32_t* to, std::span<const int32_t> values) = 0;
-  virtual void add(int64_t* to, std::span<const int64_t> values) = 0;
+  // to[i] += values[i] for the caller's statistics tensors (1-D, i32 or i64, at least as long as
+  // values; a host one may be a strided view, a device one is contiguous).
+  virtual void add(const gpu_side::ep::TensorRef& to, std::span<const int32_t> values) = 0;
+  virtual void add(const gpu_side::ep::TensorRef& to, std::span<const int64_t> values) = 0;
 
   // ---- low-latency mode (gpu_side/ep/ll_rules.hpp) ----
   // Dispatch, sender: row items[i].token of x (bf16 [tokens, format.hidden]) packed as the

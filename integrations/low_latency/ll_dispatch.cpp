@@ -2,7 +2,6 @@
 // (low_latency_mode.hpp).
 #include "common/error.hpp"
 #include "integrations/low_latency/ll_args.hpp"
-#include "integrations/low_latency/ll_tensors.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
 
 #include <cstring>
@@ -219,16 +218,8 @@ void LowLatencyMode::receive_dispatch(CallState& st) {
   backend.ll_unpack(st.format, items, sinks);
   backend.write(st.recv_count.raw(), counts.data(), 4 * counts.size());
   backend.write(st.layout_range.raw(), ranges.data(), 8 * ranges.size());
-  const bool on_device = st.recv_x.device() == ep::Device::cuda;
-  // The statistics: device ones are contiguous (ll_args.cpp); host ones may be strided views.
-  auto add_to = [&]<typename T>(const ep::TensorRef& stats, const std::vector<T>& values) {
-    if (!stats.defined()) return;
-    if (on_device) return backend.add(const_cast<T*>(stats.as<T>()), std::span<const T>(values));
-    for (size_t i = 0; i < values.size(); ++i)
-      written_at<T>(stats, static_cast<int64_t>(i)) += values[i];
-  };
-  add_to(st.recv_stats, counts);
-  add_to(st.wait_stats, waited);
+  if (st.recv_stats.defined()) backend.add(st.recv_stats, std::span<const int32_t>(counts));
+  if (st.wait_stats.defined()) backend.add(st.wait_stats, std::span<const int64_t>(waited));
 }
 
 }  // namespace proxyep::integrations::low_latency

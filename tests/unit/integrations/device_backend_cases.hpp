@@ -410,9 +410,9 @@ inline std::string write_add_case(std::shared_ptr<gpu_side::device::DeviceRuntim
     b.write(written.raw(), counts.data(), 4 * counts.size());
     b.write(sum32.raw(), base32.raw(), sum32.bytes());
     b.write(sum64.raw(), base64.raw(), sum64.bytes());
-    b.add(sum32.data<int32_t>(), counts);
-    b.add(sum32.data<int32_t>(), counts);
-    b.add(sum64.data<int64_t>(), waits);
+    b.add(sum32, std::span<const int32_t>(counts));
+    b.add(sum32, std::span<const int32_t>(counts));
+    b.add(sum64, std::span<const int64_t>(waits));
   };
   ep::Tensor got = backend.allocate(ep::DType::i32, 5), got32 = backend.allocate(ep::DType::i32, 5),
              got64 = backend.allocate(ep::DType::i64, 3);
