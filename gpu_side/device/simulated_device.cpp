@@ -10,7 +10,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -82,8 +84,11 @@ struct SimulatedDevice::Core {
   mutable std::mutex mutex;
   std::condition_variable wake, idle;
   std::deque<Op> queue;
-  bool busy = false;      // the worker is running an operation
-  bool flushing = false;  // deferred mode: synchronize() asked the worker to run the queue
+  // Operations are numbered in queue order: `queued` were queued, `finished` have run (or were
+  // skipped after a failure). Deferred mode: the worker runs operation n only once n <
+  // run_before, which a host wait raises to what was queued when it began (so work another
+  // thread queues during the wait stays deferred, and the wait does not wait for it either).
+  uint64_t queued = 0, finished = 0, run_before = 0;
   bool stopping = false, stopped = false;
   std::optional<std::string> failure;  // sticky, like a CUDA context's
   uint64_t ops_run = 0;
@@ -103,6 +108,7 @@ struct SimulatedDevice::Core {
     {
       std::lock_guard lock(mutex);
       queue.push_back({std::move(name), std::move(body), always});
+      ++queued;
     }
     wake.notify_one();
   }
@@ -112,7 +118,8 @@ struct SimulatedDevice::Core {
     std::unique_lock lock(mutex);
     while (true) {
       wake.wait(lock, [&] {
-        return stopping || (!queue.empty() && (!options.defer_until_synchronize || flushing));
+        return stopping ||
+               (!queue.empty() && (!options.defer_until_synchronize || finished < run_before));
       });
       if (queue.empty()) {
         if (stopping) return;
@@ -121,10 +128,9 @@ struct SimulatedDevice::Core {
       Op op = std::move(queue.front());
       queue.pop_front();
       if (failure && !op.always) {
-        finish_if_idle();
+        finished_one();
         continue;  // a failed stream runs nothing more, as a faulted CUDA context
       }
-      busy = true;
       lock.unlock();
       if (options.operation_delay.count() > 0 && !op.always)
         std::this_thread::sleep_for(options.operation_delay);
@@ -138,17 +144,18 @@ struct SimulatedDevice::Core {
       }
       op.body = nullptr;  // drop what it captured (maybe the last owner of some memory) unlocked
       lock.lock();
-      busy = false;
       ++ops_run;
       if (error && !failure) failure = std::move(error);
-      finish_if_idle();
+      finished_one();
     }
   }
 
-  // Deferred mode: the host waits, so the queue runs now. Locked.
-  void flush() {
-    flushing = true;
+  // The host waits for what is queued so far: in deferred mode it runs now. Returns the number
+  // of operations the wait covers. Locked.
+  uint64_t flush() {
+    run_before = std::max(run_before, queued);
     wake.notify_all();
+    return queued;
   }
 
   // Throws proxyep::Error(phase) when an operation failed. Locked.
@@ -156,11 +163,9 @@ struct SimulatedDevice::Core {
     if (failure) fail(std::string(phase), "the simulated device failed: {}", *failure);
   }
 
-  void finish_if_idle() {
-    if (queue.empty()) {
-      flushing = false;
-      idle.notify_all();
-    }
+  void finished_one() {
+    ++finished;
+    idle.notify_all();
   }
 
   // An allocation's last owner is gone: unreachable at once (so an operation queued after this
@@ -182,6 +187,7 @@ struct SimulatedDevice::Core {
       return;
     }
     queue.push_back({"release", std::move(unmap), true});
+    ++queued;
     lock.unlock();
     wake.notify_one();
   }
@@ -217,7 +223,7 @@ SimulatedDevice::~SimulatedDevice() {
   {
     std::lock_guard lock(core_->mutex);
     core_->stopping = true;
-    core_->flushing = true;
+    core_->run_before = UINT64_MAX;  // what is still queued runs before the worker stops
   }
   core_->wake.notify_all();
   core_->worker.join();
@@ -609,10 +615,12 @@ void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
 }
 
 void SimulatedDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
+  // As cudaStreamSynchronize: the work queued before the call, not what other threads queue
+  // while it waits.
   std::unique_lock lock(core_->mutex);
-  core_->flush();
+  const uint64_t until = core_->flush();
   const bool drained =
-      core_->idle.wait_for(lock, timeout, [&] { return core_->queue.empty() && !core_->busy; });
+      core_->idle.wait_for(lock, timeout, [&] { return core_->finished >= until; });
   if (!drained)
     fail(std::string(phase),
          "the simulated device's stream is still busy after {} ms ({} "

@@ -12,9 +12,11 @@
 //   kernel is refused naming the operation and the argument.
 // - The stream is asynchronous: one worker thread runs the queued operations in order;
 //   another_stream() gives a second stream of the same device, ordered only through events. With
-//   defer_until_synchronize nothing runs until the host waits (synchronize(), wait_for()), so a
-//   host that reads a result (in registered host memory) before waiting reads stale bytes and
-//   its test fails.
+//   defer_until_synchronize nothing runs until the host waits (synchronize(), wait_for()), and
+//   then only what was queued before the wait began, so a host that reads a result (in
+//   registered host memory) before waiting reads stale bytes and its test fails. synchronize()
+//   waits, as cudaStreamSynchronize, for the work queued before it, not for what other threads
+//   queue meanwhile.
 // - Kernels are the CPU twins of the CUDA kernels: the same per-row and per-token rules
 //   (gpu_side/ep/layout_rules.hpp, row_rules.hpp), so results are bit-identical to the GPU's.
 #pragma once
