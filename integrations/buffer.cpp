@@ -15,7 +15,7 @@
 #include "integrations/device_calls.hpp"
 #include "integrations/device_ll_calls.hpp"
 #include "integrations/device_regions.hpp"
-#include "integrations/device_staging.hpp"
+#include "integrations/device_steering.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
@@ -420,17 +420,11 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
             on_device ? "device" : "host");
   }
   if (!on_device) return impl_->low_latency.combine(args);
-  ep::Tensor device_buffer, host_buffer;
-  if (args.zero_copy) {
-    // (next_combine_buffer refuses a handle of another Buffer, as the host path does.)
-    require(args.handle != nullptr, kCall,
-            "the handle was not made by this Buffer's low_latency_dispatch");
-    host_buffer = impl_->low_latency.next_combine_buffer(*args.handle);
-    device_buffer = impl_->device_combine_buffer.get(*impl_->device(kCall), host_buffer);
-  }
-  return integrations::ll_combine_on_device(
-      impl_->device(kCall), impl_->stream, args, device_buffer, host_buffer,
-      [this](const LowLatencyCombineArgs& host) { return impl_->low_latency.combine(host); });
+  // With zero_copy the combine checks that the buffer has the handle's shape, as the host path
+  // does (a caller who never asked for it gets an error, not a combine of zeros).
+  return integrations::ll_combine_on_device(impl_->device(kCall), *impl_->device_backend,
+                                            impl_->low_latency, args,
+                                            impl_->device_combine_buffer.current());
 }
 
 void Buffer::low_latency_update_mask_buffer(int rank_to_mask, bool mask) {
@@ -442,9 +436,8 @@ void Buffer::low_latency_query_mask_buffer(const TensorRef& mask_status) {
   constexpr const char* kCall = "low_latency_query_mask_buffer";
   impl_->check_low_latency(kCall);
   if (mask_status.device != ep::Device::cuda) return impl_->low_latency.query_mask(mask_status);
-  integrations::ll_query_on_device(
-      impl_->device(kCall), mask_status,
-      [this](const TensorRef& host) { impl_->low_latency.query_mask(host); });
+  impl_->device(kCall);  // refuses a device tensor when the Buffer has no device
+  impl_->low_latency.query_mask(mask_status, impl_->device_backend.get());
 }
 
 void Buffer::low_latency_clean_mask_buffer() {
@@ -455,9 +448,9 @@ void Buffer::low_latency_clean_mask_buffer() {
 Tensor Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handle) {
   constexpr const char* kCall = "get_next_low_latency_combine_buffer";
   impl_->check_low_latency(kCall);
-  Tensor host = impl_->low_latency.next_combine_buffer(handle);
-  if (handle.device != ep::Device::cuda) return host;
-  return impl_->device_combine_buffer.get(*impl_->device(kCall), host);
+  if (handle.device != ep::Device::cuda) return impl_->low_latency.next_combine_buffer(handle);
+  return impl_->device_combine_buffer.get(*impl_->device(kCall),
+                                          impl_->low_latency.combine_buffer_shape(handle));
 }
 
 std::span<std::byte> Buffer::local_buffer(bool use_rdma_buffer) {

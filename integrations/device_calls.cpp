@@ -2,7 +2,7 @@
 #include "integrations/device_calls.hpp"
 
 #include "common/error.hpp"
-#include "integrations/device_staging.hpp"
+#include "integrations/device_steering.hpp"
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -35,7 +35,7 @@ DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::Device
                                   RowBackend& backend, normal::NormalMode& mode,
                                   const DispatchArgs& args) {
   // Every read of the inputs, the steering copies' and the kernels', after previous_event.
-  DeviceStaging steering(device, "dispatch");
+  DeviceSteering steering(device, "dispatch");
   steering.order_after(args.previous_event);
   normal::DeviceCall call{.backend = backend, .steering = {}};
   if (args.handle == nullptr) {

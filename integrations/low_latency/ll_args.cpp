@@ -55,7 +55,7 @@ DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& a, int ranks, bo
 }
 
 const std::byte* check_combine_args(const LowLatencyCombineArgs& a, uint64_t buffer_id,
-                                    const ep::Tensor& combine_buffer) {
+                                    const ep::TensorRef& combine_buffer, bool on_device) {
   constexpr const char* kPhase = "low_latency_combine";
   require(!(a.async_finish && a.return_recv_hook), kPhase,
           "async_finish and return_recv_hook cannot be used together (as in DeepEP)");
@@ -73,12 +73,13 @@ const std::byte* check_combine_args(const LowLatencyCombineArgs& a, uint64_t buf
   const int64_t rows = static_cast<int64_t>(local) * R * d.shape.tokens;
   const std::byte* x = nullptr;
   if (a.zero_copy) {
-    require(combine_buffer.rows() == rows && combine_buffer.cols() == H, kPhase,
+    require(combine_buffer.defined() && combine_buffer.rows == rows && combine_buffer.cols == H,
+            kPhase,
             "zero_copy: write the expert outputs into get_next_low_latency_combine_buffer(handle) "
             "first");
-    x = combine_buffer.raw();
+    x = static_cast<const std::byte*>(combine_buffer.data);
   } else {
-    check_tensor(a.x, ep::DType::bf16, rows, H, true, kPhase, "x");
+    check_tensor(a.x, ep::DType::bf16, rows, H, true, kPhase, "x", on_device);
     x = static_cast<const std::byte*>(a.x.data);
   }
   check_tensor(a.topk_idx, ep::DType::i64, d.num_tokens, d.topk, false, kPhase, "topk_idx");
@@ -87,11 +88,13 @@ const std::byte* check_combine_args(const LowLatencyCombineArgs& a, uint64_t buf
       require(a.topk_idx.at<int64_t>(t, k) == d.topk_idx[static_cast<size_t>(t) * d.topk + k],
               kPhase, "topk_idx[{}][{}] differs from the one this handle's dispatch routed by", t,
               k);
-  check_tensor(a.topk_weights, ep::DType::f32, d.num_tokens, d.topk, false, kPhase, "topk_weights");
-  if (a.out.defined()) check_tensor(a.out, ep::DType::bf16, d.num_tokens, H, true, kPhase, "out");
+  check_tensor(a.topk_weights, ep::DType::f32, d.num_tokens, d.topk, on_device, kPhase,
+               "topk_weights", on_device);
+  if (a.out.defined())
+    check_tensor(a.out, ep::DType::bf16, d.num_tokens, H, true, kPhase, "out", on_device);
   if (a.combine_wait_recv_cost_stats.defined())
-    check_tensor(a.combine_wait_recv_cost_stats, ep::DType::i64, R, -1, false, kPhase,
-                 "combine_wait_recv_cost_stats");
+    check_tensor(a.combine_wait_recv_cost_stats, ep::DType::i64, R, -1, on_device, kPhase,
+                 "combine_wait_recv_cost_stats", on_device);
   return x;
 }
 

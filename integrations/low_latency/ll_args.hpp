@@ -26,9 +26,11 @@ struct DispatchInput {
 DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& args, int ranks, bool on_device);
 
 // Checks a combine against the dispatch of its handle (which must be this Buffer's, received);
-// returns where its expert outputs are (x, or the zero-copy buffer).
+// returns where its expert outputs are (x, or the zero-copy buffer). `on_device`: x, the
+// weights, `out` and the statistics are device memory, contiguous (topk_idx is read on the
+// host: a device call passes a host copy).
 const std::byte* check_combine_args(const LowLatencyCombineArgs& args, uint64_t buffer_id,
-                                    const gpu_side::ep::Tensor& combine_buffer);
+                                    const gpu_side::ep::TensorRef& combine_buffer, bool on_device);
 
 // The format flags a record carries (kFlag*).
 uint32_t record_flags(const gpu_side::ep::LlFormat& format);

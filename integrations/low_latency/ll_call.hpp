@@ -44,9 +44,11 @@ struct CallState {
 
   // ---- combine ----
   std::shared_ptr<const CallState> dispatched;  // the dispatch it answers
-  std::vector<float> weights;                   // [T' * K]
-  gpu_side::ep::Tensor combined;                // bf16 [T', H] (unless the caller's `out`)
-  uint16_t* out = nullptr;                      // where the reduce writes
+  // f32 [T', K] in the backend's memory: a copy, so the caller may change topk_weights once the
+  // call returned (the reduce reads them in the receive phase).
+  gpu_side::ep::Tensor weights;
+  gpu_side::ep::Tensor combined;  // bf16 [T', H] (unless the caller's `out`)
+  uint16_t* out = nullptr;        // where the reduce writes
 };
 
 }  // namespace proxyep::integrations::low_latency

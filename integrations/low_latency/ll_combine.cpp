@@ -2,7 +2,6 @@
 // order it arrived) and the receive phase (the weighted reduce) (low_latency_mode.hpp).
 #include "common/error.hpp"
 #include "integrations/low_latency/ll_args.hpp"
-#include "integrations/low_latency/ll_tensors.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
 
 #include <cstring>
@@ -17,12 +16,30 @@ constexpr const char* kPhase = "low_latency_combine";
 
 }  // namespace
 
-LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) {
+namespace {
+
+// Rows of x that go back to one home rank: `rows` rows from `from`, at byte `at` of its slot.
+struct SendRun {
+  const std::byte* from;
+  int64_t rows;
+  uint64_t at;
+};
+
+}  // namespace
+
+LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
+                                                const LlDeviceCall* device) {
   calls_.check_usable(kPhase);
-  const std::byte* x = check_combine_args(a, buffer_id_, combine_buffer_);
+  // What the checks read on the host: a device call's copy of topk_idx.
+  LowLatencyCombineArgs view = a;
+  if (device != nullptr) view.topk_idx = device->topk_idx;
+  const std::byte* x = check_combine_args(
+      view, buffer_id_, device != nullptr ? device->combine_buffer : combine_buffer_.ref(),
+      device != nullptr);
   std::shared_ptr<const CallState> dispatched = a.handle->dispatched;
   const CallState& d = *dispatched;
   const int R = d.ranks, local = d.shape.experts / R, H = d.shape.hidden;
+  const int T = d.num_tokens, K = d.topk;
   calls_.check_can_begin(CallKind::deferred, kPhase);
 
   auto state = std::make_shared<CallState>();
@@ -32,57 +49,79 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a) 
   st.shape = d.shape;
   st.format = ep::LlFormat{.hidden = static_cast<uint32_t>(H), .fp8 = false};
   st.ranks = R;
-  st.num_tokens = d.num_tokens;
-  st.topk = d.topk;
+  st.num_tokens = T;
+  st.topk = K;
   st.dispatched = dispatched;
-  st.backend = &backend_;  // device tensors are staged through the host (device_ll_calls.hpp)
+  RowBackend& backend = *(st.backend = device != nullptr ? &device->backend : &backend_);
   st.wait_stats = a.combine_wait_recv_cost_stats;
-  st.weights.resize(static_cast<size_t>(d.num_tokens) * d.topk);
-  for (int t = 0; t < d.num_tokens; ++t)
-    for (int k = 0; k < d.topk; ++k)
-      st.weights[static_cast<size_t>(t) * d.topk + k] = a.topk_weights.at<float>(t, k);
+  st.weights = backend.allocate(ep::DType::f32, T, K);
+  if (device != nullptr) {
+    backend.copy_rows(st.weights.raw(), static_cast<const std::byte*>(a.topk_weights.data), T,
+                      4ull * K);
+  } else {
+    for (int t = 0; t < T; ++t)
+      for (int k = 0; k < K; ++k)
+        st.weights.data<float>()[static_cast<size_t>(t) * K + k] = a.topk_weights.at<float>(t, k);
+  }
   if (a.out.defined()) {
     st.out = const_cast<uint16_t*>(a.out.as<uint16_t>());
   } else {
-    st.combined = output(outputs_[combines_++ % 2].combined, ep::DType::bf16, d.num_tokens, H);
+    // A device call's output is fresh (a stream-ordered allocation); the host's from a pool.
+    st.combined = device != nullptr
+                      ? backend.allocate(ep::DType::bf16, T, H)
+                      : output(outputs_[combines_++ % 2].combined, ep::DType::bf16, T, H);
     st.out = st.combined.data<uint16_t>();
   }
 
-  // With a hook or async_finish this runs in the background: x (or the zero-copy buffer) is read
-  // until the hook returns or the event is set, as a GPU kernel would read it.
-  auto send = [this, state, x, local, R, H] {
+  // Home's rows of each local expert, expert by expert: the order in which home packed its
+  // messages (ll_dispatch.cpp).
+  const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
+  std::vector<std::vector<SendRun>> runs(static_cast<size_t>(R));
+  std::vector<uint64_t> bytes_to(static_cast<size_t>(R), 0);
+  for (int home = 0; home < R; ++home)
+    for (int e = 0; e < local; ++e) {
+      const int64_t range = d.ranges[static_cast<size_t>(e) * R + home];
+      const int64_t begin = range >> 32, count = range & 0xffffffff;
+      if (count == 0) continue;
+      const int64_t first = static_cast<int64_t>(e) * R * d.shape.tokens + begin;
+      runs[home].push_back({x + static_cast<uint64_t>(first) * row_bytes, count, bytes_to[home]});
+      bytes_to[home] += static_cast<uint64_t>(count) * row_bytes;
+    }
+  // In the background a device call sends from a copy, made on the device before the call
+  // returns: the caller's stream may write x (or the combine buffer) next, as DeepEP's send
+  // kernel has read it by then. A host call reads x until the hook returns or the event is set.
+  ep::Tensor x_copy;
+  if (device != nullptr && (a.return_recv_hook || a.async_finish)) {
+    int64_t rows = 0;
+    for (uint64_t bytes : bytes_to)
+      rows += static_cast<int64_t>(bytes / row_bytes);
+    x_copy = backend.allocate(ep::DType::bf16, rows, H);
+    std::byte* to = x_copy.raw();
+    for (int home = 0; home < R; ++home) {
+      for (const SendRun& run : runs[home])
+        backend.copy_rows(to + run.at, run.from, run.rows, row_bytes);
+      // From now on home's rows go as one run, from the copy.
+      if (bytes_to[home] > 0)
+        runs[home] = {{to, static_cast<int64_t>(bytes_to[home] / row_bytes), 0}};
+      to += bytes_to[home];
+    }
+    backend.complete(kPhase);
+  }
+
+  auto send = [this, state, runs = std::move(runs), bytes_to = std::move(bytes_to), x_copy,
+               row_bytes] {
+    (void)x_copy;  // holds the memory the runs point into
     const CallState& st = *state;
-    const CallState& d = *st.dispatched;
-    const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
-    const std::vector<int64_t>& ranges = d.ranges;
-    // Home's rows of each local expert, expert by expert: the order in which home packed its
-    // messages (ll_dispatch.cpp). `place(home, at)` gets each run's first row and its place.
-    auto runs = [&](int home, auto&& place) {
-      uint64_t bytes = 0;
-      for (int e = 0; e < local; ++e) {
-        const int64_t range = ranges[static_cast<size_t>(e) * R + home];
-        const int64_t begin = range >> 32, count = range & 0xffffffff;
-        place(static_cast<int64_t>(e) * R * d.shape.tokens + begin, count, bytes);
-        bytes += static_cast<uint64_t>(count) * row_bytes;
-      }
-      return bytes;
-    };
     send_phase(st,
                {.fill =
                     [&](std::span<const int> homes) {
                       for (int home : homes) {
                         std::byte* slot = session_.channel(home).eager_buffer(st.call);
-                        runs(home, [&](int64_t first, int64_t count, uint64_t at) {
-                          st.backend->copy_rows(slot + at,
-                                                x + static_cast<uint64_t>(first) * row_bytes, count,
-                                                row_bytes);
-                        });
+                        for (const SendRun& run : runs[home])
+                          st.backend->copy_rows(slot + run.at, run.from, run.rows, row_bytes);
                       }
                     },
-                .describe =
-                    [&](int home, std::vector<int32_t>&) {
-                      return runs(home, [](int64_t, int64_t, uint64_t) {});
-                    }},
+                .describe = [&](int home, std::vector<int32_t>&) { return bytes_to[home]; }},
                kPhase);
   };
 
@@ -115,10 +154,9 @@ void LowLatencyMode::receive_combine(CallState& st) {
                   ? nullptr
                   : from[dest] + static_cast<size_t>(d.slot_of[i]) * H;
   }
-  st.backend->ll_combine(rows, st.weights.data(), st.out, K, static_cast<uint32_t>(H));
-  if (st.wait_stats.defined())
-    for (int s = 0; s < R; ++s)
-      written_at<int64_t>(st.wait_stats, s) += waited[s];
+  RowBackend& backend = *st.backend;
+  backend.ll_combine(rows, st.weights.data<float>(), st.out, K, static_cast<uint32_t>(H));
+  if (st.wait_stats.defined()) backend.add(st.wait_stats, std::span<const int64_t>(waited));
 }
 
 }  // namespace proxyep::integrations::low_latency

@@ -71,12 +71,21 @@ void LowLatencyMode::update_mask(int rank, bool mask_it) {
   mask(rank, mask_it);
 }
 
-void LowLatencyMode::query_mask(const gpu_side::ep::TensorRef& out) {
+void LowLatencyMode::query_mask(const gpu_side::ep::TensorRef& out, RowBackend* device) {
   constexpr const char* kPhase = "low_latency_query_mask_buffer";
   require(shrink_, kPhase, "the Buffer was not created with enable_shrink=True");
-  check_tensor(out, gpu_side::ep::DType::i32, session_.ranks(), -1, false, kPhase, "mask_status");
+  const bool on_device = device != nullptr;
+  check_tensor(out, gpu_side::ep::DType::i32, session_.ranks(), -1, on_device, kPhase,
+               "mask_status", on_device);
+  std::vector<int32_t> status(masked_.begin(), masked_.end());
+  if (on_device) {
+    device->write(static_cast<std::byte*>(const_cast<void*>(out.data)), status.data(),
+                  4 * status.size());
+    device->complete(kPhase);
+    return;
+  }
   for (int r = 0; r < session_.ranks(); ++r)
-    written_at<int32_t>(out, r) = masked_[static_cast<size_t>(r)];
+    written_at<int32_t>(out, r) = status[static_cast<size_t>(r)];
 }
 
 void LowLatencyMode::clean_mask() {
@@ -292,15 +301,20 @@ gpu_side::ep::Tensor LowLatencyMode::output(gpu_side::ep::Tensor& pooled, gpu_si
   return pooled;
 }
 
-gpu_side::ep::Tensor LowLatencyMode::next_combine_buffer(const LowLatencyHandle& handle) {
-  constexpr const char* kPhase = "get_next_low_latency_combine_buffer";
-  require(handle.dispatched != nullptr && handle.dispatched->buffer_id == buffer_id_, kPhase,
+std::pair<int64_t, int64_t> LowLatencyMode::combine_buffer_shape(
+    const LowLatencyHandle& handle) const {
+  require(handle.dispatched != nullptr && handle.dispatched->buffer_id == buffer_id_,
+          "get_next_low_latency_combine_buffer",
           "the handle was not made by this Buffer's low_latency_dispatch");
   const LlShape& s = handle.dispatched->shape;
-  const int64_t rows =
-      static_cast<int64_t>(s.experts / session_.ranks()) * session_.ranks() * s.tokens;
-  if (combine_buffer_.rows() != rows || combine_buffer_.cols() != s.hidden)
-    combine_buffer_ = ep::Tensor::zeros(ep::DType::bf16, rows, s.hidden);
+  return {static_cast<int64_t>(s.experts / session_.ranks()) * session_.ranks() * s.tokens,
+          s.hidden};
+}
+
+gpu_side::ep::Tensor LowLatencyMode::next_combine_buffer(const LowLatencyHandle& handle) {
+  const auto [rows, cols] = combine_buffer_shape(handle);
+  if (combine_buffer_.rows() != rows || combine_buffer_.cols() != cols)
+    combine_buffer_ = ep::Tensor::zeros(ep::DType::bf16, rows, cols);
   return combine_buffer_;
 }
 

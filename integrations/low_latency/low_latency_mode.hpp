@@ -33,15 +33,18 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 namespace proxyep::integrations::low_latency {
 
-// A low-latency dispatch whose x and statistics are device memory (device_ll_calls.hpp): the
-// backend that runs its per-message work, and a host copy of topk_idx (the routing reads it).
+// A low-latency call whose tensors are device memory (device_ll_calls.hpp): the backend that runs
+// its per-message work, a host copy of topk_idx (the dispatch routes by it, the combine checks
+// it against its dispatch's) and, for a zero_copy combine, the device combine buffer.
 struct LlDeviceCall {
   RowBackend& backend;
   gpu_side::ep::TensorRef topk_idx;
+  gpu_side::ep::TensorRef combine_buffer;
 };
 
 class LowLatencyMode {
@@ -59,13 +62,19 @@ class LowLatencyMode {
   void clean(const LlShape& shape);
   LowLatencyDispatchResult dispatch(const LowLatencyDispatchArgs& args,
                                     const LlDeviceCall* device = nullptr);
-  LowLatencyCombineResult combine(const LowLatencyCombineArgs& args);
+  LowLatencyCombineResult combine(const LowLatencyCombineArgs& args,
+                                  const LlDeviceCall* device = nullptr);
+  // The zero_copy combine buffer's shape for `handle` (bf16 [rows, cols]); throws for a handle
+  // of another Buffer.
+  std::pair<int64_t, int64_t> combine_buffer_shape(const LowLatencyHandle& handle) const;
   gpu_side::ep::Tensor next_combine_buffer(const LowLatencyHandle& handle);
 
   // ---- rank masking (enable_shrink) ----
-  void update_mask(int rank, bool mask);                // low_latency_update_mask_buffer
-  void query_mask(const gpu_side::ep::TensorRef& out);  // i32 [R], 1 = masked
-  void clean_mask();                                    // low_latency_clean_mask_buffer
+  void update_mask(int rank, bool mask);  // low_latency_update_mask_buffer
+  // low_latency_query_mask_buffer: i32 [R], 1 = masked; `device`: the backend that writes a
+  // device tensor (null for a host one).
+  void query_mask(const gpu_side::ep::TensorRef& out, RowBackend* device = nullptr);
+  void clean_mask();  // low_latency_clean_mask_buffer
   bool any_masked() const;
 
  private:

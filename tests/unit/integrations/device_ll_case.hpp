@@ -2,10 +2,12 @@
 // ranks as threads (node peers, or over the fabric with the reorder shim): a dispatch with a hook
 // and one with async_finish in flight together, the cumulative statistics written in place on the
 // device, a combine with async_finish and a zero_copy one through the device combine buffer with
-// a hook and `out`, a mask query into a device tensor, and the calls mixing host and device
-// memory refused on every rank before anything is sent. Outputs are downloaded and checked
-// exactly against gpu_side/ep/ll_reference.hpp (ll_case_checks.hpp). Run on the host-simulated
-// device by test_device_buffer_threads.cpp and on CUDA by tests/gpu/test_gpu_buffer.cpp.
+// a hook and `out` (their inputs overwritten by the caller's stream as soon as they return), the
+// wait statistics added on the device, a mask query into a device tensor, and the calls mixing
+// host and device memory refused on every rank before anything is sent. Outputs are downloaded and
+// checked exactly against gpu_side/ep/ll_reference.hpp (ll_case_checks.hpp). Run on the
+// host-simulated device by test_device_buffer_threads.cpp and on CUDA by
+// tests/gpu/test_gpu_buffer.cpp.
 #pragma once
 
 #include "integrations/buffer.hpp"
@@ -36,6 +38,7 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
 
   const ep::Tensor recv_stats = upload(dev, ep::Tensor::zeros(ep::DType::i32, kLocal));
   const ep::Tensor wait_stats = upload(dev, ep::Tensor::zeros(ep::DType::i64, kRanks));
+  const ep::Tensor combine_wait_stats = upload(dev, ep::Tensor::zeros(ep::DType::i64, kRanks));
   std::vector<int32_t> received(kLocal, 0);
   for (uint64_t round = 0; round < 2; ++round) {
     const auto a = inputs(2 * round + 1), b = inputs(2 * round + 2);
@@ -103,6 +106,14 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
     LowLatencyCombineArgs ca{
         .x = outputs_a, .topk_idx = ia, .topk_weights = wa, .handle = &da.handle};
     ca.async_finish = true;
+    ca.combine_wait_recv_cost_stats = combine_wait_stats;
+    if (round == 0) {
+      // The device combine buffer does not exist yet: refused, not a combine of zeros.
+      const LowLatencyCombineArgs early{
+          .topk_idx = ib, .topk_weights = wb, .handle = &db.handle, .zero_copy = true};
+      require_mentions(error_of([&] { buffer.low_latency_combine(early); }),
+                       "get_next_low_latency_combine_buffer");
+    }
     const ep::Tensor combine_buffer = buffer.get_next_low_latency_combine_buffer(db.handle);
     require(combine_buffer.device() == ep::Device::cuda, "test",
             "the combine buffer of a device dispatch is host memory");
@@ -127,16 +138,34 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
     }
     LowLatencyCombineResult ra = buffer.low_latency_combine(ca);
     LowLatencyCombineResult rb = buffer.low_latency_combine(cb);
+    // Both have read their inputs on the device before returning (as DeepEP's send kernels have
+    // by then, and the weights are copied): the caller's stream overwrites them at once.
+    for (const ep::Tensor* t : {&outputs_a, &wa, &combine_buffer, &wb})
+      caller.fill(const_cast<std::byte*>(t->raw()), 0xff, t->bytes());
+    caller.synchronize("test caller stream", kWait);
     rb.hook();
     ra.event.wait();
     require(!rb.combined_x.defined(), "test", "a combine into `out` returned another tensor");
-    check_combine(download(dev, ra.combined_x, "combined_x"), a[me], me);
-    check_combine(download(dev, out, "out"), b[me], me);
+    require(ra.combined_x.device() == ep::Device::cuda, "test",
+            "a device combine returned a host tensor");
+    check_combine(download(caller, ra.combined_x, "combined_x"), a[me], me);
+    check_combine(download(caller, out, "out"), b[me], me);
+  }
+  // The wait statistics: nanoseconds added per source rank on the device by every call.
+  for (const ep::Tensor* stats : {&wait_stats, &combine_wait_stats}) {
+    const ep::Tensor waited = download(caller, *stats, "wait statistics");
+    int64_t total = 0;
+    for (int r = 0; r < kRanks; ++r) {
+      require(waited.data<int64_t>()[r] >= 0, "test", "a negative wait for rank {}", r);
+      total += waited.data<int64_t>()[r];
+    }
+    require(total > 0, "test", "no wait was added to the {} statistics",
+            stats == &wait_stats ? "dispatch" : "combine");
   }
   const ep::Tensor mask = upload(dev, ep::Tensor::zeros(ep::DType::i32, kRanks));
   dev.fill(const_cast<std::byte*>(mask.raw()), 7, mask.bytes());
   buffer.low_latency_query_mask_buffer(mask);
-  const ep::Tensor masked = download(dev, mask, "mask_status");
+  const ep::Tensor masked = download(caller, mask, "mask_status");
   for (int r = 0; r < kRanks; ++r)
     require(masked.data<int32_t>()[r] == 0, "test", "rank {} reads as masked", r);
   caller.synchronize("test caller stream", kWait);

@@ -22,6 +22,15 @@ integrations::testing::RankDevice simulated(int rank) {
   return {buffer, caller};
 }
 
+// The other way round: the Buffer's stream is slow (5 ms per operation) and the caller's quick,
+// so a call that leaves work reading its inputs queued when it returns finds them overwritten by
+// the caller's stream (device_ll_case.hpp overwrites the combine's inputs at once).
+integrations::testing::RankDevice slow_buffer_stream(int) {
+  auto buffer = std::make_shared<SimulatedDevice>(
+      SimulatedDeviceOptions{.operation_delay = std::chrono::milliseconds(5)});
+  return {buffer, buffer->another_stream()};
+}
+
 }  // namespace
 
 TEST_CASE("device tensors through the Buffer: node peers (ranks as threads)") {
@@ -38,4 +47,8 @@ TEST_CASE("device tensors through low-latency calls: node peers (ranks as thread
 
 TEST_CASE("device tensors through low-latency calls: over the fabric with the reorder shim") {
   integrations::testing::ll::run_device_ll(1, simulated);
+}
+
+TEST_CASE("device tensors through low-latency calls: a slow Buffer stream, a quick caller") {
+  integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, slow_buffer_stream);
 }
