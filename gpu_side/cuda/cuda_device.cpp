@@ -5,6 +5,7 @@
 #include "common/log.hpp"
 #include "gpu_side/cuda/ep_kernels.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
+#include "gpu_side/cuda/ring_push.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -157,6 +158,64 @@ void CudaDevice::ll_unpack(const ep::LlUnpackParams& params) {
 void CudaDevice::ll_combine(const ep::LlCombineParams& params) {
   state_->select();
   check_cuda(launch_ll_combine(params, state_->stream), kPhase, "ll_combine launch");
+}
+
+namespace {
+
+// The stream's producer state of one ring (ring_push.hpp), in device memory.
+class CudaRingProducer final : public device::DeviceRingProducer {
+ public:
+  CudaRingProducer(const void* stream, RingHeader* header, uint64_t capacity,
+                   std::shared_ptr<std::byte[]> counters)
+      : stream_(stream), header_(header), capacity_(capacity), counters_(std::move(counters)) {}
+  const void* stream() const { return stream_; }
+  RingHeader* header() const { return header_; }
+  uint64_t capacity() const { return capacity_; }
+  RingPushCounters* counters() const {
+    return reinterpret_cast<RingPushCounters*>(counters_.get());
+  }
+  RingPushCounters& initial() { return initial_; }
+
+ private:
+  const void* stream_;  // the State it was attached on
+  RingHeader* header_;  // as the device addresses it
+  uint64_t capacity_;
+  std::shared_ptr<std::byte[]> counters_;
+  RingPushCounters initial_{};  // copied into counters_ on the stream; kept while it may run
+};
+
+}  // namespace
+
+std::unique_ptr<device::DeviceRingProducer> CudaDevice::attach_ring(const Ring& ring) {
+  require(ring.producer_mode() == ProducerMode::multi, kPhase,
+          "attach_ring: a device pushes into multi-producer rings only (ring_producer.cuh)");
+  state_->select();
+  void* header = nullptr;
+  check_cuda(cudaHostGetDevicePointer(&header, &ring.header(), 0), kPhase,
+             "attach_ring: cudaHostGetDevicePointer (register the ring's memory first)");
+  auto producer =
+      std::make_unique<CudaRingProducer>(state_.get(), static_cast<RingHeader*>(header),
+                                         ring.capacity(), allocate(sizeof(RingPushCounters)));
+  // Positions continue where the ring stands (nobody else produces into it).
+  producer->initial().head = atomic(ring.header().producer.head).load(std::memory_order_acquire);
+  producer->initial().cached_tail =
+      atomic(ring.header().consumer.tail).load(std::memory_order_acquire);
+  copy(producer->counters(), &producer->initial(), sizeof(RingPushCounters));
+  return producer;
+}
+
+void CudaDevice::ring_push(device::DeviceRingProducer& producer, const Descriptor* descriptors,
+                           int64_t count, std::chrono::milliseconds timeout) {
+  auto* ring = dynamic_cast<CudaRingProducer*>(&producer);
+  require(ring != nullptr && ring->stream() == state_.get(), kPhase,
+          "ring_push: the ring was not attached to this device's stream");
+  require(count >= 0, kPhase, "ring_push: {} descriptors", count);
+  if (count == 0) return;
+  state_->select();
+  check_cuda(
+      launch_ring_push(ring->header(), ring->capacity(), ring->counters(), descriptors, count,
+                       static_cast<uint64_t>(timeout.count()) * 1000000, state_->stream),
+      kPhase, "ring_push launch");
 }
 
 std::shared_ptr<device::DeviceEvent> CudaDevice::record() {

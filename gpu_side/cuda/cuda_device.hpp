@@ -37,6 +37,9 @@ class CudaDevice final : public device::DeviceRuntime {
   void ll_pack(const ep::LlPackParams& params) override;
   void ll_unpack(const ep::LlUnpackParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
+  std::unique_ptr<device::DeviceRingProducer> attach_ring(const Ring& ring) override;
+  void ring_push(device::DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
+                 std::chrono::milliseconds timeout) override;
   std::shared_ptr<device::DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<device::DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;

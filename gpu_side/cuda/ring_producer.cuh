@@ -74,14 +74,10 @@ __device__ inline void device_publish(WireDescriptor* slot, const WireDescriptor
       image.seq, ::cuda::memory_order_release);
 }
 
-// Pushes `d`; false when the consumer freed no slot for `timeout_ns` (the position is then
-// marked abandoned and the ring is dead).
-__device__ inline bool device_push(const DeviceRing& ring, const Descriptor& d,
-                                   uint64_t timeout_ns) {
-  // relaxed (system scope, valid for either home of the counter): only takes a position; the
-  // slot's contents are ordered by seq, and no doorbell needs the Dekker pair of ring.hpp.
-  const uint64_t position = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(*ring.head)
-                                .fetch_add(1, ::cuda::memory_order_relaxed);
+// Publishes `d` at `position` (taken by the caller) once the consumer freed its slot; false when
+// it freed none for `timeout_ns` (the position is then marked abandoned and the ring is dead).
+__device__ inline bool device_push_at(const DeviceRing& ring, const Descriptor& d,
+                                      uint64_t position, uint64_t timeout_ns) {
   if (!device_slot_free(ring, position)) {
     const uint64_t start = global_timer_ns();
     do {
@@ -97,6 +93,16 @@ __device__ inline bool device_push(const DeviceRing& ring, const Descriptor& d,
   }
   device_publish(&ring.slots[position & (ring.capacity - 1)], encode(d, position + 1));
   return true;
+}
+
+// Pushes `d` at the next position; false as device_push_at.
+__device__ inline bool device_push(const DeviceRing& ring, const Descriptor& d,
+                                   uint64_t timeout_ns) {
+  // relaxed (system scope, valid for either home of the counter): only takes a position; the
+  // slot's contents are ordered by seq, and no doorbell needs the Dekker pair of ring.hpp.
+  const uint64_t position = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(*ring.head)
+                                .fetch_add(1, ::cuda::memory_order_relaxed);
+  return device_push_at(ring, d, position, timeout_ns);
 }
 
 }  // namespace proxyep::gpu_side::cuda

@@ -18,8 +18,10 @@
 // runs is sticky, as CUDA's are: synchronize() throws it, naming the operation.
 #pragma once
 
+#include "gpu_side/descriptor.hpp"
 #include "gpu_side/ep/kernel_params.hpp"
 #include "gpu_side/ep/ll_kernel_params.hpp"
+#include "gpu_side/ring.hpp"
 
 #include <chrono>
 #include <cstddef>
@@ -34,6 +36,13 @@ namespace proxyep::gpu_side::device {
 class DeviceEvent {
  public:
   virtual ~DeviceEvent() = default;
+};
+
+// A descriptor ring a runtime's stream produces into, from DeviceRuntime::attach_ring(). Opaque:
+// it holds the producer's state (a GPU's reservation counter and cached tail in device memory).
+class DeviceRingProducer {
+ public:
+  virtual ~DeviceRingProducer() = default;
 };
 
 class DeviceRuntime {
@@ -68,6 +77,22 @@ class DeviceRuntime {
   virtual void ll_pack(const ep::LlPackParams& params) = 0;
   virtual void ll_unpack(const ep::LlUnpackParams& params) = 0;
   virtual void ll_combine(const ep::LlCombineParams& params) = 0;
+
+  // Descriptor rings (gpu_side/ring.hpp), drained by the proxies as a host producer's are, so
+  // that what kernels wrote is handed to the proxies in stream order, with no host in between.
+  // attach_ring() makes this stream the producer of `ring`: a multi-producer ring (the mode GPU
+  // producers need: cuda/ring_producer.cuh) whose memory is registered with this runtime and
+  // that has no other producer. ring_push() queues the push of `count` descriptors from
+  // `descriptors` (device memory or registered host memory) at consecutive positions, in
+  // order, after the work queued before it; the header's producer head says how many were
+  // pushed once it ran (quiet() counts them). A push that finds no room for `timeout` gives up:
+  // it marks the ring abandoned (its consumer's health() then reports the producer failed, which
+  // fails the proxy's waits, naming it) and drops the rest of the batch; the stream goes on (a
+  // dead proxy must not kill the GPU context). The producer must outlive the pushes queued on
+  // it (synchronize() first).
+  virtual std::unique_ptr<DeviceRingProducer> attach_ring(const Ring& ring) = 0;
+  virtual void ring_push(DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
+                         std::chrono::milliseconds timeout) = 0;
 
   // Events order two streams of one device (the caller's compute stream and a Buffer's, as
   // DeepEP's previous_event does). record() marks the point after everything queued so far;

@@ -1,6 +1,7 @@
 // The host-simulated device (simulated_device.hpp).
 #include "gpu_side/device/simulated_device.hpp"
 
+#include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu_side/device/thread_access_key.hpp"
@@ -533,6 +534,50 @@ void SimulatedDevice::ll_combine(const ep::LlCombineParams& p) {
         if (rows[k] != nullptr) core->require_reachable("ll_combine", "row", rows[k], row_bytes);
       ep::ll_combine_token(rows, p.weights + t * p.topk, p.topk, p.hidden, p.out + t * p.hidden,
                            ep::HostLanes{});
+    }
+  });
+}
+
+namespace {
+
+// The stream's producer of one ring: a host RingProducer that only the stream's worker uses.
+struct SimulatedRingProducer final : DeviceRingProducer {
+  SimulatedRingProducer(const Ring& attached, const void* on_stream)
+      : ring(attached), producer(attached), stream(on_stream) {}
+  Ring ring;
+  RingProducer producer;
+  const void* stream;  // the Core it was attached on
+};
+
+}  // namespace
+
+std::unique_ptr<DeviceRingProducer> SimulatedDevice::attach_ring(const Ring& ring) {
+  require(ring.producer_mode() == ProducerMode::multi, kPhase,
+          "attach_ring: a device pushes into multi-producer rings only (cuda/ring_producer.cuh)");
+  core_->require_reachable("attach_ring", "the ring", &ring.header(),
+                           Ring::bytes_for(ring.capacity()));
+  return std::make_unique<SimulatedRingProducer>(ring, core_.get());
+}
+
+void SimulatedDevice::ring_push(DeviceRingProducer& producer, const Descriptor* descriptors,
+                                int64_t count, std::chrono::milliseconds timeout) {
+  auto* ring = dynamic_cast<SimulatedRingProducer*>(&producer);
+  require(ring != nullptr && ring->stream == core_.get(), kPhase,
+          "ring_push: the ring was not attached to this stream");
+  require(count >= 0, kPhase, "ring_push: {} descriptors", count);
+  if (count == 0) return;
+  core_->require_reachable("ring_push", "descriptors", descriptors,
+                           static_cast<uint64_t>(count) * sizeof(Descriptor));
+  core_->enqueue("ring_push", [ring, descriptors, count, timeout] {
+    for (int64_t i = 0; i < count; ++i) {
+      if (ring->producer.push(descriptors[i], Deadline(timeout)) == Status::ok) continue;
+      // As the GPU's producer gives up: the consumer stalls at the position it reserved, and
+      // its health() says the producer failed; the rest of the batch is dropped.
+      RingHeader& header = ring->ring.header();
+      atomic(header.signal.abandoned)
+          .store(atomic(header.producer.head).load(std::memory_order_acquire),
+                 std::memory_order_release);
+      return;
     }
   });
 }

@@ -69,6 +69,9 @@ class SimulatedDevice final : public DeviceRuntime {
   void ll_pack(const ep::LlPackParams& params) override;
   void ll_unpack(const ep::LlUnpackParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
+  std::unique_ptr<DeviceRingProducer> attach_ring(const Ring& ring) override;
+  void ring_push(DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
+                 std::chrono::milliseconds timeout) override;
   std::shared_ptr<DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;

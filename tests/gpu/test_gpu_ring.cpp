@@ -1,19 +1,26 @@
 // GPU producer end to end: blocks x threads of a CUDA kernel push descriptors into a ring in
 // mapped pinned host memory; this host thread consumes them and checks that every descriptor
 // arrives exactly once and intact (the same encode on the GPU, the same decode here).
+// Then the stream-ordered push of CudaDevice::ring_push (tests/unit/gpu_side/device/
+// device_ring_cases.hpp, which the simulated device also runs).
 // Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
 #include "common/deadline.hpp"
 #include "common/error.hpp"
+#include "gpu_side/cuda/cuda_device.hpp"
 #include "gpu_side/cuda/ring_selftest.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/pinned_memory.hpp"
 #include "gpu_side/ring.hpp"
 
 #include "tests/gpu/device_check.hpp"
+#include "tests/unit/gpu_side/device/device_ring_cases.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 using namespace proxyep;
@@ -100,6 +107,14 @@ int main() {
     // Many laps of a small ring (threads wait for slots), then a large ring (pure throughput).
     int rc = run(256, {.blocks = 16, .threads_per_block = 128, .per_block = 4096});
     rc |= run(1 << 16, {.blocks = 132, .threads_per_block = 256, .per_block = 8192});
+    namespace cases = gpu_side::testing::device_ring;
+    for (const auto& [name, run_case] :
+         {std::pair{"ring_push in stream order", &cases::push_in_stream_order_case},
+          std::pair{"ring_push into a full ring", &cases::abandoned_case}}) {
+      const std::string failure = run_case(std::make_shared<gpu_side::cuda::CudaDevice>(0));
+      std::printf("%s %s %s\n", failure.empty() ? "ok  " : "FAIL", name, failure.c_str());
+      rc |= failure.empty() ? 0 : 1;
+    }
     std::printf("%s\n", rc == 0 ? "PASS" : "FAIL");
     return rc;
   } catch (const Error& e) {

@@ -57,6 +57,15 @@ class ShiftingDevice final : public DeviceRuntime {
   void ll_pack(const gpu_side::ep::LlPackParams& p) override { inner_->ll_pack(p); }
   void ll_unpack(const gpu_side::ep::LlUnpackParams& p) override { inner_->ll_unpack(p); }
   void ll_combine(const gpu_side::ep::LlCombineParams& p) override { inner_->ll_combine(p); }
+  std::unique_ptr<gpu_side::device::DeviceRingProducer> attach_ring(
+      const gpu_side::Ring& ring) override {
+    return inner_->attach_ring(ring);
+  }
+  void ring_push(gpu_side::device::DeviceRingProducer& producer,
+                 const gpu_side::Descriptor* descriptors, int64_t count,
+                 std::chrono::milliseconds timeout) override {
+    inner_->ring_push(producer, descriptors, count, timeout);
+  }
   std::shared_ptr<DeviceEvent> record() override { return inner_->record(); }
   void wait_event(const std::shared_ptr<DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override {

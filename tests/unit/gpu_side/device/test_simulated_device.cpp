@@ -5,6 +5,7 @@
 #include "gpu_side/device/simulated_device.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/workload.hpp"
+#include "tests/unit/gpu_side/device/device_ring_cases.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/mman.h>
@@ -324,4 +325,48 @@ TEST_CASE("simulated device: an event of another device is refused") {
   const std::string error = error_of([&] { one.wait_event(other.record(), 1s); });
   CHECK(error.find("the event was not recorded on a stream of this device") != std::string::npos);
   other.synchronize("test", 5s);
+}
+
+TEST_CASE("simulated device: descriptors pushed into a ring in stream order") {
+  namespace cases = testing::device_ring;
+  // A quick stream, a slow one (a push that overtook the fill before it would show) and a
+  // deferred one (nothing runs until the host waits; the consumer runs beside it).
+  for (const SimulatedDeviceOptions options :
+       {SimulatedDeviceOptions{}, SimulatedDeviceOptions{.operation_delay = 5ms},
+        SimulatedDeviceOptions{.defer_until_synchronize = true}}) {
+    CAPTURE(options.operation_delay.count());
+    CAPTURE(options.defer_until_synchronize);
+    CHECK(cases::push_in_stream_order_case(std::make_shared<SimulatedDevice>(options)) == "");
+  }
+  CHECK(cases::abandoned_case(std::make_shared<SimulatedDevice>()) == "");
+}
+
+TEST_CASE("simulated device: ring pushes the device cannot make are refused") {
+  namespace cases = testing::device_ring;
+  SimulatedDevice dev;
+  cases::OwnRing unregistered(8);
+  CHECK(error_of([&] { dev.attach_ring(unregistered.ring); }).find("attach_ring: the ring at") !=
+        std::string::npos);
+  HostMemory single_memory = HostMemory::heap(Ring::bytes_for(8));
+  const Ring single = Ring::create(single_memory.bytes(), 8, ProducerMode::single);
+  CHECK(error_of([&] { dev.attach_ring(single); }).find("multi-producer rings only") !=
+        std::string::npos);
+
+  cases::OwnRing r(8);
+  cases::Registered registered(dev, r.memory.bytes());
+  auto producer = dev.attach_ring(r.ring);
+  // Descriptors in plain host memory: a kernel cannot read them.
+  const std::vector<Descriptor> host{cases::numbered(0)};
+  CHECK(error_of([&] {
+          dev.ring_push(*producer, host.data(), 1, 1s);
+        }).find("ring_push: descriptors at") != std::string::npos);
+  // Another stream is another producer: it cannot push through this one's state.
+  auto other = dev.another_stream();
+  const auto descriptors = cases::on_device(dev, host);
+  CHECK(error_of([&] {
+          other->ring_push(*producer, reinterpret_cast<const Descriptor*>(descriptors.get()), 1,
+                           1s);
+        }).find("the ring was not attached to this stream") != std::string::npos);
+  dev.synchronize("test", 5s);
+  CHECK(atomic(r.ring.header().producer.head).load() == 0);
 }
