@@ -17,8 +17,8 @@ LowLatencyDispatchResult ll_dispatch_on_device(
   // Every read of the inputs, the routing's copy and the kernels', after previous_event.
   DeviceSteering steering(device, "low_latency_dispatch");
   steering.order_after(args.previous_event);
-  const low_latency::LlDeviceCall call{.backend = backend,
-                                       .topk_idx = steering.to_host(args.topk_idx)};
+  const low_latency::LlDeviceCall call{
+      .backend = backend, .topk_idx = steering.to_host(args.topk_idx), .combine_buffer = {}};
   steering.wait();
   return mode.dispatch(args, &call);
 }

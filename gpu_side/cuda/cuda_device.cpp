@@ -145,6 +145,11 @@ void CudaDevice::add(const ep::AddParams& params) {
   check_cuda(launch_add(params, state_->stream), kPhase, "add launch");
 }
 
+void CudaDevice::copy_runs(const ep::CopyRunsParams& params) {
+  state_->select();
+  check_cuda(launch_copy_runs(params, state_->stream), kPhase, "copy_runs launch");
+}
+
 void CudaDevice::ll_pack(const ep::LlPackParams& params) {
   state_->select();
   check_cuda(launch_ll_pack(params, state_->stream), kPhase, "ll_pack launch");

@@ -34,6 +34,7 @@ class CudaDevice final : public device::DeviceRuntime {
   void dispatch_chunk(const ep::ChunkParams& params) override;
   void combine(const ep::CombineParams& params) override;
   void add(const ep::AddParams& params) override;
+  void copy_runs(const ep::CopyRunsParams& params) override;
   void ll_pack(const ep::LlPackParams& params) override;
   void ll_unpack(const ep::LlUnpackParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;

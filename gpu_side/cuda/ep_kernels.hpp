@@ -22,6 +22,7 @@ namespace proxyep::gpu_side::cuda {
 using ep::AddParams;
 using ep::ChunkParams;
 using ep::CombineParams;
+using ep::CopyRunsParams;
 using ep::DispatchParams;
 using ep::LayoutParams;
 
@@ -31,6 +32,7 @@ cudaError_t launch_dispatch_rows(const DispatchParams& params, cudaStream_t stre
 cudaError_t launch_dispatch_chunk(const ChunkParams& params, cudaStream_t stream);
 cudaError_t launch_combine(const CombineParams& params, cudaStream_t stream);
 cudaError_t launch_add(const AddParams& params, cudaStream_t stream);
+cudaError_t launch_copy_runs(const CopyRunsParams& params, cudaStream_t stream);
 
 // Throws proxyep::Error(phase, "<what> failed: <CUDA message>") unless status is cudaSuccess.
 void check_cuda(cudaError_t status, const char* phase, const char* what);

@@ -73,6 +73,7 @@ class DeviceRuntime {
   virtual void dispatch_chunk(const ep::ChunkParams& params) = 0;
   virtual void combine(const ep::CombineParams& params) = 0;
   virtual void add(const ep::AddParams& params) = 0;
+  virtual void copy_runs(const ep::CopyRunsParams& params) = 0;
   // The low-latency kernels (ll_kernel_params.hpp).
   virtual void ll_pack(const ep::LlPackParams& params) = 0;
   virtual void ll_unpack(const ep::LlUnpackParams& params) = 0;

@@ -460,6 +460,24 @@ void SimulatedDevice::add(const ep::AddParams& p) {
   });
 }
 
+void SimulatedDevice::copy_runs(const ep::CopyRunsParams& p) {
+  require(p.num_runs >= 0, kPhase, "copy_runs: inconsistent parameters");
+  if (p.num_runs == 0) return;
+  core_->require_reachable("copy_runs", "runs", p.runs,
+                           static_cast<uint64_t>(p.num_runs) * sizeof(ep::CopyRun));
+  core_->enqueue("copy_runs", [p, core = core_.get()] {
+    for (int64_t r = 0; r < p.num_runs; ++r) {
+      const ep::CopyRun& run = p.runs[r];
+      if (run.bytes == 0) continue;
+      // A kernel reaches only device memory and registered host memory (copy() also takes
+      // plain host memory: the DMA engine's).
+      core->require_reachable("copy_runs", "a run's destination", run.to, run.bytes);
+      core->require_reachable("copy_runs", "a run's source", run.from, run.bytes);
+      std::memcpy(run.to, run.from, run.bytes);
+    }
+  });
+}
+
 void SimulatedDevice::ll_pack(const ep::LlPackParams& p) {
   require(ep::ll_format_error(p.format) == nullptr && p.num_items >= 0 && p.threads > 0 &&
               p.threads % 32 == 0,

@@ -11,6 +11,7 @@
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 
+#include <cstddef>
 #include <cstdint>
 
 namespace proxyep::gpu_side::ep {
@@ -70,6 +71,19 @@ struct AddParams {
   void* to = nullptr;
   const void* from = nullptr;
   int64_t count = 0;
+};
+
+// Many copies in one launch: runs[i].bytes bytes from runs[i].from to runs[i].to (device
+// addresses; no run overlaps another's bytes). A low-latency combine sends each home rank's rows
+// as one run per local expert: one launch instead of one copy per run.
+struct CopyRun {
+  std::byte* to = nullptr;
+  const std::byte* from = nullptr;
+  uint64_t bytes = 0;
+};
+struct CopyRunsParams {
+  const CopyRun* runs = nullptr;  // device-reachable
+  int64_t num_runs = 0;
 };
 
 }  // namespace proxyep::gpu_side::ep

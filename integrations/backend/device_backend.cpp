@@ -182,6 +182,15 @@ void DeviceBackend::copy_rows(std::byte* to, const std::byte* from, int64_t rows
   queued();
 }
 
+void DeviceBackend::copy_runs(std::span<const ep::CopyRun> runs) {
+  if (runs.empty()) return;
+  if (runs.size() == 1) return copy_rows(runs[0].to, runs[0].from, 1, runs[0].bytes);
+  std::lock_guard lock(mutex_);
+  device_->copy_runs(
+      {.runs = upload(runs.data(), runs.size()), .num_runs = static_cast<int64_t>(runs.size())});
+  queued();
+}
+
 void DeviceBackend::fill(std::byte* to, uint8_t value, uint64_t bytes) {
   if (bytes == 0) return;
   std::lock_guard lock(mutex_);

@@ -43,6 +43,7 @@ class DeviceBackend final : public RowBackend {
   void place_routed_rows(const RowSource& source, const gpu_side::ep::RowSink& sink,
                          const TokenRoutes& routes) override;
   void copy_rows(std::byte* to, const std::byte* from, int64_t rows, uint64_t row_bytes) override;
+  void copy_runs(std::span<const gpu_side::ep::CopyRun> runs) override;
   void fill(std::byte* to, uint8_t value, uint64_t bytes) override;
   void reduce(const gpu_side::ep::CombineInput& input, int64_t num_tokens) override;
   void write(std::byte* to, const void* from, uint64_t bytes) override;

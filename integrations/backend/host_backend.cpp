@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -64,6 +65,32 @@ void HostBackend::place_routed_rows(const RowSource& source, const ep::RowSink& 
       if (routes.in_rank[t * R + d])
         ep::dispatch_row(in, sink, routes.send_head[t * R + d], t, ep::HostLanes{});
   });
+}
+
+void HostBackend::copy_runs(std::span<const ep::CopyRun> runs) {
+  // As copy_rows: pieces of at most 256 KiB shared by the executor, a small batch on this thread.
+  constexpr uint64_t kPiece = uint64_t{1} << 18;
+  struct Piece {
+    const ep::CopyRun* run;
+    uint64_t at, bytes;
+  };
+  std::vector<Piece> pieces;
+  uint64_t total = 0;
+  for (const ep::CopyRun& run : runs) {
+    total += run.bytes;
+    for (uint64_t at = 0; at < run.bytes; at += kPiece)
+      pieces.push_back({&run, at, std::min(kPiece, run.bytes - at)});
+  }
+  auto copy = [&](int64_t i) {
+    const Piece& p = pieces[static_cast<size_t>(i)];
+    std::memcpy(p.run->to + p.at, p.run->from + p.at, p.bytes);
+  };
+  if (total < kPiece) {
+    for (size_t i = 0; i < pieces.size(); ++i)
+      copy(static_cast<int64_t>(i));
+    return;
+  }
+  executor_.run(static_cast<int64_t>(pieces.size()), copy);
 }
 
 void HostBackend::copy_rows(std::byte* to, const std::byte* from, int64_t rows,

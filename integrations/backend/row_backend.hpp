@@ -26,6 +26,7 @@
 
 #include "common/error.hpp"
 #include "gpu_side/ep/ep_shape.hpp"
+#include "gpu_side/ep/kernel_params.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/ll_kernel_params.hpp"
 #include "gpu_side/ep/row_format.hpp"
@@ -104,6 +105,9 @@ class RowBackend {
   // `rows` rows of `row_bytes` from `from` to `to`.
   virtual void copy_rows(std::byte* to, const std::byte* from, int64_t rows,
                          uint64_t row_bytes) = 0;
+  // Each run's bytes from its `from` to its `to` (one batch of work: a device copies them all in
+  // one kernel; the run table on the host, taken with the call).
+  virtual void copy_runs(std::span<const gpu_side::ep::CopyRun> runs) = 0;
   // `bytes` bytes at `to` set to `value`.
   virtual void fill(std::byte* to, uint8_t value, uint64_t bytes) = 0;
   // Combine: what gpu_side::ep::combine_token gives for tokens [0, num_tokens).

@@ -5,6 +5,7 @@
 #include "integrations/low_latency/low_latency_mode.hpp"
 
 #include <cstring>
+#include <vector>
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -18,10 +19,10 @@ constexpr const char* kPhase = "low_latency_combine";
 
 namespace {
 
-// Rows of x that go back to one home rank: `rows` rows from `from`, at byte `at` of its slot.
+// Rows of x that go back to one home rank: `bytes` from `from`, to byte `at` of its slot.
 struct SendRun {
   const std::byte* from;
-  int64_t rows;
+  uint64_t bytes;
   uint64_t at;
 };
 
@@ -84,45 +85,50 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
       const int64_t begin = range >> 32, count = range & 0xffffffff;
       if (count == 0) continue;
       const int64_t first = static_cast<int64_t>(e) * R * d.shape.tokens + begin;
-      runs[home].push_back({x + static_cast<uint64_t>(first) * row_bytes, count, bytes_to[home]});
-      bytes_to[home] += static_cast<uint64_t>(count) * row_bytes;
+      const uint64_t bytes = static_cast<uint64_t>(count) * row_bytes;
+      runs[home].push_back({x + static_cast<uint64_t>(first) * row_bytes, bytes, bytes_to[home]});
+      bytes_to[home] += bytes;
     }
   // In the background a device call sends from a copy, made on the device before the call
   // returns: the caller's stream may write x (or the combine buffer) next, as DeepEP's send
   // kernel has read it by then. A host call reads x until the hook returns or the event is set.
   ep::Tensor x_copy;
   if (device != nullptr && (a.return_recv_hook || a.async_finish)) {
-    int64_t rows = 0;
+    uint64_t total = 0;
     for (uint64_t bytes : bytes_to)
-      rows += static_cast<int64_t>(bytes / row_bytes);
-    x_copy = backend.allocate(ep::DType::bf16, rows, H);
+      total += bytes;
+    x_copy = backend.allocate(ep::DType::bf16, static_cast<int64_t>(total / row_bytes), H);
+    std::vector<ep::CopyRun> copies;
     std::byte* to = x_copy.raw();
     for (int home = 0; home < R; ++home) {
       for (const SendRun& run : runs[home])
-        backend.copy_rows(to + run.at, run.from, run.rows, row_bytes);
+        copies.push_back({.to = to + run.at, .from = run.from, .bytes = run.bytes});
       // From now on home's rows go as one run, from the copy.
-      if (bytes_to[home] > 0)
-        runs[home] = {{to, static_cast<int64_t>(bytes_to[home] / row_bytes), 0}};
+      if (bytes_to[home] > 0) runs[home] = {{to, bytes_to[home], 0}};
       to += bytes_to[home];
     }
+    backend.copy_runs(copies);
     backend.complete(kPhase);
   }
 
-  auto send = [this, state, runs = std::move(runs), bytes_to = std::move(bytes_to), x_copy,
-               row_bytes] {
+  auto send = [this, state, runs = std::move(runs), bytes_to = std::move(bytes_to), x_copy] {
     (void)x_copy;  // holds the memory the runs point into
     const CallState& st = *state;
-    send_phase(st,
-               {.fill =
-                    [&](std::span<const int> homes) {
-                      for (int home : homes) {
-                        std::byte* slot = session_.channel(home).eager_buffer(st.call);
-                        for (const SendRun& run : runs[home])
-                          st.backend->copy_rows(slot + run.at, run.from, run.rows, row_bytes);
-                      }
-                    },
-                .describe = [&](int home, std::vector<int32_t>&) { return bytes_to[home]; }},
-               kPhase);
+    send_phase(
+        st,
+        {.fill =
+             [&](std::span<const int> homes) {
+               // Every run to these homes, one batch (a device copies them in one kernel).
+               std::vector<ep::CopyRun> copies;
+               for (int home : homes) {
+                 std::byte* slot = session_.channel(home).eager_buffer(st.call);
+                 for (const SendRun& run : runs[home])
+                   copies.push_back({.to = slot + run.at, .from = run.from, .bytes = run.bytes});
+               }
+               st.backend->copy_runs(copies);
+             },
+         .describe = [&](int home, std::vector<int32_t>&) { return bytes_to[home]; }},
+        kPhase);
   };
 
   LowLatencyCombineResult out;

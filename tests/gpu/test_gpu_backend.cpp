@@ -25,7 +25,7 @@ int main() {
       {"pack_rows fp8", [](auto d) { return pack_rows_case(d, true); }},
       {"place_routed_rows", place_routed_rows_case},
       {"reduce", reduce_case},
-      {"copy_rows and fill", copy_fill_case},
+      {"copy_rows, copy_runs and fill", copy_fill_case},
       {"write and add", write_add_case},
       {"ll_pack bf16", [](auto d) { return ll_pack_case(d, false, false); }},
       {"ll_pack fp8", [](auto d) { return ll_pack_case(d, true, false); }},

@@ -375,7 +375,7 @@ inline std::string reduce_case(std::shared_ptr<gpu_side::device::DeviceRuntime> 
          compare("combined_topk_weights", out_w_dev, out_w, backend);
 }
 
-// copy_rows and fill between device memory and a registered arena.
+// copy_rows, copy_runs and fill between device memory and a registered arena.
 inline std::string copy_fill_case(std::shared_ptr<gpu_side::device::DeviceRuntime> device) {
   DeviceBackend backend(device);
   Arena arena(*device, 4096, 0);
@@ -385,6 +385,14 @@ inline std::string copy_fill_case(std::shared_ptr<gpu_side::device::DeviceRuntim
   backend.fill(t.raw(), 0x11, t.bytes());
   backend.copy_rows(t.raw() + 300, arena.device() + 64, 5, 300);
   backend.copy_rows(arena.device() + 2048, t.raw(), 2, 300);
+  // Runs in one batch, whole 16-byte words and not (the kernel's two paths); the run table is
+  // taken with the call (it changes before the work runs).
+  std::vector<ep::CopyRun> runs = {
+      {.to = t.raw() + 6 * 300, .from = arena.device() + 1024, .bytes = 300},
+      {.to = t.raw() + 8 * 300 + 4, .from = arena.device() + 3000, .bytes = 7},
+      {.to = arena.device() + 3072, .from = arena.device() + 512, .bytes = 256}};
+  backend.copy_runs(runs);
+  runs.assign(runs.size(), ep::CopyRun{});
   ep::Tensor want = ep::Tensor::empty(ep::DType::u8, 10, 300);
   std::memset(want.raw(), 0x11, want.bytes());
   std::vector<std::byte> arena_before(4096);
@@ -392,6 +400,9 @@ inline std::string copy_fill_case(std::shared_ptr<gpu_side::device::DeviceRuntim
     arena_before[static_cast<size_t>(i)] = static_cast<std::byte>(i * 31);
   std::memcpy(want.raw() + 300, arena_before.data() + 64, 1500);
   std::memcpy(arena_before.data() + 2048, want.raw(), 600);
+  std::memcpy(want.raw() + 6 * 300, arena_before.data() + 1024, 300);
+  std::memcpy(want.raw() + 8 * 300 + 4, arena_before.data() + 3000, 7);
+  std::memcpy(arena_before.data() + 3072, arena_before.data() + 512, 256);
   backend.complete("test");
   return compare("tensor", t, want, backend) +
          compare("arena", arena.host(), arena_before.data(), 4096);

@@ -370,3 +370,19 @@ TEST_CASE("simulated device: ring pushes the device cannot make are refused") {
   dev.synchronize("test", 5s);
   CHECK(atomic(r.ring.header().producer.head).load() == 0);
 }
+
+TEST_CASE("simulated device: copy_runs reaches only device memory and registered host memory") {
+  SimulatedDevice dev;
+  auto memory = dev.allocate(64);
+  std::vector<std::byte> host(64);
+  const std::vector<ep::CopyRun> runs{{.to = memory.get(), .from = host.data(), .bytes = 64}};
+  // The run table itself in plain host memory: refused at once.
+  CHECK(error_of([&] { dev.copy_runs({.runs = runs.data(), .num_runs = 1}); })
+            .find("copy_runs: runs at") != std::string::npos);
+  // A run reading plain host memory: the stream fails, naming it.
+  auto table = dev.allocate(sizeof(ep::CopyRun));
+  dev.copy(table.get(), runs.data(), sizeof(ep::CopyRun));
+  dev.copy_runs({.runs = reinterpret_cast<const ep::CopyRun*>(table.get()), .num_runs = 1});
+  CHECK(error_of([&] { dev.synchronize("test", 5s); }).find("copy_runs: a run's source at") !=
+        std::string::npos);
+}
