@@ -15,10 +15,6 @@ namespace {
 
 constexpr const char* kPhase = "low_latency_combine";
 
-}  // namespace
-
-namespace {
-
 // Rows of x that go back to one home rank: `bytes` from `from`, to byte `at` of its slot.
 struct SendRun {
   const std::byte* from;
