@@ -125,10 +125,10 @@ struct BufferOptions {
   int ranks_per_node = 0;  // 0: the bootstrap's LOCAL_WORLD_SIZE
   // The device this rank's device tensors live on (gpu_side/device/device_runtime.hpp): a
   // CudaDevice on a GPU, a SimulatedDevice in tests. Without one, calls take host tensors only.
-  // Normal-mode calls and low-latency dispatches with device tensors run on the device backend,
-  // whose kernels pack rows and messages straight into the session's slots (registered with the
-  // device while the Buffer lives: device_calls.hpp, device_ll_calls.hpp, device_regions.hpp);
-  // low-latency combines stage through host memory; get_dispatch_layout runs on the device. The
+  // Calls with device tensors, normal and low-latency, run on the device backend, whose kernels
+  // pack rows and messages straight into the session's slots (registered with the device while
+  // the Buffer lives: device_calls.hpp, device_ll_calls.hpp, device_regions.hpp) and copy
+  // arriving ones into device outputs; get_dispatch_layout runs on the device. The
   // device's stream is the Buffer's own: a call's `previous_event` orders it after the work
   // that made the inputs (else they must be complete before the call). Outputs are complete
   // when the call returns (or its event or hook completes) and are released on the Buffer's

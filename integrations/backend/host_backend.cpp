@@ -68,45 +68,38 @@ void HostBackend::place_routed_rows(const RowSource& source, const ep::RowSink& 
 }
 
 void HostBackend::copy_runs(std::span<const ep::CopyRun> runs) {
-  // As copy_rows: pieces of at most 256 KiB shared by the executor, a small batch on this thread.
-  constexpr uint64_t kPiece = uint64_t{1} << 18;
+  // Pieces of at least 256 KiB, about two per executor thread: smaller copies are not worth a
+  // hand-off, so a small batch runs on this thread.
+  constexpr uint64_t kMinPiece = uint64_t{1} << 18;
+  uint64_t total = 0;
+  for (const ep::CopyRun& run : runs)
+    total += run.bytes;
+  if (total < kMinPiece) {
+    for (const ep::CopyRun& run : runs)
+      if (run.bytes > 0) std::memcpy(run.to, run.from, run.bytes);
+    return;
+  }
+  const auto share = static_cast<uint64_t>(2 * executor_.threads());
+  const uint64_t piece = std::max(kMinPiece, (total + share - 1) / share);
   struct Piece {
     const ep::CopyRun* run;
     uint64_t at, bytes;
   };
   std::vector<Piece> pieces;
-  uint64_t total = 0;
-  for (const ep::CopyRun& run : runs) {
-    total += run.bytes;
-    for (uint64_t at = 0; at < run.bytes; at += kPiece)
-      pieces.push_back({&run, at, std::min(kPiece, run.bytes - at)});
-  }
-  auto copy = [&](int64_t i) {
+  for (const ep::CopyRun& run : runs)
+    for (uint64_t at = 0; at < run.bytes; at += piece)
+      pieces.push_back({&run, at, std::min(piece, run.bytes - at)});
+  executor_.run(static_cast<int64_t>(pieces.size()), [&](int64_t i) {
     const Piece& p = pieces[static_cast<size_t>(i)];
     std::memcpy(p.run->to + p.at, p.run->from + p.at, p.bytes);
-  };
-  if (total < kPiece) {
-    for (size_t i = 0; i < pieces.size(); ++i)
-      copy(static_cast<int64_t>(i));
-    return;
-  }
-  executor_.run(static_cast<int64_t>(pieces.size()), copy);
+  });
 }
 
 void HostBackend::copy_rows(std::byte* to, const std::byte* from, int64_t rows,
                             uint64_t row_bytes) {
   if (rows <= 0) return;
-  // Blocks of at least 256 KiB: copies smaller than that are not worth a hand-off.
-  const uint64_t bytes = static_cast<uint64_t>(rows) * row_bytes;
-  const int64_t blocks =
-      std::clamp<int64_t>(static_cast<int64_t>(bytes >> 18), 1, int64_t{2} * executor_.threads());
-  const int64_t per_block = (rows + blocks - 1) / blocks;
-  executor_.run(blocks, [&](int64_t b) {
-    int64_t begin = b * per_block, end = std::min(rows, begin + per_block);
-    if (begin < end)
-      std::memcpy(to + begin * row_bytes, from + begin * row_bytes,
-                  static_cast<size_t>(end - begin) * row_bytes);
-  });
+  const ep::CopyRun run{.to = to, .from = from, .bytes = static_cast<uint64_t>(rows) * row_bytes};
+  copy_runs({&run, 1});
 }
 
 void HostBackend::fill(std::byte* to, uint8_t value, uint64_t bytes) {
