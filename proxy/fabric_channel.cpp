@@ -47,6 +47,10 @@ uint64_t FabricLink::post_from(uint32_t local_region, uint64_t local_offset, uin
   desc.length = length;
   desc.cookie = call;
   desc.imm = imm;
+  if (route_ != nullptr) {
+    ++routed_posts_;
+    return kDeviceRing | route_->post(desc, phase);
+  }
   // The proxy is asked between slices, so a failed one (a dead daemon) fails the push at once.
   constexpr std::chrono::milliseconds kSlice{50};
   const Deadline deadline(timeout_);
@@ -149,8 +153,7 @@ void FabricChannel::begin_streams(uint64_t call, std::string_view phase) {
 
 bool FabricChannel::can_send(uint64_t, const SlotShape&) const {
   // The staging slot this chunk is packed into must have been read by its previous write.
-  const uint64_t previous = staged_at_[next_staging_slot()];
-  if (previous != kNeverPosted && !link_.retired(previous)) return false;
+  if (!link_.retired(staged_at_[next_staging_slot()])) return false;
   return credits_->available() > 0;
 }
 
@@ -261,8 +264,7 @@ void FabricChannel::forget(uint64_t call) {
 }
 
 bool FabricChannel::released(uint64_t call) const {
-  const uint64_t staged = parity_posted_at_[call % 2];
-  if (staged != kNeverPosted && !link_.retired(staged)) return false;
+  if (!link_.retired(parity_posted_[call % 2])) return false;
   return link_.counters().ready(call + 1, release_key(peer()));
 }
 

@@ -22,6 +22,10 @@
 //    that every token byte did.
 // A staging slot is rewritten only after the write that read it has completed locally: the
 // channel remembers the ring position of that write and asks the engine's retired prefix.
+// During a device call the writes may go through a second ring that the device's stream pushes
+// into (device_route.hpp; FabricLink::set_route): positions then name their ring, and the last
+// writes of a call are remembered per ring (FabricLink::LastWrites), since each ring retires its
+// own prefix.
 // Credits are sent only while the sender still needs them: the peer's record of the next call
 // proves it consumed the rest, so no write ever targets a rank that may already have left.
 #pragma once
@@ -30,6 +34,7 @@
 #include "control/sequence_window.hpp"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/ring.hpp"
+#include "proxy/device_route.hpp"
 #include "proxy/peer_channel.hpp"
 #include "proxy/proxy_engine.hpp"
 
@@ -41,10 +46,18 @@
 namespace proxyep::proxy {
 
 // What the fabric channels of one session share: the staging area they pack into, the ring they
-// post through (one producer: the session's protocol thread) and the counter bank that counts
-// records and eager bytes.
+// post through (one producer: the session's protocol thread), the device route that replaces it
+// during a device call, and the counter bank that counts records and eager bytes.
 class FabricLink {
  public:
+  // A position with this bit names a write of the device route's ring.
+  static constexpr uint64_t kDeviceRing = uint64_t{1} << 62;
+  static constexpr uint64_t kNeverPosted = ~uint64_t{0};
+  // The last write of each ring that read some staging (kNeverPosted: none yet).
+  struct LastWrites {
+    uint64_t host = kNeverPosted, device = kNeverPosted;
+  };
+
   static constexpr uint32_t kArenaRegion = 0;    // every rank's arena, remote target
   static constexpr uint32_t kStagingRegion = 1;  // this rank's staging, local source
   static constexpr uint32_t kLandingRegion = 2;  // every rank's landing region, remote target
@@ -85,13 +98,32 @@ class FabricLink {
   // Whether writes may read the caller's memory as it is: the provider needs no registration
   // of a write's source (no FI_MR_LOCAL) and ep.send_from_x is not off.
   bool from_caller() const { return from_caller_; }
-  // Has the write at ring position `position` completed locally (its staging is free)?
+  // Has the write at `position` (as post() returned it) completed locally (its staging is free)?
   bool retired(uint64_t position) const {
+    if (position == kNeverPosted) return true;
+    if (position & kDeviceRing) return device_ring_->retired(position & ~kDeviceRing);
     return gpu_side::atomic(ring_.header().consumer.retired).load(std::memory_order_acquire) >
            position;
   }
-  // Descriptors pushed so far (the ring position of the next one).
+  // Remembers `position` as the last write of its ring in `writes`; have they all completed?
+  static void note(LastWrites& writes, uint64_t position) {
+    (position & kDeviceRing ? writes.device : writes.host) = position;
+  }
+  bool retired(const LastWrites& writes) const {
+    return retired(writes.host) && retired(writes.device);
+  }
+  // From set_route(route) until set_route(nullptr), every post goes to `route` (the device's
+  // stream pushes it in order after the work queued before it); the route must outlive the
+  // link's use of its positions.
+  void set_route(DeviceRoute* route) {
+    route_ = route;
+    if (route != nullptr) device_ring_ = route;
+  }
+  bool routed() const { return route_ != nullptr; }
+  // Descriptors pushed into the session's own ring so far (the ring position of the next one).
   uint64_t pushed() const { return pushed_; }
+  // Posts that went through a device route.
+  uint64_t routed_posts() const { return routed_posts_; }
   std::byte* staging() const { return staging_; }
   control::CounterBank& counters() const { return counters_; }
 
@@ -107,7 +139,10 @@ class FabricLink {
   std::chrono::milliseconds timeout_;
   bool from_caller_;
   CheckDrain check_drain_;
-  uint64_t pushed_ = 0;  // descriptors pushed so far = the ring position of the next one
+  uint64_t pushed_ = 0;           // descriptors pushed so far = the ring position of the next one
+  DeviceRoute* route_ = nullptr;  // while a device call posts
+  const DeviceRoute* device_ring_ = nullptr;  // the route that numbered kDeviceRing positions
+  uint64_t routed_posts_ = 0;
 };
 
 class FabricChannel final : public PeerChannel {
@@ -144,6 +179,7 @@ class FabricChannel final : public PeerChannel {
                 std::string_view phase) override;
   std::string send_progress() const override;
   bool sends_from_caller() const override { return link_.from_caller(); }
+  bool posts_in_stream_order() const override { return link_.routed(); }
   void send_chunk_from(uint64_t chunk, const SlotShape& shape, const std::byte* source,
                        uint64_t bytes, std::string_view phase) override;
 
@@ -160,16 +196,16 @@ class FabricChannel final : public PeerChannel {
   void forget(uint64_t call) override;
 
  private:
-  static constexpr uint64_t kNeverPosted = ~uint64_t{0};
+  static constexpr uint64_t kNeverPosted = FabricLink::kNeverPosted;
   uint32_t eager_key(int sender) const;
   uint32_t release_key(int receiver) const;
   uint32_t landing_key(int sender) const;
   // Takes the next credit (the stream's sequence number) for a chunk about to be posted.
   uint16_t take_credit(std::string_view phase);
   // Records and eager bytes of a call's parity are staged in their own slots: remember the
-  // last write that read them.
+  // last writes that read them.
   void note_parity_write(uint64_t call, uint64_t position) {
-    parity_posted_at_[call % 2] = position;
+    FabricLink::note(parity_posted_[call % 2], position);
   }
   uint32_t next_staging_slot() const;
 
@@ -179,7 +215,7 @@ class FabricChannel final : public PeerChannel {
   std::unique_ptr<control::SenderCredits> credits_;  // chunks to the peer
   // Ring position of the write that last read each staging slot (kNeverPosted before the first).
   std::vector<uint64_t> staged_at_;
-  uint64_t parity_posted_at_[2] = {kNeverPosted, kNeverPosted};
+  FabricLink::LastWrites parity_posted_[2];
   uint64_t call_ = 0;
   uint64_t consumed_total_ = 0;  // chunks of the peer's stream consumed, over all calls
   uint64_t receive_base_ = 0;    // consumed_total_ when this call's streams began

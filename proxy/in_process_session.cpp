@@ -105,6 +105,15 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.engine->add_ring(ring, s.doorbell.get());
   s.producer = std::make_unique<gpu_side::RingProducer>(
       ring, gpu_side::ProducerOptions{.doorbell = s.doorbell.get()});
+  if (config.device_ring) {
+    // Multi-producer (a GPU producer's mode); no doorbell: the route keeps the proxy thread
+    // polling while a device call posts (DeviceRoute::set_active).
+    s.device_ring_memory =
+        std::make_unique<HostMemory>(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
+    s.device_ring = gpu_side::Ring::create(s.device_ring_memory->bytes(), kRingSlots,
+                                           gpu_side::ProducerMode::multi);
+    s.engine->add_ring(*s.device_ring, nullptr);
+  }
   s.link = std::make_unique<FabricLink>(
       ring, *s.producer, static_cast<std::byte*>(s.staging->host()), *s.counters, timeout_,
       from_caller, [this](std::string_view phase) { check_health(phase); });
@@ -123,6 +132,40 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
 void InProcessSession::stop() noexcept {
   if (!state_->engine) return;
   state_->engine->stop();
+}
+
+bool InProcessSession::route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                   std::string_view phase) {
+  State& s = *state_;
+  if (!s.device_ring) return false;
+  if (device == nullptr) {
+    s.link->set_route(nullptr);
+    if (s.route) s.route->set_active(false);
+    return false;
+  }
+  if (!s.route)
+    s.route = std::make_unique<DeviceRoute>(
+        device, *s.device_ring, timeout_, [this](std::string_view p) { check_health(p); }, phase);
+  else if (&s.route->device() != device.get())
+    return false;
+  s.route->set_active(true);
+  s.link->set_route(s.route.get());
+  return true;
+}
+
+void InProcessSession::flush_posts() {
+  if (state_->route) state_->route->flush();
+}
+
+void InProcessSession::drive_route(std::string_view phase) {
+  DeviceRoute* route = state_->route.get();
+  if (route == nullptr || route->pushed_all()) return;
+  try {
+    route->drive(phase);
+  } catch (const Error&) {
+    check_health(phase);  // a failed proxy is the cause to name, when there is one
+    throw;
+  }
 }
 
 void InProcessSession::begin_call(uint64_t call) {
@@ -184,6 +227,7 @@ void InProcessSession::await_tolerant(const Wait& wait) {
 
 void InProcessSession::quiet(std::string_view phase) {
   if (!state_->engine) return;
+  drive_route(phase);  // the engine counts the pushes the stream made
   try {
     state_->engine->quiet(Deadline(timeout_));
   } catch (const Error& e) {
@@ -192,6 +236,7 @@ void InProcessSession::quiet(std::string_view phase) {
 }
 
 void InProcessSession::await(const Wait& wait) {
+  drive_route(wait.phase);  // what the peers answer may need this rank's writes
   if (wait.on_lost) {
     await_tolerant(wait);
     return;

@@ -6,7 +6,9 @@
 //  3. when the group spans nodes: the fabric opens and connects, the arena (remote target) and
 //     the staging area (local source) are registered and their descriptors exchanged, a ring
 //     with a doorbell goes to a ProxyEngine, the counter bank and every FabricChannel's window
-//     and credits are attached to the signal router, and the proxy threads start.
+//     and credits are attached to the signal router, and the proxy threads start. With
+//     SessionConfig::device_ring a second ring (no doorbell) goes to the engine too, for a
+//     device's stream to push into (route_posts, device_route.hpp).
 #pragma once
 
 #include "common/host_memory.hpp"
@@ -15,12 +17,14 @@
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
+#include "proxy/device_route.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/node_memory.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "proxy/session.hpp"
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace proxyep::proxy {
@@ -46,12 +50,20 @@ class InProcessSession final : public Session {
   std::string describe() const override;
   std::vector<ThreadStats> proxy_thread_stats() const override;
   bool proxy_failed() const override;
+  bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                   std::string_view phase) override;
+  void flush_posts() override;
+  uint64_t writes_from_device() const override {
+    return state_->link ? state_->link->routed_posts() : 0;
+  }
   std::optional<fabric::ReorderStats> reorder_stats() const override {
     return state_->fabric ? state_->fabric->reorder_stats() : std::nullopt;
   }
 
  private:
   void open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // Has the device's stream push what the route was handed, before a wait for what answers it.
+  void drive_route(std::string_view phase);
   // await() for a wait with on_lost: lost and late ranks are offered to it.
   void await_tolerant(const Wait& wait);
   // Stops the proxy threads; when one had to be detached, leaks the state it may touch.
@@ -72,10 +84,16 @@ class InProcessSession final : public Session {
     control::SignalRouter router;
     // Before the engine, which releases its claim on the ring when destroyed.
     std::unique_ptr<HostMemory> ring_memory;
+    // SessionConfig::device_ring: the ring a device's stream pushes into.
+    std::unique_ptr<HostMemory> device_ring_memory;
+    std::optional<gpu_side::Ring> device_ring;
     std::unique_ptr<gpu_side::Doorbell> doorbell;
     std::unique_ptr<ProxyEngine> engine;
     std::unique_ptr<gpu_side::RingProducer> producer;
     std::unique_ptr<FabricLink> link;
+    // The route a device's stream pushes through (made by the first route_posts; before the
+    // channels, which hold its positions).
+    std::unique_ptr<DeviceRoute> route;
     // By rank: NodeChannel for this node's ranks (this rank included), FabricChannel for
     // others. The router points into the fabric channels: stop() ends the proxy threads first.
     std::vector<std::unique_ptr<PeerChannel>> channels;

@@ -111,6 +111,11 @@ class PeerChannel {
   // Where the sending side stands (credits), for timeout messages.
   virtual std::string send_progress() const = 0;
 
+  // Whether this channel's writes are handed on by the device backend's stream, after the work
+  // queued on it before (Session::route_posts): then a write whose source a kernel fills may be
+  // posted at once, without waiting for the kernel.
+  virtual bool posts_in_stream_order() const { return false; }
+
   // ---- chunks written straight from the caller's memory (fabric peers) ----
   // Whether send_chunk_from() may be used: the transport reads the caller's memory as it is.
   virtual bool sends_from_caller() const { return false; }

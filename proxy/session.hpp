@@ -21,6 +21,7 @@
 
 #include "control/bootstrap.hpp"
 #include "fabric/fabric.hpp"
+#include "gpu_side/device/device_runtime.hpp"
 #include "proxy/arena_layout.hpp"
 #include "proxy/peer_channel.hpp"
 #include "proxy/proxy_engine.hpp"
@@ -64,6 +65,10 @@ struct SessionConfig {
   // daemon_session.hpp); empty: proxy threads in this process. Only used when the group spans
   // nodes. Ranks may differ (each node has its own daemon).
   std::string daemon_socket;
+  // Whether a device's stream will hand this rank's writes to other nodes to the proxies
+  // (route_posts; a Buffer with a device): a second ring for it, drained beside the first. Only
+  // with proxy threads in this process. Ranks may differ.
+  bool device_ring = false;
 };
 
 // A wait of the protocol: until `ready()`, with the session's deadline. `pending(r)` says
@@ -131,6 +136,25 @@ class Session {
   // arena, the node peers' arenas mapped here, its staging (when it has one). A device backend
   // registers them so that kernels pack and unpack rows there (integrations/device_regions.hpp).
   virtual std::vector<std::span<std::byte>> row_memory() const = 0;
+  // Device calls. route_posts(device) hands this rank's later writes to other nodes to
+  // `device`'s stream (proxy/device_route.hpp): each is pushed to the proxies by the stream, in
+  // order after the work queued on it before, so that the protocol posts a write whose source a
+  // kernel is still filling without waiting for the kernel (PeerChannel::posts_in_stream_order).
+  // route_posts(nullptr) ends that (noexcept); the writes already handed on stay the stream's.
+  // Returns whether the writes go through the stream: false without a device ring
+  // (SessionConfig::device_ring), on one node, or for a second device (the first one's keeps the
+  // ring). Waits (await, quiet) first have the stream push what it was handed.
+  virtual bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                           std::string_view phase) {
+    (void)device, (void)phase;
+    return false;
+  }
+  // Queues the pushes of the writes handed to the stream since the last flush (one batch):
+  // after a burst of writes, so that they leave as soon as the stream reaches them.
+  virtual void flush_posts() {}
+  // How many writes went through a device's stream (route_posts) so far.
+  virtual uint64_t writes_from_device() const { return 0; }
+
   // One line for the debug log: sizes, paths, threads.
   virtual std::string describe() const = 0;
   // What the fabric's reorder shim (fabric.reorder, a testing aid) did, so a test can prove its

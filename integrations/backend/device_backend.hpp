@@ -33,6 +33,7 @@ class DeviceBackend final : public RowBackend {
   explicit DeviceBackend(std::shared_ptr<gpu_side::device::DeviceRuntime> device);
 
   gpu_side::device::DeviceRuntime& device() { return *device_; }
+  std::shared_ptr<gpu_side::device::DeviceRuntime> stream() const override { return device_; }
 
   gpu_side::ep::Tensor allocate(gpu_side::ep::DType dtype, int64_t rows, int64_t cols) override;
   gpu_side::ep::Tensor allocate(gpu_side::ep::DType dtype, int64_t rows) override;

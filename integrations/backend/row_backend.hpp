@@ -25,6 +25,7 @@
 #pragma once
 
 #include "common/error.hpp"
+#include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/kernel_params.hpp"
 #include "gpu_side/ep/layout.hpp"
@@ -35,6 +36,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 
@@ -135,6 +137,10 @@ class RowBackend {
   // (bf16 [tokens, hidden]) in the backend's memory, the table of row addresses on the host.
   virtual void ll_combine(std::span<const uint16_t* const> rows, const float* weights,
                           uint16_t* out, int topk, uint32_t hidden) = 0;
+
+  // The device whose stream runs this backend's work, in the order it was queued (none: the host
+  // backend). The session may hand writes to that stream (proxy::Session::route_posts).
+  virtual std::shared_ptr<gpu_side::device::DeviceRuntime> stream() const { return nullptr; }
 
   // ---- completion (above) ----
   using Mark = uint64_t;

@@ -7,6 +7,7 @@
 #include "integrations/await_every.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/ll_tensors.hpp"
+#include "integrations/post_route.hpp"
 
 #include <fmt/format.h>
 
@@ -170,14 +171,20 @@ void LowLatencyMode::send_phase(const CallState& state, const Sends& sends,
 
 void LowLatencyMode::send_all(const CallState& state, const Sends& sends, std::string_view phase) {
   const int R = session_.ranks();
+  // A device call's writes to other nodes go through the backend's stream (PostRoute): posted
+  // at once, they leave once the stream has packed their messages.
+  const PostRoute route(session_, *state.backend, phase);
   // Writes to other nodes complete in the background: start them before the stores.
   for (bool background : {true, false}) {
     std::vector<int> group;
+    bool in_stream_order = true;
     for (int d = 0; d < R; ++d)
-      if (session_.channel(d).background() == background && !masked_[static_cast<size_t>(d)])
+      if (session_.channel(d).background() == background && !masked_[static_cast<size_t>(d)]) {
         group.push_back(d);
+        in_stream_order &= session_.channel(d).posts_in_stream_order();
+      }
     sends.fill(group);
-    state.backend->complete(phase);  // the messages are in the slots
+    if (!in_stream_order) state.backend->complete(phase);  // the messages are in the slots
     for (int d : group) {
       proxy::PeerChannel& to = session_.channel(d);
       LlRecord record;
@@ -189,6 +196,7 @@ void LowLatencyMode::send_all(const CallState& state, const Sends& sends, std::s
       to.send_record(state.call, encode_ll_record(record, to.record_buffer(state.call), phase),
                      phase);
     }
+    session_.flush_posts();  // they leave while the node peers' messages are stored
   }
 }
 

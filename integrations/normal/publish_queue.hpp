@@ -7,6 +7,11 @@
 // kernels of one chunk overlap the post of the one before it. Order matters only within one
 // peer's stream, but the backend's work finishes in the order it was queued, so keeping every
 // publication in that order costs nothing.
+//
+// A publication that the backend's stream itself hands on after the work before it (a write to
+// another node while the session routes posts through the stream: PeerChannel::
+// posts_in_stream_order) needs no wait: it runs at once, ahead of the waiting ones, which only
+// reorders publications of different peers.
 #pragma once
 
 #include "integrations/backend/row_backend.hpp"
@@ -23,8 +28,12 @@ class PublishQueue {
   PublishQueue(RowBackend& backend, std::string_view phase) : backend_(backend), phase_(phase) {}
 
   // `publish` runs once the backend's work queued so far is done: here, if it is already, else
-  // from a later publish_ready() or publish_all().
-  void after_work(std::function<void()> publish) {
+  // from a later publish_ready() or publish_all(). `in_stream_order`: at once (above).
+  void after_work(std::function<void()> publish, bool in_stream_order = false) {
+    if (in_stream_order) {
+      publish();
+      return;
+    }
     queue_.push_back({backend_.mark(), std::move(publish)});
     publish_ready();
   }

@@ -3,6 +3,7 @@
 
 #include "common/error.hpp"
 #include "integrations/normal/publish_queue.hpp"
+#include "integrations/post_route.hpp"
 
 #include <fmt/format.h>
 
@@ -108,11 +109,13 @@ void StreamRun::send(int d) {
   streams_.fill(d, p.first_row(j), rows, slot);
   clock_.lap(&PhaseTimes::pack_ns);
   filling_[d] = 1;
-  publish_.after_work([this, d, j, rows, slot] {
-    clock_.lap(&PhaseTimes::pack_ns);  // waiting for the backend's packing
-    streams_.filled(d, streams_.out[d].first_row(j), rows, slot);
-    post(d, j, rows);
-  });
+  publish_.after_work(
+      [this, d, j, rows, slot] {
+        clock_.lap(&PhaseTimes::pack_ns);  // waiting for the backend's packing
+        streams_.filled(d, streams_.out[d].first_row(j), rows, slot);
+        post(d, j, rows);
+      },
+      to.posts_in_stream_order());
 }
 
 void StreamRun::post(int d, uint64_t j, uint64_t rows) {
@@ -127,6 +130,7 @@ void StreamRun::post(int d, uint64_t j, uint64_t rows) {
   } else {
     to.send_chunk(j, p.shape(), area_bytes(rows, streams_.format), phase_);
   }
+  session_.flush_posts();  // a stream that posts leaves it once its packing ran
   clock_.lap(&PhaseTimes::post_ns);
   filling_[d] = 0;
   ++sent_[d];
@@ -156,11 +160,14 @@ bool StreamRun::take_arrived(int s) {
   clock_.lap(&PhaseTimes::unpack_ns);
   stats_.chunks_received += upto - taken_[s];
   taken_[s] = upto;
-  publish_.after_work([this, &from, &p, upto] {
-    clock_.lap(&PhaseTimes::unpack_ns);  // waiting for the backend's copies out of the slots
-    from.consumed(upto, p.chunks, p.shape(), phase_);  // these slots may be written again
-    clock_.lap(&PhaseTimes::post_ns);
-  });
+  publish_.after_work(
+      [this, &from, &p, upto] {
+        clock_.lap(&PhaseTimes::unpack_ns);  // waiting for the backend's copies out of the slots
+        from.consumed(upto, p.chunks, p.shape(), phase_);  // these slots may be written again
+        session_.flush_posts();
+        clock_.lap(&PhaseTimes::post_ns);
+      },
+      from.posts_in_stream_order());
   return true;
 }
 
@@ -245,6 +252,7 @@ void require_row_fits(const proxy::Session& session, const ep::RowFormat& format
 void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
                 PhaseClock& clock, std::string_view phase) {
   const int R = session.ranks(), me = session.rank();
+  const PostRoute route(session, streams.backend, phase);  // flushed as it ends
   PublishQueue publish(streams.backend, phase);
   for (int k = 1; k < R; ++k) {
     const int d = (me + k) % R;
@@ -255,18 +263,22 @@ void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, Buf
     std::byte* slot = to.eager_buffer(call);
     streams.fill(d, 0, p.rows, slot);
     clock.lap(&PhaseTimes::pack_ns);
-    publish.after_work([&, d, slot] {
-      clock.lap(&PhaseTimes::pack_ns);
-      streams.filled(d, 0, streams.out[d].rows, slot);
-      session.channel(d).send_eager(call, area_bytes(streams.out[d].rows, streams.format), phase);
-      clock.lap(&PhaseTimes::post_ns);
-    });
+    publish.after_work(
+        [&, d, slot] {
+          clock.lap(&PhaseTimes::pack_ns);
+          streams.filled(d, 0, streams.out[d].rows, slot);
+          session.channel(d).send_eager(call, area_bytes(streams.out[d].rows, streams.format),
+                                        phase);
+          clock.lap(&PhaseTimes::post_ns);
+        },
+        to.posts_in_stream_order());
   }
   publish.publish_all();
 }
 
 void run_streams(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
                  PhaseClock& clock, std::string_view phase) {
+  const PostRoute route(session, streams.backend, phase);
   StreamRun(session, call, streams, stats, clock, phase).run();
 }
 

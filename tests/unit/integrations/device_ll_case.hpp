@@ -172,6 +172,11 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
   if (per_node == 1)
     require(buffer.stats().reordered_completions.has_value(), "test",
             "the fabric path ran without the reorder shim");
+  // Over the fabric the device's stream hands the writes its kernels filled to the proxies
+  // (proxy/device_route.hpp); node peers have none.
+  const uint64_t from_device = buffer.stats().writes_from_device;
+  require((per_node == 1) == (from_device > 0), "test",
+          "{} writes went through the device's stream ({} ranks per node)", from_device, per_node);
   buffer.destroy();
 }
 

@@ -24,7 +24,8 @@ integrations::testing::RankDevice simulated(int rank) {
 
 // The other way round: the Buffer's stream is slow (5 ms per operation) and the caller's quick,
 // so a call that leaves work reading its inputs queued when it returns finds them overwritten by
-// the caller's stream (device_ll_case.hpp overwrites the combine's inputs at once).
+// the caller's stream (device_ll_case.hpp overwrites the combine's inputs at once), and over the
+// fabric a write the stream did not hold back until its packing ran sends stale bytes.
 integrations::testing::RankDevice slow_buffer_stream(int) {
   auto buffer = std::make_shared<SimulatedDevice>(
       SimulatedDeviceOptions{.operation_delay = std::chrono::milliseconds(5)});
@@ -41,6 +42,10 @@ TEST_CASE("device tensors through the Buffer: over the fabric with the reorder s
   integrations::testing::run_device_buffer(1, simulated);
 }
 
+TEST_CASE("device tensors through the Buffer: over the fabric, a slow Buffer stream") {
+  integrations::testing::run_device_buffer(1, slow_buffer_stream);
+}
+
 TEST_CASE("device tensors through low-latency calls: node peers (ranks as threads)") {
   integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, simulated);
 }
@@ -51,4 +56,8 @@ TEST_CASE("device tensors through low-latency calls: over the fabric with the re
 
 TEST_CASE("device tensors through low-latency calls: a slow Buffer stream, a quick caller") {
   integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, slow_buffer_stream);
+}
+
+TEST_CASE("device tensors through low-latency calls: over the fabric, a slow Buffer stream") {
+  integrations::testing::ll::run_device_ll(1, slow_buffer_stream);
 }

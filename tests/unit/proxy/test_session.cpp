@@ -7,6 +7,7 @@
 #include "proxy/session.hpp"
 
 #include "common/error.hpp"
+#include "gpu_side/device/simulated_device.hpp"
 #include "tests/unit/control/rank_threads.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
 
@@ -33,6 +34,9 @@ struct Scenario {
   int ranks, per_node;
   std::string provider;
   bool reorder;
+  // Writes to other nodes handed to the proxies by a simulated device's stream
+  // (Session::route_posts): rank 0's runs nothing until waited for, the others' are slow.
+  bool device_stream = false;
 };
 
 // Byte `i` of what `from` sends `to` in `call` (kind tells records, eager bytes and chunks apart).
@@ -180,12 +184,38 @@ void run_rank(const Scenario& sc, control::Bootstrap::Options options) {
   proxy::EngineOptions engine;
   engine.placement.pin = false;  // every rank of the test shares this process's cores
   config.engine = engine;
+  std::shared_ptr<gpu_side::device::SimulatedDevice> device;
+  if (sc.device_stream) {
+    config.device_ring = true;
+    device = std::make_shared<gpu_side::device::SimulatedDevice>(
+        gpu_side::device::SimulatedDeviceOptions{
+            .defer_until_synchronize = boot->rank() == 0,
+            .operation_delay = std::chrono::milliseconds(boot->rank() == 0 ? 0 : 1)});
+  }
   auto session = Session::open(*boot, config);
+  const bool spans_nodes = sc.per_node < sc.ranks;
   for (uint64_t call = 0; call < kCalls; ++call) {
     session->begin_call(call);
+    if (device) REQUIRE(session->route_posts(device, "test") == spans_nodes);
     exchange_records(*session, call, call % 2 == 1);
     exchange_streams(*session, call);
     session->quiet("test");
+    session->route_posts(nullptr, "test");
+  }
+  if (device && spans_nodes) {
+    // Writes the stream holds when quiet() begins: it has the stream push them and waits for
+    // them, so that every write went to the proxy (and completed) once it returns.
+    REQUIRE(session->route_posts(device, "test"));
+    for (int d = 0; d < session->ranks(); ++d)
+      if (session->channel(d).path() == proxy::PeerPath::fabric)
+        session->channel(d).release(kCalls - 1, "test");
+    session->quiet("test");
+    session->route_posts(nullptr, "test");
+    uint64_t popped = 0;
+    for (const proxy::ThreadStats& t : session->proxy_thread_stats())
+      popped += t.descriptors;
+    CHECK(session->writes_from_device() > 0);
+    CHECK(popped == session->writes_from_device());  // every write went through the stream
   }
   boot->barrier("test(done)");  // nobody stops its proxy while a peer still waits for a credit
 }
@@ -301,6 +331,12 @@ TEST_CASE("fabric channels over an unordered fabric (reorder shim)") {
 
 TEST_CASE("both kinds at once: 3 ranks as nodes of 2 and 1") {
   run_scenario({"3 ranks, 2 per node, tcp", 3, 2, "tcp", true});
+}
+
+TEST_CASE("fabric channels whose writes a device's stream hands to the proxies") {
+  run_scenario({"2 ranks as 2 nodes, tcp", 2, 1, "tcp", true, true});
+  run_scenario({"3 ranks, 2 per node, tcp", 3, 2, "tcp", true, true});
+  run_scenario({"2 ranks on one node (no route)", 2, 2, "shm", false, true});
 }
 
 TEST_CASE("sizes that differ between ranks are refused on every rank, naming the rank") {
