@@ -140,7 +140,10 @@ bool InProcessSession::route_posts(const std::shared_ptr<gpu_side::device::Devic
   if (!s.device_ring) return false;
   if (device == nullptr) {
     s.link->set_route(nullptr);
-    if (s.route) s.route->set_active(false);
+    // Pushes the stream has yet to run keep the proxy polling (a stream rings no doorbell, and
+    // a sleeping proxy thread adds up to proxy.idle_sleep_us); the next wait that sees them
+    // pushed lets it rest.
+    if (s.route && s.route->pushed_all()) s.route->set_active(false);
     return false;
   }
   if (!s.route)
@@ -159,13 +162,16 @@ void InProcessSession::flush_posts() {
 
 void InProcessSession::drive_route(std::string_view phase) {
   DeviceRoute* route = state_->route.get();
-  if (route == nullptr || route->pushed_all()) return;
-  try {
-    route->drive(phase);
-  } catch (const Error&) {
-    check_health(phase);  // a failed proxy is the cause to name, when there is one
-    throw;
+  if (route == nullptr) return;
+  if (!route->pushed_all()) {
+    try {
+      route->drive(phase);
+    } catch (const Error&) {
+      check_health(phase);  // a failed proxy is the cause to name, when there is one
+      throw;
+    }
   }
+  if (!state_->link->routed()) route->set_active(false);  // everything pushed, no call posting
 }
 
 void InProcessSession::begin_call(uint64_t call) {
