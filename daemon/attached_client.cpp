@@ -135,6 +135,7 @@ void AttachedClient::attach(const nlohmann::json& message) {
   request.ranks = integer(message, "ranks");
   request.tolerate_peer_failures = message.value("tolerate_peer_failures", false);
   request.landing_fabric = message.value("landing_fabric", std::string());
+  request.device_ring = message.value("device_ring", false);
   served_ = std::make_shared<ServedRank>(request, std::move(fds));
   nlohmann::json opened{{"proxyep", "opened"},
                         {"addresses", control::hex_encode(served_->addresses())},

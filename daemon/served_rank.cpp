@@ -35,11 +35,13 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
     }
   } close_all{fds};
   const bool with_landing = !request.landing_fabric.empty();
-  require(fds.size() == AttachRequest::count + (with_landing ? 1u : 0u), kPhase,
+  const size_t expected =
+      AttachRequest::count + (with_landing ? 1u : 0u) + (request.device_ring ? 1u : 0u);
+  require(fds.size() == expected, kPhase,
           "the attach frame carried {} file descriptors, {} expected (arena, staging, ring, "
-          "doorbell, relay{})",
-          fds.size(), static_cast<int>(AttachRequest::count) + (with_landing ? 1 : 0),
-          with_landing ? ", landing" : "");
+          "doorbell, relay{}{})",
+          fds.size(), expected, with_landing ? ", landing" : "",
+          request.device_ring ? ", device ring" : "");
   require(request.ranks >= 2 && request.rank >= 0 && request.rank < request.ranks, kPhase,
           "rank {} of {} ranks: a rank between 0 and ranks - 1, at least 2 ranks", request.rank,
           request.ranks);
@@ -69,6 +71,11 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   s.engine->regions().add_local(proxy::FabricLink::kArenaRegion, *s.arena_region);
   s.engine->regions().add_local(proxy::FabricLink::kStagingRegion, *s.staging_region);
   s.engine->add_ring(ring, s.doorbell.get());
+  if (request.device_ring) {
+    // The last descriptor. No doorbell: the client's route keeps the thread polling.
+    s.device_ring_memory = map_client_fd(fds.back(), "device ring");
+    s.engine->add_ring(gpu_side::Ring::attach(s.device_ring_memory->bytes()), nullptr);
+  }
   peer_failure_reported_.assign(static_cast<size_t>(request.ranks), false);
 }
 

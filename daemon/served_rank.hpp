@@ -43,7 +43,10 @@ struct AttachRequest {
   // ep.landing_fabric of the client, when it passed its landing region (the sixth descriptor):
   // registered as FabricLink::kLandingRegion when registers_landing() says so for this fabric.
   std::string landing_fabric;
-  // The descriptors that came with the frame, in this order (landing optional).
+  // Whether the client passed a device ring (after the landing region, when it passed one): a
+  // ring its device's stream pushes into (proxy/device_routing.hpp), drained beside the first.
+  bool device_ring = false;
+  // The descriptors that came with the frame, in this order (landing and device ring optional).
   enum Fd { arena, staging, ring, doorbell, relay, count, landing = count };
 };
 
@@ -91,7 +94,8 @@ class ServedRank {
   std::vector<bool> peer_failure_reported_;
   // Everything the proxy threads may touch; leaked whole when stop() had to abandon a thread.
   struct State {
-    std::unique_ptr<HostMemory> arena, staging, ring_memory, relay_memory, landing;
+    std::unique_ptr<HostMemory> arena, staging, ring_memory, relay_memory, landing,
+        device_ring_memory;
     std::unique_ptr<gpu_side::Doorbell> doorbell;
     std::unique_ptr<fabric::Fabric> fabric;
     std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region;

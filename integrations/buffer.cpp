@@ -75,7 +75,7 @@ proxy::SessionConfig session_config(const control::Bootstrap& boot, const Buffer
           "sent to other nodes; see Buffer::rdma_bytes_hint)",
           (ranks + ranks_per_node - 1) / ranks_per_node, ranks_per_node);
   proxy::SessionConfig config;
-  config.device_ring = opts.device != nullptr;  // its stream hands on the writes it fills
+  config.device = opts.device;  // its stream hands on the writes it fills
   proxy::SessionSizes& s = config.sizes;
   s.ranks = ranks;
   // Without NVLink for LL calls, every peer is reached through the fabric (one rank per node).
@@ -279,6 +279,7 @@ BufferStats Buffer::stats() const {
         to.bytes_sent();
   }
   stats.writes_from_device = session.writes_from_device();
+  stats.chunks_from_device_memory = session.chunks_from_device_memory();
   if (auto reorder = session.reorder_stats())
     stats.reordered_completions = reorder->remote_out_of_order + reorder->local_out_of_order;
   return stats;

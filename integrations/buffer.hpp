@@ -101,8 +101,11 @@ struct BufferStats {
   uint64_t bytes_to_fabric = 0;  // row bytes posted to other nodes
   // Writes to other nodes (rows, records, credits, of any mode) that the device's stream handed
   // to the proxies after its kernels filled them, rather than the host once it had waited for
-  // them (device calls, with proxy threads in this process).
+  // them (device calls whose group spans nodes).
   uint64_t writes_from_device = 0;
+  // Of them, chunks written straight from device memory the NIC reads (FI_HMEM: the session's
+  // device staging area) instead of bouncing through the host staging area.
+  uint64_t chunks_from_device_memory = 0;
   // With fabric.reorder (a testing aid): completions the reorder shim delivered here after a
   // later write's (writes from other nodes landing, and this rank's writes to them completing);
   // unset without a fabric or with the shim off.

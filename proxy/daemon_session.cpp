@@ -84,6 +84,13 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
     fds.push_back(config.landing_fd);
     attach["landing_fabric"] = config.landing_fabric;
   }
+  if (config.device) {
+    device_routing_ = std::make_unique<DeviceRouting>(
+        HostMemory::memfd(gpu_side::Ring::bytes_for(DeviceRouting::kRingSlots),
+                          fmt::format("proxyep-device-ring-{}", rank())));
+    fds.push_back(device_routing_->memory().fd());
+    attach["device_ring"] = true;
+  }
   const nlohmann::json opened = daemon_->request(attach, fds, "opened", deadline, kPhase);
   provider_ = opened.value("provider", std::string("?"));
   const bool landing = opened.contains("landing");
@@ -195,7 +202,29 @@ void DaemonSession::begin_call(uint64_t call) {
          counters_->last_leak());
 }
 
+bool DaemonSession::route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                std::string_view phase) {
+  if (!device_routing_ || !link_) return false;
+  return device_routing_->route_posts(
+      *link_, device, timeout_, [this](std::string_view p) { check_health(p); }, phase);
+}
+
+void DaemonSession::flush_posts() {
+  if (device_routing_) device_routing_->flush();
+}
+
+void DaemonSession::drive_route(std::string_view phase) {
+  if (!device_routing_) return;
+  try {
+    device_routing_->drive(*link_, phase);
+  } catch (const Error&) {
+    check_health(phase);  // a failed daemon is the cause to name, when it is one
+    throw;
+  }
+}
+
 void DaemonSession::await(const Wait& wait) {
+  drive_route(wait.phase);  // what the peers answer may need this rank's writes
   if (wait.on_lost) {
     await_tolerant(*this, wait, timeout_, [&](const std::function<bool()>& ready_or_tick) {
       poll_until_ready(ready_or_tick, Deadline(timeout_ + std::chrono::seconds(10)), wait.phase,
@@ -212,15 +241,20 @@ void DaemonSession::await(const Wait& wait) {
 
 void DaemonSession::quiet(std::string_view phase) {
   if (!link_) return;
+  drive_route(phase);  // the device's writes count too, once its stream pushed them
   const uint64_t target = link_->pushed();
-  poll_until_ready([&] { return target == 0 || link_->retired(target - 1); }, Deadline(timeout_),
-                   phase,
-                   [&] {
-                     return fmt::format(
-                         "quiet: {} of this rank's writes had not completed within {} ms "
-                         "(proxyepd at {})",
-                         target, timeout_.count(), daemon_ ? daemon_->path() : "?");
-                   });
+  poll_until_ready(
+      [&] {
+        return (target == 0 || link_->retired(target - 1)) &&
+               (!device_routing_ || device_routing_->retired_all());
+      },
+      Deadline(timeout_), phase,
+      [&] {
+        return fmt::format(
+            "quiet: {} of this rank's writes had not completed within {} ms "
+            "(proxyepd at {})",
+            target, timeout_.count(), daemon_ ? daemon_->path() : "?");
+      });
 }
 
 std::optional<std::string> DaemonSession::peer_lost(int rank) const {

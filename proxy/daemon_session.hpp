@@ -17,8 +17,11 @@
 // the socket (a failure frame, or the socket's end when the daemon exits), which every wait,
 // quiet and full-ring push checks, so a dead daemon fails the call at once, naming its socket.
 // The landing region (a memfd the node's ranks map) goes to the daemon too, which registers it
-// as in process (ep.landing_fabric), so other nodes' rows land straight in recv_x. The caller's
-// own memory (x) is not the daemon's: no writes straight from x (ep.send_from_x does not apply).
+// as in process (ep.landing_fabric), so other nodes' rows land straight in recv_x; so does the
+// device ring (SessionConfig::device, device_routing.hpp), a memfd the daemon drains beside
+// the first ring, so that device calls hand their writes to the daemon from the device's stream.
+// The caller's own memory (x) is not the daemon's: no writes straight from x (ep.send_from_x does
+// not apply).
 #pragma once
 
 #include "common/host_memory.hpp"
@@ -27,6 +30,7 @@
 #include "control/signal_router.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
+#include "proxy/device_routing.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/node_memory.hpp"
 #include "proxy/session.hpp"
@@ -58,6 +62,12 @@ class DaemonSession final : public Session {
   std::span<std::byte> staging_data_area() const override;
   std::vector<std::span<std::byte>> row_memory() const override;
   std::string describe() const override;
+  bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                   std::string_view phase) override;
+  void flush_posts() override;
+  uint64_t writes_from_device() const override {
+    return device_routing_ ? device_routing_->posted() : 0;
+  }
   std::optional<fabric::ReorderStats> reorder_stats() const override { return std::nullopt; }
   // The proxy threads are the daemon's: its metrics endpoint reports them.
   std::vector<ThreadStats> proxy_thread_stats() const override { return {}; }
@@ -65,6 +75,8 @@ class DaemonSession final : public Session {
 
  private:
   void attach(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // Has the device's stream push what the route was handed, before a wait for what answers it.
+  void drive_route(std::string_view phase);
   // Reads the daemon's socket (notices and failures); the failure text once there is one.
   const std::optional<std::string>& poll_daemon() const;
   // Routes what the daemon relayed, and reads its socket every few polls: throws
@@ -80,6 +92,9 @@ class DaemonSession final : public Session {
   mutable std::optional<control::DaemonConnection> daemon_;  // read by const health checks
   std::unique_ptr<HostMemory> staging_, ring_memory_, relay_memory_;
   std::unique_ptr<gpu_side::Doorbell> doorbell_;
+  // SessionConfig::device: a memfd ring the daemon drains beside the first (before the
+  // link and the channels, which hold its route's positions).
+  std::unique_ptr<DeviceRouting> device_routing_;
   std::unique_ptr<control::CounterBank> counters_;
   control::SignalRouter router_;
   std::unique_ptr<RelayReceiver> relay_;

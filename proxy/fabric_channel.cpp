@@ -47,10 +47,7 @@ uint64_t FabricLink::post_from(uint32_t local_region, uint64_t local_offset, uin
   desc.length = length;
   desc.cookie = call;
   desc.imm = imm;
-  if (route_ != nullptr) {
-    ++routed_posts_;
-    return kDeviceRing | route_->post(desc, phase);
-  }
+  if (route_ != nullptr) return kDeviceRing | route_->post(desc, phase);
   // The proxy is asked between slices, so a failed one (a dead daemon) fails the push at once.
   constexpr std::chrono::milliseconds kSlice{50};
   const Deadline deadline(timeout_);
@@ -158,7 +155,7 @@ bool FabricChannel::can_send(uint64_t, const SlotShape&) const {
 }
 
 std::byte* FabricChannel::send_buffer(uint64_t, const SlotShape&) {
-  return link_.staging() + layout().staging_slot(peer(), next_staging_slot());
+  return link_.chunk_slot(layout().staging_slot(peer(), next_staging_slot()));
 }
 
 uint16_t FabricChannel::take_credit(std::string_view phase) {
@@ -174,9 +171,10 @@ void FabricChannel::send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t 
   const uint32_t slot = next_staging_slot();
   const uint16_t seq = take_credit(phase);
   const int self = layout().rank();
-  staged_at_[slot] = link_.post(
-      peer(), layout().staging_slot(peer(), slot), layout().chunk_slot(peer(), self, shape, chunk),
-      bytes, call_, control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
+  staged_at_[slot] =
+      link_.post_chunk(FabricLink::kArenaRegion, peer(), layout().staging_slot(peer(), slot),
+                       layout().chunk_slot(peer(), self, shape, chunk), bytes, call_,
+                       control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
   count_sent(bytes);
 }
 
@@ -199,14 +197,14 @@ void FabricChannel::send_chunk_in_place(uint64_t chunk, const SlotShape& shape, 
   const uint16_t seq = take_credit(phase);
   const int self = layout().rank();
   const uint64_t staged = layout().staging_slot(peer(), slot);
-  link_.post_to(FabricLink::kLandingRegion, peer(), staged, landing_offset, x_bytes, call_,
-                control::imm::encode_counter(call_, landing_key(self)), phase);
+  link_.post_chunk(FabricLink::kLandingRegion, peer(), staged, landing_offset, x_bytes, call_,
+                   control::imm::encode_counter(call_, landing_key(self)), phase);
   // Posted second: once it has completed locally, so has the first (the engine retires a
   // ring's writes as a prefix), and the staging slot is free.
-  staged_at_[slot] =
-      link_.post(peer(), staged + rest_offset,
-                 layout().chunk_slot(peer(), self, shape, chunk) + rest_offset, rest_bytes, call_,
-                 control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
+  staged_at_[slot] = link_.post_chunk(
+      FabricLink::kArenaRegion, peer(), staged + rest_offset,
+      layout().chunk_slot(peer(), self, shape, chunk) + rest_offset, rest_bytes, call_,
+      control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
   count_sent(x_bytes + rest_bytes);
 }
 

@@ -25,7 +25,10 @@
 // During a device call the writes may go through a second ring that the device's stream pushes
 // into (device_route.hpp; FabricLink::set_route): positions then name their ring, and the last
 // writes of a call are remembered per ring (FabricLink::LastWrites), since each ring retires its
-// own prefix.
+// own prefix. Where the session has a device staging area (FI_HMEM: device memory the NIC
+// reads), such a call's chunks are packed there and written from there, slot for slot as in the
+// staging area (FabricLink::chunk_slot / post_chunk); records and eager bytes stay in host
+// staging.
 // Credits are sent only while the sender still needs them: the peer's record of the next call
 // proves it consumed the rest, so no write ever targets a rank that may already have left.
 #pragma once
@@ -64,6 +67,8 @@ class FabricLink {
   // This process's address space, unregistered (RegionTable::add_local_address_space): a
   // local source only, and only when from_caller().
   static constexpr uint32_t kCallerMemory = 3;
+  // This rank's device staging (set_device_staging), local source.
+  static constexpr uint32_t kDeviceStagingRegion = 4;
 
   // Whoever drains the ring (this process's proxy engine, or the node daemon) throws
   // proxyep::Error(phase) from it once it has failed; a push that finds the ring full asks it
@@ -120,10 +125,37 @@ class FabricLink {
     if (route != nullptr) device_ring_ = route;
   }
   bool routed() const { return route_ != nullptr; }
+  // FI_HMEM: device memory of `device` that the NIC reads, as large as the staging data area
+  // (which starts at `data_base` of the staging area), registered as kDeviceStagingRegion.
+  // While a device call of that device posts through the route, its chunks are packed there
+  // and written from there (GPUDirect RDMA); otherwise they bounce through the staging area.
+  void set_device_staging(const gpu_side::device::DeviceRuntime& device, std::byte* staging,
+                          uint64_t data_base) {
+    staging_device_ = &device;
+    device_staging_ = staging;
+    data_base_ = data_base;
+  }
+  // Where the chunk slot at `staging_offset` (inside the staging data area) is packed now.
+  std::byte* chunk_slot(uint64_t staging_offset) const {
+    return chunks_on_device() ? device_staging_ + (staging_offset - data_base_)
+                              : staging_ + staging_offset;
+  }
+  // post_to() of the chunk slot at `staging_offset`, from where chunk_slot() packed it.
+  uint64_t post_chunk(uint32_t remote_region, int destination, uint64_t staging_offset,
+                      uint64_t remote_offset, uint64_t length, uint64_t call, uint32_t imm,
+                      std::string_view phase) {
+    if (!chunks_on_device())
+      return post_to(remote_region, destination, staging_offset, remote_offset, length, call, imm,
+                     phase);
+    ++device_chunks_;
+    return post_from(kDeviceStagingRegion, staging_offset - data_base_, remote_region, destination,
+                     remote_offset, length, call, imm, phase);
+  }
+  // Chunks written straight from device staging so far.
+  uint64_t device_chunks() const { return device_chunks_; }
   // Descriptors pushed into the session's own ring so far (the ring position of the next one).
   uint64_t pushed() const { return pushed_; }
-  // Posts that went through a device route.
-  uint64_t routed_posts() const { return routed_posts_; }
+
   std::byte* staging() const { return staging_; }
   control::CounterBank& counters() const { return counters_; }
 
@@ -142,7 +174,13 @@ class FabricLink {
   uint64_t pushed_ = 0;           // descriptors pushed so far = the ring position of the next one
   DeviceRoute* route_ = nullptr;  // while a device call posts
   const DeviceRoute* device_ring_ = nullptr;  // the route that numbered kDeviceRing positions
-  uint64_t routed_posts_ = 0;
+  bool chunks_on_device() const {
+    return route_ != nullptr && device_staging_ != nullptr && &route_->device() == staging_device_;
+  }
+  const gpu_side::device::DeviceRuntime* staging_device_ = nullptr;
+  std::byte* device_staging_ = nullptr;
+  uint64_t data_base_ = 0;
+  uint64_t device_chunks_ = 0;
 };
 
 class FabricChannel final : public PeerChannel {

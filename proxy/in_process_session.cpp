@@ -105,18 +105,16 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.engine->add_ring(ring, s.doorbell.get());
   s.producer = std::make_unique<gpu_side::RingProducer>(
       ring, gpu_side::ProducerOptions{.doorbell = s.doorbell.get()});
-  if (config.device_ring) {
-    // Multi-producer (a GPU producer's mode); no doorbell: the route keeps the proxy thread
-    // polling while a device call posts (DeviceRoute::set_active).
-    s.device_ring_memory =
-        std::make_unique<HostMemory>(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots)));
-    s.device_ring = gpu_side::Ring::create(s.device_ring_memory->bytes(), kRingSlots,
-                                           gpu_side::ProducerMode::multi);
-    s.engine->add_ring(*s.device_ring, nullptr);
+  if (config.device) {
+    // No doorbell: the route keeps the proxy thread polling while a device call posts.
+    s.device_routing = std::make_unique<DeviceRouting>(
+        HostMemory::heap(gpu_side::Ring::bytes_for(DeviceRouting::kRingSlots)));
+    s.engine->add_ring(s.device_routing->ring(), nullptr);
   }
   s.link = std::make_unique<FabricLink>(
       ring, *s.producer, static_cast<std::byte*>(s.staging->host()), *s.counters, timeout_,
       from_caller, [this](std::string_view phase) { check_health(phase); });
+  if (config.device) open_device_staging(config);
   for (int r = 0; r < ranks(); ++r) {
     if (layout().on_node(r)) continue;
     auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link, landing);
@@ -129,6 +127,36 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   s.engine->start();
 }
 
+void InProcessSession::open_device_staging(const SessionConfig& config) {
+  State& s = *state_;
+  const uint64_t bytes = layout().sizes().staging_bytes;
+  // Chosen from the capabilities alone: a provider that registers device memory (FI_HMEM; EFA
+  // does) and a device whose memory a NIC reads. Otherwise the host staging area is the bounce
+  // buffer.
+  if (bytes == 0 || !s.fabric->capabilities().hmem) return;
+  gpu_side::device::NicMemory nic = config.device->allocate_for_nic(bytes);
+  if (!nic.memory) return;
+  try {
+    s.device_staging_region = s.fabric->register_memory(
+        nic.memory.get(), nic.bytes,
+        nic.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
+  } catch (const Error& e) {
+    // A provider may announce FI_HMEM for one kind of device memory and refuse another (a
+    // libfabric built without CUDA): the host staging area then serves, as without FI_HMEM.
+    log::info(
+        "buffer: rank {}: device staging not registered ({}); device calls' chunks bounce "
+        "through host staging",
+        rank(), e.what());
+    return;
+  }
+  s.device_staging = nic.memory;
+  s.engine->regions().add_local(FabricLink::kDeviceStagingRegion, *s.device_staging_region);
+  s.link->set_device_staging(*config.device, nic.memory.get(), layout().staging_data_base());
+  log::debug(
+      "buffer: rank {}: device calls write their chunks from {} bytes of {} memory (FI_HMEM)",
+      rank(), bytes, config.device->kind());
+}
+
 void InProcessSession::stop() noexcept {
   if (!state_->engine) return;
   state_->engine->stop();
@@ -137,41 +165,23 @@ void InProcessSession::stop() noexcept {
 bool InProcessSession::route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                                    std::string_view phase) {
   State& s = *state_;
-  if (!s.device_ring) return false;
-  if (device == nullptr) {
-    s.link->set_route(nullptr);
-    // Pushes the stream has yet to run keep the proxy polling (a stream rings no doorbell, and
-    // a sleeping proxy thread adds up to proxy.idle_sleep_us); the next wait that sees them
-    // pushed lets it rest.
-    if (s.route && s.route->pushed_all()) s.route->set_active(false);
-    return false;
-  }
-  if (!s.route)
-    s.route = std::make_unique<DeviceRoute>(
-        device, *s.device_ring, timeout_, [this](std::string_view p) { check_health(p); }, phase);
-  else if (&s.route->device() != device.get())
-    return false;
-  s.route->set_active(true);
-  s.link->set_route(s.route.get());
-  return true;
+  if (!s.device_routing) return false;
+  return s.device_routing->route_posts(
+      *s.link, device, timeout_, [this](std::string_view p) { check_health(p); }, phase);
 }
 
 void InProcessSession::flush_posts() {
-  if (state_->route) state_->route->flush();
+  if (state_->device_routing) state_->device_routing->flush();
 }
 
 void InProcessSession::drive_route(std::string_view phase) {
-  DeviceRoute* route = state_->route.get();
-  if (route == nullptr) return;
-  if (!route->pushed_all()) {
-    try {
-      route->drive(phase);
-    } catch (const Error&) {
-      check_health(phase);  // a failed proxy is the cause to name, when there is one
-      throw;
-    }
+  if (!state_->device_routing) return;
+  try {
+    state_->device_routing->drive(*state_->link, phase);
+  } catch (const Error&) {
+    check_health(phase);  // a failed proxy is the cause to name, when there is one
+    throw;
   }
-  if (!state_->link->routed()) route->set_active(false);  // everything pushed, no call posting
 }
 
 void InProcessSession::begin_call(uint64_t call) {

@@ -7,8 +7,9 @@
 //     the staging area (local source) are registered and their descriptors exchanged, a ring
 //     with a doorbell goes to a ProxyEngine, the counter bank and every FabricChannel's window
 //     and credits are attached to the signal router, and the proxy threads start. With
-//     SessionConfig::device_ring a second ring (no doorbell) goes to the engine too, for a
-//     device's stream to push into (route_posts, device_route.hpp).
+//     SessionConfig::device a second ring (no doorbell) goes to the engine too, for a
+//     device's stream to push into (route_posts, device_route.hpp), and where the fabric
+//     registers device memory (FI_HMEM), a device staging area for its chunks.
 #pragma once
 
 #include "common/host_memory.hpp"
@@ -17,14 +18,13 @@
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "proxy/device_route.hpp"
+#include "proxy/device_routing.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/node_memory.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "proxy/session.hpp"
 
 #include <memory>
-#include <optional>
 #include <vector>
 
 namespace proxyep::proxy {
@@ -53,8 +53,11 @@ class InProcessSession final : public Session {
   bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                    std::string_view phase) override;
   void flush_posts() override;
+  uint64_t chunks_from_device_memory() const override {
+    return state_->link ? state_->link->device_chunks() : 0;
+  }
   uint64_t writes_from_device() const override {
-    return state_->link ? state_->link->routed_posts() : 0;
+    return state_->device_routing ? state_->device_routing->posted() : 0;
   }
   std::optional<fabric::ReorderStats> reorder_stats() const override {
     return state_->fabric ? state_->fabric->reorder_stats() : std::nullopt;
@@ -62,6 +65,9 @@ class InProcessSession final : public Session {
 
  private:
   void open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // FI_HMEM: registers device memory of config.device the NIC reads as the device staging area
+  // (FabricLink::set_device_staging) when the fabric and the device both can.
+  void open_device_staging(const SessionConfig& config);
   // Has the device's stream push what the route was handed, before a wait for what answers it.
   void drive_route(std::string_view phase);
   // await() for a wait with on_lost: lost and late ranks are offered to it.
@@ -79,21 +85,20 @@ class InProcessSession final : public Session {
     std::unique_ptr<fabric::Fabric> fabric;
     std::unique_ptr<HostMemory> staging;
     std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region;
+    // FI_HMEM: the device staging area (SessionConfig::device) and its registration.
+    std::shared_ptr<std::byte[]> device_staging;
+    std::unique_ptr<fabric::MemoryRegion> device_staging_region;
     // Records: key = source; eager bytes: key = R + source.
     std::unique_ptr<control::CounterBank> counters;
     control::SignalRouter router;
     // Before the engine, which releases its claim on the ring when destroyed.
     std::unique_ptr<HostMemory> ring_memory;
-    // SessionConfig::device_ring: the ring a device's stream pushes into.
-    std::unique_ptr<HostMemory> device_ring_memory;
-    std::optional<gpu_side::Ring> device_ring;
+    // SessionConfig::device: the ring a device's stream pushes into, and its route.
+    std::unique_ptr<DeviceRouting> device_routing;
     std::unique_ptr<gpu_side::Doorbell> doorbell;
     std::unique_ptr<ProxyEngine> engine;
     std::unique_ptr<gpu_side::RingProducer> producer;
     std::unique_ptr<FabricLink> link;
-    // The route a device's stream pushes through (made by the first route_posts; before the
-    // channels, which hold its positions).
-    std::unique_ptr<DeviceRoute> route;
     // By rank: NodeChannel for this node's ranks (this rank included), FabricChannel for
     // others. The router points into the fabric channels: stop() ends the proxy threads first.
     std::vector<std::unique_ptr<PeerChannel>> channels;

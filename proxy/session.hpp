@@ -65,10 +65,15 @@ struct SessionConfig {
   // daemon_session.hpp); empty: proxy threads in this process. Only used when the group spans
   // nodes. Ranks may differ (each node has its own daemon).
   std::string daemon_socket;
-  // Whether a device's stream will hand this rank's writes to other nodes to the proxies
-  // (route_posts; a Buffer with a device): a second ring for it, drained beside the first. Only
-  // with proxy threads in this process. Ranks may differ.
-  bool device_ring = false;
+  // The device of a Buffer's device calls (BufferOptions::device), or none. With one, when the
+  // group spans nodes: a second ring its stream hands this rank's writes to other nodes into
+  // (route_posts), drained beside the first (by this process's proxy threads or the node
+  // daemon's); and, with proxy threads in this process, where the fabric registers device memory
+  // (FI_HMEM) and the device offers memory a NIC reads (DeviceRuntime::allocate_for_nic), a
+  // device staging area its calls pack their chunks into, written from there (GPUDirect RDMA).
+  // Without both, device calls' chunks bounce through the host staging area (registered with
+  // the device). Ranks may differ.
+  std::shared_ptr<gpu_side::device::DeviceRuntime> device;
 };
 
 // A wait of the protocol: until `ready()`, with the session's deadline. `pending(r)` says
@@ -142,7 +147,7 @@ class Session {
   // kernel is still filling without waiting for the kernel (PeerChannel::posts_in_stream_order).
   // route_posts(nullptr) ends that (noexcept); the writes already handed on stay the stream's.
   // Returns whether the writes go through the stream: false without a device ring
-  // (SessionConfig::device_ring), on one node, or for a second device (the first one's keeps the
+  // (SessionConfig::device), on one node, or for a second device (the first one's keeps the
   // ring). Waits (await, quiet) first have the stream push what it was handed.
   virtual bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                            std::string_view phase) {
@@ -152,8 +157,10 @@ class Session {
   // Queues the pushes of the writes handed to the stream since the last flush (one batch):
   // after a burst of writes, so that they leave as soon as the stream reaches them.
   virtual void flush_posts() {}
-  // How many writes went through a device's stream (route_posts) so far.
+  // How many writes went through a device's stream (route_posts) so far, and how many of them
+  // were chunks written straight from device memory (the device staging area).
   virtual uint64_t writes_from_device() const { return 0; }
+  virtual uint64_t chunks_from_device_memory() const { return 0; }
 
   // One line for the debug log: sizes, paths, threads.
   virtual std::string describe() const = 0;

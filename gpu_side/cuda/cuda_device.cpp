@@ -89,6 +89,20 @@ std::shared_ptr<std::byte[]> CudaDevice::allocate(uint64_t bytes) {
                                       });
 }
 
+device::NicMemory CudaDevice::allocate_for_nic(uint64_t bytes) {
+  state_->select();
+  void* memory = nullptr;
+  check_cuda(cudaMalloc(&memory, std::max<uint64_t>(bytes, 1)), kPhase, "cudaMalloc");
+  device::NicMemory nic;
+  nic.memory =
+      std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory), [state = state_](std::byte* p) {
+        (void)cudaSetDevice(state->ordinal);
+        (void)cudaFree(p);  // waits for the device
+      });
+  nic.bytes = bytes;
+  return nic;
+}
+
 void* CudaDevice::register_host(void* host, uint64_t bytes) {
   state_->select();
   check_cuda(cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),

@@ -25,6 +25,9 @@ class CudaDevice final : public device::DeviceRuntime {
 
   std::string_view kind() const override { return "cuda"; }
   std::shared_ptr<std::byte[]> allocate(uint64_t bytes) override;
+  // cudaMalloc, not the stream-ordered pool: pool memory may not be registrable for GPUDirect
+  // RDMA (FI_HMEM_CUDA), plain allocations are.
+  device::NicMemory allocate_for_nic(uint64_t bytes) override;
   void* register_host(void* host, uint64_t bytes) override;
   void unregister_host(void* host) override;
   void copy(void* to, const void* from, uint64_t bytes) override;

@@ -45,6 +45,16 @@ class DeviceRingProducer {
   virtual ~DeviceRingProducer() = default;
 };
 
+// Device memory a NIC may read and write directly (GPUDirect RDMA), for a fabric that registers
+// device memory (FI_HMEM): from DeviceRuntime::allocate_for_nic().
+struct NicMemory {
+  std::shared_ptr<std::byte[]> memory;  // null: this runtime offers none
+  uint64_t bytes = 0;
+  // How the fabric registers it: as host memory (the simulated device's stand-in, which is host
+  // memory the proxy threads may read) or as CUDA memory (FI_HMEM_CUDA).
+  bool registers_as_host = false;
+};
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -56,6 +66,15 @@ class DeviceRuntime {
   // owner drops it, after the work queued before that point (stream-ordered, like
   // cudaFreeAsync): a tensor may be dropped while a kernel that uses it is still queued.
   virtual std::shared_ptr<std::byte[]> allocate(uint64_t bytes) = 0;
+
+  // `bytes` of device memory kernels use as they use allocate()'s, which a NIC may also read and
+  // write once the fabric registered it (GPUDirect RDMA), released when the last owner drops it
+  // (not stream-ordered: only after the work that uses it finished). None (the default) where
+  // the runtime cannot offer such memory.
+  virtual NicMemory allocate_for_nic(uint64_t bytes) {
+    (void)bytes;
+    return {};
+  }
 
   // Makes `bytes` of host memory at `host` (an arena, a staging area) reachable by the device
   // (cudaHostRegister, mapped) and returns the address kernels use for it. Until unregister_host

@@ -247,13 +247,22 @@ uint64_t SimulatedDevice::operations_run() const {
 }
 
 std::shared_ptr<std::byte[]> SimulatedDevice::allocate(uint64_t bytes) {
+  return allocate_mapped(bytes, true);
+}
+
+NicMemory SimulatedDevice::allocate_for_nic(uint64_t bytes) {
+  if (!core_->options.nic_reads_device_memory) return {};
+  return {.memory = allocate_mapped(bytes, false), .bytes = bytes, .registers_as_host = true};
+}
+
+std::shared_ptr<std::byte[]> SimulatedDevice::allocate_mapped(uint64_t bytes, bool tagged) {
   const uint64_t mapped = page_rounded(bytes);
   void* memory =
       ::mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   require(memory != MAP_FAILED, kPhase, "allocate: {} bytes of device memory: {}", bytes,
           std::strerror(errno));
   Memory& shared = *core_->memory;
-  if (shared.key && !shared.key->tag(memory, mapped)) {
+  if (tagged && shared.key && !shared.key->tag(memory, mapped)) {
     ::munmap(memory, mapped);
     fail(std::string(kPhase), "allocate: tagging {} bytes with the protection key failed: {}",
          mapped, std::strerror(errno));

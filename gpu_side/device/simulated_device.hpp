@@ -35,6 +35,11 @@ struct SimulatedDeviceOptions {
   // Each operation starts this late: a slow stream, so that work another stream does not wait
   // for (with wait_event) visibly races it.
   std::chrono::milliseconds operation_delay{0};
+  // Stands for a GPU whose memory a NIC reads directly: allocate_for_nic() gives device memory
+  // (reachable by kernels, counted as device bytes) without the protection key, so that the
+  // proxy threads, which stand for the NIC, may read it; registered with the fabric as host
+  // memory. Off: allocate_for_nic() offers none.
+  bool nic_reads_device_memory = false;
 };
 
 class SimulatedDevice final : public DeviceRuntime {
@@ -57,6 +62,7 @@ class SimulatedDevice final : public DeviceRuntime {
 
   std::string_view kind() const override { return "simulated"; }
   std::shared_ptr<std::byte[]> allocate(uint64_t bytes) override;
+  NicMemory allocate_for_nic(uint64_t bytes) override;
   void* register_host(void* host, uint64_t bytes) override;
   void unregister_host(void* host) override;
   void copy(void* to, const void* from, uint64_t bytes) override;
@@ -87,6 +93,8 @@ class SimulatedDevice final : public DeviceRuntime {
 
  private:
   SimulatedDevice(std::shared_ptr<Memory> memory, SimulatedDeviceOptions options);
+  // Device memory; `tagged`: with the protection key (only the stream's thread may touch it).
+  std::shared_ptr<std::byte[]> allocate_mapped(uint64_t bytes, bool tagged);
   std::shared_ptr<Core> core_;
 };
 

@@ -99,6 +99,7 @@ class Case:
         self.proxyep = args.proxyep
         self.attach_client = args.attach_client
         self.ep_buffer = args.ep_buffer
+        self.ep_device_buffer = args.ep_device_buffer
         self.tmp = tempfile.mkdtemp(prefix="proxyepd-test-")
         self.daemons = []  # (Popen, log path)
 
@@ -538,6 +539,25 @@ def case_daemon_ep_buffer(c):
     check_served(c, paths, daemons, 2, 1)
 
 
+def case_daemon_device_buffer(c):
+    """Device tensors through the daemons (tests/integration/ep_device_buffer.cpp on a
+    simulated device): normal mode with eager rows and in many chunks, and low-latency mode; the
+    device's stream pushes the writes to other nodes into the ring the daemon drains (each case
+    checks that some went that way). One rank's stream is slow, the other's runs only when
+    waited for."""
+    paths, daemons, env = start_nodes(c)
+    for case in ("normal mode with device tensors and eager rows",
+                 "normal mode with device tensors in many chunks",
+                 "low-latency mode with device tensors"):
+        done = subprocess.run([c.proxyep, "launch", "-n", "2", "--timeout", "90", "--",
+                               c.ep_device_buffer, "-tc=" + case],
+                              env=env, capture_output=True, text=True, timeout=120)
+        check(done.returncode == 0 and done.stdout.count("test cases: 1 | 1 passed") == 2,
+              f"{case} through the daemons failed ({done.returncode}):\n"
+              f"{done.stdout}{done.stderr}")
+    check_served(c, paths, daemons, 2, 1)
+
+
 def case_daemon_metrics(c):
     """The daemon's endpoint shows the proxy threads of every rank it serves, labelled by rank
     and pid, and their counters move while a job runs through it."""
@@ -641,6 +661,7 @@ def main():
     parser.add_argument("--proxyep", required=True)
     parser.add_argument("--attach-client")
     parser.add_argument("--ep-buffer")
+    parser.add_argument("--ep-device-buffer")
     parser.add_argument("case", choices=sorted(CASES))
     args = parser.parse_args()
     case = Case(args)

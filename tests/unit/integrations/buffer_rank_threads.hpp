@@ -14,9 +14,10 @@
 
 namespace proxyep::integrations::testing {
 
-inline void run_buffer_ranks(int ranks, bool reorder, const control::testing::RankBody& body) {
+inline void run_buffer_ranks(int ranks, bool reorder, const control::testing::RankBody& body,
+                             const std::string& fabric = "tcp") {
   const std::string provider = params::fabric_provider.get();
-  params::fabric_provider.set("tcp");
+  params::fabric_provider.set(fabric);
   params::fabric_reorder.set(reorder);
   params::proxy_pin.set(false);
   std::vector<control::testing::RankBody> bodies(static_cast<size_t>(ranks), body);

@@ -33,8 +33,11 @@ inline constexpr int kHidden = 512;
 
 // One rank: `make_device(rank)` gives the rank's device; the Buffer holds `sized_for` tokens per
 // rank in one chunk (fewer than kTokens: the rows stream in chunks that reuse the slots).
+// `device_chunks`: the device calls' chunks to other nodes must be written straight from device
+// memory (FI_HMEM with a device whose memory the NIC reads); else none may be.
 inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options options,
-                                   const DeviceFactory& make_device, int sized_for) {
+                                   const DeviceFactory& make_device, int sized_for,
+                                   bool device_chunks = false) {
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
   const RankDevice devices = make_device(me);
@@ -179,7 +182,8 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   const CombineResult mc = buffer.combine({.x = m.recv_x, .handle = &m.handle});
   same(mc.combined_x, plain_want.combined_x, kTokens, "combined_x (mixed)");
 
-  if (per_node == 1)
+  // (A node daemon's shim is its own: its sessions report none.)
+  if (per_node == 1 && params::proxy_mode.get() != "daemon")
     require(buffer.stats().reordered_completions.has_value(), "test",
             "the fabric path ran without the reorder shim");
   // Over the fabric the device's stream hands the writes its kernels filled to the proxies
@@ -187,6 +191,10 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   const uint64_t from_device = buffer.stats().writes_from_device;
   require((per_node == 1) == (from_device > 0), "test",
           "{} writes went through the device's stream ({} ranks per node)", from_device, per_node);
+  const uint64_t from_device_memory = buffer.stats().chunks_from_device_memory;
+  require(device_chunks == (from_device_memory > 0), "test",
+          "{} chunks were written from device memory (expected {})", from_device_memory,
+          device_chunks ? "some" : "none");
   caller.synchronize("test caller stream", kWait);
   buffer.destroy();
 }
@@ -194,8 +202,10 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
 // Three times: with the default ep.eager_bytes (these rows travel with the notify records);
 // with none (chunks through the slots, recv_x in the landing region where a host rank offers
 // it); and with none in a Buffer for 4 tokens (many chunks per stream, each slot reused within
-// a call, so a credit handed back before the device copied the slot out shows).
-inline void run_device_buffer(int per_node, const DeviceFactory& make_device) {
+// a call, so a credit handed back before the device copied the slot out shows). Over
+// `provider`; `device_chunks`: as run_device_buffer_rank says, for the runs with chunks.
+inline void run_device_buffer(int per_node, const DeviceFactory& make_device,
+                              const std::string& provider = "tcp", bool device_chunks = false) {
   struct Run {
     bool eager;
     int sized_for;
@@ -203,10 +213,13 @@ inline void run_device_buffer(int per_node, const DeviceFactory& make_device) {
   for (const Run run : {Run{true, kTokens}, Run{false, kTokens}, Run{false, 4}}) {
     INFO("eager rows: " << run.eager << ", Buffer sized for " << run.sized_for << " tokens");
     if (!run.eager) params::ep_eager_bytes.set(0);
-    run_buffer_ranks(kRanks, per_node == 1,
-                     [per_node, make_device, run](control::Bootstrap::Options o) {
-                       run_device_buffer_rank(per_node, std::move(o), make_device, run.sized_for);
-                     });
+    run_buffer_ranks(
+        kRanks, per_node == 1,
+        [per_node, make_device, run, device_chunks](control::Bootstrap::Options o) {
+          run_device_buffer_rank(per_node, std::move(o), make_device, run.sized_for,
+                                 device_chunks && !run.eager);
+        },
+        provider);
     params::ep_eager_bytes.reset();
   }
 }

@@ -46,6 +46,21 @@ TEST_CASE("device tensors through the Buffer: over the fabric, a slow Buffer str
   integrations::testing::run_device_buffer(1, slow_buffer_stream);
 }
 
+// Memory the NIC reads (GPUDirect RDMA's stand-in): over shm, which registers device memory
+// (FI_HMEM), the chunks are packed into device staging and written from there; over tcp, which
+// does not, they bounce through the host staging area as without it.
+integrations::testing::RankDevice nic_reads_device_memory(int rank) {
+  auto buffer = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
+      .defer_until_synchronize = rank == 1, .nic_reads_device_memory = true});
+  auto caller = buffer->another_stream({.operation_delay = std::chrono::milliseconds(20)});
+  return {buffer, caller};
+}
+
+TEST_CASE("device tensors through the Buffer: device staging the NIC reads (FI_HMEM)") {
+  integrations::testing::run_device_buffer(1, nic_reads_device_memory, "shm", true);
+  integrations::testing::run_device_buffer(1, nic_reads_device_memory, "tcp", false);
+}
+
 TEST_CASE("device tensors through low-latency calls: node peers (ranks as threads)") {
   integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, simulated);
 }

@@ -186,11 +186,11 @@ void run_rank(const Scenario& sc, control::Bootstrap::Options options) {
   config.engine = engine;
   std::shared_ptr<gpu_side::device::SimulatedDevice> device;
   if (sc.device_stream) {
-    config.device_ring = true;
     device = std::make_shared<gpu_side::device::SimulatedDevice>(
         gpu_side::device::SimulatedDeviceOptions{
             .defer_until_synchronize = boot->rank() == 0,
             .operation_delay = std::chrono::milliseconds(boot->rank() == 0 ? 0 : 1)});
+    config.device = device;
   }
   auto session = Session::open(*boot, config);
   const bool spans_nodes = sc.per_node < sc.ranks;
