@@ -2,9 +2,10 @@
 // as one rank of a launched job (`proxyep launch -n 2 -- ep_device_buffer -tc=...`), so they run
 // where ranks-as-threads cannot: with the proxy in the node daemons (proxy.mode = daemon,
 // tests/daemon/test_proxyepd.py), whose device ring the simulated device's stream pushes into.
-// One rank per node (test case names hold no comma: -tc splits at commas); rank 0's Buffer stream is slow (5 ms per operation: a write posted before
-// its packing ran sends stale bytes), rank 1's runs nothing until waited for (a wait that does
-// not first have the stream push what it was handed never ends).
+// One rank per node (test case names hold no comma: -tc splits at commas); rank 0's Buffer stream
+// is slow (5 ms per operation: a write posted before its packing ran sends stale bytes), rank 1's
+// runs nothing until waited for (a wait that does not first have the stream push what it was handed
+// never ends).
 #include "control/bootstrap.hpp"
 #include "gpu_side/device/simulated_device.hpp"
 #include "tests/unit/integrations/device_buffer_case.hpp"
@@ -13,15 +14,14 @@
 #include <doctest/doctest.h>
 
 using namespace proxyep;
-using gpu_side::device::SimulatedDevice;
-using gpu_side::device::SimulatedDeviceOptions;
+namespace device = gpu_side::device;
 
 namespace {
 
 integrations::testing::RankDevice device_of(int rank) {
-  auto buffer = std::make_shared<SimulatedDevice>(
-      rank == 0 ? SimulatedDeviceOptions{.operation_delay = std::chrono::milliseconds(5)}
-                : SimulatedDeviceOptions{.defer_until_synchronize = true});
+  auto buffer = std::make_shared<device::SimulatedDevice>(
+      rank == 0 ? device::SimulatedDeviceOptions{.operation_delay = std::chrono::milliseconds(5)}
+                : device::SimulatedDeviceOptions{.defer_until_synchronize = true});
   return {buffer, buffer->another_stream()};
 }
 
