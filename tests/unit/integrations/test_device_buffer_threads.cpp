@@ -1,7 +1,9 @@
 // Buffer calls with device tensors on the host-simulated device, ranks as threads
 // (device_buffer_case.hpp). Rank 1's device runs nothing until waited for, so a missing wait
 // shows as stale bytes; device memory is tagged so that host code touching it faults.
+#include "fabric/fabric.hpp"
 #include "gpu_side/device/simulated_device.hpp"
+#include "tests/unit/fabric/fabric_pair.hpp"
 #include "tests/unit/integrations/device_buffer_case.hpp"
 #include "tests/unit/integrations/device_ll_case.hpp"
 
@@ -32,6 +34,22 @@ integrations::testing::RankDevice slow_buffer_stream(int) {
   return {buffer, buffer->another_stream()};
 }
 
+// Memory the NIC reads (GPUDirect RDMA's stand-in): over shm, which registers device memory
+// (FI_HMEM) in a build with CUDA, the chunks are packed into device staging and written from
+// there; over tcp, which does not, they bounce through the host staging area as without it.
+integrations::testing::RankDevice nic_reads_device_memory(int rank) {
+  auto buffer = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
+      .defer_until_synchronize = rank == 1, .nic_reads_device_memory = true});
+  auto caller = buffer->another_stream({.operation_delay = std::chrono::milliseconds(20)});
+  return {buffer, caller};
+}
+
+// Whether `provider` registers device memory here (FI_HMEM: shm does, tcp does not; a build
+// without CUDA asks no provider for it).
+bool registers_device_memory(const std::string& provider) {
+  return fabric::Fabric::open(fabric::testing::options_for(provider, 0))->capabilities().hmem;
+}
+
 }  // namespace
 
 TEST_CASE("device tensors through the Buffer: node peers (ranks as threads)") {
@@ -46,18 +64,10 @@ TEST_CASE("device tensors through the Buffer: over the fabric, a slow Buffer str
   integrations::testing::run_device_buffer(1, slow_buffer_stream);
 }
 
-// Memory the NIC reads (GPUDirect RDMA's stand-in): over shm, which registers device memory
-// (FI_HMEM), the chunks are packed into device staging and written from there; over tcp, which
-// does not, they bounce through the host staging area as without it.
-integrations::testing::RankDevice nic_reads_device_memory(int rank) {
-  auto buffer = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
-      .defer_until_synchronize = rank == 1, .nic_reads_device_memory = true});
-  auto caller = buffer->another_stream({.operation_delay = std::chrono::milliseconds(20)});
-  return {buffer, caller};
-}
-
 TEST_CASE("device tensors through the Buffer: device staging the NIC reads (FI_HMEM)") {
-  integrations::testing::run_device_buffer(1, nic_reads_device_memory, "shm", true);
+  CHECK_FALSE(registers_device_memory("tcp"));
+  integrations::testing::run_device_buffer(1, nic_reads_device_memory, "shm",
+                                           registers_device_memory("shm"));
   integrations::testing::run_device_buffer(1, nic_reads_device_memory, "tcp", false);
 }
 
