@@ -93,6 +93,7 @@ struct SimulatedDevice::Core {
   bool stopping = false, stopped = false;
   std::optional<std::string> failure;  // sticky, like a CUDA context's
   uint64_t ops_run = 0;
+  uint64_t fail_candidates = 0;  // operations named options.fail_operation so far
   std::thread worker;
 
   bool reachable(const void* p, uint64_t bytes) const { return memory->reachable(p, bytes); }
@@ -137,7 +138,11 @@ struct SimulatedDevice::Core {
         std::this_thread::sleep_for(options.operation_delay);
       std::optional<std::string> error;
       try {
-        op.body();
+        if (injected_fault(op.name))
+          error = fmt::format("{}: a fault injected by SimulatedDeviceOptions::fail_operation",
+                              op.name);
+        else
+          op.body();
       } catch (const Error& e) {
         error = e.message();  // the checks name the operation already
       } catch (const std::exception& e) {
@@ -149,6 +154,12 @@ struct SimulatedDevice::Core {
       if (error && !failure) failure = std::move(error);
       finished_one();
     }
+  }
+
+  // Whether the operation about to run is the one options.fail_operation names. Worker only.
+  bool injected_fault(const std::string& name) {
+    return !options.fail_operation.empty() && name == options.fail_operation &&
+           ++fail_candidates == options.fail_at;
   }
 
   // The host waits for what is queued so far: in deferred mode it runs now. Returns the number

@@ -25,6 +25,7 @@
 
 #include <chrono>
 #include <memory>
+#include <string>
 
 namespace proxyep::gpu_side::device {
 
@@ -40,6 +41,11 @@ struct SimulatedDeviceOptions {
   // proxy threads, which stand for the NIC, may read it; registered with the fabric as host
   // memory. Off: allocate_for_nic() offers none.
   bool nic_reads_device_memory = false;
+  // A device fault on demand: the `fail_at`-th operation named `fail_operation` ("ring_push",
+  // "copy", ...; 1 = the first) fails instead of running, and the stream with it (sticky, as a
+  // CUDA context's fault): what callers see when a GPU faults mid-call. Empty: never.
+  std::string fail_operation;
+  uint64_t fail_at = 1;
 };
 
 class SimulatedDevice final : public DeviceRuntime {
