@@ -32,8 +32,6 @@ class PostRoute {
   PostRoute(const PostRoute&) = delete;
   PostRoute& operator=(const PostRoute&) = delete;
 
-  bool on() const { return on_; }
-
  private:
   static bool routes(proxy::Session& session, const RowBackend& backend, std::string_view phase) {
     const auto device = backend.stream();

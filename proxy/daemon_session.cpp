@@ -214,13 +214,7 @@ void DaemonSession::flush_posts() {
 }
 
 void DaemonSession::drive_route(std::string_view phase) {
-  if (!device_routing_) return;
-  try {
-    device_routing_->drive(*link_, phase);
-  } catch (const Error&) {
-    check_health(phase);  // a failed daemon is the cause to name, when it is one
-    throw;
-  }
+  if (device_routing_) device_routing_->drive(*link_, phase);
 }
 
 void DaemonSession::await(const Wait& wait) {

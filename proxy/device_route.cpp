@@ -96,14 +96,19 @@ bool DeviceRoute::pushed_all() const {
 }
 
 void DeviceRoute::drive(std::string_view phase) {
-  flush();
-  if (head() >= posted_) return;
-  const std::shared_ptr<gpu_side::device::DeviceEvent> pushed = device_->record();
-  device_->wait_for(*pushed, phase, timeout_);
-  require(head() >= posted_, phase,
-          "the {} device's stream gave up pushing descriptors {} to {} (the ring stayed full: "
-          "the proxy stopped draining it)",
-          device_->kind(), head(), posted_);
+  try {
+    flush();
+    if (head() >= posted_) return;
+    const std::shared_ptr<gpu_side::device::DeviceEvent> pushed = device_->record();
+    device_->wait_for(*pushed, phase, timeout_);
+    require(head() >= posted_, phase,
+            "the {} device's stream gave up pushing descriptors {} to {} (the ring stayed full: "
+            "the proxy stopped draining it)",
+            device_->kind(), head(), posted_);
+  } catch (const Error&) {
+    check_drain_(phase);  // a failed proxy is the cause to name, when there is one
+    throw;
+  }
 }
 
 void DeviceRoute::set_active(bool active) {

@@ -59,7 +59,7 @@ class DeviceRoute {
   void flush();
   // flush(), then waits until the stream has pushed every descriptor posted so far; throws
   // proxyep::Error(phase) for a failed stream, at the deadline, or when the stream gave up a push
-  // (the proxy stopped draining the ring).
+  // (the proxy stopped draining the ring), naming the proxy's failure instead when it has one.
   void drive(std::string_view phase);
   // Whether the stream has pushed every descriptor posted so far (drive() has nothing to do).
   bool pushed_all() const;

@@ -175,13 +175,7 @@ void InProcessSession::flush_posts() {
 }
 
 void InProcessSession::drive_route(std::string_view phase) {
-  if (!state_->device_routing) return;
-  try {
-    state_->device_routing->drive(*state_->link, phase);
-  } catch (const Error&) {
-    check_health(phase);  // a failed proxy is the cause to name, when there is one
-    throw;
-  }
+  if (state_->device_routing) state_->device_routing->drive(*state_->link, phase);
 }
 
 void InProcessSession::begin_call(uint64_t call) {
