@@ -280,6 +280,7 @@ BufferStats Buffer::stats() const {
   }
   stats.writes_from_device = session.writes_from_device();
   stats.chunks_from_device_memory = session.chunks_from_device_memory();
+  stats.sends_to_device_arenas = session.sends_to_device_arenas();
   if (auto reorder = session.reorder_stats())
     stats.reordered_completions = reorder->remote_out_of_order + reorder->local_out_of_order;
   return stats;

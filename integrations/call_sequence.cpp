@@ -30,13 +30,14 @@ void CallSequence::check_can_begin(CallKind kind, std::string_view phase) const 
             fmt::join(in_flight_, ", "));
 }
 
-uint64_t CallSequence::begin(CallKind kind, std::string_view phase) {
+uint64_t CallSequence::begin(CallKind kind, std::string_view phase,
+                             const gpu_side::device::DeviceRuntime* rows_device) {
   check_can_begin(kind, phase);
   const uint64_t call = next_++;
   kinds_[call % kinds_.size()] = kind;
   if (kind == CallKind::deferred) in_flight_.push_back(call);
   step([&] {
-    session_.begin_call(call);
+    session_.begin_call(call, rows_device);
     for (uint64_t read : unreleased_)
       release(read, phase);
   });

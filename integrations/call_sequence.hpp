@@ -49,9 +49,11 @@ class CallSequence {
   // Throws proxyep::Error(phase), without breaking anything, when a call of `kind` may not
   // start now: a sync call while deferred calls are in flight, a third deferred call.
   void check_can_begin(CallKind kind, std::string_view phase) const;
-  // Starts the next call (breaking on failure). Returns its number. A deferred call stays in
-  // flight until finish_deferred().
-  uint64_t begin(CallKind kind, std::string_view phase);
+  // Starts the next call (breaking on failure), whose rows `rows_device`'s kernels write and read
+  // (its backend's stream; none for a host call: proxy::Session::begin_call). Returns its
+  // number. A deferred call stays in flight until finish_deferred().
+  uint64_t begin(CallKind kind, std::string_view phase,
+                 const gpu_side::device::DeviceRuntime* rows_device);
   // The receive phase of deferred call `call` finished reading every peer's slots: releases
   // them now, or when call + 1 begins.
   void finish_deferred(uint64_t call, std::string_view phase);

@@ -40,9 +40,12 @@ DaemonSession::DaemonSession(control::Bootstrap& bootstrap, const SessionConfig&
       timeout_(config.timeout),
       peers_(bootstrap.peer_watch()) {
   node_ = std::make_unique<NodeMemory>(bootstrap, layout().arena_bytes(), ranks_per_node(), kPhase);
+  device_arenas_ = std::make_unique<DeviceArenas>(bootstrap, config.device, layout().arena_bytes(),
+                                                  ranks_per_node(), config.timeout, kPhase);
   channels_.resize(static_cast<size_t>(ranks()));
   for (int r = 0; r < ranks(); ++r)
-    if (layout().on_node(r)) channels_[r] = std::make_unique<NodeChannel>(r, layout(), *node_);
+    if (layout().on_node(r))
+      channels_[r] = std::make_unique<NodeChannel>(r, layout(), *node_, *device_arenas_);
   attach(bootstrap, config);
   bootstrap.barrier("buffer(ready)");
 }
@@ -196,7 +199,8 @@ void DaemonSession::poll_until_ready(const std::function<bool()>& ready, const D
   }
 }
 
-void DaemonSession::begin_call(uint64_t call) {
+void DaemonSession::begin_call(uint64_t call, const gpu_side::device::DeviceRuntime* rows_device) {
+  device_arenas_->begin_call(call, rows_device);
   if (counters_ && call > 0 && counters_->begin_epoch(call) != Status::ok)
     fail(kPhase, "call {}: writes of an earlier call were left over: {}", call,
          counters_->last_leak());

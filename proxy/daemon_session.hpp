@@ -30,6 +30,7 @@
 #include "control/signal_router.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
+#include "proxy/device_arenas.hpp"
 #include "proxy/device_routing.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/node_memory.hpp"
@@ -51,7 +52,7 @@ class DaemonSession final : public Session {
   ~DaemonSession() override;
 
   PeerChannel& channel(int peer) const override { return *channels_.at(static_cast<size_t>(peer)); }
-  void begin_call(uint64_t call) override;
+  void begin_call(uint64_t call, const gpu_side::device::DeviceRuntime* rows_device) override;
   void await(const Wait& wait) override;
   void quiet(std::string_view phase) override;
   void check_health(std::string_view phase) const override;
@@ -65,6 +66,7 @@ class DaemonSession final : public Session {
   bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                    std::string_view phase) override;
   void flush_posts() override;
+  uint64_t sends_to_device_arenas() const override { return device_arenas_->sends(); }
   uint64_t writes_from_device() const override {
     return device_routing_ ? device_routing_->posted() : 0;
   }
@@ -89,6 +91,7 @@ class DaemonSession final : public Session {
   std::chrono::milliseconds timeout_;
   const control::PeerWatch* peers_;
   std::unique_ptr<NodeMemory> node_;
+  std::unique_ptr<DeviceArenas> device_arenas_;  // SessionConfig::device's, for node peers
   mutable std::optional<control::DaemonConnection> daemon_;  // read by const health checks
   std::unique_ptr<HostMemory> staging_, ring_memory_, relay_memory_;
   std::unique_ptr<gpu_side::Doorbell> doorbell_;

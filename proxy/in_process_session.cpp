@@ -32,10 +32,13 @@ InProcessSession::InProcessSession(control::Bootstrap& bootstrap, const SessionC
   try {
     state_->node =
         std::make_unique<NodeMemory>(bootstrap, layout().arena_bytes(), ranks_per_node(), kPhase);
+    state_->device_arenas = std::make_unique<DeviceArenas>(
+        bootstrap, config.device, layout().arena_bytes(), ranks_per_node(), config.timeout, kPhase);
     state_->channels.resize(static_cast<size_t>(ranks()));
     for (int r = 0; r < ranks(); ++r)
       if (layout().on_node(r))
-        state_->channels[r] = std::make_unique<NodeChannel>(r, layout(), *state_->node);
+        state_->channels[r] =
+            std::make_unique<NodeChannel>(r, layout(), *state_->node, *state_->device_arenas);
     if (layout().sizes().spans_nodes()) open_fabric(bootstrap, config);
     bootstrap.barrier("buffer(ready)");
   } catch (...) {
@@ -178,7 +181,9 @@ void InProcessSession::drive_route(std::string_view phase) {
   if (state_->device_routing) state_->device_routing->drive(*state_->link, phase);
 }
 
-void InProcessSession::begin_call(uint64_t call) {
+void InProcessSession::begin_call(uint64_t call,
+                                  const gpu_side::device::DeviceRuntime* rows_device) {
+  state_->device_arenas->begin_call(call, rows_device);
   if (state_->counters && call > 0 && state_->counters->begin_epoch(call) != Status::ok)
     fail(kPhase, "call {}: writes of an earlier call were left over: {}", call,
          state_->counters->last_leak());

@@ -18,6 +18,7 @@
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
+#include "proxy/device_arenas.hpp"
 #include "proxy/device_routing.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/node_memory.hpp"
@@ -37,7 +38,7 @@ class InProcessSession final : public Session {
   PeerChannel& channel(int peer) const override {
     return *state_->channels.at(static_cast<size_t>(peer));
   }
-  void begin_call(uint64_t call) override;
+  void begin_call(uint64_t call, const gpu_side::device::DeviceRuntime* rows_device) override;
   void await(const Wait& wait) override;
   void quiet(std::string_view phase) override;
   void check_health(std::string_view phase) const override;
@@ -56,6 +57,7 @@ class InProcessSession final : public Session {
   uint64_t chunks_from_device_memory() const override {
     return state_->link ? state_->link->device_chunks() : 0;
   }
+  uint64_t sends_to_device_arenas() const override { return state_->device_arenas->sends(); }
   uint64_t writes_from_device() const override {
     return state_->device_routing ? state_->device_routing->posted() : 0;
   }
@@ -81,6 +83,7 @@ class InProcessSession final : public Session {
   // and the registered memory.
   struct State {
     std::unique_ptr<NodeMemory> node;
+    std::unique_ptr<DeviceArenas> device_arenas;  // SessionConfig::device's, for node peers
     // The fabric path (only when the group spans nodes).
     std::unique_ptr<fabric::Fabric> fabric;
     std::unique_ptr<HostMemory> staging;

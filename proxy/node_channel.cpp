@@ -35,8 +35,13 @@ void store_word(uint64_t* word, uint64_t value) {
 
 }  // namespace
 
-NodeChannel::NodeChannel(int peer, const ArenaLayout& layout, const NodeMemory& node)
-    : PeerChannel(peer, layout, node.local()), node_(node), remote_(node.peer(peer)) {}
+NodeChannel::NodeChannel(int peer, const ArenaLayout& layout, const NodeMemory& node,
+                         DeviceArenas& device)
+    : PeerChannel(peer, layout, node.local()),
+      node_(node),
+      device_(device),
+      remote_(node.peer(peer)),
+      device_remote_(device.peer(peer)) {}
 
 uint64_t* NodeChannel::word_in_peer(uint64_t offset) const {
   return reinterpret_cast<uint64_t*>(remote_ + offset);
@@ -53,19 +58,34 @@ std::span<std::byte> NodeChannel::record_buffer(uint64_t call) {
 
 void NodeChannel::send_record(uint64_t call, uint64_t, std::string_view) {
   // The payload (and any eager bytes) were stored first; this release store publishes them.
-  store_word(word_in_peer(layout().record(call, layout().rank())), call + 1);
+  store_word(word_in_peer(layout().record(call, layout().rank())),
+             (call + 1) | (sends_to_device(call) ? kDeviceRowsBit : 0));
 }
 
 bool NodeChannel::record_arrived(uint64_t call) const {
-  return load_word(word_here(layout().record(call, peer()))) == call + 1;
+  return (load_word(word_here(layout().record(call, peer()))) & ~kDeviceRowsBit) == call + 1;
+}
+
+const std::byte* NodeChannel::rows_here(uint64_t call, uint64_t offset, uint64_t bytes) const {
+  // Read after the record arrived (its acquire load): the bit is the one it was stored with.
+  const uint64_t word = load_word(word_here(layout().record(call, peer())));
+  if ((word & kDeviceRowsBit) == 0) return local() + offset;
+  if (device_.device_call(call)) return device_.local() + offset;
+  device_.copy_to_host(local() + offset, device_.local() + offset, bytes, peer());
+  return local() + offset;
 }
 
 std::byte* NodeChannel::eager_buffer(uint64_t call) {
-  return remote_ + layout().eager_slot(call, layout().rank());
+  return rows_in_peer(call) + layout().eager_slot(call, layout().rank());
 }
 
-void NodeChannel::send_eager(uint64_t, uint64_t bytes, std::string_view) {
+void NodeChannel::send_eager(uint64_t call, uint64_t bytes, std::string_view) {
   count_sent(bytes);  // published by the record's release store
+  if (sends_to_device(call)) device_.count_send();
+}
+
+const std::byte* NodeChannel::eager(uint64_t call) const {
+  return rows_here(call, layout().eager_slot(call, peer()), layout().sizes().eager_bytes);
 }
 
 bool NodeChannel::can_send(uint64_t chunk, const SlotShape& shape) const {
@@ -76,16 +96,22 @@ bool NodeChannel::can_send(uint64_t chunk, const SlotShape& shape) const {
 }
 
 std::byte* NodeChannel::send_buffer(uint64_t chunk, const SlotShape& shape) {
-  return remote_ + layout().chunk_slot(peer(), layout().rank(), shape, chunk);
+  return rows_in_peer(call_) + layout().chunk_slot(peer(), layout().rank(), shape, chunk);
 }
 
 void NodeChannel::send_chunk(uint64_t chunk, const SlotShape&, uint64_t bytes, std::string_view) {
   store_word(word_in_peer(layout().published_word(layout().rank())), stream_word(call_, chunk + 1));
   count_sent(bytes);
+  if (sends_to_device(call_)) device_.count_send();
 }
 
 uint64_t NodeChannel::landed() const {
   return count_in(load_word(word_here(layout().published_word(peer()))), call_);
+}
+
+const std::byte* NodeChannel::chunk(uint64_t chunk, const SlotShape& shape) const {
+  return rows_here(call_, layout().chunk_slot(layout().rank(), peer(), shape, chunk),
+                   shape.slot_bytes);
 }
 
 void NodeChannel::consumed(uint64_t upto, uint64_t, const SlotShape&, std::string_view) {

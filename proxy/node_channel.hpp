@@ -11,8 +11,17 @@
 //    copies chunks out, then release-stores consumed[receiver] = word(call, upto) in the
 //    sender's arena (its credit), which the sender acquire-loads before reusing a slot.
 // Stream words hold (call + 1) << 24 | count, so a word left by an earlier call reads as 0.
+//
+// Rows in device memory (device_arenas.hpp): in a call of the device the arenas belong to, the
+// eager bytes and chunks go to the peer's device arena when it has one reachable here; the
+// record's word then carries kDeviceRowsBit, so the receiver reads them from its own device
+// arena. A receiver whose call is a host call (ranks may mix: rank 0's tensors in host memory,
+// the others' on their GPUs) cannot read device memory: its device copies the slot into the
+// same slot of its host arena, unused in that call, and it reads that. Records and every word
+// stay in the host arenas.
 #pragma once
 
+#include "proxy/device_arenas.hpp"
 #include "proxy/node_memory.hpp"
 #include "proxy/peer_channel.hpp"
 
@@ -20,8 +29,8 @@ namespace proxyep::proxy {
 
 class NodeChannel final : public PeerChannel {
  public:
-  // `node` maps `peer`'s arena (the rank itself: its own).
-  NodeChannel(int peer, const ArenaLayout& layout, const NodeMemory& node);
+  // `node` maps `peer`'s arena (the rank itself: its own), `device` its device arena if any.
+  NodeChannel(int peer, const ArenaLayout& layout, const NodeMemory& node, DeviceArenas& device);
 
   PeerPath path() const override { return PeerPath::node; }
   bool background() const override { return false; }
@@ -37,6 +46,7 @@ class NodeChannel final : public PeerChannel {
   void expect_eager(uint64_t, std::string_view) override {}
   // Stored before the record, whose release store published them.
   bool eager_arrived(uint64_t) const override { return true; }
+  const std::byte* eager(uint64_t call) const override;
 
   void begin_streams(uint64_t call, std::string_view) override { call_ = call; }
   bool can_send(uint64_t chunk, const SlotShape& shape) const override;
@@ -44,6 +54,7 @@ class NodeChannel final : public PeerChannel {
   void send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t bytes,
                   std::string_view phase) override;
   uint64_t landed() const override;
+  const std::byte* chunk(uint64_t chunk, const SlotShape& shape) const override;
   void consumed(uint64_t upto, uint64_t chunks, const SlotShape& shape,
                 std::string_view phase) override;
   std::string send_progress() const override;
@@ -56,13 +67,28 @@ class NodeChannel final : public PeerChannel {
 
   std::optional<std::string> departed() const override;
 
+  // Set in a record's word when the call's eager bytes and chunks went to the device arena.
+  static constexpr uint64_t kDeviceRowsBit = uint64_t{1} << 63;
+
  private:
   uint64_t* word_in_peer(uint64_t offset) const;
   uint64_t* word_here(uint64_t offset) const;
+  // Whether this rank's call `call` stores its rows to the peer in the peer's device arena.
+  bool sends_to_device(uint64_t call) const {
+    return device_.device_call(call) && device_remote_ != nullptr;
+  }
+  // Where this rank stores its rows of `call` for the peer.
+  std::byte* rows_in_peer(uint64_t call) const {
+    return sends_to_device(call) ? device_remote_ : remote_;
+  }
+  // Where the `bytes` at `offset` the peer sent in `call` are here (see above).
+  const std::byte* rows_here(uint64_t call, uint64_t offset, uint64_t bytes) const;
 
   const NodeMemory& node_;
-  std::byte* remote_;  // the peer's arena, mapped here
-  uint64_t call_ = 0;  // the call whose streams run (begin_streams)
+  DeviceArenas& device_;
+  std::byte* remote_;         // the peer's arena, mapped here
+  std::byte* device_remote_;  // the peer's device arena as this rank's device reaches it, or null
+  uint64_t call_ = 0;         // the call whose streams run (begin_streams)
 };
 
 }  // namespace proxyep::proxy

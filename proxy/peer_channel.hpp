@@ -20,7 +20,8 @@
 //    mode's hooks) cannot prove by the call sequence alone that a peer finished reading the
 //    slots of call k before this rank writes call k + 2 into them; the peer says so with
 //    release(k), and the sender waits for released(k).
-// Receiving always reads this rank's own arena, so the receive side's reads are common code.
+// Receiving always reads this rank's own memory: its arena, or (a node peer's rows in a device
+// call) its device arena.
 //
 // Threads: one caller (the rank's protocol thread). Calls that send throw proxyep::Error naming
 // `phase` when the transport fails or stays full past the session's deadline.
@@ -89,7 +90,11 @@ class PeerChannel {
   // Once the peer's record of `call` announced eager bytes.
   virtual void expect_eager(uint64_t call, std::string_view phase) = 0;
   virtual bool eager_arrived(uint64_t call) const = 0;
-  const std::byte* eager(uint64_t call) const { return local_ + layout_.eager_slot(call, peer_); }
+  // Where the peer's eager bytes of `call` are: this rank's arena, or for a node peer whose call
+  // stored them in this rank's device arena, there (node_channel.hpp).
+  virtual const std::byte* eager(uint64_t call) const {
+    return local_ + layout_.eager_slot(call, peer_);
+  }
 
   // ---- chunk streams of one call ----
   // Before the first chunk of `call` either way (after the peer's record of `call` arrived).
@@ -102,7 +107,8 @@ class PeerChannel {
   // Chunks of this call that have landed here (a prefix; may exceed the stream's chunks only
   // if the peer misbehaves: the caller clamps).
   virtual uint64_t landed() const = 0;
-  const std::byte* chunk(uint64_t chunk, const SlotShape& shape) const {
+  // Where chunk `chunk` of the current call's stream from the peer is (as eager()).
+  virtual const std::byte* chunk(uint64_t chunk, const SlotShape& shape) const {
     return local_ + layout_.chunk_slot(layout_.rank(), peer_, shape, chunk);
   }
   // Chunks [0, upto) of a stream of `chunks` chunks were copied out: their slots are free.

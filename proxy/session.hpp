@@ -6,7 +6,7 @@
 //
 //   SessionConfig config{.sizes = {...}, .timeout = 8s};
 //   auto session = Session::open(bootstrap, config);          // collective
-//   session->begin_call(k);                                   // every call, on every rank
+//   session->begin_call(k, nullptr);                          // every call, on every rank
 //   PeerChannel& to = session->channel(peer);                 // write records, eager, chunks
 //   session->await({.ready = ..., .pending = ..., .phase = "dispatch", .what = "records"});
 //   session->quiet("dispatch");                               // every write completed
@@ -113,9 +113,12 @@ class Session {
   // The channel to `peer`; peer == rank(): to this rank's own arena (records to itself).
   virtual PeerChannel& channel(int peer) const = 0;
 
-  // Starts call `call` (0, 1, ...): signals of call - 2 are retired. Throws proxyep::Error when
-  // writes of an earlier call were left over (the ranks are out of step).
-  virtual void begin_call(uint64_t call) = 0;
+  // Starts call `call` (0, 1, ...): signals of call - 2 are retired. `rows_device`: the device
+  // whose kernels write and read the call's rows (its backend's stream; none for a host call);
+  // in a call of SessionConfig::device, node peers' rows go through their device arenas
+  // (device_arenas.hpp). Throws proxyep::Error when writes of an earlier call were left over
+  // (the ranks are out of step).
+  virtual void begin_call(uint64_t call, const gpu_side::device::DeviceRuntime* rows_device) = 0;
   // Waits as `wait` says; throws proxyep::Error(wait.phase) on timeout naming the pending ranks,
   // when a pending node peer exits, or when the transport failed.
   virtual void await(const Wait& wait) = 0;
@@ -160,6 +163,8 @@ class Session {
   // How many writes went through a device's stream (route_posts) so far, and how many of them
   // were chunks written straight from device memory (the device staging area).
   virtual uint64_t writes_from_device() const { return 0; }
+  // How many payloads (eager bytes, chunks) this rank stored into node peers' device arenas.
+  virtual uint64_t sends_to_device_arenas() const = 0;
   virtual uint64_t chunks_from_device_memory() const { return 0; }
 
   // One line for the debug log: sizes, paths, threads.

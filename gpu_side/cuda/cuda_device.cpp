@@ -3,6 +3,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "gpu_side/cuda/cuda_ipc.hpp"
 #include "gpu_side/cuda/ep_kernels.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
 #include "gpu_side/cuda/ring_push.hpp"
@@ -101,6 +102,15 @@ device::NicMemory CudaDevice::allocate_for_nic(uint64_t bytes) {
       });
   nic.bytes = bytes;
   return nic;
+}
+
+device::SharedMemory CudaDevice::allocate_shared(uint64_t bytes) {
+  return allocate_shared_memory(state_->ordinal, bytes);
+}
+
+std::shared_ptr<std::byte[]> CudaDevice::open_shared(std::span<const uint8_t> handle,
+                                                     uint64_t bytes, std::string_view phase) {
+  return open_shared_memory(state_->ordinal, handle, bytes, phase);
 }
 
 void* CudaDevice::register_host(void* host, uint64_t bytes) {

@@ -28,6 +28,10 @@ class CudaDevice final : public device::DeviceRuntime {
   // cudaMalloc, not the stream-ordered pool: pool memory may not be registrable for GPUDirect
   // RDMA (FI_HMEM_CUDA), plain allocations are.
   device::NicMemory allocate_for_nic(uint64_t bytes) override;
+  // cudaMalloc + CUDA IPC (cuda_ipc.hpp): a node peer's arena.
+  device::SharedMemory allocate_shared(uint64_t bytes) override;
+  std::shared_ptr<std::byte[]> open_shared(std::span<const uint8_t> handle, uint64_t bytes,
+                                           std::string_view phase) override;
   void* register_host(void* host, uint64_t bytes) override;
   void unregister_host(void* host) override;
   void copy(void* to, const void* from, uint64_t bytes) override;

@@ -18,6 +18,7 @@
 // runs is sticky, as CUDA's are: synchronize() throws it, naming the operation.
 #pragma once
 
+#include "common/error.hpp"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/ep/kernel_params.hpp"
 #include "gpu_side/ep/ll_kernel_params.hpp"
@@ -27,7 +28,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 namespace proxyep::gpu_side::device {
 
@@ -55,6 +59,15 @@ struct NicMemory {
   bool registers_as_host = false;
 };
 
+// Device memory the node's other ranks may open (CUDA IPC), from DeviceRuntime::allocate_shared():
+// the memory, and the handle a peer passes to open_shared() to reach it.
+struct SharedMemory {
+  std::shared_ptr<std::byte[]> memory;  // null: this runtime shares none
+  uint64_t bytes = 0;
+  std::vector<uint8_t> handle;  // opaque; at most kSharedHandleBytes
+};
+inline constexpr uint64_t kSharedHandleBytes = 128;
+
 class DeviceRuntime {
  public:
   virtual ~DeviceRuntime() = default;
@@ -74,6 +87,25 @@ class DeviceRuntime {
   virtual NicMemory allocate_for_nic(uint64_t bytes) {
     (void)bytes;
     return {};
+  }
+
+  // `bytes` of device memory (kernels use it as allocate()'s) that runtimes of the same kind on
+  // this node, in this process or another, may open (open_shared) so that their kernels write
+  // and read it too: a node peer's arena (cudaMalloc + cudaIpcGetMemHandle). Released when the
+  // last owner drops it, not stream-ordered (after the work that uses it finished). None (the
+  // default) where the runtime cannot share memory.
+  virtual SharedMemory allocate_shared(uint64_t bytes) {
+    (void)bytes;
+    return {};
+  }
+  // Opens memory a node peer's runtime shared (its SharedMemory::handle, `bytes` long) and
+  // returns the address this runtime's kernels use for it (maybe not the owner's address),
+  // reachable until the returned pointer's last owner drops it (then closed, not stream-ordered).
+  // Throws proxyep::Error(phase) when the handle is not this kind's or cannot be opened.
+  virtual std::shared_ptr<std::byte[]> open_shared(std::span<const uint8_t> handle, uint64_t bytes,
+                                                   std::string_view phase) {
+    (void)handle, (void)bytes;
+    fail(std::string(phase), "a {} device cannot open memory another device shared", kind());
   }
 
   // Makes `bytes` of host memory at `host` (an arena, a staging area) reachable by the device

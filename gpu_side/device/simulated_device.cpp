@@ -8,6 +8,9 @@
 #include "gpu_side/ep/layout_rules.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 
+#include "common/wire.hpp"
+
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -182,13 +185,17 @@ struct SimulatedDevice::Core {
 
   // An allocation's last owner is gone: unreachable at once (so an operation queued after this
   // point is refused, as a use after cudaFreeAsync would be wrong), unmapped in stream order.
-  void release(std::byte* mapping, uint64_t mapped) {
+  // `unmap` frees the mapping (munmap when empty).
+  void release(std::byte* mapping, uint64_t mapped, std::function<void()> free_mapping = {}) {
     {
       std::lock_guard lock(memory->mutex);
       memory->ranges.erase(reinterpret_cast<uintptr_t>(mapping));
     }
-    auto unmap = [shared = memory, mapping, mapped] {
-      ::munmap(mapping, mapped);
+    auto unmap = [shared = memory, mapping, mapped, free_mapping = std::move(free_mapping)] {
+      if (free_mapping)
+        free_mapping();
+      else
+        ::munmap(mapping, mapped);
       std::lock_guard inner(shared->mutex);
       shared->device_bytes -= mapped;
     };
@@ -286,6 +293,70 @@ std::shared_ptr<std::byte[]> SimulatedDevice::allocate_mapped(uint64_t bytes, bo
   return std::shared_ptr<std::byte[]>(
       static_cast<std::byte*>(memory),
       [core = core_, mapped](std::byte* p) { core->release(p, mapped); });
+}
+
+// A shared allocation's handle (little endian, common/wire.hpp):
+//   u32 magic "PXSD" | u16 version | u16 0 | u64 pid | u64 fd | u64 bytes
+constexpr uint32_t kSharedMagic = 0x44535850;  // "PXSD" read as little-endian bytes
+constexpr uint16_t kSharedVersion = 1;
+
+SharedMemory SimulatedDevice::allocate_shared(uint64_t bytes) {
+  HostMemory file = HostMemory::memfd(page_rounded(bytes), "proxyep-simulated-device");
+  SharedMemory shared;
+  ByteWriter w(shared.handle);
+  w.u32(kSharedMagic);
+  w.u16(kSharedVersion);
+  w.u16(0);
+  w.u64(static_cast<uint64_t>(::getpid()));
+  w.u64(static_cast<uint64_t>(file.fd()));
+  w.u64(bytes);
+  shared.bytes = bytes;
+  shared.memory = adopt_shared(std::move(file), kPhase);
+  return shared;
+}
+
+std::shared_ptr<std::byte[]> SimulatedDevice::open_shared(std::span<const uint8_t> handle,
+                                                          uint64_t bytes, std::string_view phase) {
+  ByteReader r(handle, std::string(phase));
+  require(
+      handle.size() >= 8 && r.u32("magic") == kSharedMagic && r.u16("version") == kSharedVersion,
+      phase, "open_shared: the handle is not a simulated device's");
+  (void)r.u16("reserved");
+  const uint64_t pid = r.u64("pid"), fd = r.u64("fd"), shared_bytes = r.u64("bytes");
+  r.expect_end("shared memory handle");
+  require(shared_bytes >= bytes, phase, "open_shared: the peer shared {} bytes, {} are needed",
+          shared_bytes, bytes);
+  const std::string path = fmt::format("/proc/{}/fd/{}", pid, fd);
+  const int opened = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  require(opened >= 0, phase, "open_shared: cannot open {}: {}", path, std::strerror(errno));
+  std::optional<HostMemory> file;
+  try {
+    file.emplace(HostMemory::map_fd(opened));
+  } catch (...) {
+    ::close(opened);
+    throw;
+  }
+  ::close(opened);
+  return adopt_shared(std::move(*file), phase);
+}
+
+std::shared_ptr<std::byte[]> SimulatedDevice::adopt_shared(HostMemory file,
+                                                           std::string_view phase) {
+  Memory& shared = *core_->memory;
+  const uint64_t mapped = file.size();
+  auto* memory = static_cast<std::byte*>(file.host());
+  require(!shared.key || shared.key->tag(memory, mapped), phase,
+          "tagging {} bytes of shared device memory with the protection key failed: {}", mapped,
+          std::strerror(errno));
+  {
+    std::lock_guard lock(shared.mutex);
+    shared.ranges[reinterpret_cast<uintptr_t>(memory)] = {mapped, true};
+    shared.device_bytes += mapped;
+  }
+  auto owner = std::make_shared<HostMemory>(std::move(file));
+  return std::shared_ptr<std::byte[]>(memory, [core = core_, mapped, owner](std::byte* p) mutable {
+    core->release(p, mapped, [owner = std::move(owner)]() mutable { owner.reset(); });
+  });
 }
 
 void* SimulatedDevice::register_host(void* host, uint64_t bytes) {

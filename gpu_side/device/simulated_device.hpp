@@ -21,6 +21,7 @@
 //   (gpu_side/ep/layout_rules.hpp, row_rules.hpp), so results are bit-identical to the GPU's.
 #pragma once
 
+#include "common/host_memory.hpp"
 #include "gpu_side/device/device_runtime.hpp"
 
 #include <chrono>
@@ -69,6 +70,12 @@ class SimulatedDevice final : public DeviceRuntime {
   std::string_view kind() const override { return "simulated"; }
   std::shared_ptr<std::byte[]> allocate(uint64_t bytes) override;
   NicMemory allocate_for_nic(uint64_t bytes) override;
+  // A memfd mapped and tagged as device memory; its handle names this process and the fd, so a
+  // peer (another device, in this process or another on the machine) maps the same pages at an
+  // address of its own, reachable by its stream only.
+  SharedMemory allocate_shared(uint64_t bytes) override;
+  std::shared_ptr<std::byte[]> open_shared(std::span<const uint8_t> handle, uint64_t bytes,
+                                           std::string_view phase) override;
   void* register_host(void* host, uint64_t bytes) override;
   void unregister_host(void* host) override;
   void copy(void* to, const void* from, uint64_t bytes) override;
@@ -101,6 +108,8 @@ class SimulatedDevice final : public DeviceRuntime {
   SimulatedDevice(std::shared_ptr<Memory> memory, SimulatedDeviceOptions options);
   // Device memory; `tagged`: with the protection key (only the stream's thread may touch it).
   std::shared_ptr<std::byte[]> allocate_mapped(uint64_t bytes, bool tagged);
+  // Tags `file`'s mapping as this device's memory and owns it until the last owner drops it.
+  std::shared_ptr<std::byte[]> adopt_shared(HostMemory file, std::string_view phase);
   std::shared_ptr<Core> core_;
 };
 

@@ -124,7 +124,7 @@ void LowLatencyMode::agree(const LlShape& shape, std::string_view phase) {
           "ranks are masked: agreeing on new low-latency sizes needs every rank (use the sizes "
           "agreed before, or a new Buffer)");
   const int R = session_.ranks();
-  const uint64_t call = calls_.begin(CallKind::sync, phase);
+  const uint64_t call = calls_.begin(CallKind::sync, phase, nullptr);  // records only
   std::vector<LlRecord> records;
   calls_.step([&] {
     for (int s = 0; s < R; ++s)
@@ -271,7 +271,8 @@ void LowLatencyMode::receive(CallState& state) {
 
 void LowLatencyMode::launch(const std::shared_ptr<CallState>& state, std::function<void()> send,
                             bool hook, bool async, RecvHook& out_hook, CallEvent& out_event) {
-  state->call = calls_.begin(CallKind::deferred, kind_name(state->kind));
+  state->call =
+      calls_.begin(CallKind::deferred, kind_name(state->kind), state->backend->stream().get());
   std::weak_ptr<LowLatencyMode*> alive = alive_;
   auto receive_phase = [alive, state] {
     auto mode = alive.lock();

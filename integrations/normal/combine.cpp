@@ -135,7 +135,7 @@ CombineResult NormalMode::combine(const CombineArgs& args, const DeviceCall* dev
   if (in.topk > 0)
     c->out.combined_topk_weights = backend.allocate(DType::f32, c->handle.num_tokens, in.topk);
 
-  c->call = calls_.begin(integrations::CallKind::sync, kPhase);
+  c->call = calls_.begin(integrations::CallKind::sync, kPhase, backend.stream().get());
   c->clock.lap(&PhaseTimes::prepare_ns);
   return finish_call(c, a.async_finish, &NormalMode::run_combine);
 }

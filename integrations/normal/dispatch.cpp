@@ -56,7 +56,8 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   streams.out = plan_streams(session_, in.format, d->routing.rows_to);
   clock.lap(&PhaseTimes::prepare_ns);
 
-  const uint64_t call = d->call = calls_.begin(integrations::CallKind::sync, kPhase);
+  const uint64_t call = d->call =
+      calls_.begin(integrations::CallKind::sync, kPhase, d->backend->stream().get());
   calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
   calls_.step([&] { send_eager(session_, call, streams, stats_, clock, kPhase); });

@@ -191,6 +191,12 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   const uint64_t from_device = buffer.stats().writes_from_device;
   require((per_node == 1) == (from_device > 0), "test",
           "{} writes went through the device's stream ({} ranks per node)", from_device, per_node);
+  // Node peers' rows go into their device arenas (proxy/device_arenas.hpp); every device here
+  // shares memory. (A rank's rows to itself go straight into its outputs.)
+  const uint64_t to_device_arenas = buffer.stats().sends_to_device_arenas;
+  require((per_node > 1) == (to_device_arenas > 0), "test",
+          "{} payloads went into node peers' device arenas ({} ranks per node)", to_device_arenas,
+          per_node);
   const uint64_t from_device_memory = buffer.stats().chunks_from_device_memory;
   require(device_chunks == (from_device_memory > 0), "test",
           "{} chunks were written from device memory (expected {})", from_device_memory,

@@ -195,7 +195,7 @@ void run_rank(const Scenario& sc, control::Bootstrap::Options options) {
   auto session = Session::open(*boot, config);
   const bool spans_nodes = sc.per_node < sc.ranks;
   for (uint64_t call = 0; call < kCalls; ++call) {
-    session->begin_call(call);
+    session->begin_call(call, nullptr);
     if (device) REQUIRE(session->route_posts(device, "test") == spans_nodes);
     exchange_records(*session, call, call % 2 == 1);
     exchange_streams(*session, call);
@@ -270,7 +270,7 @@ void run_lagging_rank(const Scenario& sc, int slow, control::Bootstrap::Options 
   Session& s = *session;
   const int R = s.ranks(), me = s.rank();
   for (uint64_t call = 0; call < kCalls + 3; ++call) {
-    s.begin_call(call);
+    s.begin_call(call, nullptr);
     for (int r = 0; r < R; ++r)
       s.channel(r).expect_record(call, "test");
     if (call >= 2) {

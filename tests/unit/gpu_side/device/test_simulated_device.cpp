@@ -377,12 +377,60 @@ TEST_CASE("simulated device: copy_runs reaches only device memory and registered
   std::vector<std::byte> host(64);
   const std::vector<ep::CopyRun> runs{{.to = memory.get(), .from = host.data(), .bytes = 64}};
   // The run table itself in plain host memory: refused at once.
-  CHECK(error_of([&] { dev.copy_runs({.runs = runs.data(), .num_runs = 1}); })
-            .find("copy_runs: runs at") != std::string::npos);
+  CHECK(error_of([&] {
+          dev.copy_runs({.runs = runs.data(), .num_runs = 1});
+        }).find("copy_runs: runs at") != std::string::npos);
   // A run reading plain host memory: the stream fails, naming it.
   auto table = dev.allocate(sizeof(ep::CopyRun));
   dev.copy(table.get(), runs.data(), sizeof(ep::CopyRun));
   dev.copy_runs({.runs = reinterpret_cast<const ep::CopyRun*>(table.get()), .num_runs = 1});
   CHECK(error_of([&] { dev.synchronize("test", 5s); }).find("copy_runs: a run's source at") !=
         std::string::npos);
+}
+
+TEST_CASE("simulated device: shared memory another device opens is the same bytes elsewhere") {
+  SimulatedDevice owner, peer;
+  device::SharedMemory shared = owner.allocate_shared(3 * 4096);
+  REQUIRE(shared.memory != nullptr);
+  CHECK(shared.bytes == 3 * 4096);
+  CHECK(shared.handle.size() <= device::kSharedHandleBytes);
+  auto opened = peer.open_shared(shared.handle, shared.bytes, "test");
+  REQUIRE(opened != nullptr);
+  // Its own mapping: an address of the owner's would be wrong in another process.
+  CHECK(opened.get() != shared.memory.get());
+  // The peer's kernels write through its mapping, the owner's read through its own.
+  std::vector<uint8_t> in(4096), out(4096, 0);
+  for (size_t i = 0; i < in.size(); ++i)
+    in[i] = static_cast<uint8_t>(i * 7 + 1);
+  peer.copy(opened.get() + 4096, in.data(), in.size());
+  peer.synchronize("test", 10s);
+  owner.copy(out.data(), shared.memory.get() + 4096, out.size());
+  owner.synchronize("test", 10s);
+  CHECK(out == in);
+  // Each device reaches only its own mapping; past the end is refused as for any allocation.
+  CHECK(error_of([&] { owner.fill(opened.get(), 0, 16); }).find("fill: destination") !=
+        std::string::npos);
+  CHECK(error_of([&] { peer.fill(opened.get() + 3 * 4096 - 8, 0, 16); }).find("(16 bytes)") !=
+        std::string::npos);
+  // Counted as device memory of each; closed (unreachable) once its last owner is gone.
+  const uint64_t before = peer.device_bytes_in_use();
+  std::byte* address = opened.get();
+  opened.reset();
+  CHECK_FALSE(error_of([&] { peer.fill(address, 0, 16); }).empty());
+  peer.synchronize("test", 10s);
+  CHECK(peer.device_bytes_in_use() == before - 3 * 4096);
+}
+
+TEST_CASE("simulated device: a shared handle that is not one, or too small, is refused") {
+  SimulatedDevice owner, peer;
+  device::SharedMemory shared = owner.allocate_shared(4096);
+  CHECK(error_of([&] {
+          (void)peer.open_shared(shared.handle, 2 * 4096, "test");
+        }).find("shared 4096 bytes, 8192 are needed") != std::string::npos);
+  std::vector<uint8_t> foreign = shared.handle;
+  foreign[0] ^= 0xff;  // another kind's magic
+  CHECK(error_of([&] {
+          (void)peer.open_shared(foreign, 4096, "test");
+        }).find("not a simulated device's") != std::string::npos);
+  CHECK_FALSE(error_of([&] { (void)peer.open_shared({}, 4096, "test"); }).empty());
 }

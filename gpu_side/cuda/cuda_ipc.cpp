@@ -1,0 +1,134 @@
+// CUDA IPC handles and the process-wide table of shared allocations (cuda_ipc.hpp).
+#include "gpu_side/cuda/cuda_ipc.hpp"
+
+#include "common/error.hpp"
+#include "common/wire.hpp"
+#include "gpu_side/cuda/ep_kernels.hpp"
+
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace proxyep::gpu_side::cuda {
+
+namespace {
+
+constexpr const char* kPhase = "cuda device";
+
+// The handle (little endian, common/wire.hpp):
+//   u32 magic "PXCI" | u16 version | u16 0 | u64 pid | u64 address | u64 bytes | u32 ordinal |
+//   cudaIpcMemHandle_t (64 bytes)
+constexpr uint32_t kHandleMagic = 0x49435850;  // "PXCI" read as little-endian bytes
+constexpr uint16_t kHandleVersion = 1;
+static_assert(24 + 8 + 4 + sizeof(cudaIpcMemHandle_t) <= device::kSharedHandleBytes);
+
+// This process's shared allocations by address, for openers in the same process.
+struct LiveAllocations {
+  std::mutex mutex;
+  std::map<uintptr_t, std::weak_ptr<std::byte[]>> by_address;
+};
+
+LiveAllocations& live() {
+  static LiveAllocations* table = new LiveAllocations;  // outlives every static owner
+  return *table;
+}
+
+// Lets device `ordinal`'s kernels reach memory of device `owner` (same process).
+void enable_peer(int ordinal, int owner, std::string_view phase) {
+  if (ordinal == owner) return;
+  int can = 0;
+  check_cuda(cudaDeviceCanAccessPeer(&can, ordinal, owner), kPhase, "cudaDeviceCanAccessPeer");
+  require(can != 0, phase,
+          "open_shared: device {} cannot reach device {}'s memory (no peer access between "
+          "them)",
+          ordinal, owner);
+  check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice");
+  const cudaError_t status = cudaDeviceEnablePeerAccess(owner, 0);
+  if (status == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();  // clear it: it is not sticky, but later checks must not see it
+    return;
+  }
+  check_cuda(status, kPhase, "cudaDeviceEnablePeerAccess");
+}
+
+}  // namespace
+
+device::SharedMemory allocate_shared_memory(int ordinal, uint64_t bytes) {
+  check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice");
+  void* memory = nullptr;
+  check_cuda(cudaMalloc(&memory, std::max<uint64_t>(bytes, 1)), kPhase, "cudaMalloc");
+  cudaIpcMemHandle_t ipc{};
+  const cudaError_t status = cudaIpcGetMemHandle(&ipc, memory);
+  if (status != cudaSuccess) {
+    (void)cudaFree(memory);
+    check_cuda(status, kPhase, "cudaIpcGetMemHandle");
+  }
+  const auto address = reinterpret_cast<uintptr_t>(memory);
+  device::SharedMemory shared;
+  shared.bytes = bytes;
+  shared.memory = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory),
+                                               [ordinal, address](std::byte* p) {
+                                                 {
+                                                   std::lock_guard lock(live().mutex);
+                                                   live().by_address.erase(address);
+                                                 }
+                                                 (void)cudaSetDevice(ordinal);
+                                                 (void)cudaFree(p);  // waits for the device
+                                               });
+  {
+    std::lock_guard lock(live().mutex);
+    live().by_address[address] = shared.memory;
+  }
+  ByteWriter w(shared.handle);
+  w.u32(kHandleMagic);
+  w.u16(kHandleVersion);
+  w.u16(0);
+  w.u64(static_cast<uint64_t>(::getpid()));
+  w.u64(address);
+  w.u64(bytes);
+  w.u32(static_cast<uint32_t>(ordinal));
+  w.bytes({reinterpret_cast<const uint8_t*>(&ipc), sizeof ipc});
+  return shared;
+}
+
+std::shared_ptr<std::byte[]> open_shared_memory(int ordinal, std::span<const uint8_t> handle,
+                                                uint64_t bytes, std::string_view phase) {
+  ByteReader r(handle, std::string(phase));
+  require(r.u32("magic") == kHandleMagic && r.u16("version") == kHandleVersion, phase,
+          "open_shared: the handle is not a CUDA device's");
+  (void)r.u16("reserved");
+  const uint64_t pid = r.u64("pid"), address = r.u64("address"), shared_bytes = r.u64("bytes");
+  const auto owner = static_cast<int>(r.u32("ordinal"));
+  cudaIpcMemHandle_t ipc{};
+  std::memcpy(&ipc, r.bytes(sizeof ipc, "cudaIpcMemHandle_t").data(), sizeof ipc);
+  r.expect_end("shared memory handle");
+  require(shared_bytes >= bytes, phase, "open_shared: the peer shared {} bytes, {} are needed",
+          shared_bytes, bytes);
+
+  if (pid == static_cast<uint64_t>(::getpid())) {
+    std::shared_ptr<std::byte[]> memory;
+    {
+      std::lock_guard lock(live().mutex);
+      const auto it = live().by_address.find(address);
+      if (it != live().by_address.end()) memory = it->second.lock();
+    }
+    require(memory != nullptr, phase,
+            "open_shared: the memory this process shared at {:#x} was released", address);
+    enable_peer(ordinal, owner, phase);
+    return memory;
+  }
+  check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice");
+  void* opened = nullptr;
+  check_cuda(cudaIpcOpenMemHandle(&opened, ipc, cudaIpcMemLazyEnablePeerAccess), kPhase,
+             "cudaIpcOpenMemHandle");
+  return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(opened), [ordinal](std::byte* p) {
+    (void)cudaSetDevice(ordinal);
+    (void)cudaIpcCloseMemHandle(p);
+  });
+}
+
+}  // namespace proxyep::gpu_side::cuda

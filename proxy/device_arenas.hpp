@@ -1,0 +1,75 @@
+// DeviceArenas: the node's arenas in device memory, where a Buffer's device calls store the rows
+// they send to node peers: DeepEP's NVLink buffers, exchanged by CUDA IPC handles. Beside them
+// the host arenas (node_memory.hpp) keep what the host writes and waits on: records, published,
+// consumed and released words. So a device call's rows from one GPU to another on the node
+// never cross PCIe: the sender's kernels store them into the peer's device arena (its IPC
+// mapping), the receiver's kernels read them from its own.
+//
+// The layout is the host arena's (arena_layout.hpp: the same offsets; only the eager slots and
+// the data area are used). A call uses them when its rows are written by the kernels of the
+// device the arenas belong to (begin_call); per peer only when the peer has a device arena this
+// rank could open, else the peer's host arena serves as before. The receiver learns which one a
+// sender used from the sender's record (NodeChannel), so calls of either kind interoperate, and
+// a host call that is sent rows in device memory fails naming the sender instead of reading
+// garbage.
+#pragma once
+
+#include "control/bootstrap.hpp"
+#include "gpu_side/device/device_runtime.hpp"
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+namespace proxyep::proxy {
+
+class DeviceArenas {
+ public:
+  // Collective over `bootstrap`: every rank of the group calls it, with its device or none. A
+  // rank whose device shares memory (DeviceRuntime::allocate_shared) allocates `bytes` and
+  // publishes the handle; a rank with a device opens its node peers' handles of the same kind.
+  // A peer's arena of another kind, or one the device cannot open (GPUs without peer access),
+  // is left unused, with a warning: rows to that peer go to its host arena.
+  // `timeout` bounds copy_to_host's wait.
+  DeviceArenas(control::Bootstrap& bootstrap,
+               std::shared_ptr<gpu_side::device::DeviceRuntime> device, uint64_t bytes,
+               int ranks_per_node, std::chrono::milliseconds timeout, std::string_view phase);
+
+  // Rank `rank`'s device arena as this rank's device reaches it (its own for rank == self);
+  // null when there is none.
+  std::byte* peer(int rank) const { return opened_.at(static_cast<size_t>(rank)).get(); }
+  std::byte* local() const { return peer(rank_); }
+
+  // Call `call` (every call, on every rank) has its rows written and read by `rows_device`'s
+  // kernels (none: a host call). Rows go to device arenas in calls of this rank's device.
+  void begin_call(uint64_t call, const gpu_side::device::DeviceRuntime* rows_device) {
+    device_call_[call % 2] = rows_device != nullptr && rows_device == device_.get() && local();
+  }
+  // Whether this rank's call `call` (one of the two latest) is such a call.
+  bool device_call(uint64_t call) const { return device_call_[call % 2]; }
+
+  // A host call's read of rows `from` sent into this rank's device arena: copies `bytes` of it
+  // to `to` (host memory) on the device's stream and waits for the copy. Throws
+  // proxyep::Error("receive") naming the sender when the device fails or stays busy past the
+  // deadline.
+  void copy_to_host(std::byte* to, const std::byte* from, uint64_t bytes, int sender) const;
+
+  // Payloads (eager bytes, chunks) this rank stored into node peers' device arenas so far.
+  void count_send() { sends_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t sends() const { return sends_.load(std::memory_order_relaxed); }
+
+ private:
+  int rank_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gpu_side::device::DeviceRuntime> device_;
+  std::vector<std::shared_ptr<std::byte[]>> opened_;  // by rank; null: none
+  std::array<bool, 2> device_call_{};                 // by call parity
+  std::atomic<uint64_t> sends_{0};
+};
+
+}  // namespace proxyep::proxy
