@@ -138,7 +138,10 @@ struct BufferOptions {
   // Calls with device tensors, normal and low-latency, run on the device backend, whose kernels
   // pack rows and messages straight into the session's slots (registered with the device while
   // the Buffer lives: device_calls.hpp, device_ll_calls.hpp, device_regions.hpp) and copy
-  // arriving ones into device outputs; get_dispatch_layout runs on the device. The
+  // arriving ones into device outputs; get_dispatch_layout runs on the device. The node's
+  // slots for device calls are device memory the node peers open (CUDA IPC: a device arena of
+  // the arena's size, num_nvl_bytes plus the slots' bookkeeping, per rank, as DeepEP's NVLink
+  // buffer; proxy/device_arenas.hpp). The
   // device's stream is the Buffer's own: a call's `previous_event` orders it after the work
   // that made the inputs (else they must be complete before the call). Outputs are complete
   // when the call returns (or its event or hook completes) and are released on the Buffer's

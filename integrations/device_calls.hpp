@@ -2,16 +2,16 @@
 //
 // The direct path: the rows of a dispatch or combine with device tensors never pass through
 // host code. The device backend's kernels pack them from the caller's tensors straight into the
-// slots (this rank's staging, the node peers' arenas: host memory registered with the device,
-// device_regions.hpp), and copy arriving rows out of the slots into device outputs; the proxies
+// slots (the node peers' device arenas, opened by CUDA IPC: proxy/device_arenas.hpp; this
+// rank's staging, host memory registered with the device: device_regions.hpp, or with FI_HMEM
+// device staging), and copy arriving rows out of the slots into device outputs; the proxies
 // move the slots as for host calls. What the protocol itself reads of the tensors, a dispatch's
 // steering (is_token_in_rank, the counts, topk_idx's values to check), is copied to the host
 // first, on the device's stream after previous_event. async_finish behaves as for host tensors:
 // the call returns with its device outputs allocated and fills them on the CommStream.
 //
-// Not yet: FI_HMEM (the fabric reading and writing device memory, so that rows to other nodes
-// skip the slots too) and CUDA IPC arenas in device memory (node peers' rows would stay on the
-// GPUs); the rows cross PCIe once each way. The handle's routing tables are host memory and its
+// Not yet: the fabric writing arriving rows straight into device outputs (they land in host
+// arenas, registered, and the kernels copy them out across PCIe). The handle's routing tables are host memory and its
 // recv_src_idx device memory: pass it back unchanged. A call mixing host and device tensors is
 // refused, naming the first tensor on the other side, before anything is sent.
 #pragma once

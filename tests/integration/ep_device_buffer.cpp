@@ -1,8 +1,10 @@
 // The device Buffer cases (tests/unit/integrations/device_buffer_case.hpp, device_ll_case.hpp)
 // as one rank of a launched job (`proxyep launch -n 2 -- ep_device_buffer -tc=...`), so they run
 // where ranks-as-threads cannot: with the proxy in the node daemons (proxy.mode = daemon,
-// tests/daemon/test_proxyepd.py), whose device ring the simulated device's stream pushes into.
-// One rank per node (test case names hold no comma: -tc splits at commas); rank 0's Buffer stream
+// tests/daemon/test_proxyepd.py), whose device ring the simulated device's stream pushes into;
+// and as two processes on one node (PROXYEP_TEST_RANKS_PER_NODE=2), whose device arenas each
+// opens in the other process, as CUDA IPC does. One rank per node unless that says otherwise
+// (test case names hold no comma: -tc splits at commas); rank 0's Buffer stream
 // is slow (5 ms per operation: a write posted before its packing ran sends stale bytes), rank 1's
 // runs nothing until waited for (a wait that does not first have the stream push what it was handed
 // never ends).
@@ -12,6 +14,8 @@
 #include "tests/unit/integrations/device_ll_case.hpp"
 
 #include <doctest/doctest.h>
+
+#include <cstdlib>
 
 using namespace proxyep;
 namespace device = gpu_side::device;
@@ -29,21 +33,26 @@ control::Bootstrap::Options launched() {
   return control::Bootstrap::options_for(control::LaunchEnv::from_environment());
 }
 
+int ranks_per_node() {
+  const char* value = std::getenv("PROXYEP_TEST_RANKS_PER_NODE");
+  return value != nullptr ? std::atoi(value) : 1;
+}
+
 }  // namespace
 
 // Rows eager with the records, as by default.
 TEST_CASE("normal mode with device tensors and eager rows") {
-  integrations::testing::run_device_buffer_rank(1, launched(), device_of,
+  integrations::testing::run_device_buffer_rank(ranks_per_node(), launched(), device_of,
                                                 integrations::testing::kTokens);
 }
 
 // Rows in chunks through a Buffer sized for 4 tokens: every slot reused within a call.
 TEST_CASE("normal mode with device tensors in many chunks") {
   params::ep_eager_bytes.set(0);
-  integrations::testing::run_device_buffer_rank(1, launched(), device_of, 4);
+  integrations::testing::run_device_buffer_rank(ranks_per_node(), launched(), device_of, 4);
   params::ep_eager_bytes.reset();
 }
 
 TEST_CASE("low-latency mode with device tensors") {
-  integrations::testing::ll::run_device_ll_rank(1, launched(), device_of);
+  integrations::testing::ll::run_device_ll_rank(ranks_per_node(), launched(), device_of);
 }
