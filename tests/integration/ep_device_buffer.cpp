@@ -4,12 +4,20 @@
 // tests/daemon/test_proxyepd.py), whose device ring the simulated device's stream pushes into;
 // and as two processes on one node (PROXYEP_TEST_RANKS_PER_NODE=2), whose device arenas each
 // opens in the other process, as CUDA IPC does. One rank per node unless that says otherwise
-// (test case names hold no comma: -tc splits at commas); rank 0's Buffer stream
+// (test case names hold no comma: -tc splits at commas). Built a second time with
+// PROXYEP_TEST_CUDA_DEVICE (tests/gpu: gpu.buffer_2processes) on CUDA: two processes on one GPU,
+// whose device arenas are opened by real CUDA IPC; it exits 77 (skipped) without a device.
+// On the simulated device rank 0's Buffer stream
 // is slow (5 ms per operation: a write posted before its packing ran sends stale bytes), rank 1's
 // runs nothing until waited for (a wait that does not first have the stream push what it was handed
 // never ends).
 #include "control/bootstrap.hpp"
 #include "gpu_side/device/simulated_device.hpp"
+#ifdef PROXYEP_TEST_CUDA_DEVICE
+#include "gpu_side/cuda/cuda_device.hpp"
+#include "tests/gpu/device_check.hpp"
+#define DOCTEST_CONFIG_IMPLEMENT
+#endif
 #include "tests/unit/integrations/device_buffer_case.hpp"
 #include "tests/unit/integrations/device_ll_case.hpp"
 
@@ -23,10 +31,16 @@ namespace device = gpu_side::device;
 namespace {
 
 integrations::testing::RankDevice device_of(int rank) {
+#ifdef PROXYEP_TEST_CUDA_DEVICE
+  (void)rank;  // the Buffer's stream and the caller's: two streams of device 0
+  return {std::make_shared<gpu_side::cuda::CudaDevice>(0),
+          std::make_shared<gpu_side::cuda::CudaDevice>(0)};
+#else
   auto buffer = std::make_shared<device::SimulatedDevice>(
       rank == 0 ? device::SimulatedDeviceOptions{.operation_delay = std::chrono::milliseconds(5)}
                 : device::SimulatedDeviceOptions{.defer_until_synchronize = true});
   return {buffer, buffer->another_stream()};
+#endif
 }
 
 control::Bootstrap::Options launched() {
@@ -56,3 +70,11 @@ TEST_CASE("normal mode with device tensors in many chunks") {
 TEST_CASE("low-latency mode with device tensors") {
   integrations::testing::ll::run_device_ll_rank(ranks_per_node(), launched(), device_of);
 }
+
+#ifdef PROXYEP_TEST_CUDA_DEVICE
+int main(int argc, char** argv) {
+  if (!testing::cuda_device_present()) return testing::kSkipExitCode;
+  doctest::Context context(argc, argv);
+  return context.run();
+}
+#endif
