@@ -2,8 +2,9 @@
 # The device check, in one run, for a session that has a GPU machine (minutes of device time):
 # build the release preset with CUDA, run the GPU tests (kernels against their CPU twins) with
 # their output, and the CPU-side EP tests for comparison; copy the logs to $OUT when it is set
-# (the device tool returns that folder). Exits non-zero when a GPU test fails or is skipped
-# although a device is present.
+# (the device tool returns that folder), with `proxyep bench ep --device cuda` beside host tensors
+# and the ring benchmarks. Exits non-zero when a GPU test fails or is skipped although a device is
+# present, or a benchmark fails.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${OUT:-$root/build/gpu-check}
@@ -41,6 +42,19 @@ timeout 120 "$proxyep" "${gpu_bench[@]}" 2>&1 | tee "$out/bench-ring-gpu.txt"
 # A ring as large as the default launch has threads: whether reserving past a small ring costs.
 timeout 120 "$proxyep" "${gpu_bench[@]}" --capacity 65536 --json >"$out/bench-ring-gpu-65536.json" 2>&1 ||
   echo "gpu-check: bench ring --gpu --capacity 65536 failed"
+# The Buffer with CUDA tensors (issue 17: intranode dispatch on one GPU as several ranks, checked
+# against the reference): 2 ranks on the one GPU (node peers through device arenas, CUDA IPC),
+# then 2 ranks as 2 nodes (the device route over tcp), each beside the same run with host tensors.
+for shape in "--ranks 2" "--ranks 2 --ranks-per-node 1"; do
+  name=$( [[ $shape == *per-node* ]] && echo 2nodes || echo 1node )
+  for device in cuda host; do
+    timeout 180 "$proxyep" bench ep $shape --device $device --iters 10 --no-floor --json \
+      >"$out/bench-ep-$name-$device.json" 2>"$out/bench-ep-$name-$device.err" || {
+      echo "gpu-check: bench ep $shape --device $device failed: $(tail -3 "$out/bench-ep-$name-$device.err")"
+      rc=1
+    }
+  done
+done
 timeout 300 "$proxyep" bench ring --producers 1 --json >"$out/bench-ring-cpu.json" 2>"$out/bench-ring-cpu.err" ||
   echo "gpu-check: bench ring (CPU baseline) failed: $(tail -1 "$out/bench-ring-cpu.err")"
 exit $rc

@@ -9,7 +9,8 @@
 # Every run must carry the per-phase times of its calls ("proxyep.phases", which --breakdown
 # prints), adding up to each kind's time, and, unless --no-floor is among the arguments, the
 # same-run memory floor ("proxyep.memcpy_floor": a positive p50, bytes received by some rank, and
-# dispatch+combine's ratio to 2 such copies); with --no-floor, none.
+# dispatch+combine's ratio to 2 such copies); with --no-floor, none. With --device simulated (or
+# cuda), the device path must have made writes ("device_writes"); with host tensors none.
 # With --compare, tests `--compare FILE` instead: a run saved with --json (the mpi-records
 # baseline), then a run compared with it in JSON (ratios of dispatch, combine and total, p50 and
 # p99; the lean baseline is not compared with the saved record one, and a note says so), one in
@@ -95,6 +96,13 @@ grep -q '^  "verified": true' <<<"$out" || fail "not verified"
 if [[ $with_baseline -eq 1 ]]; then
   grep -Eq '^  "speedup_vs_baseline": [0-9]' <<<"$out" || fail "no speedup_vs_baseline"
   grep -q "^    \"variant\": \"$variant\"," <<<"$out" || fail "the baseline is not variant $variant"
+fi
+# A --device run (simulated or cuda) must have taken the device path (writes from the device's
+# stream or into device arenas); a run with host tensors none.
+if [[ " ${args[*]} " =~ " --device "(simulated|cuda)" " ]]; then
+  grep -Eq '^  "device_writes": [1-9]' <<<"$out" || fail "--device, but no write took the device path"
+else
+  grep -q '^  "device_writes": 0,' <<<"$out" || fail "host tensors, but writes took the device path"
 fi
 if [[ " ${args[*]} " == *" --reorder "* ]]; then
   grep -Eq '"completions_out_of_order": [1-9]' <<<"$out" ||

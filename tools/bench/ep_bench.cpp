@@ -2,7 +2,9 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "gpu_side/device/tensor_transfer.hpp"
 #include "integrations/buffer.hpp"
+#include "tools/bench/bench_device.hpp"
 #include "tools/bench/ep_check.hpp"
 #include "tools/bench/ep_floor.hpp"
 #include "tools/bench/ep_phases.hpp"
@@ -25,7 +27,10 @@ using Clock = std::chrono::steady_clock;
 struct RankRun {
   EpRankTimings timings;
   std::optional<uint64_t> reordered;  // BufferStats::reordered_completions (fabric.reorder)
-  EpPhaseTally phases;                // of the timed calls
+  // Writes the device path made (BufferStats::writes_from_device + sends_to_device_arenas): the
+  // proof a --device run took it.
+  uint64_t device_writes = 0;
+  EpPhaseTally phases;  // of the timed calls
   DispatchResult fresh;
   DispatchResult cached;
   CombineResult combined;
@@ -53,9 +58,48 @@ BufferOptions buffer_options(const EpBenchOptions& options, const ep::EpShape& s
   return buffer;
 }
 
-RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::RankInputs& in,
-                       const EpBenchOptions& options) {
+constexpr auto kStageTimeout = std::chrono::seconds(60);
+
+// A rank's inputs in `device`'s memory (none: as they are), staged before the timed loop.
+ep::RankInputs staged_inputs(gpu_side::device::DeviceRuntime* device, const ep::RankInputs& in) {
+  if (device == nullptr) return in;
+  auto up = [&](const ep::Tensor& t) {
+    return gpu_side::device::to_device(*device, t, "bench.ep(inputs)", kStageTimeout);
+  };
+  return {up(in.x), up(in.x_fp8), up(in.x_scales), up(in.topk_idx), up(in.topk_weights)};
+}
+
+// The combine input: each expert's output is its dispatch row (ep_check.hpp), made on the host
+// and staged like the inputs for a device run.
+ep::Tensor staged_expert_output(gpu_side::device::DeviceRuntime* device, const DispatchResult& d) {
+  if (device == nullptr) return expert_output(d.recv_x, d.recv_x_scales);
+  auto down = [&](const ep::Tensor& t) {
+    return gpu_side::device::to_host(*device, t, "bench.ep(outputs)", kStageTimeout);
+  };
+  return gpu_side::device::to_device(*device, expert_output(down(d.recv_x), down(d.recv_x_scales)),
+                                     "bench.ep(inputs)", kStageTimeout);
+}
+
+// After the timed loop: the outputs it checks, copied to the host.
+void outputs_to_host(gpu_side::device::DeviceRuntime* device, RankRun& run) {
+  if (device == nullptr) return;
+  auto down = [&](ep::Tensor& t) {
+    t = gpu_side::device::to_host(*device, t, "bench.ep(outputs)", kStageTimeout);
+  };
+  for (DispatchResult* d : {&run.fresh, &run.cached}) {
+    down(d->recv_x);
+    down(d->recv_x_scales);
+    down(d->recv_topk_idx);
+    down(d->recv_topk_weights);
+    down(d->handle.recv_src_idx);
+  }
+  down(run.combined.combined_x);
+}
+
+RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::RankInputs& raw,
+                       const EpBenchOptions& options, gpu_side::device::DeviceRuntime* device) {
   const auto& cli = options.workload;
+  const ep::RankInputs in = staged_inputs(device, raw);
   DispatchLayout layout = buffer.get_dispatch_layout(in.topk_idx, cli.experts);
   DispatchArgs fresh;
   fresh.x = cli.fp8 ? in.x_fp8.ref() : in.x.ref();
@@ -71,7 +115,7 @@ RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::
   // The combine input ("expert output"): the routing is the same every iteration, so the rows
   // received by this first, untimed dispatch stay valid for all of them.
   DispatchResult first = buffer.dispatch(fresh);
-  ep::Tensor expert_out = expert_output(first.recv_x, first.recv_x_scales);
+  ep::Tensor expert_out = staged_expert_output(device, first);
 
   RankRun run;
   for (int i = 0; i < cli.warmup + cli.iters; ++i) {
@@ -111,6 +155,7 @@ RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::
     run.timings.total.push_back(seconds_between(t0, t2));
     run.timings.cached_dispatch.push_back(seconds_between(t3, t4));
   }
+  outputs_to_host(device, run);
   return run;
 }
 
@@ -140,6 +185,7 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
                            {"diff", diff},
                            {"phases", phases_json(run.phases)}};
   if (run.reordered) report["reordered_completions"] = *run.reordered;
+  report["device_writes"] = run.device_writes;
   if (!run.memcpy_floor.is_null()) report["memcpy_floor"] = run.memcpy_floor;
   return report;
 }
@@ -189,11 +235,14 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
                                const std::function<EpReference()>& make_reference) {
   int rank = bootstrap.rank();
   RankRun run;
-  const BufferOptions sizes = buffer_options(options, shape);
+  BufferOptions sizes = buffer_options(options, shape);
+  sizes.device = make_bench_device(options.device, bootstrap.env().local_rank, "bench.ep");
   {
     Buffer buffer(bootstrap, sizes);
-    run = run_iterations(bootstrap, buffer, inputs, options);
-    run.reordered = buffer.stats().reordered_completions;
+    run = run_iterations(bootstrap, buffer, inputs, options, sizes.device.get());
+    const BufferStats stats = buffer.stats();
+    run.reordered = stats.reordered_completions;
+    run.device_writes = stats.writes_from_device + stats.sends_to_device_arenas;
     log::info("bench: normal-mode timed loop done");
     // The Buffer goes before the reference is built: its arenas are the largest allocation.
   }
@@ -212,7 +261,12 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
 
   auto reports = gather_reports(bootstrap, rank_report(run, diff), "bench.ep(results)");
   if (rank != 0) return {};
-  return {{"num_nvl_bytes", sizes.num_nvl_bytes},
+  uint64_t device_writes = 0;
+  for (const auto& report : reports)
+    device_writes += report.value("device_writes", uint64_t{0});
+  return {{"device", options.device},
+          {"device_writes", device_writes},
+          {"num_nvl_bytes", sizes.num_nvl_bytes},
           {"num_rdma_bytes", sizes.num_rdma_bytes},
           {"traffic", reference.traffic().to_json(shape.num_nodes())},
           {"proxyep", summarize(reports, reference, shape)}};

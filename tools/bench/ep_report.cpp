@@ -62,8 +62,9 @@ void print_ep_report(const nlohmann::json& r) {
       w["tokens"].get<int>(), w["hidden"].get<int>(), w["topk"].get<int>(), w["experts"].get<int>(),
       w["routing"].get<std::string>(), w["fp8"].get<bool>() ? "FP8 dispatch" : "BF16");
   if (r.contains("num_nvl_bytes"))
-    fmt::print("  Buffer: num_nvl_bytes {}, num_rdma_bytes {}\n", r["num_nvl_bytes"].get<int64_t>(),
-               r["num_rdma_bytes"].get<int64_t>());
+    fmt::print("  Buffer: num_nvl_bytes {}, num_rdma_bytes {}; tensors: {}\n",
+               r["num_nvl_bytes"].get<int64_t>(), r["num_rdma_bytes"].get<int64_t>(),
+               r.value("device", "host"));
   if (nodes > 1 && r.contains("provider"))
     fmt::print("  internode provider: {}{}\n", r["provider"].get<std::string>(),
                r.value("reorder", false) ? " (reorder shim)" : "");

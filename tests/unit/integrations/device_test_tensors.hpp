@@ -5,6 +5,7 @@
 
 #include "common/error.hpp"
 #include "gpu_side/device/device_runtime.hpp"
+#include "gpu_side/device/tensor_transfer.hpp"
 #include "gpu_side/ep/tensor.hpp"
 
 #include <chrono>
@@ -28,11 +29,7 @@ using DeviceFactory = std::function<RankDevice(int rank)>;
 inline constexpr auto kWait = std::chrono::seconds(20);
 
 inline ep::Tensor upload(gpu_side::device::DeviceRuntime& device, const ep::Tensor& host) {
-  ep::Tensor t = ep::Tensor::over(device.allocate(host.bytes()), host.dtype(), host.rows(),
-                                  host.dims() == 1 ? -1 : host.cols(), ep::Device::cuda);
-  device.copy(t.raw(), host.raw(), host.bytes());
-  device.synchronize("test upload", kWait);
-  return t;
+  return gpu_side::device::to_device(device, host, "test upload", kWait);
 }
 
 // `host`'s bytes in device memory as `stream` writes them, not waited for: the output of a kernel
@@ -47,11 +44,7 @@ inline ep::Tensor produce_on(gpu_side::device::DeviceRuntime& stream, const ep::
 inline ep::Tensor download(gpu_side::device::DeviceRuntime& device, const ep::Tensor& t,
                            const std::string& what) {
   require(t.defined() && t.device() == ep::Device::cuda, "test", "{} is not a device tensor", what);
-  ep::Tensor host = t.dims() == 1 ? ep::Tensor::empty(t.dtype(), t.rows())
-                                  : ep::Tensor::empty(t.dtype(), t.rows(), t.cols());
-  device.copy(host.raw(), t.raw(), t.bytes());
-  device.synchronize("test download", kWait);
-  return host;
+  return gpu_side::device::to_host(device, t, "test download", kWait);
 }
 
 inline void require_equal(gpu_side::device::DeviceRuntime& device, const ep::Tensor& got,
