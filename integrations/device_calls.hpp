@@ -10,8 +10,9 @@
 // first, on the device's stream after previous_event. async_finish behaves as for host tensors:
 // the call returns with its device outputs allocated and fills them on the CommStream.
 //
-// Not yet: the fabric writing arriving rows straight into device outputs (they land in host
-// arenas, registered, and the kernels copy them out across PCIe). The handle's routing tables are host memory and its
+// Rows from other nodes land in the receiver's device arena where the fabric registers device
+// memory (FI_HMEM, proxy/device_arenas.hpp), else in its host arena (registered with the device),
+// which the kernels copy out across PCIe. The handle's routing tables are host memory and its
 // recv_src_idx device memory: pass it back unchanged. A call mixing host and device tensors is
 // refused, naming the first tensor on the other side, before anything is sent.
 #pragma once

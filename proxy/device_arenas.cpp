@@ -62,7 +62,7 @@ DeviceArenas::DeviceArenas(control::Bootstrap& bootstrap,
                            std::shared_ptr<gpu_side::device::DeviceRuntime> device, uint64_t bytes,
                            int ranks_per_node, std::chrono::milliseconds timeout,
                            std::string_view phase)
-    : rank_(bootstrap.rank()), timeout_(timeout), device_(std::move(device)) {
+    : rank_(bootstrap.rank()), bytes_(bytes), timeout_(timeout), device_(std::move(device)) {
   const int ranks = bootstrap.world_size();
   opened_.resize(static_cast<size_t>(ranks));
   Published mine;
@@ -70,6 +70,8 @@ DeviceArenas::DeviceArenas(control::Bootstrap& bootstrap,
     gpu_side::device::SharedMemory shared = device_->allocate_shared(bytes);
     if (shared.memory) {
       opened_[static_cast<size_t>(rank_)] = std::move(shared.memory);
+      nic_reads_ = shared.nic_reads;
+      registers_as_host_ = shared.registers_as_host;
       mine = {std::string(device_->kind()), bytes, std::move(shared.handle)};
     }
   }
@@ -98,14 +100,17 @@ DeviceArenas::DeviceArenas(control::Bootstrap& bootstrap,
   bootstrap.barrier(fmt::format("{}(device arenas opened)", phase));
 }
 
-void DeviceArenas::copy_to_host(std::byte* to, const std::byte* from, uint64_t bytes,
-                                int sender) const {
+const std::byte* DeviceArenas::received(uint64_t call, bool in_device, std::byte* host_arena,
+                                        uint64_t offset, uint64_t bytes, int sender) const {
+  if (!in_device) return host_arena + offset;
+  if (device_call(call)) return local() + offset;
   try {
-    device_->copy(to, from, bytes);
+    device_->copy(host_arena + offset, local() + offset, bytes);
     device_->wait_for(*device_->record(), "receive", timeout_);
   } catch (const Error& e) {
     fail("receive", "copying rank {}'s rows out of this rank's device arena: {}", sender, e.what());
   }
+  return host_arena + offset;
 }
 
 }  // namespace proxyep::proxy

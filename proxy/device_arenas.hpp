@@ -35,7 +35,7 @@ class DeviceArenas {
   // publishes the handle; a rank with a device opens its node peers' handles of the same kind.
   // A peer's arena of another kind, or one the device cannot open (GPUs without peer access),
   // is left unused, with a warning: rows to that peer go to its host arena.
-  // `timeout` bounds copy_to_host's wait.
+  // `timeout` bounds received()'s copy.
   DeviceArenas(control::Bootstrap& bootstrap,
                std::shared_ptr<gpu_side::device::DeviceRuntime> device, uint64_t bytes,
                int ranks_per_node, std::chrono::milliseconds timeout, std::string_view phase);
@@ -44,6 +44,11 @@ class DeviceArenas {
   // null when there is none.
   std::byte* peer(int rank) const { return opened_.at(static_cast<size_t>(rank)).get(); }
   std::byte* local() const { return peer(rank_); }
+  uint64_t bytes() const { return bytes_; }
+  // Whether a NIC may write this rank's device arena once registered, and as which kind of
+  // memory (gpu_side::device::SharedMemory).
+  bool nic_reads() const { return nic_reads_; }
+  bool registers_as_host() const { return registers_as_host_; }
 
   // Call `call` (every call, on every rank) has its rows written and read by `rows_device`'s
   // kernels (none: a host call). Rows go to device arenas in calls of this rank's device.
@@ -53,11 +58,14 @@ class DeviceArenas {
   // Whether this rank's call `call` (one of the two latest) is such a call.
   bool device_call(uint64_t call) const { return device_call_[call % 2]; }
 
-  // A host call's read of rows `from` sent into this rank's device arena: copies `bytes` of it
-  // to `to` (host memory) on the device's stream and waits for the copy. Throws
-  // proxyep::Error("receive") naming the sender when the device fails or stays busy past the
-  // deadline.
-  void copy_to_host(std::byte* to, const std::byte* from, uint64_t bytes, int sender) const;
+  // Where the `bytes` at `offset` that `sender` sent in call `call` are for this rank to read:
+  // `host_arena` + offset unless `in_device` (the sender's record said they went to this rank's
+  // device arena); then the device arena at the same offset, or, in a host call of this rank
+  // (which cannot read device memory), `host_arena` + offset after the device copied them
+  // there (that slot of the host arena is unused in this call). Throws proxyep::Error("receive")
+  // naming the sender when that copy fails or outlasts the deadline.
+  const std::byte* received(uint64_t call, bool in_device, std::byte* host_arena, uint64_t offset,
+                            uint64_t bytes, int sender) const;
 
   // Payloads (eager bytes, chunks) this rank stored into node peers' device arenas so far.
   void count_send() { sends_.fetch_add(1, std::memory_order_relaxed); }
@@ -65,6 +73,8 @@ class DeviceArenas {
 
  private:
   int rank_;
+  uint64_t bytes_;
+  bool nic_reads_ = false, registers_as_host_ = false;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gpu_side::device::DeviceRuntime> device_;
   std::vector<std::shared_ptr<std::byte[]>> opened_;  // by rank; null: none

@@ -23,15 +23,15 @@ FabricLink::FabricLink(gpu_side::Ring ring, gpu_side::RingProducer& producer, st
       from_caller_(from_caller),
       check_drain_(std::move(check_drain)) {}
 
-uint64_t FabricLink::post_from_caller(const std::byte* source, int destination,
-                                      uint64_t arena_offset, uint64_t length, uint64_t call,
-                                      uint32_t imm, std::string_view phase) {
+uint64_t FabricLink::post_from_caller(const std::byte* source, uint32_t remote_region,
+                                      int destination, uint64_t remote_offset, uint64_t length,
+                                      uint64_t call, uint32_t imm, std::string_view phase) {
   require(from_caller_, phase,
           "a write to rank {} from the caller's memory: this fabric reads "
           "only registered memory",
           destination);
-  return post_from(kCallerMemory, reinterpret_cast<uintptr_t>(source), kArenaRegion, destination,
-                   arena_offset, length, call, imm, phase);
+  return post_from(kCallerMemory, reinterpret_cast<uintptr_t>(source), remote_region, destination,
+                   remote_offset, length, call, imm, phase);
 }
 
 uint64_t FabricLink::post_from(uint32_t local_region, uint64_t local_offset, uint32_t remote_region,
@@ -63,10 +63,13 @@ uint64_t FabricLink::post_from(uint32_t local_region, uint64_t local_offset, uin
 }
 
 FabricChannel::FabricChannel(int peer, const ArenaLayout& layout, std::byte* local_arena,
-                             FabricLink& link, bool landing)
+                             FabricLink& link, bool landing, DeviceArenas* device_arenas,
+                             bool peer_device_arena)
     : PeerChannel(peer, layout, local_arena),
       link_(link),
       landing_(landing),
+      device_arenas_(device_arenas),
+      peer_device_arena_(peer_device_arena && device_arenas != nullptr),
       // A session without a data area has no streams (window 0): a window of one stays unused.
       window_(std::make_unique<control::SequenceWindow>(
           std::max<uint32_t>(1, layout.remote_slots().window))),
@@ -97,7 +100,8 @@ std::span<std::byte> FabricChannel::record_buffer(uint64_t call) {
 
 void FabricChannel::send_record(uint64_t call, uint64_t bytes, std::string_view phase) {
   // The word travels in the same write; the counter immediate, not the word, says it landed.
-  const uint64_t word = call + 1;
+  // Its bit says where the call's eager bytes and chunks went.
+  const uint64_t word = (call + 1) | (sends_to_device(call) ? kDeviceRowsBit : 0);
   std::memcpy(link_.staging() + layout().staging_record(call, peer()), &word, sizeof word);
   const int self = layout().rank();
   note_parity_write(
@@ -121,10 +125,30 @@ std::byte* FabricChannel::eager_buffer(uint64_t call) {
 
 void FabricChannel::send_eager(uint64_t call, uint64_t bytes, std::string_view phase) {
   const int self = layout().rank();
-  note_parity_write(call, link_.post(peer(), layout().staging_eager(call, peer()),
-                                     layout().eager_slot(call, self), bytes, call,
-                                     control::imm::encode_counter(call, eager_key(self)), phase));
+  note_parity_write(call,
+                    link_.post_to(rows_region(call), peer(), layout().staging_eager(call, peer()),
+                                  layout().eager_slot(call, self), bytes, call,
+                                  control::imm::encode_counter(call, eager_key(self)), phase));
   count_sent(bytes);
+  if (sends_to_device(call)) device_arenas_->count_send();
+}
+
+const std::byte* FabricChannel::rows_here(uint64_t call, uint64_t offset, uint64_t bytes) const {
+  if (device_arenas_ == nullptr) return local() + offset;
+  // The record of `call` landed (its counter said so) before its rows are read.
+  uint64_t word = 0;
+  std::memcpy(&word, local() + layout().record(call, peer()), sizeof word);
+  return device_arenas_->received(call, (word & kDeviceRowsBit) != 0, local(), offset, bytes,
+                                  peer());
+}
+
+const std::byte* FabricChannel::eager(uint64_t call) const {
+  return rows_here(call, layout().eager_slot(call, peer()), layout().sizes().eager_bytes);
+}
+
+const std::byte* FabricChannel::chunk(uint64_t chunk, const SlotShape& shape) const {
+  return rows_here(call_, layout().chunk_slot(layout().rank(), peer(), shape, chunk),
+                   shape.slot_bytes);
 }
 
 void FabricChannel::expect_eager(uint64_t call, std::string_view phase) {
@@ -172,10 +196,11 @@ void FabricChannel::send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t 
   const uint16_t seq = take_credit(phase);
   const int self = layout().rank();
   staged_at_[slot] =
-      link_.post_chunk(FabricLink::kArenaRegion, peer(), layout().staging_slot(peer(), slot),
+      link_.post_chunk(rows_region(call_), peer(), layout().staging_slot(peer(), slot),
                        layout().chunk_slot(peer(), self, shape, chunk), bytes, call_,
                        control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
   count_sent(bytes);
+  if (sends_to_device(call_)) device_arenas_->count_send();
 }
 
 void FabricChannel::send_chunk_from(uint64_t chunk, const SlotShape& shape, const std::byte* source,
@@ -184,9 +209,10 @@ void FabricChannel::send_chunk_from(uint64_t chunk, const SlotShape& shape, cons
   const uint16_t seq = take_credit(phase);
   const int self = layout().rank();
   link_.post_from_caller(
-      source, peer(), layout().chunk_slot(peer(), self, shape, chunk), bytes, call_,
-      control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
+      source, rows_region(call_), peer(), layout().chunk_slot(peer(), self, shape, chunk), bytes,
+      call_, control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
   count_sent(bytes);
+  if (sends_to_device(call_)) device_arenas_->count_send();
 }
 
 void FabricChannel::send_chunk_in_place(uint64_t chunk, const SlotShape& shape, uint64_t x_bytes,
@@ -202,7 +228,7 @@ void FabricChannel::send_chunk_in_place(uint64_t chunk, const SlotShape& shape, 
   // Posted second: once it has completed locally, so has the first (the engine retires a
   // ring's writes as a prefix), and the staging slot is free.
   staged_at_[slot] = link_.post_chunk(
-      FabricLink::kArenaRegion, peer(), staged + rest_offset,
+      rows_region(call_), peer(), staged + rest_offset,
       layout().chunk_slot(peer(), self, shape, chunk) + rest_offset, rest_bytes, call_,
       control::imm::encode_stream(call_, static_cast<uint32_t>(self), seq), phase);
   count_sent(x_bytes + rest_bytes);

@@ -28,7 +28,9 @@
 // own prefix. Where the session has a device staging area (FI_HMEM: device memory the NIC
 // reads), such a call's chunks are packed there and written from there, slot for slot as in the
 // staging area (FabricLink::chunk_slot / post_chunk); records and eager bytes stay in host
-// staging.
+// staging. Where the peer registered its device arena (FI_HMEM, device_arenas.hpp), such a call
+// writes its eager bytes and chunks into that arena (FabricLink::kDeviceArenaRegion) instead,
+// and the record's word carries kDeviceRowsBit, so the receiver reads them there.
 // Credits are sent only while the sender still needs them: the peer's record of the next call
 // proves it consumed the rest, so no write ever targets a rank that may already have left.
 #pragma once
@@ -37,6 +39,7 @@
 #include "control/sequence_window.hpp"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/ring.hpp"
+#include "proxy/device_arenas.hpp"
 #include "proxy/device_route.hpp"
 #include "proxy/peer_channel.hpp"
 #include "proxy/proxy_engine.hpp"
@@ -69,6 +72,9 @@ class FabricLink {
   static constexpr uint32_t kCallerMemory = 3;
   // This rank's device staging (set_device_staging), local source.
   static constexpr uint32_t kDeviceStagingRegion = 4;
+  // The device arenas of the ranks that registered theirs (device_arenas.hpp, FI_HMEM), remote
+  // target of a device call's eager bytes and chunks.
+  static constexpr uint32_t kDeviceArenaRegion = 5;
 
   // Whoever drains the ring (this process's proxy engine, or the node daemon) throws
   // proxyep::Error(phase) from it once it has failed; a push that finds the ring full asks it
@@ -96,10 +102,11 @@ class FabricLink {
     return post_from(kStagingRegion, staging_offset, remote_region, destination, remote_offset,
                      length, call, imm, phase);
   }
-  // `length` bytes at `source` in the caller's memory to `arena_offset` of `destination`'s
-  // arena; only when from_caller().
-  uint64_t post_from_caller(const std::byte* source, int destination, uint64_t arena_offset,
-                            uint64_t length, uint64_t call, uint32_t imm, std::string_view phase);
+  // `length` bytes at `source` in the caller's memory to `remote_offset` of `destination`'s
+  // `remote_region` (its arena or device arena); only when from_caller().
+  uint64_t post_from_caller(const std::byte* source, uint32_t remote_region, int destination,
+                            uint64_t remote_offset, uint64_t length, uint64_t call, uint32_t imm,
+                            std::string_view phase);
   // Whether writes may read the caller's memory as it is: the provider needs no registration
   // of a write's source (no FI_MR_LOCAL) and ep.send_from_x is not off.
   bool from_caller() const { return from_caller_; }
@@ -186,8 +193,13 @@ class FabricLink {
 class FabricChannel final : public PeerChannel {
  public:
   // `landing`: every rank registered its landing region (FabricLink::kLandingRegion).
+  // `device_arenas`: this rank's (none: device calls' rows land in host arenas), and
+  // `peer_device_arena`: the peer registered its device arena (FabricLink::kDeviceArenaRegion),
+  // where this rank's device calls then write their eager bytes and chunks, the record's word
+  // carrying kDeviceRowsBit (GPUDirect RDMA into the receiver's GPU).
   FabricChannel(int peer, const ArenaLayout& layout, std::byte* local_arena, FabricLink& link,
-                bool landing);
+                bool landing, DeviceArenas* device_arenas = nullptr,
+                bool peer_device_arena = false);
 
   // The receiving window and the sending credits, for the session's signal router.
   control::SequenceWindow& window() { return *window_; }
@@ -206,6 +218,7 @@ class FabricChannel final : public PeerChannel {
   void send_eager(uint64_t call, uint64_t bytes, std::string_view phase) override;
   void expect_eager(uint64_t call, std::string_view phase) override;
   bool eager_arrived(uint64_t call) const override;
+  const std::byte* eager(uint64_t call) const override;
 
   void begin_streams(uint64_t call, std::string_view phase) override;
   bool can_send(uint64_t chunk, const SlotShape& shape) const override;
@@ -213,6 +226,7 @@ class FabricChannel final : public PeerChannel {
   void send_chunk(uint64_t chunk, const SlotShape& shape, uint64_t bytes,
                   std::string_view phase) override;
   uint64_t landed() const override;
+  const std::byte* chunk(uint64_t chunk, const SlotShape& shape) const override;
   void consumed(uint64_t upto, uint64_t chunks, const SlotShape& shape,
                 std::string_view phase) override;
   std::string send_progress() const override;
@@ -246,9 +260,21 @@ class FabricChannel final : public PeerChannel {
     FabricLink::note(parity_posted_[call % 2], position);
   }
   uint32_t next_staging_slot() const;
+  // Whether this rank's call `call` writes its rows into the peer's device arena, and the
+  // region its rows go to.
+  bool sends_to_device(uint64_t call) const {
+    return peer_device_arena_ && device_arenas_->device_call(call);
+  }
+  uint32_t rows_region(uint64_t call) const {
+    return sends_to_device(call) ? FabricLink::kDeviceArenaRegion : FabricLink::kArenaRegion;
+  }
+  // Where the `bytes` at `offset` the peer sent in `call` are here (DeviceArenas::received).
+  const std::byte* rows_here(uint64_t call, uint64_t offset, uint64_t bytes) const;
 
   FabricLink& link_;
   const bool landing_;
+  DeviceArenas* device_arenas_;
+  const bool peer_device_arena_;
   std::unique_ptr<control::SequenceWindow> window_;  // chunks from the peer
   std::unique_ptr<control::SenderCredits> credits_;  // chunks to the peer
   // Ring position of the write that last read each staging slot (kNeverPosted before the first).

@@ -118,9 +118,11 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
       ring, *s.producer, static_cast<std::byte*>(s.staging->host()), *s.counters, timeout_,
       from_caller, [this](std::string_view phase) { check_health(phase); });
   if (config.device) open_device_staging(config);
+  const std::vector<bool> device_arena_of = open_device_landing(bootstrap);
   for (int r = 0; r < ranks(); ++r) {
     if (layout().on_node(r)) continue;
-    auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link, landing);
+    auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link, landing,
+                                                   s.device_arenas.get(), device_arena_of[r]);
     s.router.attach_stream(static_cast<uint32_t>(r), channel->window());
     s.router.attach_credits(static_cast<uint32_t>(r), channel->credits());
     s.channels[r] = std::move(channel);
@@ -158,6 +160,27 @@ void InProcessSession::open_device_staging(const SessionConfig& config) {
   log::debug(
       "buffer: rank {}: device calls write their chunks from {} bytes of {} memory (FI_HMEM)",
       rank(), bytes, config.device->kind());
+}
+
+std::vector<bool> InProcessSession::open_device_landing(control::Bootstrap& bootstrap) {
+  State& s = *state_;
+  const DeviceArenas& arenas = *s.device_arenas;
+  // As for device staging: from the capabilities alone, and a registration the provider refuses
+  // leaves the host arena the target, as without FI_HMEM.
+  if (s.fabric->capabilities().hmem && arenas.local() != nullptr && arenas.nic_reads()) {
+    try {
+      s.device_arena_region = s.fabric->register_memory(
+          arenas.local(), arenas.bytes(),
+          arenas.registers_as_host() ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
+    } catch (const Error& e) {
+      log::info(
+          "buffer: rank {}: device arena not registered ({}); other nodes' device calls write "
+          "into its host arena",
+          rank(), e.what());
+    }
+  }
+  return share_optional_region(bootstrap, s.engine->regions(), FabricLink::kDeviceArenaRegion,
+                               s.device_arena_region.get(), kPhase);
 }
 
 void InProcessSession::stop() noexcept {

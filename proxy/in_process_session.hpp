@@ -70,6 +70,9 @@ class InProcessSession final : public Session {
   // FI_HMEM: registers device memory of config.device the NIC reads as the device staging area
   // (FabricLink::set_device_staging) when the fabric and the device both can.
   void open_device_staging(const SessionConfig& config);
+  // FI_HMEM: registers this rank's device arena with the fabric when it can (collective: every
+  // rank shares whether it did). Returns, by rank, whether its device arena is a write target.
+  std::vector<bool> open_device_landing(control::Bootstrap& bootstrap);
   // Has the device's stream push what the route was handed, before a wait for what answers it.
   void drive_route(std::string_view phase);
   // await() for a wait with on_lost: lost and late ranks are offered to it.
@@ -88,6 +91,8 @@ class InProcessSession final : public Session {
     std::unique_ptr<fabric::Fabric> fabric;
     std::unique_ptr<HostMemory> staging;
     std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region;
+    // FI_HMEM: this rank's device arena registered, where other nodes' device calls write.
+    std::unique_ptr<fabric::MemoryRegion> device_arena_region;
     // FI_HMEM: the device staging area (SessionConfig::device) and its registration.
     std::shared_ptr<std::byte[]> device_staging;
     std::unique_ptr<fabric::MemoryRegion> device_staging_region;

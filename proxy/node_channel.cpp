@@ -69,10 +69,7 @@ bool NodeChannel::record_arrived(uint64_t call) const {
 const std::byte* NodeChannel::rows_here(uint64_t call, uint64_t offset, uint64_t bytes) const {
   // Read after the record arrived (its acquire load): the bit is the one it was stored with.
   const uint64_t word = load_word(word_here(layout().record(call, peer())));
-  if ((word & kDeviceRowsBit) == 0) return local() + offset;
-  if (device_.device_call(call)) return device_.local() + offset;
-  device_.copy_to_host(local() + offset, device_.local() + offset, bytes, peer());
-  return local() + offset;
+  return device_.received(call, (word & kDeviceRowsBit) != 0, local(), offset, bytes, peer());
 }
 
 std::byte* NodeChannel::eager_buffer(uint64_t call) {

@@ -67,9 +67,6 @@ class NodeChannel final : public PeerChannel {
 
   std::optional<std::string> departed() const override;
 
-  // Set in a record's word when the call's eager bytes and chunks went to the device arena.
-  static constexpr uint64_t kDeviceRowsBit = uint64_t{1} << 63;
-
  private:
   uint64_t* word_in_peer(uint64_t offset) const;
   uint64_t* word_here(uint64_t offset) const;

@@ -48,6 +48,9 @@ inline constexpr uint64_t kMaxStreamChunks = (uint64_t{1} << 24) - 1;
 // A record slot starts with the word that publishes it (call + 1, stored last on the node
 // path); the payload follows.
 inline constexpr uint64_t kRecordWordBytes = 8;
+// Set in that word when the call's eager bytes and chunks to the peer went to its device arena
+// (device_arenas.hpp), so the receiver reads them there.
+inline constexpr uint64_t kDeviceRowsBit = uint64_t{1} << 63;
 
 class PeerChannel {
  public:

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 namespace proxyep::proxy {
 
@@ -16,5 +17,10 @@ namespace proxyep::proxy {
 // proxyep::Error from the bootstrap (naming missing ranks) or for a malformed descriptor.
 void share_region(control::Bootstrap& bootstrap, RegionTable& table, uint32_t id,
                   const fabric::MemoryRegion& region, std::string_view phase);
+// The same where ranks may have no such region (`region` null): only the ranks that have one
+// are added. Returns, by rank, whether it has one.
+std::vector<bool> share_optional_region(control::Bootstrap& bootstrap, RegionTable& table,
+                                        uint32_t id, const fabric::MemoryRegion* region,
+                                        std::string_view phase);
 
 }  // namespace proxyep::proxy

@@ -72,7 +72,9 @@ struct SessionConfig {
   // (FI_HMEM) and the device offers memory a NIC reads (DeviceRuntime::allocate_for_nic), a
   // device staging area its calls pack their chunks into, written from there (GPUDirect RDMA).
   // Without both, device calls' chunks bounce through the host staging area (registered with
-  // the device). Ranks may differ.
+  // the device). Its calls' rows to node peers go to their device arenas (device_arenas.hpp),
+  // and, with FI_HMEM and proxy threads in this process, other nodes' device calls write theirs
+  // into this rank's device arena. Ranks may differ.
   std::shared_ptr<gpu_side::device::DeviceRuntime> device;
 };
 

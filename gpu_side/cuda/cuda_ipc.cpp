@@ -70,6 +70,7 @@ device::SharedMemory allocate_shared_memory(int ordinal, uint64_t bytes) {
   const auto address = reinterpret_cast<uintptr_t>(memory);
   device::SharedMemory shared;
   shared.bytes = bytes;
+  shared.nic_reads = true;  // cudaMalloc memory registers for GPUDirect RDMA (FI_HMEM_CUDA)
   shared.memory = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory),
                                                [ordinal, address](std::byte* p) {
                                                  {

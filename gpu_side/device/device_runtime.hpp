@@ -65,6 +65,10 @@ struct SharedMemory {
   std::shared_ptr<std::byte[]> memory;  // null: this runtime shares none
   uint64_t bytes = 0;
   std::vector<uint8_t> handle;  // opaque; at most kSharedHandleBytes
+  // Whether a NIC may also write and read it once the fabric registered it (GPUDirect RDMA, as
+  // NicMemory), and how: as host memory (the simulated device's stand-in) or as CUDA memory.
+  bool nic_reads = false;
+  bool registers_as_host = false;
 };
 inline constexpr uint64_t kSharedHandleBytes = 128;
 

@@ -311,7 +311,9 @@ SharedMemory SimulatedDevice::allocate_shared(uint64_t bytes) {
   w.u64(static_cast<uint64_t>(file.fd()));
   w.u64(bytes);
   shared.bytes = bytes;
-  shared.memory = adopt_shared(std::move(file), kPhase);
+  const bool nic = core_->options.nic_reads_device_memory;
+  shared.memory = adopt_shared(std::move(file), !nic, kPhase);
+  shared.nic_reads = shared.registers_as_host = nic;
   return shared;
 }
 
@@ -337,15 +339,15 @@ std::shared_ptr<std::byte[]> SimulatedDevice::open_shared(std::span<const uint8_
     throw;
   }
   ::close(opened);
-  return adopt_shared(std::move(*file), phase);
+  return adopt_shared(std::move(*file), true, phase);
 }
 
-std::shared_ptr<std::byte[]> SimulatedDevice::adopt_shared(HostMemory file,
+std::shared_ptr<std::byte[]> SimulatedDevice::adopt_shared(HostMemory file, bool tagged,
                                                            std::string_view phase) {
   Memory& shared = *core_->memory;
   const uint64_t mapped = file.size();
   auto* memory = static_cast<std::byte*>(file.host());
-  require(!shared.key || shared.key->tag(memory, mapped), phase,
+  require(!tagged || !shared.key || shared.key->tag(memory, mapped), phase,
           "tagging {} bytes of shared device memory with the protection key failed: {}", mapped,
           std::strerror(errno));
   {

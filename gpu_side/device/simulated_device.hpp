@@ -72,7 +72,8 @@ class SimulatedDevice final : public DeviceRuntime {
   NicMemory allocate_for_nic(uint64_t bytes) override;
   // A memfd mapped and tagged as device memory; its handle names this process and the fd, so a
   // peer (another device, in this process or another on the machine) maps the same pages at an
-  // address of its own, reachable by its stream only.
+  // address of its own, reachable by its stream only. With nic_reads_device_memory this
+  // device's own mapping is left untagged (the proxy threads, standing for the NIC, write it).
   SharedMemory allocate_shared(uint64_t bytes) override;
   std::shared_ptr<std::byte[]> open_shared(std::span<const uint8_t> handle, uint64_t bytes,
                                            std::string_view phase) override;
@@ -108,8 +109,9 @@ class SimulatedDevice final : public DeviceRuntime {
   SimulatedDevice(std::shared_ptr<Memory> memory, SimulatedDeviceOptions options);
   // Device memory; `tagged`: with the protection key (only the stream's thread may touch it).
   std::shared_ptr<std::byte[]> allocate_mapped(uint64_t bytes, bool tagged);
-  // Tags `file`'s mapping as this device's memory and owns it until the last owner drops it.
-  std::shared_ptr<std::byte[]> adopt_shared(HostMemory file, std::string_view phase);
+  // Makes `file`'s mapping this device's memory (tagged when `tagged`) and owns it until the
+  // last owner drops it.
+  std::shared_ptr<std::byte[]> adopt_shared(HostMemory file, bool tagged, std::string_view phase);
   std::shared_ptr<Core> core_;
 };
 

@@ -33,11 +33,15 @@ inline constexpr int kHidden = 512;
 
 // One rank: `make_device(rank)` gives the rank's device; the Buffer holds `sized_for` tokens per
 // rank in one chunk (fewer than kTokens: the rows stream in chunks that reuse the slots).
-// `device_chunks`: the device calls' chunks to other nodes must be written straight from device
-// memory (FI_HMEM with a device whose memory the NIC reads); else none may be.
+// `nic_device_memory`: the fabric registers device memory (FI_HMEM) and the device offers memory
+// the NIC reads: then the device calls' chunks to other nodes must be written straight from
+// device staging, and their eager bytes and chunks land in the receivers' device arenas; else
+// neither may happen.
 inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options options,
                                    const DeviceFactory& make_device, int sized_for,
-                                   bool device_chunks = false) {
+                                   bool nic_device_memory = false) {
+  // Chunks only without eager rows (ep.eager_bytes 0).
+  const bool device_chunks = nic_device_memory && params::ep_eager_bytes.get() == 0;
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
   const RankDevice devices = make_device(me);
@@ -192,9 +196,11 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   require((per_node == 1) == (from_device > 0), "test",
           "{} writes went through the device's stream ({} ranks per node)", from_device, per_node);
   // Node peers' rows go into their device arenas (proxy/device_arenas.hpp); every device here
-  // shares memory. (A rank's rows to itself go straight into its outputs.)
+  // shares memory. (A rank's rows to itself go straight into its outputs.) Other nodes' rows
+  // too where the fabric registers device memory (FI_HMEM) and the device offers NIC-readable
+  // memory: what nic_device_memory says.
   const uint64_t to_device_arenas = buffer.stats().sends_to_device_arenas;
-  require((per_node > 1) == (to_device_arenas > 0), "test",
+  require((per_node > 1 || nic_device_memory) == (to_device_arenas > 0), "test",
           "{} payloads went into node peers' device arenas ({} ranks per node)", to_device_arenas,
           per_node);
   const uint64_t from_device_memory = buffer.stats().chunks_from_device_memory;
@@ -209,9 +215,9 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
 // with none (chunks through the slots, recv_x in the landing region where a host rank offers
 // it); and with none in a Buffer for 4 tokens (many chunks per stream, each slot reused within
 // a call, so a credit handed back before the device copied the slot out shows). Over
-// `provider`; `device_chunks`: as run_device_buffer_rank says, for the runs with chunks.
+// `provider`; `nic_device_memory`: as run_device_buffer_rank says.
 inline void run_device_buffer(int per_node, const DeviceFactory& make_device,
-                              const std::string& provider = "tcp", bool device_chunks = false) {
+                              const std::string& provider = "tcp", bool nic_device_memory = false) {
   struct Run {
     bool eager;
     int sized_for;
@@ -221,9 +227,9 @@ inline void run_device_buffer(int per_node, const DeviceFactory& make_device,
     if (!run.eager) params::ep_eager_bytes.set(0);
     run_buffer_ranks(
         kRanks, per_node == 1,
-        [per_node, make_device, run, device_chunks](control::Bootstrap::Options o) {
+        [per_node, make_device, run, nic_device_memory](control::Bootstrap::Options o) {
           run_device_buffer_rank(per_node, std::move(o), make_device, run.sized_for,
-                                 device_chunks && !run.eager);
+                                 nic_device_memory);
         },
         provider);
     params::ep_eager_bytes.reset();

@@ -185,10 +185,14 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
   buffer.destroy();
 }
 
-inline void run_device_ll(int per_node, const DeviceFactory& make_device) {
-  run_buffer_ranks(kRanks, per_node == 1, [per_node, make_device](control::Bootstrap::Options o) {
-    run_device_ll_rank(per_node, std::move(o), make_device);
-  });
+inline void run_device_ll(int per_node, const DeviceFactory& make_device,
+                          const std::string& provider = "tcp") {
+  run_buffer_ranks(
+      kRanks, per_node == 1,
+      [per_node, make_device](control::Bootstrap::Options o) {
+        run_device_ll_rank(per_node, std::move(o), make_device);
+      },
+      provider);
 }
 
 }  // namespace proxyep::integrations::testing::ll

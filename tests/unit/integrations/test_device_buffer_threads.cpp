@@ -79,6 +79,12 @@ TEST_CASE("device tensors through low-latency calls: over the fabric with the re
   integrations::testing::ll::run_device_ll(1, simulated);
 }
 
+// Where the fabric registers device memory (shm in a CUDA build), other nodes' messages land in
+// the receivers' device arenas (GPUDirect RDMA's stand-in): what arrives must be what was sent.
+TEST_CASE("device tensors through low-latency calls: into device arenas the NIC writes (FI_HMEM)") {
+  integrations::testing::ll::run_device_ll(1, nic_reads_device_memory, "shm");
+}
+
 TEST_CASE("device tensors through low-latency calls: a slow Buffer stream, a quick caller") {
   integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, slow_buffer_stream);
 }
