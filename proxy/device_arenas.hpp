@@ -9,9 +9,11 @@
 // the data area are used). A call uses them when its rows are written by the kernels of the
 // device the arenas belong to (begin_call); per peer only when the peer has a device arena this
 // rank could open, else the peer's host arena serves as before. The receiver learns which one a
-// sender used from the sender's record (NodeChannel), so calls of either kind interoperate, and
-// a host call that is sent rows in device memory fails naming the sender instead of reading
-// garbage.
+// sender used from the sender's record (the word's kDeviceRowsBit), so calls of either kind
+// interoperate: a host call that is sent rows in device memory has its device copy them out
+// (received()). Where the fabric registers device memory (FI_HMEM) and the arena is memory a
+// NIC writes, the in-process session registers it too, and other nodes' device calls write
+// into it the same way (fabric_channel.hpp).
 #pragma once
 
 #include "control/bootstrap.hpp"
@@ -67,7 +69,8 @@ class DeviceArenas {
   const std::byte* received(uint64_t call, bool in_device, std::byte* host_arena, uint64_t offset,
                             uint64_t bytes, int sender) const;
 
-  // Payloads (eager bytes, chunks) this rank stored into node peers' device arenas so far.
+  // Payloads (eager bytes, chunks) this rank's device calls sent into device arenas so far (node
+  // peers', its own, other nodes' through the NIC).
   void count_send() { sends_.fetch_add(1, std::memory_order_relaxed); }
   uint64_t sends() const { return sends_.load(std::memory_order_relaxed); }
 
