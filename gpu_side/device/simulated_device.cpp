@@ -185,7 +185,7 @@ struct SimulatedDevice::Core {
 
   // An allocation's last owner is gone: unreachable at once (so an operation queued after this
   // point is refused, as a use after cudaFreeAsync would be wrong), unmapped in stream order.
-  // `unmap` frees the mapping (munmap when empty).
+  // `free_mapping` frees the mapping (none: munmap it).
   void release(std::byte* mapping, uint64_t mapped, std::function<void()> free_mapping = {}) {
     {
       std::lock_guard lock(memory->mutex);
@@ -320,9 +320,9 @@ SharedMemory SimulatedDevice::allocate_shared(uint64_t bytes) {
 std::shared_ptr<std::byte[]> SimulatedDevice::open_shared(std::span<const uint8_t> handle,
                                                           uint64_t bytes, std::string_view phase) {
   ByteReader r(handle, std::string(phase));
-  require(
-      handle.size() >= 8 && r.u32("magic") == kSharedMagic && r.u16("version") == kSharedVersion,
-      phase, "open_shared: the handle is not a simulated device's");
+  // A handle too short to hold the fields fails in the reader, naming the field.
+  require(r.u32("magic") == kSharedMagic && r.u16("version") == kSharedVersion, phase,
+          "open_shared: the handle is not a simulated device's");
   (void)r.u16("reserved");
   const uint64_t pid = r.u64("pid"), fd = r.u64("fd"), shared_bytes = r.u64("bytes");
   r.expect_end("shared memory handle");
