@@ -81,6 +81,20 @@ HostMemory HostMemory::map_fd(int fd) {
   return memory;
 }
 
+HostMemory HostMemory::map_process_fd(uint64_t pid, uint64_t fd) {
+  const std::string path = fmt::format("/proc/{}/fd/{}", pid, fd);
+  const int opened = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  require(opened >= 0, kPhase, "cannot open {}: {}", path, std::strerror(errno));
+  try {
+    HostMemory memory = map_fd(opened);
+    ::close(opened);
+    return memory;
+  } catch (...) {
+    ::close(opened);
+    throw;
+  }
+}
+
 HostMemory HostMemory::adopt(void* host, size_t size, void* device, Deleter release) {
   require(host != nullptr && size > 0, kPhase, "adopting {} bytes at {}: nothing to own", size,
           host);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <span>
 #include <string>
@@ -28,6 +29,10 @@ class HostMemory {
   // Maps the memfd `fd` another party created (its whole size). `fd` is duplicated; the caller
   // keeps its own.
   static HostMemory map_fd(int fd);
+  // Maps the memfd that process `pid` holds as its descriptor `fd` (through /proc/<pid>/fd: a
+  // process of the same user on this machine; a node peer). Throws proxyep::Error("host_memory")
+  // naming the path when it cannot be opened or mapped.
+  static HostMemory map_process_fd(uint64_t pid, uint64_t fd);
   // Takes ownership of `size` bytes at `host` that another allocator made; `release(host)` frees
   // them when this object goes. `device` is the address of the same bytes on a device, if any.
   static HostMemory adopt(void* host, size_t size, void* device, Deleter release);

@@ -39,6 +39,39 @@ int integer(const nlohmann::json& message, const char* key) {
   return value->get<int>();
 }
 
+// {"handle": hex, "bytes": n, "fd": bool}: one piece of device memory the client offers.
+AttachRequest::DeviceMemory device_memory_entry(const nlohmann::json& offer, const char* key) {
+  const auto entry = offer.find(key);
+  require(entry->is_object(), kPhase, "'device_memory.{}' must be an object", key);
+  const auto handle = entry->find("handle");
+  const auto bytes = entry->find("bytes");
+  require(handle != entry->end() && handle->is_string() && bytes != entry->end() &&
+              bytes->is_number_unsigned(),
+          kPhase, "'device_memory.{}' needs a hex 'handle' and a byte count 'bytes'", key);
+  AttachRequest::DeviceMemory memory;
+  memory.handle = control::hex_decode(handle->get<std::string>(), key, kPhase);
+  require(!memory.handle.empty() && memory.handle.size() <= gpu_side::device::kSharedHandleBytes,
+          kPhase, "'device_memory.{}': a handle of {} bytes (1 to {})", key, memory.handle.size(),
+          gpu_side::device::kSharedHandleBytes);
+  memory.bytes = bytes->get<uint64_t>();
+  require(memory.bytes > 0, kPhase, "'device_memory.{}': no bytes", key);
+  memory.with_fd = entry->value("fd", false);
+  return memory;
+}
+
+// {"device_memory": {"kind": "cuda", "staging": {...}, "arena": {...}}}: both optional.
+void read_device_memory(const nlohmann::json& message, AttachRequest& request) {
+  const auto offer = message.find("device_memory");
+  if (offer == message.end()) return;
+  require(offer->is_object(), kPhase, "'device_memory' must be an object");
+  const auto kind = offer->find("kind");
+  require(kind != offer->end() && kind->is_string() && !kind->get<std::string>().empty(), kPhase,
+          "'device_memory' needs its device's 'kind'");
+  request.device_kind = kind->get<std::string>();
+  if (offer->contains("staging")) request.device_staging = device_memory_entry(*offer, "staging");
+  if (offer->contains("arena")) request.device_arena = device_memory_entry(*offer, "arena");
+}
+
 }  // namespace
 
 AttachedClient::AttachedClient(control::Socket socket, PeerCredentials peer, GroupCheck check_group)
@@ -104,10 +137,11 @@ void AttachedClient::handle(const nlohmann::json& message) {
     served_->connect(group);
     send({{"proxyep", "connected"}});
   } else if (type == "arenas") {
-    served_->add_arenas(hex_list(message, "descriptors"),
-                        message.contains("landing_descriptors")
-                            ? hex_list(message, "landing_descriptors")
-                            : std::vector<fabric::Bytes>{});
+    const auto optional_list = [&message](const char* key) {
+      return message.contains(key) ? hex_list(message, key) : std::vector<fabric::Bytes>{};
+    };
+    served_->add_arenas(hex_list(message, "descriptors"), optional_list("landing_descriptors"),
+                        optional_list("device_arena_descriptors"));
     send({{"proxyep", "arenas_added"}});
   } else if (type == "start") {
     served_->start();
@@ -136,6 +170,7 @@ void AttachedClient::attach(const nlohmann::json& message) {
   request.tolerate_peer_failures = message.value("tolerate_peer_failures", false);
   request.landing_fabric = message.value("landing_fabric", std::string());
   request.device_ring = message.value("device_ring", false);
+  read_device_memory(message, request);
   served_ = std::make_shared<ServedRank>(request, std::move(fds));
   nlohmann::json opened{{"proxyep", "opened"},
                         {"addresses", control::hex_encode(served_->addresses())},
@@ -143,6 +178,11 @@ void AttachedClient::attach(const nlohmann::json& message) {
                         {"provider", served_->capabilities().provider}};
   if (auto landing = served_->landing_descriptor())
     opened["landing"] = control::hex_encode(*landing);
+  if (request.device_staging) opened["device_staging"] = served_->device_staging_registered();
+  if (auto device_arena = served_->device_arena_descriptor())
+    opened["device_arena"] = control::hex_encode(*device_arena);
+  if (!served_->device_memory_note().empty())
+    opened["device_memory_note"] = served_->device_memory_note();
   send(opened);
 }
 

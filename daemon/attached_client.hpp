@@ -3,15 +3,23 @@
 // one request and one reply at a time, each a frame:
 //
 //   client -> {"proxyep":"attach","rank":r,"ranks":R,"tolerate_peer_failures":bool,
-//              "landing_fabric":"auto"}                     (the last only with a landing region)
+//              ["landing_fabric":"auto"],                  (only with a landing region)
+//              ["device_ring":true],                       (a Buffer with a device)
+//              ["device_memory":{"kind":"cuda",            (its device memory for the NIC)
+//                                ["staging":{"handle":hex,"bytes":n,"fd":bool}],
+//                                ["arena":{"handle":hex,"bytes":n,"fd":bool}]}]}
 //             + descriptors: arena, staging, ring (memfds), doorbell (eventfd), relay (memfd),
-//               [landing (memfd)]
+//               [landing (memfd)], [device ring (memfd)], [device staging], [device arena]
+//               (the last two where "fd" says so: the simulated device's memfds)
 //   daemon -> {"proxyep":"opened","addresses":hex,"arena":hex,"provider":"tcp;ofi_rxm",
-//              ["landing":hex]}                              (when it registered the landing
-//              region)
+//              ["landing":hex],                            (when it registered the landing region)
+//              ["device_staging":bool],                    (whether it registered that)
+//              ["device_arena":hex],                       (when it registered that)
+//              ["device_memory_note":"why not"]}           (offered device memory left unused)
 //   client -> {"proxyep":"connect","addresses":[hex, ...]}      (every rank's, by rank)
 //   daemon -> {"proxyep":"connected"}
-//   client -> {"proxyep":"arenas","descriptors":[hex, ...],["landing_descriptors":[hex, ...]]}
+//   client -> {"proxyep":"arenas","descriptors":[hex, ...],["landing_descriptors":[hex, ...]],
+//              ["device_arena_descriptors":[hex or "", ...]]}  ("": that rank registered none)
 //   daemon -> {"proxyep":"arenas_added"}
 //   client -> {"proxyep":"start"}
 //   daemon -> {"proxyep":"started"}

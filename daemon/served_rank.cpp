@@ -4,9 +4,11 @@
 #include "common/error.hpp"
 #include "common/keep_forever.hpp"
 #include "common/log.hpp"
+#include "daemon/client_device_memory.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/session.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 namespace proxyep::daemon {
@@ -14,6 +16,13 @@ namespace proxyep::daemon {
 namespace {
 
 constexpr const char* kPhase = "daemon.attach";
+
+constexpr size_t kNoFd = ~size_t{0};
+
+// The descriptor at `position` (kNoFd: none came).
+int fd_at(const std::vector<int>& fds, size_t position) {
+  return position == kNoFd ? -1 : fds[position];
+}
 
 std::unique_ptr<HostMemory> map_client_fd(int fd, const char* what) {
   try {
@@ -25,6 +34,13 @@ std::unique_ptr<HostMemory> map_client_fd(int fd, const char* what) {
 
 }  // namespace
 
+size_t AttachRequest::fd_count() const {
+  auto with = [](bool present) { return present ? size_t{1} : size_t{0}; };
+  return count + with(!landing_fabric.empty()) + with(device_ring) +
+         with(device_staging && device_staging->with_fd) +
+         with(device_arena && device_arena->with_fd);
+}
+
 ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : request_(request) {
   // Whatever happens, the received descriptors are closed here: the mappings keep the memory.
   struct CloseAll {
@@ -35,16 +51,27 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
     }
   } close_all{fds};
   const bool with_landing = !request.landing_fabric.empty();
-  const size_t expected =
-      AttachRequest::count + (with_landing ? 1u : 0u) + (request.device_ring ? 1u : 0u);
-  require(fds.size() == expected, kPhase,
+  const auto with_fd = [](const std::optional<AttachRequest::DeviceMemory>& memory) {
+    return memory && memory->with_fd;
+  };
+  require(fds.size() == request.fd_count(), kPhase,
           "the attach frame carried {} file descriptors, {} expected (arena, staging, ring, "
-          "doorbell, relay{}{})",
-          fds.size(), expected, with_landing ? ", landing" : "",
-          request.device_ring ? ", device ring" : "");
+          "doorbell, relay{}{}{}{})",
+          fds.size(), request.fd_count(), with_landing ? ", landing" : "",
+          request.device_ring ? ", device ring" : "",
+          with_fd(request.device_staging) ? ", device staging" : "",
+          with_fd(request.device_arena) ? ", device arena" : "");
   require(request.ranks >= 2 && request.rank >= 0 && request.rank < request.ranks, kPhase,
           "rank {} of {} ranks: a rank between 0 and ranks - 1, at least 2 ranks", request.rank,
           request.ranks);
+  // The optional descriptors' positions, in the frame's order.
+  size_t next = AttachRequest::count;
+  const auto position = [&next](bool present) { return present ? next++ : kNoFd; };
+  const size_t landing_fd = position(with_landing);
+  const size_t device_ring_fd = position(request.device_ring);
+  const size_t device_staging_fd = position(with_fd(request.device_staging));
+  const size_t device_arena_fd = position(with_fd(request.device_arena));
+
   State& s = *state_;
   s.arena = map_client_fd(fds[AttachRequest::arena], "arena");
   s.staging = map_client_fd(fds[AttachRequest::staging], "staging area");
@@ -61,7 +88,7 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   s.staging_region = s.fabric->register_memory(s.staging->host(), s.staging->size());
   if (with_landing &&
       proxy::registers_landing(request.landing_fabric, s.fabric->capabilities().provider)) {
-    s.landing = map_client_fd(fds[AttachRequest::landing], "landing region");
+    s.landing = map_client_fd(fds[landing_fd], "landing region");
     s.landing_region = s.fabric->register_memory(s.landing->host(), s.landing->size());
   }
   proxy::EngineOptions options = proxy::EngineOptions::from_params();
@@ -72,11 +99,51 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   s.engine->regions().add_local(proxy::FabricLink::kStagingRegion, *s.staging_region);
   s.engine->add_ring(ring, s.doorbell.get());
   if (request.device_ring) {
-    // The last descriptor. No doorbell: the client's route keeps the thread polling.
-    s.device_ring_memory = map_client_fd(fds.back(), "device ring");
+    // No doorbell: the client's route keeps the thread polling.
+    s.device_ring_memory = map_client_fd(fds[device_ring_fd], "device ring");
     s.engine->add_ring(gpu_side::Ring::attach(s.device_ring_memory->bytes()), nullptr);
   }
+  if (request.device_staging &&
+      register_device_memory(*request.device_staging, fd_at(fds, device_staging_fd),
+                             "device staging", s.device_staging, s.device_staging_region))
+    s.engine->regions().add_local(proxy::FabricLink::kDeviceStagingRegion,
+                                  *s.device_staging_region);
+  if (request.device_arena)
+    register_device_memory(*request.device_arena, fd_at(fds, device_arena_fd), "device arena",
+                           s.device_arena, s.device_arena_region);
   peer_failure_reported_.assign(static_cast<size_t>(request.ranks), false);
+}
+
+bool ServedRank::register_device_memory(const AttachRequest::DeviceMemory& offer, int fd,
+                                        std::string_view what, gpu_side::device::NicMemory& memory,
+                                        std::unique_ptr<fabric::MemoryRegion>& region) {
+  // Chosen from the capabilities alone, as in process (proxy/in_process_session.cpp): without
+  // FI_HMEM, or where this memory does not open or register, the client's host memory serves.
+  const fabric::Capabilities& caps = state_->fabric->capabilities();
+  std::string why;
+  if (!caps.hmem) {
+    why = fmt::format("provider {} does not register device memory (no FI_HMEM)", caps.provider);
+  } else if (!opens_device_memory(request_.device_kind)) {
+    why = fmt::format("this proxyepd cannot open {} device memory{}", request_.device_kind,
+                      request_.device_kind == "cuda" ? " (built without CUDA)" : "");
+  } else {
+    try {
+      gpu_side::device::NicMemory opened =
+          open_client_device_memory(request_.device_kind, offer.handle, fd, offer.bytes, kPhase);
+      region = state_->fabric->register_memory(
+          opened.memory.get(), opened.bytes,
+          opened.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
+      memory = std::move(opened);
+      return true;
+    } catch (const Error& e) {
+      why = e.what();
+    }
+  }
+  if (!device_memory_note_.empty()) device_memory_note_ += "; ";
+  device_memory_note_ += fmt::format("{} not registered: {}", what, why);
+  log::info("proxyepd: rank {}: the client's {} is not registered ({}); its host memory serves",
+            request_.rank, what, why);
+  return false;
 }
 
 ServedRank::~ServedRank() {
@@ -95,6 +162,11 @@ fabric::Bytes ServedRank::arena_descriptor() const {
   return state_->arena_region->descriptor().serialize();
 }
 
+std::optional<fabric::Bytes> ServedRank::device_arena_descriptor() const {
+  if (!state_->device_arena_region) return std::nullopt;
+  return state_->device_arena_region->descriptor().serialize();
+}
+
 std::optional<fabric::Bytes> ServedRank::landing_descriptor() const {
   if (!state_->landing_region) return std::nullopt;
   return state_->landing_region->descriptor().serialize();
@@ -111,7 +183,8 @@ void ServedRank::connect(const std::vector<fabric::Bytes>& group) {
 }
 
 void ServedRank::add_arenas(const std::vector<fabric::Bytes>& descriptors,
-                            const std::vector<fabric::Bytes>& landing_descriptors) {
+                            const std::vector<fabric::Bytes>& landing_descriptors,
+                            const std::vector<fabric::Bytes>& device_arena_descriptors) {
   require(!group_.empty() && !started_, kPhase,
           "arena descriptors come after connect, before start");
   require(descriptors.size() == static_cast<size_t>(request_.ranks), kPhase,
@@ -120,16 +193,24 @@ void ServedRank::add_arenas(const std::vector<fabric::Bytes>& descriptors,
   require(landing_descriptors.size() == (landing ? descriptors.size() : 0u), kPhase,
           "{} landing descriptors for a job of {} ranks (this rank's landing region is {})",
           landing_descriptors.size(), request_.ranks, landing ? "registered" : "not registered");
+  require(device_arena_descriptors.empty() || device_arena_descriptors.size() == descriptors.size(),
+          kPhase, "{} device arena descriptors for a job of {} ranks",
+          device_arena_descriptors.size(), request_.ranks);
   if (landing)
     state_->engine->regions().add_local(proxy::FabricLink::kLandingRegion, *state_->landing_region);
   for (int r = 0; r < request_.ranks; ++r) {
-    state_->engine->regions().add_remote(
-        r, proxy::FabricLink::kArenaRegion,
-        fabric::RegionDescriptor::deserialize(descriptors[static_cast<size_t>(r)]));
+    const auto i = static_cast<size_t>(r);
+    state_->engine->regions().add_remote(r, proxy::FabricLink::kArenaRegion,
+                                         fabric::RegionDescriptor::deserialize(descriptors[i]));
     if (landing)
       state_->engine->regions().add_remote(
           r, proxy::FabricLink::kLandingRegion,
-          fabric::RegionDescriptor::deserialize(landing_descriptors[static_cast<size_t>(r)]));
+          fabric::RegionDescriptor::deserialize(landing_descriptors[i]));
+    // Empty: rank r registered no device arena; its client sends it none.
+    if (!device_arena_descriptors.empty() && !device_arena_descriptors[i].empty())
+      state_->engine->regions().add_remote(
+          r, proxy::FabricLink::kDeviceArenaRegion,
+          fabric::RegionDescriptor::deserialize(device_arena_descriptors[i]));
   }
 }
 

@@ -9,6 +9,11 @@
 //   rank.add_arenas(descriptors);   // every rank's arena descriptor, after another allgather
 //   rank.start();                   // the proxy threads start draining
 //
+// Device memory (client_device_memory.hpp): the client's device staging and device arena,
+// opened through their handles where this fabric registers device memory, registered as
+// FabricLink::kDeviceStagingRegion (a local source) and kDeviceArenaRegion (every rank's, a
+// remote target), so the NIC reads and writes GPU memory as in process.
+//
 // Memory: each region is this process's own mapping of the client's memfd, so when the client
 // dies mid-call the pages stay valid until the rank is destroyed: writes in flight complete
 // into and out of memory that still exists, and only then are the regions deregistered and
@@ -23,6 +28,7 @@
 #include "common/host_memory.hpp"
 #include "control/signal_router.hpp"
 #include "fabric/fabric.hpp"
+#include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "proxy/health.hpp"
 #include "proxy/proxy_engine.hpp"
@@ -31,6 +37,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace proxyep::daemon {
@@ -46,8 +53,21 @@ struct AttachRequest {
   // Whether the client passed a device ring (after the landing region, when it passed one): a
   // ring its device's stream pushes into (proxy/device_routing.hpp), drained beside the first.
   bool device_ring = false;
-  // The descriptors that came with the frame, in this order (landing and device ring optional).
-  enum Fd { arena, staging, ring, doorbell, relay, count, landing = count };
+  // Device memory the client offers for the NIC (client_device_memory.hpp): registered when
+  // this fabric registers device memory (FI_HMEM) and the memory opens here, else left to the
+  // client's host bounce. Each comes with its descriptor (after the device ring) when with_fd.
+  struct DeviceMemory {
+    std::vector<uint8_t> handle;
+    uint64_t bytes = 0;
+    bool with_fd = false;
+  };
+  std::string device_kind;  // "cuda", "simulated"; empty: no device memory offered
+  std::optional<DeviceMemory> device_staging;  // FabricLink::kDeviceStagingRegion, local
+  std::optional<DeviceMemory> device_arena;    // FabricLink::kDeviceArenaRegion, remote target
+  // The descriptors that came with the frame, in this order: the five always, then landing,
+  // device ring, device staging and device arena where present.
+  enum Fd { arena, staging, ring, doorbell, relay, count };
+  size_t fd_count() const;
 };
 
 class ServedRank {
@@ -65,15 +85,22 @@ class ServedRank {
   fabric::Bytes arena_descriptor() const;
   // The landing region's descriptor when it is registered, else nullopt.
   std::optional<fabric::Bytes> landing_descriptor() const;
+  // Whether the client's device staging is registered; its device arena's descriptor when that
+  // is; why offered device memory is not used ("" when it all is, or none was offered).
+  bool device_staging_registered() const { return state_->device_staging_region != nullptr; }
+  std::optional<fabric::Bytes> device_arena_descriptor() const;
+  const std::string& device_memory_note() const { return device_memory_note_; }
   const fabric::Capabilities& capabilities() const { return state_->fabric->capabilities(); }
   // The job's fabric addresses (index = rank), as connect() accepted them; empty before.
   const std::vector<fabric::Bytes>& group() const { return group_; }
 
   void connect(const std::vector<fabric::Bytes>& group);
-  // Every rank's arena descriptor, and (when the landing region is registered) every rank's
-  // landing descriptor.
+  // Every rank's arena descriptor, (when the landing region is registered) every rank's
+  // landing descriptor, and every rank's device arena descriptor (empty: that rank has none
+  // registered; the whole list empty: no rank has).
   void add_arenas(const std::vector<fabric::Bytes>& descriptors,
-                  const std::vector<fabric::Bytes>& landing_descriptors);
+                  const std::vector<fabric::Bytes>& landing_descriptors,
+                  const std::vector<fabric::Bytes>& device_arena_descriptors);
   void start();
   bool started() const { return started_; }
   // Before start(): the client's collectives wait on its peers, whose fabric needs this side
@@ -88,17 +115,26 @@ class ServedRank {
   uint64_t relayed() const { return state_->relay ? state_->relay->relayed() : 0; }
 
  private:
+  // Opens and registers `offer` (FI_HMEM) into `memory` and `region`; false, with the reason
+  // in device_memory_note_, where it is not (the client's host memory then serves).
+  bool register_device_memory(const AttachRequest::DeviceMemory& offer, int fd,
+                              std::string_view what, gpu_side::device::NicMemory& memory,
+                              std::unique_ptr<fabric::MemoryRegion>& region);
+
   AttachRequest request_;
   std::vector<fabric::Bytes> group_;
   bool started_ = false;
   std::vector<bool> peer_failure_reported_;
+  std::string device_memory_note_;
   // Everything the proxy threads may touch; leaked whole when stop() had to abandon a thread.
   struct State {
     std::unique_ptr<HostMemory> arena, staging, ring_memory, relay_memory, landing,
         device_ring_memory;
+    gpu_side::device::NicMemory device_staging, device_arena;  // the client's, opened here
     std::unique_ptr<gpu_side::Doorbell> doorbell;
     std::unique_ptr<fabric::Fabric> fabric;
-    std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region;
+    std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region,
+        device_staging_region, device_arena_region;
     std::unique_ptr<proxy::RelaySender> relay;
     control::SignalRouter router;
     std::unique_ptr<proxy::ProxyEngine> engine;

@@ -10,6 +10,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 namespace proxyep::proxy {
 
 namespace {
@@ -59,6 +61,7 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
           "{} ranks exceed the {} chunk streams an immediate can name", ranks(),
           control::imm::kMaxStreams);
   const Deadline deadline(timeout_);
+  bool link_device_staging = false;
   daemon_ = control::DaemonConnection::open(config.daemon_socket, control::ClientKind::attach,
                                             timeout_, kPhase);
   staging_ = std::make_unique<HostMemory>(
@@ -93,10 +96,18 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
                           fmt::format("proxyep-device-ring-{}", rank())));
     fds.push_back(device_routing_->memory().fd());
     attach["device_ring"] = true;
+    offer_device_memory(*config.device, attach, fds);
   }
   const nlohmann::json opened = daemon_->request(attach, fds, "opened", deadline, kPhase);
   provider_ = opened.value("provider", std::string("?"));
   const bool landing = opened.contains("landing");
+  if (device_staging_.memory && opened.value("device_staging", false))
+    link_device_staging = true;
+  else
+    device_staging_ = {};
+  if (opened.contains("device_memory_note"))
+    log::info("buffer: rank {}: proxyepd: {}", rank(),
+              opened["device_memory_note"].get<std::string>());
 
   const auto addresses =
       bootstrap.allgather(hex_field(opened, "addresses"), "buffer(fabric addresses)");
@@ -107,6 +118,15 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
   if (landing)
     regions["landing_descriptors"] =
         hex_all(bootstrap.allgather(hex_field(opened, "landing"), "buffer(region 2)"));
+  // Every rank, with a device arena its daemon registered or without (empty): collective.
+  const auto device_arenas = bootstrap.allgather(
+      opened.contains("device_arena") ? hex_field(opened, "device_arena") : fabric::Bytes{},
+      "buffer(region 5)");
+  std::vector<bool> device_arena_of(device_arenas.size());
+  for (size_t r = 0; r < device_arenas.size(); ++r)
+    device_arena_of[r] = !device_arenas[r].empty();
+  if (std::find(device_arena_of.begin(), device_arena_of.end(), true) != device_arena_of.end())
+    regions["device_arena_descriptors"] = hex_all(device_arenas);
   daemon_->request(regions, {}, "arenas_added", deadline, kPhase);
 
   // Keys as in process (fabric_channel.hpp): records, eager bytes, releases, landing writes.
@@ -118,9 +138,14 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
   link_ = std::make_unique<FabricLink>(ring, *producer_, static_cast<std::byte*>(staging_->host()),
                                        *counters_, timeout_, /*from_caller=*/false,
                                        [this](std::string_view phase) { check_health(phase); });
+  if (link_device_staging)
+    link_->set_device_staging(*config.device, device_staging_.memory.get(),
+                              layout().staging_data_base());
   for (int r = 0; r < ranks(); ++r) {
     if (layout().on_node(r)) continue;
-    auto channel = std::make_unique<FabricChannel>(r, layout(), node_->local(), *link_, landing);
+    auto channel = std::make_unique<FabricChannel>(r, layout(), node_->local(), *link_, landing,
+                                                   device_arenas_.get(),
+                                                   device_arena_of[static_cast<size_t>(r)]);
     router_.attach_stream(static_cast<uint32_t>(r), channel->window());
     router_.attach_credits(static_cast<uint32_t>(r), channel->credits());
     channels_[r] = std::move(channel);
@@ -145,6 +170,30 @@ void DaemonSession::stop() noexcept {
     log::debug("buffer: detaching from proxyepd: {}", e.what());
   }
   daemon_.reset();
+}
+
+void DaemonSession::offer_device_memory(gpu_side::device::DeviceRuntime& device,
+                                        nlohmann::json& attach, std::vector<int>& fds) {
+  // The memory of each: its handle, and its descriptor where the device has one.
+  const auto entry = [&fds](std::span<const uint8_t> handle, uint64_t bytes, int fd) {
+    if (fd >= 0) fds.push_back(fd);
+    return nlohmann::json{
+        {"handle", control::hex_encode(handle)}, {"bytes", bytes}, {"fd", fd >= 0}};
+  };
+  nlohmann::json offer{{"kind", std::string(device.kind())}};
+  // Device staging as in process (in_process_session.cpp): the staging data area's size, where
+  // the device offers memory a NIC reads; the daemon registers it only with FI_HMEM.
+  if (const uint64_t bytes = layout().sizes().staging_bytes; bytes > 0) {
+    gpu_side::device::SharedMemory shared = device.allocate_shared(bytes);
+    if (shared.memory && shared.nic_reads) {
+      offer["staging"] = entry(shared.handle, bytes, shared.fd);
+      device_staging_ = std::move(shared);
+    }
+  }
+  if (device_arenas_->local() != nullptr && device_arenas_->nic_reads())
+    offer["arena"] =
+        entry(device_arenas_->local_handle(), device_arenas_->bytes(), device_arenas_->local_fd());
+  if (offer.contains("staging") || offer.contains("arena")) attach["device_memory"] = offer;
 }
 
 const std::optional<std::string>& DaemonSession::poll_daemon() const {

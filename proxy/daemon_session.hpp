@@ -20,6 +20,10 @@
 // as in process (ep.landing_fabric), so other nodes' rows land straight in recv_x; so does the
 // device ring (SessionConfig::device, device_routing.hpp), a memfd the daemon drains beside
 // the first ring, so that device calls hand their writes to the daemon from the device's stream.
+// Device memory (where the daemon's fabric registers it, FI_HMEM): this rank offers its device
+// staging and device arena by their handles (DeviceRuntime::allocate_shared), which the daemon
+// opens and registers (daemon/client_device_memory.hpp), so a device call's chunks leave from
+// device memory and other nodes' rows land in the device arena, as in process.
 // The caller's own memory (x) is not the daemon's: no writes straight from x (ep.send_from_x does
 // not apply).
 #pragma once
@@ -66,6 +70,9 @@ class DaemonSession final : public Session {
   bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                    std::string_view phase) override;
   void flush_posts() override;
+  uint64_t chunks_from_device_memory() const override {
+    return link_ ? link_->device_chunks() : 0;
+  }
   uint64_t sends_to_device_arenas() const override { return device_arenas_->sends(); }
   uint64_t writes_from_device() const override {
     return device_routing_ ? device_routing_->posted() : 0;
@@ -77,6 +84,10 @@ class DaemonSession final : public Session {
 
  private:
   void attach(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // Adds to the attach request the device memory the daemon's NIC may use where its fabric
+  // registers device memory (FI_HMEM): device staging (allocated here) and the device arena.
+  void offer_device_memory(gpu_side::device::DeviceRuntime& device, nlohmann::json& attach,
+                           std::vector<int>& fds);
   // Has the device's stream push what the route was handed, before a wait for what answers it.
   void drive_route(std::string_view phase);
   // Reads the daemon's socket (notices and failures); the failure text once there is one.
@@ -94,6 +105,8 @@ class DaemonSession final : public Session {
   std::unique_ptr<DeviceArenas> device_arenas_;  // SessionConfig::device's, for node peers
   mutable std::optional<control::DaemonConnection> daemon_;  // read by const health checks
   std::unique_ptr<HostMemory> staging_, ring_memory_, relay_memory_;
+  // Device memory the daemon registered as this rank's device staging (FI_HMEM); none else.
+  gpu_side::device::SharedMemory device_staging_;
   std::unique_ptr<gpu_side::Doorbell> doorbell_;
   // SessionConfig::device: a memfd ring the daemon drains beside the first (before the
   // link and the channels, which hold its route's positions).

@@ -72,6 +72,8 @@ DeviceArenas::DeviceArenas(control::Bootstrap& bootstrap,
       opened_[static_cast<size_t>(rank_)] = std::move(shared.memory);
       nic_reads_ = shared.nic_reads;
       registers_as_host_ = shared.registers_as_host;
+      local_handle_ = shared.handle;
+      local_fd_ = shared.fd;
       mine = {std::string(device_->kind()), bytes, std::move(shared.handle)};
     }
   }

@@ -12,8 +12,8 @@
 // sender used from the sender's record (the word's kDeviceRowsBit), so calls of either kind
 // interoperate: a host call that is sent rows in device memory has its device copy them out
 // (received()). Where the fabric registers device memory (FI_HMEM) and the arena is memory a
-// NIC writes, the in-process session registers it too, and other nodes' device calls write
-// into it the same way (fabric_channel.hpp).
+// NIC writes, the session registers it too (in process, or the node daemon through its handle),
+// and other nodes' device calls write into it the same way (fabric_channel.hpp).
 #pragma once
 
 #include "control/bootstrap.hpp"
@@ -25,6 +25,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -51,6 +52,10 @@ class DeviceArenas {
   // memory (gpu_side::device::SharedMemory).
   bool nic_reads() const { return nic_reads_; }
   bool registers_as_host() const { return registers_as_host_; }
+  // This rank's arena as the node daemon opens it for its NIC (gpu_side::device::SharedMemory's
+  // handle and descriptor, -1 where the device has none); empty without an arena.
+  std::span<const uint8_t> local_handle() const { return local_handle_; }
+  int local_fd() const { return local_fd_; }
 
   // Call `call` (every call, on every rank) has its rows written and read by `rows_device`'s
   // kernels (none: a host call). Rows go to device arenas in calls of this rank's device.
@@ -78,6 +83,8 @@ class DeviceArenas {
   int rank_;
   uint64_t bytes_;
   bool nic_reads_ = false, registers_as_host_ = false;
+  std::vector<uint8_t> local_handle_;
+  int local_fd_ = -1;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<gpu_side::device::DeviceRuntime> device_;
   std::vector<std::shared_ptr<std::byte[]>> opened_;  // by rank; null: none

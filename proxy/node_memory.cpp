@@ -5,12 +5,10 @@
 
 #include <fmt/format.h>
 
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <string>
 
 namespace proxyep::proxy {
@@ -73,19 +71,12 @@ NodeMemory::NodeMemory(control::Bootstrap& bootstrap, size_t bytes, int ranks_pe
             "rank {} sized its {} {} bytes, this rank {}: every rank must pass the same {}", r,
             kind.what, theirs.bytes, local_.size(), kind.size_from);
     if (r == rank_ || r / ranks_per_node != node || !failure.empty()) continue;
-    std::string path = "/proc/" + std::to_string(theirs.pid) + "/fd/" + std::to_string(theirs.fd);
-    int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-    if (fd < 0) {
-      failure = fmt::format("cannot open the {} of rank {} ({}): {}", kind.what, r, path,
-                            std::strerror(errno));
-      continue;
-    }
     try {
-      mapped_[static_cast<size_t>(r)].emplace(HostMemory::map_fd(fd));
+      mapped_[static_cast<size_t>(r)].emplace(HostMemory::map_process_fd(
+          static_cast<uint64_t>(theirs.pid), static_cast<uint64_t>(theirs.fd)));
     } catch (const Error& e) {
       failure = fmt::format("cannot map the {} of rank {}: {}", kind.what, r, e.what());
     }
-    ::close(fd);
   }
   // Nobody may leave (and close its memfd) before every peer has opened it; a failure is
   // reported after the barrier so the peers are not left waiting on this rank.

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -21,10 +22,38 @@ constexpr const char* kPhase = "cuda device";
 
 // The handle (little endian, common/wire.hpp):
 //   u32 magic "PXCI" | u16 version | u16 0 | u64 pid | u64 address | u64 bytes | u32 ordinal |
-//   cudaIpcMemHandle_t (64 bytes)
+//   PCI bus id (16 bytes, NUL-padded "dddd:bb:dd.f") | cudaIpcMemHandle_t (64 bytes)
 constexpr uint32_t kHandleMagic = 0x49435850;  // "PXCI" read as little-endian bytes
-constexpr uint16_t kHandleVersion = 1;
-static_assert(24 + 8 + 4 + sizeof(cudaIpcMemHandle_t) <= device::kSharedHandleBytes);
+constexpr uint16_t kHandleVersion = 2;
+constexpr size_t kBusIdBytes = 16;
+static_assert(24 + 8 + 4 + kBusIdBytes + sizeof(cudaIpcMemHandle_t) <= device::kSharedHandleBytes);
+
+struct Handle {
+  uint64_t pid = 0, address = 0, bytes = 0;
+  int ordinal = 0;
+  std::string bus_id;
+  cudaIpcMemHandle_t ipc{};
+};
+
+Handle read_handle(std::span<const uint8_t> handle, uint64_t bytes, std::string_view phase) {
+  ByteReader r(handle, std::string(phase));
+  require(r.u32("magic") == kHandleMagic && r.u16("version") == kHandleVersion, phase,
+          "open_shared: the handle is not a CUDA device's (or another ProxyEP version's)");
+  (void)r.u16("reserved");
+  Handle h;
+  h.pid = r.u64("pid");
+  h.address = r.u64("address");
+  h.bytes = r.u64("bytes");
+  h.ordinal = static_cast<int>(r.u32("ordinal"));
+  const auto bus = r.bytes(kBusIdBytes, "PCI bus id");
+  h.bus_id.assign(reinterpret_cast<const char*>(bus.data()),
+                  strnlen(reinterpret_cast<const char*>(bus.data()), kBusIdBytes));
+  std::memcpy(&h.ipc, r.bytes(sizeof h.ipc, "cudaIpcMemHandle_t").data(), sizeof h.ipc);
+  r.expect_end("shared memory handle");
+  require(h.bytes >= bytes, phase, "open_shared: the peer shared {} bytes, {} are needed", h.bytes,
+          bytes);
+  return h;
+}
 
 // This process's shared allocations by address, for openers in the same process.
 struct LiveAllocations {
@@ -92,44 +121,53 @@ device::SharedMemory allocate_shared_memory(int ordinal, uint64_t bytes) {
   w.u64(address);
   w.u64(bytes);
   w.u32(static_cast<uint32_t>(ordinal));
+  std::array<char, kBusIdBytes> bus{};
+  check_cuda(cudaDeviceGetPCIBusId(bus.data(), static_cast<int>(bus.size()), ordinal), kPhase,
+             "cudaDeviceGetPCIBusId");
+  bus.back() = '\0';
+  w.bytes({reinterpret_cast<const uint8_t*>(bus.data()), bus.size()});
   w.bytes({reinterpret_cast<const uint8_t*>(&ipc), sizeof ipc});
   return shared;
 }
 
 std::shared_ptr<std::byte[]> open_shared_memory(int ordinal, std::span<const uint8_t> handle,
                                                 uint64_t bytes, std::string_view phase) {
-  ByteReader r(handle, std::string(phase));
-  require(r.u32("magic") == kHandleMagic && r.u16("version") == kHandleVersion, phase,
-          "open_shared: the handle is not a CUDA device's");
-  (void)r.u16("reserved");
-  const uint64_t pid = r.u64("pid"), address = r.u64("address"), shared_bytes = r.u64("bytes");
-  const auto owner = static_cast<int>(r.u32("ordinal"));
-  cudaIpcMemHandle_t ipc{};
-  std::memcpy(&ipc, r.bytes(sizeof ipc, "cudaIpcMemHandle_t").data(), sizeof ipc);
-  r.expect_end("shared memory handle");
-  require(shared_bytes >= bytes, phase, "open_shared: the peer shared {} bytes, {} are needed",
-          shared_bytes, bytes);
-
-  if (pid == static_cast<uint64_t>(::getpid())) {
+  const Handle h = read_handle(handle, bytes, phase);
+  if (h.pid == static_cast<uint64_t>(::getpid())) {
     std::shared_ptr<std::byte[]> memory;
     {
       std::lock_guard lock(live().mutex);
-      const auto it = live().by_address.find(address);
+      const auto it = live().by_address.find(h.address);
       if (it != live().by_address.end()) memory = it->second.lock();
     }
     require(memory != nullptr, phase,
-            "open_shared: the memory this process shared at {:#x} was released", address);
-    enable_peer(ordinal, owner, phase);
+            "open_shared: the memory this process shared at {:#x} was released", h.address);
+    enable_peer(ordinal, h.ordinal, phase);
     return memory;
   }
   check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice");
   void* opened = nullptr;
-  check_cuda(cudaIpcOpenMemHandle(&opened, ipc, cudaIpcMemLazyEnablePeerAccess), kPhase,
+  check_cuda(cudaIpcOpenMemHandle(&opened, h.ipc, cudaIpcMemLazyEnablePeerAccess), kPhase,
              "cudaIpcOpenMemHandle");
   return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(opened), [ordinal](std::byte* p) {
     (void)cudaSetDevice(ordinal);
     (void)cudaIpcCloseMemHandle(p);
   });
+}
+
+device::NicMemory open_for_nic(std::span<const uint8_t> handle, uint64_t bytes,
+                               std::string_view phase) {
+  const Handle h = read_handle(handle, bytes, phase);
+  int ordinal = -1;
+  const cudaError_t found = cudaDeviceGetByPCIBusId(&ordinal, h.bus_id.c_str());
+  if (found != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(std::string(phase), "open_for_nic: this process sees no CUDA device at PCI bus id {} ({})",
+         h.bus_id, cudaGetErrorString(found));
+  }
+  return {.memory = open_shared_memory(ordinal, handle, bytes, phase),
+          .bytes = bytes,
+          .registers_as_host = false};
 }
 
 }  // namespace proxyep::gpu_side::cuda

@@ -69,6 +69,11 @@ struct SharedMemory {
   // NicMemory), and how: as host memory (the simulated device's stand-in) or as CUDA memory.
   bool nic_reads = false;
   bool registers_as_host = false;
+  // A file descriptor of the same memory where the device has one (the simulated device's
+  // memfd; CUDA: -1, the handle is all there is), owned with `memory` and valid while it lives:
+  // a process it is passed to over a Unix socket (the node daemon) maps the pages from it, as
+  // the NIC's view (open_for_nic in simulated_device.hpp).
+  int fd = -1;
 };
 inline constexpr uint64_t kSharedHandleBytes = 128;
 

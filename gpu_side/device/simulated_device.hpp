@@ -77,6 +77,14 @@ class SimulatedDevice final : public DeviceRuntime {
   SharedMemory allocate_shared(uint64_t bytes) override;
   std::shared_ptr<std::byte[]> open_shared(std::span<const uint8_t> handle, uint64_t bytes,
                                            std::string_view phase) override;
+  // The NIC's view of a simulated device's shared memory in a process without that device (the
+  // node daemon, which registers it with its fabric for the owner's writes): `fd` (the owner's
+  // SharedMemory::fd, passed over a Unix socket) mapped untagged, as a NIC reaches GPU memory
+  // by DMA. Only for memory whose handle says a NIC reads it (nic_reads_device_memory).
+  // Throws proxyep::Error(phase) for a handle of another kind, one that does not allow it, or
+  // fewer than `bytes` behind the descriptor.
+  static NicMemory open_for_nic(std::span<const uint8_t> handle, int fd, uint64_t bytes,
+                                std::string_view phase);
   void* register_host(void* host, uint64_t bytes) override;
   void unregister_host(void* host) override;
   void copy(void* to, const void* from, uint64_t bytes) override;

@@ -286,10 +286,9 @@ def case_bad_version(c):
     check("999" in error and "version 1" in error, f"the error does not name both: {error}")
 
 
-def case_attach_protocol(c):
-    path = c.socket_path()
-    c.start(path)
-    # An attach hello is welcomed; an attach request without its memory is refused, saying why.
+def attach_answer(path, request):
+    """The daemon's frames after an attach hello and `request` (no descriptors), up to the end
+    of the connection (a refused request ends it)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(5)
         s.connect(path)
@@ -300,16 +299,27 @@ def case_attach_protocol(c):
         welcome = parse_frames(data)[0]
         check(welcome["proxyep"] == "welcome" and "attach" in welcome["capabilities"],
               f"welcome: {welcome}")
-        s.sendall(frame({"proxyep": "attach", "rank": 0, "ranks": 2}))
-        data = b""
+        s.sendall(frame(request))
         while True:
             chunk = s.recv(65536)
             if not chunk:
                 break
             data += chunk
-    frames = parse_frames(data)[1:] if parse_frames(data)[0]["proxyep"] == "welcome" else parse_frames(data)
+    return parse_frames(data)[1:]
+
+
+def case_attach_protocol(c):
+    path = c.socket_path()
+    c.start(path)
+    # An attach hello is welcomed; an attach request without its memory is refused, saying why.
+    frames = attach_answer(path, {"proxyep": "attach", "rank": 0, "ranks": 2})
     check(frames and frames[-1]["proxyep"] == "error", f"answer: {frames}")
     check("carried 0 file descriptors, 5 expected" in frames[-1]["error"], f"not why: {frames}")
+    # Device memory offered without its handle: refused before anything is mapped.
+    frames = attach_answer(path, {"proxyep": "attach", "rank": 0, "ranks": 2,
+                                  "device_memory": {"kind": "cuda", "staging": {"bytes": 4096}}})
+    check(frames and "'device_memory.staging' needs a hex 'handle'" in frames[-1].get("error", ""),
+          f"answer: {frames}")
     frames = exchange(path, hello(kind="dance"))
     check("unknown kind" in frames[0]["error"], f"answer: {frames}")
     frames = exchange(path, {"proxyep": "welcome", "version": 1})
@@ -372,10 +382,11 @@ def case_metrics(c):
 # --- the data path: ranks whose proxy is the daemon ---------------------------------------
 
 
-def start_nodes(c, nodes=2):
-    """One daemon per emulated node (tcp with the reorder shim), and the environment that sends
-    ranks to them: daemon.socket with {node}, which each rank turns into its node's index."""
-    os.environ.update(PROXYEP_FABRIC_PROVIDER="tcp", PROXYEP_FABRIC_REORDER="1")
+def start_nodes(c, nodes=2, provider="tcp"):
+    """One daemon per emulated node (`provider` with the reorder shim), and the environment that
+    sends ranks to them: daemon.socket with {node}, which each rank turns into its node's
+    index."""
+    os.environ.update(PROXYEP_FABRIC_PROVIDER=provider, PROXYEP_FABRIC_REORDER="1")
     paths = [c.socket_path(f"run/node{n}.sock") for n in range(nodes)]
     daemons = [c.start(path) for path in paths]
     env = dict(os.environ, PROXYEP_PROXY_MODE="daemon", PROXYEP_LOG_LEVEL="warn",
@@ -539,13 +550,8 @@ def case_daemon_ep_buffer(c):
     check_served(c, paths, daemons, 2, 1)
 
 
-def case_daemon_device_buffer(c):
-    """Device tensors through the daemons (tests/integration/ep_device_buffer.cpp on a
-    simulated device): normal mode with eager rows and in many chunks, and low-latency mode; the
-    device's stream pushes the writes to other nodes into the ring the daemon drains (each case
-    checks that some went that way). One rank's stream is slow, the other's runs only when
-    waited for."""
-    paths, daemons, env = start_nodes(c)
+def run_device_cases(c, env):
+    """The device Buffer cases of ep_device_buffer, each as a job of 2 ranks on 2 nodes."""
     for case in ("normal mode with device tensors and eager rows",
                  "normal mode with device tensors in many chunks",
                  "low-latency mode with device tensors"):
@@ -555,6 +561,28 @@ def case_daemon_device_buffer(c):
         check(done.returncode == 0 and done.stdout.count("test cases: 1 | 1 passed") == 2,
               f"{case} through the daemons failed ({done.returncode}):\n"
               f"{done.stdout}{done.stderr}")
+
+
+def case_daemon_device_buffer(c):
+    """Device tensors through the daemons (tests/integration/ep_device_buffer.cpp on a
+    simulated device): normal mode with eager rows and in many chunks, and low-latency mode; the
+    device's stream pushes the writes to other nodes into the ring the daemon drains (each case
+    checks that some went that way). One rank's stream is slow, the other's runs only when
+    waited for."""
+    paths, daemons, env = start_nodes(c)
+    run_device_cases(c, env)
+    check_served(c, paths, daemons, 2, 1)
+
+
+def case_daemon_device_memory(c):
+    """Device memory the daemons' NIC reads and writes (GPUDirect RDMA through proxyepd): over
+    shm, which registers device memory (FI_HMEM), each rank offers its daemon the handles of its
+    device staging and device arena (simulated devices whose memory a NIC reads, their memfds
+    passed beside); the daemon opens and registers them, so chunks to the other node leave from
+    device staging and its rows land in the device arena (each case checks both happened)."""
+    paths, daemons, env = start_nodes(c, provider="shm")
+    env["PROXYEP_TEST_NIC_DEVICE_MEMORY"] = "1"
+    run_device_cases(c, env)
     check_served(c, paths, daemons, 2, 1)
 
 

@@ -24,11 +24,25 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <string_view>
 
 using namespace proxyep;
 namespace device = gpu_side::device;
 
 namespace {
+
+// PROXYEP_TEST_NIC_DEVICE_MEMORY=1: the job's fabric registers device memory (FI_HMEM; the
+// daemons' shm) and the simulated devices offer memory a NIC reads, so chunks to other nodes
+// must leave from device staging and rows land in device arenas (run_device_buffer_rank's
+// nic_device_memory). On CUDA the fabric alone decides; the case checks nothing of it there.
+bool nic_device_memory() {
+#ifdef PROXYEP_TEST_CUDA_DEVICE
+  return false;
+#else
+  const char* value = std::getenv("PROXYEP_TEST_NIC_DEVICE_MEMORY");
+  return value != nullptr && std::string_view(value) == "1";
+#endif
+}
 
 integrations::testing::RankDevice device_of(int rank) {
 #ifdef PROXYEP_TEST_CUDA_DEVICE
@@ -36,9 +50,11 @@ integrations::testing::RankDevice device_of(int rank) {
   return {std::make_shared<gpu_side::cuda::CudaDevice>(0),
           std::make_shared<gpu_side::cuda::CudaDevice>(0)};
 #else
-  auto buffer = std::make_shared<device::SimulatedDevice>(
+  device::SimulatedDeviceOptions options =
       rank == 0 ? device::SimulatedDeviceOptions{.operation_delay = std::chrono::milliseconds(5)}
-                : device::SimulatedDeviceOptions{.defer_until_synchronize = true});
+                : device::SimulatedDeviceOptions{.defer_until_synchronize = true};
+  options.nic_reads_device_memory = nic_device_memory();
+  auto buffer = std::make_shared<device::SimulatedDevice>(options);
   return {buffer, buffer->another_stream()};
 #endif
 }
@@ -57,13 +73,15 @@ int ranks_per_node() {
 // Rows eager with the records, as by default.
 TEST_CASE("normal mode with device tensors and eager rows") {
   integrations::testing::run_device_buffer_rank(ranks_per_node(), launched(), device_of,
-                                                integrations::testing::kTokens);
+                                                integrations::testing::kTokens,
+                                                nic_device_memory());
 }
 
 // Rows in chunks through a Buffer sized for 4 tokens: every slot reused within a call.
 TEST_CASE("normal mode with device tensors in many chunks") {
   params::ep_eager_bytes.set(0);
-  integrations::testing::run_device_buffer_rank(ranks_per_node(), launched(), device_of, 4);
+  integrations::testing::run_device_buffer_rank(ranks_per_node(), launched(), device_of, 4,
+                                                nic_device_memory());
   params::ep_eager_bytes.reset();
 }
 

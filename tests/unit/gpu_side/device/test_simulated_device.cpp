@@ -434,3 +434,51 @@ TEST_CASE("simulated device: a shared handle that is not one, or too small, is r
         }).find("not a simulated device's") != std::string::npos);
   CHECK_FALSE(error_of([&] { (void)peer.open_shared({}, 4096, "test"); }).empty());
 }
+
+// The node daemon's view (client_device_memory.hpp): the memfd that came with the handle,
+// mapped untagged, as a NIC reaches GPU memory. What the NIC writes there, the owner's kernels
+// read; what they write, the NIC reads.
+TEST_CASE("simulated device: the NIC's view of shared memory is the same bytes, any thread's") {
+  SimulatedDevice owner({.nic_reads_device_memory = true});
+  device::SharedMemory shared = owner.allocate_shared(2 * 4096);
+  REQUIRE(shared.fd >= 0);
+  CHECK(shared.nic_reads);
+  device::NicMemory nic = SimulatedDevice::open_for_nic(shared.handle, shared.fd, 2 * 4096, "test");
+  REQUIRE(nic.memory != nullptr);
+  CHECK(nic.bytes == 2 * 4096);
+  CHECK(nic.registers_as_host);
+  CHECK(nic.memory.get() != shared.memory.get());
+  std::vector<uint8_t> in(4096), out(4096, 0);
+  for (size_t i = 0; i < in.size(); ++i)
+    in[i] = static_cast<uint8_t>(i * 5 + 3);
+  std::memcpy(nic.memory.get() + 4096, in.data(), in.size());  // this thread is the NIC
+  owner.copy(out.data(), shared.memory.get() + 4096, out.size());
+  owner.synchronize("test", 10s);
+  CHECK(out == in);
+  owner.fill(shared.memory.get(), 0x5a, 16);
+  owner.synchronize("test", 10s);
+  CHECK(std::to_integer<int>(nic.memory[15]) == 0x5a);
+  // The view keeps the pages once the owner is gone (a client that died mid-call).
+  shared.memory.reset();
+  CHECK(std::to_integer<int>(nic.memory[0]) == 0x5a);
+}
+
+TEST_CASE("simulated device: the NIC's view is refused without leave, a descriptor or bytes") {
+  SimulatedDevice plain, nic_owner({.nic_reads_device_memory = true});
+  device::SharedMemory no_nic = plain.allocate_shared(4096);
+  CHECK(error_of([&] {
+          (void)SimulatedDevice::open_for_nic(no_nic.handle, no_nic.fd, 4096, "test");
+        }).find("does not let a NIC reach") != std::string::npos);
+  device::SharedMemory shared = nic_owner.allocate_shared(4096);
+  CHECK(error_of([&] {
+          (void)SimulatedDevice::open_for_nic(shared.handle, -1, 4096, "test");
+        }).find("no descriptor came") != std::string::npos);
+  CHECK(error_of([&] {
+          (void)SimulatedDevice::open_for_nic(shared.handle, shared.fd, 2 * 4096, "test");
+        }).find("shared 4096 bytes, 8192 are needed") != std::string::npos);
+  std::vector<uint8_t> foreign = shared.handle;
+  foreign[0] ^= 0xff;
+  CHECK(error_of([&] {
+          (void)SimulatedDevice::open_for_nic(foreign, shared.fd, 4096, "test");
+        }).find("not a simulated device's") != std::string::npos);
+}
