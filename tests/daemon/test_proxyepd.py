@@ -502,6 +502,37 @@ def case_daemon_client_killed(c):
     check(any("disconnected" in read(log) for _, log in daemons), "no daemon logged the loss")
 
 
+def case_daemon_device_client_killed(c):
+    """A client killed mid-call while its daemon holds its device memory registered (shm,
+    FI_HMEM; simulated devices whose memory a NIC reads): the daemon's own mappings keep the
+    pages until that rank's proxy threads stopped, and a second job on the same daemons, with
+    device memory too, runs to the end."""
+    paths, daemons, env = start_nodes(c, provider="shm")
+    device = ("--device", "simulated")
+    job_a = bench(c, "ep", env, "--iters", "100000", *device, ranks=2, per_node=1, wait=False)
+    job_b = bench(c, "ep", env, "--iters", "200", *device, ranks=2, per_node=1, wait=False)
+    try:
+        for path in paths:
+            wait_for(lambda: attached(c, path) == 2, 60, f"both jobs to attach to {path}")
+        pids = wait_for(lambda: len(rank_pids(job_a.pid)) == 2 and rank_pids(job_a.pid), 10,
+                        "job A's ranks")
+        time.sleep(0.5)  # well into its calls
+        os.kill(pids[1], signal.SIGKILL)
+        out_a, _ = job_a.communicate(timeout=60)
+        check(job_a.returncode != 0 and "rank 1" in out_a,
+              f"job A did not fail naming its killed rank 1 ({job_a.returncode}):\n{out_a}")
+        out_b, _ = job_b.communicate(timeout=120)
+        check(job_b.returncode == 0 and "verified: yes" in out_b,
+              f"job B, on the same daemons, did not finish ({job_b.returncode}):\n{out_b}")
+    finally:
+        for job in (job_a, job_b):
+            stop_job(job)
+    for path in paths:
+        wait_for(lambda: attached(c, path) == 0, 10, f"{path} to let go of every client")
+    for _, log in daemons:  # the device memory was registered, not left to the host bounce
+        check("not registered" not in read(log), f"device memory left unused:\n{read(log)}")
+
+
 def case_daemon_killed(c):
     paths, daemons, env = start_nodes(c)
     job = bench(c, "ep", env, "--iters", "100000", ranks=2, per_node=1, wait=False)

@@ -21,7 +21,11 @@ std::shared_ptr<gpu_side::device::DeviceRuntime> make_bench_device(const std::st
                                                                    int local_rank,
                                                                    std::string_view phase) {
   if (kind == "host") return nullptr;
-  if (kind == "simulated") return std::make_shared<gpu_side::device::SimulatedDevice>();
+  // As a GPU with GPUDirect RDMA (every cudaMalloc'ed GPU beside an EFA NIC): where the fabric
+  // registers device memory (shm here), chunks leave from device memory and rows land in it.
+  if (kind == "simulated")
+    return std::make_shared<gpu_side::device::SimulatedDevice>(
+        gpu_side::device::SimulatedDeviceOptions{.nic_reads_device_memory = true});
   require(kind == "cuda", phase, "--device {}: not one of host, simulated, cuda", kind);
 #if PROXYEP_HAVE_CUDA
   int count = 0;

@@ -1,6 +1,7 @@
 // The device a bench rank's tensors live on (`proxyep bench ep --device`): "host" (none: host
-// tensors, the CPU backend), "simulated" (the host-simulated device: runs the device path end to
-// end and checks it, a smoke test; its times are of host threads, not of a GPU) or "cuda" (the
+// tensors, the CPU backend), "simulated" (the host-simulated device, standing for a GPU whose
+// memory the NIC reads: runs the device path end to end and checks it, a smoke test; its times
+// are of host threads, not of a GPU) or "cuda" (the
 // rank's GPU, local rank modulo the devices visible; only in a build with CUDA).
 #pragma once
 
