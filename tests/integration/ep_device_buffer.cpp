@@ -31,17 +31,26 @@ namespace device = gpu_side::device;
 
 namespace {
 
-// PROXYEP_TEST_NIC_DEVICE_MEMORY=1: the job's fabric registers device memory (FI_HMEM; the
-// daemons' shm) and the simulated devices offer memory a NIC reads, so chunks to other nodes
-// must leave from device staging and rows land in device arenas (run_device_buffer_rank's
-// nic_device_memory). On CUDA the fabric alone decides; the case checks nothing of it there.
-bool nic_device_memory() {
+// PROXYEP_TEST_NIC_DEVICE_MEMORY: the simulated devices offer memory a NIC reads; "1": the job's
+// fabric registers device memory (FI_HMEM; the daemons' shm in a build with CUDA), so chunks to
+// other nodes must leave from device staging and rows land in device arenas
+// (run_device_buffer_rank's nic_device_memory); "declined": it does not, so neither may happen.
+// On CUDA the fabric alone decides; the cases check nothing of it there.
+std::string_view nic_setting() {
 #ifdef PROXYEP_TEST_CUDA_DEVICE
-  return false;
+  return "";
 #else
   const char* value = std::getenv("PROXYEP_TEST_NIC_DEVICE_MEMORY");
-  return value != nullptr && std::string_view(value) == "1";
+  return value != nullptr ? value : "";
 #endif
+}
+
+bool nic_reads() {
+  return nic_setting() == "1" || nic_setting() == "declined";
+}
+
+bool nic_device_memory() {
+  return nic_setting() == "1";
 }
 
 integrations::testing::RankDevice device_of(int rank) {
@@ -53,7 +62,7 @@ integrations::testing::RankDevice device_of(int rank) {
   device::SimulatedDeviceOptions options =
       rank == 0 ? device::SimulatedDeviceOptions{.operation_delay = std::chrono::milliseconds(5)}
                 : device::SimulatedDeviceOptions{.defer_until_synchronize = true};
-  options.nic_reads_device_memory = nic_device_memory();
+  options.nic_reads_device_memory = nic_reads();
   auto buffer = std::make_shared<device::SimulatedDevice>(options);
   return {buffer, buffer->another_stream()};
 #endif
@@ -72,9 +81,8 @@ int ranks_per_node() {
 
 // Rows eager with the records, as by default.
 TEST_CASE("normal mode with device tensors and eager rows") {
-  integrations::testing::run_device_buffer_rank(ranks_per_node(), launched(), device_of,
-                                                integrations::testing::kTokens,
-                                                nic_device_memory());
+  integrations::testing::run_device_buffer_rank(
+      ranks_per_node(), launched(), device_of, integrations::testing::kTokens, nic_device_memory());
 }
 
 // Rows in chunks through a Buffer sized for 4 tokens: every slot reused within a call.
