@@ -55,6 +55,34 @@ for shape in "--ranks 2" "--ranks 2 --ranks-per-node 1"; do
     }
   done
 done
+# GPUDirect over shm (FI_HMEM where this libfabric's shm registers CUDA memory; otherwise the
+# logs say why the host bounce served): in process, then through two proxyepd that open the
+# ranks' device staging and device arenas by CUDA IPC (daemon/client_device_memory.hpp).
+PROXYEP_LOG_LEVEL=info timeout 180 "$proxyep" bench ep --ranks 2 --ranks-per-node 1 --provider shm \
+  --device cuda --iters 10 --no-floor --json >"$out/bench-ep-2nodes-shm-cuda.json" \
+  2>"$out/bench-ep-2nodes-shm-cuda.err" || {
+  echo "gpu-check: bench ep over shm --device cuda failed: $(tail -3 "$out/bench-ep-2nodes-shm-cuda.err")"
+  rc=1
+}
+proxyepd=$root/build/release/tools/proxyepd
+run_dir=$(mktemp -d)
+daemon_pids=()
+for node in 0 1; do
+  PROXYEP_FABRIC_PROVIDER=shm "$proxyepd" --socket "$run_dir/node$node.sock" \
+    >"$out/proxyepd-$node.log" 2>&1 &
+  daemon_pids+=($!)
+done
+sleep 2
+PROXYEP_PROXY_MODE=daemon PROXYEP_DAEMON_SOCKET="$run_dir/node{node}.sock" PROXYEP_LOG_LEVEL=info \
+  timeout 180 "$proxyep" bench ep --ranks 2 --ranks-per-node 1 --device cuda --iters 10 --no-floor \
+  --json >"$out/bench-ep-daemon-cuda.json" 2>"$out/bench-ep-daemon-cuda.err" || {
+  echo "gpu-check: bench ep --device cuda through proxyepd failed: $(tail -3 "$out/bench-ep-daemon-cuda.err")"
+  rc=1
+}
+grep -h "registered\|device" "$out"/proxyepd-*.log | tail -6
+kill "${daemon_pids[@]}" 2>/dev/null
+wait "${daemon_pids[@]}" 2>/dev/null
+rm -rf "$run_dir"
 timeout 300 "$proxyep" bench ring --producers 1 --json >"$out/bench-ring-cpu.json" 2>"$out/bench-ring-cpu.err" ||
   echo "gpu-check: bench ring (CPU baseline) failed: $(tail -1 "$out/bench-ring-cpu.err")"
 exit $rc
