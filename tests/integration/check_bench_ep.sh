@@ -10,7 +10,8 @@
 # prints), adding up to each kind's time, and, unless --no-floor is among the arguments, the
 # same-run memory floor ("proxyep.memcpy_floor": a positive p50, bytes received by some rank, and
 # dispatch+combine's ratio to 2 such copies); with --no-floor, none. With --device simulated (or
-# cuda), the device path must have made writes ("device_writes"); with host tensors none.
+# cuda), the device path must have made writes ("device_writes"), and over shm with FI_HMEM some
+# into device arenas ("device_paths"); with host tensors none.
 # With --compare, tests `--compare FILE` instead: a run saved with --json (the mpi-records
 # baseline), then a run compared with it in JSON (ratios of dispatch, combine and total, p50 and
 # p99; the lean baseline is not compared with the saved record one, and a note says so), one in
@@ -101,6 +102,14 @@ fi
 # stream or into device arenas); a run with host tensors none.
 if [[ " ${args[*]} " =~ " --device "(simulated|cuda)" " ]]; then
   grep -Eq '^  "device_writes": [1-9]' <<<"$out" || fail "--device, but no write took the device path"
+  # Over shm where it registers device memory (FI_HMEM: a build with CUDA), other nodes' rows
+  # land in the receivers' device arenas (GPUDirect RDMA; the simulated device stands for a GPU
+  # the NIC reads).
+  if [[ " ${args[*]} " == *" --provider shm "* ]] &&
+     "$proxyep" info --provider shm --json | grep -q '"hmem": true'; then
+    grep -Eq '^    "sends_to_device_arenas": [1-9]' <<<"$out" ||
+      fail "--device over shm with FI_HMEM, but no row went into a device arena"
+  fi
 else
   grep -q '^  "device_writes": 0,' <<<"$out" || fail "host tensors, but writes took the device path"
 fi

@@ -30,6 +30,8 @@ struct RankRun {
   // Writes the device path made (BufferStats::writes_from_device + sends_to_device_arenas): the
   // proof a --device run took it.
   uint64_t device_writes = 0;
+  // Which device paths the writes took (device_path_counts()), e.g. whether GPUDirect RDMA ran.
+  nlohmann::json device_paths;
   EpPhaseTally phases;  // of the timed calls
   DispatchResult fresh;
   DispatchResult cached;
@@ -186,6 +188,7 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
                            {"phases", phases_json(run.phases)}};
   if (run.reordered) report["reordered_completions"] = *run.reordered;
   report["device_writes"] = run.device_writes;
+  report["device_paths"] = run.device_paths;
   if (!run.memcpy_floor.is_null()) report["memcpy_floor"] = run.memcpy_floor;
   return report;
 }
@@ -243,6 +246,9 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
     const BufferStats stats = buffer.stats();
     run.reordered = stats.reordered_completions;
     run.device_writes = stats.writes_from_device + stats.sends_to_device_arenas;
+    run.device_paths = {{"writes_from_device", stats.writes_from_device},
+                        {"sends_to_device_arenas", stats.sends_to_device_arenas},
+                        {"chunks_from_device_memory", stats.chunks_from_device_memory}};
     log::info("bench: normal-mode timed loop done");
     // The Buffer goes before the reference is built: its arenas are the largest allocation.
   }
@@ -262,10 +268,19 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
   auto reports = gather_reports(bootstrap, rank_report(run, diff), "bench.ep(results)");
   if (rank != 0) return {};
   uint64_t device_writes = 0;
-  for (const auto& report : reports)
+  // Summed over the ranks: the device's stream handing writes to the proxies (the device route),
+  // payloads into device arenas (CUDA IPC; other nodes' with FI_HMEM), chunks written straight
+  // from device staging (FI_HMEM).
+  nlohmann::json device_paths = {
+      {"writes_from_device", 0}, {"sends_to_device_arenas", 0}, {"chunks_from_device_memory", 0}};
+  for (const auto& report : reports) {
     device_writes += report.value("device_writes", uint64_t{0});
+    for (auto& [name, total] : device_paths.items())
+      total = total.get<uint64_t>() + report["device_paths"].value(name, uint64_t{0});
+  }
   return {{"device", options.device},
           {"device_writes", device_writes},
+          {"device_paths", device_paths},
           {"num_nvl_bytes", sizes.num_nvl_bytes},
           {"num_rdma_bytes", sizes.num_rdma_bytes},
           {"traffic", reference.traffic().to_json(shape.num_nodes())},
