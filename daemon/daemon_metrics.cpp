@@ -2,6 +2,8 @@
 
 #include "proxy/thread_metrics.hpp"
 
+#include <string>
+
 namespace proxyep::daemon {
 
 void collect_daemon_metrics(metrics::MetricsSink& sink, const DaemonStats& stats,
@@ -28,10 +30,23 @@ void collect_daemon_metrics(metrics::MetricsSink& sink, const DaemonStats& stats
     std::lock_guard lock(served.mutex);
     entries = served.entries;
   }
-  for (const auto& entry : entries)
-    proxy::collect_thread_metrics(
-        sink, entry.rank->thread_stats(), entry.rank->ranks(),
-        {{"rank", std::to_string(entry.rank->rank())}, {"pid", std::to_string(entry.pid)}});
+  for (const auto& entry : entries) {
+    const ServedRank& rank = *entry.rank;
+    const std::string rank_label = std::to_string(rank.rank()), pid = std::to_string(entry.pid);
+    proxy::collect_thread_metrics(sink, rank.thread_stats(), rank.ranks(),
+                                  {{"rank", rank_label}, {"pid", pid}});
+    // Set once at the attach (ServedRank's constructor), read-only afterwards.
+    constexpr const char* kDeviceHelp =
+        "1 when the client's device memory is registered for the NIC (GPUDirect RDMA), 0 when "
+        "it was offered and declined (the client's host memory serves); only offered memory";
+    const auto device_memory = [&](const char* memory, bool offered, bool registered) {
+      if (offered)
+        sink.gauge("proxyep_daemon_device_memory_registered", kDeviceHelp,
+                   {{"rank", rank_label}, {"pid", pid}, {"memory", memory}}, registered ? 1 : 0);
+    };
+    device_memory("staging", rank.offered_device_staging(), rank.device_staging_registered());
+    device_memory("arena", rank.offered_device_arena(), rank.device_arena_registered());
+  }
 }
 
 }  // namespace proxyep::daemon

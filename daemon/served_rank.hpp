@@ -88,6 +88,10 @@ class ServedRank {
   // Whether the client's device staging is registered; its device arena's descriptor when that
   // is; why offered device memory is not used ("" when it all is, or none was offered).
   bool device_staging_registered() const { return state_->device_staging_region != nullptr; }
+  bool device_arena_registered() const { return state_->device_arena_region != nullptr; }
+  // What the client offered (AttachRequest): none when it has no device memory a NIC reads.
+  bool offered_device_staging() const { return request_.device_staging.has_value(); }
+  bool offered_device_arena() const { return request_.device_arena.has_value(); }
   std::optional<fabric::Bytes> device_arena_descriptor() const;
   const std::string& device_memory_note() const { return device_memory_note_; }
   const fabric::Capabilities& capabilities() const { return state_->fabric->capabilities(); }

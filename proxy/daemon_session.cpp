@@ -105,9 +105,8 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
     link_device_staging = true;
   else
     device_staging_ = {};
-  if (opened.contains("device_memory_note"))
-    log::info("buffer: rank {}: proxyepd: {}", rank(),
-              opened["device_memory_note"].get<std::string>());
+  if (const std::string note = opened.value("device_memory_note", std::string()); !note.empty())
+    log::info("buffer: rank {}: proxyepd: {}", rank(), note);
 
   const auto addresses =
       bootstrap.allgather(hex_field(opened, "addresses"), "buffer(fabric addresses)");

@@ -621,8 +621,10 @@ def case_daemon_device_memory(c):
 
 def case_daemon_metrics(c):
     """The daemon's endpoint shows the proxy threads of every rank it serves, labelled by rank
-    and pid, and their counters move while a job runs through it."""
-    os.environ.update(PROXYEP_FABRIC_PROVIDER="tcp", PROXYEP_FABRIC_REORDER="1")
+    and pid, and their counters move while a job runs through it; the job's device memory (a
+    simulated device whose memory a NIC reads) shows as registered where shm announces FI_HMEM,
+    else as offered and declined."""
+    os.environ.update(PROXYEP_FABRIC_PROVIDER="shm", PROXYEP_FABRIC_REORDER="1")
     paths = [c.socket_path(f"run/node{n}.sock") for n in range(2)]
     _, log = c.start(paths[0], "--metrics-port", "0")
     c.start(paths[1])
@@ -630,7 +632,9 @@ def case_daemon_metrics(c):
     env = dict(os.environ, PROXYEP_PROXY_MODE="daemon", PROXYEP_LOG_LEVEL="warn",
                PROXYEP_DAEMON_SOCKET=c.socket_path("run/node{node}.sock"),
                PROXYEP_EP_TIMEOUT_MS="20000")
-    job = bench(c, "ep", env, "--iters", "100000", ranks=2, per_node=1, wait=False)
+    job = bench(c, "ep", env, "--iters", "100000", "--device", "simulated", ranks=2, per_node=1,
+                wait=False)
+    hmem = registers_device_memory(c, "shm")
     try:
         wait_for(lambda: scrape(port)[("proxyep_daemon_clients_attached", ())] == 1, 60,
                  "the job's rank 0 to attach")
@@ -648,12 +652,18 @@ def case_daemon_metrics(c):
         check(sample("proxyep_proxy_completions_total", side="remote") > 0,
               "no remote completion counted (immediates the daemon relays)")
         check(sample("proxyep_proxy_cq_errors_total") == 0, "CQ errors on a healthy job")
+        for memory in ("staging", "arena"):
+            key = ("proxyep_daemon_device_memory_registered",
+                   tuple(sorted({"rank": "0", "pid": pid, "memory": memory}.items())))
+            check(scrape(port).get(key) == (1 if hmem else 0),
+                  f"device {memory}: {scrape(port).get(key)} (FI_HMEM: {hmem})")
     finally:
         stop_job(job)
     wait_for(lambda: scrape(port)[("proxyep_daemon_clients_attached", ())] == 0, 30,
              "the killed job's rank to be let go")
-    check(not any(name.startswith("proxyep_proxy_") for name, _ in scrape(port)),
-          "a rank let go still has proxy samples")
+    check(not any(name.startswith("proxyep_proxy_") or name.startswith("proxyep_daemon_device")
+                  for name, _ in scrape(port)),
+          "a rank let go still has proxy or device memory samples")
 
 
 def case_daemon_crash_cycles(c):
