@@ -94,7 +94,8 @@ TEST_CASE("normal mode with device tensors in many chunks") {
 }
 
 TEST_CASE("low-latency mode with device tensors") {
-  integrations::testing::ll::run_device_ll_rank(ranks_per_node(), launched(), device_of);
+  integrations::testing::ll::run_device_ll_rank(ranks_per_node(), launched(), device_of,
+                                                nic_device_memory());
 }
 
 #ifdef PROXYEP_TEST_CUDA_DEVICE

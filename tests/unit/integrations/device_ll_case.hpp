@@ -19,8 +19,11 @@
 
 namespace proxyep::integrations::testing::ll {
 
+// `nic_device_memory`: the fabric registers device memory (FI_HMEM) and the device offers memory
+// a NIC reads, so other nodes' messages must land in the receivers' device arenas too.
 inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options,
-                               const DeviceFactory& make_device) {
+                               const DeviceFactory& make_device, bool nic_device_memory = false) {
+  uint64_t device_calls = 0;  // dispatches and combines with device tensors
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
   const RankDevice devices = make_device(me);
@@ -69,6 +72,7 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
     async.async_finish = true;
     LowLatencyDispatchResult da = buffer.low_latency_dispatch(hooked);
     LowLatencyDispatchResult db = buffer.low_latency_dispatch(async);
+    device_calls += 2;
     require(da.recv_x.device() == ep::Device::cuda && da.handle.device == ep::Device::cuda, "test",
             "a device dispatch returned host outputs");
     da.hook();
@@ -138,6 +142,7 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
     }
     LowLatencyCombineResult ra = buffer.low_latency_combine(ca);
     LowLatencyCombineResult rb = buffer.low_latency_combine(cb);
+    device_calls += 2;
     // Both have read their inputs on the device before returning (as DeepEP's send kernels have
     // by then, and the weights are copied): the caller's stream overwrites them at once.
     for (const ep::Tensor* t : {&outputs_a, &wa, &combine_buffer, &wb})
@@ -182,15 +187,21 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
   // (proxy/device_arenas.hpp).
   const uint64_t to_device_arenas = buffer.stats().sends_to_device_arenas;
   require(to_device_arenas > 0, "test", "no message went into a device arena");
+  // Alone on its node a rank sends itself at most one payload per call; more went to other
+  // nodes' device arenas (GPUDirect RDMA), which must happen exactly where nic_device_memory.
+  if (per_node == 1)
+    require(nic_device_memory == (to_device_arenas > device_calls), "test",
+            "{} payloads into device arenas in {} calls (other nodes' device arenas {})",
+            to_device_arenas, device_calls, nic_device_memory ? "expected" : "not expected");
   buffer.destroy();
 }
 
 inline void run_device_ll(int per_node, const DeviceFactory& make_device,
-                          const std::string& provider = "tcp") {
+                          const std::string& provider = "tcp", bool nic_device_memory = false) {
   run_buffer_ranks(
       kRanks, per_node == 1,
-      [per_node, make_device](control::Bootstrap::Options o) {
-        run_device_ll_rank(per_node, std::move(o), make_device);
+      [per_node, make_device, nic_device_memory](control::Bootstrap::Options o) {
+        run_device_ll_rank(per_node, std::move(o), make_device, nic_device_memory);
       },
       provider);
 }

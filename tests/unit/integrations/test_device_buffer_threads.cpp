@@ -82,7 +82,9 @@ TEST_CASE("device tensors through low-latency calls: over the fabric with the re
 // Where the fabric registers device memory (shm in a CUDA build), other nodes' messages land in
 // the receivers' device arenas (GPUDirect RDMA's stand-in): what arrives must be what was sent.
 TEST_CASE("device tensors through low-latency calls: into device arenas the NIC writes (FI_HMEM)") {
-  integrations::testing::ll::run_device_ll(1, nic_reads_device_memory, "shm");
+  integrations::testing::ll::run_device_ll(1, nic_reads_device_memory, "shm",
+                                           registers_device_memory("shm"));
+  integrations::testing::ll::run_device_ll(1, nic_reads_device_memory, "tcp", false);
 }
 
 TEST_CASE("device tensors through low-latency calls: a slow Buffer stream, a quick caller") {
