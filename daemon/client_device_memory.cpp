@@ -11,14 +11,6 @@
 
 namespace proxyep::daemon {
 
-bool opens_device_memory(std::string_view kind) {
-  if (kind == "simulated") return true;
-#ifdef PROXYEP_HAVE_CUDA
-  if (kind == "cuda") return true;
-#endif
-  return false;
-}
-
 gpu_side::device::NicMemory open_client_device_memory(std::string_view kind,
                                                       std::span<const uint8_t> handle, int fd,
                                                       uint64_t bytes, std::string_view phase) {

@@ -20,12 +20,10 @@
 
 namespace proxyep::daemon {
 
-// Whether this build of proxyepd can open device memory of `kind` at all.
-bool opens_device_memory(std::string_view kind);
-
 // The memory `handle` (of `kind`) names, at least `bytes`, as this process's NIC reaches it;
 // `fd`: the descriptor that came with it, or -1 (the caller keeps it). Throws
-// proxyep::Error(phase) for a kind this build cannot open, or a handle that does not open.
+// proxyep::Error(phase) for a kind this build cannot open (cuda without CUDA), or a handle
+// that does not open.
 gpu_side::device::NicMemory open_client_device_memory(std::string_view kind,
                                                       std::span<const uint8_t> handle, int fd,
                                                       uint64_t bytes, std::string_view phase);

@@ -123,9 +123,6 @@ bool ServedRank::register_device_memory(const AttachRequest::DeviceMemory& offer
   std::string why;
   if (!caps.hmem) {
     why = fmt::format("provider {} does not register device memory (no FI_HMEM)", caps.provider);
-  } else if (!opens_device_memory(request_.device_kind)) {
-    why = fmt::format("this proxyepd cannot open {} device memory{}", request_.device_kind,
-                      request_.device_kind == "cuda" ? " (built without CUDA)" : "");
   } else {
     try {
       gpu_side::device::NicMemory opened =

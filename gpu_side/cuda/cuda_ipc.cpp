@@ -130,9 +130,10 @@ device::SharedMemory allocate_shared_memory(int ordinal, uint64_t bytes) {
   return shared;
 }
 
-std::shared_ptr<std::byte[]> open_shared_memory(int ordinal, std::span<const uint8_t> handle,
-                                                uint64_t bytes, std::string_view phase) {
-  const Handle h = read_handle(handle, bytes, phase);
+namespace {
+
+// open_shared_memory of a handle already read.
+std::shared_ptr<std::byte[]> open_handle(int ordinal, const Handle& h, std::string_view phase) {
   if (h.pid == static_cast<uint64_t>(::getpid())) {
     std::shared_ptr<std::byte[]> memory;
     {
@@ -155,6 +156,13 @@ std::shared_ptr<std::byte[]> open_shared_memory(int ordinal, std::span<const uin
   });
 }
 
+}  // namespace
+
+std::shared_ptr<std::byte[]> open_shared_memory(int ordinal, std::span<const uint8_t> handle,
+                                                uint64_t bytes, std::string_view phase) {
+  return open_handle(ordinal, read_handle(handle, bytes, phase), phase);
+}
+
 device::NicMemory open_for_nic(std::span<const uint8_t> handle, uint64_t bytes,
                                std::string_view phase) {
   const Handle h = read_handle(handle, bytes, phase);
@@ -165,9 +173,7 @@ device::NicMemory open_for_nic(std::span<const uint8_t> handle, uint64_t bytes,
     fail(std::string(phase), "open_for_nic: this process sees no CUDA device at PCI bus id {} ({})",
          h.bus_id, cudaGetErrorString(found));
   }
-  return {.memory = open_shared_memory(ordinal, handle, bytes, phase),
-          .bytes = bytes,
-          .registers_as_host = false};
+  return {.memory = open_handle(ordinal, h, phase), .bytes = bytes, .registers_as_host = false};
 }
 
 }  // namespace proxyep::gpu_side::cuda

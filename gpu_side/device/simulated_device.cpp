@@ -4,11 +4,10 @@
 #include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "gpu_side/device/simulated_shared_handle.hpp"
 #include "gpu_side/device/thread_access_key.hpp"
 #include "gpu_side/ep/layout_rules.hpp"
 #include "gpu_side/ep/row_rules.hpp"
-
-#include "common/wire.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -294,51 +293,14 @@ std::shared_ptr<std::byte[]> SimulatedDevice::allocate_mapped(uint64_t bytes, bo
       [core = core_, mapped](std::byte* p) { core->release(p, mapped); });
 }
 
-namespace {
-
-// A shared allocation's handle (little endian, common/wire.hpp):
-//   u32 magic "PXSD" | u16 version | u16 flags | u64 pid | u64 fd | u64 bytes
-// flags: kNicReads when the owner's device lets a NIC reach it (nic_reads_device_memory).
-constexpr uint32_t kSharedMagic = 0x44535850;  // "PXSD" read as little-endian bytes
-constexpr uint16_t kSharedVersion = 1;
-constexpr uint16_t kNicReads = 1;
-
-struct SharedHandle {
-  uint16_t flags = 0;
-  uint64_t pid = 0, fd = 0;
-};
-
-// The handle's fields, once it is known to be a simulated device's of at least `bytes`.
-SharedHandle read_handle(std::span<const uint8_t> handle, uint64_t bytes, std::string_view what,
-                         std::string_view phase) {
-  ByteReader r(handle, std::string(phase));
-  // A handle too short to hold the fields fails in the reader, naming the field.
-  require(r.u32("magic") == kSharedMagic && r.u16("version") == kSharedVersion, phase,
-          "{}: the handle is not a simulated device's", what);
-  SharedHandle h;
-  h.flags = r.u16("flags");
-  h.pid = r.u64("pid");
-  h.fd = r.u64("fd");
-  const uint64_t shared_bytes = r.u64("bytes");
-  r.expect_end("shared memory handle");
-  require(shared_bytes >= bytes, phase, "{}: the owner shared {} bytes, {} are needed", what,
-          shared_bytes, bytes);
-  return h;
-}
-
-}  // namespace
-
 SharedMemory SimulatedDevice::allocate_shared(uint64_t bytes) {
   HostMemory file = HostMemory::memfd(page_rounded(bytes), "proxyep-simulated-device");
   const bool nic = core_->options.nic_reads_device_memory;
   SharedMemory shared;
-  ByteWriter w(shared.handle);
-  w.u32(kSharedMagic);
-  w.u16(kSharedVersion);
-  w.u16(nic ? kNicReads : 0);
-  w.u64(static_cast<uint64_t>(::getpid()));
-  w.u64(static_cast<uint64_t>(file.fd()));
-  w.u64(bytes);
+  shared.handle = encode_shared_handle({.nic_reads = nic,
+                                        .pid = static_cast<uint64_t>(::getpid()),
+                                        .fd = static_cast<uint64_t>(file.fd()),
+                                        .bytes = bytes});
   shared.bytes = bytes;
   shared.fd = file.fd();  // owned by the mapping's owner, which `memory` keeps alive
   shared.memory = adopt_shared(std::move(file), !nic, kPhase);
@@ -348,24 +310,8 @@ SharedMemory SimulatedDevice::allocate_shared(uint64_t bytes) {
 
 std::shared_ptr<std::byte[]> SimulatedDevice::open_shared(std::span<const uint8_t> handle,
                                                           uint64_t bytes, std::string_view phase) {
-  const SharedHandle h = read_handle(handle, bytes, "open_shared", phase);
+  const SimulatedSharedHandle h = read_shared_handle(handle, bytes, "open_shared", phase);
   return adopt_shared(HostMemory::map_process_fd(h.pid, h.fd), true, phase);
-}
-
-NicMemory SimulatedDevice::open_for_nic(std::span<const uint8_t> handle, int fd, uint64_t bytes,
-                                        std::string_view phase) {
-  const SharedHandle h = read_handle(handle, bytes, "open_for_nic", phase);
-  require((h.flags & kNicReads) != 0, phase,
-          "open_for_nic: the owner's device does not let a NIC reach this memory");
-  require(fd >= 0, phase, "open_for_nic: no descriptor came with the simulated device's memory");
-  auto file = std::make_shared<HostMemory>(HostMemory::map_fd(fd));
-  require(file->size() >= bytes, phase,
-          "open_for_nic: the descriptor holds {} bytes, {} are needed", file->size(), bytes);
-  auto* memory = static_cast<std::byte*>(file->host());
-  // The mapping goes with the last owner of `memory`.
-  return {.memory = std::shared_ptr<std::byte[]>(memory, [file](std::byte*) {}),
-          .bytes = bytes,
-          .registers_as_host = true};
 }
 
 std::shared_ptr<std::byte[]> SimulatedDevice::adopt_shared(HostMemory file, bool tagged,

@@ -27,10 +27,8 @@ using Clock = std::chrono::steady_clock;
 struct RankRun {
   EpRankTimings timings;
   std::optional<uint64_t> reordered;  // BufferStats::reordered_completions (fabric.reorder)
-  // Writes the device path made (BufferStats::writes_from_device + sends_to_device_arenas): the
-  // proof a --device run took it.
-  uint64_t device_writes = 0;
-  // Which device paths the writes took (device_path_counts()), e.g. whether GPUDirect RDMA ran.
+  // The writes each device path made (BufferStats: writes_from_device, sends_to_device_arenas,
+  // chunks_from_device_memory): the proof a --device run took it, and which paths (GPUDirect).
   nlohmann::json device_paths;
   EpPhaseTally phases;  // of the timed calls
   DispatchResult fresh;
@@ -187,7 +185,6 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
                            {"diff", diff},
                            {"phases", phases_json(run.phases)}};
   if (run.reordered) report["reordered_completions"] = *run.reordered;
-  report["device_writes"] = run.device_writes;
   report["device_paths"] = run.device_paths;
   if (!run.memcpy_floor.is_null()) report["memcpy_floor"] = run.memcpy_floor;
   return report;
@@ -245,7 +242,6 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
     run = run_iterations(bootstrap, buffer, inputs, options, sizes.device.get());
     const BufferStats stats = buffer.stats();
     run.reordered = stats.reordered_completions;
-    run.device_writes = stats.writes_from_device + stats.sends_to_device_arenas;
     run.device_paths = {{"writes_from_device", stats.writes_from_device},
                         {"sends_to_device_arenas", stats.sends_to_device_arenas},
                         {"chunks_from_device_memory", stats.chunks_from_device_memory}};
@@ -267,17 +263,17 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
 
   auto reports = gather_reports(bootstrap, rank_report(run, diff), "bench.ep(results)");
   if (rank != 0) return {};
-  uint64_t device_writes = 0;
   // Summed over the ranks: the device's stream handing writes to the proxies (the device route),
   // payloads into device arenas (CUDA IPC; other nodes' with FI_HMEM), chunks written straight
   // from device staging (FI_HMEM).
   nlohmann::json device_paths = {
       {"writes_from_device", 0}, {"sends_to_device_arenas", 0}, {"chunks_from_device_memory", 0}};
-  for (const auto& report : reports) {
-    device_writes += report.value("device_writes", uint64_t{0});
+  for (const auto& report : reports)
     for (auto& [name, total] : device_paths.items())
       total = total.get<uint64_t>() + report["device_paths"].value(name, uint64_t{0});
-  }
+  // The writes the device path made (the proof a --device run took it; check_bench_ep.sh).
+  const uint64_t device_writes = device_paths["writes_from_device"].get<uint64_t>() +
+                                 device_paths["sends_to_device_arenas"].get<uint64_t>();
   return {{"device", options.device},
           {"device_writes", device_writes},
           {"device_paths", device_paths},
