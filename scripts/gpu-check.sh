@@ -83,6 +83,20 @@ grep -h "registered\|device" "$out"/proxyepd-*.log | tail -6
 kill "${daemon_pids[@]}" 2>/dev/null
 wait "${daemon_pids[@]}" 2>/dev/null
 rm -rf "$run_dir"
+# deep_ep with CUDA tensors against the host path (tests/python/test_device_tensors.py), 2 ranks
+# on the one GPU, where the machine's torch sees it (a CPU-only torch cannot make CUDA tensors:
+# then said, not failed).
+if /usr/bin/python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  PROXYEP_TEST_DEVICE=cuda PYTHONPATH="$root/build/release/python:$root/tests/python" \
+    timeout 300 "$proxyep" launch -n 2 --ranks-per-node 2 --timeout 240 -- /usr/bin/python3 -m pytest -q \
+    -p no:cacheprovider "$root/tests/python/test_device_tensors.py" >"$out/python-cuda.log" 2>&1 || {
+    tail -30 "$out/python-cuda.log"
+    echo "gpu-check: deep_ep with CUDA tensors failed (python-cuda.log)"
+    rc=1
+  }
+else
+  echo "gpu-check: torch sees no GPU here: deep_ep with CUDA tensors not run" | tee "$out/python-cuda.log"
+fi
 timeout 300 "$proxyep" bench ring --producers 1 --json >"$out/bench-ring-cpu.json" 2>"$out/bench-ring-cpu.err" ||
   echo "gpu-check: bench ring (CPU baseline) failed: $(tail -1 "$out/bench-ring-cpu.err")"
 exit $rc

@@ -1,7 +1,7 @@
 """DeepEP V1's Python API on ProxyEP: ``import deep_ep`` runs DeepEP code unchanged.
 
-See the repository's docs/PYTHON.md for what is supported and how it differs (CPU tensors in this
-build; FP8 as uint8 on torch without float8 dtypes).
+See the repository's docs/PYTHON.md for what is supported and how it differs (CPU tensors, and CUDA
+tensors in a build with CUDA; FP8 as uint8 on torch without float8 dtypes).
 """
 
 import torch

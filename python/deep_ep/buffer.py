@@ -1,12 +1,25 @@
 """deep_ep.Buffer: DeepEP V1's Buffer (docs/DEEPEP_COMPAT.md sections 1-2) over ProxyEP's native
 Buffer, with DeepEP's argument names, order, defaults and return tuples.
 
-CPU tensors only in this build. Streams do not exist on the CPU; the Buffer's communication thread
-stands for DeepEP's comm stream: ``async_finish=True`` returns as soon as the outputs exist (a
-normal dispatch after its notify phase, which sizes them; a combine and a low-latency call at
-once) with an ``EventOverlap`` whose event is set when the call finished on that thread, and every
-later call of the Buffer first finishes it (stream order). ``previous_event`` is waited for before
-the call. ``allocate_on_comm_stream`` is checked as DeepEP checks it and otherwise has no effect.
+Tensors: CUDA tensors where this ProxyEP was built with CUDA and torch sees a GPU (the Buffer then
+has a device: the GPU current when it is made, ``torch.cuda.current_device()``, as DeepEP's), CPU
+tensors always (a call's tensors are all on one side). ``device=`` (ProxyEP only) chooses
+otherwise: "host", "cuda", or "simulated" (the host-simulated device that stands for a GPU in
+tests: every tensor of a call is then its memory, made with ``proxyep.to_device``).
+
+Streams, with CUDA tensors: the Buffer's device has its own stream (``get_comm_stream()``). A call
+without ``previous_event`` makes it wait for torch's current stream (DeepEP's default), with one
+for that event; outputs are complete when the call returns (or its event is waited for or its hook
+called), so the current stream may use them at once. They are allocated on the Buffer's stream
+(always: ``allocate_on_comm_stream`` is checked as DeepEP checks it), and released there once
+torch frees them, after what the current stream had queued by then (a kernel still reading them
+runs first).
+
+Without a device, streams do not exist; the Buffer's communication thread stands for DeepEP's
+comm stream: ``async_finish=True`` returns as soon as the outputs exist (a normal dispatch after
+its notify phase, which sizes them; a combine and a low-latency call at once) with an
+``EventOverlap`` whose event is set when the call finished on that thread, and every later call
+of the Buffer first finishes it (stream order). ``previous_event`` is waited for before the call.
 """
 
 import torch
@@ -15,7 +28,7 @@ import proxyep
 from proxyep import _proxyep
 from proxyep._tensors import FP8_DTYPE, tensor, view
 
-from .utils import EventHandle, EventOverlap
+from .utils import EventHandle, EventOverlap, cuda_available
 
 # The dispatch/combine tables' rank counts (DeepEP asserts on others; ProxyEP's CPU backend does
 # not read the config, so config=None is fine for any rank count).
@@ -51,14 +64,24 @@ def _event(async_finish, native=None, extra_tensors=None):
     return EventOverlap(EventHandle(native), extra_tensors)
 
 
-def _before_call(previous_event, async_finish, allocate_on_comm_stream):
-    if allocate_on_comm_stream:
-        assert previous_event is not None and async_finish, (
-            "allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)"
-        )
-    # An EventOverlap without an event orders nothing (DeepEP passes its .event, None here).
-    if previous_event is not None and previous_event.event is not None:
-        previous_event.current_stream_wait()
+def _open_device(device):
+    """The native Device of ``device`` (None, "host", "simulated", "cuda" or a _proxyep.Device);
+    None: host tensors only."""
+    if isinstance(device, _proxyep.Device):
+        return device
+    if device is None:
+        device = "cuda" if _proxyep.built_with_cuda() and cuda_available() else "host"
+    if device == "host":
+        return None
+    if device == "cuda":
+        if not _proxyep.built_with_cuda():
+            raise proxyep.ProxyEPError("device='cuda': this ProxyEP was built without CUDA (no nvcc)")
+        if not cuda_available():
+            raise proxyep.ProxyEPError("device='cuda': torch sees no GPU")
+        return _proxyep.Device.open("cuda", torch.cuda.current_device())
+    if device == "simulated":
+        return _proxyep.Device.open("simulated")
+    raise ValueError(f"device must be None, 'host', 'cuda', 'simulated' or a Device; got {device!r}")
 
 
 def _small(t):
@@ -94,10 +117,12 @@ class Buffer:
         comm=None,
         *,
         ranks_per_node=None,
+        device=None,
     ):
         """Collective over ``group`` (any torch.distributed group, gloo included; None = the
-        default group) or the mpi4py ``comm``. ``ranks_per_node`` overrides the node layout taken
-        from LOCAL_WORLD_SIZE (ProxyEP only)."""
+        default group) or the mpi4py ``comm``. ProxyEP only: ``ranks_per_node`` overrides the node
+        layout taken from LOCAL_WORLD_SIZE; ``device`` says where tensors live (the module's
+        docstring)."""
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
@@ -111,6 +136,13 @@ class Buffer:
         self.allow_mnnvl = allow_mnnvl
         self.use_fabric = use_fabric
         self.runtime = None
+        #: The native Device of this Buffer's device tensors, or None (host tensors only).
+        self.device = _open_device(device)
+        self._cuda = self.device is not None and self.device.kind == "cuda"
+        # The simulated device's memory is host memory: its tensors are flagged device memory.
+        self._simulated = self.device is not None and not self._cuda
+        self._side_stream = None
+        self._comm_stream = None
         rendezvous = proxyep.rendezvous(group, comm, ranks_per_node)
         staging = num_rdma_bytes
         if staging == 0 and not low_latency_mode and rendezvous.world_size > rendezvous.ranks_per_node:
@@ -127,6 +159,7 @@ class Buffer:
             allow_nvlink_for_low_latency_mode,
             enable_shrink,
             explicitly_destroy,
+            self.device,
         )
         self.rank = self.runtime.rank
         self.group_size = self.runtime.group_size
@@ -160,6 +193,7 @@ class Buffer:
 
     @staticmethod
     def capture():
+        """The current end of torch's current stream (with CUDA; else a complete event)."""
         return EventOverlap(EventHandle())
 
     @staticmethod
@@ -181,8 +215,44 @@ class Buffer:
         return proxyep.get_combine_config(num_ranks)
 
     def get_comm_stream(self):
-        """No streams on the CPU: None."""
-        return None
+        """The Buffer's stream as a torch stream (``torch.cuda.ExternalStream``) with CUDA;
+        None otherwise (no streams on the CPU, none of torch's on the simulated device)."""
+        if not self._cuda:
+            return None
+        if self._comm_stream is None:
+            self._comm_stream = torch.cuda.ExternalStream(self.device.stream)
+        return self._comm_stream
+
+    # ---- streams and tensors of the calls ----
+
+    def _view(self, t, name, fp8=False):
+        return view(t, name, fp8, self._simulated)
+
+    def _order(self, previous_event, async_finish, allocate_on_comm_stream):
+        """What orders the call after the caller's work: the native keyword arguments
+        previous_event (an event of this Buffer's device, or None) and caller_stream (torch's
+        current stream, with CUDA)."""
+        if allocate_on_comm_stream:
+            assert previous_event is not None and async_finish, (
+                "allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)"
+            )
+        stream = torch.cuda.current_stream().cuda_stream if self._cuda else 0
+        # An EventOverlap without an event orders nothing (DeepEP passes its .event, None here).
+        event = previous_event.event if previous_event is not None else None
+        if event is None:
+            return {"previous_event": None, "caller_stream": stream}
+        if event.torch_event is None or not self._cuda:
+            event.current_stream_wait()  # ProxyEP's work in the background: joined on the host
+            if event.torch_event is not None:
+                event.torch_event.synchronize()  # a host call reads what that stream made
+            return {"previous_event": None, "caller_stream": stream}
+        # The Buffer's stream waits for the torch event: through a side stream of torch's that
+        # waits for it, whose end the device records (no host wait).
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream()
+        self._side_stream.wait_event(event.torch_event)
+        return {"previous_event": self.device.record_on(self._side_stream.cuda_stream),
+                "caller_stream": stream}
 
     def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
         """A raw view of this rank's NVL buffer (where node peers' rows land, ``num_nvl_bytes``;
@@ -221,9 +291,9 @@ class Buffer:
     def get_dispatch_layout(
         self, topk_idx, num_experts, previous_event=None, async_finish=False, allocate_on_comm_stream=False
     ):
-        _before_call(previous_event, async_finish, allocate_on_comm_stream)
+        order = self._order(previous_event, async_finish, allocate_on_comm_stream)
         per_rank, per_rdma_rank, per_expert, in_rank = self.runtime.get_dispatch_layout(
-            view(topk_idx, "topk_idx"), num_experts
+            self._view(topk_idx, "topk_idx"), num_experts, **order
         )
         return (
             tensor(per_rank),
@@ -260,7 +330,7 @@ class Buffer:
         async_finish=False,
         allocate_on_comm_stream=False,
     ):
-        _before_call(previous_event, async_finish, allocate_on_comm_stream)
+        order = self._order(previous_event, async_finish, allocate_on_comm_stream)
         fp8 = isinstance(x, tuple)
         if fp8:
             if len(x) != 2:
@@ -274,19 +344,20 @@ class Buffer:
         topk_idx, topk_weights = _small(topk_idx), _small(topk_weights)
         inputs = (x_data, x_scales, topk_idx, topk_weights, handle)
         recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, native_event = self.runtime.dispatch(
-            view(x_data, "x", fp8=fp8),
-            view(x_scales, "x_scales"),
+            self._view(x_data, "x", fp8=fp8),
+            self._view(x_scales, "x_scales"),
             native_handle,
-            view(num_tokens_per_rank, "num_tokens_per_rank"),
-            view(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank"),
-            view(is_token_in_rank, "is_token_in_rank"),
-            view(num_tokens_per_expert, "num_tokens_per_expert"),
-            view(topk_idx, "topk_idx"),
-            view(topk_weights, "topk_weights"),
+            self._view(num_tokens_per_rank, "num_tokens_per_rank"),
+            self._view(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank"),
+            self._view(is_token_in_rank, "is_token_in_rank"),
+            self._view(num_tokens_per_expert, "num_tokens_per_expert"),
+            self._view(topk_idx, "topk_idx"),
+            self._view(topk_weights, "topk_weights"),
             expert_alignment,
             num_worst_tokens,
             self._config(config, proxyep.get_dispatch_config),
             async_finish,
+            **order,
         )
         self._hold_inputs(async_finish, inputs)
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
@@ -335,7 +406,7 @@ class Buffer:
         async_finish=False,
         allocate_on_comm_stream=False,
     ):
-        _before_call(previous_event, async_finish, allocate_on_comm_stream)
+        order = self._order(previous_event, async_finish, allocate_on_comm_stream)
         if not isinstance(handle, _NormalHandle):
             raise TypeError("handle must be the one a dispatch of this Buffer returned")
         if bias is None:
@@ -349,13 +420,14 @@ class Buffer:
         topk_weights = _small(topk_weights)
         inputs = (x, topk_weights, biases, handle)
         combined, combined_weights, native_event = self.runtime.combine(
-            view(x, "x"),
+            self._view(x, "x"),
             handle.native,
-            view(topk_weights, "topk_weights"),
-            view(biases[0], "bias[0]"),
-            view(biases[1], "bias[1]"),
+            self._view(topk_weights, "topk_weights"),
+            self._view(biases[0], "bias[0]"),
+            self._view(biases[1], "bias[1]"),
             self._config(config, proxyep.get_combine_config),
             async_finish,
+            **order,
         )
         self._hold_inputs(async_finish, inputs)
         return tensor(combined), tensor(combined_weights), _event(async_finish, native_event, inputs)
@@ -400,17 +472,18 @@ class Buffer:
         _refuse(x_global_scale is not None, "x_global_scale (NVFP4 dispatch)")
         _refuse(use_ue8m0_for_sf, "use_ue8m0_for_sf (NVFP4 dispatch)")
         recv_x, recv_scales, recv_count, native, event, hook = self.runtime.low_latency_dispatch(
-            view(x, "x"),
-            view(topk_idx, "topk_idx"),
+            self._view(x, "x"),
+            self._view(topk_idx, "topk_idx"),
             num_max_dispatch_tokens_per_rank,
             num_experts,
-            view(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats"),
-            view(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats"),
+            self._view(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats"),
+            self._view(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats"),
             use_fp8,
             round_scale,
             use_ue8m0,
             async_finish,
             return_recv_hook,
+            **self._order(None, async_finish, False),
         )
         local = num_experts // self.group_size
         rows = self.group_size * num_max_dispatch_tokens_per_rank
@@ -477,16 +550,17 @@ class Buffer:
             raise TypeError("handle must be the one a low_latency_dispatch of this Buffer returned")
         topk_idx, topk_weights = _small(topk_idx), _small(topk_weights)
         combined, event, hook = self.runtime.low_latency_combine(
-            None if zero_copy else view(x, "x"),
-            view(topk_idx, "topk_idx"),
-            view(topk_weights, "topk_weights"),
+            None if zero_copy else self._view(x, "x"),
+            self._view(topk_idx, "topk_idx"),
+            self._view(topk_weights, "topk_weights"),
             handle.native,
             use_logfmt,
             zero_copy,
             async_finish,
             return_recv_hook,
-            view(out, "out"),
-            view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"),
+            self._view(out, "out"),
+            self._view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"),
+            **self._order(None, async_finish, False),
         )
         keep = (x, topk_idx, topk_weights, out)
         combined_x = out if out is not None else tensor(combined)
@@ -504,7 +578,7 @@ class Buffer:
         self.runtime.low_latency_update_mask_buffer(rank_to_mask, mask)
 
     def low_latency_query_mask_buffer(self, mask_status):
-        self.runtime.low_latency_query_mask_buffer(view(mask_status, "mask_status"))
+        self.runtime.low_latency_query_mask_buffer(self._view(mask_status, "mask_status"))
 
     def low_latency_clean_mask_buffer(self):
         self.runtime.low_latency_clean_mask_buffer()

@@ -1,27 +1,49 @@
 """DeepEP's event helpers (``from deep_ep.utils import EventHandle, EventOverlap``, as Megatron
 imports them).
 
-On CPU tensors there are no streams: work that ProxyEP finishes on the calling thread is complete
-when the call returns, and an ``EventHandle`` made then (``EventHandle()``, ``Buffer.capture()``)
-is already complete. A call made with ``async_finish=True`` that ProxyEP finishes in the
-background (low-latency mode) returns an ``EventHandle`` over that work: ``current_stream_wait()``
-waits for it (the GIL released) and raises the call's error, if any.
+With CUDA, an ``EventHandle()`` marks the current end of torch's current stream (a
+``torch.cuda.Event`` recorded there, as DeepEP's does), and ``current_stream_wait()`` makes the
+current stream wait for it. A call made with ``async_finish=True`` that ProxyEP finishes in the
+background returns an ``EventHandle`` over that work: ``current_stream_wait()`` waits for it on the
+host (the GIL released) and raises the call's error, if any; its outputs are complete then. On
+CPU tensors there are no streams: work that ProxyEP finishes on the calling thread is complete
+when the call returns, and an ``EventHandle()`` without CUDA is already complete.
 """
+
+import torch
+
+_CUDA = None
+
+
+def cuda_available():
+    """Whether torch has a usable GPU (asked once: torch.cuda.is_available() is not free)."""
+    global _CUDA
+    if _CUDA is None:
+        _CUDA = bool(torch.cuda.is_available())
+    return _CUDA
 
 
 class EventHandle:
-    """A point in ProxyEP's work; ``current_stream_wait()`` returns once it is reached."""
+    """A point in the caller's stream or in ProxyEP's work; ``current_stream_wait()`` makes the
+    caller wait for it."""
 
     def __init__(self, native=None):
-        self._native = native  # _proxyep.CallEvent, or None for work already complete
+        self._native = native  # _proxyep.CallEvent, or None
+        # The point torch's current stream reached, when no ProxyEP work is being marked.
+        self.torch_event = None
+        if native is None and cuda_available():
+            self.torch_event = torch.cuda.Event()
+            self.torch_event.record()
 
     def current_stream_wait(self):
         native, self._native = self._native, None
         if native is not None:
             native.wait()
+        if self.torch_event is not None:
+            torch.cuda.current_stream().wait_event(self.torch_event)
 
     def is_complete(self):
-        return self._native is None
+        return self._native is None and (self.torch_event is None or self.torch_event.query())
 
 
 class EventOverlap:

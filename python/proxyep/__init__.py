@@ -1,9 +1,10 @@
 """ProxyEP's Python API.
 
 The native module binds ``proxyep::Buffer`` (normal and low-latency modes) over torch tensor
-views; ``deep_ep`` (the DeepEP drop-in) is built on this package. Tensors are CPU tensors in this
-build; FP8 travels as ``torch.float8_e4m3fn`` where torch has it, else as ``torch.uint8`` tensors
-of e4m3 bytes.
+views; ``deep_ep`` (the DeepEP drop-in) is built on this package. Tensors are CPU tensors, or CUDA
+tensors where the build has CUDA (``to_device``/``to_host`` move tensors to and from a Device,
+the simulated one included); FP8 travels as ``torch.float8_e4m3fn`` where torch has it, else as
+``torch.uint8`` tensors of e4m3 bytes.
 
 Errors raised by the runtime are :class:`ProxyEPError` (a ``RuntimeError``) with the runtime's
 message, which names the phase and, for peer failures, the rank.
@@ -21,7 +22,7 @@ from ._proxyep import (  # noqa: F401
     set_num_sms,
 )
 from ._group import rendezvous  # noqa: F401
-from ._tensors import FP8_DTYPE, tensor, view  # noqa: F401
+from ._tensors import FP8_DTYPE, tensor, to_device, to_host, view  # noqa: F401
 
 __all__ = [
     "Config",
@@ -36,5 +37,7 @@ __all__ = [
     "rendezvous",
     "set_num_sms",
     "tensor",
+    "to_device",
+    "to_host",
     "view",
 ]

@@ -7,10 +7,12 @@
 #include "common/crypto.hpp"
 #include "common/error.hpp"
 #include "control/bootstrap.hpp"
+#include "gpu_side/device/open_device.hpp"
 #include "integrations/buffer.hpp"
 
 #include <pybind11/stl.h>
 
+#include <initializer_list>
 #include <memory>
 #include <string>
 
@@ -21,6 +23,7 @@ namespace proxyep::python {
 namespace {
 
 using GilRelease = py::gil_scoped_release;
+using DeviceEventPtr = std::shared_ptr<gpu_side::device::DeviceEvent>;
 
 // What the Python side learnt from its group: where rank 0 of the group listens, this rank's
 // place, and the per-Buffer job id and secret that keep strangers out of the rendezvous.
@@ -37,7 +40,8 @@ struct GroupRendezvous {
 // A Buffer with the bootstrap it was made over (the Buffer must go first).
 class NativeBuffer {
  public:
-  NativeBuffer(const GroupRendezvous& group, const BufferOptions& options) {
+  NativeBuffer(const GroupRendezvous& group, const BufferOptions& options)
+      : device_(options.device) {
     control::LaunchEnv env;
     env.master_addr = group.master_addr;
     env.master_port = group.master_port;
@@ -74,7 +78,23 @@ class NativeBuffer {
     boot_.reset();
   }
 
+  // A device call's previous_event: the caller's, else (DeepEP's default: the Buffer's stream
+  // waits for the caller's) the point `caller_stream` has reached, where the device has streams
+  // of the caller's (CUDA; the simulated device's callers work on the host). Host calls take
+  // none (the Python side waits for their events on the host).
+  DeviceEventPtr previous_event(std::initializer_list<ep::TensorRef> tensors, DeviceEventPtr given,
+                                uintptr_t caller_stream) const {
+    bool on_device = false;
+    for (const auto& t : tensors)
+      on_device = on_device || t.device == ep::Device::cuda;
+    if (!on_device || given || !device_) return given;
+    return gpu_side::device::record_on_caller_stream(*device_, caller_stream);
+  }
+  // How the call's device outputs are released: after `caller_stream`'s reads of them.
+  DeviceRelease release(uintptr_t caller_stream) const { return {device_, caller_stream}; }
+
  private:
+  std::shared_ptr<gpu_side::device::DeviceRuntime> device_;
   std::unique_ptr<control::Bootstrap> boot_;
   std::unique_ptr<Buffer> buffer_;
 };
@@ -85,9 +105,10 @@ py::object defined_or_none(const T& value) {
   return value.defined() ? py::cast(value) : py::none();
 }
 
-py::tuple layout_tuple(const DispatchLayout& l) {
-  return py::make_tuple(capsule_of(l.num_tokens_per_rank), capsule_of(l.num_tokens_per_rdma_rank),
-                        capsule_of(l.num_tokens_per_expert), capsule_of(l.is_token_in_rank));
+py::tuple layout_tuple(const DispatchLayout& l, const DeviceRelease& release) {
+  return py::make_tuple(
+      capsule_of(l.num_tokens_per_rank, &release), capsule_of(l.num_tokens_per_rdma_rank, &release),
+      capsule_of(l.num_tokens_per_expert, &release), capsule_of(l.is_token_in_rank, &release));
 }
 
 }  // namespace
@@ -129,6 +150,9 @@ void bind_buffer(py::module_& m) {
       .def_readonly("bytes_to_node", &BufferStats::bytes_to_node)
       .def_readonly("bytes_to_fabric", &BufferStats::bytes_to_fabric)
       .def_readonly("reordered_completions", &BufferStats::reordered_completions)
+      .def_readonly("writes_from_device", &BufferStats::writes_from_device)
+      .def_readonly("chunks_from_device_memory", &BufferStats::chunks_from_device_memory)
+      .def_readonly("sends_to_device_arenas", &BufferStats::sends_to_device_arenas)
       .def_readonly("dispatch_phases", &BufferStats::dispatch_phases)
       .def_readonly("combine_phases", &BufferStats::combine_phases);
 
@@ -165,8 +189,10 @@ void bind_buffer(py::module_& m) {
   py::class_<NativeBuffer>(m, "Buffer")
       .def(py::init([](const GroupRendezvous& group, int64_t num_nvl_bytes, int64_t num_rdma_bytes,
                        bool low_latency_mode, int num_qps_per_rank, bool allow_nvlink,
-                       bool enable_shrink, bool explicitly_destroy) {
+                       bool enable_shrink, bool explicitly_destroy,
+                       std::shared_ptr<gpu_side::device::DeviceRuntime> device) {
              BufferOptions o;
+             o.device = std::move(device);
              o.num_nvl_bytes = num_nvl_bytes;
              o.num_rdma_bytes = num_rdma_bytes;
              o.low_latency_mode = low_latency_mode;
@@ -181,7 +207,7 @@ void bind_buffer(py::module_& m) {
            py::arg("group"), py::arg("num_nvl_bytes"), py::arg("num_rdma_bytes"),
            py::arg("low_latency_mode"), py::arg("num_qps_per_rank"),
            py::arg("allow_nvlink_for_low_latency_mode"), py::arg("enable_shrink"),
-           py::arg("explicitly_destroy"))
+           py::arg("explicitly_destroy"), py::arg("device") = nullptr)
       .def_property_readonly("rank", [](NativeBuffer& b) { return b.get().rank(); })
       .def_property_readonly("group_size", [](NativeBuffer& b) { return b.get().group_size(); })
       .def_property_readonly("ranks_per_node",
@@ -200,16 +226,20 @@ void bind_buffer(py::module_& m) {
           "destroy", [](NativeBuffer& b) { b.get().destroy(); }, py::call_guard<GilRelease>())
       .def(
           "get_dispatch_layout",
-          [](NativeBuffer& b, const py::object& topk_idx, int num_experts) {
+          [](NativeBuffer& b, const py::object& topk_idx, int num_experts,
+             DeviceEventPtr previous_event, uintptr_t caller_stream) {
             const ep::TensorRef idx = view_of(topk_idx, "topk_idx");
+            previous_event = b.previous_event({idx}, std::move(previous_event), caller_stream);
             DispatchLayout layout;
             {
               GilRelease unlocked;
-              layout = b.get().get_dispatch_layout(idx, num_experts);
+              layout = b.get().get_dispatch_layout(idx, num_experts, previous_event);
             }
-            return layout_tuple(layout);
+            const DeviceRelease release = b.release(caller_stream);
+            return layout_tuple(layout, release);
           },
-          py::arg("topk_idx"), py::arg("num_experts"))
+          py::arg("topk_idx"), py::arg("num_experts"), py::arg("previous_event") = nullptr,
+          py::arg("caller_stream") = 0)
       .def(
           "dispatch",
           [](NativeBuffer& b, const py::object& x, const py::object& x_scales,
@@ -217,7 +247,8 @@ void bind_buffer(py::module_& m) {
              const py::object& num_tokens_per_rdma_rank, const py::object& is_token_in_rank,
              const py::object& num_tokens_per_expert, const py::object& topk_idx,
              const py::object& topk_weights, int expert_alignment, int num_worst_tokens,
-             std::optional<Config> config, bool async_finish) {
+             std::optional<Config> config, bool async_finish, DeviceEventPtr previous_event,
+             uintptr_t caller_stream) {
             DispatchArgs a;
             a.x = view_of(x, "x");
             a.x_scales = view_of(x_scales, "x_scales");
@@ -233,26 +264,32 @@ void bind_buffer(py::module_& m) {
             a.num_worst_tokens = num_worst_tokens;
             a.config = config;
             a.async_finish = async_finish;
+            a.previous_event = b.previous_event({a.x, a.topk_idx, a.is_token_in_rank},
+                                                std::move(previous_event), caller_stream);
             DispatchResult r;
             {
               GilRelease unlocked;
               r = b.get().dispatch(a);
             }
-            return py::make_tuple(capsule_of(r.recv_x), capsule_of(r.recv_x_scales),
-                                  capsule_of(r.recv_topk_idx), capsule_of(r.recv_topk_weights),
-                                  py::cast(r.num_recv_tokens_per_expert),
-                                  py::cast(std::move(r.handle)), defined_or_none(r.event));
+            const DeviceRelease release = b.release(caller_stream);
+            return py::make_tuple(
+                capsule_of(r.recv_x, &release), capsule_of(r.recv_x_scales, &release),
+                capsule_of(r.recv_topk_idx, &release), capsule_of(r.recv_topk_weights, &release),
+                py::cast(r.num_recv_tokens_per_expert), py::cast(std::move(r.handle)),
+                defined_or_none(r.event));
           },
           py::arg("x"), py::arg("x_scales"), py::arg("handle"), py::arg("num_tokens_per_rank"),
           py::arg("num_tokens_per_rdma_rank"), py::arg("is_token_in_rank"),
           py::arg("num_tokens_per_expert"), py::arg("topk_idx"), py::arg("topk_weights"),
           py::arg("expert_alignment"), py::arg("num_worst_tokens"), py::arg("config"),
-          py::arg("async_finish") = false)
+          py::arg("async_finish") = false, py::arg("previous_event") = nullptr,
+          py::arg("caller_stream") = 0)
       .def(
           "combine",
           [](NativeBuffer& b, const py::object& x, const DispatchHandle& handle,
              const py::object& topk_weights, const py::object& bias0, const py::object& bias1,
-             std::optional<Config> config, bool async_finish) {
+             std::optional<Config> config, bool async_finish, DeviceEventPtr previous_event,
+             uintptr_t caller_stream) {
             CombineArgs a;
             a.x = view_of(x, "x");
             a.handle = &handle;
@@ -261,16 +298,20 @@ void bind_buffer(py::module_& m) {
             a.bias1 = view_of(bias1, "bias[1]");
             a.config = config;
             a.async_finish = async_finish;
+            a.previous_event = b.previous_event({a.x}, std::move(previous_event), caller_stream);
             CombineResult r;
             {
               GilRelease unlocked;
               r = b.get().combine(a);
             }
-            return py::make_tuple(capsule_of(r.combined_x), capsule_of(r.combined_topk_weights),
+            const DeviceRelease release = b.release(caller_stream);
+            return py::make_tuple(capsule_of(r.combined_x, &release),
+                                  capsule_of(r.combined_topk_weights, &release),
                                   defined_or_none(r.event));
           },
           py::arg("x"), py::arg("handle"), py::arg("topk_weights"), py::arg("bias0"),
-          py::arg("bias1"), py::arg("config"), py::arg("async_finish") = false)
+          py::arg("bias1"), py::arg("config"), py::arg("async_finish") = false,
+          py::arg("previous_event") = nullptr, py::arg("caller_stream") = 0)
       .def(
           "clean_low_latency_buffer",
           [](NativeBuffer& b, int tokens, int hidden, int experts) {
@@ -282,7 +323,8 @@ void bind_buffer(py::module_& m) {
           "low_latency_dispatch",
           [](NativeBuffer& b, const py::object& x, const py::object& topk_idx, int tokens,
              int experts, const py::object& recv_stats, const py::object& wait_stats, bool use_fp8,
-             bool round_scale, bool use_ue8m0, bool async_finish, bool return_recv_hook) {
+             bool round_scale, bool use_ue8m0, bool async_finish, bool return_recv_hook,
+             DeviceEventPtr previous_event, uintptr_t caller_stream) {
             LowLatencyDispatchArgs a;
             a.x = view_of(x, "x");
             a.topk_idx = view_of(topk_idx, "topk_idx");
@@ -296,25 +338,30 @@ void bind_buffer(py::module_& m) {
             a.use_ue8m0 = use_ue8m0;
             a.async_finish = async_finish;
             a.return_recv_hook = return_recv_hook;
+            a.previous_event =
+                b.previous_event({a.x, a.topk_idx}, std::move(previous_event), caller_stream);
             LowLatencyDispatchResult r;
             {
               GilRelease unlocked;
               r = b.get().low_latency_dispatch(a);
             }
-            return py::make_tuple(capsule_of(r.recv_x), capsule_of(r.recv_x_scales),
-                                  capsule_of(r.recv_count), py::cast(std::move(r.handle)),
+            const DeviceRelease release = b.release(caller_stream);
+            return py::make_tuple(capsule_of(r.recv_x, &release),
+                                  capsule_of(r.recv_x_scales, &release),
+                                  capsule_of(r.recv_count, &release), py::cast(std::move(r.handle)),
                                   defined_or_none(r.event), defined_or_none(r.hook));
           },
           py::arg("x"), py::arg("topk_idx"), py::arg("num_max_dispatch_tokens_per_rank"),
           py::arg("num_experts"), py::arg("cumulative_local_expert_recv_stats"),
           py::arg("dispatch_wait_recv_cost_stats"), py::arg("use_fp8"), py::arg("round_scale"),
-          py::arg("use_ue8m0"), py::arg("async_finish"), py::arg("return_recv_hook"))
+          py::arg("use_ue8m0"), py::arg("async_finish"), py::arg("return_recv_hook"),
+          py::arg("previous_event") = nullptr, py::arg("caller_stream") = 0)
       .def(
           "low_latency_combine",
           [](NativeBuffer& b, const py::object& x, const py::object& topk_idx,
              const py::object& topk_weights, const LowLatencyHandle& handle, bool use_logfmt,
              bool zero_copy, bool async_finish, bool return_recv_hook, const py::object& out,
-             const py::object& wait_stats) {
+             const py::object& wait_stats, DeviceEventPtr previous_event, uintptr_t caller_stream) {
             LowLatencyCombineArgs a;
             a.x = view_of(x, "x");
             a.topk_idx = view_of(topk_idx, "topk_idx");
@@ -326,17 +373,21 @@ void bind_buffer(py::module_& m) {
             a.return_recv_hook = return_recv_hook;
             a.out = view_of(out, "out");
             a.combine_wait_recv_cost_stats = view_of(wait_stats, "combine_wait_recv_cost_stats");
+            a.previous_event =
+                b.previous_event({a.x, a.topk_idx}, std::move(previous_event), caller_stream);
             LowLatencyCombineResult r;
             {
               GilRelease unlocked;
               r = b.get().low_latency_combine(a);
             }
-            return py::make_tuple(capsule_of(r.combined_x), defined_or_none(r.event),
+            const DeviceRelease release = b.release(caller_stream);
+            return py::make_tuple(capsule_of(r.combined_x, &release), defined_or_none(r.event),
                                   defined_or_none(r.hook));
           },
           py::arg("x"), py::arg("topk_idx"), py::arg("topk_weights"), py::arg("handle"),
           py::arg("use_logfmt"), py::arg("zero_copy"), py::arg("async_finish"),
-          py::arg("return_recv_hook"), py::arg("out"), py::arg("combine_wait_recv_cost_stats"))
+          py::arg("return_recv_hook"), py::arg("out"), py::arg("combine_wait_recv_cost_stats"),
+          py::arg("previous_event") = nullptr, py::arg("caller_stream") = 0)
       .def(
           "get_next_low_latency_combine_buffer",
           [](NativeBuffer& b, const LowLatencyHandle& handle) {

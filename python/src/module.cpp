@@ -20,6 +20,7 @@ PYBIND11_MODULE(_proxyep, m) {
     }
   });
   proxyep::python::bind_config(m);
+  proxyep::python::bind_device(m);
   proxyep::python::bind_buffer(m);
   proxyep::python::bind_rma_link(m);
 }

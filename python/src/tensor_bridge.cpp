@@ -1,9 +1,12 @@
 #include "tensor_bridge.hpp"
 
 #include "common/error.hpp"
+#include "common/log.hpp"
+#include "gpu_side/device/open_device.hpp"
 
 #include <dlpack/dlpack.h>
 
+#include <chrono>
 #include <string>
 
 namespace py = pybind11;
@@ -48,12 +51,28 @@ DLDataType dl_type(ep::DType dtype) {
 struct Managed {
   ep::Tensor tensor;
   py::object owner;
+  DeviceRelease release;  // device: order the storage's release after the caller's stream
   int64_t shape[2] = {0, 0};
   DLManagedTensor dl{};
 };
 
+// Queues, on the device's stream, a wait for what the caller's stream has queued so far, so that
+// the storage (freed on the device's stream when `m` goes) outlives the caller's reads of it.
+// Runs wherever torch frees the tensor: it must not throw, and a failure (a device that failed
+// already) is logged; the device's next synchronize reports the failure itself.
+void order_release(const DeviceRelease& release) noexcept {
+  try {
+    auto event = gpu_side::device::record_on_caller_stream(*release.device, release.caller_stream);
+    if (event) release.device->wait_event(event, std::chrono::milliseconds(0));
+  } catch (const std::exception& e) {
+    log::warn("python: a device tensor's release not ordered after the caller's stream: {}",
+              e.what());
+  }
+}
+
 void delete_managed(DLManagedTensor* dl) {
   auto* m = static_cast<Managed*>(dl->manager_ctx);
+  if (m->release.device) order_release(m->release);
   if (!m->owner) {
     delete m;
     return;
@@ -69,12 +88,18 @@ void delete_unconsumed(PyObject* capsule) {
   if (dl != nullptr && dl->deleter != nullptr) dl->deleter(dl);
 }
 
+// `t` in device memory when the spec says so.
+ep::TensorRef placed(ep::TensorRef t, const py::handle& on_device) {
+  if (on_device.cast<bool>()) t.device = ep::Device::cuda;
+  return t;
+}
+
 }  // namespace
 
 ep::TensorRef view_of(const py::handle& spec, std::string_view name) {
   if (spec.is_none()) return {};
   auto t = spec.cast<py::tuple>();
-  require(t.size() == 4, kPhase, "{}: malformed tensor view", name);
+  require(t.size() == 5, kPhase, "{}: malformed tensor view", name);
   const auto data = reinterpret_cast<const void*>(t[0].cast<uintptr_t>());
   const ep::DType dtype = dtype_named(t[1].cast<std::string>(), name);
   auto shape = t[2].cast<py::tuple>();
@@ -84,21 +109,31 @@ ep::TensorRef view_of(const py::handle& spec, std::string_view name) {
     require(n <= 1 || strides[0].cast<int64_t>() == 1, kPhase,
             "{} must be contiguous (a 1-D tensor with stride {})", name,
             strides[0].cast<int64_t>());
-    return ep::TensorRef::vector(data, dtype, n);
+    return placed(ep::TensorRef::vector(data, dtype, n), t[4]);
   }
   require(shape.size() == 2, kPhase, "{} must have 1 or 2 dimensions here; got {}", name,
           shape.size());
-  return ep::TensorRef::strided(data, dtype, shape[0].cast<int64_t>(), shape[1].cast<int64_t>(),
-                                strides[0].cast<int64_t>(), strides[1].cast<int64_t>());
+  return placed(
+      ep::TensorRef::strided(data, dtype, shape[0].cast<int64_t>(), shape[1].cast<int64_t>(),
+                             strides[0].cast<int64_t>(), strides[1].cast<int64_t>()),
+      t[4]);
 }
 
 namespace {
 
+// Where torch must place a tensor over `data`: host memory, the simulated device's (host memory
+// too) and memory CUDA does not know are the CPU's; CUDA device memory is its GPU's.
+DLDevice dl_device(const void* data, ep::Device device) {
+  if (device == ep::Device::host) return {kDLCPU, 0};
+  const int gpu = gpu_side::device::cuda_device_of(data);
+  return gpu < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, gpu};
+}
+
 // A capsule over `m`'s storage at `data`, of `dims` dimensions (m->shape) and `dtype`.
-py::object capsule_over(Managed* m, void* data, int dims, ep::DType dtype) {
+py::object capsule_over(Managed* m, void* data, int dims, ep::DType dtype, ep::Device device) {
   DLTensor& t = m->dl.dl_tensor;
   t.data = data;
-  t.device = {kDLCPU, 0};
+  t.device = dl_device(data, device);
   t.ndim = dims;
   t.dtype = dl_type(dtype);
   t.shape = m->shape;
@@ -116,20 +151,22 @@ py::object capsule_over(Managed* m, void* data, int dims, ep::DType dtype) {
 
 }  // namespace
 
-py::object capsule_of(const ep::Tensor& tensor) {
+py::object capsule_of(const ep::Tensor& tensor, const DeviceRelease* release) {
   if (!tensor.defined()) return py::none();
   auto* m = new Managed;
   m->tensor = tensor;
+  if (release != nullptr && tensor.device() == ep::Device::cuda) m->release = *release;
   m->shape[0] = tensor.rows();
   m->shape[1] = tensor.cols();
-  return capsule_over(m, const_cast<std::byte*>(m->tensor.raw()), tensor.dims(), tensor.dtype());
+  return capsule_over(m, const_cast<std::byte*>(m->tensor.raw()), tensor.dims(), tensor.dtype(),
+                      tensor.device());
 }
 
 py::object capsule_of_bytes(std::span<std::byte> bytes, py::object owner) {
   auto* m = new Managed;
   m->owner = std::move(owner);
   m->shape[0] = static_cast<int64_t>(bytes.size());
-  return capsule_over(m, bytes.data(), 1, ep::DType::u8);
+  return capsule_over(m, bytes.data(), 1, ep::DType::u8, ep::Device::host);
 }
 
 }  // namespace proxyep::python

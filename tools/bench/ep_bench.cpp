@@ -2,9 +2,9 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "gpu_side/device/open_device.hpp"
 #include "gpu_side/device/tensor_transfer.hpp"
 #include "integrations/buffer.hpp"
-#include "tools/bench/bench_device.hpp"
 #include "tools/bench/ep_check.hpp"
 #include "tools/bench/ep_floor.hpp"
 #include "tools/bench/ep_phases.hpp"
@@ -236,7 +236,8 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
   int rank = bootstrap.rank();
   RankRun run;
   BufferOptions sizes = buffer_options(options, shape);
-  sizes.device = make_bench_device(options.device, bootstrap.env().local_rank, "bench.ep");
+  sizes.device =
+      gpu_side::device::open_device(options.device, bootstrap.env().local_rank, "bench.ep");
   {
     Buffer buffer(bootstrap, sizes);
     run = run_iterations(bootstrap, buffer, inputs, options, sizes.device.get());

@@ -51,7 +51,7 @@ struct EpBenchOptions {
       false;  // print where the calls' time went (ep_phases.hpp); the JSON has it always
   // Time the memcpy floor (ep_floor.hpp): bench ep only (--no-floor), off for bench ll.
   bool floor = true;
-  // Where bench ep's tensors live (bench_device.hpp): host, simulated or cuda.
+  // Where bench ep's tensors live (gpu_side/device/open_device.hpp): host, simulated or cuda.
   std::string device = "host";
 };
 

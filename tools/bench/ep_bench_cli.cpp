@@ -7,7 +7,7 @@
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
 #include "control/launch_env.hpp"
-#include "tools/bench/bench_device.hpp"
+#include "gpu_side/device/open_device.hpp"
 #include "tools/bench/ep_baseline.hpp"
 #include "tools/bench/ep_bench.hpp"
 #include "tools/bench/ep_compare.hpp"
@@ -154,7 +154,7 @@ void add_run_options(CLI::App& cmd, BenchCli& cli) {
                    "where the tensors live: host (the CPU backend), simulated (the host-simulated "
                    "device: the device path end to end, checked; not GPU timings) or cuda (each "
                    "rank's GPU, local rank modulo the GPUs visible)")
-        ->check(CLI::IsMember(bench_device_kinds()));
+        ->check(CLI::IsMember(gpu_side::device::device_kinds()));
   cmd.add_flag("--json", options.json, "print one JSON document (rank 0) on stdout");
   cmd.add_flag("--breakdown", options.breakdown,
                "also print each phase's time per call (prepare, notify, pack, post, local, "
@@ -180,7 +180,8 @@ void set_action(CLI::App* cmd, const std::shared_ptr<BenchCli>& cli, Action& act
         // cannot be compared with this one.
         if (options.baseline != "none") check_mpi_baseline_available();
         // A build or machine without CUDA is named before any rank starts.
-        if (options.device == "cuda") (void)make_bench_device(options.device, 0, "bench.ep");
+        if (options.device == "cuda")
+          (void)gpu_side::device::open_device(options.device, 0, "bench.ep");
         return cli->compare.empty() ? nlohmann::json()
                                     : load_saved_run(cli->compare, options.workload, ranks);
       };

@@ -33,7 +33,8 @@ Differences from Megatron over DeepEP:
 
 * bf16 tokens only (what the exchange moves); ``token_probs`` are cast to float32 (DeepEP needs
   float32 probs; Megatron recommends ``--moe-router-dtype fp32``).
-* CPU tensors only in this build; every call is synchronous. ``async_finish`` and
+* Tested with CPU tensors (CUDA tensors go to deep_ep as given, never run); every call is
+  synchronous. ``async_finish`` and
   ``allocate_on_comm_stream`` are accepted (Megatron-core 0.17 passes True for both) and the
   exchange is complete when the call returns, which is what Megatron's
   ``after_event.current_stream_wait()`` waits for; no overlap with compute.

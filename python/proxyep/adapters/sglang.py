@@ -32,7 +32,7 @@ docs/ADAPTERS.md).
 
 Not covered: FP8 normal dispatch (SGLang's per-token-group quantisation), NVFP4, DeepGEMM's
 ``expert_alignment=128`` (pass ``expert_alignment=128`` to get it), single-batch-overlap
-arguments, the expert-distribution recorder, two-batch overlap scheduling. CPU tensors only.
+arguments, the expert-distribution recorder, two-batch overlap scheduling. Tested with CPU tensors only.
 """
 
 import os

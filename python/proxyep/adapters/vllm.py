@@ -26,7 +26,7 @@ arguments of ``device_communicators/all2all.py``; docs/DEEPEP_COMPAT.md 7.3, doc
 Not covered: quantisation configs (FP8 / block scales in HT prepare; LL's FP8 is ``use_fp8``),
 ``apply_router_weight_on_input`` (refused), DBO micro-batching and the async
 ``prepare_async`` / ``finalize_async`` receivers, vLLM's hidden padding (HT: to 512 bytes; LL: up
-to a supported hidden size: pass a supported hidden), ``deepep_v2`` (ElasticBuffer). CPU tensors.
+to a supported hidden size: pass a supported hidden), ``deepep_v2`` (ElasticBuffer). Tested with CPU tensors only.
 """
 
 import os

@@ -1,0 +1,92 @@
+// A DeviceRuntime chosen by name (open_device.hpp).
+#include "gpu_side/device/open_device.hpp"
+
+#include "common/error.hpp"
+#include "gpu_side/device/simulated_device.hpp"
+
+#if PROXYEP_HAVE_CUDA
+#include "gpu_side/cuda/cuda_device.hpp"
+
+#include <cuda_runtime_api.h>
+#endif
+
+namespace proxyep::gpu_side::device {
+
+const std::vector<std::string>& device_kinds() {
+  static const std::vector<std::string> kinds = {"host", "simulated", "cuda"};
+  return kinds;
+}
+
+bool built_with_cuda() {
+#if PROXYEP_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+std::shared_ptr<DeviceRuntime> open_device(std::string_view kind, int local_rank,
+                                           std::string_view phase) {
+  if (kind == "host") return nullptr;
+  // As a GPU with GPUDirect RDMA (every cudaMalloc'ed GPU beside an EFA NIC): where the fabric
+  // registers device memory (shm in a CUDA build), chunks leave from device memory and rows land
+  // in it.
+  if (kind == "simulated")
+    return std::make_shared<SimulatedDevice>(
+        SimulatedDeviceOptions{.nic_reads_device_memory = true});
+  require(kind == "cuda", phase, "device {}: not one of host, simulated, cuda", kind);
+  require(local_rank >= 0, phase, "device cuda: local rank {} is negative", local_rank);
+#if PROXYEP_HAVE_CUDA
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  require(status == cudaSuccess && count > 0, phase, "device cuda: no usable CUDA device ({})",
+          status == cudaSuccess ? "none found" : cudaGetErrorString(status));
+  return std::make_shared<cuda::CudaDevice>(local_rank % count);
+#else
+  fail(std::string(phase), "device cuda: this build has no CUDA (nvcc was not found)");
+#endif
+}
+
+std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uintptr_t stream) {
+#if PROXYEP_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<cuda::CudaDevice*>(&device))
+    return cuda->record_on(reinterpret_cast<void*>(stream));
+#else
+  (void)device, (void)stream;
+#endif
+  return nullptr;
+}
+
+uintptr_t cuda_stream_of(DeviceRuntime& device) {
+#if PROXYEP_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<cuda::CudaDevice*>(&device))
+    return reinterpret_cast<uintptr_t>(cuda->stream());
+#else
+  (void)device;
+#endif
+  return 0;
+}
+
+int cuda_device_of(const void* address) {
+#if PROXYEP_HAVE_CUDA
+  // Without a usable driver every query fails the same way: asked once.
+  static const bool usable = [] {
+    int count = 0;
+    return cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  }();
+  if (!usable || address == nullptr) return -1;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, address) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky, but leave nothing for the next check to find
+    return -1;
+  }
+  const bool on_device =
+      attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  return on_device ? attributes.device : -1;
+#else
+  (void)address;
+  return -1;
+#endif
+}
+
+}  // namespace proxyep::gpu_side::device
