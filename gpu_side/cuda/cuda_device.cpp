@@ -4,6 +4,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu_side/cuda/cuda_ipc.hpp"
+#include "gpu_side/cuda/current_device.hpp"
 #include "gpu_side/cuda/ep_kernels.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
 #include "gpu_side/cuda/ring_push.hpp"
@@ -44,15 +45,16 @@ struct CudaDevice::State {
 
   ~State() {
     if (stream == nullptr) return;
-    (void)cudaSetDevice(ordinal);
+    const auto current = CurrentDevice::quietly(ordinal);
     const cudaError_t status = cudaStreamSynchronize(stream);
     if (status != cudaSuccess)
       log::warn("cuda device {}: stream failed at teardown: {}", ordinal,
                 cudaGetErrorString(status));
     (void)cudaStreamDestroy(stream);
   }
-  // Every call of the runtime API acts on the calling thread's current device.
-  void select() const { check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice"); }
+  // Every call of the runtime API acts on the calling thread's current device: this one for the
+  // scope of the returned guard, the caller's again after it.
+  [[nodiscard]] CurrentDevice select() const { return {ordinal, kPhase}; }
 };
 
 CudaDevice::CudaDevice(int ordinal) : state_(std::make_shared<State>()) {
@@ -63,7 +65,7 @@ CudaDevice::CudaDevice(int ordinal) : state_(std::make_shared<State>()) {
   if (ordinal < 0) check_cuda(cudaGetDevice(&ordinal), kPhase, "cudaGetDevice");
   require(ordinal < count, kPhase, "device {} does not exist ({} found)", ordinal, count);
   state_->ordinal = ordinal;
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), kPhase,
              "cudaStreamCreateWithFlags");
 }
@@ -79,25 +81,25 @@ void* CudaDevice::stream() const {
 }
 
 std::shared_ptr<std::byte[]> CudaDevice::allocate(uint64_t bytes) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   void* memory = nullptr;
   check_cuda(cudaMallocAsync(&memory, std::max<uint64_t>(bytes, 1), state_->stream), kPhase,
              "cudaMallocAsync");
   return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory),
                                       [state = state_](std::byte* p) {
-                                        (void)cudaSetDevice(state->ordinal);
+                                        const auto current = CurrentDevice::quietly(state->ordinal);
                                         (void)cudaFreeAsync(p, state->stream);
                                       });
 }
 
 device::NicMemory CudaDevice::allocate_for_nic(uint64_t bytes) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   void* memory = nullptr;
   check_cuda(cudaMalloc(&memory, std::max<uint64_t>(bytes, 1)), kPhase, "cudaMalloc");
   device::NicMemory nic;
   nic.memory =
       std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory), [state = state_](std::byte* p) {
-        (void)cudaSetDevice(state->ordinal);
+        const auto current = CurrentDevice::quietly(state->ordinal);
         (void)cudaFree(p);  // waits for the device
       });
   nic.bytes = bytes;
@@ -114,7 +116,7 @@ std::shared_ptr<std::byte[]> CudaDevice::open_shared(std::span<const uint8_t> ha
 }
 
 void* CudaDevice::register_host(void* host, uint64_t bytes) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(cudaHostRegister(host, bytes, cudaHostRegisterMapped | cudaHostRegisterPortable),
              kPhase, "cudaHostRegister");
   void* device = nullptr;
@@ -127,65 +129,65 @@ void* CudaDevice::register_host(void* host, uint64_t bytes) {
 }
 
 void CudaDevice::unregister_host(void* host) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(cudaHostUnregister(host), kPhase, "cudaHostUnregister");
 }
 
 void CudaDevice::copy(void* to, const void* from, uint64_t bytes) {
   if (bytes == 0) return;
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, state_->stream), kPhase,
              "cudaMemcpyAsync");
 }
 
 void CudaDevice::fill(void* to, uint8_t value, uint64_t bytes) {
   if (bytes == 0) return;
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(cudaMemsetAsync(to, value, bytes, state_->stream), kPhase, "cudaMemsetAsync");
 }
 
 void CudaDevice::dispatch_layout(const ep::LayoutParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_dispatch_layout(params, state_->stream), kPhase, "dispatch_layout launch");
 }
 
 void CudaDevice::dispatch_rows(const ep::DispatchParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_dispatch_rows(params, state_->stream), kPhase, "dispatch_rows launch");
 }
 
 void CudaDevice::dispatch_chunk(const ep::ChunkParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_dispatch_chunk(params, state_->stream), kPhase, "dispatch_chunk launch");
 }
 
 void CudaDevice::combine(const ep::CombineParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_combine(params, state_->stream), kPhase, "combine launch");
 }
 
 void CudaDevice::add(const ep::AddParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_add(params, state_->stream), kPhase, "add launch");
 }
 
 void CudaDevice::copy_runs(const ep::CopyRunsParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_copy_runs(params, state_->stream), kPhase, "copy_runs launch");
 }
 
 void CudaDevice::ll_pack(const ep::LlPackParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_ll_pack(params, state_->stream), kPhase, "ll_pack launch");
 }
 
 void CudaDevice::ll_unpack(const ep::LlUnpackParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_ll_unpack(params, state_->stream), kPhase, "ll_unpack launch");
 }
 
 void CudaDevice::ll_combine(const ep::LlCombineParams& params) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(launch_ll_combine(params, state_->stream), kPhase, "ll_combine launch");
 }
 
@@ -218,7 +220,7 @@ class CudaRingProducer final : public device::DeviceRingProducer {
 std::unique_ptr<device::DeviceRingProducer> CudaDevice::attach_ring(const Ring& ring) {
   require(ring.producer_mode() == ProducerMode::multi, kPhase,
           "attach_ring: a device pushes into multi-producer rings only (ring_producer.cuh)");
-  state_->select();
+  const CurrentDevice current = state_->select();
   void* header = nullptr;
   check_cuda(cudaHostGetDevicePointer(&header, &ring.header(), 0), kPhase,
              "attach_ring: cudaHostGetDevicePointer (register the ring's memory first)");
@@ -240,7 +242,7 @@ void CudaDevice::ring_push(device::DeviceRingProducer& producer, const Descripto
           "ring_push: the ring was not attached to this device's stream");
   require(count >= 0, kPhase, "ring_push: {} descriptors", count);
   if (count == 0) return;
-  state_->select();
+  const CurrentDevice current = state_->select();
   check_cuda(
       launch_ring_push(ring->header(), ring->capacity(), ring->counters(), descriptors, count,
                        static_cast<uint64_t>(timeout.count()) * 1000000, state_->stream),
@@ -252,7 +254,7 @@ std::shared_ptr<device::DeviceEvent> CudaDevice::record() {
 }
 
 std::shared_ptr<device::DeviceEvent> CudaDevice::record_on(void* caller_stream) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   auto event = std::make_shared<CudaEvent>(state_->ordinal);
   check_cuda(cudaEventRecord(event->get(), static_cast<cudaStream_t>(caller_stream)), kPhase,
              "cudaEventRecord");
@@ -264,7 +266,7 @@ void CudaDevice::wait_event(const std::shared_ptr<device::DeviceEvent>& event,
   auto cuda = std::dynamic_pointer_cast<CudaEvent>(event);
   require(cuda != nullptr && cuda->ordinal() == state_->ordinal, kPhase,
           "wait_event: the event was not recorded on CUDA device {}", state_->ordinal);
-  state_->select();
+  const CurrentDevice current = state_->select();
   // The stream holds its own reference to the event's work: destroying the event after this
   // call is allowed (cudaEventDestroy defers until the recorded work completes).
   check_cuda(cudaStreamWaitEvent(state_->stream, cuda->get(), 0), kPhase, "cudaStreamWaitEvent");
@@ -302,7 +304,7 @@ const CudaEvent& recorded_here(const device::DeviceEvent& event, int ordinal,
 
 bool CudaDevice::reached(const device::DeviceEvent& event, std::string_view phase) {
   const CudaEvent& cuda = recorded_here(event, state_->ordinal, phase);
-  state_->select();
+  const CurrentDevice current = state_->select();
   const cudaError_t status = cudaEventQuery(cuda.get());
   if (status == cudaErrorNotReady) return false;
   if (status != cudaSuccess)
@@ -313,13 +315,13 @@ bool CudaDevice::reached(const device::DeviceEvent& event, std::string_view phas
 void CudaDevice::wait_for(const device::DeviceEvent& event, std::string_view phase,
                           std::chrono::milliseconds timeout) {
   const CudaEvent& cuda = recorded_here(event, state_->ordinal, phase);
-  state_->select();
+  const CurrentDevice current = state_->select();
   poll_until_done([&] { return cudaEventQuery(cuda.get()); }, state_->ordinal, phase,
                   "the stream has not reached the event", timeout);
 }
 
 void CudaDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
-  state_->select();
+  const CurrentDevice current = state_->select();
   poll_until_done([&] { return cudaStreamQuery(state_->stream); }, state_->ordinal, phase,
                   "the stream is still busy", timeout);
 }

@@ -3,6 +3,7 @@
 
 #include "common/error.hpp"
 #include "common/wire.hpp"
+#include "gpu_side/cuda/current_device.hpp"
 #include "gpu_side/cuda/ep_kernels.hpp"
 
 #include <cuda_runtime_api.h>
@@ -75,7 +76,7 @@ void enable_peer(int ordinal, int owner, std::string_view phase) {
           "open_shared: device {} cannot reach device {}'s memory (no peer access between "
           "them)",
           ordinal, owner);
-  check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice");
+  const CurrentDevice current(ordinal, kPhase);
   const cudaError_t status = cudaDeviceEnablePeerAccess(owner, 0);
   if (status == cudaErrorPeerAccessAlreadyEnabled) {
     (void)cudaGetLastError();  // clear it: it is not sticky, but later checks must not see it
@@ -87,7 +88,7 @@ void enable_peer(int ordinal, int owner, std::string_view phase) {
 }  // namespace
 
 device::SharedMemory allocate_shared_memory(int ordinal, uint64_t bytes) {
-  check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice");
+  const CurrentDevice current(ordinal, kPhase);
   void* memory = nullptr;
   check_cuda(cudaMalloc(&memory, std::max<uint64_t>(bytes, 1)), kPhase, "cudaMalloc");
   cudaIpcMemHandle_t ipc{};
@@ -100,15 +101,15 @@ device::SharedMemory allocate_shared_memory(int ordinal, uint64_t bytes) {
   device::SharedMemory shared;
   shared.bytes = bytes;
   shared.nic_reads = true;  // cudaMalloc memory registers for GPUDirect RDMA (FI_HMEM_CUDA)
-  shared.memory = std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory),
-                                               [ordinal, address](std::byte* p) {
-                                                 {
-                                                   std::lock_guard lock(live().mutex);
-                                                   live().by_address.erase(address);
-                                                 }
-                                                 (void)cudaSetDevice(ordinal);
-                                                 (void)cudaFree(p);  // waits for the device
-                                               });
+  shared.memory = std::shared_ptr<std::byte[]>(
+      static_cast<std::byte*>(memory), [ordinal, address](std::byte* p) {
+        {
+          std::lock_guard lock(live().mutex);
+          live().by_address.erase(address);
+        }
+        const auto current = CurrentDevice::quietly(ordinal);
+        (void)cudaFree(p);  // waits for the device
+      });
   {
     std::lock_guard lock(live().mutex);
     live().by_address[address] = shared.memory;
@@ -146,12 +147,12 @@ std::shared_ptr<std::byte[]> open_handle(int ordinal, const Handle& h, std::stri
     enable_peer(ordinal, h.ordinal, phase);
     return memory;
   }
-  check_cuda(cudaSetDevice(ordinal), kPhase, "cudaSetDevice");
+  const CurrentDevice current(ordinal, kPhase);
   void* opened = nullptr;
   check_cuda(cudaIpcOpenMemHandle(&opened, h.ipc, cudaIpcMemLazyEnablePeerAccess), kPhase,
              "cudaIpcOpenMemHandle");
   return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(opened), [ordinal](std::byte* p) {
-    (void)cudaSetDevice(ordinal);
+    const auto current = CurrentDevice::quietly(ordinal);
     (void)cudaIpcCloseMemHandle(p);
   });
 }
