@@ -6,12 +6,14 @@
 
 #include "common/crypto.hpp"
 #include "common/error.hpp"
+#include "common/params.hpp"
 #include "control/bootstrap.hpp"
 #include "gpu_side/device/open_device.hpp"
 #include "integrations/buffer.hpp"
 
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -80,14 +82,23 @@ class NativeBuffer {
 
   // A device call's previous_event: the caller's, else (DeepEP's default: the Buffer's stream
   // waits for the caller's) the point `caller_stream` has reached, where the device has streams
-  // of the caller's (CUDA; the simulated device's callers work on the host). Host calls take
-  // none (the Python side waits for their events on the host).
+  // of the caller's (CUDA; the simulated device's callers work on the host). A host call takes
+  // none: the host waits for the caller's event first (its tensors may be what that stream
+  // made; the GIL released meanwhile).
   DeviceEventPtr previous_event(std::initializer_list<ep::TensorRef> tensors, DeviceEventPtr given,
                                 uintptr_t caller_stream) const {
     bool on_device = false;
     for (const auto& t : tensors)
       on_device = on_device || t.device == ep::Device::cuda;
-    if (!on_device || given || !device_) return given;
+    if (!on_device) {
+      if (given && device_) {
+        GilRelease unlocked;
+        device_->wait_for(*given, "previous_event",
+                          std::chrono::milliseconds(params::ep_timeout_ms.get()));
+      }
+      return nullptr;
+    }
+    if (given || !device_) return given;
     return gpu_side::device::record_on_caller_stream(*device_, caller_stream);
   }
   // How the call's device outputs are released: after `caller_stream`'s reads of them.
