@@ -369,18 +369,20 @@ class Buffer:
             tensor(recv_idx),
             tensor(recv_weights),
             per_expert,
-            self._normal_handle(new_handle, is_token_in_rank),
+            self._normal_handle(new_handle, is_token_in_rank, order["caller_stream"]),
             event,
         )
 
-    def _normal_handle(self, native, is_token_in_rank=None):
-        prefix = tensor(native.rank_prefix_matrix)  # [R, R]: inclusive prefix over source ranks
+    def _normal_handle(self, native, is_token_in_rank, caller_stream):
+        prefix, src_idx, runtime_in_rank, send_head = (
+            self.runtime.normal_handle_tensors(native, caller_stream))
+        prefix = tensor(prefix)  # [R, R]: inclusive prefix over source ranks
         # The routing the caller passed is the handle's (as in DeepEP); the runtime's copy of it
         # only when it came in another form.
         in_rank = is_token_in_rank
         if not (isinstance(in_rank, torch.Tensor) and in_rank.dtype == torch.bool and in_rank.dim() == 2):
-            in_rank = tensor(native.is_token_in_rank, torch.bool)
-        src_idx, send_head = tensor(native.recv_src_idx), tensor(native.send_head)
+            in_rank = tensor(runtime_in_rank, torch.bool)
+        src_idx, send_head = tensor(src_idx), tensor(send_head)
         if self.num_nodes == 1:
             items = (prefix, None, None, src_idx, in_rank, send_head)
         else:  # [-4]: rows received from ranks 0..s, inclusive (recv_gbl_rank_prefix_sum)
@@ -471,6 +473,7 @@ class Buffer:
         _refuse(use_nvfp4, "use_nvfp4 (NVFP4 dispatch)")
         _refuse(x_global_scale is not None, "x_global_scale (NVFP4 dispatch)")
         _refuse(use_ue8m0_for_sf, "use_ue8m0_for_sf (NVFP4 dispatch)")
+        order = self._order(None, async_finish, False)
         recv_x, recv_scales, recv_count, native, event, hook = self.runtime.low_latency_dispatch(
             self._view(x, "x"),
             self._view(topk_idx, "topk_idx"),
@@ -483,7 +486,7 @@ class Buffer:
             use_ue8m0,
             async_finish,
             return_recv_hook,
-            **self._order(None, async_finish, False),
+            **order,
         )
         local = num_experts // self.group_size
         rows = self.group_size * num_max_dispatch_tokens_per_rank
@@ -494,8 +497,8 @@ class Buffer:
             # [E_local, R*T, S], column-major in the last two dimensions (DeepEP's TMA layout).
             scales = scales.as_strided((local, rows, words), (words * rows, 1, rows))
             packed = (packed, scales)
-        src_info = tensor(native.src_info)
-        layout_range = tensor(native.layout_range)
+        src_info, layout_range = map(tensor, self.runtime.low_latency_handle_tensors(
+            native, order["caller_stream"]))
         handle = _LowLatencyHandle(
             (src_info, layout_range, native.num_max_dispatch_tokens_per_rank, native.hidden, native.num_experts),
             native,

@@ -399,6 +399,25 @@ void bind_buffer(py::module_& m) {
           py::arg("use_logfmt"), py::arg("zero_copy"), py::arg("async_finish"),
           py::arg("return_recv_hook"), py::arg("out"), py::arg("combine_wait_recv_cost_stats"),
           py::arg("previous_event") = nullptr, py::arg("caller_stream") = 0)
+      // A handle's tensors as a call hands them to torch: device ones released after the
+      // caller's stream (the handle's properties release them on the Buffer's stream only).
+      .def(
+          "normal_handle_tensors",
+          [](NativeBuffer& b, const DispatchHandle& h, uintptr_t caller_stream) {
+            const DeviceRelease release = b.release(caller_stream);
+            return py::make_tuple(
+                capsule_of(h.rank_prefix_matrix, &release), capsule_of(h.recv_src_idx, &release),
+                capsule_of(h.is_token_in_rank, &release), capsule_of(h.send_head, &release));
+          },
+          py::arg("handle"), py::arg("caller_stream") = 0)
+      .def(
+          "low_latency_handle_tensors",
+          [](NativeBuffer& b, const LowLatencyHandle& h, uintptr_t caller_stream) {
+            const DeviceRelease release = b.release(caller_stream);
+            return py::make_tuple(capsule_of(h.src_info, &release),
+                                  capsule_of(h.layout_range, &release));
+          },
+          py::arg("handle"), py::arg("caller_stream") = 0)
       .def(
           "get_next_low_latency_combine_buffer",
           [](NativeBuffer& b, const LowLatencyHandle& handle) {
