@@ -45,19 +45,21 @@ def view(t, name, fp8=False, on_device=False):
     """
     if t is None:
         return None
-    # Every call passes up to nine tensors through here: the common case (a CPU tensor of one or
-    # two dimensions) takes the fewest attribute lookups; anything else gets the full checks.
+    # Every call passes up to nine tensors through here: the common case (a CPU or CUDA tensor of
+    # one or two dimensions) takes the fewest attribute lookups; anything else gets the full
+    # checks.
     try:
         name_of = _NAMES[t.dtype]
-        ok = t.is_cpu and 0 < t.dim() <= 2
+        cuda = t.is_cuda
+        ok = (cuda or t.is_cpu) and 0 < t.dim() <= 2
     except (AttributeError, KeyError, TypeError):
         ok = False
     if not ok:
         t, name_of = _checked(t, name)
-        on_device = on_device or t.is_cuda
+        cuda = t.is_cuda
     if fp8 and name_of == "u8":
         name_of = "fp8_e4m3"
-    return (t.data_ptr() or _EMPTY_PTR, name_of, t.shape, t.stride(), on_device)
+    return (t.data_ptr() or _EMPTY_PTR, name_of, t.shape, t.stride(), on_device or cuda)
 
 
 def _checked(t, name):

@@ -239,3 +239,25 @@ def test_tensors_elsewhere_and_unknown_devices_are_refused():
     if not torch.cuda.is_available():
         with pytest.raises(proxyep.ProxyEPError, match="cuda|CUDA|GPU"):
             proxyep._proxyep.Device.open("cuda")
+
+
+def test_a_rank_that_receives_nothing(normal):
+    """Every token goes to rank 0's experts: the others receive no rows, and their combine input
+    is empty (an empty device tensor is still device memory to the call)."""
+    host, device = normal
+    to = OnDevice(device)
+    x, topk_idx, weights = routing(dist.get_rank(), seed=5)
+    local = E // dist.get_world_size()
+    topk_idx = torch.where(topk_idx >= 0, topk_idx % local, topk_idx)
+    layout = host.get_dispatch_layout(topk_idx, E)
+    args = dict(num_tokens_per_rank=layout[0], is_token_in_rank=layout[3], num_tokens_per_expert=layout[2],
+                topk_idx=topk_idx, topk_weights=weights)
+    out_h = host.dispatch(x, **args)
+    out_d = device.dispatch(to(x), **{k: to(v) for k, v in args.items()})
+    same(out_d[0], out_h[0], to)
+    if dist.get_rank() != 0:
+        assert out_h[0].shape[0] == 0
+    comb_h = host.combine(out_h[0], out_h[4], topk_weights=out_h[2])
+    comb_d = device.combine(to(out_h[0]), out_d[4], topk_weights=to(out_h[2]))
+    same(comb_d[0], comb_h[0], to)
+    same(comb_d[1], comb_h[1], to)
