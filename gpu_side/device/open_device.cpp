@@ -31,9 +31,11 @@ std::shared_ptr<DeviceRuntime> open_device(std::string_view kind, int local_rank
   // As a GPU with GPUDirect RDMA (every cudaMalloc'ed GPU beside an EFA NIC): where the fabric
   // registers device memory (shm in a CUDA build), chunks leave from device memory and rows land
   // in it.
-  if (kind == "simulated")
-    return std::make_shared<SimulatedDevice>(
-        SimulatedDeviceOptions{.nic_reads_device_memory = true});
+  if (kind == "simulated") {
+    SimulatedDeviceOptions options;
+    options.nic_reads_device_memory = true;
+    return std::make_shared<SimulatedDevice>(options);
+  }
   require(kind == "cuda", phase, "device {}: not one of host, simulated, cuda", kind);
   require(local_rank >= 0, phase, "device cuda: local rank {} is negative", local_rank);
 #if PROXYEP_HAVE_CUDA
@@ -47,14 +49,36 @@ std::shared_ptr<DeviceRuntime> open_device(std::string_view kind, int local_rank
 #endif
 }
 
-std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uintptr_t stream) {
+std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uintptr_t stream,
+                                                     std::string_view phase) {
 #if PROXYEP_HAVE_CUDA
-  if (auto* cuda = dynamic_cast<cuda::CudaDevice*>(&device))
+  if (auto* cuda = dynamic_cast<cuda::CudaDevice*>(&device)) {
+    require_no_graph_capture(device, stream, phase);
     return cuda->record_on(reinterpret_cast<void*>(stream));
+  }
 #else
-  (void)device, (void)stream;
+  (void)device, (void)stream, (void)phase;
 #endif
   return nullptr;
+}
+
+void require_no_graph_capture(DeviceRuntime& device, uintptr_t stream, std::string_view phase) {
+#if PROXYEP_HAVE_CUDA
+  if (dynamic_cast<cuda::CudaDevice*>(&device) == nullptr) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  const cudaError_t status =
+      cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(stream), &capture);
+  (void)cudaGetLastError();  // not sticky; leave nothing for the next check to find
+  // The legacy default stream cannot even be asked while another stream captures globally.
+  const bool capturing = status == cudaErrorStreamCaptureImplicit ||
+                         (status == cudaSuccess && capture != cudaStreamCaptureStatusNone);
+  require(!capturing, phase,
+          "the caller's stream is capturing a CUDA graph: ProxyEP's calls wait on the host (the "
+          "routing, the receive) and cannot be captured yet; make them outside graph capture "
+          "(e.g. SGLang's --disable-cuda-graph, vLLM's enforce_eager=True)");
+#else
+  (void)device, (void)stream, (void)phase;
+#endif
 }
 
 uintptr_t cuda_stream_of(DeviceRuntime& device) {

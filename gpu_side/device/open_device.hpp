@@ -35,7 +35,15 @@ std::shared_ptr<DeviceRuntime> open_device(std::string_view kind, int local_rank
 // device tensor's release after the caller's reads of it. Null for a runtime that has no streams
 // of the caller's to order after (the simulated device: its callers' work is on the host, done
 // when they call).
-std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uintptr_t stream);
+// Throws proxyep::Error(phase) when that stream is capturing a CUDA graph (see below).
+std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uintptr_t stream,
+                                                     std::string_view phase);
+
+// Throws proxyep::Error(phase) when `stream` (a cudaStream_t of the caller's, for a CUDA
+// `device`) is capturing a CUDA graph: a Buffer call waits on the host (its routing, its
+// receive) and runs on the Buffer's own stream, so it cannot be captured, and letting it run
+// would leave it out of the graph. Nothing for a device without CUDA streams.
+void require_no_graph_capture(DeviceRuntime& device, uintptr_t stream, std::string_view phase);
 
 // The cudaStream_t `device`'s work runs on (a CudaDevice's), or 0 for a runtime whose stream
 // is no CUDA stream (the simulated device).

@@ -236,7 +236,15 @@ class Buffer:
             assert previous_event is not None and async_finish, (
                 "allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)"
             )
-        stream = torch.cuda.current_stream().cuda_stream if self._cuda else 0
+        stream = 0
+        if self._cuda:
+            # Refused before any stream is touched (the native side refuses too, naming why).
+            if torch.cuda.is_current_stream_capturing():
+                raise proxyep.ProxyEPError(
+                    "CUDA graph capture: ProxyEP's calls wait on the host and cannot be captured "
+                    "yet; make them outside graph capture (SGLang: --disable-cuda-graph; vLLM: "
+                    "enforce_eager=True)")
+            stream = torch.cuda.current_stream().cuda_stream
         # An EventOverlap without an event orders nothing (DeepEP passes its .event, None here).
         event = previous_event.event if previous_event is not None else None
         if event is None:

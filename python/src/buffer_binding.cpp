@@ -85,8 +85,8 @@ class NativeBuffer {
   // of the caller's (CUDA; the simulated device's callers work on the host). A host call takes
   // none: the host waits for the caller's event first (its tensors may be what that stream
   // made; the GIL released meanwhile).
-  DeviceEventPtr previous_event(std::initializer_list<ep::TensorRef> tensors, DeviceEventPtr given,
-                                uintptr_t caller_stream) const {
+  DeviceEventPtr previous_event(std::string_view call, std::initializer_list<ep::TensorRef> tensors,
+                                DeviceEventPtr given, uintptr_t caller_stream) const {
     bool on_device = false;
     for (const auto& t : tensors)
       on_device = on_device || t.device == ep::Device::cuda;
@@ -98,8 +98,10 @@ class NativeBuffer {
       }
       return nullptr;
     }
-    if (given || !device_) return given;
-    return gpu_side::device::record_on_caller_stream(*device_, caller_stream);
+    if (!device_) return given;
+    gpu_side::device::require_no_graph_capture(*device_, caller_stream, call);
+    if (given) return given;
+    return gpu_side::device::record_on_caller_stream(*device_, caller_stream, call);
   }
   // How the call's device outputs are released: after `caller_stream`'s reads of them.
   DeviceRelease release(uintptr_t caller_stream) const { return {device_, caller_stream}; }
@@ -240,7 +242,8 @@ void bind_buffer(py::module_& m) {
           [](NativeBuffer& b, const py::object& topk_idx, int num_experts,
              DeviceEventPtr previous_event, uintptr_t caller_stream) {
             const ep::TensorRef idx = view_of(topk_idx, "topk_idx");
-            previous_event = b.previous_event({idx}, std::move(previous_event), caller_stream);
+            previous_event = b.previous_event("get_dispatch_layout", {idx},
+                                              std::move(previous_event), caller_stream);
             DispatchLayout layout;
             {
               GilRelease unlocked;
@@ -275,7 +278,7 @@ void bind_buffer(py::module_& m) {
             a.num_worst_tokens = num_worst_tokens;
             a.config = config;
             a.async_finish = async_finish;
-            a.previous_event = b.previous_event({a.x, a.topk_idx, a.is_token_in_rank},
+            a.previous_event = b.previous_event("dispatch", {a.x, a.topk_idx, a.is_token_in_rank},
                                                 std::move(previous_event), caller_stream);
             DispatchResult r;
             {
@@ -309,7 +312,8 @@ void bind_buffer(py::module_& m) {
             a.bias1 = view_of(bias1, "bias[1]");
             a.config = config;
             a.async_finish = async_finish;
-            a.previous_event = b.previous_event({a.x}, std::move(previous_event), caller_stream);
+            a.previous_event =
+                b.previous_event("combine", {a.x}, std::move(previous_event), caller_stream);
             CombineResult r;
             {
               GilRelease unlocked;
@@ -349,8 +353,8 @@ void bind_buffer(py::module_& m) {
             a.use_ue8m0 = use_ue8m0;
             a.async_finish = async_finish;
             a.return_recv_hook = return_recv_hook;
-            a.previous_event =
-                b.previous_event({a.x, a.topk_idx}, std::move(previous_event), caller_stream);
+            a.previous_event = b.previous_event("low_latency_dispatch", {a.x, a.topk_idx},
+                                                std::move(previous_event), caller_stream);
             LowLatencyDispatchResult r;
             {
               GilRelease unlocked;
@@ -384,8 +388,8 @@ void bind_buffer(py::module_& m) {
             a.return_recv_hook = return_recv_hook;
             a.out = view_of(out, "out");
             a.combine_wait_recv_cost_stats = view_of(wait_stats, "combine_wait_recv_cost_stats");
-            a.previous_event =
-                b.previous_event({a.x, a.topk_idx}, std::move(previous_event), caller_stream);
+            a.previous_event = b.previous_event("low_latency_combine", {a.x, a.topk_idx},
+                                                std::move(previous_event), caller_stream);
             LowLatencyCombineResult r;
             {
               GilRelease unlocked;

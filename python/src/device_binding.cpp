@@ -97,7 +97,7 @@ void bind_device(py::module_& m) {
       .def(
           "record_on",
           [](const std::shared_ptr<device::DeviceRuntime>& d, uintptr_t stream) {
-            return device::record_on_caller_stream(*d, stream);
+            return device::record_on_caller_stream(*d, stream, kPhase);
           },
           py::arg("stream"),
           "an event at the current end of the caller's stream (a cudaStream_t as an int), or "

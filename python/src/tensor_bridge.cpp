@@ -62,7 +62,19 @@ struct Managed {
 // already) is logged; the device's next synchronize reports the failure itself.
 void order_release(const DeviceRelease& release) noexcept {
   try {
-    auto event = gpu_side::device::record_on_caller_stream(*release.device, release.caller_stream);
+    // Freed while the caller's stream captures a graph (a tensor of an eager call dropped in
+    // the captured code): an event recorded there would pull the Buffer's stream into the
+    // capture. Released after the Buffer's own work only, as in C++.
+    gpu_side::device::require_no_graph_capture(*release.device, release.caller_stream,
+                                               "python(release)");
+  } catch (const std::exception& e) {
+    log::debug("python: a device tensor's release not ordered after the caller's stream: {}",
+               e.what());
+    return;
+  }
+  try {
+    auto event = gpu_side::device::record_on_caller_stream(*release.device, release.caller_stream,
+                                                           "python(release)");
     if (event) release.device->wait_event(event, std::chrono::milliseconds(0));
   } catch (const std::exception& e) {
     log::warn("python: a device tensor's release not ordered after the caller's stream: {}",

@@ -3,7 +3,8 @@
 // device memory is found on its GPU (DLPack's kDLCUDA device of an output) and host memory on
 // none; an event on a caller's stream orders the device's stream after the caller's work (a
 // kernel-free check: the caller's stream copies a pattern, the device's stream copies it on
-// after waiting); and a runtime call leaves the caller's current device as it found it.
+// after waiting); a runtime call leaves the caller's current device as it found it; and a
+// caller's stream that captures a CUDA graph is refused without spoiling the capture.
 // Exits 77 (skipped) without a usable CUDA device.
 #include "gpu_side/cuda/current_device.hpp"
 #include "gpu_side/device/open_device.hpp"
@@ -60,7 +61,8 @@ int main() {
       if (cudaMemsetAsync(source, 0x5a, kBytes, caller) != cudaSuccess)
         fail("gpu test", "cudaMemsetAsync");
     }
-    auto event = device::record_on_caller_stream(*cuda, reinterpret_cast<uintptr_t>(caller));
+    auto event =
+        device::record_on_caller_stream(*cuda, reinterpret_cast<uintptr_t>(caller), "gpu test");
     ok &= check(event != nullptr, "an event on the caller's stream");
     cuda->wait_event(event, std::chrono::seconds(20));
     cuda->copy(memory.get(), source, kBytes);
@@ -75,6 +77,40 @@ int main() {
     int current = -1;
     (void)cudaGetDevice(&current);
     ok &= check(current == 0, "runtime calls leave the caller's current device");
+
+    // A caller's stream capturing a CUDA graph is refused with the reason, and the capture
+    // stays valid (nothing of ProxyEP's joined it).
+    {
+      const gpu_side::cuda::CurrentDevice on_last(last, "gpu test");
+      if (cudaStreamBeginCapture(caller, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        fail("gpu test", "cudaStreamBeginCapture");
+      bool refused = false;
+      try {
+        (void)device::record_on_caller_stream(*cuda, reinterpret_cast<uintptr_t>(caller),
+                                              "gpu test");
+      } catch (const Error& e) {
+        refused = std::strstr(e.what(), "capturing a CUDA graph") != nullptr;
+      }
+      ok &= check(refused, "a capturing caller's stream is refused, naming graph capture");
+      if (cudaMemsetAsync(source, 1, 16, caller) != cudaSuccess)
+        fail("gpu test", "cudaMemsetAsync in capture");
+      cudaGraph_t graph = nullptr;
+      ok &= check(cudaStreamEndCapture(caller, &graph) == cudaSuccess && graph != nullptr,
+                  "the caller's capture is still valid");
+      if (graph != nullptr) (void)cudaGraphDestroy(graph);
+      ok &= check(
+          !refused ||
+              [&] {
+                try {
+                  device::require_no_graph_capture(*cuda, reinterpret_cast<uintptr_t>(caller),
+                                                   "gpu test");
+                  return true;
+                } catch (const Error&) {
+                  return false;
+                }
+              }(),
+          "after the capture the stream is accepted again");
+    }
 
     (void)cudaSetDevice(last);
     (void)cudaFree(source);

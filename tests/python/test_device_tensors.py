@@ -261,3 +261,19 @@ def test_a_rank_that_receives_nothing(normal):
     comb_d = device.combine(to(out_h[0]), out_d[4], topk_weights=to(out_h[2]))
     same(comb_d[0], comb_h[0], to)
     same(comb_d[1], comb_h[1], to)
+
+
+def test_a_call_in_cuda_graph_capture_is_refused_before_any_stream(normal, monkeypatch):
+    """On a GPU the check is torch's own (is_current_stream_capturing); here it is made to say
+    "capturing" on a Buffer taken for a CUDA one, and the call must raise naming graph capture
+    before it asks torch for a stream (none exists without CUDA) or sends anything."""
+    host, device = normal
+    to = OnDevice(device)
+    _, topk_idx, _ = routing(dist.get_rank(), seed=6)
+    idx = to(topk_idx)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(device, "_cuda", True)
+    with pytest.raises(proxyep.ProxyEPError, match="CUDA graph capture"):
+        device.get_dispatch_layout(idx, E)
+    monkeypatch.undo()
+    same(device.get_dispatch_layout(idx, E)[0], host.get_dispatch_layout(topk_idx, E)[0], to)

@@ -32,7 +32,8 @@ TEST_CASE("open_device gives no device for host, the simulated one by name, and 
 TEST_CASE("the simulated device has no caller streams and its memory is no GPU's") {
   auto simulated = device::open_device("simulated", 0, "test");
   // Its callers work on the host: nothing to order after, and no CUDA stream of its own.
-  CHECK(device::record_on_caller_stream(*simulated, 0) == nullptr);
+  CHECK(device::record_on_caller_stream(*simulated, 0, "test") == nullptr);
+  CHECK_NOTHROW(device::require_no_graph_capture(*simulated, 0, "test"));
   CHECK(device::cuda_stream_of(*simulated) == 0);
   auto memory = simulated->allocate(4096);
   CHECK(device::cuda_device_of(memory.get()) == -1);
