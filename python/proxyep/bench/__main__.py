@@ -27,8 +27,13 @@ def parse(argv):
     p.add_argument("--cpp-bench", default=None, help="the proxyep CLI (default: the build's)")
     p.add_argument("--no-cpp", action="store_true", help="skip the C++ bench of the same shape")
     p.add_argument("--cpp-timeout", type=int, default=600)
+    p.add_argument("--device", choices=["host", "simulated", "cuda"], default="host",
+                   help="ep: where the tensors live (deep_ep.Buffer's device=; the C++ bench gets the same); "
+                        "simulated runs the device path checked, its times are not a GPU's")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     args = p.parse_args(argv)
+    if args.device != "host" and args.kind != "ep":
+        p.error("--device: ep only")
     if args.tokens is None:
         args.tokens = 4096 if args.kind == "ep" else 128
     for name in ("ranks", "tokens", "hidden", "topk", "experts", "iters"):
@@ -58,11 +63,15 @@ def main(argv=None):
     if result is None:  # not rank 0 under a launcher
         return 0
     extra = ["--bf16"] if args.kind == "ll" and args.bf16 else []
+    if args.device != "host":
+        extra += ["--device", args.device]
     cpp = cpp_bench(args, args.kind, extra)
     doc = {"benchmark": args.kind, "ranks": args.ranks, "ranks_per_node": args.ranks_per_node or args.ranks,
            "workload": {k: getattr(args, k) for k in ("tokens", "hidden", "topk", "experts", "warmup", "iters",
-                                                     "seed")},
+                                                     "seed", "device")},
            "python": result.get("proxyep"), "gloo": result.get("gloo"), "verified": result["verified"]}
+    if "device" in result:
+        doc["device"] = {"kind": result["device"], "device_writes": result["device_writes"]}
     if args.kind == "ll":
         doc["workload"]["fp8"] = not args.bf16
     total = result["proxyep"]["total"]["us"]["p50"]

@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import proxyep
+
 
 def percentiles(samples_us):
     s = sorted(samples_us)
@@ -128,6 +130,21 @@ def cpp_bench(args, kind, extra):
     doc = json.loads(out.stdout)
     doc["command"] = " ".join(cmd)
     return doc
+
+
+def placement(buffer):
+    """(put, get): a host tensor to the Buffer's device and back (identity without a device)."""
+    if buffer.device is None:
+        return (lambda t: t), (lambda t: t)
+    if buffer.device.kind == "cuda":
+        return (lambda t: t.cuda()), (lambda t: t.cpu())
+    return (lambda t: proxyep.to_device(buffer.device, t)), (lambda t: proxyep.to_host(buffer.device, t))
+
+
+def sum_over_ranks(value):
+    total = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(total)
+    return int(total)
 
 
 def calc_diff(x, y):
