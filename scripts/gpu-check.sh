@@ -94,6 +94,13 @@ if /usr/bin/python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available
     echo "gpu-check: deep_ep with CUDA tensors failed (python-cuda.log)"
     rc=1
   }
+  # deep_ep's calls with CUDA tensors timed beside the C++ bench of the same shape and --device.
+  PYTHONPATH="$root/build/release/python" timeout 300 /usr/bin/python3 -m proxyep.bench ep --device cuda \
+    --tokens 1024 --iters 10 --json --cpp-bench "$proxyep" >"$out/python-bench-ep-cuda.json" \
+    2>"$out/python-bench-ep-cuda.err" || {
+    echo "gpu-check: python bench ep --device cuda failed: $(tail -3 "$out/python-bench-ep-cuda.err")"
+    rc=1
+  }
 else
   echo "gpu-check: torch sees no GPU here: deep_ep with CUDA tensors not run" | tee "$out/python-cuda.log"
 fi
