@@ -99,9 +99,10 @@ class NativeBuffer {
       return nullptr;
     }
     if (!device_) return given;
+    if (!given) return gpu_side::device::record_on_caller_stream(*device_, caller_stream, call);
+    // Ordering after the given event alone: the caller's stream is still checked for capture.
     gpu_side::device::require_no_graph_capture(*device_, caller_stream, call);
-    if (given) return given;
-    return gpu_side::device::record_on_caller_stream(*device_, caller_stream, call);
+    return given;
   }
   // How the call's device outputs are released: after `caller_stream`'s reads of them.
   DeviceRelease release(uintptr_t caller_stream) const { return {device_, caller_stream}; }

@@ -239,6 +239,9 @@ def test_tensors_elsewhere_and_unknown_devices_are_refused():
     if not torch.cuda.is_available():
         with pytest.raises(proxyep.ProxyEPError, match="cuda|CUDA|GPU"):
             proxyep._proxyep.Device.open("cuda")
+        # Refused before any collective: the other rank is not asked to join.
+        with pytest.raises(proxyep.ProxyEPError, match="device cuda"):
+            deep_ep.Buffer(dist.group.WORLD, num_nvl_bytes=1 << 20, device="cuda")
 
 
 def test_a_rank_that_receives_nothing(normal):
