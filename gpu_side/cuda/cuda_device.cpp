@@ -8,10 +8,15 @@
 #include "gpu_side/cuda/ep_kernels.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
 #include "gpu_side/cuda/ring_push.hpp"
+#include "gpu_side/cuda/stream_signal.hpp"
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace proxyep::gpu_side::cuda {
 
@@ -42,6 +47,18 @@ class CudaEvent final : public device::DeviceEvent {
 struct CudaDevice::State {
   int ordinal = 0;
   cudaStream_t stream = nullptr;
+  // The stream's first failed wait_value (stream_signal.hpp), mapped pinned host memory: the
+  // host's view and the kernels'.
+  WaitFault* fault = nullptr;
+  WaitFault* fault_on_device = nullptr;
+  // What each wait number stands for: the wait_value calls' phases and timeouts (one entry per
+  // distinct pair, so a graph replaying a wait still names it).
+  struct Wait {
+    std::string phase;
+    int64_t timeout_ms;
+  };
+  std::mutex waits_mutex;
+  std::vector<Wait> waits;
 
   ~State() {
     if (stream == nullptr) return;
@@ -51,6 +68,28 @@ struct CudaDevice::State {
       log::warn("cuda device {}: stream failed at teardown: {}", ordinal,
                 cudaGetErrorString(status));
     (void)cudaStreamDestroy(stream);
+    if (fault != nullptr) (void)cudaFreeHost(fault);
+  }
+  uint64_t wait_number(std::string_view phase, std::chrono::milliseconds timeout) {
+    std::lock_guard lock(waits_mutex);
+    for (size_t i = 0; i < waits.size(); ++i)
+      if (waits[i].phase == phase && waits[i].timeout_ms == timeout.count()) return i + 1;
+    waits.push_back({std::string(phase), timeout.count()});
+    return waits.size();
+  }
+  // Throws proxyep::Error(phase) once a wait of the stream failed (sticky: the fault stays).
+  // Read after the stream passed the failed wait (its fields are written by then).
+  void require_no_failed_wait(std::string_view phase) {
+    const uint64_t number = std::atomic_ref<uint64_t>(fault->wait).load(std::memory_order_acquire);
+    if (number == 0) return;
+    Wait wait{"?", 0};
+    {
+      std::lock_guard lock(waits_mutex);
+      if (number <= waits.size()) wait = waits[number - 1];
+    }
+    fail(std::string(phase),
+         "cuda device {}: wait_value ({}): the signal word at {:#x} holds {}, not {}, after {} ms",
+         ordinal, wait.phase, fault->word, fault->seen, fault->expected, wait.timeout_ms);
   }
   // Every call of the runtime API acts on the calling thread's current device: this one for the
   // scope of the returned guard, the caller's again after it.
@@ -68,6 +107,15 @@ CudaDevice::CudaDevice(int ordinal) : state_(std::make_shared<State>()) {
   const CurrentDevice current = state_->select();
   check_cuda(cudaStreamCreateWithFlags(&state_->stream, cudaStreamNonBlocking), kPhase,
              "cudaStreamCreateWithFlags");
+  void* fault = nullptr;
+  check_cuda(cudaHostAlloc(&fault, sizeof(WaitFault), cudaHostAllocMapped | cudaHostAllocPortable),
+             kPhase, "cudaHostAlloc (wait fault)");
+  state_->fault = static_cast<WaitFault*>(fault);
+  *state_->fault = WaitFault{};
+  void* on_device = nullptr;
+  check_cuda(cudaHostGetDevicePointer(&on_device, fault, 0), kPhase,
+             "cudaHostGetDevicePointer (wait fault)");
+  state_->fault_on_device = static_cast<WaitFault*>(on_device);
 }
 
 CudaDevice::~CudaDevice() = default;
@@ -249,6 +297,40 @@ void CudaDevice::ring_push(device::DeviceRingProducer& producer, const Descripto
       kPhase, "ring_push launch");
 }
 
+namespace {
+
+// A signal word the stream may use: aligned, and memory the GPU reaches (device memory or
+// registered host memory).
+void require_signal_word(const void* word, std::string_view op, std::string_view phase) {
+  require(reinterpret_cast<uintptr_t>(word) % alignof(uint64_t) == 0, phase,
+          "{}: the signal word at {} is not 8-byte aligned", op, word);
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, word);
+  (void)cudaGetLastError();  // not sticky; an unregistered pointer is an answer, not a failure
+  require(status == cudaSuccess && attributes.type != cudaMemoryTypeUnregistered, phase,
+          "{}: the signal word at {} is neither device memory nor registered host memory", op,
+          word);
+}
+
+}  // namespace
+
+void CudaDevice::wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
+                            std::string_view phase) {
+  require_signal_word(word, "wait_value", phase);
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_wait_value(word, value, static_cast<uint64_t>(timeout.count()) * 1000000,
+                               state_->fault_on_device, state_->wait_number(phase, timeout),
+                               state_->stream),
+             kPhase, "wait_value launch");
+}
+
+void CudaDevice::write_value(uint64_t* word, uint64_t value, std::string_view phase) {
+  require_signal_word(word, "write_value", phase);
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_write_value(word, value, state_->fault_on_device, state_->stream), kPhase,
+             "write_value launch");
+}
+
 std::shared_ptr<device::DeviceEvent> CudaDevice::record() {
   return record_on(state_->stream);
 }
@@ -309,6 +391,7 @@ bool CudaDevice::reached(const device::DeviceEvent& event, std::string_view phas
   if (status == cudaErrorNotReady) return false;
   if (status != cudaSuccess)
     fail(std::string(phase), "cuda device {}: {}", state_->ordinal, cudaGetErrorString(status));
+  state_->require_no_failed_wait(phase);
   return true;
 }
 
@@ -318,12 +401,14 @@ void CudaDevice::wait_for(const device::DeviceEvent& event, std::string_view pha
   const CurrentDevice current = state_->select();
   poll_until_done([&] { return cudaEventQuery(cuda.get()); }, state_->ordinal, phase,
                   "the stream has not reached the event", timeout);
+  state_->require_no_failed_wait(phase);
 }
 
 void CudaDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
   const CurrentDevice current = state_->select();
   poll_until_done([&] { return cudaStreamQuery(state_->stream); }, state_->ordinal, phase,
                   "the stream is still busy", timeout);
+  state_->require_no_failed_wait(phase);
 }
 
 }  // namespace proxyep::gpu_side::cuda

@@ -48,6 +48,12 @@ class CudaDevice final : public device::DeviceRuntime {
   std::unique_ptr<device::DeviceRingProducer> attach_ring(const Ring& ring) override;
   void ring_push(device::DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
                  std::chrono::milliseconds timeout) override;
+  // wait_value: a one-thread kernel polling the word, its deadline kept by the GPU
+  // (stream_signal.hpp); the first failed wait is what reached(), wait_for() and synchronize()
+  // report from then on.
+  void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
+                  std::string_view phase) override;
+  void write_value(uint64_t* word, uint64_t value, std::string_view phase) override;
   std::shared_ptr<device::DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<device::DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;

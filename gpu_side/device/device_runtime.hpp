@@ -155,6 +155,27 @@ class DeviceRuntime {
   virtual void ring_push(DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
                          std::chrono::milliseconds timeout) = 0;
 
+  // Signal words: the stream's side of a handshake with the host (the proxies, the ordering
+  // layer) or a node peer, queued like every operation, so that a protocol whose waits are on
+  // the stream needs no host thread between its steps (what a CUDA graph can capture: DeepEP's
+  // low-latency hooks). A word is a 64-bit counter, 8-byte aligned, in registered host memory
+  // or device memory, that its writers only raise (the host with an atomic release store or
+  // fetch_add).
+  // wait_value() makes the stream's later operations run only once the word holds at least
+  // `value`. A word still short of it `timeout` after the wait began fails the stream (sticky:
+  // reached(), wait_for() and synchronize() throw, naming `phase`, the word, what it held and
+  // what was awaited) instead of hanging it; the operations behind a failed wait do not hang
+  // either (the simulated device skips them; CUDA runs them on whatever is there, and the
+  // failure is what the host reports).
+  // write_value() stores `value` in the word once the operations queued before it ran, after
+  // what they wrote is visible to the host (release, system scope): what a proxy acquiring the
+  // word may read.
+  // Both throw proxyep::Error(phase) at once, before anything is queued, for a word the device
+  // cannot reach or that is misaligned.
+  virtual void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
+                          std::string_view phase) = 0;
+  virtual void write_value(uint64_t* word, uint64_t value, std::string_view phase) = 0;
+
   // Events order two streams of one device (the caller's compute stream and a Buffer's, as
   // DeepEP's previous_event does). record() marks the point after everything queued so far;
   // wait_event() makes this stream's later operations run after `event`'s point, which another

@@ -1,6 +1,7 @@
 // The host-simulated device (simulated_device.hpp).
 #include "gpu_side/device/simulated_device.hpp"
 
+#include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -739,6 +741,54 @@ void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
     std::unique_lock lock(simulated->mutex);
     require(simulated->changed.wait_for(lock, timeout, [&] { return simulated->reached; }), kPhase,
             "wait_event: the event was not reached within {} ms", timeout.count());
+  });
+}
+
+namespace {
+
+// A signal word the stream may use: 8-byte aligned (what the CUDA kernels' 64-bit atomics need).
+void require_word_aligned(const void* word, std::string_view op, std::string_view phase) {
+  require(reinterpret_cast<uintptr_t>(word) % alignof(uint64_t) == 0, phase,
+          "{}: the signal word at {} is not 8-byte aligned", op, word);
+}
+
+}  // namespace
+
+void SimulatedDevice::wait_value(const uint64_t* word, uint64_t value,
+                                 std::chrono::milliseconds timeout, std::string_view phase) {
+  require_word_aligned(word, "wait_value", phase);
+  if (!core_->reachable(word, sizeof(uint64_t)))
+    fail(std::string(phase),
+         "wait_value: the signal word at {} is neither device memory nor registered host memory",
+         static_cast<const void*>(word));
+  core_->enqueue("wait_value", [word, value, timeout, phase = std::string(phase)] {
+    // The word's writers are other threads (proxies, the host, a peer's stream): an atomic read.
+    std::atomic_ref<uint64_t> signal(*const_cast<uint64_t*>(word));
+    const Deadline deadline(timeout);
+    Backoff backoff;
+    for (uint32_t polls = 0; signal.load(std::memory_order_acquire) < value; ++polls) {
+      if (deadline.expired())
+        fail(std::string(kPhase),
+             "wait_value ({}): the signal word at {} holds {}, not {}, after {} ms", phase,
+             static_cast<const void*>(word), signal.load(std::memory_order_acquire), value,
+             timeout.count());
+      if (polls < 1000)
+        backoff.pause();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+}
+
+void SimulatedDevice::write_value(uint64_t* word, uint64_t value, std::string_view phase) {
+  require_word_aligned(word, "write_value", phase);
+  if (!core_->reachable(word, sizeof(uint64_t)))
+    fail(std::string(phase),
+         "write_value: the signal word at {} is neither device memory nor registered host memory",
+         static_cast<void*>(word));
+  core_->enqueue("write_value", [word, value] {
+    // release: what the operations before it wrote is visible to whoever acquires the word.
+    std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_release);
   });
 }
 

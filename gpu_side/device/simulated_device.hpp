@@ -101,6 +101,10 @@ class SimulatedDevice final : public DeviceRuntime {
   std::unique_ptr<DeviceRingProducer> attach_ring(const Ring& ring) override;
   void ring_push(DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
                  std::chrono::milliseconds timeout) override;
+  // wait_value polls the word from the stream's thread (a short spin, then 20 us sleeps).
+  void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
+                  std::string_view phase) override;
+  void write_value(uint64_t* word, uint64_t value, std::string_view phase) override;
   std::shared_ptr<DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;

@@ -67,6 +67,13 @@ class ShiftingDevice final : public DeviceRuntime {
                  std::chrono::milliseconds timeout) override {
     inner_->ring_push(producer, descriptors, count, timeout);
   }
+  void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
+                  std::string_view phase) override {
+    inner_->wait_value(word, value, timeout, phase);
+  }
+  void write_value(uint64_t* word, uint64_t value, std::string_view phase) override {
+    inner_->write_value(word, value, phase);
+  }
   std::shared_ptr<DeviceEvent> record() override { return inner_->record(); }
   void wait_event(const std::shared_ptr<DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override {

@@ -6,6 +6,7 @@
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/workload.hpp"
 #include "tests/unit/gpu_side/device/device_ring_cases.hpp"
+#include "tests/unit/gpu_side/device/device_signal_cases.hpp"
 
 #include <doctest/doctest.h>
 #include <sys/mman.h>
@@ -339,6 +340,41 @@ TEST_CASE("simulated device: descriptors pushed into a ring in stream order") {
     CHECK(cases::push_in_stream_order_case(std::make_shared<SimulatedDevice>(options)) == "");
   }
   CHECK(cases::abandoned_case(std::make_shared<SimulatedDevice>()) == "");
+}
+
+TEST_CASE("simulated device: signal words order the stream with the host, with a deadline") {
+  namespace cases = testing::device_signal;
+  // A quick stream and a slow one (an operation that overtook the wait would show).
+  for (const SimulatedDeviceOptions options :
+       {SimulatedDeviceOptions{}, SimulatedDeviceOptions{.operation_delay = 5ms}}) {
+    CAPTURE(options.operation_delay.count());
+    CHECK(cases::wait_then_signal_case(std::make_shared<SimulatedDevice>(options)) == "");
+  }
+  CHECK(cases::timed_out_wait_case(std::make_shared<SimulatedDevice>()) == "");
+  CHECK(cases::refused_words_case(std::make_shared<SimulatedDevice>()) == "");
+}
+
+TEST_CASE("simulated device: a word raised by another stream of the device releases the wait") {
+  // A node peer's stream writes the word in device memory (its arena), this stream waits on it.
+  SimulatedDevice dev;
+  auto peer = dev.another_stream();
+  const std::shared_ptr<std::byte[]> word_memory = dev.allocate(64);
+  auto* word = reinterpret_cast<uint64_t*>(word_memory.get());
+  peer->fill(word, 0, 8);
+  peer->synchronize("test", 5s);
+  std::array<uint8_t, 16> out{};
+  const std::shared_ptr<std::byte[]> source = dev.allocate(out.size());
+  dev.fill(source.get(), 3, out.size());
+  dev.wait_value(word, 5, 10s, "peer word");
+  dev.copy(out.data(), source.get(), out.size());
+  const auto end = dev.record();
+  std::this_thread::sleep_for(20ms);
+  CHECK_FALSE(dev.reached(*end, "test"));
+  peer->write_value(word, 5, "peer signal");
+  dev.wait_for(*end, "test", 10s);
+  CHECK(out[0] == 3);
+  CHECK(out[15] == 3);
+  peer->synchronize("test", 5s);
 }
 
 TEST_CASE("simulated device: ring pushes the device cannot make are refused") {

@@ -1,0 +1,66 @@
+// The stream-side signal words (stream_signal.hpp).
+#include "gpu_side/cuda/stream_signal.hpp"
+
+#include <cuda/atomic>
+
+namespace proxyep::gpu_side::cuda {
+
+namespace {
+
+__device__ inline uint64_t now_ns() {
+  uint64_t now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  return now;
+}
+
+__global__ void wait_value_kernel(const uint64_t* word, uint64_t value, uint64_t timeout_ns,
+                                  WaitFault* fault, uint64_t wait_number) {
+  ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> claimed(fault->wait);
+  if (claimed.load(::cuda::memory_order_relaxed) != 0) return;  // the stream failed already
+  // acquire (system scope): pairs with the writer's release store or fetch_add, so the
+  // operations after this one read what the writer published before raising the word.
+  ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> signal(*const_cast<uint64_t*>(word));
+  const uint64_t start = now_ns();
+  uint64_t seen;
+  while ((seen = signal.load(::cuda::memory_order_acquire)) < value) {
+    if (now_ns() - start > timeout_ns) {
+      uint64_t none = 0;
+      if (claimed.compare_exchange_strong(none, wait_number, ::cuda::memory_order_relaxed)) {
+        fault->word = reinterpret_cast<uint64_t>(word);
+        fault->expected = value;
+        fault->seen = seen;
+        __threadfence_system();
+      }
+      return;
+    }
+    __nanosleep(1000);
+  }
+}
+
+__global__ void write_value_kernel(uint64_t* word, uint64_t value, const WaitFault* fault) {
+  // Behind a failed wait the work before this one ran on whatever was there: no signal of it.
+  if (::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(const_cast<WaitFault*>(fault)->wait)
+          .load(::cuda::memory_order_relaxed) != 0)
+    return;
+  // release (system scope): the earlier kernels' writes are complete (stream order); the fence
+  // makes them visible to the host before the word is.
+  __threadfence_system();
+  ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(*word).store(
+      value, ::cuda::memory_order_release);
+}
+
+}  // namespace
+
+cudaError_t launch_wait_value(const uint64_t* word, uint64_t value, uint64_t timeout_ns,
+                              WaitFault* fault, uint64_t wait_number, cudaStream_t stream) {
+  wait_value_kernel<<<1, 1, 0, stream>>>(word, value, timeout_ns, fault, wait_number);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_write_value(uint64_t* word, uint64_t value, const WaitFault* fault,
+                               cudaStream_t stream) {
+  write_value_kernel<<<1, 1, 0, stream>>>(word, value, fault);
+  return cudaGetLastError();
+}
+
+}  // namespace proxyep::gpu_side::cuda
