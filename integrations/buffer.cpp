@@ -157,6 +157,7 @@ struct Buffer::Impl {
       device_backend = std::make_unique<integrations::DeviceBackend>(opts.device);
       device_regions =
           std::make_unique<integrations::DeviceRegions>(opts.device, session->row_memory(), kPhase);
+      stream.attach_device(opts.device);  // device points for async_finish calls
     }
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
     made.store(true, std::memory_order_release);

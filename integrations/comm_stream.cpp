@@ -34,12 +34,35 @@ void CommStream::settle() {
     }
   }
   if (first) std::rethrow_exception(first);
+  // Before the next call: a device point that ran out of time (device_completion.hpp).
+  if (completion_ != nullptr) completion_->check("async_finish");
 }
 
 std::function<void()> CommStream::settler() const {
   return [alive = std::weak_ptr<CommStream*>(alive_)] {
     if (auto stream = alive.lock()) (*stream)->settle();
   };
+}
+
+void CommStream::attach_device(std::shared_ptr<gpu_side::device::DeviceRuntime> device) {
+  completion_ = std::make_unique<DeviceCompletion>(std::move(device));
+}
+
+CallEvent CommStream::submit_call(std::function<void()> body, bool on_device,
+                                  std::string_view phase) {
+  if (!on_device || completion_ == nullptr) return event_for(submit(std::move(body)));
+  DeviceCompletion::Point point = completion_->next(phase);
+  // The word is raised however the task ends: a failure is the host event's to report.
+  auto task = submit([body = std::move(body), completion = completion_.get(), n = point.number] {
+    struct Reach {
+      DeviceCompletion* completion;
+      uint64_t number;
+      ~Reach() { completion->reach(number); }
+    } reach{completion, n};
+    body();
+  });
+  const CallEvent host = event_for(std::move(task));
+  return CallEvent([host] { host.wait(); }, std::move(point.event));
 }
 
 CallEvent CommStream::event_for(std::shared_ptr<StealableTask> task) const {

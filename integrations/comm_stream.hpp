@@ -12,6 +12,7 @@
 #pragma once
 
 #include "common/background_worker.hpp"
+#include "integrations/device_completion.hpp"
 #include "integrations/low_latency_types.hpp"
 
 #include <functional>
@@ -31,7 +32,7 @@ class CommStream {
   // Queues `body` after everything queued before it.
   std::shared_ptr<StealableTask> submit(std::function<void()> body);
   // Finishes every queued task in order (here, or by waiting for the thread); rethrows the first
-  // failure after all of them finished.
+  // failure after all of them finished, else a device point's that ran out of time.
   void settle();
   // settle() as a function that outlives the stream (then it does nothing: the stream's
   // destructor already finished everything).
@@ -39,9 +40,16 @@ class CommStream {
   // The event of `task`: waiting settles the stream, then rethrows `task`'s own failure.
   CallEvent event_for(std::shared_ptr<StealableTask> task) const;
 
+  // Calls with device tensors get device points (DeviceCompletion) from now on, on `device`.
+  void attach_device(std::shared_ptr<gpu_side::device::DeviceRuntime> device);
+  // An async_finish call: queues `body` and returns its event, with a device point when
+  // `on_device` (the call's tensors are on the attached device).
+  CallEvent submit_call(std::function<void()> body, bool on_device, std::string_view phase);
+
  private:
   std::vector<std::shared_ptr<StealableTask>> pending_;
   std::shared_ptr<CommStream*> alive_ = std::make_shared<CommStream*>(this);
+  std::unique_ptr<DeviceCompletion> completion_;  // tasks raise its word: outlives the worker
   BackgroundWorker worker_;  // last: its destructor may still run tasks that use the above
 };
 

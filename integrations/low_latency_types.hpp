@@ -61,15 +61,26 @@ class RecvHook {
 class CallEvent {
  public:
   CallEvent() = default;
-  explicit CallEvent(std::function<void()> wait) : wait_(std::move(wait)) {}
+  explicit CallEvent(std::function<void()> wait,
+                     std::shared_ptr<gpu_side::device::DeviceEvent> device_point = nullptr)
+      : wait_(std::move(wait)), device_point_(std::move(device_point)) {}
   bool defined() const { return static_cast<bool>(wait_); }
   // Waits for the call; rethrows its error (proxyep::Error naming the phase and the peer).
   void wait() const {
     if (wait_) wait_();
   }
+  // A call with device tensors: a point of the Buffer's device (a stream of its own) reached
+  // once the call ended, which a caller's stream may wait_event() for instead of the host
+  // waiting (integrations/device_completion.hpp). Its outputs are complete there if the call
+  // succeeded; whether it did, wait() says (the next Buffer call rethrows a failure too).
+  // Null for a host call.
+  const std::shared_ptr<gpu_side::device::DeviceEvent>& device_point() const {
+    return device_point_;
+  }
 
  private:
   std::function<void()> wait_;
+  std::shared_ptr<gpu_side::device::DeviceEvent> device_point_;
 };
 
 struct LowLatencyDispatchArgs {

@@ -120,6 +120,10 @@ CudaDevice::CudaDevice(int ordinal) : state_(std::make_shared<State>()) {
 
 CudaDevice::~CudaDevice() = default;
 
+std::shared_ptr<device::DeviceRuntime> CudaDevice::open_stream() const {
+  return std::make_shared<CudaDevice>(state_->ordinal);
+}
+
 int CudaDevice::ordinal() const {
   return state_->ordinal;
 }
@@ -345,13 +349,20 @@ std::shared_ptr<device::DeviceEvent> CudaDevice::record_on(void* caller_stream) 
 
 void CudaDevice::wait_event(const std::shared_ptr<device::DeviceEvent>& event,
                             std::chrono::milliseconds) {
+  wait_on(state_->stream, event, kPhase);
+}
+
+void CudaDevice::wait_on(void* caller_stream, const std::shared_ptr<device::DeviceEvent>& event,
+                         std::string_view phase) {
   auto cuda = std::dynamic_pointer_cast<CudaEvent>(event);
-  require(cuda != nullptr && cuda->ordinal() == state_->ordinal, kPhase,
+  require(cuda != nullptr && cuda->ordinal() == state_->ordinal, phase,
           "wait_event: the event was not recorded on CUDA device {}", state_->ordinal);
   const CurrentDevice current = state_->select();
   // The stream holds its own reference to the event's work: destroying the event after this
   // call is allowed (cudaEventDestroy defers until the recorded work completes).
-  check_cuda(cudaStreamWaitEvent(state_->stream, cuda->get(), 0), kPhase, "cudaStreamWaitEvent");
+  const std::string where(phase);
+  check_cuda(cudaStreamWaitEvent(static_cast<cudaStream_t>(caller_stream), cuda->get(), 0),
+             where.c_str(), "cudaStreamWaitEvent");
 }
 
 namespace {

@@ -24,6 +24,8 @@ class CudaDevice final : public device::DeviceRuntime {
   void* stream() const;
 
   std::string_view kind() const override { return "cuda"; }
+  // A CudaDevice of the same ordinal: its own non-blocking stream.
+  std::shared_ptr<device::DeviceRuntime> open_stream() const override;
   std::shared_ptr<std::byte[]> allocate(uint64_t bytes) override;
   // cudaMalloc, not the stream-ordered pool: pool memory may not be registrable for GPUDirect
   // RDMA (FI_HMEM_CUDA), plain allocations are.
@@ -64,6 +66,10 @@ class CudaDevice final : public device::DeviceRuntime {
   // e.g. torch.cuda.current_stream().cuda_stream; nullptr is the legacy default stream): what
   // a call's previous_event is made from.
   std::shared_ptr<device::DeviceEvent> record_on(void* caller_stream);
+  // Makes such a stream of the caller's wait for `event` (cudaStreamWaitEvent), recorded on this
+  // device. Throws proxyep::Error(phase) for an event of another device.
+  void wait_on(void* caller_stream, const std::shared_ptr<device::DeviceEvent>& event,
+               std::string_view phase);
   void synchronize(std::string_view phase, std::chrono::milliseconds timeout) override;
 
  private:

@@ -84,6 +84,11 @@ class DeviceRuntime {
   // "cuda" or "simulated": for logs and errors.
   virtual std::string_view kind() const = 0;
 
+  // Another stream of this device, as a second cudaStream_t: the same memory and kernels, its own
+  // queue, ordered with this one only through events (record / wait_event). Throws
+  // proxyep::Error when the device cannot make one.
+  virtual std::shared_ptr<DeviceRuntime> open_stream() const = 0;
+
   // `bytes` of device memory (at least 256-byte aligned, uninitialised), released when the last
   // owner drops it, after the work queued before that point (stream-ordered, like
   // cudaFreeAsync): a tensor may be dropped while a kernel that uses it is still queued.

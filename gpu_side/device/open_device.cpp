@@ -62,6 +62,19 @@ std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uint
   return nullptr;
 }
 
+bool caller_stream_wait(DeviceRuntime& device, uintptr_t stream,
+                        const std::shared_ptr<DeviceEvent>& event, std::string_view phase) {
+#if PROXYEP_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<cuda::CudaDevice*>(&device)) {
+    cuda->wait_on(reinterpret_cast<void*>(stream), event, phase);
+    return true;
+  }
+#else
+  (void)device, (void)stream, (void)event, (void)phase;
+#endif
+  return false;
+}
+
 void require_no_graph_capture(DeviceRuntime& device, uintptr_t stream, std::string_view phase) {
 #if PROXYEP_HAVE_CUDA
   if (dynamic_cast<cuda::CudaDevice*>(&device) == nullptr) return;

@@ -39,6 +39,13 @@ std::shared_ptr<DeviceRuntime> open_device(std::string_view kind, int local_rank
 std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uintptr_t stream,
                                                      std::string_view phase);
 
+// Makes a stream of the caller's (as above) wait for `event` of `device` (cudaStreamWaitEvent:
+// queued, the host does not wait) and returns true; false for a runtime without streams of the
+// caller's (the simulated device), whose caller waits on the host instead. What a DeepEP
+// EventHandle's current_stream_wait() does with an async call's device point.
+bool caller_stream_wait(DeviceRuntime& device, uintptr_t stream,
+                        const std::shared_ptr<DeviceEvent>& event, std::string_view phase);
+
 // Throws proxyep::Error(phase) when `stream` (a cudaStream_t of the caller's, for a CUDA
 // `device`) is capturing a CUDA graph: a Buffer call waits on the host (its routing, its
 // receive) and runs on the Buffer's own stream, so it cannot be captured, and letting it run

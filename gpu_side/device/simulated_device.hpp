@@ -68,6 +68,8 @@ class SimulatedDevice final : public DeviceRuntime {
   uint64_t operations_run() const;       // by the stream, since construction
 
   std::string_view kind() const override { return "simulated"; }
+  // another_stream() with the default options.
+  std::shared_ptr<DeviceRuntime> open_stream() const override { return another_stream(); }
   std::shared_ptr<std::byte[]> allocate(uint64_t bytes) override;
   NicMemory allocate_for_nic(uint64_t bytes) override;
   // A memfd mapped and tagged as device memory; its handle names this process and the fd, so a

@@ -290,10 +290,12 @@ void LowLatencyMode::launch(const std::shared_ptr<CallState>& state, std::functi
     });
   } else if (async) {
     // In submission order: the calls before it finish first, as on a stream.
-    out_event = stream_.event_for(stream_.submit([send = std::move(send), receive_phase] {
-      send();
-      receive_phase();
-    }));
+    out_event = stream_.submit_call(
+        [send = std::move(send), receive_phase] {
+          send();
+          receive_phase();
+        },
+        state->backend->stream() != nullptr, kind_name(state->kind));
   } else {
     send();
     receive(*state);

@@ -137,7 +137,7 @@ CombineResult NormalMode::combine(const CombineArgs& args, const DeviceCall* dev
 
   c->call = calls_.begin(integrations::CallKind::sync, kPhase, backend.stream().get());
   c->clock.lap(&PhaseTimes::prepare_ns);
-  return finish_call(c, a.async_finish, &NormalMode::run_combine);
+  return finish_call(c, a.async_finish, &NormalMode::run_combine, kPhase);
 }
 
 void NormalMode::run_combine(CombineCall& c) {

@@ -87,7 +87,7 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   plan_in_place(*d, records, counts);
   finish_handle(d->out, in, a, d->routing, counts, records);
   clock.lap(&PhaseTimes::prepare_ns);
-  return finish_call(d, a.async_finish, &NormalMode::move_rows);
+  return finish_call(d, a.async_finish, &NormalMode::move_rows, kPhase);
 }
 
 void NormalMode::move_rows(DispatchCall& d) {

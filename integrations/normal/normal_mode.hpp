@@ -104,18 +104,22 @@ class NormalMode {
   void move_rows(DispatchCall& call);
 
   // The rest of call `c`, whose outputs exist: here, or with `async` on the CommStream (the
-  // result's event joins it; the caller's own work meanwhile is not charged to the call).
+  // result's event joins it, and has a device point for a device call; the caller's own work
+  // meanwhile is not charged to the call).
   template <typename Call>
-  auto finish_call(const std::shared_ptr<Call>& c, bool async, void (NormalMode::*rest)(Call&)) {
+  auto finish_call(const std::shared_ptr<Call>& c, bool async, void (NormalMode::*rest)(Call&),
+                   std::string_view phase) {
     if (!async) {
       (this->*rest)(*c);
       return std::move(c->out);
     }
     auto out = c->out;
-    out.event = stream_.event_for(stream_.submit([this, c, rest] {
-      c->clock.resume();
-      (this->*rest)(*c);
-    }));
+    out.event = stream_.submit_call(
+        [this, c, rest] {
+          c->clock.resume();
+          (this->*rest)(*c);
+        },
+        c->backend->stream() != nullptr, phase);
     return out;
   }
 

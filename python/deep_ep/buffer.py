@@ -58,10 +58,10 @@ class _LowLatencyHandle(_Handle):
     num_experts); ``native`` is what combine uses."""
 
 
-def _event(async_finish, native=None, extra_tensors=None):
+def _event(async_finish, native=None, extra_tensors=None, device=None):
     if not async_finish:
         return EventOverlap(None)
-    return EventOverlap(EventHandle(native), extra_tensors)
+    return EventOverlap(EventHandle(native, device), extra_tensors)
 
 
 def _open_device(device):
@@ -222,6 +222,10 @@ class Buffer:
 
     # ---- streams and tensors of the calls ----
 
+    def _streams(self):
+        """The device whose streams are the caller's (CUDA), for events waited for on them."""
+        return self.device if self._cuda else None
+
     def _view(self, t, name, fp8=False):
         return view(t, name, fp8, self._simulated)
 
@@ -366,7 +370,7 @@ class Buffer:
         )
         self._hold_inputs(async_finish, inputs)
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
-        event = _event(async_finish, native_event, inputs)
+        event = _event(async_finish, native_event, inputs, self._streams())
         if handle is not None:
             return recv, None, None, None, None, event
         return (
@@ -437,7 +441,8 @@ class Buffer:
             **order,
         )
         self._hold_inputs(async_finish, inputs)
-        return tensor(combined), tensor(combined_weights), _event(async_finish, native_event, inputs)
+        return (tensor(combined), tensor(combined_weights),
+                _event(async_finish, native_event, inputs, self._streams()))
 
     def _hold_inputs(self, async_finish, inputs):
         """The runtime reads an async_finish call's inputs (views: they do not keep their tensors
@@ -512,7 +517,7 @@ class Buffer:
             packed,
             tensor(recv_count),
             handle,
-            _event(async_finish, event, (x, topk_idx)),
+            _event(async_finish, event, (x, topk_idx), self._streams()),
             self._hook(hook, (x, topk_idx)),
         )
 
@@ -572,7 +577,7 @@ class Buffer:
         )
         keep = (x, topk_idx, topk_weights, out)
         combined_x = out if out is not None else tensor(combined)
-        return combined_x, _event(async_finish, event, keep), self._hook(hook, keep)
+        return combined_x, _event(async_finish, event, keep, self._streams()), self._hook(hook, keep)
 
     def get_next_low_latency_combine_buffer(self, handle):
         if not isinstance(handle, _LowLatencyHandle):

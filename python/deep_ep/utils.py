@@ -4,7 +4,10 @@ imports them).
 With CUDA, an ``EventHandle()`` marks the current end of torch's current stream (a
 ``torch.cuda.Event`` recorded there, as DeepEP's does), and ``current_stream_wait()`` makes the
 current stream wait for it. A call made with ``async_finish=True`` that ProxyEP finishes in the
-background returns an ``EventHandle`` over that work: ``current_stream_wait()`` waits for it on the
+background returns an ``EventHandle`` over that work. With CUDA tensors, ``current_stream_wait()``
+makes the current stream wait for the call's device point (reached once the call ended; its
+outputs are complete there) and returns at once, as DeepEP's does; a failure of the call is
+raised by the Buffer's next call. Otherwise (CPU tensors, the simulated device) it waits on the
 host (the GIL released) and raises the call's error, if any; its outputs are complete then. On
 CPU tensors there are no streams: work that ProxyEP finishes on the calling thread is complete
 when the call returns, and an ``EventHandle()`` without CUDA is already complete.
@@ -27,8 +30,11 @@ class EventHandle:
     """A point in the caller's stream or in ProxyEP's work; ``current_stream_wait()`` makes the
     caller wait for it."""
 
-    def __init__(self, native=None):
+    def __init__(self, native=None, device=None):
         self._native = native  # _proxyep.CallEvent, or None
+        # A Buffer's _proxyep.Device with streams of the caller's (CUDA): a device call's event
+        # is waited for there (its device_point), not on the host.
+        self._device = device
         # The point torch's current stream reached, when no ProxyEP work is being marked.
         self.torch_event = None
         if native is None and cuda_available():
@@ -38,7 +44,10 @@ class EventHandle:
     def current_stream_wait(self):
         native, self._native = self._native, None
         if native is not None:
-            native.wait()
+            point = native.device_point
+            if point is None or self._device is None or not self._device.stream_wait(
+                    point, torch.cuda.current_stream().cuda_stream):
+                native.wait()
         if self.torch_event is not None:
             torch.cuda.current_stream().wait_event(self.torch_event)
 

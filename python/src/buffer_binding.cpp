@@ -198,7 +198,11 @@ void bind_buffer(py::module_& m) {
   py::class_<RecvHook>(m, "RecvHook")
       .def(
           "__call__", [](const RecvHook& hook) { hook(); }, py::call_guard<GilRelease>());
-  py::class_<CallEvent>(m, "CallEvent").def("wait", &CallEvent::wait, py::call_guard<GilRelease>());
+  py::class_<CallEvent>(m, "CallEvent")
+      .def("wait", &CallEvent::wait, py::call_guard<GilRelease>())
+      .def_property_readonly(
+          "device_point", &CallEvent::device_point,
+          "a call with device tensors: the DeviceEvent reached once it ended, else None");
 
   py::class_<NativeBuffer>(m, "Buffer")
       .def(py::init([](const GroupRendezvous& group, int64_t num_nvl_bytes, int64_t num_rdma_bytes,

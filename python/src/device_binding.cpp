@@ -103,6 +103,15 @@ void bind_device(py::module_& m) {
           "an event at the current end of the caller's stream (a cudaStream_t as an int), or "
           "None where the device has no streams of the caller's (simulated)")
       .def(
+          "stream_wait",
+          [](const std::shared_ptr<device::DeviceRuntime>& d,
+             const std::shared_ptr<device::DeviceEvent>& event,
+             uintptr_t stream) { return device::caller_stream_wait(*d, stream, event, kPhase); },
+          py::arg("event"), py::arg("stream"),
+          "makes the caller's stream (a cudaStream_t as an int) wait for `event` and returns "
+          "True; False where the device has no streams of the caller's (simulated): wait on "
+          "the host instead")
+      .def(
           "synchronize", [](device::DeviceRuntime& d) { d.synchronize(kPhase, copy_timeout()); },
           py::call_guard<py::gil_scoped_release>());
 }

@@ -119,11 +119,15 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
                                       .topk_weights = topk_weights,
                                       .async_finish = true,
                                       .previous_event = caller.record()});
-  d.event.wait();
   require(d.handle.num_recv_tokens == recv, "test", "received {} rows, reference {}",
           d.handle.num_recv_tokens, recv);
-  // A call whose event was waited for (or that returned) has finished its device work: the
-  // caller's stream reads the outputs without waiting for the Buffer's.
+  // The caller's stream waits for the async call at its device point (as DeepEP's
+  // EventOverlap::current_stream_wait() on a GPU), this thread never does: the CommStream's
+  // thread finishes the call meanwhile, and the caller's stream reads its outputs complete
+  // without waiting for the Buffer's stream.
+  require(d.event.device_point() != nullptr, "test",
+          "an async_finish dispatch with device tensors has no device point");
+  caller.wait_event(d.event.device_point(), kWait);
   require_equal(caller, d.recv_x, wanted.recv_x, recv, "recv_x");
   require_equal(caller, d.recv_topk_idx, wanted.recv_topk_idx, recv, "recv_topk_idx");
   require_equal(caller, d.recv_topk_weights, wanted.recv_topk_weights, recv, "recv_topk_weights");
@@ -144,7 +148,9 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
                                           .topk_weights = d.recv_topk_weights,
                                           .async_finish = true});
   require_equal(*device, cached.recv_x, wanted.recv_x, recv, "recv_x (cached)");
-  c.event.wait();
+  require(c.event.device_point() != nullptr, "test",
+          "an async_finish combine with device tensors has no device point");
+  caller.wait_event(c.event.device_point(), kWait);
   require_equal(caller, c.combined_x, combined_want.combined_x, kTokens, "combined_x");
   require_equal(caller, c.combined_topk_weights, combined_want.combined_topk_weights, kTokens,
                 "combined_topk_weights");

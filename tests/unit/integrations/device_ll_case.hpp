@@ -75,8 +75,6 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
     device_calls += 2;
     require(da.recv_x.device() == ep::Device::cuda && da.handle.device == ep::Device::cuda, "test",
             "a device dispatch returned host outputs");
-    da.hook();
-    db.event.wait();
     // Every output is device memory, the handle's src_info and layout_range too (as DeepEP's):
     // host views of them for the checks, read from the caller's stream (a call whose hook
     // returned, or whose event was waited for, has finished its device work).
@@ -92,7 +90,15 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
       h.handle.layout_range = download(caller, d.handle.layout_range, "layout_range");
       return h;
     };
-    const LowLatencyDispatchResult ha = on_host(da), hb = on_host(db);
+    // The async dispatch, waited for by the caller's stream at its device point (as DeepEP's
+    // EventOverlap::current_stream_wait() on a GPU), never by this thread: the CommStream's
+    // thread finishes it meanwhile; its outputs must be complete where the caller reads them.
+    require(db.event.device_point() != nullptr, "test",
+            "an async_finish dispatch with device tensors has no device point");
+    caller.wait_event(db.event.device_point(), kWait);
+    const LowLatencyDispatchResult hb = on_host(db);
+    da.hook();
+    const LowLatencyDispatchResult ha = on_host(da);
     for (const LowLatencyDispatchResult* d : {&ha, &hb}) {
       check_dispatch(*d, d == &ha ? a : b, me);
       for (int e = 0; e < kLocal; ++e)
@@ -149,7 +155,7 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
       caller.fill(const_cast<std::byte*>(t->raw()), 0xff, t->bytes());
     caller.synchronize("test caller stream", kWait);
     rb.hook();
-    ra.event.wait();
+    caller.wait_event(ra.event.device_point(), kWait);
     require(!rb.combined_x.defined(), "test", "a combine into `out` returned another tensor");
     require(ra.combined_x.device() == ep::Device::cuda, "test",
             "a device combine returned a host tensor");

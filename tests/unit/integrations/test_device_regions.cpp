@@ -41,6 +41,7 @@ class ShiftingDevice final : public DeviceRuntime {
   ShiftingDevice(std::shared_ptr<SimulatedDevice> inner, int shifted)
       : inner_(std::move(inner)), shifted_(shifted) {}
   std::string_view kind() const override { return "shifting"; }
+  std::shared_ptr<DeviceRuntime> open_stream() const override { return inner_->open_stream(); }
   std::shared_ptr<std::byte[]> allocate(uint64_t bytes) override { return inner_->allocate(bytes); }
   void* register_host(void* host, uint64_t bytes) override {
     void* mapped = inner_->register_host(host, bytes);
