@@ -5,7 +5,6 @@
 #include "common/log.hpp"
 #include "common/params.hpp"
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 

@@ -1,10 +1,11 @@
-// The host-simulated device (simulated_device.hpp).
+// The host-simulated device (simulated_device.hpp): construction, memory, kernels, rings. Events,
+// signal words and synchronize: simulated_device_sync.cpp.
 #include "gpu_side/device/simulated_device.hpp"
 
-#include "common/backoff.hpp"
 #include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "gpu_side/device/simulated_device_core.hpp"
 #include "gpu_side/device/simulated_shared_handle.hpp"
 #include "gpu_side/device/thread_access_key.hpp"
 #include "gpu_side/ep/layout_rules.hpp"
@@ -15,14 +16,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <map>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 
@@ -32,12 +29,7 @@ namespace proxyep::gpu_side::device {
 
 namespace {
 
-constexpr std::string_view kPhase = "simulated device";
-
-struct Range {
-  uint64_t bytes = 0;
-  bool device = false;  // device memory (else registered host memory)
-};
+constexpr std::string_view kPhase = kSimulatedPhase;
 
 uint64_t page_rounded(uint64_t bytes) {
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
@@ -45,172 +37,6 @@ uint64_t page_rounded(uint64_t bytes) {
 }
 
 }  // namespace
-
-// What the streams of one simulated device share: its memory and what the device can reach.
-struct SimulatedDevice::Memory {
-  std::optional<ThreadAccessKey> key;
-  mutable std::mutex mutex;
-  std::map<uintptr_t, Range> ranges;  // reachable memory, by start address
-  uint64_t device_bytes = 0;
-
-  // Whether [p, p + bytes) lies inside one reachable range. Locks.
-  bool reachable(const void* p, uint64_t bytes) const {
-    if (bytes == 0) return true;
-    const auto address = reinterpret_cast<uintptr_t>(p);
-    std::lock_guard lock(mutex);
-    auto it = ranges.upper_bound(address);
-    if (it == ranges.begin()) return false;
-    --it;
-    return address - it->first + bytes <= it->second.bytes;
-  }
-};
-
-// An event: reached when the stream that recorded it ran everything queued before it.
-struct SimulatedDevice::Event final : DeviceEvent {
-  const Memory* device = nullptr;  // events order the streams of one device
-  const Core* stream = nullptr;    // the one that recorded it (the host waits there)
-  mutable std::mutex mutex;        // the host waits on a const event
-  mutable std::condition_variable changed;
-  bool reached = false;
-};
-
-// One stream: its queue and the worker thread that runs it.
-struct SimulatedDevice::Core {
-  struct Op {
-    std::string name;
-    std::function<void()> body;
-    bool always = false;  // frees memory or marks an event: runs even after a failure
-  };
-
-  SimulatedDeviceOptions options;
-  std::shared_ptr<Memory> memory;
-
-  mutable std::mutex mutex;
-  std::condition_variable wake, idle;
-  std::deque<Op> queue;
-  // Operations are numbered in queue order: `queued` were queued, `finished` have run (or were
-  // skipped after a failure). Deferred mode: the worker runs operation n only once n <
-  // run_before, which a host wait raises to what was queued when it began (so work another
-  // thread queues during the wait stays deferred, and the wait does not wait for it either).
-  uint64_t queued = 0, finished = 0, run_before = 0;
-  bool stopping = false, stopped = false;
-  std::optional<std::string> failure;  // sticky, like a CUDA context's
-  uint64_t ops_run = 0;
-  uint64_t fail_candidates = 0;  // operations named options.fail_operation so far
-  std::thread worker;
-
-  bool reachable(const void* p, uint64_t bytes) const { return memory->reachable(p, bytes); }
-
-  void require_reachable(std::string_view op, std::string_view what, const void* p,
-                         uint64_t bytes) const {
-    if (!reachable(p, bytes))
-      fail(std::string(kPhase),
-           "{}: {} at {} ({} bytes) is neither device memory nor registered host memory", op, what,
-           p, bytes);
-  }
-
-  void enqueue(std::string name, std::function<void()> body, bool always = false) {
-    {
-      std::lock_guard lock(mutex);
-      queue.push_back({std::move(name), std::move(body), always});
-      ++queued;
-    }
-    wake.notify_one();
-  }
-
-  void run() {
-    if (memory->key) memory->key->allow_this_thread();
-    std::unique_lock lock(mutex);
-    while (true) {
-      wake.wait(lock, [&] {
-        return stopping ||
-               (!queue.empty() && (!options.defer_until_synchronize || finished < run_before));
-      });
-      if (queue.empty()) {
-        if (stopping) return;
-        continue;
-      }
-      Op op = std::move(queue.front());
-      queue.pop_front();
-      if (failure && !op.always) {
-        finished_one();
-        continue;  // a failed stream runs nothing more, as a faulted CUDA context
-      }
-      lock.unlock();
-      if (options.operation_delay.count() > 0 && !op.always)
-        std::this_thread::sleep_for(options.operation_delay);
-      std::optional<std::string> error;
-      try {
-        if (injected_fault(op.name))
-          error = fmt::format("{}: a fault injected by SimulatedDeviceOptions::fail_operation",
-                              op.name);
-        else
-          op.body();
-      } catch (const Error& e) {
-        error = e.message();  // the checks name the operation already
-      } catch (const std::exception& e) {
-        error = fmt::format("{}: {}", op.name, e.what());
-      }
-      op.body = nullptr;  // drop what it captured (maybe the last owner of some memory) unlocked
-      lock.lock();
-      ++ops_run;
-      if (error && !failure) failure = std::move(error);
-      finished_one();
-    }
-  }
-
-  // Whether the operation about to run is the one options.fail_operation names. Worker only.
-  bool injected_fault(const std::string& name) {
-    return !options.fail_operation.empty() && name == options.fail_operation &&
-           ++fail_candidates == options.fail_at;
-  }
-
-  // The host waits for what is queued so far: in deferred mode it runs now. Returns the number
-  // of operations the wait covers. Locked.
-  uint64_t flush() {
-    run_before = std::max(run_before, queued);
-    wake.notify_all();
-    return queued;
-  }
-
-  // Throws proxyep::Error(phase) when an operation failed. Locked.
-  void require_healthy(std::string_view phase) const {
-    if (failure) fail(std::string(phase), "the simulated device failed: {}", *failure);
-  }
-
-  void finished_one() {
-    ++finished;
-    idle.notify_all();
-  }
-
-  // An allocation's last owner is gone: unreachable at once (so an operation queued after this
-  // point is refused, as a use after cudaFreeAsync would be wrong), unmapped in stream order.
-  // `free_mapping` frees the mapping (none: munmap it).
-  void release(std::byte* mapping, uint64_t mapped, std::function<void()> free_mapping = {}) {
-    {
-      std::lock_guard lock(memory->mutex);
-      memory->ranges.erase(reinterpret_cast<uintptr_t>(mapping));
-    }
-    auto unmap = [shared = memory, mapping, mapped, free_mapping = std::move(free_mapping)] {
-      if (free_mapping)
-        free_mapping();
-      else
-        ::munmap(mapping, mapped);
-      std::lock_guard inner(shared->mutex);
-      shared->device_bytes -= mapped;
-    };
-    std::unique_lock lock(mutex);
-    if (stopped) {
-      lock.unlock();
-      unmap();
-      return;
-    }
-    queue.push_back({"release", std::move(unmap), true});
-    ++queued;
-    lock.unlock();
-    wake.notify_one();
-  }
-};
 
 SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options)
     : SimulatedDevice(std::make_shared<Memory>(), options) {
@@ -665,146 +491,6 @@ void SimulatedDevice::ring_push(DeviceRingProducer& producer, const Descriptor* 
       return;
     }
   });
-}
-
-std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
-  auto event = std::make_shared<Event>();
-  event->device = core_->memory.get();
-  event->stream = core_.get();
-  // Reached even after a failure (a waiting host then reports the failure at once, not at its
-  // deadline).
-  core_->enqueue(
-      "record",
-      [event] {
-        {
-          std::lock_guard lock(event->mutex);
-          event->reached = true;
-        }
-        event->changed.notify_all();
-      },
-      true);
-  return event;
-}
-
-namespace {
-
-const SimulatedDevice::Event& recorded_on(const DeviceEvent& event,
-                                          const SimulatedDevice::Core* stream,
-                                          std::string_view phase) {
-  const auto* simulated = dynamic_cast<const SimulatedDevice::Event*>(&event);
-  require(simulated != nullptr && simulated->stream == stream, phase,
-          "the host waits only for an event this stream recorded");
-  return *simulated;
-}
-
-}  // namespace
-
-bool SimulatedDevice::reached(const DeviceEvent& event, std::string_view phase) {
-  const Event& recorded = recorded_on(event, core_.get(), phase);
-  bool is_reached = false;
-  {
-    std::lock_guard lock(recorded.mutex);
-    is_reached = recorded.reached;
-  }
-  std::lock_guard lock(core_->mutex);
-  core_->require_healthy(phase);
-  return is_reached;
-}
-
-void SimulatedDevice::wait_for(const DeviceEvent& event, std::string_view phase,
-                               std::chrono::milliseconds timeout) {
-  const Event& recorded = recorded_on(event, core_.get(), phase);
-  {
-    std::lock_guard lock(core_->mutex);
-    core_->flush();
-  }
-  bool is_reached = false;
-  {
-    std::unique_lock lock(recorded.mutex);
-    is_reached = recorded.changed.wait_for(lock, timeout, [&] { return recorded.reached; });
-  }
-  std::lock_guard lock(core_->mutex);
-  core_->require_healthy(phase);
-  if (!is_reached)
-    fail(std::string(phase),
-         "the simulated device's stream has not reached the event after {} ms ({} operations "
-         "queued)",
-         timeout.count(), core_->queue.size());
-}
-
-void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
-                                 std::chrono::milliseconds timeout) {
-  auto simulated = std::dynamic_pointer_cast<Event>(event);
-  require(simulated != nullptr && simulated->device == core_->memory.get(), kPhase,
-          "wait_event: the event was not recorded on a stream of this device");
-  core_->enqueue("wait_event", [simulated, timeout] {
-    std::unique_lock lock(simulated->mutex);
-    require(simulated->changed.wait_for(lock, timeout, [&] { return simulated->reached; }), kPhase,
-            "wait_event: the event was not reached within {} ms", timeout.count());
-  });
-}
-
-namespace {
-
-// A signal word the stream may use: 8-byte aligned (what the CUDA kernels' 64-bit atomics need).
-void require_word_aligned(const void* word, std::string_view op, std::string_view phase) {
-  require(reinterpret_cast<uintptr_t>(word) % alignof(uint64_t) == 0, phase,
-          "{}: the signal word at {} is not 8-byte aligned", op, word);
-}
-
-}  // namespace
-
-void SimulatedDevice::wait_value(const uint64_t* word, uint64_t value,
-                                 std::chrono::milliseconds timeout, std::string_view phase) {
-  require_word_aligned(word, "wait_value", phase);
-  if (!core_->reachable(word, sizeof(uint64_t)))
-    fail(std::string(phase),
-         "wait_value: the signal word at {} is neither device memory nor registered host memory",
-         static_cast<const void*>(word));
-  core_->enqueue("wait_value", [word, value, timeout, phase = std::string(phase)] {
-    // The word's writers are other threads (proxies, the host, a peer's stream): an atomic read.
-    std::atomic_ref<uint64_t> signal(*const_cast<uint64_t*>(word));
-    const Deadline deadline(timeout);
-    Backoff backoff;
-    for (uint32_t polls = 0; signal.load(std::memory_order_acquire) < value; ++polls) {
-      if (deadline.expired())
-        fail(std::string(kPhase),
-             "wait_value ({}): the signal word at {} holds {}, not {}, after {} ms", phase,
-             static_cast<const void*>(word), signal.load(std::memory_order_acquire), value,
-             timeout.count());
-      if (polls < 1000)
-        backoff.pause();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
-  });
-}
-
-void SimulatedDevice::write_value(uint64_t* word, uint64_t value, std::string_view phase) {
-  require_word_aligned(word, "write_value", phase);
-  if (!core_->reachable(word, sizeof(uint64_t)))
-    fail(std::string(phase),
-         "write_value: the signal word at {} is neither device memory nor registered host memory",
-         static_cast<void*>(word));
-  core_->enqueue("write_value", [word, value] {
-    // release: what the operations before it wrote is visible to whoever acquires the word.
-    std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_release);
-  });
-}
-
-void SimulatedDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
-  // As cudaStreamSynchronize: the work queued before the call, not what other threads queue
-  // while it waits.
-  std::unique_lock lock(core_->mutex);
-  const uint64_t until = core_->flush();
-  const bool drained =
-      core_->idle.wait_for(lock, timeout, [&] { return core_->finished >= until; });
-  if (!drained)
-    fail(std::string(phase),
-         "the simulated device's stream is still busy after {} ms ({} "
-         "operations queued)",
-         timeout.count(), core_->queue.size());
-  core_->require_healthy(phase);
 }
 
 }  // namespace proxyep::gpu_side::device

@@ -1,0 +1,202 @@
+// The insides of SimulatedDevice (simulated_device.hpp) that its source files share: the memory
+// its streams share, its events, and one stream's queue and worker. Not for use outside
+// simulated_device*.cpp.
+#pragma once
+
+#include "common/error.hpp"
+#include "gpu_side/device/simulated_device.hpp"
+#include "gpu_side/device/thread_access_key.hpp"
+
+#include <fmt/format.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+
+namespace proxyep::gpu_side::device {
+
+// What the simulated device's errors are raised under.
+inline constexpr std::string_view kSimulatedPhase = "simulated device";
+
+// One reachable range of a simulated device's memory.
+struct SimulatedRange {
+  uint64_t bytes = 0;
+  bool device = false;  // device memory (else registered host memory)
+};
+
+// What the streams of one simulated device share: its memory and what the device can reach.
+struct SimulatedDevice::Memory {
+  std::optional<ThreadAccessKey> key;
+  mutable std::mutex mutex;
+  std::map<uintptr_t, SimulatedRange> ranges;  // reachable memory, by start address
+  uint64_t device_bytes = 0;
+
+  // Whether [p, p + bytes) lies inside one reachable range. Locks.
+  bool reachable(const void* p, uint64_t bytes) const {
+    if (bytes == 0) return true;
+    const auto address = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard lock(mutex);
+    auto it = ranges.upper_bound(address);
+    if (it == ranges.begin()) return false;
+    --it;
+    return address - it->first + bytes <= it->second.bytes;
+  }
+};
+
+// An event: reached when the stream that recorded it ran everything queued before it.
+struct SimulatedDevice::Event final : DeviceEvent {
+  const Memory* device = nullptr;  // events order the streams of one device
+  const Core* stream = nullptr;    // the one that recorded it (the host waits there)
+  mutable std::mutex mutex;        // the host waits on a const event
+  mutable std::condition_variable changed;
+  bool reached = false;
+};
+
+// One stream: its queue and the worker thread that runs it.
+struct SimulatedDevice::Core {
+  struct Op {
+    std::string name;
+    std::function<void()> body;
+    bool always = false;  // frees memory or marks an event: runs even after a failure
+  };
+
+  SimulatedDeviceOptions options;
+  std::shared_ptr<Memory> memory;
+
+  mutable std::mutex mutex;
+  std::condition_variable wake, idle;
+  std::deque<Op> queue;
+  // Operations are numbered in queue order: `queued` were queued, `finished` have run (or were
+  // skipped after a failure). Deferred mode: the worker runs operation n only once n <
+  // run_before, which a host wait raises to what was queued when it began (so work another
+  // thread queues during the wait stays deferred, and the wait does not wait for it either).
+  uint64_t queued = 0, finished = 0, run_before = 0;
+  bool stopping = false, stopped = false;
+  std::optional<std::string> failure;  // sticky, like a CUDA context's
+  uint64_t ops_run = 0;
+  uint64_t fail_candidates = 0;  // operations named options.fail_operation so far
+  std::thread worker;
+
+  bool reachable(const void* p, uint64_t bytes) const { return memory->reachable(p, bytes); }
+
+  void require_reachable(std::string_view op, std::string_view what, const void* p,
+                         uint64_t bytes) const {
+    if (!reachable(p, bytes))
+      fail(std::string(kSimulatedPhase),
+           "{}: {} at {} ({} bytes) is neither device memory nor registered host memory", op, what,
+           p, bytes);
+  }
+
+  void enqueue(std::string name, std::function<void()> body, bool always = false) {
+    {
+      std::lock_guard lock(mutex);
+      queue.push_back({std::move(name), std::move(body), always});
+      ++queued;
+    }
+    wake.notify_one();
+  }
+
+  void run() {
+    if (memory->key) memory->key->allow_this_thread();
+    std::unique_lock lock(mutex);
+    while (true) {
+      wake.wait(lock, [&] {
+        return stopping ||
+               (!queue.empty() && (!options.defer_until_synchronize || finished < run_before));
+      });
+      if (queue.empty()) {
+        if (stopping) return;
+        continue;
+      }
+      Op op = std::move(queue.front());
+      queue.pop_front();
+      if (failure && !op.always) {
+        finished_one();
+        continue;  // a failed stream runs nothing more, as a faulted CUDA context
+      }
+      lock.unlock();
+      if (options.operation_delay.count() > 0 && !op.always)
+        std::this_thread::sleep_for(options.operation_delay);
+      std::optional<std::string> error;
+      try {
+        if (injected_fault(op.name))
+          error = fmt::format("{}: a fault injected by SimulatedDeviceOptions::fail_operation",
+                              op.name);
+        else
+          op.body();
+      } catch (const Error& e) {
+        error = e.message();  // the checks name the operation already
+      } catch (const std::exception& e) {
+        error = fmt::format("{}: {}", op.name, e.what());
+      }
+      op.body = nullptr;  // drop what it captured (maybe the last owner of some memory) unlocked
+      lock.lock();
+      ++ops_run;
+      if (error && !failure) failure = std::move(error);
+      finished_one();
+    }
+  }
+
+  // Whether the operation about to run is the one options.fail_operation names. Worker only.
+  bool injected_fault(const std::string& name) {
+    return !options.fail_operation.empty() && name == options.fail_operation &&
+           ++fail_candidates == options.fail_at;
+  }
+
+  // The host waits for what is queued so far: in deferred mode it runs now. Returns the number
+  // of operations the wait covers. Locked.
+  uint64_t flush() {
+    run_before = std::max(run_before, queued);
+    wake.notify_all();
+    return queued;
+  }
+
+  // Throws proxyep::Error(phase) when an operation failed. Locked.
+  void require_healthy(std::string_view phase) const {
+    if (failure) fail(std::string(phase), "the simulated device failed: {}", *failure);
+  }
+
+  void finished_one() {
+    ++finished;
+    idle.notify_all();
+  }
+
+  // An allocation's last owner is gone: unreachable at once (so an operation queued after this
+  // point is refused, as a use after cudaFreeAsync would be wrong), unmapped in stream order.
+  // `free_mapping` frees the mapping (none: munmap it).
+  void release(std::byte* mapping, uint64_t mapped, std::function<void()> free_mapping = {}) {
+    {
+      std::lock_guard lock(memory->mutex);
+      memory->ranges.erase(reinterpret_cast<uintptr_t>(mapping));
+    }
+    auto unmap = [shared = memory, mapping, mapped, free_mapping = std::move(free_mapping)] {
+      if (free_mapping)
+        free_mapping();
+      else
+        ::munmap(mapping, mapped);
+      std::lock_guard inner(shared->mutex);
+      shared->device_bytes -= mapped;
+    };
+    std::unique_lock lock(mutex);
+    if (stopped) {
+      lock.unlock();
+      unmap();
+      return;
+    }
+    queue.push_back({"release", std::move(unmap), true});
+    ++queued;
+    lock.unlock();
+    wake.notify_one();
+  }
+};
+
+}  // namespace proxyep::gpu_side::device

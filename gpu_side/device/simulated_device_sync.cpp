@@ -1,0 +1,155 @@
+// SimulatedDevice's events, signal words and synchronize (simulated_device.hpp): how the host and
+// other streams wait for a stream, and a stream for a word in memory.
+#include "common/backoff.hpp"
+#include "common/deadline.hpp"
+#include "common/error.hpp"
+#include "gpu_side/device/simulated_device.hpp"
+#include "gpu_side/device/simulated_device_core.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+
+namespace proxyep::gpu_side::device {
+
+namespace {
+
+constexpr std::string_view kPhase = kSimulatedPhase;
+
+const SimulatedDevice::Event& recorded_on(const DeviceEvent& event,
+                                          const SimulatedDevice::Core* stream,
+                                          std::string_view phase) {
+  const auto* simulated = dynamic_cast<const SimulatedDevice::Event*>(&event);
+  require(simulated != nullptr && simulated->stream == stream, phase,
+          "the host waits only for an event this stream recorded");
+  return *simulated;
+}
+
+// A signal word the stream may use: 8-byte aligned (what the CUDA kernels' 64-bit atomics need)
+// and reachable by the device. Checked before anything is queued.
+void require_signal_word(const SimulatedDevice::Core& core, std::string_view op,
+                         const uint64_t* word, std::string_view phase) {
+  require(reinterpret_cast<uintptr_t>(word) % alignof(uint64_t) == 0, phase,
+          "{}: the signal word at {} is not 8-byte aligned", op, static_cast<const void*>(word));
+  require(core.reachable(word, sizeof(uint64_t)), phase,
+          "{}: the signal word at {} is neither device memory nor registered host memory", op,
+          static_cast<const void*>(word));
+}
+
+}  // namespace
+
+std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
+  auto event = std::make_shared<Event>();
+  event->device = core_->memory.get();
+  event->stream = core_.get();
+  // Reached even after a failure (a waiting host then reports the failure at once, not at its
+  // deadline).
+  core_->enqueue(
+      "record",
+      [event] {
+        {
+          std::lock_guard lock(event->mutex);
+          event->reached = true;
+        }
+        event->changed.notify_all();
+      },
+      true);
+  return event;
+}
+
+bool SimulatedDevice::reached(const DeviceEvent& event, std::string_view phase) {
+  const Event& recorded = recorded_on(event, core_.get(), phase);
+  bool is_reached = false;
+  {
+    std::lock_guard lock(recorded.mutex);
+    is_reached = recorded.reached;
+  }
+  std::lock_guard lock(core_->mutex);
+  core_->require_healthy(phase);
+  return is_reached;
+}
+
+void SimulatedDevice::wait_for(const DeviceEvent& event, std::string_view phase,
+                               std::chrono::milliseconds timeout) {
+  const Event& recorded = recorded_on(event, core_.get(), phase);
+  {
+    std::lock_guard lock(core_->mutex);
+    core_->flush();
+  }
+  bool is_reached = false;
+  {
+    std::unique_lock lock(recorded.mutex);
+    is_reached = recorded.changed.wait_for(lock, timeout, [&] { return recorded.reached; });
+  }
+  std::lock_guard lock(core_->mutex);
+  core_->require_healthy(phase);
+  if (!is_reached)
+    fail(std::string(phase),
+         "the simulated device's stream has not reached the event after {} ms ({} operations "
+         "queued)",
+         timeout.count(), core_->queue.size());
+}
+
+void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
+                                 std::chrono::milliseconds timeout) {
+  auto simulated = std::dynamic_pointer_cast<Event>(event);
+  require(simulated != nullptr && simulated->device == core_->memory.get(), kPhase,
+          "wait_event: the event was not recorded on a stream of this device");
+  core_->enqueue("wait_event", [simulated, timeout] {
+    std::unique_lock lock(simulated->mutex);
+    require(simulated->changed.wait_for(lock, timeout, [&] { return simulated->reached; }), kPhase,
+            "wait_event: the event was not reached within {} ms", timeout.count());
+  });
+}
+
+void SimulatedDevice::wait_value(const uint64_t* word, uint64_t value,
+                                 std::chrono::milliseconds timeout, std::string_view phase) {
+  require_signal_word(*core_, "wait_value", word, phase);
+  core_->enqueue("wait_value", [word, value, timeout, phase = std::string(phase)] {
+    // The word's writers are other threads (proxies, the host, a peer's stream): an atomic read.
+    std::atomic_ref<uint64_t> signal(*const_cast<uint64_t*>(word));
+    const Deadline deadline(timeout);
+    Backoff backoff;
+    for (uint32_t polls = 0; signal.load(std::memory_order_acquire) < value; ++polls) {
+      if (deadline.expired())
+        fail(std::string(kPhase),
+             "wait_value ({}): the signal word at {} holds {}, not {}, after {} ms", phase,
+             static_cast<const void*>(word), signal.load(std::memory_order_acquire), value,
+             timeout.count());
+      if (polls < 1000)
+        backoff.pause();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  });
+}
+
+void SimulatedDevice::write_value(uint64_t* word, uint64_t value, std::string_view phase) {
+  require_signal_word(*core_, "write_value", word, phase);
+  core_->enqueue("write_value", [word, value] {
+    // release: what the operations before it wrote is visible to whoever acquires the word.
+    std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_release);
+  });
+}
+
+void SimulatedDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
+  // As cudaStreamSynchronize: the work queued before the call, not what other threads queue
+  // while it waits.
+  std::unique_lock lock(core_->mutex);
+  const uint64_t until = core_->flush();
+  const bool drained =
+      core_->idle.wait_for(lock, timeout, [&] { return core_->finished >= until; });
+  if (!drained)
+    fail(std::string(phase),
+         "the simulated device's stream is still busy after {} ms ({} "
+         "operations queued)",
+         timeout.count(), core_->queue.size());
+  core_->require_healthy(phase);
+}
+
+}  // namespace proxyep::gpu_side::device
