@@ -9,6 +9,7 @@
 #include "gpu_side/cuda/ll_kernels.hpp"
 #include "gpu_side/cuda/ring_push.hpp"
 #include "gpu_side/cuda/stream_signal.hpp"
+#include "gpu_side/ep/ll_route.hpp"
 
 #include <cuda_runtime_api.h>
 
@@ -231,6 +232,13 @@ void CudaDevice::copy_runs(const ep::CopyRunsParams& params) {
 void CudaDevice::ll_pack(const ep::LlPackParams& params) {
   const CurrentDevice current = state_->select();
   check_cuda(launch_ll_pack(params, state_->stream), kPhase, "ll_pack launch");
+}
+
+void CudaDevice::ll_route(const ep::LlRouteParams& params) {
+  const char* error = ep::ll_route_error(params);
+  require(error == nullptr, kPhase, "ll_route: {}", error != nullptr ? error : "");
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_ll_route(params, state_->stream), kPhase, "ll_route launch");
 }
 
 void CudaDevice::ll_unpack(const ep::LlUnpackParams& params) {

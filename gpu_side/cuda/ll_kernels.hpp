@@ -20,11 +20,14 @@ namespace proxyep::gpu_side::cuda {
 using ep::LlCombineParams;
 using ep::LlPackItem;
 using ep::LlPackParams;
+using ep::LlRouteParams;
 using ep::LlUnpackItem;
 using ep::LlUnpackParams;
 
 cudaError_t launch_ll_pack(const LlPackParams& params, cudaStream_t stream);
 cudaError_t launch_ll_unpack(const LlUnpackParams& params, cudaStream_t stream);
 cudaError_t launch_ll_combine(const LlCombineParams& params, cudaStream_t stream);
+// ll_route.cu: counts and positions of gpu_side/ep/ll_route.hpp's rule (zeroes *invalid first).
+cudaError_t launch_ll_route(const LlRouteParams& params, cudaStream_t stream);
 
 }  // namespace proxyep::gpu_side::cuda

@@ -143,6 +143,9 @@ class DeviceRuntime {
   virtual void ll_pack(const ep::LlPackParams& params) = 0;
   virtual void ll_unpack(const ep::LlUnpackParams& params) = 0;
   virtual void ll_combine(const ep::LlCombineParams& params) = 0;
+  // The routing of a low-latency dispatch from a device topk_idx (ep/ll_route.hpp): throws
+  // proxyep::Error at once for sizes ll_route_error refuses.
+  virtual void ll_route(const ep::LlRouteParams& params) = 0;
 
   // Descriptor rings (gpu_side/ring.hpp), drained by the proxies as a host producer's are, so
   // that what kernels wrote is handed to the proxies in stream order, with no host in between.

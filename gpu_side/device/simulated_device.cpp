@@ -9,6 +9,7 @@
 #include "gpu_side/device/simulated_shared_handle.hpp"
 #include "gpu_side/device/thread_access_key.hpp"
 #include "gpu_side/ep/layout_rules.hpp"
+#include "gpu_side/ep/ll_route.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 
 #include <sys/mman.h>
@@ -391,6 +392,18 @@ void SimulatedDevice::ll_pack(const ep::LlPackParams& p) {
       ep::ll_pack_message(p.format, x, item.token, item.message, ep::HostLanes{});
     }
   });
+}
+
+void SimulatedDevice::ll_route(const ep::LlRouteParams& p) {
+  const char* error = ep::ll_route_error(p);
+  require(error == nullptr, kPhase, "ll_route: {}", error != nullptr ? error : "");
+  const auto selections = static_cast<uint64_t>(p.num_tokens) * static_cast<uint64_t>(p.topk);
+  const Core& c = *core_;
+  c.require_reachable("ll_route", "topk_idx", p.topk_idx, 8 * selections);
+  c.require_reachable("ll_route", "positions", p.positions, 4 * selections);
+  c.require_reachable("ll_route", "counts", p.counts, 4ull * static_cast<uint64_t>(p.num_experts));
+  c.require_reachable("ll_route", "invalid", p.invalid, 4);
+  core_->enqueue("ll_route", [p] { ep::ll_route_on_host(p); });
 }
 
 void SimulatedDevice::ll_unpack(const ep::LlUnpackParams& p) {

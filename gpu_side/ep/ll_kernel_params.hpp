@@ -5,6 +5,7 @@
 //   LlPackParams     ll_pack_message    items = (token, destination message offset)
 //   LlUnpackParams   ll_unpack_message  items = (message, expert sink, row)
 //   LlCombineParams  ll_combine_token   items = tokens, each with topk row pointers
+//   LlRouteParams    ll_route (ll_route.hpp): every message's place among its expert's messages
 //
 // Every pointer is a device address (device memory, CUDA-IPC-mapped peer memory or mapped
 // pinned host memory), item and sink arrays included.
@@ -61,6 +62,21 @@ struct LlCombineParams {
   uint32_t hidden = 0;  // a multiple of 128
   int blocks = 0;       // 0: enough to cover the GPU
   int threads = 128;    // per block, a multiple of 32
+};
+
+// The routing of a low-latency dispatch where topk_idx lives (ll_route.hpp has the rule and its
+// CPU twin): per expert, how many of this rank's selections name it and each selection's
+// position among them, so that messages can be placed without the host reading topk_idx.
+struct LlRouteParams {
+  const int64_t* topk_idx = nullptr;  // [num_tokens, topk], row-major
+  int64_t num_tokens = 0;
+  int topk = 0;                  // 1..kLlMaxTopk
+  int32_t num_experts = 0;       // >= 1; experts are numbered 0..num_experts-1
+  int32_t* counts = nullptr;     // [num_experts]: selections naming each expert
+  int32_t* positions = nullptr;  // [num_tokens * topk]: the selection's position, or -1
+  int32_t* invalid = nullptr;    // [1]: selections naming neither an expert nor -1
+  int blocks = 0;                // 0: enough to cover the GPU (a block per expert at most)
+  int threads = 256;             // per block, a multiple of 32, at most 1024
 };
 
 }  // namespace proxyep::gpu_side::ep

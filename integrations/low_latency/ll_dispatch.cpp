@@ -1,6 +1,7 @@
 // low_latency_dispatch: checks, routing, the FP8 cast, the send phase and the receive phase
 // (low_latency_mode.hpp).
 #include "common/error.hpp"
+#include "gpu_side/ep/ll_route.hpp"
 #include "integrations/low_latency/ll_args.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
 
@@ -120,44 +121,51 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
 }
 
 // Messages to rank d are grouped by its local expert, tokens ascending within an expert; a
-// (token, k)'s message index there is what combine finds its row by.
+// (token, k)'s message index there is what combine finds its row by. The counts and each
+// selection's position within its expert are gpu_side/ep/ll_route.hpp's rule, the one the
+// device computes the same routing by.
 void LowLatencyMode::route(CallState& st, const ep::TensorRef& topk_idx) {
   const int R = st.ranks, local = st.shape.experts / R, K = st.topk;
   const auto selections = static_cast<size_t>(st.num_tokens) * static_cast<size_t>(K);
   st.topk_idx.resize(selections);
-  st.dest_of.assign(selections, -1);
-  st.slot_of.assign(selections, -1);
-  expert_counts_.assign(static_cast<size_t>(R) * static_cast<size_t>(local), 0);
   for (int t = 0; t < st.num_tokens; ++t)
-    for (int k = 0; k < K; ++k) {
-      const int64_t e = topk_idx.at<int64_t>(t, k);
-      st.topk_idx[static_cast<size_t>(t) * K + k] = e;
-      if (e >= 0) ++expert_counts_[static_cast<size_t>(e)];  // experts are laid out by rank
-    }
-  // Where each (rank, local expert) group starts among the messages to that rank.
-  std::vector<int32_t> next(expert_counts_.size());
+    for (int k = 0; k < K; ++k)
+      st.topk_idx[static_cast<size_t>(t) * K + k] = topk_idx.at<int64_t>(t, k);
+  expert_counts_.assign(static_cast<size_t>(R) * static_cast<size_t>(local), 0);
+  std::vector<int32_t> positions(selections);
+  int32_t invalid = 0;  // none: check_dispatch_args refused values outside [-1, experts)
+  ep::ll_route_on_host({.topk_idx = st.topk_idx.data(),
+                        .num_tokens = st.num_tokens,
+                        .topk = K,
+                        .num_experts = st.shape.experts,
+                        .counts = expert_counts_.data(),
+                        .positions = positions.data(),
+                        .invalid = &invalid});
+  // Where each (rank, local expert) group starts among the messages to that rank (experts are
+  // laid out by rank).
+  std::vector<int32_t> start(expert_counts_.size());
   st.sent_to.assign(static_cast<size_t>(R), 0);
   order_.resize(static_cast<size_t>(R));
   for (int d = 0; d < R; ++d) {
     int32_t at = 0;
     for (int e = 0; e < local; ++e) {
-      next[static_cast<size_t>(d) * local + e] = at;
+      start[static_cast<size_t>(d) * local + e] = at;
       at += expert_counts_[static_cast<size_t>(d) * local + e];
     }
     st.sent_to[d] = at;
     order_[d].resize(static_cast<size_t>(at));
   }
-  for (int t = 0; t < st.num_tokens; ++t)
-    for (int k = 0; k < K; ++k) {
-      const size_t i = static_cast<size_t>(t) * K + k;
-      const int64_t e = st.topk_idx[i];
-      if (e < 0) continue;
-      const int d = static_cast<int>(e / local);
-      const int32_t slot = next[static_cast<size_t>(e)]++;
-      st.dest_of[i] = d;
-      st.slot_of[i] = slot;
-      order_[d][static_cast<size_t>(slot)] = t;
-    }
+  st.dest_of.assign(selections, -1);
+  st.slot_of.assign(selections, -1);
+  for (size_t i = 0; i < selections; ++i) {
+    const int64_t e = st.topk_idx[i];
+    if (e < 0) continue;
+    const int d = static_cast<int>(e / local);
+    const int32_t slot = start[static_cast<size_t>(e)] + positions[i];
+    st.dest_of[i] = d;
+    st.slot_of[i] = slot;
+    order_[d][static_cast<size_t>(slot)] = static_cast<int32_t>(i / static_cast<size_t>(K));
+  }
 }
 
 void LowLatencyMode::receive_dispatch(CallState& st) {

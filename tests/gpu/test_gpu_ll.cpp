@@ -4,10 +4,13 @@
 // that no item writes included) must agree:
 //   - pack: tokens packed into messages at permuted offsets (some tokens twice), every format;
 //   - unpack: those messages into three experts' rows, scales and src_info, rows permuted;
-//   - combine: tokens with up to kLlMaxTopk rows, some skipped, weights of both signs.
+//   - combine: tokens with up to kLlMaxTopk rows, some skipped, weights of both signs;
+//   - route (ll_route.hpp): counts, positions and bad selections of a routing with hot experts,
+//     drops and out-of-range values, over several chunks of a block and fewer blocks than experts.
 // Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
 #include "common/error.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
+#include "gpu_side/ep/ll_route.hpp"
 #include "gpu_side/ep/ll_rules.hpp"
 #include "gpu_side/ep/numeric.hpp"
 
@@ -210,6 +213,43 @@ bool check_combine(const Case& c, std::mt19937_64& rng) {
               out.size() * 2);
 }
 
+bool check_route(const Case& c, std::mt19937_64& rng) {
+  const int32_t experts = c.tokens % 2 == 0 ? 288 : 7;
+  std::vector<int64_t> idx(static_cast<size_t>(c.tokens) * c.topk);
+  std::uniform_int_distribution<int64_t> any(0, experts - 1);
+  std::uniform_real_distribution<double> u;
+  for (int64_t& e : idx) {
+    const double p = u(rng);
+    e = p < 0.1 ? -1 : p < 0.12 ? experts + any(rng) : p < 0.6 ? any(rng) % 3 : any(rng);
+  }
+  std::vector<int32_t> counts(static_cast<size_t>(experts)), positions(idx.size());
+  int32_t invalid = 0;
+  LlRouteParams p{.topk_idx = idx.data(),
+                  .num_tokens = c.tokens,
+                  .topk = c.topk,
+                  .num_experts = experts,
+                  .counts = counts.data(),
+                  .positions = positions.data(),
+                  .invalid = &invalid};
+  ll_route_on_host(p);
+  DeviceMemory idx_d(idx.data(), idx.size() * 8), counts_d(counts.size() * 4),
+      positions_d(positions.size() * 4), invalid_d(4);
+  p.topk_idx = idx_d.as<int64_t>();
+  p.counts = counts_d.as<int32_t>();
+  p.positions = positions_d.as<int32_t>();
+  p.invalid = invalid_d.as<int32_t>();
+  p.blocks = c.blocks;
+  if (c.threads > 0) p.threads = c.threads;
+  check_cuda(gpu_side::cuda::launch_ll_route(p, nullptr), "launch_ll_route");
+  check_cuda(cudaDeviceSynchronize(), "ll_route_kernel");
+  bool ok = same(c, "route counts", counts.data(), counts_d.download<int32_t>(counts.size()).data(),
+                 counts.size() * 4);
+  ok &= same(c, "route positions", positions.data(),
+             positions_d.download<int32_t>(positions.size()).data(), positions.size() * 4);
+  ok &= same(c, "route invalid", &invalid, invalid_d.download<int32_t>(1).data(), 4);
+  return ok;
+}
+
 bool run_case(const Case& c) {
   std::mt19937_64 rng(1234 + c.format.hidden + c.threads);
   const std::vector<uint16_t> x = make_x(rng, c.tokens, c.format.hidden);
@@ -218,6 +258,7 @@ bool run_case(const Case& c) {
   bool ok = check_pack(c, x, rng, messages, slots);
   ok &= check_unpack(c, messages, slots, rng);
   if (!c.format.fp8) ok &= check_combine(c, rng);  // combine is BF16; once per hidden size
+  ok &= check_route(c, rng);
   std::printf("%s %s\n", ok ? "ok  " : "FAIL", c.name.c_str());
   return ok;
 }

@@ -4,6 +4,7 @@
 #include "common/error.hpp"
 #include "gpu_side/device/simulated_device.hpp"
 #include "gpu_side/ep/layout.hpp"
+#include "gpu_side/ep/ll_route.hpp"
 #include "gpu_side/ep/workload.hpp"
 #include "tests/unit/gpu_side/device/device_ring_cases.hpp"
 #include "tests/unit/gpu_side/device/device_signal_cases.hpp"
@@ -264,6 +265,58 @@ TEST_CASE("simulated device: get_dispatch_layout's kernel twin equals the host l
   CHECK(std::memcmp(got_node.data(), want.num_tokens_per_rdma_rank.raw(), 4 * 4) == 0);
   CHECK(std::memcmp(got_expert.data(), want.num_tokens_per_expert.raw(), 64 * 4) == 0);
   CHECK(std::memcmp(got_in_rank.data(), want.is_token_in_rank.raw(), got_in_rank.size()) == 0);
+}
+
+TEST_CASE("simulated device: the low-latency routing runs on device memory, as its twin") {
+  SimulatedDevice dev;
+  const int64_t tokens = 37;
+  const int topk = 5;
+  const int32_t experts = 24;
+  std::vector<int64_t> idx(static_cast<size_t>(tokens * topk));
+  for (size_t i = 0; i < idx.size(); ++i)  // hot experts 0 and 7, drops, one bad value
+    idx[i] = i % 11 == 3 ? -1 : i % 3 == 0 ? 7 : static_cast<int64_t>((i * 5) % experts);
+  idx[17] = 99;
+  std::vector<int32_t> want_counts(experts), want_positions(idx.size());
+  int32_t want_invalid = 0;
+  ep::ll_route_on_host({.topk_idx = idx.data(),
+                        .num_tokens = tokens,
+                        .topk = topk,
+                        .num_experts = experts,
+                        .counts = want_counts.data(),
+                        .positions = want_positions.data(),
+                        .invalid = &want_invalid});
+  REQUIRE(want_invalid == 1);
+
+  auto topk_idx = dev.allocate(8 * idx.size()), counts = dev.allocate(4ull * experts),
+       positions = dev.allocate(4 * idx.size()), invalid = dev.allocate(4);
+  dev.copy(topk_idx.get(), idx.data(), 8 * idx.size());
+  const ep::LlRouteParams params{.topk_idx = reinterpret_cast<const int64_t*>(topk_idx.get()),
+                                 .num_tokens = tokens,
+                                 .topk = topk,
+                                 .num_experts = experts,
+                                 .counts = reinterpret_cast<int32_t*>(counts.get()),
+                                 .positions = reinterpret_cast<int32_t*>(positions.get()),
+                                 .invalid = reinterpret_cast<int32_t*>(invalid.get())};
+  dev.ll_route(params);
+  std::vector<int32_t> got_counts(experts), got_positions(idx.size());
+  int32_t got_invalid = -1;
+  dev.copy(got_counts.data(), counts.get(), 4ull * experts);
+  dev.copy(got_positions.data(), positions.get(), 4 * idx.size());
+  dev.copy(&got_invalid, invalid.get(), 4);
+  dev.synchronize("test", 10s);
+  CHECK(got_counts == want_counts);
+  CHECK(got_positions == want_positions);
+  CHECK(got_invalid == 1);
+
+  // Outputs in plain host memory, or sizes no kernel takes: refused before anything is queued.
+  std::vector<int32_t> host_positions(idx.size());
+  ep::LlRouteParams stray = params;
+  stray.positions = host_positions.data();
+  CHECK(error_of([&] { dev.ll_route(stray); }).find("positions") != std::string::npos);
+  ep::LlRouteParams bad = params;
+  bad.topk = 0;
+  CHECK(error_of([&] { dev.ll_route(bad); }).find("ll_route: topk") != std::string::npos);
+  dev.synchronize("test", 10s);  // still healthy
 }
 
 TEST_CASE("simulated device: host code that touches device memory faults") {
