@@ -241,6 +241,13 @@ void CudaDevice::ll_route(const ep::LlRouteParams& params) {
   check_cuda(launch_ll_route(params, state_->stream), kPhase, "ll_route launch");
 }
 
+void CudaDevice::ll_pack_routed(const ep::LlPackRoutedParams& params) {
+  const char* error = ep::ll_pack_routed_error(params);
+  require(error == nullptr, kPhase, "ll_pack_routed: {}", error != nullptr ? error : "");
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_ll_pack_routed(params, state_->stream), kPhase, "ll_pack_routed launch");
+}
+
 void CudaDevice::ll_unpack(const ep::LlUnpackParams& params) {
   const CurrentDevice current = state_->select();
   check_cuda(launch_ll_unpack(params, state_->stream), kPhase, "ll_unpack launch");

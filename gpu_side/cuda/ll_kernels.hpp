@@ -20,6 +20,7 @@ namespace proxyep::gpu_side::cuda {
 using ep::LlCombineParams;
 using ep::LlPackItem;
 using ep::LlPackParams;
+using ep::LlPackRoutedParams;
 using ep::LlRouteParams;
 using ep::LlUnpackItem;
 using ep::LlUnpackParams;
@@ -29,5 +30,7 @@ cudaError_t launch_ll_unpack(const LlUnpackParams& params, cudaStream_t stream);
 cudaError_t launch_ll_combine(const LlCombineParams& params, cudaStream_t stream);
 // ll_route.cu: counts and positions of gpu_side/ep/ll_route.hpp's rule (zeroes *invalid first).
 cudaError_t launch_ll_route(const LlRouteParams& params, cudaStream_t stream);
+// ll_route.cu: every selection packed where ll_route placed it (ll_kernel_params.hpp).
+cudaError_t launch_ll_pack_routed(const LlPackRoutedParams& params, cudaStream_t stream);
 
 }  // namespace proxyep::gpu_side::cuda

@@ -4,7 +4,8 @@
 // shared memory) and of earlier lanes of its warp (a ballot masked below the lane). The result
 // depends only on topk_idx, never on scheduling, so it equals the CPU twin's exactly. Each block
 // reads topk_idx once per expert: LL dispatches hold at most a few thousand selections, and the
-// reads hit L2 after the first expert.
+// reads hit L2 after the first expert. The routed pack then places every message by it.
+#include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_launch.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
 #include "gpu_side/ep/ll_route.hpp"
@@ -53,7 +54,36 @@ __global__ void ll_route_kernel(ep::LlRouteParams p) {
   }
 }
 
+// A block per placed selection (grid-stride), all its threads packing the one message.
+__global__ void ll_pack_routed_kernel(ep::LlPackRoutedParams p) {
+  const BlockLanes lanes;
+  const int64_t selections = p.num_tokens * p.topk;
+  const uint64_t message = p.format.message_bytes();
+  for (int64_t i = blockIdx.x; i < selections; i += gridDim.x) {
+    const int32_t position = p.positions[i];
+    if (position < 0) continue;
+    const int64_t e = p.topk_idx[i];
+    const auto token = static_cast<int32_t>(i / p.topk);
+    std::byte* to = p.slots[e / p.local_experts] + static_cast<uint64_t>(ep::ll_routed_message(
+                                                       p.counts, p.local_experts, e, position)) *
+                                                       message;
+    ep::ll_pack_message(p.format, p.x + static_cast<int64_t>(token) * p.format.hidden, token, to,
+                        lanes);
+  }
+}
+
 }  // namespace
+
+cudaError_t launch_ll_pack_routed(const ep::LlPackRoutedParams& p, cudaStream_t stream) {
+  if (ep::ll_pack_routed_error(p) != nullptr) return cudaErrorInvalidValue;
+  const int64_t selections = p.num_tokens * p.topk;
+  if (selections == 0) return cudaSuccess;
+  if (p.x == nullptr || p.topk_idx == nullptr || p.positions == nullptr || p.counts == nullptr ||
+      p.slots == nullptr || (reinterpret_cast<uintptr_t>(p.x) & 15u) != 0)
+    return cudaErrorInvalidValue;
+  ll_pack_routed_kernel<<<grid_blocks(selections, p.blocks), p.threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_ll_route(const ep::LlRouteParams& p, cudaStream_t stream) {
   if (ep::ll_route_error(p) != nullptr || p.counts == nullptr || p.invalid == nullptr ||

@@ -146,6 +146,8 @@ class DeviceRuntime {
   // The routing of a low-latency dispatch from a device topk_idx (ep/ll_route.hpp): throws
   // proxyep::Error at once for sizes ll_route_error refuses.
   virtual void ll_route(const ep::LlRouteParams& params) = 0;
+  // The pack placed by ll_route's output (LlPackRoutedParams), with no host-made item list.
+  virtual void ll_pack_routed(const ep::LlPackRoutedParams& params) = 0;
 
   // Descriptor rings (gpu_side/ring.hpp), drained by the proxies as a host producer's are, so
   // that what kernels wrote is handed to the proxies in stream order, with no host in between.

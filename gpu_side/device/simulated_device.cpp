@@ -406,6 +406,43 @@ void SimulatedDevice::ll_route(const ep::LlRouteParams& p) {
   core_->enqueue("ll_route", [p] { ep::ll_route_on_host(p); });
 }
 
+void SimulatedDevice::ll_pack_routed(const ep::LlPackRoutedParams& p) {
+  const char* error = ep::ll_pack_routed_error(p);
+  require(error == nullptr, kPhase, "ll_pack_routed: {}", error != nullptr ? error : "");
+  const auto selections = static_cast<uint64_t>(p.num_tokens) * static_cast<uint64_t>(p.topk);
+  if (selections == 0) return;
+  const Core& c = *core_;
+  const auto ranks = static_cast<uint64_t>(p.num_experts / p.local_experts);
+  c.require_reachable("ll_pack_routed", "x", p.x,
+                      2ull * p.format.hidden * static_cast<uint64_t>(p.num_tokens));
+  c.require_reachable("ll_pack_routed", "topk_idx", p.topk_idx, 8 * selections);
+  c.require_reachable("ll_pack_routed", "positions", p.positions, 4 * selections);
+  c.require_reachable("ll_pack_routed", "counts", p.counts,
+                      4ull * static_cast<uint64_t>(p.num_experts));
+  c.require_reachable("ll_pack_routed", "slots", p.slots, sizeof(std::byte*) * ranks);
+  core_->enqueue("ll_pack_routed", [p, core = core_.get()] {
+    // What the tables hold is read on the stream, as the kernel reads it: every message the
+    // placement names must lie in reachable memory, aligned, before anything is written.
+    const uint64_t message = p.format.message_bytes();
+    const int64_t count = p.num_tokens * p.topk;
+    for (int64_t i = 0; i < count; ++i) {
+      const int32_t position = p.positions[i];
+      if (position < 0) continue;
+      const int64_t e = p.topk_idx[i];
+      require(e >= 0 && e < p.num_experts, kPhase,
+              "ll_pack_routed: selection {} has position {} but names expert {}", i, position, e);
+      std::byte* to = p.slots[e / p.local_experts] + static_cast<uint64_t>(ep::ll_routed_message(
+                                                         p.counts, p.local_experts, e, position)) *
+                                                         message;
+      require(reinterpret_cast<uintptr_t>(to) % 16 == 0, kPhase,
+              "ll_pack_routed: message of selection {} at {} is not 16-byte aligned", i,
+              static_cast<const void*>(to));
+      core->require_reachable("ll_pack_routed", "message", to, message);
+    }
+    ep::ll_pack_routed_on_host(p);
+  });
+}
+
 void SimulatedDevice::ll_unpack(const ep::LlUnpackParams& p) {
   require(ep::ll_format_error(p.format) == nullptr && p.num_items >= 0 && p.num_sinks >= 0 &&
               p.threads > 0 && p.threads % 32 == 0,

@@ -99,6 +99,7 @@ class SimulatedDevice final : public DeviceRuntime {
   void copy_runs(const ep::CopyRunsParams& params) override;
   void ll_pack(const ep::LlPackParams& params) override;
   void ll_route(const ep::LlRouteParams& params) override;
+  void ll_pack_routed(const ep::LlPackRoutedParams& params) override;
   void ll_unpack(const ep::LlUnpackParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
   std::unique_ptr<DeviceRingProducer> attach_ring(const Ring& ring) override;

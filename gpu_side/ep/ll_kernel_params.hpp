@@ -6,6 +6,7 @@
 //   LlUnpackParams   ll_unpack_message  items = (message, expert sink, row)
 //   LlCombineParams  ll_combine_token   items = tokens, each with topk row pointers
 //   LlRouteParams    ll_route (ll_route.hpp): every message's place among its expert's messages
+//   LlPackRoutedParams  ll_pack_message  items = selections, placed by ll_route's output
 //
 // Every pointer is a device address (device memory, CUDA-IPC-mapped peer memory or mapped
 // pinned host memory), item and sink arrays included.
@@ -77,6 +78,25 @@ struct LlRouteParams {
   int32_t* invalid = nullptr;    // [1]: selections naming neither an expert nor -1
   int blocks = 0;                // 0: enough to cover the GPU (a block per expert at most)
   int threads = 256;             // per block, a multiple of 32, at most 1024
+};
+
+// Every selection of this rank's tokens packed into its destination's slot with no host-made
+// item list: selection i (token i / topk) naming expert e goes to message
+// ll_routed_message(counts, local_experts, e, positions[i]) of slots[e / local_experts], the
+// layout the host protocol sends (ll_route.hpp). Selections with position -1 are skipped.
+struct LlPackRoutedParams {
+  LlFormat format;                     // ll_format_error(format) == nullptr
+  const uint16_t* x = nullptr;         // bf16 [num_tokens, hidden], 16-byte aligned
+  const int64_t* topk_idx = nullptr;   // [num_tokens, topk]
+  const int32_t* positions = nullptr;  // [num_tokens * topk], ll_route's
+  const int32_t* counts = nullptr;     // [num_experts], ll_route's
+  std::byte* const* slots = nullptr;   // [num_experts / local_experts]: 16-byte aligned
+  int64_t num_tokens = 0;
+  int topk = 0;               // 1..kLlMaxTopk
+  int32_t num_experts = 0;    // a multiple of local_experts
+  int32_t local_experts = 0;  // 1..kMaxLocalExperts
+  int blocks = 0;             // 0: enough to cover the GPU
+  int threads = 64;           // per block, a multiple of 32
 };
 
 }  // namespace proxyep::gpu_side::ep

@@ -1,6 +1,8 @@
 // The CPU twin of the low-latency routing kernel (ll_route.hpp).
 #include "gpu_side/ep/ll_route.hpp"
 
+#include "gpu_side/ep/ep_shape.hpp"
+
 #include <algorithm>
 
 namespace proxyep::gpu_side::ep {
@@ -28,6 +30,35 @@ void ll_route_on_host(const LlRouteParams& p) {
     if (e != -1) ++invalid;
   }
   *p.invalid = invalid;
+}
+
+const char* ll_pack_routed_error(const LlPackRoutedParams& p) {
+  if (ll_format_error(p.format) != nullptr) return ll_format_error(p.format);
+  if (p.num_tokens < 0) return "a negative number of tokens";
+  if (p.topk < 1 || p.topk > kLlMaxTopk) return "topk outside 1..11";
+  if (p.local_experts < 1 || p.local_experts > kMaxLocalExperts)
+    return "local experts outside 1..1024";
+  if (p.num_experts < 1 || p.num_experts % p.local_experts != 0)
+    return "num_experts not a positive multiple of local_experts";
+  if (p.threads < 32 || p.threads % 32 != 0 || p.threads > 1024)
+    return "threads per block not a multiple of 32 in 32..1024";
+  return nullptr;
+}
+
+void ll_pack_routed_on_host(const LlPackRoutedParams& p) {
+  const uint64_t message = p.format.message_bytes();
+  const int64_t selections = p.num_tokens * p.topk;
+  for (int64_t i = 0; i < selections; ++i) {
+    const int32_t position = p.positions[i];
+    if (position < 0) continue;
+    const int64_t e = p.topk_idx[i];
+    const auto token = static_cast<int32_t>(i / p.topk);
+    std::byte* to =
+        p.slots[e / p.local_experts] +
+        static_cast<uint64_t>(ll_routed_message(p.counts, p.local_experts, e, position)) * message;
+    ll_pack_message(p.format, p.x + static_cast<int64_t>(token) * p.format.hidden, token, to,
+                    HostLanes{});
+  }
 }
 
 }  // namespace proxyep::gpu_side::ep

@@ -14,9 +14,25 @@
 // selections with warp ballots) and the twin (one pass with a counter per expert) agree exactly.
 #pragma once
 
+#include "common/host_device.hpp"
 #include "gpu_side/ep/ll_kernel_params.hpp"
+#include "gpu_side/ep/ll_rules.hpp"
+
+#include <cstdint>
 
 namespace proxyep::gpu_side::ep {
+
+// The message index of a selection of expert `e` at `position` among the messages to e's rank:
+// that rank's messages are grouped by local expert (counts[] of the experts before e on the
+// same rank come first), in position order within one.
+PROXYEP_HOST_DEVICE inline int64_t ll_routed_message(const int32_t* counts, int32_t local_experts,
+                                                     int64_t e, int32_t position) {
+  const int64_t first = e - e % local_experts;
+  int64_t at = position;
+  for (int64_t j = first; j < e; ++j)
+    at += counts[j];
+  return at;
+}
 
 // Whether `p`'s sizes are usable (pointers are the caller's to check): nullptr if so, else what
 // is wrong.
@@ -24,5 +40,11 @@ const char* ll_route_error(const LlRouteParams& p);
 
 // The rule on the host, in one pass. `p` must pass ll_route_error.
 void ll_route_on_host(const LlRouteParams& p);
+
+// As ll_route_error, for a routed pack.
+const char* ll_pack_routed_error(const LlPackRoutedParams& p);
+
+// The routed pack's CPU twin: ll_pack_message for every placed selection, in order.
+void ll_pack_routed_on_host(const LlPackRoutedParams& p);
 
 }  // namespace proxyep::gpu_side::ep

@@ -6,7 +6,8 @@
 //   - unpack: those messages into three experts' rows, scales and src_info, rows permuted;
 //   - combine: tokens with up to kLlMaxTopk rows, some skipped, weights of both signs;
 //   - route (ll_route.hpp): counts, positions and bad selections of a routing with hot experts,
-//     drops and out-of-range values, over several chunks of a block and fewer blocks than experts.
+//     drops and out-of-range values, over several chunks of a block and fewer blocks than experts;
+//     then the routed pack of x by that routing into every rank's slot.
 // Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
 #include "common/error.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
@@ -213,8 +214,9 @@ bool check_combine(const Case& c, std::mt19937_64& rng) {
               out.size() * 2);
 }
 
-bool check_route(const Case& c, std::mt19937_64& rng) {
+bool check_route(const Case& c, const std::vector<uint16_t>& x, std::mt19937_64& rng) {
   const int32_t experts = c.tokens % 2 == 0 ? 288 : 7;
+  const int32_t local = c.tokens % 2 == 0 ? 9 : 7;
   std::vector<int64_t> idx(static_cast<size_t>(c.tokens) * c.topk);
   std::uniform_int_distribution<int64_t> any(0, experts - 1);
   std::uniform_real_distribution<double> u;
@@ -247,7 +249,47 @@ bool check_route(const Case& c, std::mt19937_64& rng) {
   ok &= same(c, "route positions", positions.data(),
              positions_d.download<int32_t>(positions.size()).data(), positions.size() * 4);
   ok &= same(c, "route invalid", &invalid, invalid_d.download<int32_t>(1).data(), 4);
-  return ok;
+  if (!ok) return false;
+
+  // The routed pack: every rank's slot one after another, as many messages as route placed.
+  const int ranks = experts / local;
+  const uint64_t message = c.format.message_bytes();
+  std::vector<uint64_t> first(static_cast<size_t>(ranks) + 1, 0);
+  for (int d = 0; d < ranks; ++d) {
+    first[d + 1] = first[d];
+    for (int e = d * local; e < (d + 1) * local; ++e)
+      first[d + 1] += static_cast<uint64_t>(counts[e]);
+  }
+  std::vector<std::byte> slots(first[ranks] * message, kFiller);
+  DeviceMemory x_d(x.data(), x.size() * 2), slots_d(slots.data(), slots.size());
+  std::vector<std::byte*> table(static_cast<size_t>(ranks)), table_d_values(table.size());
+  for (int d = 0; d < ranks; ++d) {
+    table[d] = slots.data() + first[d] * message;
+    table_d_values[d] = slots_d.as<std::byte>() + first[d] * message;
+  }
+  DeviceMemory table_d(table_d_values.data(), table.size() * sizeof(std::byte*));
+  LlPackRoutedParams pack{.format = c.format,
+                          .x = x.data(),
+                          .topk_idx = idx.data(),
+                          .positions = positions.data(),
+                          .counts = counts.data(),
+                          .slots = table.data(),
+                          .num_tokens = c.tokens,
+                          .topk = c.topk,
+                          .num_experts = experts,
+                          .local_experts = local};
+  ll_pack_routed_on_host(pack);
+  pack.x = x_d.as<uint16_t>();
+  pack.topk_idx = idx_d.as<int64_t>();
+  pack.positions = positions_d.as<int32_t>();
+  pack.counts = counts_d.as<int32_t>();
+  pack.slots = table_d.as<std::byte*>();
+  pack.blocks = c.blocks;
+  if (c.threads > 0) pack.threads = c.threads;
+  check_cuda(gpu_side::cuda::launch_ll_pack_routed(pack, nullptr), "launch_ll_pack_routed");
+  check_cuda(cudaDeviceSynchronize(), "ll_pack_routed_kernel");
+  return same(c, "routed pack", slots.data(), slots_d.download<std::byte>(slots.size()).data(),
+              slots.size());
 }
 
 bool run_case(const Case& c) {
@@ -258,7 +300,7 @@ bool run_case(const Case& c) {
   bool ok = check_pack(c, x, rng, messages, slots);
   ok &= check_unpack(c, messages, slots, rng);
   if (!c.format.fp8) ok &= check_combine(c, rng);  // combine is BF16; once per hidden size
-  ok &= check_route(c, rng);
+  ok &= check_route(c, x, rng);
   std::printf("%s %s\n", ok ? "ok  " : "FAIL", c.name.c_str());
   return ok;
 }

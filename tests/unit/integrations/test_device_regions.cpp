@@ -58,6 +58,9 @@ class ShiftingDevice final : public DeviceRuntime {
   void copy_runs(const gpu_side::ep::CopyRunsParams& p) override { inner_->copy_runs(p); }
   void ll_pack(const gpu_side::ep::LlPackParams& p) override { inner_->ll_pack(p); }
   void ll_route(const gpu_side::ep::LlRouteParams& p) override { inner_->ll_route(p); }
+  void ll_pack_routed(const gpu_side::ep::LlPackRoutedParams& p) override {
+    inner_->ll_pack_routed(p);
+  }
   void ll_unpack(const gpu_side::ep::LlUnpackParams& p) override { inner_->ll_unpack(p); }
   void ll_combine(const gpu_side::ep::LlCombineParams& p) override { inner_->ll_combine(p); }
   std::unique_ptr<gpu_side::device::DeviceRingProducer> attach_ring(

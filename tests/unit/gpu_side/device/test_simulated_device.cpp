@@ -319,6 +319,83 @@ TEST_CASE("simulated device: the low-latency routing runs on device memory, as i
   dev.synchronize("test", 10s);  // still healthy
 }
 
+TEST_CASE("simulated device: the routed pack places messages as the host protocol sends them") {
+  // 3 ranks of 4 experts; each rank's messages grouped by local expert, tokens ascending, one
+  // slot after another in one allocation. The expected slots are built here message by message.
+  SimulatedDevice dev;
+  const int64_t tokens = 21;
+  const int topk = 3, local = 4, ranks = 3, experts = local * ranks;
+  const ep::LlFormat format{.hidden = 256, .fp8 = false};
+  const uint64_t message = format.message_bytes();
+  std::vector<int64_t> idx(static_cast<size_t>(tokens * topk));
+  for (size_t i = 0; i < idx.size(); ++i)
+    idx[i] = i % 7 == 2 ? -1 : static_cast<int64_t>((i * 7 + i / 5) % experts);
+  std::vector<uint16_t> x(static_cast<size_t>(tokens) * format.hidden);
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<uint16_t>(0x3c00 + i % 977);
+
+  std::vector<std::vector<std::byte>> want(ranks);
+  for (int d = 0; d < ranks; ++d)
+    for (int le = 0; le < local; ++le)
+      for (size_t i = 0; i < idx.size(); ++i) {
+        if (idx[i] != d * local + le) continue;
+        const auto token = static_cast<int32_t>(i / topk);
+        std::vector<std::byte> one(message);
+        ep::ll_pack_message(format, x.data() + token * format.hidden, token, one.data(),
+                            ep::HostLanes{});
+        want[d].insert(want[d].end(), one.begin(), one.end());
+      }
+  uint64_t total = 0;
+  for (const auto& w : want)
+    total += w.size();
+
+  auto topk_d = dev.allocate(8 * idx.size()), x_d = dev.allocate(2 * x.size()),
+       counts_d = dev.allocate(4ull * experts), positions_d = dev.allocate(4 * idx.size()),
+       invalid_d = dev.allocate(4), slots_d = dev.allocate(total),
+       table_d = dev.allocate(sizeof(std::byte*) * ranks);
+  std::vector<std::byte*> table(ranks);
+  for (int d = 0, at = 0; d < ranks; at += static_cast<int>(want[d].size()), ++d)
+    table[d] = slots_d.get() + at;
+  dev.copy(topk_d.get(), idx.data(), 8 * idx.size());
+  dev.copy(x_d.get(), x.data(), 2 * x.size());
+  dev.copy(table_d.get(), table.data(), sizeof(std::byte*) * ranks);
+  dev.fill(slots_d.get(), 0x5a, total);
+  const auto* topk_idx = reinterpret_cast<const int64_t*>(topk_d.get());
+  auto* counts = reinterpret_cast<int32_t*>(counts_d.get());
+  auto* positions = reinterpret_cast<int32_t*>(positions_d.get());
+  dev.ll_route({.topk_idx = topk_idx,
+                .num_tokens = tokens,
+                .topk = topk,
+                .num_experts = experts,
+                .counts = counts,
+                .positions = positions,
+                .invalid = reinterpret_cast<int32_t*>(invalid_d.get())});
+  ep::LlPackRoutedParams pack{.format = format,
+                              .x = reinterpret_cast<const uint16_t*>(x_d.get()),
+                              .topk_idx = topk_idx,
+                              .positions = positions,
+                              .counts = counts,
+                              .slots = reinterpret_cast<std::byte* const*>(table_d.get()),
+                              .num_tokens = tokens,
+                              .topk = topk,
+                              .num_experts = experts,
+                              .local_experts = local};
+  dev.ll_pack_routed(pack);
+  std::vector<std::byte> got(total);
+  dev.copy(got.data(), slots_d.get(), total);
+  dev.synchronize("test", 10s);
+  for (int d = 0, at = 0; d < ranks; at += static_cast<int>(want[d].size()), ++d)
+    CHECK(std::memcmp(got.data() + at, want[d].data(), want[d].size()) == 0);
+
+  // A slot table entry in plain host memory fails the stream, naming the message.
+  std::vector<std::byte> stray(total);
+  table[1] = stray.data();
+  dev.copy(table_d.get(), table.data(), sizeof(std::byte*) * ranks);
+  dev.ll_pack_routed(pack);
+  CHECK(error_of([&] { dev.synchronize("test", 10s); }).find("ll_pack_routed: message") !=
+        std::string::npos);
+}
+
 TEST_CASE("simulated device: host code that touches device memory faults") {
   SimulatedDevice dev;
   if (!dev.device_memory_protected()) {
