@@ -58,15 +58,10 @@ __global__ void ll_route_kernel(ep::LlRouteParams p) {
 __global__ void ll_pack_routed_kernel(ep::LlPackRoutedParams p) {
   const BlockLanes lanes;
   const int64_t selections = p.num_tokens * p.topk;
-  const uint64_t message = p.format.message_bytes();
   for (int64_t i = blockIdx.x; i < selections; i += gridDim.x) {
-    const int32_t position = p.positions[i];
-    if (position < 0) continue;
-    const int64_t e = p.topk_idx[i];
+    std::byte* to = ep::ll_routed_destination(p, i);
+    if (to == nullptr) continue;
     const auto token = static_cast<int32_t>(i / p.topk);
-    std::byte* to = p.slots[e / p.local_experts] + static_cast<uint64_t>(ep::ll_routed_message(
-                                                       p.counts, p.local_experts, e, position)) *
-                                                       message;
     ep::ll_pack_message(p.format, p.x + static_cast<int64_t>(token) * p.format.hidden, token, to,
                         lanes);
   }

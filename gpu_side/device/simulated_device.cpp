@@ -426,14 +426,12 @@ void SimulatedDevice::ll_pack_routed(const ep::LlPackRoutedParams& p) {
     const uint64_t message = p.format.message_bytes();
     const int64_t count = p.num_tokens * p.topk;
     for (int64_t i = 0; i < count; ++i) {
-      const int32_t position = p.positions[i];
-      if (position < 0) continue;
+      if (p.positions[i] < 0) continue;
       const int64_t e = p.topk_idx[i];
       require(e >= 0 && e < p.num_experts, kPhase,
-              "ll_pack_routed: selection {} has position {} but names expert {}", i, position, e);
-      std::byte* to = p.slots[e / p.local_experts] + static_cast<uint64_t>(ep::ll_routed_message(
-                                                         p.counts, p.local_experts, e, position)) *
-                                                         message;
+              "ll_pack_routed: selection {} has position {} but names expert {}", i, p.positions[i],
+              e);
+      std::byte* to = ep::ll_routed_destination(p, i);
       require(reinterpret_cast<uintptr_t>(to) % 16 == 0, kPhase,
               "ll_pack_routed: message of selection {} at {} is not 16-byte aligned", i,
               static_cast<const void*>(to));

@@ -46,16 +46,11 @@ const char* ll_pack_routed_error(const LlPackRoutedParams& p) {
 }
 
 void ll_pack_routed_on_host(const LlPackRoutedParams& p) {
-  const uint64_t message = p.format.message_bytes();
   const int64_t selections = p.num_tokens * p.topk;
   for (int64_t i = 0; i < selections; ++i) {
-    const int32_t position = p.positions[i];
-    if (position < 0) continue;
-    const int64_t e = p.topk_idx[i];
+    std::byte* to = ll_routed_destination(p, i);
+    if (to == nullptr) continue;
     const auto token = static_cast<int32_t>(i / p.topk);
-    std::byte* to =
-        p.slots[e / p.local_experts] +
-        static_cast<uint64_t>(ll_routed_message(p.counts, p.local_experts, e, position)) * message;
     ll_pack_message(p.format, p.x + static_cast<int64_t>(token) * p.format.hidden, token, to,
                     HostLanes{});
   }

@@ -34,6 +34,17 @@ PROXYEP_HOST_DEVICE inline int64_t ll_routed_message(const int32_t* counts, int3
   return at;
 }
 
+// Where selection i's message goes under a routed pack (nullptr: the selection is not placed).
+PROXYEP_HOST_DEVICE inline std::byte* ll_routed_destination(const LlPackRoutedParams& p,
+                                                            int64_t i) {
+  const int32_t position = p.positions[i];
+  if (position < 0) return nullptr;
+  const int64_t e = p.topk_idx[i];
+  const auto message =
+      static_cast<uint64_t>(ll_routed_message(p.counts, p.local_experts, e, position));
+  return p.slots[e / p.local_experts] + message * p.format.message_bytes();
+}
+
 // Whether `p`'s sizes are usable (pointers are the caller's to check): nullptr if so, else what
 // is wrong.
 const char* ll_route_error(const LlRouteParams& p);
