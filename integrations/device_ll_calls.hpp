@@ -2,7 +2,9 @@
 // backend, as normal-mode calls do (device_calls.hpp): kernels pack x's messages into the slots
 // and unpack arriving ones into device outputs (dispatch); copy the expert outputs back into the
 // slots and reduce the arriving rows into a device output (combine). The host reads only what
-// steers the work: a copy of topk_idx, taken on the device's stream after previous_event. The
+// steers the work: a copy of topk_idx, taken on the device's stream after previous_event (the
+// checks, the records' counts, the combine's routing); the dispatch's messages are placed by the
+// device's own routing of topk_idx (RowBackend::ll_pack_routed), not by a host-made list. The
 // statistics are added on the device; a mask query is written there.
 //
 // zero_copy: a dispatch with device tensors marks its handle (LowLatencyHandle::device), and

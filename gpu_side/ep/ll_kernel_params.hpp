@@ -90,7 +90,9 @@ struct LlPackRoutedParams {
   const int64_t* topk_idx = nullptr;   // [num_tokens, topk]
   const int32_t* positions = nullptr;  // [num_tokens * topk], ll_route's
   const int32_t* counts = nullptr;     // [num_experts], ll_route's
-  std::byte* const* slots = nullptr;   // [num_experts / local_experts]: 16-byte aligned
+  // [num_experts / local_experts]: each rank's slot, 16-byte aligned; null: that rank's
+  // messages are not packed by this launch (another group's)
+  std::byte* const* slots = nullptr;
   int64_t num_tokens = 0;
   int topk = 0;               // 1..kLlMaxTopk
   int32_t num_experts = 0;    // a multiple of local_experts

@@ -34,15 +34,18 @@ PROXYEP_HOST_DEVICE inline int64_t ll_routed_message(const int32_t* counts, int3
   return at;
 }
 
-// Where selection i's message goes under a routed pack (nullptr: the selection is not placed).
+// Where selection i's message goes under a routed pack (nullptr: the selection is not placed,
+// or its rank has no slot in this launch).
 PROXYEP_HOST_DEVICE inline std::byte* ll_routed_destination(const LlPackRoutedParams& p,
                                                             int64_t i) {
   const int32_t position = p.positions[i];
   if (position < 0) return nullptr;
   const int64_t e = p.topk_idx[i];
+  std::byte* slot = p.slots[e / p.local_experts];
+  if (slot == nullptr) return nullptr;
   const auto message =
       static_cast<uint64_t>(ll_routed_message(p.counts, p.local_experts, e, position));
-  return p.slots[e / p.local_experts] + message * p.format.message_bytes();
+  return slot + message * p.format.message_bytes();
 }
 
 // Whether `p`'s sizes are usable (pointers are the caller's to check): nullptr if so, else what

@@ -50,12 +50,23 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   // In the background the cast reads a copy: the caller may reuse x as soon as the call returns.
   const bool background = a.return_recv_hook || a.async_finish;
   ep::TensorRef x = a.x;
-  ep::Tensor x_device_copy;
+  // A device call's pack routes on the device from its own topk_idx (no item list).
+  ep::TensorRef device_topk = device != nullptr ? a.topk_idx : ep::TensorRef{};
+  ep::Tensor x_device_copy, topk_device_copy;
   if (background && device != nullptr) {
-    // On the device, done before the call returns: the caller's stream may write x next.
+    // On the device, done before the call returns: the caller's stream may write x and
+    // topk_idx next.
     x_device_copy = backend.allocate(ep::DType::bf16, tokens, shape.hidden);
     backend.copy_rows(x_device_copy.raw(), static_cast<const std::byte*>(a.x.data), tokens,
                       2ull * shape.hidden);
+    if (a.topk_idx.contiguous()) {
+      topk_device_copy = backend.allocate(ep::DType::i64, tokens, K);
+      backend.copy_rows(topk_device_copy.raw(), static_cast<const std::byte*>(a.topk_idx.data),
+                        tokens, 8ull * static_cast<uint64_t>(K));
+      device_topk = topk_device_copy;
+    } else {
+      device_topk = {};  // packed by the item list route() made
+    }
     backend.complete(kPhase);
     x = x_device_copy;
   } else if (background) {
@@ -79,13 +90,15 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.src_info = make(pool.src_info, ep::DType::i32, local, rows);
   st.layout_range = make(pool.layout_range, ep::DType::i64, local, R);
 
-  auto send = [this, state, x, x_device_copy, local] {
-    (void)x_device_copy;  // holds the memory x points into
+  auto send = [this, state, x, x_device_copy, device_topk, topk_device_copy, local] {
+    (void)x_device_copy, (void)topk_device_copy;  // hold the memory x and device_topk point into
     CallState& st = *state;
     const uint64_t message = st.format.message_bytes();
     send_phase(st,
                {.fill =
                     [&](std::span<const int> destinations) {
+                      if (device_topk.defined() && pack_routed(st, x, device_topk, destinations))
+                        return;
                       // Each destination's messages in its eager slot, in order_.
                       std::vector<ep::LlPackItem> items;
                       for (int d : destinations) {
@@ -166,6 +179,15 @@ void LowLatencyMode::route(CallState& st, const ep::TensorRef& topk_idx) {
     st.slot_of[i] = slot;
     order_[d][static_cast<size_t>(slot)] = static_cast<int32_t>(i / static_cast<size_t>(K));
   }
+}
+
+bool LowLatencyMode::pack_routed(const CallState& st, const ep::TensorRef& x,
+                                 const ep::TensorRef& topk_idx, std::span<const int> destinations) {
+  std::vector<std::byte*> slots(static_cast<size_t>(st.ranks), nullptr);
+  for (int d : destinations)
+    slots[static_cast<size_t>(d)] = session_.channel(d).eager_buffer(st.call);
+  return st.backend->ll_pack_routed(st.format, x, topk_idx, st.shape.experts,
+                                    st.shape.experts / st.ranks, slots);
 }
 
 void LowLatencyMode::receive_dispatch(CallState& st) {

@@ -44,6 +44,16 @@ integrations::testing::RankDevice nic_reads_device_memory(int rank) {
   return {buffer, caller};
 }
 
+// The Buffer's stream faults on an item-list pack (the "ll_pack" kernel): a device dispatch must
+// pack from its own routing on the device (ll_route + ll_pack_routed), never from a list of
+// messages the host made from a copy of topk_idx.
+integrations::testing::RankDevice no_item_list_pack(int rank) {
+  auto buffer = std::make_shared<SimulatedDevice>(
+      SimulatedDeviceOptions{.defer_until_synchronize = rank == 1, .fail_operation = "ll_pack"});
+  auto caller = buffer->another_stream({.operation_delay = std::chrono::milliseconds(20)});
+  return {buffer, caller};
+}
+
 // Whether `provider` registers device memory here (FI_HMEM: shm does, tcp does not; a build
 // without CUDA asks no provider for it).
 bool registers_device_memory(const std::string& provider) {
@@ -93,4 +103,9 @@ TEST_CASE("device tensors through low-latency calls: a slow Buffer stream, a qui
 
 TEST_CASE("device tensors through low-latency calls: over the fabric, a slow Buffer stream") {
   integrations::testing::ll::run_device_ll(1, slow_buffer_stream);
+}
+
+TEST_CASE("device tensors through low-latency calls: packed from the device's own routing") {
+  integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, no_item_list_pack);
+  integrations::testing::ll::run_device_ll(1, no_item_list_pack);
 }
