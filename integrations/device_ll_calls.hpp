@@ -4,8 +4,8 @@
 // slots and reduce the arriving rows into a device output (combine). The host reads only what
 // steers the work: a copy of topk_idx, taken on the device's stream after previous_event (the
 // checks, the records' counts, the combine's routing); the dispatch's messages are placed by the
-// device's own routing of topk_idx (RowBackend::ll_pack_routed), not by a host-made list. The
-// statistics are added on the device; a mask query is written there.
+// device's own routing of topk_idx (RowBackend::ll_route, ll_pack_routed), not by a host-made list.
+// The statistics are added on the device; a mask query is written there.
 //
 // zero_copy: a dispatch with device tensors marks its handle (LowLatencyHandle::device), and
 // get_next_low_latency_combine_buffer of such a handle is a device tensor (DeviceCombineBuffer),

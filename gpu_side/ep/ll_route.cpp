@@ -7,13 +7,22 @@
 
 namespace proxyep::gpu_side::ep {
 
-const char* ll_route_error(const LlRouteParams& p) {
-  if (p.num_tokens < 0) return "a negative number of tokens";
-  if (p.topk < 1 || p.topk > kLlMaxTopk) return "topk outside 1..11";
-  if (p.num_experts < 1) return "no experts";
-  if (p.threads < 32 || p.threads % 32 != 0 || p.threads > 1024)
+namespace {
+
+// What both kernels over the selections need of their sizes.
+const char* selections_error(int64_t num_tokens, int topk, int32_t num_experts, int threads) {
+  if (num_tokens < 0) return "a negative number of tokens";
+  if (topk < 1 || topk > kLlMaxTopk) return "topk outside 1..11";
+  if (num_experts < 1) return "no experts";
+  if (threads < 32 || threads % 32 != 0 || threads > 1024)
     return "threads per block not a multiple of 32 in 32..1024";
   return nullptr;
+}
+
+}  // namespace
+
+const char* ll_route_error(const LlRouteParams& p) {
+  return selections_error(p.num_tokens, p.topk, p.num_experts, p.threads);
 }
 
 void ll_route_on_host(const LlRouteParams& p) {
@@ -33,15 +42,13 @@ void ll_route_on_host(const LlRouteParams& p) {
 }
 
 const char* ll_pack_routed_error(const LlPackRoutedParams& p) {
-  if (ll_format_error(p.format) != nullptr) return ll_format_error(p.format);
-  if (p.num_tokens < 0) return "a negative number of tokens";
-  if (p.topk < 1 || p.topk > kLlMaxTopk) return "topk outside 1..11";
+  if (const char* format = ll_format_error(p.format)) return format;
+  if (const char* sizes = selections_error(p.num_tokens, p.topk, p.num_experts, p.threads))
+    return sizes;
   if (p.local_experts < 1 || p.local_experts > kMaxLocalExperts)
     return "local experts outside 1..1024";
-  if (p.num_experts < 1 || p.num_experts % p.local_experts != 0)
+  if (p.num_experts % p.local_experts != 0)
     return "num_experts not a positive multiple of local_experts";
-  if (p.threads < 32 || p.threads % 32 != 0 || p.threads > 1024)
-    return "threads per block not a multiple of 32 in 32..1024";
   return nullptr;
 }
 

@@ -49,12 +49,6 @@ const T* DeviceBackend::upload(const T* host, size_t count) {
   return reinterpret_cast<const T*>(upload.device.get());
 }
 
-std::byte* DeviceBackend::scratch(uint64_t bytes) {
-  Upload& held = uploads_.emplace_back(
-      Upload{.before = last_ + 1, .device = device_->allocate(bytes), .host = {}});
-  return held.device.get();
-}
-
 const std::byte* DeviceBackend::stage(const void* host, size_t bytes) {
   Upload& staged = uploads_.emplace_back(
       Upload{.before = last_ + 1, .device = nullptr, .host = std::vector<std::byte>(bytes)});
@@ -277,38 +271,45 @@ void DeviceBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,
   queued();
 }
 
-bool DeviceBackend::ll_pack_routed(const ep::LlFormat& format, const ep::TensorRef& x,
-                                   const ep::TensorRef& topk_idx, int32_t experts,
-                                   int32_t local_experts, std::span<std::byte* const> slots) {
-  require_on_device(x, "low_latency_dispatch", "x");
+std::optional<RowBackend::LlRouting> DeviceBackend::ll_route(const ep::TensorRef& topk_idx,
+                                                             int32_t experts) {
   require_on_device(topk_idx, "low_latency_dispatch", "topk_idx");
-  if (!topk_idx.contiguous() || topk_idx.rows != x.rows) return false;
+  if (!topk_idx.contiguous()) return std::nullopt;
+  // The routing stays on the device (stream-ordered allocations, held by the caller's call);
+  // the bad-value count is not read: the host checked topk_idx already.
+  LlRouting routing{.topk_idx = topk_idx,
+                    .experts = experts,
+                    .counts = allocate(ep::DType::i32, experts),
+                    .positions = allocate(ep::DType::i32, topk_idx.rows * topk_idx.cols),
+                    .invalid = allocate(ep::DType::i32, 1)};
   std::lock_guard lock(mutex_);
-  const auto selections = static_cast<uint64_t>(topk_idx.rows * topk_idx.cols);
-  // The routing's output stays on the device: counts, positions, the bad-value count (the host
-  // checked topk_idx already).
-  auto* counts = reinterpret_cast<int32_t*>(scratch(4ull * static_cast<uint64_t>(experts)));
-  auto* positions = reinterpret_cast<int32_t*>(scratch(4 * std::max<uint64_t>(selections, 1)));
-  auto* invalid = reinterpret_cast<int32_t*>(scratch(4));
   device_->ll_route({.topk_idx = topk_idx.as<int64_t>(),
                      .num_tokens = topk_idx.rows,
                      .topk = static_cast<int>(topk_idx.cols),
                      .num_experts = experts,
-                     .counts = counts,
-                     .positions = positions,
-                     .invalid = invalid});
+                     .counts = routing.counts.data<int32_t>(),
+                     .positions = routing.positions.data<int32_t>(),
+                     .invalid = routing.invalid.data<int32_t>()});
+  queued();
+  return routing;
+}
+
+void DeviceBackend::ll_pack_routed(const ep::LlFormat& format, const ep::TensorRef& x,
+                                   const LlRouting& routing, int32_t local_experts,
+                                   std::span<std::byte* const> slots) {
+  require_on_device(x, "low_latency_dispatch", "x");
+  std::lock_guard lock(mutex_);
   device_->ll_pack_routed({.format = format,
                            .x = x.as<uint16_t>(),
-                           .topk_idx = topk_idx.as<int64_t>(),
-                           .positions = positions,
-                           .counts = counts,
+                           .topk_idx = routing.topk_idx.as<int64_t>(),
+                           .positions = routing.positions.data<int32_t>(),
+                           .counts = routing.counts.data<int32_t>(),
                            .slots = upload(slots.data(), slots.size()),
-                           .num_tokens = topk_idx.rows,
-                           .topk = static_cast<int>(topk_idx.cols),
-                           .num_experts = experts,
+                           .num_tokens = routing.topk_idx.rows,
+                           .topk = static_cast<int>(routing.topk_idx.cols),
+                           .num_experts = routing.experts,
                            .local_experts = local_experts});
   queued();
-  return true;
 }
 
 void DeviceBackend::ll_unpack(const ep::LlFormat& format, std::span<const ep::LlUnpackItem> items,

@@ -52,9 +52,11 @@ class DeviceBackend final : public RowBackend {
   void add(const gpu_side::ep::TensorRef& to, std::span<const int64_t> values) override;
   void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                std::span<const gpu_side::ep::LlPackItem> items) override;
-  bool ll_pack_routed(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
-                      const gpu_side::ep::TensorRef& topk_idx, int32_t experts,
-                      int32_t local_experts, std::span<std::byte* const> slots) override;
+  std::optional<LlRouting> ll_route(const gpu_side::ep::TensorRef& topk_idx,
+                                    int32_t experts) override;
+  void ll_pack_routed(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
+                      const LlRouting& routing, int32_t local_experts,
+                      std::span<std::byte* const> slots) override;
   void ll_unpack(const gpu_side::ep::LlFormat& format,
                  std::span<const gpu_side::ep::LlUnpackItem> items,
                  std::span<const gpu_side::ep::LlExpertSink> sinks) override;
@@ -70,8 +72,6 @@ class DeviceBackend final : public RowBackend {
   // reached. Locked.
   template <typename T>
   const T* upload(const T* host, size_t count);
-  // `bytes` of device scratch for the work queued next, held likewise. Locked.
-  std::byte* scratch(uint64_t bytes);
   // A host copy of `bytes` at `host` as they are now (a copy's source), held likewise. Locked.
   const std::byte* stage(const void* host, size_t bytes);
   template <typename T>

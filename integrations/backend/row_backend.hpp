@@ -37,6 +37,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 
@@ -128,17 +129,28 @@ class RowBackend {
   // message at items[i].message (slots: the backend's memory; the item list on the host).
   virtual void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                        std::span<const gpu_side::ep::LlPackItem> items) = 0;
-  // Dispatch, sender, steered from the backend's own memory (gpu_side/ep/ll_route.hpp): routes
-  // topk_idx (i64 [tokens, topk] in the backend's memory, contiguous) on the backend's side and
-  // packs every selection whose rank has a slot in `slots` ([ranks]; null: not this time) where
-  // the host protocol's route() places it, with no item list. False where the backend packs by
-  // item lists only (the host's, which casts a token once for all its messages): use ll_pack.
-  virtual bool ll_pack_routed(const gpu_side::ep::LlFormat& format,
-                              const gpu_side::ep::TensorRef& x,
-                              const gpu_side::ep::TensorRef& topk_idx, int32_t experts,
+  // Dispatch, sender, steered from the backend's own memory (gpu_side/ep/ll_route.hpp):
+  // ll_route() routes topk_idx (i64 [tokens, topk] in the backend's memory, contiguous, kept
+  // alive by the caller) on the backend's side, once per call; ll_pack_routed() then packs every
+  // selection whose rank has a slot in `slots` ([ranks]; null: not this time) where the host
+  // protocol's route() places it, with no item list. ll_route() gives nothing where the backend
+  // packs by item lists only (the host's, which casts a token once for all its messages) or
+  // cannot take this topk_idx: use ll_pack.
+  struct LlRouting {
+    gpu_side::ep::TensorRef topk_idx;  // what was routed
+    int32_t experts = 0;
+    gpu_side::ep::Tensor counts, positions, invalid;  // i32 [experts], [tokens * topk], [1]
+  };
+  virtual std::optional<LlRouting> ll_route(const gpu_side::ep::TensorRef& topk_idx,
+                                            int32_t experts) {
+    (void)topk_idx, (void)experts;
+    return std::nullopt;
+  }
+  virtual void ll_pack_routed(const gpu_side::ep::LlFormat& format,
+                              const gpu_side::ep::TensorRef& x, const LlRouting& routing,
                               int32_t local_experts, std::span<std::byte* const> slots) {
-    (void)format, (void)x, (void)topk_idx, (void)experts, (void)local_experts, (void)slots;
-    return false;
+    (void)format, (void)x, (void)routing, (void)local_experts, (void)slots;
+    fail("low_latency_dispatch", "this backend packs by item lists only (it routes nothing)");
   }
   // Dispatch, receiver: each item's message becomes row items[i].row of sinks[items[i].sink].
   virtual void ll_unpack(const gpu_side::ep::LlFormat& format,

@@ -73,6 +73,9 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
     x_copy_.assign(a.x.as<uint16_t>(), a.x.as<uint16_t>() + a.x.numel());
     x = ep::TensorRef::matrix(x_copy_.data(), ep::DType::bf16, tokens, shape.hidden);
   }
+  // Routed once on the device, packed per destination group from it (no item list).
+  std::optional<RowBackend::LlRouting> routing;
+  if (device_topk.defined()) routing = backend.ll_route(device_topk, shape.experts);
 
   const int64_t rows = static_cast<int64_t>(R) * shape.tokens;  // per local expert
   // A device call's outputs are fresh (stream-ordered allocations); the host's come from a pool.
@@ -90,15 +93,17 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.src_info = make(pool.src_info, ep::DType::i32, local, rows);
   st.layout_range = make(pool.layout_range, ep::DType::i64, local, R);
 
-  auto send = [this, state, x, x_device_copy, device_topk, topk_device_copy, local] {
-    (void)x_device_copy, (void)topk_device_copy;  // hold the memory x and device_topk point into
+  auto send = [this, state, x, x_device_copy, topk_device_copy, routing, local] {
+    (void)x_device_copy, (void)topk_device_copy;  // hold the memory x and routing point into
     CallState& st = *state;
     const uint64_t message = st.format.message_bytes();
     send_phase(st,
                {.fill =
                     [&](std::span<const int> destinations) {
-                      if (device_topk.defined() && pack_routed(st, x, device_topk, destinations))
+                      if (routing) {
+                        pack_routed(st, x, *routing, destinations);
                         return;
+                      }
                       // Each destination's messages in its eager slot, in order_.
                       std::vector<ep::LlPackItem> items;
                       for (int d : destinations) {
@@ -181,13 +186,13 @@ void LowLatencyMode::route(CallState& st, const ep::TensorRef& topk_idx) {
   }
 }
 
-bool LowLatencyMode::pack_routed(const CallState& st, const ep::TensorRef& x,
-                                 const ep::TensorRef& topk_idx, std::span<const int> destinations) {
+void LowLatencyMode::pack_routed(const CallState& st, const ep::TensorRef& x,
+                                 const RowBackend::LlRouting& routing,
+                                 std::span<const int> destinations) {
   std::vector<std::byte*> slots(static_cast<size_t>(st.ranks), nullptr);
   for (int d : destinations)
     slots[static_cast<size_t>(d)] = session_.channel(d).eager_buffer(st.call);
-  return st.backend->ll_pack_routed(st.format, x, topk_idx, st.shape.experts,
-                                    st.shape.experts / st.ranks, slots);
+  st.backend->ll_pack_routed(st.format, x, routing, st.shape.experts / st.ranks, slots);
 }
 
 void LowLatencyMode::receive_dispatch(CallState& st) {

@@ -109,10 +109,9 @@ class LowLatencyMode {
 
   // ---- dispatch (ll_dispatch.cpp) ----
   void route(CallState& state, const gpu_side::ep::TensorRef& topk_idx);
-  // A device call's pack for `destinations`: routed and packed on the backend's side from
-  // topk_idx in its memory (no item list). False where the backend cannot: pack by items.
-  bool pack_routed(const CallState& state, const gpu_side::ep::TensorRef& x,
-                   const gpu_side::ep::TensorRef& topk_idx, std::span<const int> destinations);
+  // A device call's pack for `destinations` by the routing its backend made (no item list).
+  void pack_routed(const CallState& state, const gpu_side::ep::TensorRef& x,
+                   const RowBackend::LlRouting& routing, std::span<const int> destinations);
   void receive_dispatch(CallState& state);
 
   // ---- combine (ll_combine.cpp) ----
