@@ -3,6 +3,7 @@
 // launch to fail, which shows that the runtime defaults (runtime_defaults.cpp: LeakSanitizer on,
 // UBSan's stack traces) hold in every rank and that a report in a rank fails the test.
 // Usage: sanitizer_canary heap-overflow | leak | signed-overflow | race
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <string_view>
@@ -12,7 +13,7 @@
 namespace {
 
 int* volatile g_sink = nullptr;  // keeps the compiler from removing the allocation
-int g_shared = 0;                // written by two threads without synchronisation
+volatile int g_shared = 0;       // written by two threads without synchronisation
 
 int heap_overflow() {
   std::vector<int> values(4, 1);
@@ -33,9 +34,24 @@ int signed_overflow() {
   return sum > 0 ? 0 : 1;
 }
 
+// Both threads write g_shared in lock-step rounds, each round after the other thread's write of
+// the round before, and neither thread ends before the last round: the report does not depend on
+// how one write of each is timed against the other thread's start or end (one write per thread
+// went unreported in one CI run). The round counter is relaxed: it orders nothing for
+// ThreadSanitizer, so the writes stay unsynchronised.
 int race() {
-  std::thread other([] { ++g_shared; });
-  ++g_shared;
+  constexpr int kRounds = 64;
+  std::atomic<int> arrivals{0};
+  const auto write_in_rounds = [&arrivals] {
+    for (int round = 1; round <= kRounds; ++round) {
+      g_shared = g_shared + 1;
+      arrivals.fetch_add(1, std::memory_order_relaxed);
+      while (arrivals.load(std::memory_order_relaxed) < 2 * round)
+        std::this_thread::yield();
+    }
+  };
+  std::thread other(write_in_rounds);
+  write_in_rounds();
   other.join();
   return 0;
 }
