@@ -14,12 +14,9 @@ namespace proxyep::integrations {
 LowLatencyDispatchResult ll_dispatch_on_device(
     const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, RowBackend& backend,
     low_latency::LowLatencyMode& mode, const LowLatencyDispatchArgs& args) {
-  // Every read of the inputs, the routing's copy and the kernels', after previous_event.
-  DeviceSteering steering(device, "low_latency_dispatch");
-  steering.order_after(args.previous_event);
-  const low_latency::LlDeviceCall call{
-      .backend = backend, .topk_idx = steering.to_host(args.topk_idx), .combine_buffer = {}};
-  steering.wait();
+  // Every read of the inputs (the routing's, the kernels') after previous_event.
+  order_after(*device, args.previous_event);
+  const low_latency::LlDeviceCall call{.backend = backend, .combine_buffer = {}};
   return mode.dispatch(args, &call);
 }
 
@@ -27,12 +24,8 @@ LowLatencyCombineResult ll_combine_on_device(
     const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, RowBackend& backend,
     low_latency::LowLatencyMode& mode, const LowLatencyCombineArgs& args,
     const ep::TensorRef& combine_buffer) {
-  DeviceSteering steering(device, "low_latency_combine");
-  steering.order_after(args.previous_event);
-  const low_latency::LlDeviceCall call{.backend = backend,
-                                       .topk_idx = steering.to_host(args.topk_idx),
-                                       .combine_buffer = combine_buffer};
-  steering.wait();
+  order_after(*device, args.previous_event);
+  const low_latency::LlDeviceCall call{.backend = backend, .combine_buffer = combine_buffer};
   return mode.combine(args, &call);
 }
 

@@ -1,11 +1,14 @@
 // Low-latency calls whose tensors live on a device. They run the protocol with the Buffer's device
 // backend, as normal-mode calls do (device_calls.hpp): kernels pack x's messages into the slots
 // and unpack arriving ones into device outputs (dispatch); copy the expert outputs back into the
-// slots and reduce the arriving rows into a device output (combine). The host reads only what
-// steers the work: a copy of topk_idx, taken on the device's stream after previous_event (the
-// checks, the records' counts, the combine's routing); the dispatch's messages are placed by the
-// device's own routing of topk_idx (RowBackend::ll_route, ll_pack_routed), not by a host-made list.
-// The statistics are added on the device; a mask query is written there.
+// slots and reduce the arriving rows into a device output (combine). topk_idx never reaches the
+// host: the dispatch routes it on the device (RowBackend::ll_route, from a copy the handle keeps)
+// and reads back only the per-expert counts its records carry and how many values named no
+// expert (refused before anything is sent); the pack places the messages by that routing
+// (ll_pack_routed), the combine counts the entries of its topk_idx that differ from the
+// dispatch's on the device (refused likewise) and finds the rows sent back by the same routing
+// (ll_combine_routed). Everything runs after previous_event on the device's stream. The
+// statistics are added on the device; a mask query is written there.
 //
 // zero_copy: a dispatch with device tensors marks its handle (LowLatencyHandle::device), and
 // get_next_low_latency_combine_buffer of such a handle is a device tensor (DeviceCombineBuffer),
@@ -24,16 +27,16 @@
 
 namespace proxyep::integrations {
 
-// The dispatch: topk_idx is copied to the host for the routing (after previous_event); the
-// kernels pack messages from x into the slots and unpack arriving ones into device outputs.
+// The dispatch: the device routes topk_idx (after previous_event); the kernels pack messages from x
+// into the slots by it and unpack arriving ones into device outputs.
 LowLatencyDispatchResult ll_dispatch_on_device(
     const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, RowBackend& backend,
     low_latency::LowLatencyMode& mode, const LowLatencyDispatchArgs& args);
 
-// The combine: topk_idx is copied to the host for the check against the dispatch's routing
-// (after previous_event); x, or with zero_copy `combine_buffer`, is copied into the slots on the
-// device, the weights into a device copy, and the arriving rows reduced into `out` or a fresh
-// device output.
+// The combine: topk_idx is checked against the dispatch's on the device (after previous_event);
+// x, or with zero_copy `combine_buffer`, is copied into the slots on the device, the weights into
+// a device copy, and the arriving rows, found by the dispatch's routing, reduced into `out` or a
+// fresh device output.
 LowLatencyCombineResult ll_combine_on_device(
     const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, RowBackend& backend,
     low_latency::LowLatencyMode& mode, const LowLatencyCombineArgs& args,

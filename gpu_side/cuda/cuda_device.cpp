@@ -248,6 +248,20 @@ void CudaDevice::ll_pack_routed(const ep::LlPackRoutedParams& params) {
   check_cuda(launch_ll_pack_routed(params, state_->stream), kPhase, "ll_pack_routed launch");
 }
 
+void CudaDevice::ll_combine_routed(const ep::LlCombineRoutedParams& params) {
+  const char* error = ep::ll_combine_routed_error(params);
+  require(error == nullptr, kPhase, "ll_combine_routed: {}", error != nullptr ? error : "");
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_ll_combine_routed(params, state_->stream), kPhase, "ll_combine_routed launch");
+}
+
+void CudaDevice::count_mismatches(const ep::MismatchParams& params) {
+  const char* error = ep::mismatch_error(params);
+  require(error == nullptr, kPhase, "count_mismatches: {}", error != nullptr ? error : "");
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_count_mismatches(params, state_->stream), kPhase, "count_mismatches launch");
+}
+
 void CudaDevice::ll_unpack(const ep::LlUnpackParams& params) {
   const CurrentDevice current = state_->select();
   check_cuda(launch_ll_unpack(params, state_->stream), kPhase, "ll_unpack launch");

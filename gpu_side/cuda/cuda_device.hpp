@@ -47,6 +47,8 @@ class CudaDevice final : public device::DeviceRuntime {
   void ll_pack(const ep::LlPackParams& params) override;
   void ll_route(const ep::LlRouteParams& params) override;
   void ll_pack_routed(const ep::LlPackRoutedParams& params) override;
+  void ll_combine_routed(const ep::LlCombineRoutedParams& params) override;
+  void count_mismatches(const ep::MismatchParams& params) override;
   void ll_unpack(const ep::LlUnpackParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
   std::unique_ptr<device::DeviceRingProducer> attach_ring(const Ring& ring) override;

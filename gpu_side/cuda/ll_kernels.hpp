@@ -18,12 +18,14 @@ namespace proxyep::gpu_side::cuda {
 
 // The parameter structs are the device-neutral ones the DeviceRuntime takes.
 using ep::LlCombineParams;
+using ep::LlCombineRoutedParams;
 using ep::LlPackItem;
 using ep::LlPackParams;
 using ep::LlPackRoutedParams;
 using ep::LlRouteParams;
 using ep::LlUnpackItem;
 using ep::LlUnpackParams;
+using ep::MismatchParams;
 
 cudaError_t launch_ll_pack(const LlPackParams& params, cudaStream_t stream);
 cudaError_t launch_ll_unpack(const LlUnpackParams& params, cudaStream_t stream);
@@ -32,5 +34,9 @@ cudaError_t launch_ll_combine(const LlCombineParams& params, cudaStream_t stream
 cudaError_t launch_ll_route(const LlRouteParams& params, cudaStream_t stream);
 // ll_route.cu: every selection packed where ll_route placed it (ll_kernel_params.hpp).
 cudaError_t launch_ll_pack_routed(const LlPackRoutedParams& params, cudaStream_t stream);
+// ll_route.cu: every token combined from the rows ll_route's output finds (ll_kernel_params.hpp).
+cudaError_t launch_ll_combine_routed(const LlCombineRoutedParams& params, cudaStream_t stream);
+// ll_route.cu: how many elements of two arrays differ (zeroes *mismatches first).
+cudaError_t launch_count_mismatches(const MismatchParams& params, cudaStream_t stream);
 
 }  // namespace proxyep::gpu_side::cuda

@@ -4,7 +4,8 @@
 // shared memory) and of earlier lanes of its warp (a ballot masked below the lane). The result
 // depends only on topk_idx, never on scheduling, so it equals the CPU twin's exactly. Each block
 // reads topk_idx once per expert: LL dispatches hold at most a few thousand selections, and the
-// reads hit L2 after the first expert. The routed pack then places every message by it.
+// reads hit L2 after the first expert. The routed pack then places every message by it, and the
+// routed combine finds every row the ranks sent back by it.
 #include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_launch.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
@@ -67,7 +68,51 @@ __global__ void ll_pack_routed_kernel(ep::LlPackRoutedParams p) {
   }
 }
 
+// A block per token (grid-stride): its rows found by the routing into shared memory, then every
+// thread of the block reduces its lanes of the token.
+__global__ void ll_combine_routed_kernel(ep::LlCombineRoutedParams p) {
+  __shared__ const uint16_t* rows[ep::kLlMaxTopk];
+  const BlockLanes lanes;
+  for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    if (threadIdx.x < p.topk) rows[threadIdx.x] = ep::ll_routed_row(p, t * p.topk + threadIdx.x);
+    __syncthreads();
+    ep::ll_combine_token(rows, p.weights + t * p.topk, p.topk, p.hidden, p.out + t * p.hidden,
+                         lanes);
+    __syncthreads();  // rows is rewritten for the next token
+  }
+}
+
+// Grid-stride; each thread adds its count once (*mismatches was zeroed before the launch).
+__global__ void count_mismatches_kernel(ep::MismatchParams p) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  int32_t mismatches = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count;
+       i += stride)
+    mismatches += p.a[i] != p.b[i] ? 1 : 0;
+  if (mismatches > 0) atomicAdd(p.mismatches, mismatches);
+}
+
 }  // namespace
+
+cudaError_t launch_ll_combine_routed(const ep::LlCombineRoutedParams& p, cudaStream_t stream) {
+  if (ep::ll_combine_routed_error(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.num_tokens == 0) return cudaSuccess;
+  if (p.topk_idx == nullptr || p.positions == nullptr || p.counts == nullptr || p.from == nullptr ||
+      p.weights == nullptr || p.out == nullptr || (reinterpret_cast<uintptr_t>(p.out) & 15u) != 0)
+    return cudaErrorInvalidValue;
+  ll_combine_routed_kernel<<<grid_blocks(p.num_tokens, p.blocks), p.threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_count_mismatches(const ep::MismatchParams& p, cudaStream_t stream) {
+  if (ep::mismatch_error(p) != nullptr || p.mismatches == nullptr ||
+      (p.count > 0 && (p.a == nullptr || p.b == nullptr)))
+    return cudaErrorInvalidValue;
+  cudaError_t status = cudaMemsetAsync(p.mismatches, 0, sizeof(int32_t), stream);
+  if (status != cudaSuccess || p.count == 0) return status;
+  count_mismatches_kernel<<<grid_blocks(p.count, p.blocks), p.threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_ll_pack_routed(const ep::LlPackRoutedParams& p, cudaStream_t stream) {
   if (ep::ll_pack_routed_error(p) != nullptr) return cudaErrorInvalidValue;

@@ -148,6 +148,12 @@ class DeviceRuntime {
   virtual void ll_route(const ep::LlRouteParams& params) = 0;
   // The pack placed by ll_route's output (LlPackRoutedParams), with no host-made item list.
   virtual void ll_pack_routed(const ep::LlPackRoutedParams& params) = 0;
+  // The combine whose rows are found by the dispatch's ll_route output (LlCombineRoutedParams),
+  // with no host-made row table.
+  virtual void ll_combine_routed(const ep::LlCombineRoutedParams& params) = 0;
+  // How many elements of two device arrays differ (MismatchParams): a combine's topk_idx
+  // checked against its dispatch's without either reaching the host.
+  virtual void count_mismatches(const ep::MismatchParams& params) = 0;
 
   // Descriptor rings (gpu_side/ring.hpp), drained by the proxies as a host producer's are, so
   // that what kernels wrote is handed to the proxies in stream order, with no host in between.

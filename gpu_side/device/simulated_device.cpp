@@ -406,40 +406,89 @@ void SimulatedDevice::ll_route(const ep::LlRouteParams& p) {
   core_->enqueue("ll_route", [p] { ep::ll_route_on_host(p); });
 }
 
+namespace {
+
+// The tables a routed kernel (pack or combine) reads besides its own: ll_route's output and
+// `table`, one address per rank.
+void require_routing_reachable(const SimulatedDevice::Core& c, std::string_view op,
+                               const int64_t* topk_idx, const int32_t* positions,
+                               const int32_t* counts, const void* table, uint64_t selections,
+                               int32_t experts, int32_t local_experts) {
+  c.require_reachable(op, "topk_idx", topk_idx, 8 * selections);
+  c.require_reachable(op, "positions", positions, 4 * selections);
+  c.require_reachable(op, "counts", counts, 4ull * static_cast<uint64_t>(experts));
+  c.require_reachable(op, "rank table", table,
+                      sizeof(void*) * static_cast<uint64_t>(experts / local_experts));
+}
+
+// On the stream, where the tables can be read, as the kernel reads them: every placed selection
+// names an expert, and the `bytes` at `place(i)` (null: skipped) are 16-byte aligned and
+// reachable, before anything is written.
+template <typename Place>
+void require_routed_places(const SimulatedDevice::Core& c, std::string_view op,
+                           std::string_view what, const int64_t* topk_idx, const int32_t* positions,
+                           uint64_t selections, int32_t experts, uint64_t bytes,
+                           const Place& place) {
+  for (uint64_t i = 0; i < selections; ++i) {
+    if (positions[i] < 0) continue;
+    const int64_t e = topk_idx[i];
+    require(e >= 0 && e < experts, kPhase, "{}: selection {} has position {} but names expert {}",
+            op, i, positions[i], e);
+    const void* at = place(static_cast<int64_t>(i));
+    if (at == nullptr) continue;
+    require(reinterpret_cast<uintptr_t>(at) % 16 == 0, kPhase,
+            "{}: {} of selection {} at {} is not 16-byte aligned", op, what, i, at);
+    c.require_reachable(op, what, at, bytes);
+  }
+}
+
+}  // namespace
+
 void SimulatedDevice::ll_pack_routed(const ep::LlPackRoutedParams& p) {
   const char* error = ep::ll_pack_routed_error(p);
   require(error == nullptr, kPhase, "ll_pack_routed: {}", error != nullptr ? error : "");
   const auto selections = static_cast<uint64_t>(p.num_tokens) * static_cast<uint64_t>(p.topk);
   if (selections == 0) return;
-  const Core& c = *core_;
-  const auto ranks = static_cast<uint64_t>(p.num_experts / p.local_experts);
-  c.require_reachable("ll_pack_routed", "x", p.x,
-                      2ull * p.format.hidden * static_cast<uint64_t>(p.num_tokens));
-  c.require_reachable("ll_pack_routed", "topk_idx", p.topk_idx, 8 * selections);
-  c.require_reachable("ll_pack_routed", "positions", p.positions, 4 * selections);
-  c.require_reachable("ll_pack_routed", "counts", p.counts,
-                      4ull * static_cast<uint64_t>(p.num_experts));
-  c.require_reachable("ll_pack_routed", "slots", p.slots, sizeof(std::byte*) * ranks);
-  core_->enqueue("ll_pack_routed", [p, core = core_.get()] {
-    // What the tables hold is read on the stream, as the kernel reads it: every message the
-    // placement names must lie in reachable memory, aligned, before anything is written.
-    const uint64_t message = p.format.message_bytes();
-    const int64_t count = p.num_tokens * p.topk;
-    for (int64_t i = 0; i < count; ++i) {
-      if (p.positions[i] < 0) continue;
-      const int64_t e = p.topk_idx[i];
-      require(e >= 0 && e < p.num_experts, kPhase,
-              "ll_pack_routed: selection {} has position {} but names expert {}", i, p.positions[i],
-              e);
-      std::byte* to = ep::ll_routed_destination(p, i);
-      if (to == nullptr) continue;
-      require(reinterpret_cast<uintptr_t>(to) % 16 == 0, kPhase,
-              "ll_pack_routed: message of selection {} at {} is not 16-byte aligned", i,
-              static_cast<const void*>(to));
-      core->require_reachable("ll_pack_routed", "message", to, message);
-    }
+  core_->require_reachable("ll_pack_routed", "x", p.x,
+                           2ull * p.format.hidden * static_cast<uint64_t>(p.num_tokens));
+  require_routing_reachable(*core_, "ll_pack_routed", p.topk_idx, p.positions, p.counts, p.slots,
+                            selections, p.num_experts, p.local_experts);
+  core_->enqueue("ll_pack_routed", [p, core = core_.get(), selections] {
+    require_routed_places(*core, "ll_pack_routed", "message", p.topk_idx, p.positions, selections,
+                          p.num_experts, p.format.message_bytes(),
+                          [&p](int64_t i) { return ep::ll_routed_destination(p, i); });
     ep::ll_pack_routed_on_host(p);
   });
+}
+
+void SimulatedDevice::ll_combine_routed(const ep::LlCombineRoutedParams& p) {
+  const char* error = ep::ll_combine_routed_error(p);
+  require(error == nullptr, kPhase, "ll_combine_routed: {}", error != nullptr ? error : "");
+  if (p.num_tokens == 0) return;
+  const auto selections = static_cast<uint64_t>(p.num_tokens) * static_cast<uint64_t>(p.topk);
+  const uint64_t row_bytes = 2ull * p.hidden;
+  require_routing_reachable(*core_, "ll_combine_routed", p.topk_idx, p.positions, p.counts, p.from,
+                            selections, p.num_experts, p.local_experts);
+  core_->require_reachable("ll_combine_routed", "weights", p.weights, selections * 4);
+  core_->require_reachable("ll_combine_routed", "out", p.out,
+                           static_cast<uint64_t>(p.num_tokens) * row_bytes);
+  core_->enqueue("ll_combine_routed", [p, core = core_.get(), selections, row_bytes] {
+    require_routed_places(*core, "ll_combine_routed", "row", p.topk_idx, p.positions, selections,
+                          p.num_experts, row_bytes,
+                          [&p](int64_t i) { return ep::ll_routed_row(p, i); });
+    ep::ll_combine_routed_on_host(p);
+  });
+}
+
+void SimulatedDevice::count_mismatches(const ep::MismatchParams& p) {
+  const char* error = ep::mismatch_error(p);
+  require(error == nullptr, kPhase, "count_mismatches: {}", error != nullptr ? error : "");
+  const auto bytes = 8 * static_cast<uint64_t>(p.count);
+  const Core& c = *core_;
+  c.require_reachable("count_mismatches", "a", p.a, bytes);
+  c.require_reachable("count_mismatches", "b", p.b, bytes);
+  c.require_reachable("count_mismatches", "mismatches", p.mismatches, 4);
+  core_->enqueue("count_mismatches", [p] { ep::count_mismatches_on_host(p); });
 }
 
 void SimulatedDevice::ll_unpack(const ep::LlUnpackParams& p) {

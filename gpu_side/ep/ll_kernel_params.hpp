@@ -7,6 +7,9 @@
 //   LlCombineParams  ll_combine_token   items = tokens, each with topk row pointers
 //   LlRouteParams    ll_route (ll_route.hpp): every message's place among its expert's messages
 //   LlPackRoutedParams  ll_pack_message  items = selections, placed by ll_route's output
+//   LlCombineRoutedParams  ll_combine_token  items = tokens, their rows found by ll_route's output
+//   MismatchParams   none: how many of two i64 arrays' elements differ (a combine's topk_idx
+//                    against its dispatch's, checked where both live)
 //
 // Every pointer is a device address (device memory, CUDA-IPC-mapped peer memory or mapped
 // pinned host memory), item and sink arrays included.
@@ -99,6 +102,39 @@ struct LlPackRoutedParams {
   int32_t local_experts = 0;  // 1..kMaxLocalExperts
   int blocks = 0;             // 0: enough to cover the GPU
   int threads = 64;           // per block, a multiple of 32
+};
+
+// The combine of the tokens a routed pack sent (LlPackRoutedParams), with no host-made row table:
+// out[t] = ll_combine_token(rows, weights + t * topk, ...) where selection i's row is the one its
+// expert's rank sent back at the message index the dispatch gave it, from[e / local_experts] +
+// ll_routed_message(counts, local_experts, e, positions[i]) * hidden (ll_routed_row); a
+// selection with position -1, or whose rank's `from` is null (masked), is skipped.
+struct LlCombineRoutedParams {
+  const int64_t* topk_idx = nullptr;   // [num_tokens, topk], the dispatch's
+  const int32_t* positions = nullptr;  // [num_tokens * topk], the dispatch's ll_route output
+  const int32_t* counts = nullptr;     // [num_experts], likewise
+  // [num_experts / local_experts]: the bf16 [*, hidden] rows each rank sent back, 16-byte
+  // aligned; null: skipped
+  const uint16_t* const* from = nullptr;
+  const float* weights = nullptr;  // [num_tokens, topk]
+  uint16_t* out = nullptr;         // bf16 [num_tokens, hidden], 16-byte aligned
+  int64_t num_tokens = 0;
+  int topk = 0;               // 1..kLlMaxTopk
+  int32_t num_experts = 0;    // a multiple of local_experts
+  int32_t local_experts = 0;  // 1..kMaxLocalExperts
+  uint32_t hidden = 0;        // a multiple of 128
+  int blocks = 0;             // 0: enough to cover the GPU
+  int threads = 128;          // per block, a multiple of 32, at most 1024
+};
+
+// *mismatches = the number of i in [0, count) with a[i] != b[i].
+struct MismatchParams {
+  const int64_t* a = nullptr;
+  const int64_t* b = nullptr;
+  int64_t count = 0;
+  int32_t* mismatches = nullptr;  // [1]
+  int blocks = 0;                 // 0: enough to cover the GPU
+  int threads = 256;              // per block, a multiple of 32, at most 1024
 };
 
 }  // namespace proxyep::gpu_side::ep

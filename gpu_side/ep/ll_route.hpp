@@ -48,6 +48,17 @@ PROXYEP_HOST_DEVICE inline std::byte* ll_routed_destination(const LlPackRoutedPa
   return slot + message * p.format.message_bytes();
 }
 
+// The row selection i's rank sent back to a routed combine (nullptr: skipped).
+PROXYEP_HOST_DEVICE inline const uint16_t* ll_routed_row(const LlCombineRoutedParams& p,
+                                                         int64_t i) {
+  const int32_t position = p.positions[i];
+  if (position < 0) return nullptr;
+  const int64_t e = p.topk_idx[i];
+  const uint16_t* from = p.from[e / p.local_experts];
+  if (from == nullptr) return nullptr;
+  return from + ll_routed_message(p.counts, p.local_experts, e, position) * p.hidden;
+}
+
 // Whether `p`'s sizes are usable (pointers are the caller's to check): nullptr if so, else what
 // is wrong.
 const char* ll_route_error(const LlRouteParams& p);
@@ -60,5 +71,17 @@ const char* ll_pack_routed_error(const LlPackRoutedParams& p);
 
 // The routed pack's CPU twin: ll_pack_message for every placed selection, in order.
 void ll_pack_routed_on_host(const LlPackRoutedParams& p);
+
+// As ll_route_error, for a routed combine.
+const char* ll_combine_routed_error(const LlCombineRoutedParams& p);
+
+// The routed combine's CPU twin: ll_combine_token for every token, its rows by ll_routed_row.
+void ll_combine_routed_on_host(const LlCombineRoutedParams& p);
+
+// As ll_route_error, for a mismatch count.
+const char* mismatch_error(const MismatchParams& p);
+
+// The mismatch count's CPU twin.
+void count_mismatches_on_host(const MismatchParams& p);
 
 }  // namespace proxyep::gpu_side::ep

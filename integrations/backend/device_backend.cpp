@@ -276,7 +276,7 @@ std::optional<RowBackend::LlRouting> DeviceBackend::ll_route(const ep::TensorRef
   require_on_device(topk_idx, "low_latency_dispatch", "topk_idx");
   if (!topk_idx.contiguous()) return std::nullopt;
   // The routing stays on the device (stream-ordered allocations, held by the caller's call);
-  // the bad-value count is not read: the host checked topk_idx already.
+  // the caller reads the counts and the bad-value count when it needs them.
   LlRouting routing{.topk_idx = topk_idx,
                     .experts = experts,
                     .counts = allocate(ep::DType::i32, experts),
@@ -336,6 +336,40 @@ void DeviceBackend::ll_combine(std::span<const uint16_t* const> rows, const floa
                        .topk = topk,
                        .hidden = hidden});
   queued();
+}
+
+void DeviceBackend::ll_combine_routed(const LlRouting& routing, int32_t local_experts,
+                                      std::span<const uint16_t* const> from, const float* weights,
+                                      uint16_t* out, uint32_t hidden) {
+  if (routing.topk_idx.rows == 0) return;
+  std::lock_guard lock(mutex_);
+  device_->ll_combine_routed({.topk_idx = routing.topk_idx.as<int64_t>(),
+                              .positions = routing.positions.data<int32_t>(),
+                              .counts = routing.counts.data<int32_t>(),
+                              .from = upload(from.data(), from.size()),
+                              .weights = weights,
+                              .out = out,
+                              .num_tokens = routing.topk_idx.rows,
+                              .topk = static_cast<int>(routing.topk_idx.cols),
+                              .num_experts = routing.experts,
+                              .local_experts = local_experts,
+                              .hidden = hidden});
+  queued();
+}
+
+int64_t DeviceBackend::count_mismatches(const int64_t* a, const int64_t* b, int64_t count,
+                                        std::string_view phase) {
+  ep::Tensor counted = allocate(ep::DType::i32, 1);
+  int32_t mismatches = 0;
+  {
+    std::lock_guard lock(mutex_);
+    device_->count_mismatches(
+        {.a = a, .b = b, .count = count, .mismatches = counted.data<int32_t>()});
+    device_->copy(&mismatches, counted.raw(), sizeof mismatches);
+    queued();
+  }
+  complete(phase);
+  return mismatches;
 }
 
 }  // namespace proxyep::integrations

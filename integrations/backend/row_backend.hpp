@@ -152,6 +152,20 @@ class RowBackend {
     (void)format, (void)x, (void)routing, (void)local_experts, (void)slots;
     fail("low_latency_dispatch", "this backend packs by item lists only (it routes nothing)");
   }
+  // Combine, home rank, steered from the backend's own memory: as ll_combine, with selection i's
+  // row found by its dispatch's `routing` (gpu_side/ep/ll_route.hpp: ll_routed_row) among the
+  // rows from[rank] sent back ([ranks]; null: skipped), no row table. Backends that route
+  // nothing (ll_route() gives nothing) do not take it.
+  virtual void ll_combine_routed(const LlRouting& routing, int32_t local_experts,
+                                 std::span<const uint16_t* const> from, const float* weights,
+                                 uint16_t* out, uint32_t hidden) {
+    (void)routing, (void)local_experts, (void)from, (void)weights, (void)out, (void)hidden;
+    fail("low_latency_combine", "this backend combines by row tables only (it routes nothing)");
+  }
+  // How many elements of a and b (i64 [count] in the backend's memory, contiguous) differ, once
+  // the work queued before is done (waits as wait() does; throws proxyep::Error(phase)).
+  virtual int64_t count_mismatches(const int64_t* a, const int64_t* b, int64_t count,
+                                   std::string_view phase) = 0;
   // Dispatch, receiver: each item's message becomes row items[i].row of sinks[items[i].sink].
   virtual void ll_unpack(const gpu_side::ep::LlFormat& format,
                          std::span<const gpu_side::ep::LlUnpackItem> items,

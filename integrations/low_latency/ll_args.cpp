@@ -37,7 +37,10 @@ DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& a, int ranks, bo
           "topk_idx must be [tokens, k] with 1 <= k <= {} (DeepEP's low-latency limit); got {}",
           ep::kLlMaxTopk, a.topk_idx);
   ep::require_shape(a.topk_idx, tokens, K, kPhase, "topk_idx");
-  ep::validate_topk_idx(a.topk_idx, {R, 1, shape.experts}, kPhase);  // dtype, values
+  if (on_device)
+    check_tensor(a.topk_idx, ep::DType::i64, tokens, K, true, kPhase, "topk_idx", true);
+  else
+    ep::validate_topk_idx(a.topk_idx, {R, 1, shape.experts}, kPhase);  // dtype, values
   const ep::LlFormat format{.hidden = static_cast<uint32_t>(shape.hidden),
                             .fp8 = a.use_fp8,
                             .round_scale = a.round_scale,
@@ -69,6 +72,11 @@ const std::byte* check_combine_args(const LowLatencyCombineArgs& a, uint64_t buf
   require(d.received, kPhase,
           "the dispatch of this handle has not received its tokens yet: call its hook (or wait "
           "for its event) first");
+  // A device dispatch's routing lives on the device, a host dispatch's on the host: the combine
+  // that checks and follows it must be on the same side.
+  require(d.routing.has_value() == on_device, kPhase,
+          "the handle came from a dispatch with {} tensors; its combine must pass {} tensors too",
+          on_device ? "host" : "device", on_device ? "host" : "device");
   const int R = d.ranks, local = d.shape.experts / R, H = d.shape.hidden;
   const int64_t rows = static_cast<int64_t>(local) * R * d.shape.tokens;
   const std::byte* x = nullptr;
@@ -82,12 +90,14 @@ const std::byte* check_combine_args(const LowLatencyCombineArgs& a, uint64_t buf
     check_tensor(a.x, ep::DType::bf16, rows, H, true, kPhase, "x", on_device);
     x = static_cast<const std::byte*>(a.x.data);
   }
-  check_tensor(a.topk_idx, ep::DType::i64, d.num_tokens, d.topk, false, kPhase, "topk_idx");
-  for (int t = 0; t < d.num_tokens; ++t)
-    for (int k = 0; k < d.topk; ++k)
-      require(a.topk_idx.at<int64_t>(t, k) == d.topk_idx[static_cast<size_t>(t) * d.topk + k],
-              kPhase, "topk_idx[{}][{}] differs from the one this handle's dispatch routed by", t,
-              k);
+  check_tensor(a.topk_idx, ep::DType::i64, d.num_tokens, d.topk, on_device, kPhase, "topk_idx",
+               on_device);
+  if (!on_device)
+    for (int t = 0; t < d.num_tokens; ++t)
+      for (int k = 0; k < d.topk; ++k)
+        require(a.topk_idx.at<int64_t>(t, k) == d.topk_idx[static_cast<size_t>(t) * d.topk + k],
+                kPhase, "topk_idx[{}][{}] differs from the one this handle's dispatch routed by", t,
+                k);
   check_tensor(a.topk_weights, ep::DType::f32, d.num_tokens, d.topk, on_device, kPhase,
                "topk_weights", on_device);
   if (a.out.defined())

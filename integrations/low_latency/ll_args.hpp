@@ -21,14 +21,14 @@ struct DispatchInput {
   int64_t topk = 0;    // K
 };
 
-// `on_device`: x and the statistics are device memory (topk_idx is read on the host: a device
-// call passes a host copy).
+// `on_device`: x, topk_idx and the statistics are device memory; topk_idx's values are then not
+// read here (the dispatch refuses bad ones from the device's routing, before anything is sent).
 DispatchInput check_dispatch_args(const LowLatencyDispatchArgs& args, int ranks, bool on_device);
 
 // Checks a combine against the dispatch of its handle (which must be this Buffer's, received);
-// returns where its expert outputs are (x, or the zero-copy buffer). `on_device`: x, the
-// weights, `out` and the statistics are device memory, contiguous (topk_idx is read on the
-// host: a device call passes a host copy).
+// returns where its expert outputs are (x, or the zero-copy buffer). `on_device`: x, topk_idx,
+// the weights, `out` and the statistics are device memory, contiguous; whether topk_idx equals
+// the dispatch's is then not checked here (the combine counts the differences on the device).
 const std::byte* check_combine_args(const LowLatencyCombineArgs& args, uint64_t buffer_id,
                                     const gpu_side::ep::TensorRef& combine_buffer, bool on_device);
 

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace proxyep::integrations::low_latency {
@@ -31,11 +32,18 @@ struct CallState {
   RowBackend* backend = nullptr;
 
   // ---- dispatch: where this rank's (token, k) selections went ----
+  // A host call's, on the host:
   std::vector<int64_t> topk_idx;  // [T' * K], the routing (combine must pass the same)
   std::vector<int32_t> dest_of;   // [T' * K]: destination rank, -1 for none
   std::vector<int32_t> slot_of;   // [T' * K]: the message's index among those to dest_of
-  std::vector<int64_t> sent_to;   // [R]: messages sent to each rank
-  std::vector<int64_t> ranges;    // [E_local * R]: layout_range as the host computed it
+  // A device call's, on the device (nothing of it is read on the host but the counts): its own
+  // copy of topk_idx (the caller may change theirs once the call returned; the combine checks
+  // its topk_idx against this one) and the backend's routing of it, by which the pack places
+  // the messages and the combine finds the rows sent back.
+  gpu_side::ep::Tensor routed_topk_idx;
+  std::optional<RowBackend::LlRouting> routing;
+  std::vector<int64_t> sent_to;  // [R]: messages sent to each rank
+  std::vector<int64_t> ranges;   // [E_local * R]: layout_range as the host computed it
 
   // ---- dispatch outputs, filled by the receive phase ----
   gpu_side::ep::Tensor recv_x, recv_x_scales, recv_count, src_info, layout_range;

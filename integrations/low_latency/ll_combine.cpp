@@ -27,11 +27,8 @@ struct SendRun {
 LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
                                                 const LlDeviceCall* device) {
   calls_.check_usable(kPhase);
-  // What the checks read on the host: a device call's copy of topk_idx.
-  LowLatencyCombineArgs view = a;
-  if (device != nullptr) view.topk_idx = device->topk_idx;
   const std::byte* x = check_combine_args(
-      view, buffer_id_, device != nullptr ? device->combine_buffer : combine_buffer_.ref(),
+      a, buffer_id_, device != nullptr ? device->combine_buffer : combine_buffer_.ref(),
       device != nullptr);
   std::shared_ptr<const CallState> dispatched = a.handle->dispatched;
   const CallState& d = *dispatched;
@@ -50,6 +47,16 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
   st.topk = K;
   st.dispatched = dispatched;
   RowBackend& backend = *(st.backend = device != nullptr ? &device->backend : &backend_);
+  if (device != nullptr) {
+    // The check the host path makes entry by entry, made where both routings live.
+    const int64_t selections = static_cast<int64_t>(T) * K;
+    const int64_t differing = backend.count_mismatches(
+        a.topk_idx.as<int64_t>(), d.routed_topk_idx.data<int64_t>(), selections, kPhase);
+    require(differing == 0, kPhase,
+            "topk_idx differs from the one this handle's dispatch routed by in {} of its {} "
+            "entries (compared on the device)",
+            differing, selections);
+  }
   st.wait_stats = a.combine_wait_recv_cost_stats;
   st.weights = backend.allocate(ep::DType::f32, T, K);
   if (device != nullptr) {
@@ -148,16 +155,23 @@ void LowLatencyMode::receive_combine(CallState& st) {
     if (d.sent_to[s] > 0)
       from[s] = reinterpret_cast<const uint16_t*>(session_.channel(s).eager(st.call));
   }
-  // Each (token, k)'s row where its destination sent it back (null: not sent, or masked).
-  std::vector<const uint16_t*> rows(static_cast<size_t>(st.num_tokens) * K);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const int dest = d.dest_of[i];
-    rows[i] = dest < 0 || from[dest] == nullptr
-                  ? nullptr
-                  : from[dest] + static_cast<size_t>(d.slot_of[i]) * H;
-  }
   RowBackend& backend = *st.backend;
-  backend.ll_combine(rows, st.weights.data<float>(), st.out, K, static_cast<uint32_t>(H));
+  if (d.routing) {
+    // Each (token, k)'s row found on the device by the dispatch's routing (the message index
+    // the host route() calls slot_of).
+    backend.ll_combine_routed(*d.routing, d.shape.experts / R, from, st.weights.data<float>(),
+                              st.out, static_cast<uint32_t>(H));
+  } else {
+    // Each (token, k)'s row where its destination sent it back (null: not sent, or masked).
+    std::vector<const uint16_t*> rows(static_cast<size_t>(st.num_tokens) * K);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int dest = d.dest_of[i];
+      rows[i] = dest < 0 || from[dest] == nullptr
+                    ? nullptr
+                    : from[dest] + static_cast<size_t>(d.slot_of[i]) * H;
+    }
+    backend.ll_combine(rows, st.weights.data<float>(), st.out, K, static_cast<uint32_t>(H));
+  }
   if (st.wait_stats.defined()) backend.add(st.wait_stats, std::span<const int64_t>(waited));
 }
 

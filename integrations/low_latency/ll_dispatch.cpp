@@ -21,17 +21,13 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
                                                   const LlDeviceCall* device) {
   calls_.check_usable(kPhase);
   const int R = session_.ranks();
-  // What the protocol reads on the host: a device call's copy of topk_idx.
-  LowLatencyDispatchArgs view = a;
-  if (device != nullptr) view.topk_idx = device->topk_idx;
-  const DispatchInput in = check_dispatch_args(view, R, device != nullptr);
+  const DispatchInput in = check_dispatch_args(a, R, device != nullptr);
   const LlShape& shape = in.shape;
   const ep::LlFormat& format = in.format;
-  const int64_t tokens = in.tokens, K = in.topk;
+  const int64_t tokens = in.tokens;
   const int local = shape.experts / R;
   check_slot_fits(shape, kPhase);
   calls_.check_can_begin(CallKind::deferred, kPhase);
-  if (!agreed_ || !(*agreed_ == shape)) agree(shape, kPhase);
 
   auto state = std::make_shared<CallState>();
   CallState& st = *state;
@@ -42,40 +38,31 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.flags = record_flags(format);
   st.ranks = R;
   st.num_tokens = static_cast<int>(tokens);
-  st.topk = static_cast<int>(K);
+  st.topk = static_cast<int>(in.topk);
   st.recv_stats = a.cumulative_local_expert_recv_stats;
   st.wait_stats = a.dispatch_wait_recv_cost_stats;
   RowBackend& backend = *(st.backend = device != nullptr ? &device->backend : &backend_);
-  route(st, view.topk_idx);
+  // Before the agreement: a device call's routing is where its bad values are found.
+  if (device != nullptr)
+    route_on_device(st, a.topk_idx);
+  else
+    route(st, a.topk_idx);
+  if (!agreed_ || !(*agreed_ == shape)) agree(shape, kPhase);
   // In the background the cast reads a copy: the caller may reuse x as soon as the call returns.
   const bool background = a.return_recv_hook || a.async_finish;
   ep::TensorRef x = a.x;
-  // A device call's pack routes on the device from its own topk_idx (no item list).
-  ep::TensorRef device_topk = device != nullptr ? a.topk_idx : ep::TensorRef{};
-  ep::Tensor x_device_copy, topk_device_copy;
+  ep::Tensor x_device_copy;
   if (background && device != nullptr) {
-    // On the device, done before the call returns: the caller's stream may write x and
-    // topk_idx next.
+    // On the device, done before the call returns: the caller's stream may write x next.
     x_device_copy = backend.allocate(ep::DType::bf16, tokens, shape.hidden);
     backend.copy_rows(x_device_copy.raw(), static_cast<const std::byte*>(a.x.data), tokens,
                       2ull * shape.hidden);
-    if (a.topk_idx.contiguous()) {
-      topk_device_copy = backend.allocate(ep::DType::i64, tokens, K);
-      backend.copy_rows(topk_device_copy.raw(), static_cast<const std::byte*>(a.topk_idx.data),
-                        tokens, 8ull * static_cast<uint64_t>(K));
-      device_topk = topk_device_copy;
-    } else {
-      device_topk = {};  // packed by the item list route() made
-    }
     backend.complete(kPhase);
     x = x_device_copy;
   } else if (background) {
     x_copy_.assign(a.x.as<uint16_t>(), a.x.as<uint16_t>() + a.x.numel());
     x = ep::TensorRef::matrix(x_copy_.data(), ep::DType::bf16, tokens, shape.hidden);
   }
-  // Routed once on the device, packed per destination group from it (no item list).
-  std::optional<RowBackend::LlRouting> routing;
-  if (device_topk.defined()) routing = backend.ll_route(device_topk, shape.experts);
 
   const int64_t rows = static_cast<int64_t>(R) * shape.tokens;  // per local expert
   // A device call's outputs are fresh (stream-ordered allocations); the host's come from a pool.
@@ -93,15 +80,15 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.src_info = make(pool.src_info, ep::DType::i32, local, rows);
   st.layout_range = make(pool.layout_range, ep::DType::i64, local, R);
 
-  auto send = [this, state, x, x_device_copy, topk_device_copy, routing, local] {
-    (void)x_device_copy, (void)topk_device_copy;  // hold the memory x and routing point into
+  auto send = [this, state, x, x_device_copy, local] {
+    (void)x_device_copy;  // holds the memory x points into
     CallState& st = *state;
     const uint64_t message = st.format.message_bytes();
     send_phase(st,
                {.fill =
                     [&](std::span<const int> destinations) {
-                      if (routing) {
-                        pack_routed(st, x, *routing, destinations);
+                      if (st.routing) {
+                        pack_routed(st, x, destinations);
                         return;
                       }
                       // Each destination's messages in its eager slot, in order_.
@@ -118,7 +105,7 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
                     [&](int d, std::vector<int32_t>& counts) {
                       counts.assign(expert_counts_.begin() + d * local,
                                     expert_counts_.begin() + (d + 1) * local);
-                      return static_cast<uint64_t>(order_[d].size()) * message;
+                      return static_cast<uint64_t>(st.sent_to[d]) * message;
                     }},
                kPhase);
   };
@@ -159,20 +146,10 @@ void LowLatencyMode::route(CallState& st, const ep::TensorRef& topk_idx) {
                         .counts = expert_counts_.data(),
                         .positions = positions.data(),
                         .invalid = &invalid});
-  // Where each (rank, local expert) group starts among the messages to that rank (experts are
-  // laid out by rank).
-  std::vector<int32_t> start(expert_counts_.size());
-  st.sent_to.assign(static_cast<size_t>(R), 0);
+  const std::vector<int32_t> start = count_sends(st);
   order_.resize(static_cast<size_t>(R));
-  for (int d = 0; d < R; ++d) {
-    int32_t at = 0;
-    for (int e = 0; e < local; ++e) {
-      start[static_cast<size_t>(d) * local + e] = at;
-      at += expert_counts_[static_cast<size_t>(d) * local + e];
-    }
-    st.sent_to[d] = at;
-    order_[d].resize(static_cast<size_t>(at));
-  }
+  for (int d = 0; d < R; ++d)
+    order_[d].resize(static_cast<size_t>(st.sent_to[d]));
   st.dest_of.assign(selections, -1);
   st.slot_of.assign(selections, -1);
   for (size_t i = 0; i < selections; ++i) {
@@ -186,13 +163,50 @@ void LowLatencyMode::route(CallState& st, const ep::TensorRef& topk_idx) {
   }
 }
 
+void LowLatencyMode::route_on_device(CallState& st, const ep::TensorRef& topk_idx) {
+  RowBackend& backend = *st.backend;
+  const int32_t experts = st.shape.experts;
+  st.routed_topk_idx = backend.allocate(ep::DType::i64, st.num_tokens, st.topk);
+  backend.copy_rows(st.routed_topk_idx.raw(), static_cast<const std::byte*>(topk_idx.data), 1,
+                    st.routed_topk_idx.bytes());
+  st.routing = backend.ll_route(st.routed_topk_idx, experts);
+  require(st.routing.has_value(), kPhase, "the device backend gave no routing of topk_idx");
+  // The records' counts: the only thing the host reads of the routing.
+  expert_counts_.resize(static_cast<size_t>(experts));
+  int32_t invalid = 0;
+  backend.copy_rows(reinterpret_cast<std::byte*>(expert_counts_.data()), st.routing->counts.raw(),
+                    1, 4ull * static_cast<uint64_t>(experts));
+  backend.copy_rows(reinterpret_cast<std::byte*>(&invalid), st.routing->invalid.raw(), 1, 4);
+  backend.complete(kPhase);
+  require(invalid == 0, kPhase,
+          "{} of topk_idx's {} values are neither -1 nor an expert id in [0, {}) (counted on the "
+          "device, where it lives)",
+          invalid, st.routed_topk_idx.numel(), experts);
+  count_sends(st);
+}
+
+std::vector<int32_t> LowLatencyMode::count_sends(CallState& st) {
+  const int R = st.ranks, local = st.shape.experts / R;
+  // Experts are laid out by rank; a rank's messages are grouped by its local expert.
+  std::vector<int32_t> start(expert_counts_.size());
+  st.sent_to.assign(static_cast<size_t>(R), 0);
+  for (int d = 0; d < R; ++d) {
+    int32_t at = 0;
+    for (int e = 0; e < local; ++e) {
+      start[static_cast<size_t>(d) * local + e] = at;
+      at += expert_counts_[static_cast<size_t>(d) * local + e];
+    }
+    st.sent_to[d] = at;
+  }
+  return start;
+}
+
 void LowLatencyMode::pack_routed(const CallState& st, const ep::TensorRef& x,
-                                 const RowBackend::LlRouting& routing,
                                  std::span<const int> destinations) {
   std::vector<std::byte*> slots(static_cast<size_t>(st.ranks), nullptr);
   for (int d : destinations)
     slots[static_cast<size_t>(d)] = session_.channel(d).eager_buffer(st.call);
-  st.backend->ll_pack_routed(st.format, x, routing, st.shape.experts / st.ranks, slots);
+  st.backend->ll_pack_routed(st.format, x, *st.routing, st.shape.experts / st.ranks, slots);
 }
 
 void LowLatencyMode::receive_dispatch(CallState& st) {

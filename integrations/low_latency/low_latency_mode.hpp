@@ -39,11 +39,10 @@
 namespace proxyep::integrations::low_latency {
 
 // A low-latency call whose tensors are device memory (device_ll_calls.hpp): the backend that runs
-// its per-message work, a host copy of topk_idx (the dispatch routes by it, the combine checks
-// it against its dispatch's) and, for a zero_copy combine, the device combine buffer.
+// its per-message work (the routing included: topk_idx is not read on the host) and, for a
+// zero_copy combine, the device combine buffer.
 struct LlDeviceCall {
   RowBackend& backend;
-  gpu_side::ep::TensorRef topk_idx;
   gpu_side::ep::TensorRef combine_buffer;
 };
 
@@ -109,9 +108,15 @@ class LowLatencyMode {
 
   // ---- dispatch (ll_dispatch.cpp) ----
   void route(CallState& state, const gpu_side::ep::TensorRef& topk_idx);
+  // A device call's routing: on the device, from a copy of topk_idx the call keeps; only the
+  // counts (and how many values named no expert: refused) are read back.
+  void route_on_device(CallState& state, const gpu_side::ep::TensorRef& topk_idx);
+  // sent_to, and where each (rank, local expert) group begins among the messages to its rank,
+  // from expert_counts_.
+  std::vector<int32_t> count_sends(CallState& state);
   // A device call's pack for `destinations` by the routing its backend made (no item list).
   void pack_routed(const CallState& state, const gpu_side::ep::TensorRef& x,
-                   const RowBackend::LlRouting& routing, std::span<const int> destinations);
+                   std::span<const int> destinations);
   void receive_dispatch(CallState& state);
 
   // ---- combine (ll_combine.cpp) ----

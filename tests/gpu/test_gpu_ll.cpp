@@ -7,7 +7,9 @@
 //   - combine: tokens with up to kLlMaxTopk rows, some skipped, weights of both signs;
 //   - route (ll_route.hpp): counts, positions and bad selections of a routing with hot experts,
 //     drops and out-of-range values, over several chunks of a block and fewer blocks than experts;
-//     then the routed pack of x by that routing into every rank's slot.
+//     then the routed pack of x by that routing into every rank's slot, the count of a changed
+//     copy's mismatches, and (BF16) the routed combine of rows sent back in that layout with one
+//     rank masked.
 // Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
 #include "common/error.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
@@ -288,8 +290,75 @@ bool check_route(const Case& c, const std::vector<uint16_t>& x, std::mt19937_64&
   if (c.threads > 0) pack.threads = c.threads;
   check_cuda(gpu_side::cuda::launch_ll_pack_routed(pack, nullptr), "launch_ll_pack_routed");
   check_cuda(cudaDeviceSynchronize(), "ll_pack_routed_kernel");
-  return same(c, "routed pack", slots.data(), slots_d.download<std::byte>(slots.size()).data(),
-              slots.size());
+  ok = same(c, "routed pack", slots.data(), slots_d.download<std::byte>(slots.size()).data(),
+            slots.size());
+
+  // The mismatch count of a combine's topk_idx against this one, three entries changed.
+  std::vector<int64_t> other = idx;
+  for (size_t i = 0; i < other.size() && i < 3; ++i)
+    other[i * other.size() / 3] += 1;
+  DeviceMemory other_d(other.data(), other.size() * 8), mismatches_d(4);
+  MismatchParams compare{.a = idx.data(),
+                         .b = other.data(),
+                         .count = static_cast<int64_t>(idx.size()),
+                         .mismatches = nullptr};
+  int32_t mismatches = -1;
+  compare.mismatches = &mismatches;
+  count_mismatches_on_host(compare);
+  compare.a = idx_d.as<int64_t>();
+  compare.b = other_d.as<int64_t>();
+  compare.mismatches = mismatches_d.as<int32_t>();
+  compare.blocks = c.blocks;
+  check_cuda(gpu_side::cuda::launch_count_mismatches(compare, nullptr), "launch_count_mismatches");
+  check_cuda(cudaDeviceSynchronize(), "count_mismatches_kernel");
+  ok &= same(c, "mismatch count", &mismatches, mismatches_d.download<int32_t>(1).data(), 4);
+  if (c.format.fp8) return ok;  // the combine is BF16: once per hidden size
+
+  // The routed combine of rows sent back in the same layout, rank 1 masked (skipped).
+  const uint32_t hidden = c.format.hidden;
+  std::normal_distribution<float> normal;
+  std::vector<uint16_t> back(first[ranks] * hidden);
+  for (uint16_t& v : back)
+    v = float_to_bf16(normal(rng) * 4.0f);
+  std::vector<float> weights(idx.size());
+  for (float& w : weights)
+    w = normal(rng);
+  DeviceMemory back_d(back.data(), back.size() * 2), weights_d(weights.data(), weights.size() * 4);
+  std::vector<const uint16_t*> from(static_cast<size_t>(ranks)), from_d_values(from.size());
+  for (int d = 0; d < ranks; ++d) {
+    const bool masked = d == 1;
+    from[d] = masked ? nullptr : back.data() + first[d] * hidden;
+    from_d_values[d] = masked ? nullptr : back_d.as<uint16_t>() + first[d] * hidden;
+  }
+  DeviceMemory from_d(from_d_values.data(), from.size() * sizeof(const uint16_t*));
+  std::vector<uint16_t> out(static_cast<size_t>(c.tokens) * hidden, 0x5a5a);
+  LlCombineRoutedParams combine{.topk_idx = idx.data(),
+                                .positions = positions.data(),
+                                .counts = counts.data(),
+                                .from = from.data(),
+                                .weights = weights.data(),
+                                .out = out.data(),
+                                .num_tokens = c.tokens,
+                                .topk = c.topk,
+                                .num_experts = experts,
+                                .local_experts = local,
+                                .hidden = hidden};
+  ll_combine_routed_on_host(combine);
+  DeviceMemory out_d(out.size() * 2);
+  combine.topk_idx = idx_d.as<int64_t>();
+  combine.positions = positions_d.as<int32_t>();
+  combine.counts = counts_d.as<int32_t>();
+  combine.from = from_d.as<const uint16_t*>();
+  combine.weights = weights_d.as<float>();
+  combine.out = out_d.as<uint16_t>();
+  combine.blocks = c.blocks;
+  if (c.threads > 0) combine.threads = c.threads;
+  check_cuda(gpu_side::cuda::launch_ll_combine_routed(combine, nullptr),
+             "launch_ll_combine_routed");
+  check_cuda(cudaDeviceSynchronize(), "ll_combine_routed_kernel");
+  ok &= same(c, "routed combine", out.data(), out_d.download<uint16_t>(out.size()).data(),
+             out.size() * 2);
+  return ok;
 }
 
 bool run_case(const Case& c) {

@@ -4,9 +4,10 @@
 // device, a combine with async_finish and a zero_copy one through the device combine buffer with
 // a hook and `out` (their inputs overwritten by the caller's stream as soon as they return), the
 // wait statistics added on the device, a mask query into a device tensor, and the calls mixing
-// host and device memory refused on every rank before anything is sent. Outputs are downloaded and
-// checked exactly against gpu_side/ep/ll_reference.hpp (ll_case_checks.hpp). Run on the
-// host-simulated device by test_device_buffer_threads.cpp and on CUDA by
+// host and device memory, a topk_idx naming no expert and a combine's topk_idx that differs from
+// its dispatch's (both found on the device) refused on every rank before anything is sent. Outputs
+// are downloaded and checked exactly against gpu_side/ep/ll_reference.hpp (ll_case_checks.hpp). Run
+// on the host-simulated device by test_device_buffer_threads.cpp and on CUDA by
 // tests/gpu/test_gpu_buffer.cpp.
 #pragma once
 
@@ -63,6 +64,12 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
       mixed.x = a[me].x;
       require_mentions(error_of([&] { buffer.low_latency_dispatch(mixed); }),
                        "topk_idx is in device memory but x is in host memory");
+      // topk_idx never reaches the host: a value naming no expert is found by the device's
+      // routing, and refused before anything is sent.
+      ep::Tensor bad = a[me].topk_idx.clone();
+      bad.data<int64_t>()[bad.numel() - 1] = kLocal * kRanks;
+      require_mentions(error_of([&] { buffer.low_latency_dispatch(args(xa, upload(dev, bad))); }),
+                       "1 of topk_idx's 32 values are neither -1 nor an expert id in [0, 4)");
     }
     // The hooked dispatch's x as the caller's stream makes it, waited for through previous_event.
     const ep::Tensor xa_late = produce_on(caller, a[me].x);
@@ -123,6 +130,25 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
           .topk_idx = ib, .topk_weights = wb, .handle = &db.handle, .zero_copy = true};
       require_mentions(error_of([&] { buffer.low_latency_combine(early); }),
                        "get_next_low_latency_combine_buffer");
+    }
+    if (round == 0) {
+      // The combine's topk_idx is compared with its dispatch's on the device; a host-tensor
+      // combine cannot follow a device dispatch's routing.
+      ep::Tensor other = a[me].topk_idx.clone();
+      other.data<int64_t>()[0] = other.data<int64_t>()[0] == 0 ? 1 : 0;
+      const ep::Tensor other_on_device = upload(dev, other);
+      LowLatencyCombineArgs differs = ca;
+      differs.topk_idx = other_on_device;
+      require_mentions(error_of([&] { buffer.low_latency_combine(differs); }),
+                       "topk_idx differs from the one this handle's dispatch routed by in 1 of");
+      const ep::Tensor host_x = expert_outputs(ha, me);
+      const LowLatencyCombineArgs host_tensors{.x = host_x,
+                                               .topk_idx = a[me].topk_idx,
+                                               .topk_weights = a[me].topk_weights,
+                                               .handle = &da.handle};
+      require_mentions(error_of([&] { buffer.low_latency_combine(host_tensors); }),
+                       "the handle came from a dispatch with device tensors; its combine must "
+                       "pass device tensors too");
     }
     const ep::Tensor combine_buffer = buffer.get_next_low_latency_combine_buffer(db.handle);
     require(combine_buffer.device() == ep::Device::cuda, "test",

@@ -63,6 +63,12 @@ class ShiftingDevice final : public DeviceRuntime {
   }
   void ll_unpack(const gpu_side::ep::LlUnpackParams& p) override { inner_->ll_unpack(p); }
   void ll_combine(const gpu_side::ep::LlCombineParams& p) override { inner_->ll_combine(p); }
+  void ll_combine_routed(const gpu_side::ep::LlCombineRoutedParams& p) override {
+    inner_->ll_combine_routed(p);
+  }
+  void count_mismatches(const gpu_side::ep::MismatchParams& p) override {
+    inner_->count_mismatches(p);
+  }
   std::unique_ptr<gpu_side::device::DeviceRingProducer> attach_ring(
       const gpu_side::Ring& ring) override {
     return inner_->attach_ring(ring);

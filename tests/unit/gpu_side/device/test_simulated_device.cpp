@@ -396,6 +396,104 @@ TEST_CASE("simulated device: the routed pack places messages as the host protoco
         std::string::npos);
 }
 
+TEST_CASE("simulated device: the routed combine finds every row by the routing, as its twin") {
+  // 2 ranks of 3 experts, hidden 128: the routing and the rows sent back in device memory; the
+  // result must equal the twin's on host copies of the same bytes.
+  SimulatedDevice dev;
+  const int64_t tokens = 9;
+  const int topk = 4, local = 3, ranks = 2, experts = local * ranks;
+  const uint32_t hidden = 128;
+  std::vector<int64_t> idx(static_cast<size_t>(tokens * topk));
+  for (size_t i = 0; i < idx.size(); ++i)
+    idx[i] = i % 5 == 4 ? -1 : static_cast<int64_t>((i * 5 + i / 3) % experts);
+  std::vector<int32_t> counts(experts), positions(idx.size());
+  int32_t invalid = 0;
+  ep::ll_route_on_host({.topk_idx = idx.data(),
+                        .num_tokens = tokens,
+                        .topk = topk,
+                        .num_experts = experts,
+                        .counts = counts.data(),
+                        .positions = positions.data(),
+                        .invalid = &invalid});
+  const auto rows_back = static_cast<uint64_t>(tokens * topk);  // room for every selection
+  std::vector<uint16_t> back(ranks * rows_back * hidden);
+  for (size_t i = 0; i < back.size(); ++i)
+    back[i] = static_cast<uint16_t>(0x3c00 + i % 611);
+  std::vector<float> weights(idx.size());
+  for (size_t i = 0; i < weights.size(); ++i)
+    weights[i] = 0.25f * static_cast<float>(i % 7) - 0.5f;
+  std::vector<const uint16_t*> from_host = {back.data(), back.data() + rows_back * hidden};
+  std::vector<uint16_t> want(static_cast<size_t>(tokens) * hidden);
+  ep::ll_combine_routed_on_host({.topk_idx = idx.data(),
+                                 .positions = positions.data(),
+                                 .counts = counts.data(),
+                                 .from = from_host.data(),
+                                 .weights = weights.data(),
+                                 .out = want.data(),
+                                 .num_tokens = tokens,
+                                 .topk = topk,
+                                 .num_experts = experts,
+                                 .local_experts = local,
+                                 .hidden = hidden});
+
+  auto topk_d = dev.allocate(8 * idx.size()), positions_d = dev.allocate(4 * idx.size()),
+       counts_d = dev.allocate(4ull * experts), back_d = dev.allocate(2 * back.size()),
+       from_d = dev.allocate(sizeof(void*) * ranks), weights_d = dev.allocate(4 * weights.size()),
+       out_d = dev.allocate(2 * want.size());
+  dev.copy(topk_d.get(), idx.data(), 8 * idx.size());
+  dev.copy(positions_d.get(), positions.data(), 4 * idx.size());
+  dev.copy(counts_d.get(), counts.data(), 4ull * experts);
+  dev.copy(back_d.get(), back.data(), 2 * back.size());
+  dev.copy(weights_d.get(), weights.data(), 4 * weights.size());
+  const auto* back_rows = reinterpret_cast<const uint16_t*>(back_d.get());
+  std::vector<const uint16_t*> from = {back_rows, back_rows + rows_back * hidden};
+  dev.copy(from_d.get(), from.data(), sizeof(void*) * ranks);
+  const ep::LlCombineRoutedParams params{
+      .topk_idx = reinterpret_cast<const int64_t*>(topk_d.get()),
+      .positions = reinterpret_cast<const int32_t*>(positions_d.get()),
+      .counts = reinterpret_cast<const int32_t*>(counts_d.get()),
+      .from = reinterpret_cast<const uint16_t* const*>(from_d.get()),
+      .weights = reinterpret_cast<const float*>(weights_d.get()),
+      .out = reinterpret_cast<uint16_t*>(out_d.get()),
+      .num_tokens = tokens,
+      .topk = topk,
+      .num_experts = experts,
+      .local_experts = local,
+      .hidden = hidden};
+  dev.ll_combine_routed(params);
+  std::vector<uint16_t> got(want.size());
+  dev.copy(got.data(), out_d.get(), 2 * got.size());
+  dev.synchronize("test", 10s);
+  CHECK(got == want);
+
+  // The check of a combine's topk_idx against its dispatch's, on the device.
+  auto other_d = dev.allocate(8 * idx.size()), mismatches_d = dev.allocate(4);
+  std::vector<int64_t> other = idx;
+  other[3] = (other[3] + 1) % experts;
+  other[30] = -1 == other[30] ? 0 : -1;
+  dev.copy(other_d.get(), other.data(), 8 * other.size());
+  const ep::MismatchParams compare{.a = reinterpret_cast<const int64_t*>(topk_d.get()),
+                                   .b = reinterpret_cast<const int64_t*>(other_d.get()),
+                                   .count = static_cast<int64_t>(idx.size()),
+                                   .mismatches = reinterpret_cast<int32_t*>(mismatches_d.get())};
+  dev.count_mismatches(compare);
+  int32_t mismatches = -1;
+  dev.copy(&mismatches, mismatches_d.get(), 4);
+  dev.synchronize("test", 10s);
+  CHECK(mismatches == 2);
+  ep::MismatchParams stray_compare = compare;
+  stray_compare.b = other.data();
+  CHECK(error_of([&] { dev.count_mismatches(stray_compare); }).find("count_mismatches: b") !=
+        std::string::npos);
+
+  // A `from` entry in plain host memory fails the stream, naming the row.
+  from[1] = from_host[1];
+  dev.copy(from_d.get(), from.data(), sizeof(void*) * ranks);
+  dev.ll_combine_routed(params);
+  CHECK(error_of([&] { dev.synchronize("test", 10s); }).find("ll_combine_routed: row") !=
+        std::string::npos);
+}
+
 TEST_CASE("simulated device: host code that touches device memory faults") {
   SimulatedDevice dev;
   if (!dev.device_memory_protected()) {

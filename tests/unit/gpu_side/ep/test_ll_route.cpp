@@ -1,7 +1,8 @@
 // The low-latency routing rule's CPU twin (gpu_side/ep/ll_route.hpp) against the rule as written
 // (a position is the number of earlier selections of the same expert, counted one by one), on
 // random routings with drops, repeated experts within a token and hot experts, and on a case
-// worked by hand; bad values are counted, never placed; bad sizes are refused.
+// worked by hand; bad values are counted, never placed; bad sizes are refused. The routed
+// combine finds each row where the host protocol places its message; the mismatch count counts.
 #include "gpu_side/ep/ll_route.hpp"
 
 #include <doctest/doctest.h>
@@ -101,4 +102,101 @@ TEST_CASE("ll_route: sizes a kernel cannot take are refused") {
   CHECK(with([](LlRouteParams& p) { p.num_experts = 0; }) != nullptr);
   CHECK(with([](LlRouteParams& p) { p.threads = 48; }) != nullptr);
   CHECK(with([](LlRouteParams& p) { p.threads = 2048; }) != nullptr);
+}
+
+TEST_CASE(
+    "ll_combine_routed: each token reduces the rows sent back where its dispatch placed them") {
+  // The rows each rank sends back are laid out as the host protocol sends its messages: by local
+  // expert, then selection order. The expected table is built here that way, message by
+  // message, and reduced by ll_combine_token; the twin must find the same rows from the routing.
+  std::mt19937_64 rng(20261205);
+  constexpr uint32_t kHidden = 128;
+  for (int round = 0; round < 60; ++round) {
+    const int ranks = std::uniform_int_distribution<int>(1, 6)(rng);
+    const int32_t local = std::uniform_int_distribution<int32_t>(1, 5)(rng);
+    const int32_t experts = ranks * local;
+    const int64_t tokens = std::uniform_int_distribution<int64_t>(0, 40)(rng);
+    const int topk = std::uniform_int_distribution<int>(1, kLlMaxTopk)(rng);
+    std::uniform_int_distribution<int64_t> any(-1, experts - 1);
+    std::vector<int64_t> idx(static_cast<size_t>(tokens * topk));
+    for (int64_t& e : idx)
+      e = any(rng);
+    std::vector<float> weights(idx.size());
+    for (float& w : weights)
+      w = std::uniform_real_distribution<float>(-1, 1)(rng);
+
+    // Each rank's rows back, and the row of every selection, message by message.
+    std::vector<std::vector<uint16_t>> back(static_cast<size_t>(ranks));
+    std::vector<const uint16_t*> want_rows(idx.size(), nullptr);
+    std::vector<int64_t> message_of(idx.size(), -1);
+    for (int d = 0; d < ranks; ++d) {
+      int64_t m = 0;
+      for (int32_t le = 0; le < local; ++le)
+        for (size_t i = 0; i < idx.size(); ++i)
+          if (idx[i] == d * local + le) message_of[i] = m++;
+      back[d].resize(static_cast<size_t>(m) * kHidden);
+      for (uint16_t& v : back[d])
+        v = static_cast<uint16_t>(0x3c00 + rng() % 0x300);  // finite bf16 values
+    }
+    // Some ranks are masked: their rows are skipped.
+    std::vector<const uint16_t*> from(static_cast<size_t>(ranks));
+    for (int d = 0; d < ranks; ++d)
+      from[d] = rng() % 4 == 0 ? nullptr : back[d].data();
+    for (size_t i = 0; i < idx.size(); ++i) {
+      if (idx[i] < 0 || from[idx[i] / local] == nullptr) continue;
+      want_rows[i] = from[idx[i] / local] + message_of[i] * kHidden;
+    }
+    std::vector<uint16_t> want(static_cast<size_t>(tokens) * kHidden), got(want.size(), 0xffff);
+    for (int64_t t = 0; t < tokens; ++t)
+      ll_combine_token(want_rows.data() + t * topk, weights.data() + t * topk, topk, kHidden,
+                       want.data() + t * kHidden, HostLanes{});
+
+    const Routed r = route(idx, tokens, topk, experts);
+    const LlCombineRoutedParams p{.topk_idx = idx.data(),
+                                  .positions = r.positions.data(),
+                                  .counts = r.counts.data(),
+                                  .from = from.data(),
+                                  .weights = weights.data(),
+                                  .out = got.data(),
+                                  .num_tokens = tokens,
+                                  .topk = topk,
+                                  .num_experts = experts,
+                                  .local_experts = local,
+                                  .hidden = kHidden};
+    REQUIRE(ll_combine_routed_error(p) == nullptr);
+    for (size_t i = 0; i < idx.size(); ++i)
+      REQUIRE(ll_routed_row(p, static_cast<int64_t>(i)) == want_rows[i]);
+    ll_combine_routed_on_host(p);
+    REQUIRE(got == want);
+  }
+}
+
+TEST_CASE("ll_combine_routed and count_mismatches: sizes a kernel cannot take are refused") {
+  const LlCombineRoutedParams good{
+      .num_tokens = 4, .topk = 2, .num_experts = 8, .local_experts = 2, .hidden = 256};
+  CHECK(ll_combine_routed_error(good) == nullptr);
+  auto with = [&](auto change) {
+    LlCombineRoutedParams p = good;
+    change(p);
+    return ll_combine_routed_error(p);
+  };
+  CHECK(with([](LlCombineRoutedParams& p) { p.hidden = 100; }) != nullptr);
+  CHECK(with([](LlCombineRoutedParams& p) { p.local_experts = 3; }) != nullptr);
+  CHECK(with([](LlCombineRoutedParams& p) { p.local_experts = 0; }) != nullptr);
+  CHECK(with([](LlCombineRoutedParams& p) { p.topk = 0; }) != nullptr);
+  CHECK(with([](LlCombineRoutedParams& p) { p.threads = 40; }) != nullptr);
+  CHECK(mismatch_error({.count = 0}) == nullptr);
+  CHECK(mismatch_error({.count = -1}) != nullptr);
+  CHECK(mismatch_error({.count = 3, .threads = 1056}) != nullptr);
+}
+
+TEST_CASE("count_mismatches: the number of elements that differ") {
+  const std::vector<int64_t> a = {3, -1, 7, 7, 0, 12}, b = {3, 2, 7, 6, 0, -1};
+  int32_t mismatches = -5;
+  count_mismatches_on_host({.a = a.data(), .b = b.data(), .count = 6, .mismatches = &mismatches});
+  CHECK(mismatches == 3);
+  count_mismatches_on_host({.a = a.data(), .b = a.data(), .count = 6, .mismatches = &mismatches});
+  CHECK(mismatches == 0);
+  count_mismatches_on_host({.a = nullptr, .b = nullptr, .count = 0, .mismatches = &mismatches});
+  CHECK(mismatches == 0);
 }
