@@ -15,6 +15,7 @@
 #include "tools/self_launch.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 namespace proxyep::tools {
 namespace {

@@ -5,6 +5,7 @@
 #include "tools/commands.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 namespace proxyep::tools {

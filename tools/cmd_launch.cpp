@@ -8,6 +8,7 @@
 #include "tools/commands.hpp"
 #include "tools/launcher.hpp"
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <memory>
 

@@ -6,6 +6,7 @@
 #include "tools/commands.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <memory>

@@ -17,6 +17,7 @@
 #include "tools/tune/tune_space.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <filesystem>

@@ -1,9 +1,11 @@
 // Each `proxyep` subcommand lives in its own cmd_*.cpp and registers itself on the CLI11 app.
 #pragma once
 
-#include <CLI/CLI.hpp>
-
 #include <functional>
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp>, included by the files that add options
+}  // namespace CLI
 
 namespace proxyep::tools {
 

@@ -4,6 +4,7 @@
 #include "gpu_side/ep/ll_rules.hpp"
 #include "tools/cli_checks.hpp"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 
 namespace ep = proxyep::gpu_side::ep;

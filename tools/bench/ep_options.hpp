@@ -13,12 +13,15 @@
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/workload.hpp"
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
 #include <vector>
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp>, included by the files that add options
+}  // namespace CLI
 
 namespace proxyep::tools {
 

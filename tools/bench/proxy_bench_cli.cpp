@@ -9,6 +9,7 @@
 #include "tools/self_launch.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <memory>
 

@@ -6,6 +6,7 @@
 #include "tools/cli_checks.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 namespace proxyep::tools {
 

@@ -6,12 +6,15 @@
 #include "control/bootstrap.hpp"
 #include "fabric/fabric.hpp"
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <functional>
 #include <memory>
 #include <string>
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp>, included by the files that add options
+}  // namespace CLI
 
 namespace proxyep::tools {
 

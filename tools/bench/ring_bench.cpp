@@ -8,6 +8,7 @@
 #include "tools/bench/stats.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #if defined(__x86_64__)
 #include <x86intrin.h>

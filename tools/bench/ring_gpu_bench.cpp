@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include <string>
 

@@ -18,11 +18,14 @@
 
 #include "tools/bench/ring_bench.hpp"
 
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include <cstddef>
 #include <cstdint>
+
+namespace CLI {
+class App;  // <CLI/CLI.hpp>, included by the files that add options
+}  // namespace CLI
 
 namespace proxyep::tools {
 
