@@ -196,6 +196,12 @@ void SimulatedDevice::copy(void* to, const void* from, uint64_t bytes) {
   };
   check_side(to, "destination");
   check_side(from, "source");
+  const uint64_t limit = core_->options.max_read_back_bytes;
+  require(limit == 0 || bytes <= limit || core_->reachable(to, 1) || !core_->reachable(from, 1),
+          kPhase,
+          "copy: {} bytes from device memory into plain host memory, more than the {} a "
+          "read-back may move here (max_read_back_bytes)",
+          bytes, limit);
   core_->enqueue("copy", [to, from, bytes] { std::memmove(to, from, bytes); });
 }
 

@@ -47,6 +47,10 @@ struct SimulatedDeviceOptions {
   // CUDA context's fault): what callers see when a GPU faults mid-call. Empty: never.
   std::string fail_operation;
   uint64_t fail_at = 1;
+  // The most bytes one copy() may move from device memory into plain host memory (0: no limit);
+  // a larger one is refused at once, naming its size: a stand-in for calls that must not read
+  // a tensor back to the host (what a CUDA graph could not capture), only a few counts.
+  uint64_t max_read_back_bytes = 0;
 };
 
 class SimulatedDevice final : public DeviceRuntime {

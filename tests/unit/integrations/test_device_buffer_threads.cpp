@@ -54,6 +54,18 @@ integrations::testing::RankDevice no_item_list_pack(int rank) {
   return {buffer, caller};
 }
 
+// The Buffer's device reads back at most 16 bytes per copy: a device LL call reads only the
+// records' counts (4 experts, 16 bytes) and single counters (bad values, mismatching entries),
+// never topk_idx (256 bytes here) or anything of its size.
+integrations::testing::RankDevice counts_only_read_back(int rank) {
+  auto buffer = std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{
+      .defer_until_synchronize = rank == 1,
+      .max_read_back_bytes =
+          4 * integrations::testing::ll::kLocal * integrations::testing::ll::kRanks});
+  auto caller = buffer->another_stream({.operation_delay = std::chrono::milliseconds(20)});
+  return {buffer, caller};
+}
+
 // Whether `provider` registers device memory here (FI_HMEM: shm does, tcp does not; a build
 // without CUDA asks no provider for it).
 bool registers_device_memory(const std::string& provider) {
@@ -108,4 +120,10 @@ TEST_CASE("device tensors through low-latency calls: over the fabric, a slow Buf
 TEST_CASE("device tensors through low-latency calls: packed from the device's own routing") {
   integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, no_item_list_pack);
   integrations::testing::ll::run_device_ll(1, no_item_list_pack);
+}
+
+TEST_CASE("device tensors through low-latency calls: topk_idx never read back to the host") {
+  integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks,
+                                           counts_only_read_back);
+  integrations::testing::ll::run_device_ll(1, counts_only_read_back);
 }

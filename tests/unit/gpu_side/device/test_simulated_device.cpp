@@ -494,6 +494,18 @@ TEST_CASE("simulated device: the routed combine finds every row by the routing, 
         std::string::npos);
 }
 
+TEST_CASE("simulated device: a read-back larger than max_read_back_bytes is refused") {
+  SimulatedDevice dev({.max_read_back_bytes = 16});
+  auto memory = dev.allocate(64);
+  std::array<std::byte, 64> host{};
+  dev.copy(memory.get(), host.data(), 64);  // to the device: no limit
+  dev.copy(host.data(), memory.get(), 16);  // a few counts back: allowed
+  CHECK(error_of([&] {
+          dev.copy(host.data(), memory.get(), 17);
+        }).find("copy: 17 bytes from device memory into plain host memory") != std::string::npos);
+  dev.synchronize("test", 10s);  // refused before it was queued: the stream is healthy
+}
+
 TEST_CASE("simulated device: host code that touches device memory faults") {
   SimulatedDevice dev;
   if (!dev.device_memory_protected()) {
