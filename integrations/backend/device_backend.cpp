@@ -271,19 +271,20 @@ void DeviceBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,
   queued();
 }
 
-std::optional<RowBackend::LlRouting> DeviceBackend::ll_route(const ep::TensorRef& topk_idx,
-                                                             int32_t experts) {
+RowBackend::LlRouting DeviceBackend::ll_route(const ep::TensorRef& topk_idx, int32_t experts) {
   require_on_device(topk_idx, "low_latency_dispatch", "topk_idx");
-  if (!topk_idx.contiguous()) return std::nullopt;
+  ep::require_contiguous(topk_idx, "low_latency_dispatch", "topk_idx");
   // The routing stays on the device (stream-ordered allocations, held by the caller's call);
   // the caller reads the counts and the bad-value count when it needs them.
-  LlRouting routing{.topk_idx = topk_idx,
+  LlRouting routing{.topk_idx = allocate(ep::DType::i64, topk_idx.rows, topk_idx.cols),
                     .experts = experts,
                     .counts = allocate(ep::DType::i32, experts),
                     .positions = allocate(ep::DType::i32, topk_idx.rows * topk_idx.cols),
                     .invalid = allocate(ep::DType::i32, 1)};
+  copy_rows(routing.topk_idx.raw(), static_cast<const std::byte*>(topk_idx.data), 1,
+            routing.topk_idx.bytes());
   std::lock_guard lock(mutex_);
-  device_->ll_route({.topk_idx = topk_idx.as<int64_t>(),
+  device_->ll_route({.topk_idx = routing.topk_idx.data<int64_t>(),
                      .num_tokens = topk_idx.rows,
                      .topk = static_cast<int>(topk_idx.cols),
                      .num_experts = experts,
@@ -301,12 +302,12 @@ void DeviceBackend::ll_pack_routed(const ep::LlFormat& format, const ep::TensorR
   std::lock_guard lock(mutex_);
   device_->ll_pack_routed({.format = format,
                            .x = x.as<uint16_t>(),
-                           .topk_idx = routing.topk_idx.as<int64_t>(),
+                           .topk_idx = routing.topk_idx.data<int64_t>(),
                            .positions = routing.positions.data<int32_t>(),
                            .counts = routing.counts.data<int32_t>(),
                            .slots = upload(slots.data(), slots.size()),
-                           .num_tokens = routing.topk_idx.rows,
-                           .topk = static_cast<int>(routing.topk_idx.cols),
+                           .num_tokens = routing.topk_idx.rows(),
+                           .topk = static_cast<int>(routing.topk_idx.cols()),
                            .num_experts = routing.experts,
                            .local_experts = local_experts});
   queued();
@@ -341,16 +342,16 @@ void DeviceBackend::ll_combine(std::span<const uint16_t* const> rows, const floa
 void DeviceBackend::ll_combine_routed(const LlRouting& routing, int32_t local_experts,
                                       std::span<const uint16_t* const> from, const float* weights,
                                       uint16_t* out, uint32_t hidden) {
-  if (routing.topk_idx.rows == 0) return;
+  if (routing.topk_idx.rows() == 0) return;
   std::lock_guard lock(mutex_);
-  device_->ll_combine_routed({.topk_idx = routing.topk_idx.as<int64_t>(),
+  device_->ll_combine_routed({.topk_idx = routing.topk_idx.data<int64_t>(),
                               .positions = routing.positions.data<int32_t>(),
                               .counts = routing.counts.data<int32_t>(),
                               .from = upload(from.data(), from.size()),
                               .weights = weights,
                               .out = out,
-                              .num_tokens = routing.topk_idx.rows,
-                              .topk = static_cast<int>(routing.topk_idx.cols),
+                              .num_tokens = routing.topk_idx.rows(),
+                              .topk = static_cast<int>(routing.topk_idx.cols()),
                               .num_experts = routing.experts,
                               .local_experts = local_experts,
                               .hidden = hidden});

@@ -52,8 +52,7 @@ class DeviceBackend final : public RowBackend {
   void add(const gpu_side::ep::TensorRef& to, std::span<const int64_t> values) override;
   void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                std::span<const gpu_side::ep::LlPackItem> items) override;
-  std::optional<LlRouting> ll_route(const gpu_side::ep::TensorRef& topk_idx,
-                                    int32_t experts) override;
+  LlRouting ll_route(const gpu_side::ep::TensorRef& topk_idx, int32_t experts) override;
   void ll_pack_routed(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                       const LlRouting& routing, int32_t local_experts,
                       std::span<std::byte* const> slots) override;

@@ -188,13 +188,4 @@ void HostBackend::ll_combine(std::span<const uint16_t* const> rows, const float*
   });
 }
 
-int64_t HostBackend::count_mismatches(const int64_t* a, const int64_t* b, int64_t count,
-                                      std::string_view phase) {
-  (void)phase;
-  int64_t mismatches = 0;
-  for (int64_t i = 0; i < count; ++i)
-    mismatches += a[i] != b[i] ? 1 : 0;
-  return mismatches;
-}
-
 }  // namespace proxyep::integrations

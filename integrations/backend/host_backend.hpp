@@ -39,8 +39,6 @@ class HostBackend final : public RowBackend {
                  std::span<const gpu_side::ep::LlExpertSink> sinks) override;
   void ll_combine(std::span<const uint16_t* const> rows, const float* weights, uint16_t* out,
                   int topk, uint32_t hidden) override;
-  int64_t count_mismatches(const int64_t* a, const int64_t* b, int64_t count,
-                           std::string_view phase) override;
 
  private:
   template <typename T>

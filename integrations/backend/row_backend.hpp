@@ -37,7 +37,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string_view>
 
@@ -130,21 +129,20 @@ class RowBackend {
   virtual void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                        std::span<const gpu_side::ep::LlPackItem> items) = 0;
   // Dispatch, sender, steered from the backend's own memory (gpu_side/ep/ll_route.hpp):
-  // ll_route() routes topk_idx (i64 [tokens, topk] in the backend's memory, contiguous, kept
-  // alive by the caller) on the backend's side, once per call; ll_pack_routed() then packs every
-  // selection whose rank has a slot in `slots` ([ranks]; null: not this time) where the host
-  // protocol's route() places it, with no item list. ll_route() gives nothing where the backend
-  // packs by item lists only (the host's, which casts a token once for all its messages) or
-  // cannot take this topk_idx: use ll_pack.
+  // ll_route() copies topk_idx (i64 [tokens, topk] in the backend's memory, contiguous: the
+  // caller may change it once the call returned) and routes the copy on the backend's side,
+  // once per call; ll_pack_routed() then packs every selection whose rank has a slot in `slots`
+  // ([ranks]; null: not this time) where the host protocol's route() places it, with no item
+  // list. The host backend routes nothing (it packs by item lists, casting a token once for all
+  // its messages: ll_pack) and refuses both.
   struct LlRouting {
-    gpu_side::ep::TensorRef topk_idx;  // what was routed
+    gpu_side::ep::Tensor topk_idx;  // the copy that was routed
     int32_t experts = 0;
     gpu_side::ep::Tensor counts, positions, invalid;  // i32 [experts], [tokens * topk], [1]
   };
-  virtual std::optional<LlRouting> ll_route(const gpu_side::ep::TensorRef& topk_idx,
-                                            int32_t experts) {
+  virtual LlRouting ll_route(const gpu_side::ep::TensorRef& topk_idx, int32_t experts) {
     (void)topk_idx, (void)experts;
-    return std::nullopt;
+    fail("low_latency_dispatch", "this backend routes nothing (it packs by item lists)");
   }
   virtual void ll_pack_routed(const gpu_side::ep::LlFormat& format,
                               const gpu_side::ep::TensorRef& x, const LlRouting& routing,
@@ -155,17 +153,22 @@ class RowBackend {
   // Combine, home rank, steered from the backend's own memory: as ll_combine, with selection i's
   // row found by its dispatch's `routing` (gpu_side/ep/ll_route.hpp: ll_routed_row) among the
   // rows from[rank] sent back ([ranks]; null: skipped), no row table. Backends that route
-  // nothing (ll_route() gives nothing) do not take it.
+  // nothing refuse it.
   virtual void ll_combine_routed(const LlRouting& routing, int32_t local_experts,
                                  std::span<const uint16_t* const> from, const float* weights,
                                  uint16_t* out, uint32_t hidden) {
     (void)routing, (void)local_experts, (void)from, (void)weights, (void)out, (void)hidden;
     fail("low_latency_combine", "this backend combines by row tables only (it routes nothing)");
   }
-  // How many elements of a and b (i64 [count] in the backend's memory, contiguous) differ, once
-  // the work queued before is done (waits as wait() does; throws proxyep::Error(phase)).
+  // Combine: how many elements of a and b (i64 [count] in the backend's memory, contiguous)
+  // differ, once the work queued before is done (waits as wait() does; throws
+  // proxyep::Error(phase)): a routed combine's topk_idx checked against its dispatch's. Backends
+  // that route nothing refuse it (the host protocol compares entry by entry, naming the first).
   virtual int64_t count_mismatches(const int64_t* a, const int64_t* b, int64_t count,
-                                   std::string_view phase) = 0;
+                                   std::string_view phase) {
+    (void)a, (void)b, (void)count;
+    fail(std::string(phase), "this backend routes nothing (it compares on the host)");
+  }
   // Dispatch, receiver: each item's message becomes row items[i].row of sinks[items[i].sink].
   virtual void ll_unpack(const gpu_side::ep::LlFormat& format,
                          std::span<const gpu_side::ep::LlUnpackItem> items,

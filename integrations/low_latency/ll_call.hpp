@@ -36,11 +36,9 @@ struct CallState {
   std::vector<int64_t> topk_idx;  // [T' * K], the routing (combine must pass the same)
   std::vector<int32_t> dest_of;   // [T' * K]: destination rank, -1 for none
   std::vector<int32_t> slot_of;   // [T' * K]: the message's index among those to dest_of
-  // A device call's, on the device (nothing of it is read on the host but the counts): its own
-  // copy of topk_idx (the caller may change theirs once the call returned; the combine checks
-  // its topk_idx against this one) and the backend's routing of it, by which the pack places
-  // the messages and the combine finds the rows sent back.
-  gpu_side::ep::Tensor routed_topk_idx;
+  // A device call's, on the device (nothing of it is read on the host but the counts): the
+  // backend's routing of its own copy of topk_idx, by which the pack places the messages and the
+  // combine finds the rows sent back (and checks its topk_idx against the copy).
   std::optional<RowBackend::LlRouting> routing;
   std::vector<int64_t> sent_to;  // [R]: messages sent to each rank
   std::vector<int64_t> ranges;   // [E_local * R]: layout_range as the host computed it

@@ -51,7 +51,7 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
     // The check the host path makes entry by entry, made where both routings live.
     const int64_t selections = static_cast<int64_t>(T) * K;
     const int64_t differing = backend.count_mismatches(
-        a.topk_idx.as<int64_t>(), d.routed_topk_idx.data<int64_t>(), selections, kPhase);
+        a.topk_idx.as<int64_t>(), d.routing->topk_idx.data<int64_t>(), selections, kPhase);
     require(differing == 0, kPhase,
             "topk_idx differs from the one this handle's dispatch routed by in {} of its {} "
             "entries (compared on the device)",

@@ -166,11 +166,7 @@ void LowLatencyMode::route(CallState& st, const ep::TensorRef& topk_idx) {
 void LowLatencyMode::route_on_device(CallState& st, const ep::TensorRef& topk_idx) {
   RowBackend& backend = *st.backend;
   const int32_t experts = st.shape.experts;
-  st.routed_topk_idx = backend.allocate(ep::DType::i64, st.num_tokens, st.topk);
-  backend.copy_rows(st.routed_topk_idx.raw(), static_cast<const std::byte*>(topk_idx.data), 1,
-                    st.routed_topk_idx.bytes());
-  st.routing = backend.ll_route(st.routed_topk_idx, experts);
-  require(st.routing.has_value(), kPhase, "the device backend gave no routing of topk_idx");
+  st.routing = backend.ll_route(topk_idx, experts);
   // The records' counts: the only thing the host reads of the routing.
   expert_counts_.resize(static_cast<size_t>(experts));
   int32_t invalid = 0;
@@ -181,7 +177,7 @@ void LowLatencyMode::route_on_device(CallState& st, const ep::TensorRef& topk_id
   require(invalid == 0, kPhase,
           "{} of topk_idx's {} values are neither -1 nor an expert id in [0, {}) (counted on the "
           "device, where it lives)",
-          invalid, st.routed_topk_idx.numel(), experts);
+          invalid, st.routing->topk_idx.numel(), experts);
   count_sends(st);
 }
 
