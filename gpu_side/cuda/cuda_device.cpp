@@ -9,12 +9,14 @@
 #include "gpu_side/cuda/ll_kernels.hpp"
 #include "gpu_side/cuda/ring_push.hpp"
 #include "gpu_side/cuda/stream_signal.hpp"
+#include "gpu_side/ep/ll_counted.hpp"
 #include "gpu_side/ep/ll_route.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,10 +39,38 @@ class CudaEvent final : public device::DeviceEvent {
   CudaEvent& operator=(const CudaEvent&) = delete;
   cudaEvent_t get() const { return event_; }
   int ordinal() const { return ordinal_; }
+  bool captured() const override { return captured_; }
+  void set_captured() { captured_ = true; }
 
  private:
   cudaEvent_t event_ = nullptr;
   int ordinal_;
+  bool captured_ = false;
+};
+
+// A captured graph and its executable (instantiated once, launched as often as wanted).
+class CudaGraph final : public device::DeviceGraph {
+ public:
+  CudaGraph(int ordinal, cudaGraph_t graph) : ordinal_(ordinal), graph_(graph) {}
+  ~CudaGraph() override {
+    if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
+    (void)cudaGraphDestroy(graph_);
+  }
+  CudaGraph(const CudaGraph&) = delete;
+  CudaGraph& operator=(const CudaGraph&) = delete;
+  // Graph-owned allocations freed at each launch: a captured cudaMallocAsync without its free
+  // would otherwise forbid the next launch.
+  void instantiate(const char* phase) {
+    check_cuda(cudaGraphInstantiate(&exec_, graph_, cudaGraphInstantiateFlagAutoFreeOnLaunch),
+               phase, "cudaGraphInstantiate");
+  }
+  cudaGraphExec_t exec() const { return exec_; }
+  int ordinal() const { return ordinal_; }
+
+ private:
+  int ordinal_;
+  cudaGraph_t graph_;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 }  // namespace
@@ -60,6 +90,14 @@ struct CudaDevice::State {
   };
   std::mutex waits_mutex;
   std::vector<Wait> waits;
+  // A capture in progress (begin_capture .. end_capture): its phase, and the first call a graph
+  // cannot hold, which end_capture reports.
+  struct Capture {
+    std::string phase;
+    std::optional<std::string> invalid;
+  };
+  mutable std::mutex capture_mutex;
+  std::optional<Capture> capture;
 
   ~State() {
     if (stream == nullptr) return;
@@ -91,6 +129,23 @@ struct CudaDevice::State {
     fail(std::string(phase),
          "cuda device {}: wait_value ({}): the signal word at {:#x} holds {}, not {}, after {} ms",
          ordinal, wait.phase, fault->word, fault->seen, fault->expected, wait.timeout_ms);
+  }
+  // Inside a capture, a call a graph cannot hold (`what`): invalidates the capture and throws
+  // proxyep::Error(phase), before CUDA is asked (a cudaStreamQuery would invalidate it too, with
+  // a less telling error). Nothing outside one.
+  void refuse_in_capture(std::string_view what, std::string_view phase) {
+    std::lock_guard lock(capture_mutex);
+    if (!capture) return;
+    std::string reason = fmt::format(
+        "{}, inside the capture begun by {}: a graph holds no host waits, no joins "
+        "and no copies with plain host memory",
+        what, capture->phase);
+    if (!capture->invalid) capture->invalid = reason;
+    fail(std::string(phase), "cuda device {}: {}", ordinal, reason);
+  }
+  bool capturing() const {
+    std::lock_guard lock(capture_mutex);
+    return capture.has_value();
   }
   // Every call of the runtime API acts on the calling thread's current device: this one for the
   // scope of the returned guard, the caller's again after it.
@@ -186,9 +241,25 @@ void CudaDevice::unregister_host(void* host) {
   check_cuda(cudaHostUnregister(host), kPhase, "cudaHostUnregister");
 }
 
+namespace {
+
+// Host memory CUDA has not registered (pageable): what a captured copy may not touch.
+bool plain_host_memory(const void* p) {
+  cudaPointerAttributes attributes{};
+  const cudaError_t status = cudaPointerGetAttributes(&attributes, p);
+  (void)cudaGetLastError();  // not sticky; leave nothing for the next check to find
+  return status != cudaSuccess || attributes.type == cudaMemoryTypeUnregistered;
+}
+
+}  // namespace
+
 void CudaDevice::copy(void* to, const void* from, uint64_t bytes) {
   if (bytes == 0) return;
   const CurrentDevice current = state_->select();
+  if (state_->capturing() && (plain_host_memory(to) || plain_host_memory(from)))
+    state_->refuse_in_capture(fmt::format("copy: {} bytes {} plain host memory", bytes,
+                                          plain_host_memory(to) ? "into" : "from"),
+                              kPhase);
   check_cuda(cudaMemcpyAsync(to, from, bytes, cudaMemcpyDefault, state_->stream), kPhase,
              "cudaMemcpyAsync");
 }
@@ -255,16 +326,18 @@ void CudaDevice::ll_combine_routed(const ep::LlCombineRoutedParams& params) {
   check_cuda(launch_ll_combine_routed(params, state_->stream), kPhase, "ll_combine_routed launch");
 }
 
+void CudaDevice::ll_unpack_counted(const ep::LlUnpackCountedParams& params) {
+  const char* error = ep::ll_unpack_counted_error(params);
+  require(error == nullptr, kPhase, "ll_unpack_counted: {}", error != nullptr ? error : "");
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_ll_unpack_counted(params, state_->stream), kPhase, "ll_unpack_counted launch");
+}
+
 void CudaDevice::count_mismatches(const ep::MismatchParams& params) {
   const char* error = ep::mismatch_error(params);
   require(error == nullptr, kPhase, "count_mismatches: {}", error != nullptr ? error : "");
   const CurrentDevice current = state_->select();
   check_cuda(launch_count_mismatches(params, state_->stream), kPhase, "count_mismatches launch");
-}
-
-void CudaDevice::ll_unpack(const ep::LlUnpackParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_unpack(params, state_->stream), kPhase, "ll_unpack launch");
 }
 
 void CudaDevice::ll_combine(const ep::LlCombineParams& params) {
@@ -373,11 +446,16 @@ std::shared_ptr<device::DeviceEvent> CudaDevice::record_on(void* caller_stream) 
   auto event = std::make_shared<CudaEvent>(state_->ordinal);
   check_cuda(cudaEventRecord(event->get(), static_cast<cudaStream_t>(caller_stream)), kPhase,
              "cudaEventRecord");
+  if (caller_stream == state_->stream && state_->capturing()) event->set_captured();
   return event;
 }
 
 void CudaDevice::wait_event(const std::shared_ptr<device::DeviceEvent>& event,
                             std::chrono::milliseconds) {
+  require(event == nullptr || !event->captured(), kPhase,
+          "wait_event: the event was recorded inside a capture: a point in a graph, which a "
+          "stream outside it cannot wait for");
+  state_->refuse_in_capture("wait_event: another stream's event joins the stream", kPhase);
   wait_on(state_->stream, event, kPhase);
 }
 
@@ -419,6 +497,9 @@ const CudaEvent& recorded_here(const device::DeviceEvent& event, int ordinal,
   const auto* cuda = dynamic_cast<const CudaEvent*>(&event);
   require(cuda != nullptr && cuda->ordinal() == ordinal, phase,
           "the host waits only for an event recorded on CUDA device {}", ordinal);
+  require(!cuda->captured(), phase,
+          "the event was recorded inside a capture: a point in a graph, which the host cannot "
+          "wait for");
   return *cuda;
 }
 
@@ -426,6 +507,7 @@ const CudaEvent& recorded_here(const device::DeviceEvent& event, int ordinal,
 
 bool CudaDevice::reached(const device::DeviceEvent& event, std::string_view phase) {
   const CudaEvent& cuda = recorded_here(event, state_->ordinal, phase);
+  state_->refuse_in_capture("reached: the host asks whether the stream reached an event", phase);
   const CurrentDevice current = state_->select();
   const cudaError_t status = cudaEventQuery(cuda.get());
   if (status == cudaErrorNotReady) return false;
@@ -438,6 +520,7 @@ bool CudaDevice::reached(const device::DeviceEvent& event, std::string_view phas
 void CudaDevice::wait_for(const device::DeviceEvent& event, std::string_view phase,
                           std::chrono::milliseconds timeout) {
   const CudaEvent& cuda = recorded_here(event, state_->ordinal, phase);
+  state_->refuse_in_capture("wait_for: the host waits for an event of the stream", phase);
   const CurrentDevice current = state_->select();
   poll_until_done([&] { return cudaEventQuery(cuda.get()); }, state_->ordinal, phase,
                   "the stream has not reached the event", timeout);
@@ -445,10 +528,66 @@ void CudaDevice::wait_for(const device::DeviceEvent& event, std::string_view pha
 }
 
 void CudaDevice::synchronize(std::string_view phase, std::chrono::milliseconds timeout) {
+  state_->refuse_in_capture("synchronize: the host waits for the stream", phase);
   const CurrentDevice current = state_->select();
   poll_until_done([&] { return cudaStreamQuery(state_->stream); }, state_->ordinal, phase,
                   "the stream is still busy", timeout);
   state_->require_no_failed_wait(phase);
+}
+
+// Thread-local capture mode: an unsafe call (a cudaMalloc, a synchronize) from the capturing
+// thread fails the capture, as it would corrupt the graph; the proxies' threads never touch
+// this stream.
+void CudaDevice::begin_capture(std::string_view phase) {
+  const std::string where(phase);
+  std::lock_guard lock(state_->capture_mutex);
+  require(!state_->capture, phase, "begin_capture: the stream is already being captured (by {})",
+          state_->capture ? state_->capture->phase : "");
+  state_->require_no_failed_wait(phase);
+  const CurrentDevice current = state_->select();
+  check_cuda(cudaStreamBeginCapture(state_->stream, cudaStreamCaptureModeThreadLocal),
+             where.c_str(), "cudaStreamBeginCapture");
+  state_->capture.emplace();
+  state_->capture->phase = where;
+}
+
+std::unique_ptr<device::DeviceGraph> CudaDevice::end_capture(std::string_view phase) {
+  const std::string where(phase);
+  std::optional<State::Capture> ended;
+  {
+    std::lock_guard lock(state_->capture_mutex);
+    require(state_->capture.has_value(), phase, "end_capture: the stream is not being captured");
+    ended = std::move(state_->capture);
+    state_->capture.reset();
+  }
+  const CurrentDevice current = state_->select();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t status = cudaStreamEndCapture(state_->stream, &graph);
+  (void)cudaGetLastError();  // capture errors are not sticky
+  if (ended->invalid || status != cudaSuccess) {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    fail(where, "cuda device {}: end_capture: the capture is invalid: {}", state_->ordinal,
+         ended->invalid ? *ended->invalid : std::string(cudaGetErrorString(status)));
+  }
+  auto captured = std::make_unique<CudaGraph>(state_->ordinal, graph);
+  captured->instantiate(where.c_str());
+  return captured;
+}
+
+void CudaDevice::launch(const device::DeviceGraph& graph, std::string_view phase) {
+  const auto* cuda = dynamic_cast<const CudaGraph*>(&graph);
+  require(cuda != nullptr && cuda->ordinal() == state_->ordinal, phase,
+          "launch: the graph was not captured on CUDA device {}", state_->ordinal);
+  require(!state_->capturing(), phase,
+          "launch: the stream is being captured; launch the graph outside the capture");
+  state_->require_no_failed_wait(phase);
+  const std::string where(phase);
+  const CurrentDevice current = state_->select();
+  check_cuda(cudaGraphLaunch(cuda->exec(), state_->stream), where.c_str(), "cudaGraphLaunch");
+}
+
+bool CudaDevice::capturing() const {
+  return state_->capturing();
 }
 
 }  // namespace proxyep::gpu_side::cuda

@@ -48,8 +48,8 @@ class CudaDevice final : public device::DeviceRuntime {
   void ll_route(const ep::LlRouteParams& params) override;
   void ll_pack_routed(const ep::LlPackRoutedParams& params) override;
   void ll_combine_routed(const ep::LlCombineRoutedParams& params) override;
+  void ll_unpack_counted(const ep::LlUnpackCountedParams& params) override;
   void count_mismatches(const ep::MismatchParams& params) override;
-  void ll_unpack(const ep::LlUnpackParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
   std::unique_ptr<device::DeviceRingProducer> attach_ring(const Ring& ring) override;
   void ring_push(device::DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
@@ -60,6 +60,12 @@ class CudaDevice final : public device::DeviceRuntime {
   void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
                   std::string_view phase) override;
   void write_value(uint64_t* word, uint64_t value, std::string_view phase) override;
+  // Capture in the thread-local mode (cudaStreamBeginCapture); graphs instantiated with
+  // cudaGraphInstantiateFlagAutoFreeOnLaunch.
+  void begin_capture(std::string_view phase) override;
+  std::unique_ptr<device::DeviceGraph> end_capture(std::string_view phase) override;
+  void launch(const device::DeviceGraph& graph, std::string_view phase) override;
+  bool capturing() const override;
   std::shared_ptr<device::DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<device::DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;

@@ -20,15 +20,6 @@ __global__ void ll_pack_kernel(ep::LlFormat f, const uint16_t* x, const LlPackIt
   }
 }
 
-__global__ void ll_unpack_kernel(ep::LlFormat f, const LlUnpackItem* items,
-                                 const ep::LlExpertSink* sinks, int64_t num_items) {
-  const BlockLanes lanes;
-  for (int64_t i = blockIdx.x; i < num_items; i += gridDim.x) {
-    const LlUnpackItem item = items[i];
-    ep::ll_unpack_message(f, item.message, sinks[item.sink], item.row, lanes);
-  }
-}
-
 __global__ void ll_combine_kernel(const uint16_t* const* rows, const float* weights, uint16_t* out,
                                   int64_t num_tokens, int topk, uint32_t hidden) {
   const BlockLanes lanes;
@@ -54,16 +45,6 @@ cudaError_t launch_ll_pack(const LlPackParams& p, cudaStream_t stream) {
   if (p.x == nullptr || p.items == nullptr || !aligned16(p.x)) return cudaErrorInvalidValue;
   ll_pack_kernel<<<grid_blocks(p.num_items, p.blocks), p.threads, 0, stream>>>(
       p.format, p.x, p.items, p.num_items);
-  return cudaGetLastError();
-}
-
-cudaError_t launch_ll_unpack(const LlUnpackParams& p, cudaStream_t stream) {
-  if (ep::ll_format_error(p.format) != nullptr || p.num_items < 0 || !valid_threads(p.threads))
-    return cudaErrorInvalidValue;
-  if (p.num_items == 0) return cudaSuccess;
-  if (p.items == nullptr || p.sinks == nullptr) return cudaErrorInvalidValue;
-  ll_unpack_kernel<<<grid_blocks(p.num_items, p.blocks), p.threads, 0, stream>>>(
-      p.format, p.items, p.sinks, p.num_items);
   return cudaGetLastError();
 }
 

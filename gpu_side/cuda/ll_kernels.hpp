@@ -23,12 +23,10 @@ using ep::LlPackItem;
 using ep::LlPackParams;
 using ep::LlPackRoutedParams;
 using ep::LlRouteParams;
-using ep::LlUnpackItem;
-using ep::LlUnpackParams;
+using ep::LlUnpackCountedParams;
 using ep::MismatchParams;
 
 cudaError_t launch_ll_pack(const LlPackParams& params, cudaStream_t stream);
-cudaError_t launch_ll_unpack(const LlUnpackParams& params, cudaStream_t stream);
 cudaError_t launch_ll_combine(const LlCombineParams& params, cudaStream_t stream);
 // ll_route.cu: counts and positions of gpu_side/ep/ll_route.hpp's rule (zeroes *invalid first).
 cudaError_t launch_ll_route(const LlRouteParams& params, cudaStream_t stream);
@@ -36,6 +34,9 @@ cudaError_t launch_ll_route(const LlRouteParams& params, cudaStream_t stream);
 cudaError_t launch_ll_pack_routed(const LlPackRoutedParams& params, cudaStream_t stream);
 // ll_route.cu: every token combined from the rows ll_route's output finds (ll_kernel_params.hpp).
 cudaError_t launch_ll_combine_routed(const LlCombineRoutedParams& params, cudaStream_t stream);
+// ll_counted.cu: every source's messages unpacked by the counts alone, with recv_count and
+// layout_range (gpu_side/ep/ll_counted.hpp).
+cudaError_t launch_ll_unpack_counted(const LlUnpackCountedParams& params, cudaStream_t stream);
 // ll_route.cu: how many elements of two arrays differ (zeroes *mismatches first).
 cudaError_t launch_count_mismatches(const MismatchParams& params, cudaStream_t stream);
 

@@ -40,6 +40,16 @@ namespace proxyep::gpu_side::device {
 class DeviceEvent {
  public:
   virtual ~DeviceEvent() = default;
+  // Recorded while its stream was being captured (begin_capture): a point inside a graph, not in
+  // the stream's live work, so neither the host nor a stream outside the capture can wait for it.
+  virtual bool captured() const { return false; }
+};
+
+// A stream's captured operations (a cudaGraphExec_t), from DeviceRuntime::end_capture(). Opaque:
+// only a runtime of the same kind and device launches it.
+class DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
 };
 
 // A descriptor ring a runtime's stream produces into, from DeviceRuntime::attach_ring(). Opaque:
@@ -141,7 +151,6 @@ class DeviceRuntime {
   virtual void copy_runs(const ep::CopyRunsParams& params) = 0;
   // The low-latency kernels (ll_kernel_params.hpp).
   virtual void ll_pack(const ep::LlPackParams& params) = 0;
-  virtual void ll_unpack(const ep::LlUnpackParams& params) = 0;
   virtual void ll_combine(const ep::LlCombineParams& params) = 0;
   // The routing of a low-latency dispatch from a device topk_idx (ep/ll_route.hpp): throws
   // proxyep::Error at once for sizes ll_route_error refuses.
@@ -151,6 +160,9 @@ class DeviceRuntime {
   // The combine whose rows are found by the dispatch's ll_route output (LlCombineRoutedParams),
   // with no host-made row table.
   virtual void ll_combine_routed(const ep::LlCombineRoutedParams& params) = 0;
+  // A dispatch's receive placed by the counts its sources announced (LlUnpackCountedParams,
+  // ep/ll_counted.hpp), recv_count and layout_range written beside, with no host-made item list.
+  virtual void ll_unpack_counted(const ep::LlUnpackCountedParams& params) = 0;
   // How many elements of two device arrays differ (MismatchParams): a combine's topk_idx
   // checked against its dispatch's without either reaching the host.
   virtual void count_mismatches(const ep::MismatchParams& params) = 0;
@@ -191,6 +203,34 @@ class DeviceRuntime {
   virtual void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
                           std::string_view phase) = 0;
   virtual void write_value(uint64_t* word, uint64_t value, std::string_view phase) = 0;
+
+  // Stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture, then cudaGraphLaunch): what
+  // DeepEP's low-latency path allows, so that a step's communication replays with no host
+  // between its operations. Between begin_capture() and end_capture() the operations queued on
+  // this stream are recorded, not run; end_capture() returns them as a graph, and launch()
+  // queues the whole sequence again, as often as wanted, in stream order, on the addresses and
+  // values it was captured with (memory and words a graph uses must outlive its launches; the
+  // simulated device keeps memory dropped during the capture until the graph is gone, as a
+  // graph's own allocations are).
+  // A graph holds no host: inside the capture the host may not wait for the stream
+  // (synchronize, wait_for, reached), wait_event is refused (no stream joins the capture), and
+  // a copy may not read or write plain host memory. Such a call throws proxyep::Error(phase) at
+  // once and invalidates the capture: end_capture() then throws, naming what did, and the stream
+  // runs its operations as queued again. Begin while capturing, end or launch without a
+  // capture or inside one, a graph of another device: refused likewise, at once. The defaults
+  // refuse: a runtime that cannot capture.
+  virtual void begin_capture(std::string_view phase) {
+    fail(std::string(phase), "a {} device cannot capture its stream into a graph", kind());
+  }
+  virtual std::unique_ptr<DeviceGraph> end_capture(std::string_view phase) {
+    fail(std::string(phase), "a {} device cannot capture its stream into a graph", kind());
+  }
+  virtual void launch(const DeviceGraph& graph, std::string_view phase) {
+    (void)graph;
+    fail(std::string(phase), "a {} device cannot launch a graph", kind());
+  }
+  // Whether the stream is being captured (cudaStreamIsCapturing).
+  virtual bool capturing() const { return false; }
 
   // Events order two streams of one device (the caller's compute stream and a Buffer's, as
   // DeepEP's previous_event does). record() marks the point after everything queued so far;

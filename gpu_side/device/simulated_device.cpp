@@ -9,6 +9,7 @@
 #include "gpu_side/device/simulated_shared_handle.hpp"
 #include "gpu_side/device/thread_access_key.hpp"
 #include "gpu_side/ep/layout_rules.hpp"
+#include "gpu_side/ep/ll_counted.hpp"
 #include "gpu_side/ep/ll_route.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 
@@ -73,8 +74,15 @@ SimulatedDevice::~SimulatedDevice() {
   }
   core_->wake.notify_all();
   core_->worker.join();
-  std::lock_guard lock(core_->mutex);
-  core_->stopped = true;
+  std::vector<std::function<void()>> releases;  // of a capture never ended: nothing launches it
+  {
+    std::lock_guard lock(core_->mutex);
+    core_->stopped = true;
+    if (core_->capture) releases = std::move(core_->capture->releases);
+    core_->capture.reset();
+  }
+  for (auto& release : releases)
+    release();
 }
 
 bool SimulatedDevice::device_memory_protected() const {
@@ -202,6 +210,12 @@ void SimulatedDevice::copy(void* to, const void* from, uint64_t bytes) {
           "copy: {} bytes from device memory into plain host memory, more than the {} a "
           "read-back may move here (max_read_back_bytes)",
           bytes, limit);
+  if (!core_->reachable(to, 1) || !core_->reachable(from, 1)) {
+    std::lock_guard lock(core_->mutex);
+    core_->refuse_in_capture(fmt::format("copy: {} bytes {} plain host memory", bytes,
+                                         core_->reachable(to, 1) ? "from" : "into"),
+                             kPhase);
+  }
   core_->enqueue("copy", [to, from, bytes] { std::memmove(to, from, bytes); });
 }
 
@@ -497,37 +511,56 @@ void SimulatedDevice::count_mismatches(const ep::MismatchParams& p) {
   core_->enqueue("count_mismatches", [p] { ep::count_mismatches_on_host(p); });
 }
 
-void SimulatedDevice::ll_unpack(const ep::LlUnpackParams& p) {
-  require(ep::ll_format_error(p.format) == nullptr && p.num_items >= 0 && p.num_sinks >= 0 &&
-              p.threads > 0 && p.threads % 32 == 0,
-          kPhase, "ll_unpack: inconsistent parameters");
-  if (p.num_items == 0) return;
-  core_->require_reachable("ll_unpack", "items", p.items,
-                           static_cast<uint64_t>(p.num_items) * sizeof(ep::LlUnpackItem));
-  core_->require_reachable("ll_unpack", "sinks", p.sinks,
-                           static_cast<uint64_t>(p.num_sinks) * sizeof(ep::LlExpertSink));
-  core_->enqueue("ll_unpack", [p, core = core_.get()] {
+void SimulatedDevice::ll_unpack_counted(const ep::LlUnpackCountedParams& p) {
+  const char* error = ep::ll_unpack_counted_error(p);
+  require(error == nullptr, kPhase, "ll_unpack_counted: {}", error != nullptr ? error : "");
+  const auto R = static_cast<uint64_t>(p.ranks), L = static_cast<uint64_t>(p.local_experts);
+  const Core& c = *core_;
+  c.require_reachable("ll_unpack_counted", "counts", p.counts, 4 * R * L);
+  c.require_reachable("ll_unpack_counted", "from", p.from, sizeof(void*) * R);
+  c.require_reachable("ll_unpack_counted", "sinks", p.sinks, sizeof(ep::LlExpertSink) * L);
+  c.require_reachable("ll_unpack_counted", "recv_count", p.recv_count, 4 * L);
+  c.require_reachable("ll_unpack_counted", "layout_range", p.layout_range, 8 * R * L);
+  core_->enqueue("ll_unpack_counted", [p, core = core_.get()] {
+    // What the kernel tolerates (ll_counted.hpp) is a caller's mistake here: counts no sink
+    // holds, a source with messages and no slot, and every place a pair reads or writes.
     const ep::LlFormat& f = p.format;
-    for (int64_t i = 0; i < p.num_items; ++i) {
-      const ep::LlUnpackItem item = p.items[i];
-      require(item.sink >= 0 && item.sink < p.num_sinks && item.row >= 0, kPhase,
-              "ll_unpack: item {} writes row {} of sink {} ({} sinks)", i, item.row, item.sink,
-              p.num_sinks);
-      const ep::LlExpertSink& sink = p.sinks[item.sink];
-      core->require_reachable("ll_unpack", "message", item.message, f.message_bytes());
-      core->require_reachable("ll_unpack", "sink x row",
-                              sink.x + static_cast<uint64_t>(item.row) * f.payload_bytes(),
-                              f.payload_bytes());
-      core->require_reachable("ll_unpack", "sink src_info", sink.src_info + item.row, 4);
-      if (f.scale_words() > 0) {
-        core->require_reachable("ll_unpack", "sink scales", sink.scales + item.row, 4);
+    for (int32_t e = 0; e < p.local_experts; ++e) {
+      int64_t rows = 0;
+      for (int32_t s = 0; s < p.ranks; ++s) {
+        const int32_t count = p.counts[static_cast<int64_t>(s) * p.local_experts + e];
+        require(count >= 0, kPhase,
+                "ll_unpack_counted: source {} announced {} messages for "
+                "expert {}",
+                s, count, e);
+        rows += count;
+        const ep::LlCountedPlace place = ep::ll_counted_place(p, e, s);
+        if (place.count == 0) continue;
+        require(p.from[s] != nullptr, kPhase,
+                "ll_unpack_counted: source {} announced messages but has no slot", s);
+        const auto n = static_cast<uint64_t>(place.count);
+        const auto first = static_cast<uint64_t>(place.first_row);
         core->require_reachable(
-            "ll_unpack", "sink scales",
-            sink.scales + static_cast<int64_t>(f.scale_words() - 1) * sink.scale_stride + item.row,
-            4);
+            "ll_unpack_counted", "source messages",
+            p.from[s] + static_cast<uint64_t>(place.first_message) * f.message_bytes(),
+            n * f.message_bytes());
+        const ep::LlExpertSink& sink = p.sinks[e];
+        core->require_reachable("ll_unpack_counted", "sink x rows",
+                                sink.x + first * f.payload_bytes(), n * f.payload_bytes());
+        core->require_reachable("ll_unpack_counted", "sink src_info", sink.src_info + first, 4 * n);
+        if (f.scale_words() > 0) {
+          core->require_reachable("ll_unpack_counted", "sink scales", sink.scales + first, 4 * n);
+          core->require_reachable(
+              "ll_unpack_counted", "sink scales",
+              sink.scales + static_cast<int64_t>(f.scale_words() - 1) * sink.scale_stride + first,
+              4 * n);
+        }
       }
-      ep::ll_unpack_message(f, item.message, sink, item.row, ep::HostLanes{});
+      require(rows <= p.rows_per_expert, kPhase,
+              "ll_unpack_counted: expert {} was announced {} messages, its sink holds {}", e, rows,
+              p.rows_per_expert);
     }
+    ep::ll_unpack_counted_on_host(p);
   });
 }
 

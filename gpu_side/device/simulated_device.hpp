@@ -17,6 +17,10 @@
 //   registered host memory) before waiting reads stale bytes and its test fails. synchronize()
 //   waits, as cudaStreamSynchronize, for the work queued before it, not for what other threads
 //   queue meanwhile.
+// - Capture: between begin_capture and end_capture nothing runs (the operations are recorded),
+//   and a host wait, a join (wait_event) or a copy with plain host memory is refused and
+//   invalidates the capture, as CUDA's would be: code meant to be captured that still needs the
+//   host fails here, without a GPU.
 // - Kernels are the CPU twins of the CUDA kernels: the same per-row and per-token rules
 //   (gpu_side/ep/layout_rules.hpp, row_rules.hpp), so results are bit-identical to the GPU's.
 #pragma once
@@ -105,8 +109,8 @@ class SimulatedDevice final : public DeviceRuntime {
   void ll_route(const ep::LlRouteParams& params) override;
   void ll_pack_routed(const ep::LlPackRoutedParams& params) override;
   void ll_combine_routed(const ep::LlCombineRoutedParams& params) override;
+  void ll_unpack_counted(const ep::LlUnpackCountedParams& params) override;
   void count_mismatches(const ep::MismatchParams& params) override;
-  void ll_unpack(const ep::LlUnpackParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
   std::unique_ptr<DeviceRingProducer> attach_ring(const Ring& ring) override;
   void ring_push(DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
@@ -115,6 +119,10 @@ class SimulatedDevice final : public DeviceRuntime {
   void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
                   std::string_view phase) override;
   void write_value(uint64_t* word, uint64_t value, std::string_view phase) override;
+  void begin_capture(std::string_view phase) override;
+  std::unique_ptr<DeviceGraph> end_capture(std::string_view phase) override;
+  void launch(const DeviceGraph& graph, std::string_view phase) override;
+  bool capturing() const override;
   std::shared_ptr<DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;
@@ -126,6 +134,7 @@ class SimulatedDevice final : public DeviceRuntime {
   struct Core;    // one stream; shared with allocations, which may outlive the device
   struct Memory;  // what the streams of a device share
   struct Event;
+  struct Graph;
 
  private:
   SimulatedDevice(std::shared_ptr<Memory> memory, SimulatedDeviceOptions options);

@@ -21,6 +21,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 namespace proxyep::gpu_side::device {
 
@@ -59,6 +60,8 @@ struct SimulatedDevice::Event final : DeviceEvent {
   mutable std::mutex mutex;        // the host waits on a const event
   mutable std::condition_variable changed;
   bool reached = false;
+  bool in_capture = false;  // recorded while its stream was captured: a point inside a graph
+  bool captured() const override { return in_capture; }
 };
 
 // One stream: its queue and the worker thread that runs it.
@@ -67,6 +70,17 @@ struct SimulatedDevice::Core {
     std::string name;
     std::function<void()> body;
     bool always = false;  // frees memory or marks an event: runs even after a failure
+  };
+
+  // A capture in progress (begin_capture .. end_capture): what is queued meanwhile is recorded
+  // here instead of run.
+  struct Capture {
+    std::string phase;  // begin_capture's
+    std::vector<Op> ops;
+    std::optional<std::string> invalid;  // the first call a graph cannot hold
+    // Memory whose last owner went during the capture: the graph's operations may use it, so it
+    // is released when the graph is gone (or at once when the capture ends invalid).
+    std::vector<std::function<void()>> releases;
   };
 
   SimulatedDeviceOptions options;
@@ -82,6 +96,7 @@ struct SimulatedDevice::Core {
   uint64_t queued = 0, finished = 0, run_before = 0;
   bool stopping = false, stopped = false;
   std::optional<std::string> failure;  // sticky, like a CUDA context's
+  std::optional<Capture> capture;
   uint64_t ops_run = 0;
   uint64_t fail_candidates = 0;  // operations named options.fail_operation so far
   std::thread worker;
@@ -99,10 +114,27 @@ struct SimulatedDevice::Core {
   void enqueue(std::string name, std::function<void()> body, bool always = false) {
     {
       std::lock_guard lock(mutex);
+      if (capture) {
+        capture->ops.push_back({std::move(name), std::move(body), always});
+        return;
+      }
       queue.push_back({std::move(name), std::move(body), always});
       ++queued;
     }
     wake.notify_one();
+  }
+
+  // Inside a capture, a call a graph cannot hold (`what`): invalidates the capture, so that
+  // end_capture() fails naming it, and throws proxyep::Error(phase). Nothing outside one.
+  // Locked.
+  void refuse_in_capture(std::string_view what, std::string_view phase) {
+    if (!capture) return;
+    std::string reason = fmt::format(
+        "{}, inside the capture begun by {}: a graph holds no host waits, no joins "
+        "and no copies with plain host memory",
+        what, capture->phase);
+    if (!capture->invalid) capture->invalid = reason;
+    fail(std::string(phase), "{}", reason);
   }
 
   void run() {
@@ -174,6 +206,16 @@ struct SimulatedDevice::Core {
   // point is refused, as a use after cudaFreeAsync would be wrong), unmapped in stream order.
   // `free_mapping` frees the mapping (none: munmap it).
   void release(std::byte* mapping, uint64_t mapped, std::function<void()> free_mapping = {}) {
+    {
+      std::lock_guard lock(mutex);
+      if (capture) {
+        capture->releases.push_back(
+            [this, mapping, mapped, free_mapping = std::move(free_mapping)] {
+              release(mapping, mapped, free_mapping);
+            });
+        return;
+      }
+    }
     {
       std::lock_guard lock(memory->mutex);
       memory->ranges.erase(reinterpret_cast<uintptr_t>(mapping));

@@ -27,6 +27,9 @@ const SimulatedDevice::Event& recorded_on(const DeviceEvent& event,
   const auto* simulated = dynamic_cast<const SimulatedDevice::Event*>(&event);
   require(simulated != nullptr && simulated->stream == stream, phase,
           "the host waits only for an event this stream recorded");
+  require(!simulated->in_capture, phase,
+          "the event was recorded inside a capture: a point in a graph, which the host cannot "
+          "wait for");
   return *simulated;
 }
 
@@ -47,6 +50,7 @@ std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
   auto event = std::make_shared<Event>();
   event->device = core_->memory.get();
   event->stream = core_.get();
+  event->in_capture = capturing();
   // Reached even after a failure (a waiting host then reports the failure at once, not at its
   // deadline).
   core_->enqueue(
@@ -64,6 +68,10 @@ std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
 
 bool SimulatedDevice::reached(const DeviceEvent& event, std::string_view phase) {
   const Event& recorded = recorded_on(event, core_.get(), phase);
+  {
+    std::lock_guard lock(core_->mutex);
+    core_->refuse_in_capture("reached: the host asks whether the stream reached an event", phase);
+  }
   bool is_reached = false;
   {
     std::lock_guard lock(recorded.mutex);
@@ -79,6 +87,7 @@ void SimulatedDevice::wait_for(const DeviceEvent& event, std::string_view phase,
   const Event& recorded = recorded_on(event, core_.get(), phase);
   {
     std::lock_guard lock(core_->mutex);
+    core_->refuse_in_capture("wait_for: the host waits for an event of the stream", phase);
     core_->flush();
   }
   bool is_reached = false;
@@ -100,6 +109,13 @@ void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
   auto simulated = std::dynamic_pointer_cast<Event>(event);
   require(simulated != nullptr && simulated->device == core_->memory.get(), kPhase,
           "wait_event: the event was not recorded on a stream of this device");
+  require(!simulated->in_capture, kPhase,
+          "wait_event: the event was recorded inside a capture: a point in a graph, which a "
+          "stream outside it cannot wait for");
+  {
+    std::lock_guard lock(core_->mutex);
+    core_->refuse_in_capture("wait_event: another stream's event joins the stream", kPhase);
+  }
   core_->enqueue("wait_event", [simulated, timeout] {
     std::unique_lock lock(simulated->mutex);
     require(simulated->changed.wait_for(lock, timeout, [&] { return simulated->reached; }), kPhase,
@@ -141,6 +157,7 @@ void SimulatedDevice::synchronize(std::string_view phase, std::chrono::milliseco
   // As cudaStreamSynchronize: the work queued before the call, not what other threads queue
   // while it waits.
   std::unique_lock lock(core_->mutex);
+  core_->refuse_in_capture("synchronize: the host waits for the stream", phase);
   const uint64_t until = core_->flush();
   const bool drained =
       core_->idle.wait_for(lock, timeout, [&] { return core_->finished >= until; });

@@ -3,11 +3,12 @@
 // host-simulated device (gpu_side/device/) both take, as kernel_params.hpp is for normal mode.
 // Each kernel runs one rule of ll_rules.hpp over many items, one thread block per item at a time:
 //   LlPackParams     ll_pack_message    items = (token, destination message offset)
-//   LlUnpackParams   ll_unpack_message  items = (message, expert sink, row)
 //   LlCombineParams  ll_combine_token   items = tokens, each with topk row pointers
 //   LlRouteParams    ll_route (ll_route.hpp): every message's place among its expert's messages
 //   LlPackRoutedParams  ll_pack_message  items = selections, placed by ll_route's output
 //   LlCombineRoutedParams  ll_combine_token  items = tokens, their rows found by ll_route's output
+//   LlUnpackCountedParams  ll_unpack_message  items = every source's messages, placed by the
+//                    per-expert counts the sources announced (ll_counted.hpp)
 //   MismatchParams   none: how many of two i64 arrays' elements differ (a combine's topk_idx
 //                    against its dispatch's, checked where both live)
 //
@@ -36,23 +37,6 @@ struct LlPackParams {
   int64_t num_items = 0;
   int blocks = 0;    // 0: enough to cover the GPU
   int threads = 64;  // per block, a multiple of 32 (the FP8 cast uses one lane per 128 channels)
-};
-
-// The message at `message` becomes row `row` of sinks[sink].
-struct LlUnpackItem {
-  const std::byte* message = nullptr;  // 16-byte aligned
-  int64_t row = 0;
-  int32_t sink = 0;
-};
-
-struct LlUnpackParams {
-  LlFormat format;
-  const LlUnpackItem* items = nullptr;  // [num_items]; no two write the same row of a sink
-  const LlExpertSink* sinks = nullptr;  // rows 16-byte aligned
-  int32_t num_sinks = 0;                // entries of sinks (the simulated device checks items)
-  int64_t num_items = 0;
-  int blocks = 0;     // 0: enough to cover the GPU
-  int threads = 128;  // per block, a multiple of 32
 };
 
 // out[t] = ll_combine_token(rows + t * topk, weights + t * topk, ...) for t in [0, num_tokens).
@@ -125,6 +109,28 @@ struct LlCombineRoutedParams {
   uint32_t hidden = 0;        // a multiple of 128
   int blocks = 0;             // 0: enough to cover the GPU
   int threads = 128;          // per block, a multiple of 32, at most 1024
+};
+
+// A dispatch's receive with no host-made item list: every message of every source unpacked into
+// the local experts' sinks, placed by the counts alone (ll_counted.hpp has the rule), with the
+// per-expert row counts and layout ranges written beside. Source s's slot `from[s]` holds its
+// messages grouped by local expert (the layout ll_routed_message gives the sender): counts[s *
+// local_experts + e] of them for expert e. Expert e's rows are its sources' messages in rank
+// order.
+struct LlUnpackCountedParams {
+  LlFormat format;                  // ll_format_error(format) == nullptr
+  const int32_t* counts = nullptr;  // [ranks * local_experts], each >= 0
+  // [ranks]: each source's slot, 16-byte aligned; null only for a source with no messages
+  const std::byte* const* from = nullptr;
+  const LlExpertSink* sinks = nullptr;  // [local_experts], rows 16-byte aligned
+  int32_t* recv_count = nullptr;        // [local_experts]: expert e's rows
+  // [local_experts * ranks]: (first row << 32) | count of source s's messages for expert e
+  int64_t* layout_range = nullptr;
+  int32_t ranks = 0;            // >= 1
+  int32_t local_experts = 0;    // 1..kMaxLocalExperts
+  int64_t rows_per_expert = 0;  // every sink's rows; an expert's counts must add up to at most this
+  int blocks = 0;               // 0: enough to cover the GPU (a block per (expert, source))
+  int threads = 128;            // per block, a multiple of 32, at most 1024
 };
 
 // *mismatches = the number of i in [0, count) with a[i] != b[i].

@@ -313,15 +313,21 @@ void DeviceBackend::ll_pack_routed(const ep::LlFormat& format, const ep::TensorR
   queued();
 }
 
-void DeviceBackend::ll_unpack(const ep::LlFormat& format, std::span<const ep::LlUnpackItem> items,
-                              std::span<const ep::LlExpertSink> sinks) {
-  if (items.empty()) return;
+void DeviceBackend::ll_unpack_counted(const ep::LlFormat& format, std::span<const int32_t> counts,
+                                      std::span<const std::byte* const> from,
+                                      std::span<const ep::LlExpertSink> sinks,
+                                      int64_t rows_per_expert, int32_t* recv_count,
+                                      int64_t* layout_range) {
   std::lock_guard lock(mutex_);
-  device_->ll_unpack({.format = format,
-                      .items = upload(items.data(), items.size()),
-                      .sinks = upload(sinks.data(), sinks.size()),
-                      .num_sinks = static_cast<int32_t>(sinks.size()),
-                      .num_items = static_cast<int64_t>(items.size())});
+  device_->ll_unpack_counted({.format = format,
+                              .counts = upload(counts.data(), counts.size()),
+                              .from = upload(from.data(), from.size()),
+                              .sinks = upload(sinks.data(), sinks.size()),
+                              .recv_count = recv_count,
+                              .layout_range = layout_range,
+                              .ranks = static_cast<int32_t>(from.size()),
+                              .local_experts = static_cast<int32_t>(sinks.size()),
+                              .rows_per_expert = rows_per_expert});
   queued();
 }
 

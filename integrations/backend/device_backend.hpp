@@ -56,9 +56,10 @@ class DeviceBackend final : public RowBackend {
   void ll_pack_routed(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                       const LlRouting& routing, int32_t local_experts,
                       std::span<std::byte* const> slots) override;
-  void ll_unpack(const gpu_side::ep::LlFormat& format,
-                 std::span<const gpu_side::ep::LlUnpackItem> items,
-                 std::span<const gpu_side::ep::LlExpertSink> sinks) override;
+  void ll_unpack_counted(const gpu_side::ep::LlFormat& format, std::span<const int32_t> counts,
+                         std::span<const std::byte* const> from,
+                         std::span<const gpu_side::ep::LlExpertSink> sinks, int64_t rows_per_expert,
+                         int32_t* recv_count, int64_t* layout_range) override;
   void ll_combine(std::span<const uint16_t* const> rows, const float* weights, uint16_t* out,
                   int topk, uint32_t hidden) override;
   void ll_combine_routed(const LlRouting& routing, int32_t local_experts,

@@ -1,8 +1,10 @@
 // The host backend (host_backend.hpp).
 #include "integrations/backend/host_backend.hpp"
 
+#include "common/error.hpp"
 #include "common/params.hpp"
 #include "gpu_side/ep/host_reduce.hpp"
+#include "gpu_side/ep/ll_counted.hpp"
 
 #include <unistd.h>
 
@@ -167,15 +169,29 @@ void HostBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,
   });
 }
 
-void HostBackend::ll_unpack(const ep::LlFormat& format, std::span<const ep::LlUnpackItem> items,
-                            std::span<const ep::LlExpertSink> sinks) {
-  for_each_token_block(static_cast<int64_t>(items.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const ep::LlUnpackItem& item = items[static_cast<size_t>(i)];
-      ep::ll_unpack_message(format, item.message, sinks[static_cast<size_t>(item.sink)], item.row,
-                            ep::HostLanes{});
-    }
-  });
+void HostBackend::ll_unpack_counted(const ep::LlFormat& format, std::span<const int32_t> counts,
+                                    std::span<const std::byte* const> from,
+                                    std::span<const ep::LlExpertSink> sinks,
+                                    int64_t rows_per_expert, int32_t* recv_count,
+                                    int64_t* layout_range) {
+  const ep::LlUnpackCountedParams p{.format = format,
+                                    .counts = counts.data(),
+                                    .from = from.data(),
+                                    .sinks = sinks.data(),
+                                    .recv_count = recv_count,
+                                    .layout_range = layout_range,
+                                    .ranks = static_cast<int32_t>(from.size()),
+                                    .local_experts = static_cast<int32_t>(sinks.size()),
+                                    .rows_per_expert = rows_per_expert};
+  const char* error = ep::ll_unpack_counted_error(p);
+  require(error == nullptr, "low_latency_dispatch", "ll_unpack_counted: {}",
+          error != nullptr ? error : "");
+  // A pair of (expert, source) per item, as the kernel's blocks take them.
+  for_each_token_block(static_cast<int64_t>(sinks.size() * from.size()),
+                       [&](int64_t begin, int64_t end) {
+                         for (int64_t q = begin; q < end; ++q)
+                           ep::ll_unpack_counted_pair(p, q, ep::HostLanes{});
+                       });
 }
 
 void HostBackend::ll_combine(std::span<const uint16_t* const> rows, const float* weights,

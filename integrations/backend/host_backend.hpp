@@ -34,9 +34,10 @@ class HostBackend final : public RowBackend {
   void add(const gpu_side::ep::TensorRef& to, std::span<const int64_t> values) override;
   void ll_pack(const gpu_side::ep::LlFormat& format, const gpu_side::ep::TensorRef& x,
                std::span<const gpu_side::ep::LlPackItem> items) override;
-  void ll_unpack(const gpu_side::ep::LlFormat& format,
-                 std::span<const gpu_side::ep::LlUnpackItem> items,
-                 std::span<const gpu_side::ep::LlExpertSink> sinks) override;
+  void ll_unpack_counted(const gpu_side::ep::LlFormat& format, std::span<const int32_t> counts,
+                         std::span<const std::byte* const> from,
+                         std::span<const gpu_side::ep::LlExpertSink> sinks, int64_t rows_per_expert,
+                         int32_t* recv_count, int64_t* layout_range) override;
   void ll_combine(std::span<const uint16_t* const> rows, const float* weights, uint16_t* out,
                   int topk, uint32_t hidden) override;
 

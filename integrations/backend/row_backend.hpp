@@ -169,10 +169,17 @@ class RowBackend {
     (void)a, (void)b, (void)count;
     fail(std::string(phase), "this backend routes nothing (it compares on the host)");
   }
-  // Dispatch, receiver: each item's message becomes row items[i].row of sinks[items[i].sink].
-  virtual void ll_unpack(const gpu_side::ep::LlFormat& format,
-                         std::span<const gpu_side::ep::LlUnpackItem> items,
-                         std::span<const gpu_side::ep::LlExpertSink> sinks) = 0;
+  // Dispatch, receiver: every source's messages unpacked by the counts alone
+  // (gpu_side/ep/ll_counted.hpp): counts (i32 [ranks * sinks], source-major) and each source's
+  // slot (from, [ranks]; null: it sent nothing) say where each message is and which row of which
+  // sink it becomes; recv_count (i32 [sinks]) and layout_range (i64 [sinks * ranks]) are written
+  // beside. The counts and the tables on the host, what they point to in the backend's memory.
+  virtual void ll_unpack_counted(const gpu_side::ep::LlFormat& format,
+                                 std::span<const int32_t> counts,
+                                 std::span<const std::byte* const> from,
+                                 std::span<const gpu_side::ep::LlExpertSink> sinks,
+                                 int64_t rows_per_expert, int32_t* recv_count,
+                                 int64_t* layout_range) = 0;
   // Combine, home rank: out[t] = ll_combine_token(rows + t * topk, weights + t * topk) for the
   // `rows.size() / topk` tokens; rows (null: skipped), weights (f32 [tokens, topk]) and out
   // (bf16 [tokens, hidden]) in the backend's memory, the table of row addresses on the host.

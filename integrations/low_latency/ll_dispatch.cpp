@@ -1,10 +1,12 @@
 // low_latency_dispatch: checks, routing, the FP8 cast, the send phase and the receive phase
 // (low_latency_mode.hpp).
 #include "common/error.hpp"
+#include "gpu_side/ep/ll_counted.hpp"
 #include "gpu_side/ep/ll_route.hpp"
 #include "integrations/low_latency/ll_args.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -228,15 +230,16 @@ void LowLatencyMode::receive_dispatch(CallState& st) {
   }
   const int64_t rows = static_cast<int64_t>(R) * st.shape.tokens;
   const uint32_t scale_words = st.format.scale_words();
-  std::vector<uint64_t> first(static_cast<size_t>(R), 0);  // source's first message of expert e
-  // Counts and ranges on the host (combine reads the ranges there), then into the outputs.
-  std::vector<int32_t> counts(static_cast<size_t>(local));
-  std::vector<int64_t>& ranges = st.ranges;
-  ranges.assign(static_cast<size_t>(local) * R, 0);
-  // Every message of every source, one batch: expert e's rows are its sources' messages in
-  // rank order (layout_range says where each begins).
+  // The records' counts place every message (gpu_side/ep/ll_counted.hpp): expert e's rows are
+  // its sources' messages in rank order, each source's slot grouped by expert.
+  std::vector<int32_t> counts(static_cast<size_t>(R) * local);  // source-major
+  std::vector<const std::byte*> from(static_cast<size_t>(R), nullptr);
+  for (int s = 0; s < R; ++s) {
+    std::copy(records[s].counts.begin(), records[s].counts.end(),
+              counts.begin() + static_cast<ptrdiff_t>(s) * local);
+    if (records[s].eager_bytes > 0) from[s] = session_.channel(s).eager(st.call);
+  }
   std::vector<ep::LlExpertSink> sinks(static_cast<size_t>(local));
-  std::vector<ep::LlUnpackItem> items;
   for (int e = 0; e < local; ++e) {
     ep::LlExpertSink& sink = sinks[static_cast<size_t>(e)];
     sink.x = st.recv_x.raw() + static_cast<uint64_t>(e) * rows * st.format.payload_bytes();
@@ -245,25 +248,24 @@ void LowLatencyMode::receive_dispatch(CallState& st) {
           st.recv_x_scales.data<uint32_t>() + static_cast<uint64_t>(e) * scale_words * rows;
     sink.scale_stride = rows;
     sink.src_info = st.src_info.data<int32_t>() + static_cast<uint64_t>(e) * rows;
-    int64_t begin = 0;
-    for (int s = 0; s < R; ++s) {
-      const int32_t count = records[s].counts[e];
-      ranges[static_cast<size_t>(e) * R + s] = (begin << 32) | count;
-      const std::byte* from = count > 0 ? session_.channel(s).eager(st.call) : nullptr;
-      for (int32_t i = 0; i < count; ++i)
-        items.push_back({.message = from + (first[s] + static_cast<uint64_t>(i)) * message,
-                         .row = begin + i,
-                         .sink = e});
-      first[s] += static_cast<uint64_t>(count);
-      begin += count;
-    }
-    counts[e] = static_cast<int32_t>(begin);
   }
   RowBackend& backend = *st.backend;
-  backend.ll_unpack(st.format, items, sinks);
-  backend.write(st.recv_count.raw(), counts.data(), 4 * counts.size());
-  backend.write(st.layout_range.raw(), ranges.data(), 8 * ranges.size());
-  if (st.recv_stats.defined()) backend.add(st.recv_stats, std::span<const int32_t>(counts));
+  backend.ll_unpack_counted(st.format, counts, from, sinks, rows, st.recv_count.data<int32_t>(),
+                            st.layout_range.data<int64_t>());
+  // The same rule on the host, for what the host reads of the layout: combine's ranges, the
+  // statistics.
+  const ep::LlUnpackCountedParams placed{
+      .counts = counts.data(), .ranks = R, .local_experts = local, .rows_per_expert = rows};
+  std::vector<int64_t>& ranges = st.ranges;
+  ranges.resize(static_cast<size_t>(local) * R);
+  std::vector<int32_t> received(static_cast<size_t>(local));
+  for (int e = 0; e < local; ++e) {
+    for (int s = 0; s < R; ++s)
+      ranges[static_cast<size_t>(e) * R + s] =
+          ep::ll_counted_range(ep::ll_counted_place(placed, e, s));
+    received[static_cast<size_t>(e)] = ep::ll_counted_rows(placed, e);
+  }
+  if (st.recv_stats.defined()) backend.add(st.recv_stats, std::span<const int32_t>(received));
   if (st.wait_stats.defined()) backend.add(st.wait_stats, std::span<const int64_t>(waited));
 }
 

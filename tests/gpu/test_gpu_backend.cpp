@@ -30,8 +30,8 @@ int main() {
       {"ll_pack bf16", [](auto d) { return ll_pack_case(d, false, false); }},
       {"ll_pack fp8", [](auto d) { return ll_pack_case(d, true, false); }},
       {"ll_pack fp8 ue8m0", [](auto d) { return ll_pack_case(d, true, true); }},
-      {"ll_unpack bf16", [](auto d) { return ll_unpack_case(d, false); }},
-      {"ll_unpack fp8", [](auto d) { return ll_unpack_case(d, true); }},
+      {"ll_unpack_counted bf16", [](auto d) { return ll_unpack_counted_case(d, false); }},
+      {"ll_unpack_counted fp8", [](auto d) { return ll_unpack_counted_case(d, true); }},
       {"ll_combine", ll_combine_case},
   };
   return testing::run_gpu_cases(cases, [](const Case& c) {

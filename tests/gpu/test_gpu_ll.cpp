@@ -3,7 +3,8 @@
 // item, the twin runs the same rule on HostLanes, and every byte of the output areas (filler
 // that no item writes included) must agree:
 //   - pack: tokens packed into messages at permuted offsets (some tokens twice), every format;
-//   - unpack: those messages into three experts' rows, scales and src_info, rows permuted;
+//   - unpack (ll_counted.hpp): those messages as four sources' slots, placed by random counts
+//     into three experts' rows, scales and src_info, with recv_count and layout_range;
 //   - combine: tokens with up to kLlMaxTopk rows, some skipped, weights of both signs;
 //   - route (ll_route.hpp): counts, positions and bad selections of a routing with hot experts,
 //     drops and out-of-range values, over several chunks of a block and fewer blocks than experts;
@@ -13,6 +14,7 @@
 // Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
 #include "common/error.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
+#include "gpu_side/ep/ll_counted.hpp"
 #include "gpu_side/ep/ll_route.hpp"
 #include "gpu_side/ep/ll_rules.hpp"
 #include "gpu_side/ep/numeric.hpp"
@@ -115,22 +117,45 @@ bool check_pack(const Case& c, const std::vector<uint16_t>& x, std::mt19937_64& 
               out_d.download<std::byte>(messages.size()).data(), messages.size());
 }
 
-// The messages into three experts' outputs: slot i goes to expert i % 3 at a permuted row.
+// The messages as four sources' slots (in order, one source empty) unpacked by random counts
+// into three experts' outputs, with recv_count and layout_range (ll_counted.hpp).
 bool check_unpack(const Case& c, const std::vector<std::byte>& messages, int slots,
                   std::mt19937_64& rng) {
   const LlFormat& f = c.format;
-  constexpr int kExperts = 3;
-  const int64_t rows = slots;  // rows per expert (R * T), more than any expert receives
+  constexpr int kExperts = 3, kRanks = 4;
+  const int64_t rows = slots;  // rows per expert, more than any expert receives
   const uint32_t S = f.scale_words();
   const size_t x_bytes = kExperts * rows * f.payload_bytes();
   const size_t scale_words = kExperts * std::max<size_t>(S, 1) * rows;
   const size_t info_words = kExperts * rows;
   std::vector<std::byte> recv_x(x_bytes, kFiller);
   std::vector<uint32_t> scales(scale_words, 0x5a5a5a5au);
-  std::vector<int32_t> src_info(info_words, 0x5a5a5a5a);
+  std::vector<int32_t> src_info(info_words, 0x5a5a5a5a), recv_count(kExperts, 0x5a5a5a5a);
+  std::vector<int64_t> layout_range(kExperts * kRanks, 0x5a5a5a5a);
 
+  // Source-major counts: the slots cut at random points, source 1 sends nothing.
+  std::vector<int32_t> counts(kExperts * kRanks, 0);
+  for (int i = 0; i < slots; ++i) {
+    int bucket = static_cast<int>(rng() % (kExperts * kRanks));
+    if (bucket / kExperts == 1) bucket += kExperts;
+    ++counts[bucket];
+  }
   DeviceMemory messages_d(messages.data(), messages.size());
+  std::vector<const std::byte*> host_from(kRanks, nullptr), device_from(kRanks, nullptr);
+  int64_t first = 0;
+  for (int s = 0; s < kRanks; ++s) {
+    int64_t sent = 0;
+    for (int e = 0; e < kExperts; ++e)
+      sent += counts[s * kExperts + e];
+    if (sent > 0) {
+      host_from[s] = messages.data() + first * f.message_bytes();
+      device_from[s] = messages_d.as<std::byte>() + first * f.message_bytes();
+    }
+    first += sent;
+  }
   DeviceMemory x_d(x_bytes), scales_d(scale_words * 4), info_d(info_words * 4);
+  DeviceMemory recv_count_d(recv_count.data(), kExperts * 4);
+  DeviceMemory range_d(layout_range.data(), layout_range.size() * 8);
   x_d.upload(recv_x.data(), x_bytes);
   scales_d.upload(scales.data(), scale_words * 4);
   info_d.upload(src_info.data(), info_words * 4);
@@ -142,34 +167,38 @@ bool check_unpack(const Case& c, const std::vector<std::byte>& messages, int slo
                             scales_d.as<uint32_t>() + e * S * rows, rows,
                             info_d.as<int32_t>() + e * rows});
   }
-  std::vector<int64_t> row_of(rows);
-  for (int64_t r = 0; r < rows; ++r)
-    row_of[r] = r;
-  std::shuffle(row_of.begin(), row_of.end(), rng);
-  std::vector<gpu_side::cuda::LlUnpackItem> items;
-  for (int i = 0; i < slots; ++i) {
-    const std::byte* message = messages.data() + static_cast<size_t>(i) * f.message_bytes();
-    const gpu_side::cuda::LlUnpackItem item{message, row_of[i], i % kExperts};
-    ll_unpack_message(f, item.message, host_sinks[item.sink], item.row, HostLanes{});
-    items.push_back(
-        {messages_d.as<std::byte>() + (message - messages.data()), item.row, item.sink});
-  }
-  DeviceMemory sinks_d(device_sinks.data(), device_sinks.size() * sizeof(LlExpertSink));
-  DeviceMemory items_d(items.data(), items.size() * sizeof(items[0]));
-  gpu_side::cuda::LlUnpackParams p;
+  LlUnpackCountedParams p;
   p.format = f;
-  p.items = items_d.as<gpu_side::cuda::LlUnpackItem>();
-  p.sinks = sinks_d.as<LlExpertSink>();
-  p.num_items = static_cast<int64_t>(items.size());
+  p.counts = counts.data();
+  p.from = host_from.data();
+  p.sinks = host_sinks.data();
+  p.recv_count = recv_count.data();
+  p.layout_range = layout_range.data();
+  p.ranks = kRanks;
+  p.local_experts = kExperts;
+  p.rows_per_expert = rows;
   p.blocks = c.blocks;
   if (c.threads > 0) p.threads = c.threads;
-  check_cuda(gpu_side::cuda::launch_ll_unpack(p, nullptr), "launch_ll_unpack");
-  check_cuda(cudaDeviceSynchronize(), "ll_unpack_kernel");
+  ll_unpack_counted_on_host(p);
+  DeviceMemory counts_d(counts.data(), counts.size() * 4);
+  DeviceMemory from_d(device_from.data(), device_from.size() * sizeof(void*));
+  DeviceMemory sinks_d(device_sinks.data(), device_sinks.size() * sizeof(LlExpertSink));
+  p.counts = counts_d.as<int32_t>();
+  p.from = from_d.as<const std::byte*>();
+  p.sinks = sinks_d.as<LlExpertSink>();
+  p.recv_count = recv_count_d.as<int32_t>();
+  p.layout_range = range_d.as<int64_t>();
+  check_cuda(gpu_side::cuda::launch_ll_unpack_counted(p, nullptr), "launch_ll_unpack_counted");
+  check_cuda(cudaDeviceSynchronize(), "ll_unpack_counted_kernel");
   bool ok = same(c, "recv_x", recv_x.data(), x_d.download<std::byte>(x_bytes).data(), x_bytes);
   ok &= same(c, "recv_x_scales", scales.data(), scales_d.download<uint32_t>(scale_words).data(),
              scale_words * 4);
   ok &= same(c, "src_info", src_info.data(), info_d.download<int32_t>(info_words).data(),
              info_words * 4);
+  ok &= same(c, "recv_count", recv_count.data(), recv_count_d.download<int32_t>(kExperts).data(),
+             kExperts * 4);
+  ok &= same(c, "layout_range", layout_range.data(),
+             range_d.download<int64_t>(layout_range.size()).data(), layout_range.size() * 8);
   return ok;
 }
 

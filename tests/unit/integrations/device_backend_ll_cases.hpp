@@ -1,4 +1,4 @@
-// The DeviceBackend's low-latency operations (ll_pack, ll_unpack, ll_combine) against the
+// The DeviceBackend's low-latency operations (ll_pack, ll_unpack_counted, ll_combine) against the
 // HostBackend's, byte for byte, on any DeviceRuntime: the host-simulated device in the unit test
 // (tests/unit/integrations/test_device_backend.cpp), CUDA in the GPU test
 // (tests/gpu/test_gpu_backend.cpp). Messages sit where the LL protocol puts them: in a slot
@@ -54,31 +54,39 @@ inline std::string ll_pack_case(std::shared_ptr<gpu_side::device::DeviceRuntime>
                  got.host(), want.data(), bytes);
 }
 
-// Dispatch, receiver: messages in an arena unpacked into two experts' outputs (rows scattered).
-inline std::string ll_unpack_case(std::shared_ptr<gpu_side::device::DeviceRuntime> device,
-                                  bool fp8) {
+// Dispatch, receiver: three sources' messages in an arena (one source sends nothing) unpacked by
+// their counts into two experts' outputs, with recv_count and layout_range.
+inline std::string ll_unpack_counted_case(std::shared_ptr<gpu_side::device::DeviceRuntime> device,
+                                          bool fp8) {
   DeviceBackend backend(device);
   HostBackend host(2);
   const ep::LlFormat f = ll_format(fp8, false);
-  const int64_t tokens = 10, rows = 12;  // rows per expert
-  const int experts = 2;
-  const ep::Tensor x = random_bf16(tokens, f.hidden, 31);
+  const int32_t ranks = 3, experts = 2;
+  const int64_t tokens = 4, rows = ranks * tokens;  // rows per expert
+  // Source-major: source 1 sends nothing, source 2 fills expert 1 and sends expert 0 one.
+  const std::vector<int32_t> counts = {3, 2, /**/ 0, 0, /**/ 1, 4};
+  const int64_t messages[] = {5, 0, 5};
+  const ep::Tensor x = random_bf16(10, f.hidden, 31);
   const uint64_t message = f.message_bytes();
-  Arena messages(*device, tokens * message, 0);
+  Arena arena(*device, 10 * message, 0);
   std::vector<ep::LlPackItem> packed;
-  for (int32_t t = 0; t < tokens; ++t)
-    packed.push_back({.message = messages.host() + static_cast<uint64_t>(t) * message, .token = t});
+  for (int32_t t = 0; t < 10; ++t)
+    packed.push_back({.message = arena.host() + static_cast<uint64_t>(t) * message, .token = t});
   host.ll_pack(f, x, packed);
+  // Source 2's messages first in the arena: the addresses are used.
+  auto from_at = [&](const std::byte* base) {
+    return std::vector<const std::byte*>{base + messages[2] * message, nullptr, base};
+  };
 
-  const ep::DType scale_type = ep::DType::f32;
   const auto scale_words = static_cast<int64_t>(f.scale_words());
   auto outputs = [&](integrations::RowBackend& b) {
     std::vector<ep::Tensor> t;
-    for (int e = 0; e < experts; ++e) {
-      t.push_back(b.allocate(ep::DType::u8, rows, f.payload_bytes()));
-      t.push_back(scale_words > 0 ? b.allocate(scale_type, scale_words, rows) : ep::Tensor());
-      t.push_back(b.allocate(ep::DType::i32, rows));
-    }
+    t.push_back(b.allocate(ep::DType::u8, experts * rows, f.payload_bytes()));
+    t.push_back(scale_words > 0 ? b.allocate(ep::DType::f32, experts * scale_words, rows)
+                                : ep::Tensor());
+    t.push_back(b.allocate(ep::DType::i32, experts, rows));
+    t.push_back(b.allocate(ep::DType::i32, experts));
+    t.push_back(b.allocate(ep::DType::i64, experts, ranks));
     return t;
   };
   std::vector<ep::Tensor> got = outputs(backend), want = outputs(host);
@@ -90,26 +98,25 @@ inline std::string ll_unpack_case(std::shared_ptr<gpu_side::device::DeviceRuntim
   auto sinks_of = [&](std::vector<ep::Tensor>& t) {
     std::vector<ep::LlExpertSink> sinks;
     for (int e = 0; e < experts; ++e)
-      sinks.push_back({.x = t[3 * e].raw(),
-                       .scales = t[3 * e + 1].defined() ? t[3 * e + 1].data<uint32_t>() : nullptr,
-                       .scale_stride = rows,
-                       .src_info = t[3 * e + 2].data<int32_t>()});
+      sinks.push_back(
+          {.x = t[0].raw() + static_cast<uint64_t>(e * rows) * f.payload_bytes(),
+           .scales = t[1].defined() ? t[1].data<uint32_t>() + e * scale_words * rows : nullptr,
+           .scale_stride = rows,
+           .src_info = t[2].data<int32_t>() + e * rows});
     return sinks;
   };
-  auto items_at = [&](const std::byte* base) {
-    std::vector<ep::LlUnpackItem> items;
-    for (int32_t t = 0; t < tokens; ++t)
-      items.push_back({.message = base + static_cast<uint64_t>(t) * message,
-                       .row = (t * 5) % rows,
-                       .sink = t % experts});
-    return items;
-  };
-  backend.ll_unpack(f, items_at(messages.device()), sinks_of(got));
-  host.ll_unpack(f, items_at(messages.host()), sinks_of(want));
+  backend.ll_unpack_counted(f, counts, from_at(arena.device()), sinks_of(got), rows,
+                            got[3].data<int32_t>(), got[4].data<int64_t>());
+  host.ll_unpack_counted(f, counts, from_at(arena.host()), sinks_of(want), rows,
+                         want[3].data<int32_t>(), want[4].data<int64_t>());
   std::string diff;
-  const char* names[] = {"recv_x", "recv_x_scales", "src_info"};
+  const char* names[] = {"recv_x", "recv_x_scales", "src_info", "recv_count", "layout_range"};
   for (size_t i = 0; i < got.size(); ++i)
-    diff += compare(names[i % 3], got[i], want[i], backend);
+    diff += compare(names[i], got[i], want[i], backend);
+  // The host backend's outputs as the rule says: expert 1's rows are source 0's two, then
+  // source 2's four; its layout_range entries (first row << 32) | count.
+  if (want[3].data<int32_t>()[1] != 6 || want[4].data<int64_t>()[5] != ((int64_t{2} << 32) | 4))
+    diff += "the host backend's recv_count or layout_range is not the rule's\n";
   return diff;
 }
 

@@ -37,8 +37,8 @@ TEST_CASE("device backend on the simulated device equals the host backend") {
     CHECK(ll_pack_case(simulated(deferred), false, false) == "");
     CHECK(ll_pack_case(simulated(deferred), true, false) == "");
     CHECK(ll_pack_case(simulated(deferred), true, true) == "");
-    CHECK(ll_unpack_case(simulated(deferred), false) == "");
-    CHECK(ll_unpack_case(simulated(deferred), true) == "");
+    CHECK(ll_unpack_counted_case(simulated(deferred), false) == "");
+    CHECK(ll_unpack_counted_case(simulated(deferred), true) == "");
     CHECK(ll_combine_case(simulated(deferred)) == "");
   }
 }

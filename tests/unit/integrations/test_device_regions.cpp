@@ -61,10 +61,12 @@ class ShiftingDevice final : public DeviceRuntime {
   void ll_pack_routed(const gpu_side::ep::LlPackRoutedParams& p) override {
     inner_->ll_pack_routed(p);
   }
-  void ll_unpack(const gpu_side::ep::LlUnpackParams& p) override { inner_->ll_unpack(p); }
   void ll_combine(const gpu_side::ep::LlCombineParams& p) override { inner_->ll_combine(p); }
   void ll_combine_routed(const gpu_side::ep::LlCombineRoutedParams& p) override {
     inner_->ll_combine_routed(p);
+  }
+  void ll_unpack_counted(const gpu_side::ep::LlUnpackCountedParams& p) override {
+    inner_->ll_unpack_counted(p);
   }
   void count_mismatches(const gpu_side::ep::MismatchParams& p) override {
     inner_->count_mismatches(p);

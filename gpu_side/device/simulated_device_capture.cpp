@@ -1,0 +1,86 @@
+// SimulatedDevice's stream capture (simulated_device.hpp): operations recorded between
+// begin_capture and end_capture, and launched again as a graph.
+#include "common/error.hpp"
+#include "gpu_side/device/simulated_device.hpp"
+#include "gpu_side/device/simulated_device_core.hpp"
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace proxyep::gpu_side::device {
+
+namespace {
+
+// Runs the releases a capture deferred (Core::release, which queues them on the live stream).
+void run_releases(std::vector<std::function<void()>>& releases) {
+  for (auto& release : releases)
+    release();
+  releases.clear();
+}
+
+}  // namespace
+
+// The recorded operations, and the memory they may use that lost its last owner meanwhile.
+struct SimulatedDevice::Graph final : DeviceGraph {
+  std::shared_ptr<Core> stream;  // keeps the deferred releases' stream alive
+  std::vector<Core::Op> ops;
+  std::vector<std::function<void()>> releases;
+  ~Graph() override { run_releases(releases); }
+};
+
+void SimulatedDevice::begin_capture(std::string_view phase) {
+  std::lock_guard lock(core_->mutex);
+  require(!core_->capture, phase, "begin_capture: the stream is already being captured (by {})",
+          core_->capture ? core_->capture->phase : "");
+  core_->require_healthy(phase);
+  core_->capture.emplace();
+  core_->capture->phase = std::string(phase);
+}
+
+std::unique_ptr<DeviceGraph> SimulatedDevice::end_capture(std::string_view phase) {
+  std::optional<Core::Capture> ended;
+  {
+    std::lock_guard lock(core_->mutex);
+    require(core_->capture.has_value(), phase, "end_capture: the stream is not being captured");
+    ended = std::move(core_->capture);
+    core_->capture.reset();
+  }
+  if (ended->invalid) {
+    run_releases(ended->releases);
+    fail(std::string(phase), "end_capture: the capture is invalid: {}", *ended->invalid);
+  }
+  auto graph = std::make_unique<Graph>();
+  graph->stream = core_;
+  graph->ops = std::move(ended->ops);
+  graph->releases = std::move(ended->releases);
+  return graph;
+}
+
+void SimulatedDevice::launch(const DeviceGraph& graph, std::string_view phase) {
+  const auto* simulated = dynamic_cast<const Graph*>(&graph);
+  require(simulated != nullptr && simulated->stream->memory == core_->memory, phase,
+          "launch: the graph was not captured on a stream of this device");
+  {
+    std::lock_guard lock(core_->mutex);
+    require(!core_->capture, phase,
+            "launch: the stream is being captured (by {}); a simulated graph does not nest",
+            core_->capture ? core_->capture->phase : "");
+    core_->require_healthy(phase);
+    for (const Core::Op& op : simulated->ops) {
+      core_->queue.push_back(op);  // a copy: the graph runs again at its next launch
+      ++core_->queued;
+    }
+  }
+  core_->wake.notify_one();
+}
+
+bool SimulatedDevice::capturing() const {
+  std::lock_guard lock(core_->mutex);
+  return core_->capture.has_value();
+}
+
+}  // namespace proxyep::gpu_side::device

@@ -1,0 +1,26 @@
+// The CPU twin of the counted unpack (ll_counted.hpp).
+#include "gpu_side/ep/ll_counted.hpp"
+
+#include "gpu_side/ep/ep_shape.hpp"
+
+namespace proxyep::gpu_side::ep {
+
+const char* ll_unpack_counted_error(const LlUnpackCountedParams& p) {
+  if (const char* format = ll_format_error(p.format)) return format;
+  if (p.ranks < 1) return "no ranks";
+  if (p.local_experts < 1 || p.local_experts > kMaxLocalExperts)
+    return "local experts outside 1..1024";
+  if (p.rows_per_expert < 0 || p.rows_per_expert > INT32_MAX)
+    return "rows per expert outside 0..2^31-1";
+  if (p.threads < 32 || p.threads % 32 != 0 || p.threads > 1024)
+    return "threads per block not a multiple of 32 in 32..1024";
+  return nullptr;
+}
+
+void ll_unpack_counted_on_host(const LlUnpackCountedParams& p) {
+  const int64_t pairs = static_cast<int64_t>(p.local_experts) * p.ranks;
+  for (int64_t q = 0; q < pairs; ++q)
+    ll_unpack_counted_pair(p, q, HostLanes{});
+}
+
+}  // namespace proxyep::gpu_side::ep

@@ -1,0 +1,142 @@
+// Stream capture (DeviceRuntime::begin_capture / end_capture / launch) on any DeviceRuntime: run
+// on the host-simulated device by test_simulated_device.cpp and on CUDA by
+// tests/gpu/test_gpu_signal.cpp. Each case returns "" when it held, else what went wrong.
+#pragma once
+
+#include "gpu_side/device/device_runtime.hpp"
+#include "tests/unit/gpu_side/device/device_signal_cases.hpp"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace proxyep::gpu_side::testing::device_capture {
+
+using device_ring::kWait;
+using device_signal::error_of;
+using device_signal::SignalPage;
+
+// Whether all of `bytes` at `p` hold `value`.
+inline bool all_bytes(const std::byte* p, uint64_t bytes, uint8_t value) {
+  for (uint64_t i = 0; i < bytes; ++i)
+    if (p[i] != std::byte{value}) return false;
+  return true;
+}
+
+// A step captured once and launched twice: nothing runs while it is captured; each launch waits
+// for the gate word, moves the input (registered host memory, rewritten by the host between
+// launches) through device memory allocated and dropped inside the capture, and signals the done
+// word after the payload landed. The second launch reads what the input holds then: the graph
+// keeps addresses, not bytes.
+inline std::string capture_and_replay_case(const std::shared_ptr<device::DeviceRuntime>& device) {
+  constexpr uint64_t kBytes = SignalPage::kPayload;
+  SignalPage page(*device);
+  std::byte* input = page.payload() + 1024;  // inside the registered page, past the payload
+  std::memset(input, 0x11, kBytes);
+  device->begin_capture("test capture");
+  if (!device->capturing()) return "capturing() says no after begin_capture";
+  device->wait_value(page.gate(), 1, kWait, "test gate");
+  {
+    // Dropped before the capture ends: the graph's copy of it must stay valid for every launch.
+    const std::shared_ptr<std::byte[]> staged = device->allocate(kBytes);
+    device->copy(staged.get(), input, kBytes);
+    device->copy(page.payload(), staged.get(), kBytes);
+  }
+  device->write_value(page.done(), 7, "test done");
+  std::unique_ptr<device::DeviceGraph> graph = device->end_capture("test capture");
+  if (device->capturing()) return "capturing() says yes after end_capture";
+  std::atomic_ref<uint64_t>(*page.gate()).store(1, std::memory_order_release);
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  if (page.load(page.done()) != 0 || !all_bytes(page.payload(), kBytes, 0))
+    return "a captured operation ran before the graph was launched";
+
+  for (const uint8_t value : {0x11, 0x22}) {
+    std::memset(input, value, kBytes);
+    std::atomic_ref<uint64_t>(*page.done()).store(0, std::memory_order_release);
+    device->launch(*graph, "test launch");
+    const std::string error = error_of([&] { device->synchronize("after the launch", kWait); });
+    if (!error.empty()) return fmt::format("launch {:#x}: {}", value, error);
+    if (page.load(page.done()) != 7) return fmt::format("launch {:#x}: no done word", value);
+    if (!all_bytes(page.payload(), kBytes, value))
+      return fmt::format("launch {:#x}: the payload is not the input's bytes", value);
+  }
+  return "";
+}
+
+// What a graph cannot hold, refused at once, naming the capture; the capture is then invalid
+// (end_capture says why) and the stream runs as queued again. Events recorded inside a capture
+// are points in the graph: no host waits for them. Nesting and unmatched calls are refused.
+inline std::string refused_in_capture_case(const std::shared_ptr<device::DeviceRuntime>& device) {
+  SignalPage page(*device);
+  std::vector<std::byte> plain(64);
+  const std::shared_ptr<std::byte[]> on_device = device->allocate(64);
+  struct Attempt {
+    const char* name;
+    std::function<void()> call;
+    const char* wanted;
+  };
+  const std::shared_ptr<device::DeviceEvent> before = device->record();
+  const Attempt attempts[] = {
+      {"synchronize", [&] { device->synchronize("sync in capture", kWait); },
+       "synchronize: the host waits for the stream"},
+      {"wait_for", [&] { device->wait_for(*before, "wait in capture", kWait); },
+       "wait_for: the host waits for an event of the stream"},
+      {"reached", [&] { (void)device->reached(*before, "query in capture"); },
+       "reached: the host asks whether the stream reached an event"},
+      {"read-back", [&] { device->copy(plain.data(), on_device.get(), plain.size()); },
+       "copy: 64 bytes into plain host memory"},
+      {"join", [&] { device->wait_event(before, kWait); },
+       "wait_event: another stream's event joins the stream"},
+  };
+  for (const Attempt& attempt : attempts) {
+    device->begin_capture(attempt.name);
+    const std::string error = error_of(attempt.call);
+    const std::string wanted =
+        fmt::format("{}, inside the capture begun by {}", attempt.wanted, attempt.name);
+    if (error.find(wanted) == std::string::npos)
+      return fmt::format("{} in a capture said \"{}\", without \"{}\"", attempt.name, error,
+                         wanted);
+    const std::string ended = error_of([&] { (void)device->end_capture("end"); });
+    if (ended.find("the capture is invalid: " + std::string(attempt.wanted)) == std::string::npos)
+      return fmt::format("end_capture after {} said \"{}\"", attempt.name, ended);
+    if (device->capturing()) return fmt::format("still capturing after {}", attempt.name);
+  }
+
+  // A captured event; nesting, a launch inside, an end without a begin.
+  device->begin_capture("outer");
+  const std::shared_ptr<device::DeviceEvent> inside = device->record();
+  device->write_value(page.done(), 3, "inside");
+  const std::string nested = error_of([&] { device->begin_capture("inner"); });
+  std::unique_ptr<device::DeviceGraph> graph = device->end_capture("outer");
+  if (nested.find("already being captured (by outer)") == std::string::npos)
+    return fmt::format("a nested begin_capture said \"{}\"", nested);
+  if (!inside->captured() || before->captured())
+    return "captured() does not tell an event recorded inside the capture";
+  const std::string waited = error_of([&] { device->wait_for(*inside, "captured", kWait); });
+  if (waited.find("recorded inside a capture") == std::string::npos)
+    return fmt::format("a host wait for a captured event said \"{}\"", waited);
+  const std::string unmatched = error_of([&] { (void)device->end_capture("unmatched"); });
+  if (unmatched.find("not being captured") == std::string::npos)
+    return fmt::format("an unmatched end_capture said \"{}\"", unmatched);
+  device->begin_capture("holding a launch");
+  const std::string launched = error_of([&] { device->launch(*graph, "launch inside"); });
+  (void)device->end_capture("holding a launch");
+  if (launched.find("being captured") == std::string::npos)
+    return fmt::format("a launch inside a capture said \"{}\"", launched);
+
+  // The stream works as before, the refusals queued nothing, and the graph still launches.
+  if (page.load(page.done()) != 0) return "a captured write ran without a launch";
+  device->launch(*graph, "after the refusals");
+  device->copy(plain.data(), on_device.get(), plain.size());
+  const std::string error = error_of([&] { device->synchronize("after the refusals", kWait); });
+  if (!error.empty()) return fmt::format("the stream is unusable after the refusals: {}", error);
+  return page.load(page.done()) == 3 ? "" : "the graph's write did not land";
+}
+
+}  // namespace proxyep::gpu_side::testing::device_capture
