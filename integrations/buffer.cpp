@@ -335,7 +335,7 @@ DispatchLayout Buffer::get_dispatch_layout(
   const bool on_device = topk_idx.device == ep::Device::cuda;
   integrations::require_event_on_device(kCall, on_device, previous_event);
   if (on_device) {
-    integrations::order_after(*impl_->device(kCall), previous_event);
+    integrations::order_after(*impl_->device(kCall), previous_event, kCall);
     return impl_->device_backend->layout(topk_idx, shape);
   }
   ep::validate_topk_idx(topk_idx, shape, "get_dispatch_layout");

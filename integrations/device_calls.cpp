@@ -51,7 +51,7 @@ DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::Device
 CombineResult combine_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                                 RowBackend& backend, normal::NormalMode& mode,
                                 const CombineArgs& args) {
-  order_after(*device, args.previous_event);  // every read of x and the weights
+  order_after(*device, args.previous_event, "combine");  // every read of x and the weights
   const normal::DeviceCall call{.backend = backend, .steering = {}};
   return mode.combine(args, &call);
 }

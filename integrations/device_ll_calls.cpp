@@ -15,7 +15,7 @@ LowLatencyDispatchResult ll_dispatch_on_device(
     const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, RowBackend& backend,
     low_latency::LowLatencyMode& mode, const LowLatencyDispatchArgs& args) {
   // Every read of the inputs (the routing's, the kernels') after previous_event.
-  order_after(*device, args.previous_event);
+  order_after(*device, args.previous_event, "low_latency_dispatch");
   const low_latency::LlDeviceCall call{.backend = backend, .combine_buffer = {}};
   return mode.dispatch(args, &call);
 }
@@ -24,7 +24,7 @@ LowLatencyCombineResult ll_combine_on_device(
     const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, RowBackend& backend,
     low_latency::LowLatencyMode& mode, const LowLatencyCombineArgs& args,
     const ep::TensorRef& combine_buffer) {
-  order_after(*device, args.previous_event);
+  order_after(*device, args.previous_event, "low_latency_combine");
   const low_latency::LlDeviceCall call{.backend = backend, .combine_buffer = combine_buffer};
   return mode.combine(args, &call);
 }

@@ -23,7 +23,15 @@ int64_t extent(const ep::TensorRef& t, std::string_view phase) {
 }  // namespace
 
 void order_after(gpu_side::device::DeviceRuntime& device,
-                 const std::shared_ptr<gpu_side::device::DeviceEvent>& event) {
+                 const std::shared_ptr<gpu_side::device::DeviceEvent>& event,
+                 std::string_view phase) {
+  constexpr const char* kNotCapturable =
+      "a Buffer call waits on the host (its counts, records and slot releases) and cannot be "
+      "captured into a graph yet; make it outside the capture";
+  require(!device.capturing(), phase, "the Buffer's device stream is being captured: {}",
+          kNotCapturable);
+  require(event == nullptr || !event->captured(), phase,
+          "previous_event was recorded inside a graph capture: {}", kNotCapturable);
   if (event) device.wait_event(event, std::chrono::milliseconds(params::ep_timeout_ms.get()));
 }
 
@@ -32,7 +40,7 @@ DeviceSteering::DeviceSteering(std::shared_ptr<gpu_side::device::DeviceRuntime> 
     : device_(std::move(device)), phase_(phase) {}
 
 void DeviceSteering::order_after(const std::shared_ptr<gpu_side::device::DeviceEvent>& event) {
-  integrations::order_after(*device_, event);
+  integrations::order_after(*device_, event, phase_);
 }
 
 ep::TensorRef DeviceSteering::to_host(const ep::TensorRef& t) {

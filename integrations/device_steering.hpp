@@ -14,9 +14,12 @@
 namespace proxyep::integrations {
 
 // Makes the work `device` queues from here on wait for `event` (a call's previous_event; none: no
-// wait), for at most ep.timeout_ms.
+// wait), for at most ep.timeout_ms. A Buffer call is not capturable (it waits on the host), so
+// first, before anything is queued: refused (proxyep::Error(phase)) while `device`'s stream is
+// being captured, or for an event recorded inside a capture; the capture is left as it was.
 void order_after(gpu_side::device::DeviceRuntime& device,
-                 const std::shared_ptr<gpu_side::device::DeviceEvent>& event);
+                 const std::shared_ptr<gpu_side::device::DeviceEvent>& event,
+                 std::string_view phase);
 
 class DeviceSteering {
  public:

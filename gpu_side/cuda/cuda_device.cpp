@@ -9,6 +9,7 @@
 #include "gpu_side/cuda/ll_kernels.hpp"
 #include "gpu_side/cuda/ring_push.hpp"
 #include "gpu_side/cuda/stream_signal.hpp"
+#include "gpu_side/device/capture_state.hpp"
 #include "gpu_side/ep/ll_counted.hpp"
 #include "gpu_side/ep/ll_route.hpp"
 
@@ -92,12 +93,8 @@ struct CudaDevice::State {
   std::vector<Wait> waits;
   // A capture in progress (begin_capture .. end_capture): its phase, and the first call a graph
   // cannot hold, which end_capture reports.
-  struct Capture {
-    std::string phase;
-    std::optional<std::string> invalid;
-  };
   mutable std::mutex capture_mutex;
-  std::optional<Capture> capture;
+  std::optional<device::CaptureState> capture;
 
   ~State() {
     if (stream == nullptr) return;
@@ -136,12 +133,7 @@ struct CudaDevice::State {
   void refuse_in_capture(std::string_view what, std::string_view phase) {
     std::lock_guard lock(capture_mutex);
     if (!capture) return;
-    std::string reason = fmt::format(
-        "{}, inside the capture begun by {}: a graph holds no host waits, no joins "
-        "and no copies with plain host memory",
-        what, capture->phase);
-    if (!capture->invalid) capture->invalid = reason;
-    fail(std::string(phase), "cuda device {}: {}", ordinal, reason);
+    capture->refuse(what, phase, fmt::format("cuda device {}: ", ordinal));
   }
   bool capturing() const {
     std::lock_guard lock(capture_mutex);
@@ -553,7 +545,7 @@ void CudaDevice::begin_capture(std::string_view phase) {
 
 std::unique_ptr<device::DeviceGraph> CudaDevice::end_capture(std::string_view phase) {
   const std::string where(phase);
-  std::optional<State::Capture> ended;
+  std::optional<device::CaptureState> ended;
   {
     std::lock_guard lock(state_->capture_mutex);
     require(state_->capture.has_value(), phase, "end_capture: the stream is not being captured");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/error.hpp"
+#include "gpu_side/device/capture_state.hpp"
 #include "gpu_side/device/simulated_device.hpp"
 #include "gpu_side/device/thread_access_key.hpp"
 
@@ -74,10 +75,8 @@ struct SimulatedDevice::Core {
 
   // A capture in progress (begin_capture .. end_capture): what is queued meanwhile is recorded
   // here instead of run.
-  struct Capture {
-    std::string phase;  // begin_capture's
+  struct Capture : CaptureState {
     std::vector<Op> ops;
-    std::optional<std::string> invalid;  // the first call a graph cannot hold
     // Memory whose last owner went during the capture: the graph's operations may use it, so it
     // is released when the graph is gone (or at once when the capture ends invalid).
     std::vector<std::function<void()>> releases;
@@ -129,12 +128,7 @@ struct SimulatedDevice::Core {
   // Locked.
   void refuse_in_capture(std::string_view what, std::string_view phase) {
     if (!capture) return;
-    std::string reason = fmt::format(
-        "{}, inside the capture begun by {}: a graph holds no host waits, no joins "
-        "and no copies with plain host memory",
-        what, capture->phase);
-    if (!capture->invalid) capture->invalid = reason;
-    fail(std::string(phase), "{}", reason);
+    capture->refuse(what, phase, "");
   }
 
   void run() {

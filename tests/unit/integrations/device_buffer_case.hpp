@@ -109,6 +109,21 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
                      .previous_event = caller.record()});
   });
   require_mentions(host_event, "previous_event orders the Buffer's device stream");
+  // A call is not capturable yet: after an event recorded inside the caller's capture it is
+  // refused before anything is queued, the Buffer stays usable and the capture valid.
+  caller.begin_capture("caller capture");
+  const std::shared_ptr<gpu_side::device::DeviceEvent> in_graph = caller.record();
+  (void)caller.end_capture("caller capture");
+  require_mentions(error_of([&] {
+                     buffer.dispatch({.x = x,
+                                      .num_tokens_per_rank = layout.num_tokens_per_rank,
+                                      .is_token_in_rank = layout.is_token_in_rank,
+                                      .num_tokens_per_expert = layout.num_tokens_per_expert,
+                                      .topk_idx = topk_idx,
+                                      .topk_weights = topk_weights,
+                                      .previous_event = in_graph});
+                   }),
+                   "dispatch: previous_event was recorded inside a graph capture");
 
   const ep::Tensor x_late = produce_on(caller, mine.x);
   DispatchResult d = buffer.dispatch({.x = x_late,
