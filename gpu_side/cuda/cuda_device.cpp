@@ -325,6 +325,13 @@ void CudaDevice::ll_unpack_counted(const ep::LlUnpackCountedParams& params) {
   check_cuda(launch_ll_unpack_counted(params, state_->stream), kPhase, "ll_unpack_counted launch");
 }
 
+void CudaDevice::ll_return_counted(const ep::LlReturnCountedParams& params) {
+  const char* error = ep::ll_return_counted_error(params);
+  require(error == nullptr, kPhase, "ll_return_counted: {}", error != nullptr ? error : "");
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_ll_return_counted(params, state_->stream), kPhase, "ll_return_counted launch");
+}
+
 void CudaDevice::count_mismatches(const ep::MismatchParams& params) {
   const char* error = ep::mismatch_error(params);
   require(error == nullptr, kPhase, "count_mismatches: {}", error != nullptr ? error : "");
@@ -412,9 +419,11 @@ void require_signal_word(const void* word, std::string_view op, std::string_view
 
 }  // namespace
 
-void CudaDevice::wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
-                            std::string_view phase) {
+void CudaDevice::wait_value(const uint64_t* word, device::SignalValue value,
+                            std::chrono::milliseconds timeout, std::string_view phase) {
   require_signal_word(word, "wait_value", phase);
+  if (value.epoch != nullptr)
+    require_signal_word(value.epoch, "wait_value (its epoch word)", phase);
   const CurrentDevice current = state_->select();
   check_cuda(launch_wait_value(word, value, static_cast<uint64_t>(timeout.count()) * 1000000,
                                state_->fault_on_device, state_->wait_number(phase, timeout),
@@ -422,11 +431,20 @@ void CudaDevice::wait_value(const uint64_t* word, uint64_t value, std::chrono::m
              kPhase, "wait_value launch");
 }
 
-void CudaDevice::write_value(uint64_t* word, uint64_t value, std::string_view phase) {
+void CudaDevice::write_value(uint64_t* word, device::SignalValue value, std::string_view phase) {
   require_signal_word(word, "write_value", phase);
+  if (value.epoch != nullptr)
+    require_signal_word(value.epoch, "write_value (its epoch word)", phase);
   const CurrentDevice current = state_->select();
   check_cuda(launch_write_value(word, value, state_->fault_on_device, state_->stream), kPhase,
              "write_value launch");
+}
+
+void CudaDevice::add_value(uint64_t* word, uint64_t delta, std::string_view phase) {
+  require_signal_word(word, "add_value", phase);
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_add_value(word, delta, state_->fault_on_device, state_->stream), kPhase,
+             "add_value launch");
 }
 
 std::shared_ptr<device::DeviceEvent> CudaDevice::record() {

@@ -49,6 +49,7 @@ class CudaDevice final : public device::DeviceRuntime {
   void ll_pack_routed(const ep::LlPackRoutedParams& params) override;
   void ll_combine_routed(const ep::LlCombineRoutedParams& params) override;
   void ll_unpack_counted(const ep::LlUnpackCountedParams& params) override;
+  void ll_return_counted(const ep::LlReturnCountedParams& params) override;
   void count_mismatches(const ep::MismatchParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
   std::unique_ptr<device::DeviceRingProducer> attach_ring(const Ring& ring) override;
@@ -57,9 +58,10 @@ class CudaDevice final : public device::DeviceRuntime {
   // wait_value: a one-thread kernel polling the word, its deadline kept by the GPU
   // (stream_signal.hpp); the first failed wait is what reached(), wait_for() and synchronize()
   // report from then on.
-  void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
-                  std::string_view phase) override;
-  void write_value(uint64_t* word, uint64_t value, std::string_view phase) override;
+  void wait_value(const uint64_t* word, device::SignalValue value,
+                  std::chrono::milliseconds timeout, std::string_view phase) override;
+  void write_value(uint64_t* word, device::SignalValue value, std::string_view phase) override;
+  void add_value(uint64_t* word, uint64_t delta, std::string_view phase) override;
   // Capture in the thread-local mode (cudaStreamBeginCapture); graphs instantiated with
   // cudaGraphInstantiateFlagAutoFreeOnLaunch.
   void begin_capture(std::string_view phase) override;

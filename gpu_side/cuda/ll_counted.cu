@@ -1,8 +1,9 @@
-// The counted unpack (gpu_side/ep/ll_counted.hpp): a block per (local expert, source) pair,
-// grid-stride, finds the pair's place from the counts (every thread the same sums: R + L
-// loads, from L2 after the first block) and unpacks its messages one after another with all its
-// threads, so the kernel needs no item list from the host and no ordering between blocks (pairs
-// own disjoint rows). Pair q = e * R + s is also layout_range's index.
+// The counted unpack and its way back (gpu_side/ep/ll_counted.hpp): a block per (local expert,
+// source) pair, grid-stride, finds the pair's place from the counts (every thread the same sums:
+// R + L loads, from L2 after the first block) and unpacks its messages (or copies its rows back)
+// one after another with all its threads, so the kernel needs no item list from the host and no
+// ordering between blocks (pairs own disjoint rows). Pair q = e * R + s is also layout_range's
+// index.
 #include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_launch.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
@@ -20,6 +21,13 @@ __global__ void ll_unpack_counted_kernel(ep::LlUnpackCountedParams p) {
     ep::ll_unpack_counted_pair(p, q, lanes);
 }
 
+__global__ void ll_return_counted_kernel(ep::LlReturnCountedParams p) {
+  const BlockLanes lanes;
+  const int64_t pairs = static_cast<int64_t>(p.local_experts) * p.ranks;
+  for (int64_t q = blockIdx.x; q < pairs; q += gridDim.x)
+    ep::ll_return_counted_pair(p, q, lanes);
+}
+
 }  // namespace
 
 cudaError_t launch_ll_unpack_counted(const LlUnpackCountedParams& p, cudaStream_t stream) {
@@ -29,6 +37,14 @@ cudaError_t launch_ll_unpack_counted(const LlUnpackCountedParams& p, cudaStream_
     return cudaErrorInvalidValue;
   const int64_t pairs = static_cast<int64_t>(p.local_experts) * p.ranks;
   ll_unpack_counted_kernel<<<grid_blocks(pairs, p.blocks), p.threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_ll_return_counted(const LlReturnCountedParams& p, cudaStream_t stream) {
+  if (ep::ll_return_counted_error(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.layout_range == nullptr || p.x == nullptr || p.to == nullptr) return cudaErrorInvalidValue;
+  const int64_t pairs = static_cast<int64_t>(p.local_experts) * p.ranks;
+  ll_return_counted_kernel<<<grid_blocks(pairs, p.blocks), p.threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

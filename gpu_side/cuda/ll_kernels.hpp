@@ -22,6 +22,7 @@ using ep::LlCombineRoutedParams;
 using ep::LlPackItem;
 using ep::LlPackParams;
 using ep::LlPackRoutedParams;
+using ep::LlReturnCountedParams;
 using ep::LlRouteParams;
 using ep::LlUnpackCountedParams;
 using ep::MismatchParams;
@@ -37,6 +38,9 @@ cudaError_t launch_ll_combine_routed(const LlCombineRoutedParams& params, cudaSt
 // ll_counted.cu: every source's messages unpacked by the counts alone, with recv_count and
 // layout_range (gpu_side/ep/ll_counted.hpp).
 cudaError_t launch_ll_unpack_counted(const LlUnpackCountedParams& params, cudaStream_t stream);
+// ll_counted.cu: a combine's rows sent back to their sources by the dispatch's layout_range
+// (gpu_side/ep/ll_counted.hpp).
+cudaError_t launch_ll_return_counted(const LlReturnCountedParams& params, cudaStream_t stream);
 // ll_route.cu: how many elements of two arrays differ (zeroes *mismatches first).
 cudaError_t launch_count_mismatches(const MismatchParams& params, cudaStream_t stream);
 

@@ -13,10 +13,25 @@ __device__ inline uint64_t now_ns() {
   return now;
 }
 
-__global__ void wait_value_kernel(const uint64_t* word, uint64_t value, uint64_t timeout_ns,
-                                  WaitFault* fault, uint64_t wait_number) {
-  ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> claimed(fault->wait);
+using SystemWord = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>;
+
+__device__ inline bool failed_before(const WaitFault* fault) {
+  return SystemWord(const_cast<WaitFault*>(fault)->wait).load(::cuda::memory_order_relaxed) != 0;
+}
+
+// The value now: an epoch word is read as the kernel runs (acquire: the stream's own add_value
+// or a peer's raise of it happened before).
+__device__ inline uint64_t resolve(const device::SignalValue& value) {
+  if (value.epoch == nullptr) return value.offset;
+  return value.at(
+      SystemWord(*const_cast<uint64_t*>(value.epoch)).load(::cuda::memory_order_acquire));
+}
+
+__global__ void wait_value_kernel(const uint64_t* word, device::SignalValue awaited,
+                                  uint64_t timeout_ns, WaitFault* fault, uint64_t wait_number) {
+  SystemWord claimed(fault->wait);
   if (claimed.load(::cuda::memory_order_relaxed) != 0) return;  // the stream failed already
+  const uint64_t value = resolve(awaited);
   // acquire (system scope): pairs with the writer's release store or fetch_add, so the
   // operations after this one read what the writer published before raising the word.
   ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> signal(*const_cast<uint64_t*>(word));
@@ -37,29 +52,39 @@ __global__ void wait_value_kernel(const uint64_t* word, uint64_t value, uint64_t
   }
 }
 
-__global__ void write_value_kernel(uint64_t* word, uint64_t value, const WaitFault* fault) {
+__global__ void write_value_kernel(uint64_t* word, device::SignalValue value,
+                                   const WaitFault* fault) {
   // Behind a failed wait the work before this one ran on whatever was there: no signal of it.
-  if (::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(const_cast<WaitFault*>(fault)->wait)
-          .load(::cuda::memory_order_relaxed) != 0)
-    return;
+  if (failed_before(fault)) return;
   // release (system scope): the earlier kernels' writes are complete (stream order); the fence
   // makes them visible to the host before the word is.
   __threadfence_system();
-  ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(*word).store(
-      value, ::cuda::memory_order_release);
+  SystemWord(*word).store(resolve(value), ::cuda::memory_order_release);
+}
+
+__global__ void add_value_kernel(uint64_t* word, uint64_t delta, const WaitFault* fault) {
+  if (failed_before(fault)) return;
+  __threadfence_system();
+  SystemWord(*word).fetch_add(delta, ::cuda::memory_order_release);
 }
 
 }  // namespace
 
-cudaError_t launch_wait_value(const uint64_t* word, uint64_t value, uint64_t timeout_ns,
+cudaError_t launch_wait_value(const uint64_t* word, device::SignalValue value, uint64_t timeout_ns,
                               WaitFault* fault, uint64_t wait_number, cudaStream_t stream) {
   wait_value_kernel<<<1, 1, 0, stream>>>(word, value, timeout_ns, fault, wait_number);
   return cudaGetLastError();
 }
 
-cudaError_t launch_write_value(uint64_t* word, uint64_t value, const WaitFault* fault,
+cudaError_t launch_write_value(uint64_t* word, device::SignalValue value, const WaitFault* fault,
                                cudaStream_t stream) {
   write_value_kernel<<<1, 1, 0, stream>>>(word, value, fault);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_add_value(uint64_t* word, uint64_t delta, const WaitFault* fault,
+                             cudaStream_t stream) {
+  add_value_kernel<<<1, 1, 0, stream>>>(word, delta, fault);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,8 @@
 // a dead peer never raises must not hang the stream.
 #pragma once
 
+#include "gpu_side/device/signal_value.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -20,14 +22,21 @@ struct WaitFault {
   uint64_t seen;      // what the word held at the deadline
 };
 
+// Values with an epoch word (signal_value.hpp) read it when the kernel runs (acquire).
+
 // Queues: wait until *word >= value, for at most timeout_ns; past it, claims `fault` (first
 // failure only) and returns. A stream whose fault is already claimed does not wait again.
-cudaError_t launch_wait_value(const uint64_t* word, uint64_t value, uint64_t timeout_ns,
+cudaError_t launch_wait_value(const uint64_t* word, device::SignalValue value, uint64_t timeout_ns,
                               WaitFault* fault, uint64_t wait_number, cudaStream_t stream);
 
 // Queues: *word = value (release, system scope), after the work queued before it; nothing when
 // `fault` is claimed (what a failed wait let run is not signalled as done).
-cudaError_t launch_write_value(uint64_t* word, uint64_t value, const WaitFault* fault,
+cudaError_t launch_write_value(uint64_t* word, device::SignalValue value, const WaitFault* fault,
                                cudaStream_t stream);
+
+// Queues: *word += delta (release, system scope), after the work queued before it; nothing when
+// `fault` is claimed (an epoch behind a failed wait does not advance).
+cudaError_t launch_add_value(uint64_t* word, uint64_t delta, const WaitFault* fault,
+                             cudaStream_t stream);
 
 }  // namespace proxyep::gpu_side::cuda

@@ -20,6 +20,7 @@
 
 #include "common/error.hpp"
 #include "gpu_side/descriptor.hpp"
+#include "gpu_side/device/signal_value.hpp"
 #include "gpu_side/ep/kernel_params.hpp"
 #include "gpu_side/ep/ll_kernel_params.hpp"
 #include "gpu_side/ring.hpp"
@@ -163,6 +164,9 @@ class DeviceRuntime {
   // A dispatch's receive placed by the counts its sources announced (LlUnpackCountedParams,
   // ep/ll_counted.hpp), recv_count and layout_range written beside, with no host-made item list.
   virtual void ll_unpack_counted(const ep::LlUnpackCountedParams& params) = 0;
+  // A combine's rows sent back to their sources by the dispatch's layout_range
+  // (LlReturnCountedParams, ep/ll_counted.hpp), with no host-made run list.
+  virtual void ll_return_counted(const ep::LlReturnCountedParams& params) = 0;
   // How many elements of two device arrays differ (MismatchParams): a combine's topk_idx
   // checked against its dispatch's without either reaching the host.
   virtual void count_mismatches(const ep::MismatchParams& params) = 0;
@@ -197,12 +201,17 @@ class DeviceRuntime {
   // failure is what the host reports).
   // write_value() stores `value` in the word once the operations queued before it ran, after
   // what they wrote is visible to the host (release, system scope): what a proxy acquiring the
-  // word may read.
-  // Both throw proxyep::Error(phase) at once, before anything is queued, for a word the device
-  // cannot reach or that is misaligned.
-  virtual void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
-                          std::string_view phase) = 0;
-  virtual void write_value(uint64_t* word, uint64_t value, std::string_view phase) = 0;
+  // word may read. Not behind a failed wait: what it let run is not signalled as done.
+  // add_value() adds `delta` to the word once the operations before it ran (an atomic add,
+  // release): the stream advancing an epoch word, the numbering a replayed graph's signals
+  // take their values from (signal_value.hpp: a value of {epoch, offset} is read when the
+  // operation runs, not when it is queued).
+  // Each throws proxyep::Error(phase) at once, before anything is queued, for a word (or an
+  // epoch word) the device cannot reach or that is misaligned.
+  virtual void wait_value(const uint64_t* word, SignalValue value,
+                          std::chrono::milliseconds timeout, std::string_view phase) = 0;
+  virtual void write_value(uint64_t* word, SignalValue value, std::string_view phase) = 0;
+  virtual void add_value(uint64_t* word, uint64_t delta, std::string_view phase) = 0;
 
   // Stream capture (cudaStreamBeginCapture .. cudaStreamEndCapture, then cudaGraphLaunch): what
   // DeepEP's low-latency path allows, so that a step's communication replays with no host

@@ -564,6 +564,40 @@ void SimulatedDevice::ll_unpack_counted(const ep::LlUnpackCountedParams& p) {
   });
 }
 
+void SimulatedDevice::ll_return_counted(const ep::LlReturnCountedParams& p) {
+  const char* error = ep::ll_return_counted_error(p);
+  require(error == nullptr, kPhase, "ll_return_counted: {}", error != nullptr ? error : "");
+  const auto R = static_cast<uint64_t>(p.ranks), L = static_cast<uint64_t>(p.local_experts);
+  const Core& c = *core_;
+  c.require_reachable("ll_return_counted", "layout_range", p.layout_range, 8 * R * L);
+  c.require_reachable("ll_return_counted", "to", p.to, sizeof(void*) * R);
+  c.require_reachable("ll_return_counted", "x", p.x,
+                      2ull * p.hidden * L * static_cast<uint64_t>(p.rows_per_expert));
+  core_->enqueue("ll_return_counted", [p, core = core_.get()] {
+    // What the kernel tolerates (ll_counted.hpp) is a caller's mistake here: a layout whose
+    // blocks leave the expert's rows, a source's rows past its slot, unreachable slots.
+    const uint64_t row_bytes = 2ull * p.hidden;
+    for (int32_t s = 0; s < p.ranks; ++s) {
+      int64_t messages = 0;
+      for (int32_t e = 0; e < p.local_experts; ++e) {
+        const int64_t range = p.layout_range[static_cast<int64_t>(e) * p.ranks + s];
+        const int64_t first = ep::ll_range_first(range), count = ep::ll_range_count(range);
+        require(first + count <= p.rows_per_expert, kPhase,
+                "ll_return_counted: expert {}'s rows {}..{} from source {} are past its {} rows", e,
+                first, first + count, s, p.rows_per_expert);
+        messages += count;
+      }
+      require(messages <= p.slot_rows, kPhase,
+              "ll_return_counted: source {} is sent back {} rows, its slot holds {}", s, messages,
+              p.slot_rows);
+      if (messages > 0 && p.to[s] != nullptr)
+        core->require_reachable("ll_return_counted", "return slot", p.to[s],
+                                static_cast<uint64_t>(messages) * row_bytes);
+    }
+    ep::ll_return_counted_on_host(p);
+  });
+}
+
 void SimulatedDevice::ll_combine(const ep::LlCombineParams& p) {
   require(p.num_tokens >= 0 && p.topk >= 1 && p.topk <= ep::kLlMaxTopk && p.hidden > 0 &&
               p.hidden % ep::kLlScaleGroup == 0 && p.threads > 0 && p.threads % 32 == 0,

@@ -110,15 +110,17 @@ class SimulatedDevice final : public DeviceRuntime {
   void ll_pack_routed(const ep::LlPackRoutedParams& params) override;
   void ll_combine_routed(const ep::LlCombineRoutedParams& params) override;
   void ll_unpack_counted(const ep::LlUnpackCountedParams& params) override;
+  void ll_return_counted(const ep::LlReturnCountedParams& params) override;
   void count_mismatches(const ep::MismatchParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
   std::unique_ptr<DeviceRingProducer> attach_ring(const Ring& ring) override;
   void ring_push(DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
                  std::chrono::milliseconds timeout) override;
   // wait_value polls the word from the stream's thread (a short spin, then 20 us sleeps).
-  void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
+  void wait_value(const uint64_t* word, SignalValue value, std::chrono::milliseconds timeout,
                   std::string_view phase) override;
-  void write_value(uint64_t* word, uint64_t value, std::string_view phase) override;
+  void write_value(uint64_t* word, SignalValue value, std::string_view phase) override;
+  void add_value(uint64_t* word, uint64_t delta, std::string_view phase) override;
   void begin_capture(std::string_view phase) override;
   std::unique_ptr<DeviceGraph> end_capture(std::string_view phase) override;
   void launch(const DeviceGraph& graph, std::string_view phase) override;

@@ -6,6 +6,8 @@
 #include "gpu_side/device/simulated_device.hpp"
 #include "gpu_side/device/simulated_device_core.hpp"
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -42,6 +44,19 @@ void require_signal_word(const SimulatedDevice::Core& core, std::string_view op,
   require(core.reachable(word, sizeof(uint64_t)), phase,
           "{}: the signal word at {} is neither device memory nor registered host memory", op,
           static_cast<const void*>(word));
+}
+
+void require_epoch_word(const SimulatedDevice::Core& core, std::string_view op,
+                        const SignalValue& value, std::string_view phase) {
+  if (value.epoch != nullptr)
+    require_signal_word(core, fmt::format("{} (its epoch word)", op), value.epoch, phase);
+}
+
+// The value an operation of the stream's thread compares or stores, the epoch word read now.
+uint64_t resolve(const SignalValue& value) {
+  if (value.epoch == nullptr) return value.offset;
+  return value.at(std::atomic_ref<uint64_t>(*const_cast<uint64_t*>(value.epoch))
+                      .load(std::memory_order_acquire));
 }
 
 }  // namespace
@@ -123,19 +138,25 @@ void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
   });
 }
 
-void SimulatedDevice::wait_value(const uint64_t* word, uint64_t value,
+void SimulatedDevice::wait_value(const uint64_t* word, SignalValue value,
                                  std::chrono::milliseconds timeout, std::string_view phase) {
   require_signal_word(*core_, "wait_value", word, phase);
+  require_epoch_word(*core_, "wait_value", value, phase);
   core_->enqueue("wait_value", [word, value, timeout, phase = std::string(phase)] {
+    const uint64_t awaited = resolve(value);
     // The word's writers are other threads (proxies, the host, a peer's stream): an atomic read.
     std::atomic_ref<uint64_t> signal(*const_cast<uint64_t*>(word));
     const Deadline deadline(timeout);
     Backoff backoff;
-    for (uint32_t polls = 0; signal.load(std::memory_order_acquire) < value; ++polls) {
+    for (uint32_t polls = 0; signal.load(std::memory_order_acquire) < awaited; ++polls) {
       if (deadline.expired())
         fail(std::string(kPhase),
-             "wait_value ({}): the signal word at {} holds {}, not {}, after {} ms", phase,
-             static_cast<const void*>(word), signal.load(std::memory_order_acquire), value,
+             "wait_value ({}): the signal word at {} holds {}, not {}{}, after {} ms", phase,
+             static_cast<const void*>(word), signal.load(std::memory_order_acquire), awaited,
+             value.epoch != nullptr ? fmt::format(" (the epoch word at {} plus {})",
+                                                  static_cast<const void*>(value.epoch),
+                                                  static_cast<int64_t>(value.offset))
+                                    : std::string(),
              timeout.count());
       if (polls < 1000)
         backoff.pause();
@@ -145,11 +166,19 @@ void SimulatedDevice::wait_value(const uint64_t* word, uint64_t value,
   });
 }
 
-void SimulatedDevice::write_value(uint64_t* word, uint64_t value, std::string_view phase) {
+void SimulatedDevice::write_value(uint64_t* word, SignalValue value, std::string_view phase) {
   require_signal_word(*core_, "write_value", word, phase);
+  require_epoch_word(*core_, "write_value", value, phase);
   core_->enqueue("write_value", [word, value] {
     // release: what the operations before it wrote is visible to whoever acquires the word.
-    std::atomic_ref<uint64_t>(*word).store(value, std::memory_order_release);
+    std::atomic_ref<uint64_t>(*word).store(resolve(value), std::memory_order_release);
+  });
+}
+
+void SimulatedDevice::add_value(uint64_t* word, uint64_t delta, std::string_view phase) {
+  require_signal_word(*core_, "add_value", word, phase);
+  core_->enqueue("add_value", [word, delta] {
+    std::atomic_ref<uint64_t>(*word).fetch_add(delta, std::memory_order_release);
   });
 }
 

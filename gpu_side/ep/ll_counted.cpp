@@ -23,4 +23,23 @@ void ll_unpack_counted_on_host(const LlUnpackCountedParams& p) {
     ll_unpack_counted_pair(p, q, HostLanes{});
 }
 
+const char* ll_return_counted_error(const LlReturnCountedParams& p) {
+  if (p.ranks < 1) return "no ranks";
+  if (p.local_experts < 1 || p.local_experts > kMaxLocalExperts)
+    return "local experts outside 1..1024";
+  if (p.rows_per_expert < 1 || p.rows_per_expert > INT32_MAX)
+    return "rows per expert outside 1..2^31-1";
+  if (p.slot_rows < 0) return "a negative slot size";
+  if (p.hidden == 0 || p.hidden % 8 != 0) return "hidden not a positive multiple of 8";
+  if (p.threads < 32 || p.threads % 32 != 0 || p.threads > 1024)
+    return "threads per block not a multiple of 32 in 32..1024";
+  return nullptr;
+}
+
+void ll_return_counted_on_host(const LlReturnCountedParams& p) {
+  const int64_t pairs = static_cast<int64_t>(p.local_experts) * p.ranks;
+  for (int64_t q = 0; q < pairs; ++q)
+    ll_return_counted_pair(p, q, HostLanes{});
+}
+
 }  // namespace proxyep::gpu_side::ep

@@ -1,8 +1,9 @@
 // ll_counted: where a low-latency dispatch's received messages go, from the per-expert counts
-// its sources announced and nothing else, on the device (DeviceRuntime::ll_unpack_counted) or on
-// the host (ll_unpack_counted_on_host, the CPU twin). The receiving side of ll_route.hpp: a
-// sender groups its messages to a rank by local expert (ll_routed_message), so the counts alone
-// say where each message is in its slot and which row it becomes.
+// its sources announced and nothing else (and, for the combine, where their rows go back), on the
+// device (DeviceRuntime::ll_unpack_counted) or on the host (ll_unpack_counted_on_host, the CPU
+// twin). The receiving side of ll_route.hpp: a sender groups its messages to a rank by local expert
+// (ll_routed_message), so the counts alone say where each message is in its slot and which row it
+// becomes.
 //
 // The rule, for R sources, L local experts and counts c[s][e] = counts[s * L + e]:
 //   - source s's messages for expert e start at message sum_{e' < e} c[s][e'] of its slot;
@@ -87,5 +88,52 @@ const char* ll_unpack_counted_error(const LlUnpackCountedParams& p);
 
 // The rule on the host, one pair after another.
 void ll_unpack_counted_on_host(const LlUnpackCountedParams& p);
+
+// ---- the way back: a combine's rows returned to their sources by the dispatch's layout ----
+//
+// Expert e's rows from source s (layout_range[e * R + s] = (first_row << 32) | count, what the
+// counted unpack wrote) go back to s as the messages they came from: row first_row + i of e's
+// block to row sum_{e' < e} count(e', s) + i of s's return slot, so the home rank finds them
+// where ll_routed_row says, with no host reading the layout. The layout is clamped as the
+// unpack's counts are (a negative or oversized entry moves nothing past the blocks or the slot).
+
+PROXYEP_HOST_DEVICE inline int64_t ll_range_first(int64_t range) {
+  return static_cast<int64_t>(static_cast<uint64_t>(range) >> 32);
+}
+PROXYEP_HOST_DEVICE inline int64_t ll_range_count(int64_t range) {
+  return static_cast<int64_t>(static_cast<uint64_t>(range) & 0xffffffffu);
+}
+
+// Pair q = e * ranks + s: its rows into s's slot. Pairs write disjoint rows.
+template <class Lanes>
+PROXYEP_HOST_DEVICE inline void ll_return_counted_pair(const LlReturnCountedParams& p, int64_t q,
+                                                       const Lanes& lanes) {
+  const auto e = static_cast<int32_t>(q / p.ranks), s = static_cast<int32_t>(q % p.ranks);
+  uint16_t* to = p.to[s];
+  if (to == nullptr) return;
+  int64_t first_message = 0;
+  for (int32_t j = 0; j < e; ++j)
+    first_message += ll_range_count(p.layout_range[static_cast<int64_t>(j) * p.ranks + s]);
+  const int64_t range = p.layout_range[q];
+  const int64_t first_row = ll_range_first(range);
+  int64_t count = ll_range_count(range);
+  if (first_row + count > p.rows_per_expert) count = p.rows_per_expert - first_row;
+  if (first_message + count > p.slot_rows) count = p.slot_rows - first_message;
+  const uint64_t row_bytes = 2ull * p.hidden;
+  const auto* from = reinterpret_cast<const std::byte*>(p.x) +
+                     (static_cast<uint64_t>(e) * static_cast<uint64_t>(p.rows_per_expert) +
+                      static_cast<uint64_t>(first_row)) *
+                         row_bytes;
+  auto* into = reinterpret_cast<std::byte*>(to) + static_cast<uint64_t>(first_message) * row_bytes;
+  for (int64_t i = 0; i < count; ++i)
+    lanes.copy_bytes(into + static_cast<uint64_t>(i) * row_bytes,
+                     from + static_cast<uint64_t>(i) * row_bytes, row_bytes);
+}
+
+// As ll_unpack_counted_error, for the way back.
+const char* ll_return_counted_error(const LlReturnCountedParams& p);
+
+// The rule on the host, one pair after another.
+void ll_return_counted_on_host(const LlReturnCountedParams& p);
 
 }  // namespace proxyep::gpu_side::ep

@@ -9,6 +9,8 @@
 //   LlCombineRoutedParams  ll_combine_token  items = tokens, their rows found by ll_route's output
 //   LlUnpackCountedParams  ll_unpack_message  items = every source's messages, placed by the
 //                    per-expert counts the sources announced (ll_counted.hpp)
+//   LlReturnCountedParams  row copies  items = (expert, source) pairs of a combine's rows, sent
+//                    back by the dispatch's layout_range (ll_counted.hpp)
 //   MismatchParams   none: how many of two i64 arrays' elements differ (a combine's topk_idx
 //                    against its dispatch's, checked where both live)
 //
@@ -129,6 +131,24 @@ struct LlUnpackCountedParams {
   int32_t ranks = 0;            // >= 1
   int32_t local_experts = 0;    // 1..kMaxLocalExperts
   int64_t rows_per_expert = 0;  // every sink's rows; an expert's counts must add up to at most this
+  int blocks = 0;               // 0: enough to cover the GPU (a block per (expert, source))
+  int threads = 128;            // per block, a multiple of 32, at most 1024
+};
+
+// A combine's way back with no host-made run list: expert e's rows from source s, where the
+// counted unpack's layout_range put them, copied to s's return slot at the messages they came
+// from (ll_counted.hpp has the rule).
+struct LlReturnCountedParams {
+  const int64_t* layout_range = nullptr;  // [local_experts * ranks], the dispatch's
+  // bf16 [local_experts * rows_per_expert, hidden]: expert e's row r at e * rows_per_expert + r
+  const uint16_t* x = nullptr;
+  uint16_t* const* to =
+      nullptr;                // [ranks]: each source's return slot (16-byte aligned); null: skipped
+  int32_t ranks = 0;          // >= 1
+  int32_t local_experts = 0;  // 1..kMaxLocalExperts
+  int64_t rows_per_expert = 0;  // >= 1
+  int64_t slot_rows = 0;        // the rows a return slot holds
+  uint32_t hidden = 0;          // a multiple of 8 (16-byte rows)
   int blocks = 0;               // 0: enough to cover the GPU (a block per (expert, source))
   int threads = 128;            // per block, a multiple of 32, at most 1024
 };

@@ -4,7 +4,8 @@
 // that no item writes included) must agree:
 //   - pack: tokens packed into messages at permuted offsets (some tokens twice), every format;
 //   - unpack (ll_counted.hpp): those messages as four sources' slots, placed by random counts
-//     into three experts' rows, scales and src_info, with recv_count and layout_range;
+//     into three experts' rows, scales and src_info, with recv_count and layout_range; and the
+//     way back: random rows returned to the sources' slots by that layout;
 //   - combine: tokens with up to kLlMaxTopk rows, some skipped, weights of both signs;
 //   - route (ll_route.hpp): counts, positions and bad selections of a routing with hot experts,
 //     drops and out-of-range values, over several chunks of a block and fewer blocks than experts;
@@ -117,8 +118,48 @@ bool check_pack(const Case& c, const std::vector<uint16_t>& x, std::mt19937_64& 
               out_d.download<std::byte>(messages.size()).data(), messages.size());
 }
 
+// The way back of an unpack's layout (ll_counted.hpp): random bf16 rows of every expert returned
+// to four sources' slots (slot_rows each) by `layout_range`, kernel against twin, filler too.
+bool check_return(const Case& c, const std::vector<int64_t>& layout_range, int experts, int ranks,
+                  int64_t rows, int64_t slot_rows, std::mt19937_64& rng) {
+  const uint32_t H = c.format.hidden;
+  std::vector<uint16_t> x(static_cast<size_t>(experts * rows) * H);
+  for (auto& v : x)
+    v = static_cast<uint16_t>(rng());
+  const size_t slot_words = static_cast<size_t>(slot_rows) * H;
+  std::vector<uint16_t> slots(ranks * slot_words, 0x5a5a);
+  DeviceMemory x_d(x.data(), x.size() * 2), range_d(layout_range.data(), layout_range.size() * 8);
+  DeviceMemory slots_d(slots.data(), slots.size() * 2);
+  std::vector<uint16_t*> host_to, device_to;
+  for (int s = 0; s < ranks; ++s) {
+    host_to.push_back(slots.data() + s * slot_words);
+    device_to.push_back(slots_d.as<uint16_t>() + s * slot_words);
+  }
+  LlReturnCountedParams p;
+  p.layout_range = layout_range.data();
+  p.x = x.data();
+  p.to = host_to.data();
+  p.ranks = ranks;
+  p.local_experts = experts;
+  p.rows_per_expert = rows;
+  p.slot_rows = slot_rows;
+  p.hidden = H;
+  p.blocks = c.blocks;
+  if (c.threads > 0) p.threads = c.threads;
+  ll_return_counted_on_host(p);
+  DeviceMemory to_d(device_to.data(), device_to.size() * sizeof(void*));
+  p.layout_range = range_d.as<int64_t>();
+  p.x = x_d.as<uint16_t>();
+  p.to = to_d.as<uint16_t*>();
+  check_cuda(gpu_side::cuda::launch_ll_return_counted(p, nullptr), "launch_ll_return_counted");
+  check_cuda(cudaDeviceSynchronize(), "ll_return_counted_kernel");
+  return same(c, "returned rows", slots.data(), slots_d.download<uint16_t>(slots.size()).data(),
+              slots.size() * 2);
+}
+
 // The messages as four sources' slots (in order, one source empty) unpacked by random counts
-// into three experts' outputs, with recv_count and layout_range (ll_counted.hpp).
+// into three experts' outputs, with recv_count and layout_range (ll_counted.hpp); then the way
+// back by that layout (check_return).
 bool check_unpack(const Case& c, const std::vector<std::byte>& messages, int slots,
                   std::mt19937_64& rng) {
   const LlFormat& f = c.format;
@@ -199,6 +240,7 @@ bool check_unpack(const Case& c, const std::vector<std::byte>& messages, int slo
              kExperts * 4);
   ok &= same(c, "layout_range", layout_range.data(),
              range_d.download<int64_t>(layout_range.size()).data(), layout_range.size() * 8);
+  ok &= check_return(c, layout_range, kExperts, kRanks, rows, slots, rng);
   return ok;
 }
 

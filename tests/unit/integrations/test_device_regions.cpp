@@ -68,6 +68,9 @@ class ShiftingDevice final : public DeviceRuntime {
   void ll_unpack_counted(const gpu_side::ep::LlUnpackCountedParams& p) override {
     inner_->ll_unpack_counted(p);
   }
+  void ll_return_counted(const gpu_side::ep::LlReturnCountedParams& p) override {
+    inner_->ll_return_counted(p);
+  }
   void count_mismatches(const gpu_side::ep::MismatchParams& p) override {
     inner_->count_mismatches(p);
   }
@@ -80,12 +83,16 @@ class ShiftingDevice final : public DeviceRuntime {
                  std::chrono::milliseconds timeout) override {
     inner_->ring_push(producer, descriptors, count, timeout);
   }
-  void wait_value(const uint64_t* word, uint64_t value, std::chrono::milliseconds timeout,
-                  std::string_view phase) override {
+  void wait_value(const uint64_t* word, gpu_side::device::SignalValue value,
+                  std::chrono::milliseconds timeout, std::string_view phase) override {
     inner_->wait_value(word, value, timeout, phase);
   }
-  void write_value(uint64_t* word, uint64_t value, std::string_view phase) override {
+  void write_value(uint64_t* word, gpu_side::device::SignalValue value,
+                   std::string_view phase) override {
     inner_->write_value(word, value, phase);
+  }
+  void add_value(uint64_t* word, uint64_t delta, std::string_view phase) override {
+    inner_->add_value(word, delta, phase);
   }
   std::shared_ptr<DeviceEvent> record() override { return inner_->record(); }
   void wait_event(const std::shared_ptr<DeviceEvent>& event,

@@ -139,4 +139,72 @@ inline std::string refused_in_capture_case(const std::shared_ptr<device::DeviceR
   return page.load(page.done()) == 3 ? "" : "the graph's write did not land";
 }
 
+// Two streams, each with a captured step of one handshake, launched kRounds times each with no
+// host in between: the producer adds 1 to a device counter and copies it into the slot, the
+// consumer adds the slot into its sum. Their waits and signals take their values from epoch
+// words the graphs advance themselves (SignalValue{epoch, offset}), so replay n waits for the
+// other side's replay n (or n - 1) and signals n: the sum is 1 + 2 + ... + kRounds exactly once
+// each. With the values fixed at capture, every replay after the first would find the first
+// one's words and run ahead. An epoch word the device cannot use is refused, naming it.
+inline std::string replayed_handshake_case(const std::shared_ptr<device::DeviceRuntime>& producer) {
+  constexpr uint64_t kRounds = 6;
+  const std::shared_ptr<device::DeviceRuntime> consumer = producer->open_stream();
+  SignalPage page(*producer);
+  uint64_t* ready = page.gate();  // producer -> consumer: step n is in the slot
+  uint64_t* read = page.done();   // consumer -> producer: step n was read
+  // Device words: the two epochs, the counter, one, the slot, the sum.
+  const std::shared_ptr<std::byte[]> memory = producer->allocate(64);
+  auto* words = reinterpret_cast<uint64_t*>(memory.get());
+  uint64_t *const producer_epoch = words, *const consumer_epoch = words + 1,
+                  *const counter = words + 2, *const one = words + 3, *const slot = words + 4,
+                  *const sum = words + 5;
+  const uint64_t initial[6] = {0, 0, 0, 1, 0, 0};
+  std::memcpy(page.payload(), initial, sizeof initial);
+  producer->copy(words, page.payload(), sizeof initial);
+  producer->synchronize("test setup", kWait);
+
+  const std::string refused = error_of([&] {
+    uint64_t plain = 0;
+    producer->wait_value(ready, {&plain, 0}, kWait, "plain epoch");
+  });
+  if (refused.find("its epoch word") == std::string::npos)
+    return fmt::format("an epoch word in plain host memory was not refused: \"{}\"", refused);
+
+  producer->begin_capture("producer step");
+  producer->add_value(producer_epoch, 1, "producer epoch");
+  producer->wait_value(read, {producer_epoch, -1}, kWait, "the consumer read the last step");
+  producer->add({.wide = true, .to = counter, .from = one, .count = 1});
+  producer->copy(slot, counter, 8);
+  producer->write_value(ready, {producer_epoch, 0}, "the step is in the slot");
+  const std::unique_ptr<device::DeviceGraph> produce = producer->end_capture("producer step");
+  consumer->begin_capture("consumer step");
+  consumer->add_value(consumer_epoch, 1, "consumer epoch");
+  consumer->wait_value(ready, {consumer_epoch, 0}, kWait, "the step is in the slot");
+  consumer->add({.wide = true, .to = sum, .from = slot, .count = 1});
+  consumer->write_value(read, {consumer_epoch, 0}, "the step was read");
+  const std::unique_ptr<device::DeviceGraph> consume = consumer->end_capture("consumer step");
+
+  // The consumer's replays first: each must wait for its producer step, not run ahead.
+  for (uint64_t round = 0; round < kRounds; ++round)
+    consumer->launch(*consume, "consumer replay");
+  for (uint64_t round = 0; round < kRounds; ++round)
+    producer->launch(*produce, "producer replay");
+  const std::string error = error_of([&] {
+    producer->synchronize("producer replays", kWait);
+    consumer->synchronize("consumer replays", kWait);
+    producer->copy(page.payload(), words, sizeof initial);
+    producer->synchronize("read back", kWait);
+  });
+  if (!error.empty()) return fmt::format("the replays failed: {}", error);
+  uint64_t seen[6];
+  std::memcpy(seen, page.payload(), sizeof seen);
+  const uint64_t wanted_sum = kRounds * (kRounds + 1) / 2;
+  if (seen[5] != wanted_sum || seen[2] != kRounds || seen[0] != kRounds || seen[1] != kRounds ||
+      page.load(ready) != kRounds || page.load(read) != kRounds)
+    return fmt::format(
+        "after {} replays: sum {} (wanted {}), counter {}, epochs {} and {}, ready {}, read {}",
+        kRounds, seen[5], wanted_sum, seen[2], seen[0], seen[1], page.load(ready), page.load(read));
+  return "";
+}
+
 }  // namespace proxyep::gpu_side::testing::device_capture

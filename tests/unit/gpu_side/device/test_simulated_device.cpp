@@ -607,6 +607,17 @@ TEST_CASE("simulated device: a captured step replays; what a graph cannot hold i
   }
 }
 
+TEST_CASE("simulated device: captured handshakes on two streams replay with epoch values") {
+  namespace cases = testing::device_capture;
+  // Not with defer_until_synchronize: the two streams wait for each other, so neither may hold
+  // its work until the host synchronizes it.
+  for (const SimulatedDeviceOptions options :
+       {SimulatedDeviceOptions{}, SimulatedDeviceOptions{.operation_delay = 2ms}}) {
+    CAPTURE(options.operation_delay.count());
+    CHECK(cases::replayed_handshake_case(std::make_shared<SimulatedDevice>(options)) == "");
+  }
+}
+
 TEST_CASE("simulated device: memory dropped inside a capture lives as long as its graph") {
   SimulatedDevice dev;
   const uint64_t before = dev.device_bytes_in_use();

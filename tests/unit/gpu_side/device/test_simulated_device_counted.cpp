@@ -1,6 +1,7 @@
 // The counted low-latency unpack (gpu_side/ep/ll_counted.hpp) on the host-simulated device:
 // on device memory it equals its CPU twin, and what the kernel only tolerates (counts no sink
-// holds, a source with messages and no slot, places the device cannot reach) fails the stream.
+// holds, a source with messages and no slot, places the device cannot reach) fails the stream;
+// likewise the way back (ll_return_counted).
 #include "common/error.hpp"
 #include "common/host_memory.hpp"
 #include "gpu_side/device/simulated_device.hpp"
@@ -154,4 +155,45 @@ TEST_CASE("simulated device: counts no sink holds, or slots it cannot reach, fai
                                  .ranks = 2,
                                  .local_experts = 2});
         }).find("ll_unpack_counted: counts at") != std::string::npos);
+}
+
+TEST_CASE(
+    "simulated device: the way back runs on device memory; a layout past the blocks or "
+    "the slot fails the stream") {
+  // One expert of 4 rows, 2 sources: rows 0..1 from source 0, rows 2..3 from source 1.
+  const uint32_t hidden = 8;
+  auto run = [&](std::vector<int64_t> range, int64_t slot_rows, std::vector<uint16_t>& got) {
+    SimulatedDevice dev;
+    std::vector<uint16_t> x(4 * hidden);
+    for (size_t i = 0; i < x.size(); ++i)
+      x[i] = static_cast<uint16_t>(i / hidden + 1);
+    auto x_d = dev.allocate(2 * x.size()), range_d = dev.allocate(16),
+         slots = dev.allocate(2 * 2 * 2 * hidden), to_d = dev.allocate(16);
+    dev.fill(slots.get(), 0, 2 * 2 * 2 * hidden);
+    std::vector<uint16_t*> to{reinterpret_cast<uint16_t*>(slots.get()),
+                              reinterpret_cast<uint16_t*>(slots.get()) + 2 * hidden};
+    dev.copy(x_d.get(), x.data(), 2 * x.size());
+    dev.copy(range_d.get(), range.data(), 16);
+    dev.copy(to_d.get(), to.data(), 16);
+    dev.ll_return_counted({.layout_range = reinterpret_cast<const int64_t*>(range_d.get()),
+                           .x = reinterpret_cast<const uint16_t*>(x_d.get()),
+                           .to = reinterpret_cast<uint16_t* const*>(to_d.get()),
+                           .ranks = 2,
+                           .local_experts = 1,
+                           .rows_per_expert = 4,
+                           .slot_rows = slot_rows,
+                           .hidden = hidden});
+    got.assign(4 * hidden, 0);
+    dev.copy(got.data(), slots.get(), 2 * got.size());
+    return error_of([&] { dev.synchronize("test", 5s); });
+  };
+  std::vector<uint16_t> got;
+  REQUIRE(run({2, (int64_t{2} << 32) | 2}, 2, got) == "");
+  for (size_t i = 0; i < got.size(); ++i)
+    CHECK(got[i] == i / hidden + 1);  // source 0's slot rows 1, 2; source 1's rows 3, 4
+  CHECK(run({3, (int64_t{2} << 32) | 2}, 2, got)
+            .find("source 0 is sent back 3 rows, its slot "
+                  "holds 2") != std::string::npos);
+  CHECK(run({2, (int64_t{3} << 32) | 2}, 2, got)
+            .find("expert 0's rows 3..5 from source 1 are past its 4 rows") != std::string::npos);
 }

@@ -2,11 +2,13 @@
 // protocol wrote it before (a row table built message by message: expert by expert, source by
 // source, a running first message per source), on random counts with empty sources and experts,
 // in both formats; counts no sink holds, negative ones and a source without a slot stay inside
-// the sinks; bad sizes are refused.
+// the sinks; bad sizes are refused. The way back (ll_return_counted) returns every row to the
+// message it came from, and a layout past the blocks or the slot moves nothing past them.
 #include "gpu_side/ep/ll_counted.hpp"
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -174,4 +176,98 @@ TEST_CASE("ll_unpack_counted: sizes a kernel cannot take are refused") {
   bad = p;
   bad.format.hidden = 100;
   CHECK(ll_unpack_counted_error(bad) != nullptr);
+}
+
+// The way back: the unpack's rows (each filled with the src_info it got, i.e. its message's
+// source * 1000 + index) returned by the layout_range the unpack wrote land in each source's slot
+// at the index of the message they came from.
+TEST_CASE("ll_return_counted: every row goes back to the message it came from") {
+  std::mt19937_64 rng(20261206);
+  const LlFormat f = format(false);
+  for (int round = 0; round < 60; ++round) {
+    const int32_t ranks = std::uniform_int_distribution<int32_t>(1, 6)(rng);
+    const int32_t experts = std::uniform_int_distribution<int32_t>(1, 5)(rng);
+    const int64_t tokens = std::uniform_int_distribution<int64_t>(1, 7)(rng);
+    const int64_t rows = ranks * tokens;
+    CAPTURE(round);
+    std::vector<int32_t> counts(static_cast<size_t>(ranks * experts));
+    for (auto& c : counts)
+      c = rng() % 3 == 0 ? 0 : std::uniform_int_distribution<int32_t>(0, tokens)(rng);
+    std::vector<std::vector<std::byte>> slots;
+    std::vector<const std::byte*> from;
+    std::vector<int64_t> sent(static_cast<size_t>(ranks), 0);
+    for (int32_t s = 0; s < ranks; ++s) {
+      for (int32_t e = 0; e < experts; ++e)
+        sent[static_cast<size_t>(s)] += counts[static_cast<size_t>(s * experts + e)];
+      slots.push_back(random_slot(f, sent[static_cast<size_t>(s)], s, rng));
+      from.push_back(slots.back().data());
+    }
+    Outputs got(f, experts, ranks, rows);
+    ll_unpack_counted_on_host(params(f, counts, from, got, rows));
+    std::vector<uint16_t> x(static_cast<size_t>(experts * rows) * f.hidden, 0xdead);
+    for (int64_t r = 0; r < experts * rows; ++r)
+      std::fill_n(x.begin() + r * f.hidden, f.hidden,
+                  static_cast<uint16_t>(got.src_info[static_cast<size_t>(r)]));
+    const int64_t slot_rows = tokens * experts;
+    std::vector<std::vector<uint16_t>> back(static_cast<size_t>(ranks),
+                                            std::vector<uint16_t>(slot_rows * f.hidden, 0xbeef));
+    std::vector<uint16_t*> to;
+    for (auto& b : back)
+      to.push_back(b.data());
+    const LlReturnCountedParams p{.layout_range = got.layout_range.data(),
+                                  .x = x.data(),
+                                  .to = to.data(),
+                                  .ranks = ranks,
+                                  .local_experts = experts,
+                                  .rows_per_expert = rows,
+                                  .slot_rows = slot_rows,
+                                  .hidden = f.hidden};
+    REQUIRE(ll_return_counted_error(p) == nullptr);
+    ll_return_counted_on_host(p);
+    for (int32_t s = 0; s < ranks; ++s)
+      for (int64_t m = 0; m < slot_rows; ++m) {
+        const uint16_t want = m < sent[static_cast<size_t>(s)] ? static_cast<uint16_t>(s * 1000 + m)
+                                                               : uint16_t{0xbeef};
+        const std::vector<uint16_t>& slot = back[static_cast<size_t>(s)];
+        CHECK(std::all_of(slot.begin() + m * f.hidden, slot.begin() + (m + 1) * f.hidden,
+                          [&](uint16_t v) { return v == want; }));
+      }
+  }
+}
+
+TEST_CASE("ll_return_counted: a layout past the blocks or the slot moves nothing past them") {
+  // One expert of 2 rows, 1 source: the layout claims 5 rows from row 1, the slot holds 3 rows;
+  // then a null slot.
+  const uint32_t hidden = 8;
+  std::vector<uint16_t> x(3 * hidden);  // a third row: what the clamp must not read
+  for (size_t i = 0; i < x.size(); ++i)
+    x[i] = static_cast<uint16_t>(i / hidden + 1);
+  std::vector<uint16_t> slot(4 * hidden, 0);
+  std::vector<int64_t> range{(int64_t{1} << 32) | 5};
+  std::vector<uint16_t*> to{slot.data()};
+  LlReturnCountedParams p{.layout_range = range.data(),
+                          .x = x.data(),
+                          .to = to.data(),
+                          .ranks = 1,
+                          .local_experts = 1,
+                          .rows_per_expert = 2,
+                          .slot_rows = 3,
+                          .hidden = hidden};
+  ll_return_counted_on_host(p);
+  CHECK(std::all_of(slot.begin(), slot.begin() + hidden, [](uint16_t v) { return v == 2; }));
+  CHECK(std::all_of(slot.begin() + hidden, slot.end(), [](uint16_t v) { return v == 0; }));
+  to[0] = nullptr;
+  ll_return_counted_on_host(p);  // nothing to write, nothing read
+  LlReturnCountedParams bad = p;
+  bad.hidden = 12;
+  CHECK(ll_return_counted_error(bad) != nullptr);
+  bad = p;
+  bad.rows_per_expert = 0;
+  CHECK(ll_return_counted_error(bad) != nullptr);
+  bad = p;
+  bad.slot_rows = -1;
+  CHECK(ll_return_counted_error(bad) != nullptr);
+  bad = p;
+  bad.threads = 2048;
+  CHECK(ll_return_counted_error(bad) != nullptr);
 }

@@ -1,0 +1,141 @@
+// LlNodeDispatch (ll_node_dispatch.hpp).
+#include "gpu_side/device/ll_node_dispatch.hpp"
+
+#include "common/error.hpp"
+#include "gpu_side/device/device_table.hpp"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+namespace proxyep::gpu_side::device {
+
+namespace {
+
+bool aligned(const void* p, uintptr_t to) {
+  return reinterpret_cast<uintptr_t>(p) % to == 0;
+}
+
+void check_plan(const LlNodeDispatchPlan& p, std::string_view phase) {
+  const std::string where(phase);
+  require(p.ranks >= 1 && p.rank >= 0 && p.rank < p.ranks, where,
+          "rank {} is not in a node of {} ranks", p.rank, p.ranks);
+  require(p.local_experts >= 1 && p.local_experts <= ep::kMaxLocalExperts, where,
+          "{} local experts (1..{})", p.local_experts, ep::kMaxLocalExperts);
+  if (const char* error = ep::ll_format_error(p.format); error != nullptr)
+    fail(where, "the format: {}", error);
+  require(p.topk >= 1 && p.topk <= ep::kLlMaxTopk, where, "topk {} (1..{})", p.topk,
+          ep::kLlMaxTopk);
+  require(p.max_tokens >= 1 && p.num_tokens >= 0 && p.num_tokens <= p.max_tokens, where,
+          "{} tokens with num_max_dispatch_tokens_per_rank {}", p.num_tokens, p.max_tokens);
+  const uint64_t need = ll_node_slot_bytes(p.format, p.max_tokens, p.local_experts);
+  require(p.slot_bytes >= need && p.slot_bytes % 16 == 0, where,
+          "slots of {} bytes: a source's messages need {} (a multiple of 16)", p.slot_bytes, need);
+  require(p.memory.size() == static_cast<size_t>(p.ranks), where,
+          "the memory of {} ranks for a node of {}", p.memory.size(), p.ranks);
+  for (int r = 0; r < p.ranks; ++r) {
+    const LlNodeMemory& m = p.memory[static_cast<size_t>(r)];
+    require(
+        m.slots != nullptr && m.counts != nullptr && m.arrived != nullptr && m.released != nullptr,
+        where, "rank {}'s step memory is missing", r);
+    require(aligned(m.slots, 16) && aligned(m.counts, 4) && aligned(m.arrived, 8) &&
+                aligned(m.released, 8),
+            where, "rank {}'s step memory is misaligned (slots 16 bytes, words 8)", r);
+  }
+  require(p.epoch != nullptr && aligned(p.epoch, 8), where, "the epoch word is missing");
+  require(p.timeout.count() > 0, where, "the step's waits need a timeout");
+  require(p.x != nullptr && p.topk_idx != nullptr && p.recv_x != nullptr && p.src_info != nullptr &&
+              p.recv_count != nullptr && p.layout_range != nullptr &&
+              (!p.format.fp8 || p.recv_x_scales != nullptr),
+          where, "an input or output tensor is missing");
+}
+
+}  // namespace
+
+uint64_t ll_node_slot_bytes(const ep::LlFormat& format, int64_t max_tokens, int32_t local_experts) {
+  return static_cast<uint64_t>(max_tokens) * static_cast<uint64_t>(local_experts) *
+         format.message_bytes();
+}
+
+LlNodeDispatch::LlNodeDispatch(std::shared_ptr<DeviceRuntime> device, LlNodeDispatchPlan plan,
+                               std::string_view phase)
+    : device_(std::move(device)), plan_(std::move(plan)) {
+  check_plan(plan_, phase);
+  const LlNodeDispatchPlan& p = plan_;
+  const auto ranks = static_cast<size_t>(p.ranks);
+  const int32_t experts = p.ranks * p.local_experts;
+  counts_ = device_->allocate(4ull * static_cast<uint64_t>(experts));
+  positions_ = device_->allocate(
+      std::max<uint64_t>(16, 4ull * static_cast<uint64_t>(p.num_tokens * p.topk)));
+  invalid_ = device_->allocate(16);
+
+  std::vector<std::byte*> to(ranks), from(ranks);
+  for (size_t r = 0; r < ranks; ++r) {
+    to[r] = p.memory[r].slots + static_cast<uint64_t>(p.rank) * p.slot_bytes;  // peer r's, mine
+    from[r] = p.memory[static_cast<size_t>(p.rank)].slots + r * p.slot_bytes;
+  }
+  const int64_t rows = static_cast<int64_t>(p.ranks) * p.max_tokens;  // per local expert
+  const uint32_t scale_words = p.format.scale_words();
+  std::vector<ep::LlExpertSink> sinks(static_cast<size_t>(p.local_experts));
+  for (int32_t e = 0; e < p.local_experts; ++e) {
+    ep::LlExpertSink& sink = sinks[static_cast<size_t>(e)];
+    sink.x = p.recv_x + static_cast<uint64_t>(e * rows) * p.format.payload_bytes();
+    if (scale_words > 0)
+      sink.scales = p.recv_x_scales + static_cast<uint64_t>(e) * scale_words * rows;
+    sink.scale_stride = rows;
+    sink.src_info = p.src_info + e * rows;
+  }
+  to_slots_ = upload_table(*device_, to);
+  from_slots_ = upload_table(*device_, from);
+  sinks_ = upload_table(*device_, sinks);
+  device_->synchronize(phase, p.timeout);  // the vectors go at the end of the constructor
+}
+
+void LlNodeDispatch::queue(std::string_view phase) {
+  const LlNodeDispatchPlan& p = plan_;
+  DeviceRuntime& d = *device_;
+  const LlNodeMemory& mine = p.memory[static_cast<size_t>(p.rank)];
+  auto* counts = reinterpret_cast<int32_t*>(counts_.get());
+  auto* positions = reinterpret_cast<int32_t*>(positions_.get());
+  d.add_value(p.epoch, 1, phase);  // this step's number: n
+  d.ll_route({.topk_idx = p.topk_idx,
+              .num_tokens = p.num_tokens,
+              .topk = p.topk,
+              .num_experts = p.ranks * p.local_experts,
+              .counts = counts,
+              .positions = positions,
+              .invalid = reinterpret_cast<int32_t*>(invalid_.get())});
+  for (int r = 0; r < p.ranks; ++r)  // rank r read my messages of step n - 1
+    d.wait_value(mine.released + r, {p.epoch, -1}, p.timeout, phase);
+  d.ll_pack_routed({.format = p.format,
+                    .x = p.x,
+                    .topk_idx = p.topk_idx,
+                    .positions = positions,
+                    .counts = counts,
+                    .slots = reinterpret_cast<std::byte* const*>(to_slots_.get()),
+                    .num_tokens = p.num_tokens,
+                    .topk = p.topk,
+                    .num_experts = p.ranks * p.local_experts,
+                    .local_experts = p.local_experts});
+  const uint64_t row_bytes = 4ull * static_cast<uint64_t>(p.local_experts);
+  for (int r = 0; r < p.ranks; ++r) {
+    const LlNodeMemory& peer = p.memory[static_cast<size_t>(r)];
+    d.copy(peer.counts + p.rank * p.local_experts, counts + r * p.local_experts, row_bytes);
+    d.write_value(peer.arrived + p.rank, {p.epoch, 0}, phase);
+  }
+  for (int s = 0; s < p.ranks; ++s)  // source s's messages of step n are here
+    d.wait_value(mine.arrived + s, {p.epoch, 0}, p.timeout, phase);
+  d.ll_unpack_counted({.format = p.format,
+                       .counts = mine.counts,
+                       .from = reinterpret_cast<const std::byte* const*>(from_slots_.get()),
+                       .sinks = reinterpret_cast<const ep::LlExpertSink*>(sinks_.get()),
+                       .recv_count = p.recv_count,
+                       .layout_range = p.layout_range,
+                       .ranks = p.ranks,
+                       .local_experts = p.local_experts,
+                       .rows_per_expert = static_cast<int64_t>(p.ranks) * p.max_tokens});
+  for (int s = 0; s < p.ranks; ++s)
+    d.write_value(p.memory[static_cast<size_t>(s)].released + p.rank, {p.epoch, 0}, phase);
+}
+
+}  // namespace proxyep::gpu_side::device
