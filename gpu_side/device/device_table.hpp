@@ -1,5 +1,5 @@
-// upload_table: fresh device memory holding a host vector's items, for the tables of addresses a
-// kernel reads (slots, sinks) that a step sets up once, outside any capture.
+// What a step that a graph may capture (ll_node_dispatch.hpp) sets up once: the stream it sets up
+// on, and the tables of addresses its kernels read (slots, sinks), uploaded from host vectors.
 #pragma once
 
 #include "gpu_side/device/device_runtime.hpp"
@@ -10,6 +10,14 @@
 #include <vector>
 
 namespace proxyep::gpu_side::device {
+
+// The stream a step allocates and uploads on: the device's own, or, while that one is being
+// captured (where the host may neither copy from its memory nor wait), another stream of the
+// device. Memory allocated on that one is released in its order, not the captured stream's:
+// the step must outlive the graph's launches (as a graph's memory must).
+inline std::shared_ptr<DeviceRuntime> setup_stream(const std::shared_ptr<DeviceRuntime>& device) {
+  return device->capturing() ? device->open_stream() : device;
+}
 
 // Queues the copy: `items` must stay as they are until the device is synchronized.
 template <class T>

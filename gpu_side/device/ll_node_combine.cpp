@@ -46,6 +46,7 @@ LlNodeCombine::LlNodeCombine(std::shared_ptr<DeviceRuntime> device, const LlNode
     : device_(std::move(device)), dispatch_(dispatch), plan_(std::move(plan)) {
   const LlNodeDispatchPlan& d = dispatch_.plan();
   check_plan(d, plan_, phase);
+  const std::shared_ptr<DeviceRuntime> setup = setup_stream(device_);
   const auto ranks = static_cast<size_t>(d.ranks);
   std::vector<uint16_t*> to(ranks);
   std::vector<const uint16_t*> from(ranks);
@@ -56,9 +57,9 @@ LlNodeCombine::LlNodeCombine(std::shared_ptr<DeviceRuntime> device, const LlNode
     from[r] = reinterpret_cast<const uint16_t*>(plan_.memory[static_cast<size_t>(d.rank)].slots +
                                                 r * plan_.slot_bytes);
   }
-  to_slots_ = upload_table(*device_, to);
-  from_slots_ = upload_table(*device_, from);
-  device_->synchronize(phase, d.timeout);  // the vectors go at the end of the constructor
+  to_slots_ = upload_table(*setup, to);
+  from_slots_ = upload_table(*setup, from);
+  setup->synchronize(phase, d.timeout);  // the vectors go at the end of the constructor
 }
 
 void LlNodeCombine::queue(std::string_view phase) {

@@ -53,7 +53,7 @@ uint64_t ll_node_return_slot_bytes(uint32_t hidden, int64_t max_tokens, int32_t 
 class LlNodeCombine {
  public:
   // Checks the plan against the dispatch's (proxyep::Error(phase) naming what is wrong) and
-  // uploads the tables its kernels read (synchronizes the device: before any capture). The
+  // uploads the tables its kernels read, as LlNodeDispatch does (inside a capture too). The
   // dispatch must outlive it.
   LlNodeCombine(std::shared_ptr<DeviceRuntime> device, const LlNodeDispatch& dispatch,
                 LlNodeCombinePlan plan, std::string_view phase);

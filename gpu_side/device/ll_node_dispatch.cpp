@@ -62,12 +62,13 @@ LlNodeDispatch::LlNodeDispatch(std::shared_ptr<DeviceRuntime> device, LlNodeDisp
     : device_(std::move(device)), plan_(std::move(plan)) {
   check_plan(plan_, phase);
   const LlNodeDispatchPlan& p = plan_;
+  const std::shared_ptr<DeviceRuntime> setup = setup_stream(device_);
   const auto ranks = static_cast<size_t>(p.ranks);
   const int32_t experts = p.ranks * p.local_experts;
-  counts_ = device_->allocate(4ull * static_cast<uint64_t>(experts));
-  positions_ = device_->allocate(
-      std::max<uint64_t>(16, 4ull * static_cast<uint64_t>(p.num_tokens * p.topk)));
-  invalid_ = device_->allocate(16);
+  counts_ = setup->allocate(4ull * static_cast<uint64_t>(experts));
+  positions_ =
+      setup->allocate(std::max<uint64_t>(16, 4ull * static_cast<uint64_t>(p.num_tokens * p.topk)));
+  invalid_ = setup->allocate(16);
 
   std::vector<std::byte*> to(ranks), from(ranks);
   for (size_t r = 0; r < ranks; ++r) {
@@ -85,10 +86,10 @@ LlNodeDispatch::LlNodeDispatch(std::shared_ptr<DeviceRuntime> device, LlNodeDisp
     sink.scale_stride = rows;
     sink.src_info = p.src_info + e * rows;
   }
-  to_slots_ = upload_table(*device_, to);
-  from_slots_ = upload_table(*device_, from);
-  sinks_ = upload_table(*device_, sinks);
-  device_->synchronize(phase, p.timeout);  // the vectors go at the end of the constructor
+  to_slots_ = upload_table(*setup, to);
+  from_slots_ = upload_table(*setup, from);
+  sinks_ = upload_table(*setup, sinks);
+  setup->synchronize(phase, p.timeout);  // the vectors go at the end of the constructor
 }
 
 void LlNodeDispatch::queue(std::string_view phase) {

@@ -81,8 +81,10 @@ uint64_t ll_node_slot_bytes(const ep::LlFormat& format, int64_t max_tokens, int3
 class LlNodeDispatch {
  public:
   // Checks the plan (proxyep::Error(phase) naming what is wrong), allocates the step's scratch
-  // (the routing, the tables of addresses its kernels read) and uploads the tables: the device
-  // is synchronized once here, so construct it before any capture begins.
+  // (the routing, the tables of addresses its kernels read) and uploads the tables, waiting for
+  // that: on the device's stream, or while it is being captured on another stream of the device
+  // (device_table.hpp), so a step may be made inside the capture that queues it. It must then
+  // outlive the graph's launches.
   LlNodeDispatch(std::shared_ptr<DeviceRuntime> device, LlNodeDispatchPlan plan,
                  std::string_view phase);
   LlNodeDispatch(const LlNodeDispatch&) = delete;

@@ -238,14 +238,18 @@ inline std::string node_step_case(const std::shared_ptr<device::DeviceRuntime>& 
       back.memory.push_back(
           {.slots = base + returns_at, .arrived = w + 2 * R, .released = w + 3 * R});
     }
+    // Captured: each step made inside the capture that queues it (as a Buffer call captured by
+    // its caller would make it).
+    if (c.capture) r.stream->begin_capture("node dispatch");
     r.dispatch = std::make_unique<device::LlNodeDispatch>(r.stream, std::move(plan), "node step");
-    r.combine = std::make_unique<device::LlNodeCombine>(r.stream, *r.dispatch, std::move(back),
-                                                        "node step");
     if (c.capture) {
-      r.stream->begin_capture("node dispatch");
       r.dispatch->queue("node dispatch");
       r.dispatch_graph = r.stream->end_capture("node dispatch");
       r.stream->begin_capture("node combine");
+    }
+    r.combine = std::make_unique<device::LlNodeCombine>(r.stream, *r.dispatch, std::move(back),
+                                                        "node step");
+    if (c.capture) {
       r.combine->queue("node combine");
       r.combine_graph = r.stream->end_capture("node combine");
     }
