@@ -16,6 +16,7 @@
 #include "integrations/device_ll_calls.hpp"
 #include "integrations/device_regions.hpp"
 #include "integrations/device_steering.hpp"
+#include "integrations/low_latency/ll_captured.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/low_latency_mode.hpp"
@@ -225,6 +226,10 @@ struct Buffer::Impl {
   std::unique_ptr<integrations::DeviceBackend> device_backend;  // with BufferOptions::device
   std::unique_ptr<integrations::DeviceRegions> device_regions;  // the session's, for its kernels
   integrations::DeviceCombineBuffer device_combine_buffer;      // zero_copy of device calls
+  // LL calls captured into a graph (one node): their step memory and steps, kept for the
+  // graphs' launches while the Buffer lives.
+  integrations::low_latency::CapturedLowLatency captured{bootstrap, *session,
+                                                         options.enable_shrink};
   bool destroyed = false;
 };
 
@@ -399,6 +404,8 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
               {"dispatch_wait_recv_cost_stats", args.dispatch_wait_recv_cost_stats}});
   integrations::require_event_on_device(kCall, on_device, args.previous_event);
   if (!on_device) return impl_->low_latency.dispatch(args);
+  const auto& device = impl_->device(kCall);
+  if (device->capturing()) return impl_->captured.dispatch(device, args);
   return integrations::ll_dispatch_on_device(impl_->device(kCall), *impl_->device_backend,
                                              impl_->low_latency, args);
 }
@@ -425,6 +432,11 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
             on_device ? "device" : "host");
   }
   if (!on_device) return impl_->low_latency.combine(args);
+  const auto& device = impl_->device(kCall);
+  if (device->capturing()) return impl_->captured.combine(device, args);
+  require(args.handle == nullptr || args.handle->captured == nullptr, kCall,
+          "the handle came from a captured dispatch: its combine must be captured too (in the "
+          "same capture or another on the Buffer's device stream)");
   // With zero_copy the combine checks that the buffer has the handle's shape, as the host path
   // does (a caller who never asked for it gets an error, not a combine of zeros).
   return integrations::ll_combine_on_device(impl_->device(kCall), *impl_->device_backend,

@@ -24,8 +24,9 @@ class DeviceEvent;  // gpu_side/device/device_runtime.hpp
 }
 
 namespace integrations::low_latency {
-struct CallState;  // what a call in flight keeps (low_latency/ll_call.hpp)
-}
+struct CallState;         // what a call in flight keeps (low_latency/ll_call.hpp)
+struct CapturedDispatch;  // a dispatch captured into a graph (low_latency/ll_captured.hpp)
+}  // namespace integrations::low_latency
 
 // DeepEP's LL handle (src_info, layout_range, T, H, E) plus what combine needs.
 struct LowLatencyHandle {
@@ -39,6 +40,8 @@ struct LowLatencyHandle {
   gpu_side::ep::Device device = gpu_side::ep::Device::host;
   // The dispatch this handle came from (which Buffer, which call, what this rank sent where).
   std::shared_ptr<const integrations::low_latency::CallState> dispatched;
+  // Or, for a dispatch captured into a graph, its step (the combine must be captured too).
+  std::shared_ptr<integrations::low_latency::CapturedDispatch> captured;
 };
 
 // Completes the receive phase of a call started with return_recv_hook (DeepEP's `hook()`).

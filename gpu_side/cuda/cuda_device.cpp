@@ -596,6 +596,14 @@ void CudaDevice::launch(const device::DeviceGraph& graph, std::string_view phase
   check_cuda(cudaGraphLaunch(cuda->exec(), state_->stream), where.c_str(), "cudaGraphLaunch");
 }
 
+std::shared_ptr<void> CudaDevice::relax_capture() {
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), kPhase, "relaxing the capture mode");
+  // The deleter runs for the null pointer too: it puts the thread's previous mode back.
+  return std::shared_ptr<void>(
+      nullptr, [mode](void*) mutable { (void)cudaThreadExchangeStreamCaptureMode(&mode); });
+}
+
 bool CudaDevice::capturing() const {
   return state_->capturing();
 }

@@ -68,6 +68,7 @@ class CudaDevice final : public device::DeviceRuntime {
   std::unique_ptr<device::DeviceGraph> end_capture(std::string_view phase) override;
   void launch(const device::DeviceGraph& graph, std::string_view phase) override;
   bool capturing() const override;
+  std::shared_ptr<void> relax_capture() override;
   std::shared_ptr<device::DeviceEvent> record() override;
   void wait_event(const std::shared_ptr<device::DeviceEvent>& event,
                   std::chrono::milliseconds timeout) override;

@@ -240,6 +240,14 @@ class DeviceRuntime {
   }
   // Whether the stream is being captured (cudaStreamIsCapturing).
   virtual bool capturing() const { return false; }
+  // While this thread captures a stream, a setup the graph does not hold (allocations, uploads
+  // and waits on another stream of the device, shared memory for node peers) must not touch the
+  // capture: CUDA's thread-local capture mode refuses such calls from the capturing thread and
+  // invalidates the capture. Until the returned scope is dropped this thread may make them
+  // (CUDA: cudaThreadExchangeStreamCaptureMode to relaxed, and back); the operations of the
+  // capturing stream are still captured, and its host waits still refused. The default: nothing
+  // to relax.
+  virtual std::shared_ptr<void> relax_capture() { return nullptr; }
 
   // Events order two streams of one device (the caller's compute stream and a Buffer's, as
   // DeepEP's previous_event does). record() marks the point after everything queued so far;

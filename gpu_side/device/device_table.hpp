@@ -13,10 +13,20 @@ namespace proxyep::gpu_side::device {
 
 // The stream a step allocates and uploads on: the device's own, or, while that one is being
 // captured (where the host may neither copy from its memory nor wait), another stream of the
-// device. Memory allocated on that one is released in its order, not the captured stream's:
-// the step must outlive the graph's launches (as a graph's memory must).
-inline std::shared_ptr<DeviceRuntime> setup_stream(const std::shared_ptr<DeviceRuntime>& device) {
-  return device->capturing() ? device->open_stream() : device;
+// device, with the thread's capture relaxed (DeviceRuntime::relax_capture) while it is used.
+// Memory allocated on that one is released in its order, not the captured stream's: the step
+// must outlive the graph's launches (as a graph's memory must).
+struct SetupStream {
+  std::shared_ptr<void> relaxed;  // declared first: dropped after the stream
+  std::shared_ptr<DeviceRuntime> stream;
+  DeviceRuntime* operator->() const { return stream.get(); }
+  DeviceRuntime& operator*() const { return *stream; }
+};
+
+inline SetupStream setup_stream(const std::shared_ptr<DeviceRuntime>& device) {
+  if (!device->capturing()) return {nullptr, device};
+  std::shared_ptr<void> relaxed = device->relax_capture();
+  return {std::move(relaxed), device->open_stream()};
 }
 
 // Queues the copy: `items` must stay as they are until the device is synchronized.

@@ -46,7 +46,7 @@ LlNodeCombine::LlNodeCombine(std::shared_ptr<DeviceRuntime> device, const LlNode
     : device_(std::move(device)), dispatch_(dispatch), plan_(std::move(plan)) {
   const LlNodeDispatchPlan& d = dispatch_.plan();
   check_plan(d, plan_, phase);
-  const std::shared_ptr<DeviceRuntime> setup = setup_stream(device_);
+  const SetupStream setup = setup_stream(device_);
   const auto ranks = static_cast<size_t>(d.ranks);
   std::vector<uint16_t*> to(ranks);
   std::vector<const uint16_t*> from(ranks);

@@ -62,7 +62,7 @@ LlNodeDispatch::LlNodeDispatch(std::shared_ptr<DeviceRuntime> device, LlNodeDisp
     : device_(std::move(device)), plan_(std::move(plan)) {
   check_plan(plan_, phase);
   const LlNodeDispatchPlan& p = plan_;
-  const std::shared_ptr<DeviceRuntime> setup = setup_stream(device_);
+  const SetupStream setup = setup_stream(device_);
   const auto ranks = static_cast<size_t>(p.ranks);
   const int32_t experts = p.ranks * p.local_experts;
   counts_ = setup->allocate(4ull * static_cast<uint64_t>(experts));

@@ -6,6 +6,7 @@
 #include "gpu_side/cuda/cuda_device.hpp"
 #include "tests/gpu/device_check.hpp"
 #include "tests/unit/integrations/device_buffer_case.hpp"
+#include "tests/unit/integrations/device_ll_captured_case.hpp"
 #include "tests/unit/integrations/device_ll_case.hpp"
 
 #define DOCTEST_CONFIG_IMPLEMENT
@@ -37,6 +38,11 @@ TEST_CASE("CUDA tensors through low-latency calls: node peers (ranks as threads 
 
 TEST_CASE("CUDA tensors through low-latency calls: over the fabric with the reorder shim") {
   integrations::testing::ll::run_device_ll(1, cuda_device);
+}
+
+TEST_CASE("CUDA low-latency calls captured into graphs (ranks as threads on one GPU)") {
+  integrations::testing::ll::run_captured_ll(cuda_device);
+  integrations::testing::ll::run_captured_ll_refused(cuda_device);
 }
 
 int main(int argc, char** argv) {

@@ -6,7 +6,7 @@
 // wait statistics added on the device, a mask query into a device tensor, and the calls mixing
 // host and device memory, a topk_idx naming no expert and a combine's topk_idx that differs from
 // its dispatch's (both found on the device) refused on every rank before anything is sent, as are
-// a call while the Buffer's stream is captured and one after an event recorded in a capture.
+// a captured call with statistics tensors and one after an event recorded in a capture.
 // Outputs are downloaded and checked exactly against gpu_side/ep/ll_reference.hpp
 // (ll_case_checks.hpp). Run on the host-simulated device by test_device_buffer_threads.cpp and on
 // CUDA by tests/gpu/test_gpu_buffer.cpp.
@@ -71,11 +71,12 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
       bad.data<int64_t>()[bad.numel() - 1] = kLocal * kRanks;
       require_mentions(error_of([&] { buffer.low_latency_dispatch(args(xa, upload(dev, bad))); }),
                        "1 of topk_idx's 32 values are neither -1 nor an expert id in [0, 4)");
-      // Not capturable yet: refused while the Buffer's stream captures, before anything is
-      // queued (the capture ends valid), and after an event recorded inside a capture.
+      // A captured call (device_ll_captured_case.hpp) refuses what a graph cannot hold, before
+      // anything is queued (the capture ends valid): here the statistics tensors; and an event
+      // recorded inside a capture is refused outside one.
       dev.begin_capture("test capture");
       require_mentions(error_of([&] { buffer.low_latency_dispatch(args(xa, ia)); }),
-                       "low_latency_dispatch: the Buffer's device stream is being captured");
+                       "the statistics tensors cannot be captured yet");
       (void)dev.end_capture("test capture");
       caller.begin_capture("caller capture");
       LowLatencyDispatchArgs after_graph = args(xa, ia);

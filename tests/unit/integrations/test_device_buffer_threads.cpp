@@ -5,6 +5,7 @@
 #include "gpu_side/device/simulated_device.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
 #include "tests/unit/integrations/device_buffer_case.hpp"
+#include "tests/unit/integrations/device_ll_captured_case.hpp"
 #include "tests/unit/integrations/device_ll_case.hpp"
 
 #include <doctest/doctest.h>
@@ -126,4 +127,13 @@ TEST_CASE("device tensors through low-latency calls: topk_idx never read back to
   integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks,
                                            counts_only_read_back);
   integrations::testing::ll::run_device_ll(1, counts_only_read_back);
+}
+
+TEST_CASE("low-latency calls captured into graphs: node peers, replayed with new inputs") {
+  integrations::testing::ll::run_captured_ll(simulated);
+  integrations::testing::ll::run_captured_ll(slow_buffer_stream);
+}
+
+TEST_CASE("low-latency calls captured into graphs: refused between nodes and with shrink") {
+  integrations::testing::ll::run_captured_ll_refused(simulated);
 }

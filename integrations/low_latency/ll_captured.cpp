@@ -1,0 +1,270 @@
+// CapturedLowLatency (ll_captured.hpp).
+#include "integrations/low_latency/ll_captured.hpp"
+
+#include "common/error.hpp"
+#include "common/params.hpp"
+#include "gpu_side/device/device_table.hpp"
+#include "integrations/low_latency/ll_args.hpp"
+#include "integrations/low_latency/ll_tensors.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <string>
+
+namespace ep = proxyep::gpu_side::ep;
+namespace device = proxyep::gpu_side::device;
+
+namespace proxyep::integrations::low_latency {
+
+namespace {
+
+constexpr const char* kDispatch = "low_latency_dispatch (captured)";
+constexpr const char* kCombine = "low_latency_combine (captured)";
+
+std::chrono::milliseconds timeout() {
+  return std::chrono::milliseconds(params::ep_timeout_ms.get());
+}
+
+uint64_t round_up(uint64_t bytes, uint64_t to) {
+  return (bytes + to - 1) / to * to;
+}
+
+// What a captured call cannot take, whatever the mode of the Buffer.
+void refuse_host_parts(bool hook, bool async, const std::shared_ptr<device::DeviceEvent>& event,
+                       const char* phase) {
+  require(!hook && !async, phase,
+          "return_recv_hook and async_finish cannot be captured: the graph is the asynchrony "
+          "(launch it where the receive should run)");
+  require(event == nullptr, phase,
+          "previous_event cannot be waited for inside a capture: capture the work it stands for "
+          "on the Buffer's device stream instead");
+}
+
+// Static outputs: device memory allocated outside the capture (a stream of the device that is
+// not captured), zeroed, alive while the caller holds them.
+ep::Tensor static_output(device::DeviceRuntime& setup, ep::DType dtype, int64_t rows,
+                         int64_t cols) {
+  const uint64_t bytes = static_cast<uint64_t>(rows) * static_cast<uint64_t>(cols < 0 ? 1 : cols) *
+                         ep::dtype_size(dtype);
+  std::shared_ptr<std::byte[]> memory = setup.allocate(std::max<uint64_t>(bytes, 16));
+  setup.fill(memory.get(), 0, std::max<uint64_t>(bytes, 16));
+  return ep::Tensor::over(std::move(memory), dtype, rows, cols, ep::Device::cuda);
+}
+
+}  // namespace
+
+CapturedLowLatency::Layout CapturedLowLatency::layout_for(const LlShape& shape, int ranks) {
+  ep::LlFormat widest;  // BF16 messages: the largest of every format
+  widest.hidden = static_cast<uint32_t>(shape.hidden);
+  widest.fp8 = false;
+  const int32_t local = shape.experts / ranks;
+  Layout l;
+  l.slot_bytes = device::ll_node_slot_bytes(widest, shape.tokens, local);
+  l.return_bytes = device::ll_node_return_slot_bytes(widest.hidden, shape.tokens, local);
+  l.returns_at = static_cast<uint64_t>(ranks) * l.slot_bytes;
+  l.counts_at = l.returns_at + static_cast<uint64_t>(ranks) * l.return_bytes;
+  l.words_at = l.counts_at + round_up(4ull * static_cast<uint64_t>(ranks * local), 64);
+  // arrived, released (dispatch); arrived, released (combine); the two epochs.
+  l.bytes = l.words_at + 8ull * (4ull * static_cast<uint64_t>(ranks) + 2);
+  return l;
+}
+
+device::LlNodeMemory CapturedLowLatency::dispatch_memory(int rank) const {
+  std::byte* base = memory_->peer(rank);
+  auto* words = reinterpret_cast<uint64_t*>(base + layout_.words_at);
+  const int R = session_.ranks();
+  return {.slots = base,
+          .counts = reinterpret_cast<int32_t*>(base + layout_.counts_at),
+          .arrived = words,
+          .released = words + R};
+}
+
+device::LlNodeReturnMemory CapturedLowLatency::return_memory(int rank) const {
+  std::byte* base = memory_->peer(rank);
+  auto* words = reinterpret_cast<uint64_t*>(base + layout_.words_at);
+  const int R = session_.ranks();
+  return {.slots = base + layout_.returns_at, .arrived = words + 2 * R, .released = words + 3 * R};
+}
+
+uint64_t* CapturedLowLatency::epoch(int which) const {
+  auto* words = reinterpret_cast<uint64_t*>(memory_->local() + layout_.words_at);
+  return words + 4 * session_.ranks() + which;
+}
+
+void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime>& device,
+                                     const LlShape& shape, const char* phase) {
+  const int R = session_.ranks();
+  require(!shrink_, phase,
+          "a Buffer with enable_shrink cannot capture low-latency calls: a masked rank's steps "
+          "would never be signalled");
+  require(session_.ranks_per_node() == R, phase,
+          "captured low-latency calls need every rank on one node (this group has {} ranks, {} "
+          "per node): between nodes the proxies post the writes, which a graph cannot hold yet",
+          R, session_.ranks_per_node());
+  if (shape_) {
+    require(*shape_ == shape, phase,
+            "every captured call of a Buffer uses the sizes of its first ({}); this one has {}",
+            describe(*shape_), describe(shape));
+    return;
+  }
+  // Every rank's sizes, before the collective allocation (whose sizes must agree).
+  const int32_t mine[3] = {shape.tokens, shape.hidden, shape.experts};
+  const auto all =
+      bootstrap_.allgather(std::span(reinterpret_cast<const uint8_t*>(mine), sizeof mine),
+                           fmt::format("{}: the sizes of the step memory", phase));
+  std::string differ;
+  for (int r = 0; r < R; ++r) {
+    int32_t theirs[3] = {0, 0, 0};
+    std::memcpy(theirs, all[static_cast<size_t>(r)].data(),
+                std::min(sizeof theirs, all[static_cast<size_t>(r)].size()));
+    if (std::memcmp(theirs, mine, sizeof mine) != 0)
+      differ +=
+          fmt::format("; rank {}: {}", r,
+                      describe({.tokens = theirs[0], .hidden = theirs[1], .experts = theirs[2]}));
+  }
+  require(differ.empty(), phase, "every rank must capture the same sizes: rank {} uses {}{}",
+          session_.rank(), describe(shape), differ);
+  const Layout layout = layout_for(shape, R);
+  // The shared memory and its zeroing are no part of the graph (the thread's capture relaxed).
+  const device::SetupStream setup = device::setup_stream(device);
+  auto memory = std::make_unique<proxy::DeviceArenas>(bootstrap_, device, layout.bytes,
+                                                      session_.ranks_per_node(), timeout(), phase);
+  for (int r = 0; r < R; ++r)
+    require(memory->peer(r) != nullptr, phase,
+            "rank {}'s step memory cannot be opened by this rank's device (a device that shares "
+            "no memory, or GPUs without peer access)",
+            r);
+  // Zeroed before any rank may step: a peer's first signal must not be wiped by this fill.
+  setup->fill(memory->local(), 0, layout.bytes);
+  setup->synchronize(phase, timeout());
+  bootstrap_.barrier(fmt::format("{}: the step memory zeroed", phase));
+  memory_ = std::move(memory);
+  layout_ = layout;
+  shape_ = shape;
+}
+
+LowLatencyDispatchResult CapturedLowLatency::dispatch(
+    const std::shared_ptr<device::DeviceRuntime>& device, const LowLatencyDispatchArgs& a) {
+  const int R = session_.ranks();
+  const DispatchInput in = check_dispatch_args(a, R, true);
+  refuse_host_parts(a.return_recv_hook, a.async_finish, a.previous_event, kDispatch);
+  require(
+      !a.cumulative_local_expert_recv_stats.defined() && !a.dispatch_wait_recv_cost_stats.defined(),
+      kDispatch, "the statistics tensors cannot be captured yet: pass none");
+  open_memory(device, in.shape, kDispatch);
+  const int32_t local = in.shape.experts / R;
+  const int64_t rows = static_cast<int64_t>(R) * in.shape.tokens;
+  const device::SetupStream setup = device::setup_stream(device);
+  auto captured = std::make_shared<CapturedDispatch>();
+  const ep::LlFormat& f = in.format;
+  ep::Tensor recv_x = static_output(*setup, f.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16,
+                                    local * rows, in.shape.hidden);
+  ep::Tensor scales;
+  if (f.fp8)
+    scales = static_output(*setup, f.ue8m0 ? ep::DType::i32 : ep::DType::f32,
+                           local * static_cast<int64_t>(f.scale_words()), rows);
+  ep::Tensor recv_count = static_output(*setup, ep::DType::i32, local, -1);
+  ep::Tensor src_info = static_output(*setup, ep::DType::i32, local, rows);
+  ep::Tensor range = static_output(*setup, ep::DType::i64, local, R);
+  setup->synchronize(kDispatch, timeout());
+
+  device::LlNodeDispatchPlan plan{.rank = session_.rank(),
+                                  .ranks = R,
+                                  .local_experts = local,
+                                  .slot_bytes = layout_.slot_bytes,
+                                  .memory = {},
+                                  .epoch = epoch(0),
+                                  .timeout = timeout(),
+                                  .format = f,
+                                  .max_tokens = in.shape.tokens,
+                                  .num_tokens = in.tokens,
+                                  .topk = static_cast<int>(in.topk),
+                                  .x = static_cast<const uint16_t*>(a.x.data),
+                                  .topk_idx = static_cast<const int64_t*>(a.topk_idx.data),
+                                  .recv_x = recv_x.raw(),
+                                  .recv_x_scales = f.fp8 ? scales.data<uint32_t>() : nullptr,
+                                  .src_info = src_info.data<int32_t>(),
+                                  .recv_count = recv_count.data<int32_t>(),
+                                  .layout_range = range.data<int64_t>()};
+  for (int r = 0; r < R; ++r)
+    plan.memory.push_back(dispatch_memory(r));
+  captured->step = std::make_unique<device::LlNodeDispatch>(device, std::move(plan), kDispatch);
+  captured->topk_idx = a.topk_idx;
+  captured->step->queue(kDispatch);
+  captured->outputs = {recv_x, scales, recv_count, src_info, range};
+  dispatches_.push_back(captured);
+
+  LowLatencyDispatchResult out;
+  out.recv_x = recv_x;
+  out.recv_x_scales = scales;
+  out.recv_count = recv_count;
+  out.handle.src_info = src_info;
+  out.handle.layout_range = range;
+  out.handle.num_max_dispatch_tokens_per_rank = in.shape.tokens;
+  out.handle.hidden = in.shape.hidden;
+  out.handle.num_experts = in.shape.experts;
+  out.handle.device = ep::Device::cuda;
+  out.handle.captured = captured;
+  return out;
+}
+
+LowLatencyCombineResult CapturedLowLatency::combine(
+    const std::shared_ptr<device::DeviceRuntime>& device, const LowLatencyCombineArgs& a) {
+  require(a.handle != nullptr && a.handle->captured != nullptr, kCombine,
+          "the handle came from a dispatch that was not captured: a captured combine needs a "
+          "captured dispatch's handle");
+  CapturedDispatch& d = *a.handle->captured;
+  require(
+      std::find(dispatches_.begin(), dispatches_.end(), a.handle->captured) != dispatches_.end(),
+      kCombine, "the handle was not made by this Buffer's low_latency_dispatch");
+  refuse_host_parts(a.return_recv_hook, a.async_finish, a.previous_event, kCombine);
+  require(!a.use_logfmt, kCombine,
+          "use_logfmt is not supported: ProxyEP combines in BF16 (pass use_logfmt=False)");
+  require(!a.zero_copy, kCombine, "zero_copy cannot be captured yet: pass the expert outputs as x");
+  require(!a.combine_wait_recv_cost_stats.defined(), kCombine,
+          "the statistics tensors cannot be captured yet: pass none");
+  require(d.combine == nullptr, kCombine,
+          "this dispatch's combine was captured already: capture one combine per dispatch");
+  const device::LlNodeDispatchPlan& p = d.step->plan();
+  const int R = p.ranks;
+  const int64_t rows = static_cast<int64_t>(p.local_experts) * R * p.max_tokens;
+  const auto H = static_cast<int64_t>(p.format.hidden);
+  check_tensor(a.x, ep::DType::bf16, rows, H, true, kCombine, "x", true);
+  check_tensor(a.topk_idx, ep::DType::i64, p.num_tokens, p.topk, true, kCombine, "topk_idx", true);
+  require(a.topk_idx.data == d.topk_idx.data && a.topk_idx.row_stride == d.topk_idx.row_stride,
+          kCombine,
+          "topk_idx must be the tensor the captured dispatch routed (the graph reads its routing, "
+          "not this tensor's values)");
+  check_tensor(a.topk_weights, ep::DType::f32, p.num_tokens, p.topk, true, kCombine, "topk_weights",
+               true);
+  ep::Tensor combined;
+  uint16_t* out = nullptr;
+  if (a.out.defined()) {
+    check_tensor(a.out, ep::DType::bf16, p.num_tokens, H, true, kCombine, "out", true);
+    out = static_cast<uint16_t*>(const_cast<void*>(a.out.data));
+  } else {
+    const device::SetupStream setup = device::setup_stream(device);
+    combined = static_output(*setup, ep::DType::bf16, p.num_tokens, H);
+    setup->synchronize(kCombine, timeout());
+    out = combined.data<uint16_t>();
+  }
+  device::LlNodeCombinePlan plan{.slot_bytes = layout_.return_bytes,
+                                 .memory = {},
+                                 .epoch = epoch(1),
+                                 .x = static_cast<const uint16_t*>(a.x.data),
+                                 .topk_weights = static_cast<const float*>(a.topk_weights.data),
+                                 .out = out};
+  for (int r = 0; r < R; ++r)
+    plan.memory.push_back(return_memory(r));
+  d.combine = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);
+  d.combine->queue(kCombine);
+  d.combined = combined;
+  LowLatencyCombineResult result;
+  result.combined_x = combined;
+  return result;
+}
+
+}  // namespace proxyep::integrations::low_latency

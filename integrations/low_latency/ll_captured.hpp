@@ -1,0 +1,82 @@
+// CapturedLowLatency: low-latency calls made while the Buffer's device stream is being captured
+// into a graph (DeepEP's LL path under CUDA graphs), on one node. The host protocol cannot be
+// captured (it reads the counts back and waits for records on the host), so a captured call
+// queues the node's LL step instead (gpu_side/device/ll_node_dispatch.hpp, ll_node_combine.hpp):
+// the routing, the sends into every peer's device memory, the epoch-numbered handshakes and the
+// receive, all on the stream. Its outputs are static tensors, as a captured torch call's are:
+// every launch of the graph rewrites them.
+//
+// The step memory (every rank's slots, counts and words, shared through DeviceArenas: CUDA IPC)
+// is made at the first captured call, collectively (every rank captures the same calls), for that
+// call's sizes (every rank's must agree: refused naming the ranks that differ), zeroed, and kept
+// while the Buffer lives; so is each captured call's step, which its graph uses at every launch
+// (a graph launched after its Buffer is gone reads freed memory, as with DeepEP). Every rank
+// must launch its graphs as often as the others.
+//
+// Refused before anything is queued, naming why: ranks on more than one node, a peer whose
+// device memory this rank cannot open, rank masking (enable_shrink), return_recv_hook and
+// async_finish (the graph is the asynchrony), the statistics tensors, previous_event (capture
+// the caller's work on the Buffer's stream instead), zero_copy, sizes other than the first
+// captured call's, a combine of a dispatch that was not captured (or a captured dispatch's
+// combine outside a capture), and a combine whose topk_idx is not the dispatch's tensor.
+#pragma once
+
+#include "control/bootstrap.hpp"
+#include "gpu_side/device/device_runtime.hpp"
+#include "gpu_side/device/ll_node_combine.hpp"
+#include "gpu_side/device/ll_node_dispatch.hpp"
+#include "integrations/low_latency/ll_record.hpp"
+#include "integrations/low_latency_types.hpp"
+#include "proxy/device_arenas.hpp"
+#include "proxy/session.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+namespace proxyep::integrations::low_latency {
+
+// A captured dispatch, kept by the Buffer and by its handle (LowLatencyHandle::captured).
+struct CapturedDispatch {
+  std::unique_ptr<gpu_side::device::LlNodeDispatch> step;
+  gpu_side::ep::TensorRef topk_idx;  // the tensor it routed (the combine must pass it)
+  std::vector<gpu_side::ep::Tensor> outputs;
+  // Its combine, made by the first captured combine of its handle.
+  std::unique_ptr<gpu_side::device::LlNodeCombine> combine;
+  gpu_side::ep::Tensor combined;
+};
+
+class CapturedLowLatency {
+ public:
+  CapturedLowLatency(control::Bootstrap& bootstrap, proxy::Session& session, bool enable_shrink)
+      : bootstrap_(bootstrap), session_(session), shrink_(enable_shrink) {}
+
+  LowLatencyDispatchResult dispatch(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                    const LowLatencyDispatchArgs& args);
+  LowLatencyCombineResult combine(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                  const LowLatencyCombineArgs& args);
+
+ private:
+  // The step memory for `shape`, made collectively at the first captured call.
+  void open_memory(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                   const LlShape& shape, const char* phase);
+  struct Layout {
+    uint64_t slot_bytes = 0, return_bytes = 0;
+    uint64_t returns_at = 0, counts_at = 0, words_at = 0, bytes = 0;
+  };
+  static Layout layout_for(const LlShape& shape, int ranks);
+  gpu_side::device::LlNodeMemory dispatch_memory(int rank) const;
+  gpu_side::device::LlNodeReturnMemory return_memory(int rank) const;
+  uint64_t* epoch(int which) const;  // this rank's: 0 the dispatch's, 1 the combine's
+
+  control::Bootstrap& bootstrap_;
+  proxy::Session& session_;
+  bool shrink_;
+  std::optional<LlShape> shape_;
+  Layout layout_;
+  std::unique_ptr<proxy::DeviceArenas> memory_;
+  std::vector<std::shared_ptr<CapturedDispatch>> dispatches_;  // every captured call's
+};
+
+}  // namespace proxyep::integrations::low_latency

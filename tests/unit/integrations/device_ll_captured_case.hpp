@@ -1,0 +1,192 @@
+// Low-latency calls captured into graphs (integrations/low_latency/ll_captured.hpp) on any
+// DeviceRuntime, ranks as threads of one node: each rank captures a dispatch and its combine on
+// the Buffer's device stream (two graphs: the expert outputs are the test's, between them), then
+// launches them for three rounds of new inputs written into the same tensors, and three times
+// back to back with no host in between; the static outputs pass the exact checks
+// (ll_case_checks.hpp) every time. What cannot be captured is refused before anything is queued
+// and the capture stays valid: return_recv_hook, the statistics tensors, a previous_event,
+// zero_copy, a combine's topk_idx that is not the dispatch's tensor, a captured dispatch's
+// combine outside a capture, a second combine of one dispatch. Run on the host-simulated device
+// by test_device_buffer_threads.cpp and on CUDA by tests/gpu/test_gpu_buffer.cpp.
+#pragma once
+
+#include "integrations/buffer.hpp"
+#include "tests/unit/integrations/buffer_rank_threads.hpp"
+#include "tests/unit/integrations/device_test_tensors.hpp"
+#include "tests/unit/integrations/ll_case_checks.hpp"
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace proxyep::integrations::testing::ll {
+
+// Refused inside a capture, naming `words`; the capture is still valid afterwards (it ends
+// into a graph that does nothing harmful when dropped).
+inline void refused_in_capture(gpu_side::device::DeviceRuntime& dev,
+                               const std::function<void()>& call, const std::string& words) {
+  dev.begin_capture("test refusal");
+  const std::string error = error_of(call);
+  std::unique_ptr<gpu_side::device::DeviceGraph> graph;
+  const std::string ended = error_of([&] { graph = dev.end_capture("test refusal"); });
+  require_mentions(error, words);
+  require(ended.empty(), "test", "the capture was left invalid by a refusal: {}", ended);
+}
+
+inline void run_captured_ll_rank(control::Bootstrap::Options options,
+                                 const DeviceFactory& make_device) {
+  auto boot = control::Bootstrap::connect(std::move(options));
+  const int me = boot->rank();
+  const RankDevice devices = make_device(me);
+  gpu_side::device::DeviceRuntime& dev = *devices.buffer;
+  gpu_side::device::DeviceRuntime& caller = *devices.caller;
+  BufferOptions o;
+  o.low_latency_mode = true;
+  o.ranks_per_node = kRanks;
+  o.num_rdma_bytes =
+      Buffer::get_low_latency_rdma_size_hint(kTokens, kHidden, kRanks, kLocal * kRanks);
+  o.device = devices.buffer;
+  Buffer buffer(*boot, o);
+
+  // The graphs' tensors: fixed device memory, rewritten by the caller before each launch.
+  const auto first = inputs(1);
+  const ep::Tensor x = upload(dev, first[me].x), idx = upload(dev, first[me].topk_idx),
+                   weights = upload(dev, first[me].topk_weights);
+  const ep::Tensor expert_out =
+      upload(dev, ep::Tensor::zeros(ep::DType::bf16, int64_t{kLocal} * kRanks * kTokens, kHidden));
+  const ep::Tensor out = upload(dev, ep::Tensor::zeros(ep::DType::bf16, kTokens, kHidden));
+  LowLatencyDispatchArgs d;
+  d.x = x;
+  d.topk_idx = idx;
+  d.num_max_dispatch_tokens_per_rank = kTokens;
+  d.num_experts = kLocal * kRanks;
+
+  LowLatencyDispatchArgs hooked = d;
+  hooked.return_recv_hook = true;
+  refused_in_capture(
+      dev, [&] { buffer.low_latency_dispatch(hooked); },
+      "return_recv_hook and async_finish cannot be captured");
+  LowLatencyDispatchArgs with_stats = d;
+  const ep::Tensor stats = upload(dev, ep::Tensor::zeros(ep::DType::i32, kLocal));
+  with_stats.cumulative_local_expert_recv_stats = stats;
+  refused_in_capture(
+      dev, [&] { buffer.low_latency_dispatch(with_stats); },
+      "the statistics tensors cannot be captured yet");
+  LowLatencyDispatchArgs after = d;
+  after.previous_event = caller.record();
+  refused_in_capture(
+      dev, [&] { buffer.low_latency_dispatch(after); },
+      "previous_event cannot be waited for inside a capture");
+
+  dev.begin_capture("test dispatch");
+  LowLatencyDispatchResult dispatched = buffer.low_latency_dispatch(d);
+  const std::unique_ptr<gpu_side::device::DeviceGraph> dispatch_graph =
+      dev.end_capture("test dispatch");
+  require(dispatched.handle.captured != nullptr && dispatched.recv_x.device() == ep::Device::cuda,
+          "test", "a captured dispatch returned no captured handle or host outputs");
+
+  LowLatencyCombineArgs c{
+      .x = expert_out, .topk_idx = idx, .topk_weights = weights, .handle = &dispatched.handle};
+  c.out = out;
+  require_mentions(error_of([&] { buffer.low_latency_combine(c); }),
+                   "the handle came from a captured dispatch: its combine must be captured too");
+  LowLatencyCombineArgs zero_copy = c;
+  zero_copy.zero_copy = true;
+  refused_in_capture(
+      dev, [&] { buffer.low_latency_combine(zero_copy); }, "zero_copy cannot be captured yet");
+  const ep::Tensor idx_copy = upload(dev, first[me].topk_idx);
+  LowLatencyCombineArgs other_idx = c;
+  other_idx.topk_idx = idx_copy;
+  refused_in_capture(
+      dev, [&] { buffer.low_latency_combine(other_idx); },
+      "topk_idx must be the tensor the captured dispatch routed");
+  dev.begin_capture("test combine");
+  const LowLatencyCombineResult combined = buffer.low_latency_combine(c);
+  const std::unique_ptr<gpu_side::device::DeviceGraph> combine_graph =
+      dev.end_capture("test combine");
+  require(!combined.combined_x.defined(), "test", "a combine into `out` returned another tensor");
+  refused_in_capture(
+      dev, [&] { buffer.low_latency_combine(c); }, "this dispatch's combine was captured already");
+
+  // Host views of the static outputs after a launch.
+  auto on_host = [&] {
+    LowLatencyDispatchResult h = dispatched;
+    h.recv_x = download(dev, dispatched.recv_x, "recv_x");
+    h.recv_x_scales = download(dev, dispatched.recv_x_scales, "recv_x_scales");
+    h.recv_count = download(dev, dispatched.recv_count, "recv_count");
+    h.handle.src_info = download(dev, dispatched.handle.src_info, "src_info");
+    h.handle.layout_range = download(dev, dispatched.handle.layout_range, "layout_range");
+    return h;
+  };
+  auto write = [&](const ep::Tensor& to, const ep::Tensor& from) {
+    dev.copy(const_cast<std::byte*>(to.raw()), from.raw(), from.bytes());
+  };
+  std::vector<ep::RankInputs> now;
+  for (uint64_t round = 0; round < 3; ++round) {
+    now = inputs(round + 1);
+    write(x, now[me].x);
+    write(idx, now[me].topk_idx);
+    write(weights, now[me].topk_weights);
+    dev.synchronize("test inputs", kWait);
+    dev.launch(*dispatch_graph, "test dispatch");
+    const LowLatencyDispatchResult h = on_host();
+    check_dispatch(h, now, me);
+    const ep::Tensor outputs = expert_outputs(h, me);  // read by the copy until the download
+    write(expert_out, outputs);
+    dev.launch(*combine_graph, "test combine");
+    check_combine(download(dev, out, "out"), now[me], me);
+  }
+  // Back to back, the host waiting only at the end: the ranks' graphs pace each other.
+  dev.fill(const_cast<std::byte*>(out.raw()), 0, out.bytes());
+  for (int i = 0; i < 3; ++i) {
+    dev.launch(*dispatch_graph, "test dispatch");
+    dev.launch(*combine_graph, "test combine");
+  }
+  check_dispatch(on_host(), now, me);
+  check_combine(download(dev, out, "out"), now[me], me);
+  buffer.destroy();
+}
+
+// Between nodes the proxies post the writes: a captured call is refused there, and with rank
+// masking (enable_shrink), before anything is queued; the capture stays valid.
+inline void run_captured_ll_refused_rank(control::Bootstrap::Options options,
+                                         const DeviceFactory& make_device, bool shrink) {
+  auto boot = control::Bootstrap::connect(std::move(options));
+  const RankDevice devices = make_device(boot->rank());
+  BufferOptions o;
+  o.low_latency_mode = true;
+  o.enable_shrink = shrink;
+  o.ranks_per_node = shrink ? kRanks : 1;
+  o.num_rdma_bytes =
+      Buffer::get_low_latency_rdma_size_hint(kTokens, kHidden, kRanks, kLocal * kRanks);
+  o.device = devices.buffer;
+  Buffer buffer(*boot, o);
+  const auto in = inputs(1);
+  const ep::Tensor x = upload(*devices.buffer, in[boot->rank()].x),
+                   idx = upload(*devices.buffer, in[boot->rank()].topk_idx);
+  LowLatencyDispatchArgs d;
+  d.x = x;
+  d.topk_idx = idx;
+  d.num_max_dispatch_tokens_per_rank = kTokens;
+  d.num_experts = kLocal * kRanks;
+  refused_in_capture(
+      *devices.buffer, [&] { buffer.low_latency_dispatch(d); },
+      shrink ? "a Buffer with enable_shrink cannot capture low-latency calls"
+             : "captured low-latency calls need every rank on one node");
+  buffer.destroy();
+}
+
+inline void run_captured_ll_refused(const DeviceFactory& make_device) {
+  for (const bool shrink : {false, true})
+    run_buffer_ranks(kRanks, !shrink, [make_device, shrink](control::Bootstrap::Options o) {
+      run_captured_ll_refused_rank(std::move(o), make_device, shrink);
+    });
+}
+
+inline void run_captured_ll(const DeviceFactory& make_device) {
+  run_buffer_ranks(kRanks, false, [make_device](control::Bootstrap::Options o) {
+    run_captured_ll_rank(std::move(o), make_device);
+  });
+}
+
+}  // namespace proxyep::integrations::testing::ll
