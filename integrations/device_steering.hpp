@@ -14,8 +14,9 @@
 namespace proxyep::integrations {
 
 // Makes the work `device` queues from here on wait for `event` (a call's previous_event; none: no
-// wait), for at most ep.timeout_ms. A Buffer call is not capturable (it waits on the host), so
-// first, before anything is queued: refused (proxyep::Error(phase)) while `device`'s stream is
+// wait), for at most ep.timeout_ms. A call of the host protocols is not capturable (it waits on
+// the host; captured LL calls take low_latency/ll_captured.hpp instead), so first, before
+// anything is queued: refused (proxyep::Error(phase)) while `device`'s stream is
 // being captured, or for an event recorded inside a capture; the capture is left as it was.
 void order_after(gpu_side::device::DeviceRuntime& device,
                  const std::shared_ptr<gpu_side::device::DeviceEvent>& event,
