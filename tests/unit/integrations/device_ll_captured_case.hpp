@@ -109,15 +109,7 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
       dev, [&] { buffer.low_latency_combine(c); }, "this dispatch's combine was captured already");
 
   // Host views of the static outputs after a launch.
-  auto on_host = [&] {
-    LowLatencyDispatchResult h = dispatched;
-    h.recv_x = download(dev, dispatched.recv_x, "recv_x");
-    h.recv_x_scales = download(dev, dispatched.recv_x_scales, "recv_x_scales");
-    h.recv_count = download(dev, dispatched.recv_count, "recv_count");
-    h.handle.src_info = download(dev, dispatched.handle.src_info, "src_info");
-    h.handle.layout_range = download(dev, dispatched.handle.layout_range, "layout_range");
-    return h;
-  };
+  auto on_host = [&] { return dispatch_on_host(dev, dispatched); };
   auto write = [&](const ep::Tensor& to, const ep::Tensor& from) {
     dev.copy(const_cast<std::byte*>(to.raw()), from.raw(), from.bytes());
   };

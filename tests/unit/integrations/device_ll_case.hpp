@@ -99,18 +99,7 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
     // Every output is device memory, the handle's src_info and layout_range too (as DeepEP's):
     // host views of them for the checks, read from the caller's stream (a call whose hook
     // returned, or whose event was waited for, has finished its device work).
-    auto on_host = [&](const LowLatencyDispatchResult& d) {
-      require(d.handle.src_info.device() == ep::Device::cuda &&
-                  d.handle.layout_range.device() == ep::Device::cuda,
-              "test", "a device dispatch's handle holds host tensors");
-      LowLatencyDispatchResult h = d;
-      h.recv_x = download(caller, d.recv_x, "recv_x");
-      h.recv_x_scales = download(caller, d.recv_x_scales, "recv_x_scales");
-      h.recv_count = download(caller, d.recv_count, "recv_count");
-      h.handle.src_info = download(caller, d.handle.src_info, "src_info");
-      h.handle.layout_range = download(caller, d.handle.layout_range, "layout_range");
-      return h;
-    };
+    auto on_host = [&](const LowLatencyDispatchResult& d) { return dispatch_on_host(caller, d); };
     // The async dispatch, waited for by the caller's stream at its device point (as DeepEP's
     // EventOverlap::current_stream_wait() on a GPU), never by this thread: the CommStream's
     // thread finishes it meanwhile; its outputs must be complete where the caller reads them.

@@ -7,6 +7,7 @@
 #include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/device/tensor_transfer.hpp"
 #include "gpu_side/ep/tensor.hpp"
+#include "integrations/low_latency_types.hpp"
 
 #include <chrono>
 #include <cstring>
@@ -69,6 +70,22 @@ std::string error_of(Call&& call) {
 inline void require_mentions(const std::string& error, const std::string& words) {
   require(error.find(words) != std::string::npos, "test", "expected an error saying '{}'; got '{}'",
           words, error);
+}
+
+// A device LL dispatch's outputs and handle tensors as host tensors, read through `device` (a
+// stream that is past the call's device work).
+inline LowLatencyDispatchResult dispatch_on_host(gpu_side::device::DeviceRuntime& device,
+                                                 const LowLatencyDispatchResult& d) {
+  require(d.handle.src_info.device() == ep::Device::cuda &&
+              d.handle.layout_range.device() == ep::Device::cuda,
+          "test", "a device dispatch's handle holds host tensors");
+  LowLatencyDispatchResult h = d;
+  h.recv_x = download(device, d.recv_x, "recv_x");
+  h.recv_x_scales = download(device, d.recv_x_scales, "recv_x_scales");
+  h.recv_count = download(device, d.recv_count, "recv_count");
+  h.handle.src_info = download(device, d.handle.src_info, "src_info");
+  h.handle.layout_range = download(device, d.handle.layout_range, "layout_range");
+  return h;
 }
 
 }  // namespace proxyep::integrations::testing

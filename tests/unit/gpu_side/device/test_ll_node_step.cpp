@@ -32,6 +32,29 @@ ep::LlFormat format(uint32_t hidden, bool fp8, bool ue8m0) {
   return f;
 }
 
+// A plan of rank 0 of 2 over one allocation at `base`: BF16 rows of 128, the tensors at fixed
+// offsets; the caller sets the step memory and the epoch.
+device::LlNodeDispatchPlan small_plan(std::byte* base, int32_t local_experts, int64_t max_tokens,
+                                      int64_t num_tokens, int topk) {
+  device::LlNodeDispatchPlan p;
+  p.rank = 0;
+  p.ranks = 2;
+  p.local_experts = local_experts;
+  p.format = format(128, false, false);
+  p.max_tokens = max_tokens;
+  p.num_tokens = num_tokens;
+  p.topk = topk;
+  p.slot_bytes = device::ll_node_slot_bytes(p.format, p.max_tokens, p.local_experts);
+  p.timeout = 1s;
+  p.x = reinterpret_cast<const uint16_t*>(base + 20000);
+  p.topk_idx = reinterpret_cast<const int64_t*>(base + 30000);
+  p.recv_x = base + 32000;
+  p.src_info = reinterpret_cast<int32_t*>(base + 40000);
+  p.recv_count = reinterpret_cast<int32_t*>(base + 41000);
+  p.layout_range = reinterpret_cast<int64_t*>(base + 42000);
+  return p;
+}
+
 }  // namespace
 
 TEST_CASE("LL node steps: queued and replayed, dispatch and combine are exact on every rank") {
@@ -70,24 +93,9 @@ TEST_CASE("LL node steps: a plan that does not fit is refused, naming what") {
                                   .arrived = words,
                                   .released = words + 2};
   auto plan = [&] {
-    device::LlNodeDispatchPlan p;
-    p.rank = 0;
-    p.ranks = 2;
-    p.local_experts = 2;
-    p.format = format(128, false, false);
-    p.max_tokens = 4;
-    p.num_tokens = 4;
-    p.topk = 2;
-    p.slot_bytes = device::ll_node_slot_bytes(p.format, p.max_tokens, p.local_experts);
+    device::LlNodeDispatchPlan p = small_plan(base, 2, 4, 4, 2);
     p.memory = {mine, mine};
     p.epoch = words + 4;
-    p.timeout = 1s;
-    p.x = reinterpret_cast<const uint16_t*>(base + 20000);
-    p.topk_idx = reinterpret_cast<const int64_t*>(base + 30000);
-    p.recv_x = base + 32000;
-    p.src_info = reinterpret_cast<int32_t*>(base + 40000);
-    p.recv_count = reinterpret_cast<int32_t*>(base + 41000);
-    p.layout_range = reinterpret_cast<int64_t*>(base + 42000);
     return p;
   };
   auto refusal = [&](auto&& change) {
@@ -161,15 +169,7 @@ TEST_CASE("LL node steps: a rank whose peer never steps fails its stream in time
   dev->fill(memory.get(), 0, 1 << 16);
   std::byte* base = memory.get();
   auto words_of = [&](int r) { return reinterpret_cast<uint64_t*>(base + 60000 + 64 * r); };
-  device::LlNodeDispatchPlan p;
-  p.rank = 0;
-  p.ranks = 2;
-  p.local_experts = 1;
-  p.format = format(128, false, false);
-  p.max_tokens = 2;
-  p.num_tokens = 0;
-  p.topk = 1;
-  p.slot_bytes = device::ll_node_slot_bytes(p.format, p.max_tokens, p.local_experts);
+  device::LlNodeDispatchPlan p = small_plan(base, 1, 2, 0, 1);
   for (int r = 0; r < 2; ++r)
     p.memory.push_back({.slots = base + 8192 * r,
                         .counts = reinterpret_cast<int32_t*>(base + 50000 + 64 * r),
@@ -177,12 +177,6 @@ TEST_CASE("LL node steps: a rank whose peer never steps fails its stream in time
                         .released = words_of(r) + 2});
   p.epoch = words_of(0) + 4;
   p.timeout = 200ms;
-  p.x = reinterpret_cast<const uint16_t*>(base + 20000);
-  p.topk_idx = reinterpret_cast<const int64_t*>(base + 30000);
-  p.recv_x = base + 32000;
-  p.src_info = reinterpret_cast<int32_t*>(base + 40000);
-  p.recv_count = reinterpret_cast<int32_t*>(base + 41000);
-  p.layout_range = reinterpret_cast<int64_t*>(base + 42000);
   device::LlNodeDispatch step(dev, std::move(p), "test");
   step.queue("lonely step");
   std::string error;
