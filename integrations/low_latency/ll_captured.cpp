@@ -259,8 +259,9 @@ LowLatencyCombineResult CapturedLowLatency::combine(
                                  .out = out};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(return_memory(r));
-  d.combine = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);
-  d.combine->queue(kCombine);
+  auto step = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);
+  step->queue(kCombine);
+  d.combine = std::move(step);  // only once queued: a combine that failed may be captured again
   d.combined = combined;
   LowLatencyCombineResult result;
   result.combined_x = combined;
