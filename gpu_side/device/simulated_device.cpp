@@ -131,6 +131,7 @@ std::shared_ptr<std::byte[]> SimulatedDevice::allocate_mapped(uint64_t bytes, bo
 }
 
 SharedMemory SimulatedDevice::allocate_shared(uint64_t bytes) {
+  if (!core_->options.shares_memory) return {};
   HostMemory file = HostMemory::memfd(page_rounded(bytes), "proxyep-simulated-device");
   const bool nic = core_->options.nic_reads_device_memory;
   SharedMemory shared;

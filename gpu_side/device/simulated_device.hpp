@@ -55,6 +55,10 @@ struct SimulatedDeviceOptions {
   // a larger one is refused at once, naming its size: a stand-in for calls that must not read
   // a tensor back to the host (what a CUDA graph could not capture), only a few counts.
   uint64_t max_read_back_bytes = 0;
+  // Off: allocate_shared() offers none, as a GPU without CUDA IPC (or a device that cannot share
+  // memory) would: the node peers' arenas stay host memory, and what needs shared device memory
+  // (captured LL calls) is refused.
+  bool shares_memory = true;
 };
 
 class SimulatedDevice final : public DeviceRuntime {

@@ -132,15 +132,26 @@ void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime
   const device::SetupStream setup = device::setup_stream(device);
   auto memory = std::make_unique<proxy::DeviceArenas>(bootstrap_, device, layout.bytes,
                                                       session_.ranks_per_node(), timeout(), phase);
+  // Zeroed before any rank may step (a peer's first signal must not be wiped by this fill);
+  // then every rank says whether it reaches every rank's memory, so that all fail alike.
+  std::string unreachable;
   for (int r = 0; r < R; ++r)
-    require(memory->peer(r) != nullptr, phase,
-            "rank {}'s step memory cannot be opened by this rank's device (a device that shares "
-            "no memory, or GPUs without peer access)",
-            r);
-  // Zeroed before any rank may step: a peer's first signal must not be wiped by this fill.
-  setup->fill(memory->local(), 0, layout.bytes);
-  setup->synchronize(phase, timeout());
-  bootstrap_.barrier(fmt::format("{}: the step memory zeroed", phase));
+    if (memory->peer(r) == nullptr) unreachable += fmt::format(" {}", r);
+  if (unreachable.empty()) {
+    setup->fill(memory->local(), 0, layout.bytes);
+    setup->synchronize(phase, timeout());
+  }
+  const uint8_t reached = unreachable.empty() ? 1 : 0;
+  const auto ready = bootstrap_.allgather(std::span(&reached, 1),
+                                          fmt::format("{}: the step memory zeroed", phase));
+  std::string cannot;
+  for (int r = 0; r < R; ++r)
+    if (ready[static_cast<size_t>(r)].empty() || ready[static_cast<size_t>(r)][0] != 1)
+      cannot += fmt::format(" {}", r);
+  require(cannot.empty(), phase,
+          "ranks{} cannot reach every rank's step memory (this rank misses ranks{}): a device "
+          "that shares no memory, or GPUs without peer access",
+          cannot, unreachable.empty() ? " none" : unreachable);
   memory_ = std::move(memory);
   layout_ = layout;
   shape_ = shape;

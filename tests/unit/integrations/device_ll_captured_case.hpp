@@ -175,6 +175,36 @@ inline void run_captured_ll_refused(const DeviceFactory& make_device) {
     });
 }
 
+// A rank whose device shares no memory (no CUDA IPC): every rank refuses the captured call
+// alike, naming who cannot reach whom, instead of one failing and the others waiting for it.
+inline void run_captured_ll_without_shared_memory(const DeviceFactory& make_device) {
+  run_buffer_ranks(kRanks, false, [make_device](control::Bootstrap::Options options) {
+    auto boot = control::Bootstrap::connect(std::move(options));
+    const int me = boot->rank();
+    const RankDevice devices = make_device(me);
+    BufferOptions o;
+    o.low_latency_mode = true;
+    o.ranks_per_node = kRanks;
+    o.num_rdma_bytes =
+        Buffer::get_low_latency_rdma_size_hint(kTokens, kHidden, kRanks, kLocal * kRanks);
+    o.device = devices.buffer;
+    Buffer buffer(*boot, o);
+    const auto in = inputs(1);
+    const ep::Tensor x = upload(*devices.buffer, in[me].x),
+                     idx = upload(*devices.buffer, in[me].topk_idx);
+    LowLatencyDispatchArgs d;
+    d.x = x;
+    d.topk_idx = idx;
+    d.num_max_dispatch_tokens_per_rank = kTokens;
+    d.num_experts = kLocal * kRanks;
+    // Rank 0 cannot open rank 1's memory; rank 1 has none of its own (nor opens rank 0's).
+    refused_in_capture(
+        *devices.buffer, [&] { buffer.low_latency_dispatch(d); },
+        "ranks 0 1 cannot reach every rank's step memory (this rank misses ranks ");
+    buffer.destroy();
+  });
+}
+
 inline void run_captured_ll(const DeviceFactory& make_device) {
   run_buffer_ranks(kRanks, false, [make_device](control::Bootstrap::Options o) {
     run_captured_ll_rank(std::move(o), make_device);

@@ -137,3 +137,14 @@ TEST_CASE("low-latency calls captured into graphs: node peers, replayed with new
 TEST_CASE("low-latency calls captured into graphs: refused between nodes and with shrink") {
   integrations::testing::ll::run_captured_ll_refused(simulated);
 }
+
+// Rank 1's device shares no memory (a GPU without CUDA IPC).
+integrations::testing::RankDevice rank_1_shares_nothing(int rank) {
+  auto buffer =
+      std::make_shared<SimulatedDevice>(SimulatedDeviceOptions{.shares_memory = rank != 1});
+  return {buffer, buffer->another_stream()};
+}
+
+TEST_CASE("low-latency calls captured into graphs: refused alike when a device shares nothing") {
+  integrations::testing::ll::run_captured_ll_without_shared_memory(rank_1_shares_nothing);
+}
