@@ -33,6 +33,29 @@ inline void refused_in_capture(gpu_side::device::DeviceRuntime& dev,
   require(ended.empty(), "test", "the capture was left invalid by a refusal: {}", ended);
 }
 
+// The Buffer of these cases: low-latency calls of the case's sizes on `device`.
+inline BufferOptions captured_options(
+    const std::shared_ptr<gpu_side::device::DeviceRuntime>& device, int ranks_per_node,
+    bool shrink) {
+  BufferOptions o;
+  o.low_latency_mode = true;
+  o.enable_shrink = shrink;
+  o.ranks_per_node = ranks_per_node;
+  o.num_rdma_bytes =
+      Buffer::get_low_latency_rdma_size_hint(kTokens, kHidden, kRanks, kLocal * kRanks);
+  o.device = device;
+  return o;
+}
+
+inline LowLatencyDispatchArgs dispatch_args(const ep::Tensor& x, const ep::Tensor& idx) {
+  LowLatencyDispatchArgs d;
+  d.x = x;
+  d.topk_idx = idx;
+  d.num_max_dispatch_tokens_per_rank = kTokens;
+  d.num_experts = kLocal * kRanks;
+  return d;
+}
+
 inline void run_captured_ll_rank(control::Bootstrap::Options options,
                                  const DeviceFactory& make_device) {
   auto boot = control::Bootstrap::connect(std::move(options));
@@ -40,13 +63,7 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   const RankDevice devices = make_device(me);
   gpu_side::device::DeviceRuntime& dev = *devices.buffer;
   gpu_side::device::DeviceRuntime& caller = *devices.caller;
-  BufferOptions o;
-  o.low_latency_mode = true;
-  o.ranks_per_node = kRanks;
-  o.num_rdma_bytes =
-      Buffer::get_low_latency_rdma_size_hint(kTokens, kHidden, kRanks, kLocal * kRanks);
-  o.device = devices.buffer;
-  Buffer buffer(*boot, o);
+  Buffer buffer(*boot, captured_options(devices.buffer, kRanks, false));
 
   // The graphs' tensors: fixed device memory, rewritten by the caller before each launch.
   const auto first = inputs(1);
@@ -55,11 +72,7 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   const ep::Tensor expert_out =
       upload(dev, ep::Tensor::zeros(ep::DType::bf16, int64_t{kLocal} * kRanks * kTokens, kHidden));
   const ep::Tensor out = upload(dev, ep::Tensor::zeros(ep::DType::bf16, kTokens, kHidden));
-  LowLatencyDispatchArgs d;
-  d.x = x;
-  d.topk_idx = idx;
-  d.num_max_dispatch_tokens_per_rank = kTokens;
-  d.num_experts = kLocal * kRanks;
+  const LowLatencyDispatchArgs d = dispatch_args(x, idx);
 
   LowLatencyDispatchArgs hooked = d;
   hooked.return_recv_hook = true;
@@ -139,69 +152,45 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   buffer.destroy();
 }
 
-// Between nodes the proxies post the writes: a captured call is refused there, and with rank
-// masking (enable_shrink), before anything is queued; the capture stays valid.
-inline void run_captured_ll_refused_rank(control::Bootstrap::Options options,
-                                         const DeviceFactory& make_device, bool shrink) {
+// One rank of a group whose captured dispatch is refused, naming `words`, before anything is
+// queued (the capture stays valid).
+inline void run_captured_refusal_rank(control::Bootstrap::Options options,
+                                      const DeviceFactory& make_device, int ranks_per_node,
+                                      bool shrink, const std::string& words) {
   auto boot = control::Bootstrap::connect(std::move(options));
-  const RankDevice devices = make_device(boot->rank());
-  BufferOptions o;
-  o.low_latency_mode = true;
-  o.enable_shrink = shrink;
-  o.ranks_per_node = shrink ? kRanks : 1;
-  o.num_rdma_bytes =
-      Buffer::get_low_latency_rdma_size_hint(kTokens, kHidden, kRanks, kLocal * kRanks);
-  o.device = devices.buffer;
-  Buffer buffer(*boot, o);
+  const int me = boot->rank();
+  const RankDevice devices = make_device(me);
+  Buffer buffer(*boot, captured_options(devices.buffer, ranks_per_node, shrink));
   const auto in = inputs(1);
-  const ep::Tensor x = upload(*devices.buffer, in[boot->rank()].x),
-                   idx = upload(*devices.buffer, in[boot->rank()].topk_idx);
-  LowLatencyDispatchArgs d;
-  d.x = x;
-  d.topk_idx = idx;
-  d.num_max_dispatch_tokens_per_rank = kTokens;
-  d.num_experts = kLocal * kRanks;
+  const ep::Tensor x = upload(*devices.buffer, in[me].x),
+                   idx = upload(*devices.buffer, in[me].topk_idx);
+  const LowLatencyDispatchArgs d = dispatch_args(x, idx);
   refused_in_capture(
-      *devices.buffer, [&] { buffer.low_latency_dispatch(d); },
-      shrink ? "a Buffer with enable_shrink cannot capture low-latency calls"
-             : "captured low-latency calls need every rank on one node");
+      *devices.buffer, [&] { buffer.low_latency_dispatch(d); }, words);
   buffer.destroy();
 }
 
+// Between nodes the proxies post the writes: refused there, and with rank masking
+// (enable_shrink).
 inline void run_captured_ll_refused(const DeviceFactory& make_device) {
   for (const bool shrink : {false, true})
     run_buffer_ranks(kRanks, !shrink, [make_device, shrink](control::Bootstrap::Options o) {
-      run_captured_ll_refused_rank(std::move(o), make_device, shrink);
+      run_captured_refusal_rank(std::move(o), make_device, shrink ? kRanks : 1, shrink,
+                                shrink ? "a Buffer with enable_shrink cannot capture low-latency "
+                                         "calls"
+                                       : "captured low-latency calls need every rank on one node");
     });
 }
 
 // A rank whose device shares no memory (no CUDA IPC): every rank refuses the captured call
 // alike, naming who cannot reach whom, instead of one failing and the others waiting for it.
+// (With `make_device` giving rank 1 such a device, rank 0 cannot open rank 1's memory, and rank
+// 1 has none of its own.)
 inline void run_captured_ll_without_shared_memory(const DeviceFactory& make_device) {
-  run_buffer_ranks(kRanks, false, [make_device](control::Bootstrap::Options options) {
-    auto boot = control::Bootstrap::connect(std::move(options));
-    const int me = boot->rank();
-    const RankDevice devices = make_device(me);
-    BufferOptions o;
-    o.low_latency_mode = true;
-    o.ranks_per_node = kRanks;
-    o.num_rdma_bytes =
-        Buffer::get_low_latency_rdma_size_hint(kTokens, kHidden, kRanks, kLocal * kRanks);
-    o.device = devices.buffer;
-    Buffer buffer(*boot, o);
-    const auto in = inputs(1);
-    const ep::Tensor x = upload(*devices.buffer, in[me].x),
-                     idx = upload(*devices.buffer, in[me].topk_idx);
-    LowLatencyDispatchArgs d;
-    d.x = x;
-    d.topk_idx = idx;
-    d.num_max_dispatch_tokens_per_rank = kTokens;
-    d.num_experts = kLocal * kRanks;
-    // Rank 0 cannot open rank 1's memory; rank 1 has none of its own (nor opens rank 0's).
-    refused_in_capture(
-        *devices.buffer, [&] { buffer.low_latency_dispatch(d); },
+  run_buffer_ranks(kRanks, false, [make_device](control::Bootstrap::Options o) {
+    run_captured_refusal_rank(
+        std::move(o), make_device, kRanks, false,
         "ranks 0 1 cannot reach every rank's step memory (this rank misses ranks ");
-    buffer.destroy();
   });
 }
 
