@@ -29,6 +29,11 @@ inline SetupStream setup_stream(const std::shared_ptr<DeviceRuntime>& device) {
   return {std::move(relaxed), device->open_stream()};
 }
 
+// Whether `p` is a multiple of `to` bytes (a step's plan check: slots 16, words 8).
+inline bool is_aligned(const void* p, uintptr_t to) {
+  return reinterpret_cast<uintptr_t>(p) % to == 0;
+}
+
 // Queues the copy: `items` must stay as they are until the device is synchronized.
 template <class T>
 std::shared_ptr<std::byte[]> upload_table(DeviceRuntime& device, const std::vector<T>& items) {

@@ -11,10 +11,6 @@ namespace proxyep::gpu_side::device {
 
 namespace {
 
-bool aligned(const void* p, uintptr_t to) {
-  return reinterpret_cast<uintptr_t>(p) % to == 0;
-}
-
 void check_plan(const LlNodeDispatchPlan& d, const LlNodeCombinePlan& p, std::string_view phase) {
   const std::string where(phase);
   const uint64_t need = ll_node_return_slot_bytes(d.format.hidden, d.max_tokens, d.local_experts);
@@ -27,10 +23,11 @@ void check_plan(const LlNodeDispatchPlan& d, const LlNodeCombinePlan& p, std::st
     const LlNodeReturnMemory& m = p.memory[static_cast<size_t>(r)];
     require(m.slots != nullptr && m.arrived != nullptr && m.released != nullptr, where,
             "rank {}'s return memory is missing", r);
-    require(aligned(m.slots, 16) && aligned(m.arrived, 8) && aligned(m.released, 8), where,
+    require(is_aligned(m.slots, 16) && is_aligned(m.arrived, 8) && is_aligned(m.released, 8), where,
             "rank {}'s return memory is misaligned (slots 16 bytes, words 8)", r);
   }
-  require(p.epoch != nullptr && aligned(p.epoch, 8), where, "the epoch word is missing");
+  require(p.epoch != nullptr && is_aligned(p.epoch, 8), where,
+          "the epoch word is missing or misaligned");
   require(p.x != nullptr && p.topk_weights != nullptr && p.out != nullptr, where,
           "an input or output tensor is missing");
 }

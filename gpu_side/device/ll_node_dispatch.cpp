@@ -12,10 +12,6 @@ namespace proxyep::gpu_side::device {
 
 namespace {
 
-bool aligned(const void* p, uintptr_t to) {
-  return reinterpret_cast<uintptr_t>(p) % to == 0;
-}
-
 void check_plan(const LlNodeDispatchPlan& p, std::string_view phase) {
   const std::string where(phase);
   require(p.ranks >= 1 && p.rank >= 0 && p.rank < p.ranks, where,
@@ -38,11 +34,12 @@ void check_plan(const LlNodeDispatchPlan& p, std::string_view phase) {
     require(
         m.slots != nullptr && m.counts != nullptr && m.arrived != nullptr && m.released != nullptr,
         where, "rank {}'s step memory is missing", r);
-    require(aligned(m.slots, 16) && aligned(m.counts, 4) && aligned(m.arrived, 8) &&
-                aligned(m.released, 8),
+    require(is_aligned(m.slots, 16) && is_aligned(m.counts, 4) && is_aligned(m.arrived, 8) &&
+                is_aligned(m.released, 8),
             where, "rank {}'s step memory is misaligned (slots 16 bytes, words 8)", r);
   }
-  require(p.epoch != nullptr && aligned(p.epoch, 8), where, "the epoch word is missing");
+  require(p.epoch != nullptr && is_aligned(p.epoch, 8), where,
+          "the epoch word is missing or misaligned");
   require(p.timeout.count() > 0, where, "the step's waits need a timeout");
   require(p.x != nullptr && p.topk_idx != nullptr && p.recv_x != nullptr && p.src_info != nullptr &&
               p.recv_count != nullptr && p.layout_range != nullptr &&

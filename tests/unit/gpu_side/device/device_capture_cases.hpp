@@ -1,5 +1,5 @@
 // Stream capture (DeviceRuntime::begin_capture / end_capture / launch) on any DeviceRuntime: run
-// on the host-simulated device by test_simulated_device.cpp and on CUDA by
+// on the host-simulated device by test_simulated_device_capture.cpp and on CUDA by
 // tests/gpu/test_gpu_signal.cpp. Each case returns "" when it held, else what went wrong.
 #pragma once
 

@@ -6,6 +6,7 @@
 #include "common/host_memory.hpp"
 #include "gpu_side/device/simulated_device.hpp"
 #include "gpu_side/ep/ll_counted.hpp"
+#include "tests/unit/gpu_side/device/device_signal_cases.hpp"
 
 #include <doctest/doctest.h>
 
@@ -19,18 +20,7 @@ using namespace proxyep::gpu_side;
 using device::SimulatedDevice;
 using namespace std::chrono_literals;
 
-namespace {
-
-std::string error_of(auto&& body) {
-  try {
-    body();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using testing::device_signal::error_of;
 
 namespace {
 
