@@ -405,7 +405,8 @@ LowLatencyDispatchResult Buffer::low_latency_dispatch(const LowLatencyDispatchAr
   integrations::require_event_on_device(kCall, on_device, args.previous_event);
   if (!on_device) return impl_->low_latency.dispatch(args);
   const auto& device = impl_->device(kCall);
-  if (device->capturing()) return impl_->captured.dispatch(device, args);
+  if (device->capturing() || integrations::captured_point(args.previous_event))
+    return impl_->captured.dispatch(device, args);
   return integrations::ll_dispatch_on_device(impl_->device(kCall), *impl_->device_backend,
                                              impl_->low_latency, args);
 }
@@ -433,7 +434,8 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   }
   if (!on_device) return impl_->low_latency.combine(args);
   const auto& device = impl_->device(kCall);
-  if (device->capturing()) return impl_->captured.combine(device, args);
+  if (device->capturing() || integrations::captured_point(args.previous_event))
+    return impl_->captured.combine(device, args);
   require(args.handle == nullptr || args.handle->captured == nullptr, kCall,
           "the handle came from a captured dispatch: its combine must be captured too (in the "
           "same capture or another on the Buffer's device stream)");

@@ -257,6 +257,10 @@ class Buffer {
                                                 int num_ranks, int num_experts);
   // Collective: agrees on the LL sizes and makes the LL slots ready after normal-mode calls.
   void clean_low_latency_buffer(int num_max_dispatch_tokens_per_rank, int hidden, int num_experts);
+  // With device tensors on one node, both may be captured into a graph (low_latency/
+  // ll_captured.hpp): made while the Buffer's device stream captures, or given a previous_event
+  // recorded inside the caller's capture, which the Buffer's stream then joins; the result's
+  // event is where the caller's stream joins back.
   LowLatencyDispatchResult low_latency_dispatch(const LowLatencyDispatchArgs& args);
   LowLatencyCombineResult low_latency_combine(const LowLatencyCombineArgs& args);
   // bf16 [E_local * R*T, H]: where a zero_copy combine of `handle` reads its expert outputs.

@@ -31,6 +31,10 @@ void require_event_on_device(std::string_view phase, bool on_device,
           "memory (pass no event, or device tensors)");
 }
 
+bool captured_point(const std::shared_ptr<gpu_side::device::DeviceEvent>& event) {
+  return event != nullptr && event->captured();
+}
+
 DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                                   RowBackend& backend, normal::NormalMode& mode,
                                   const DispatchArgs& args) {

@@ -42,6 +42,10 @@ bool tensors_on_device(std::string_view phase, std::initializer_list<NamedTensor
 void require_event_on_device(std::string_view phase, bool on_device,
                              const std::shared_ptr<gpu_side::device::DeviceEvent>& event);
 
+// Whether `event` is a point inside a capture: a low-latency call given it joins that capture
+// (the other calls refuse it: device_steering.hpp's order_after).
+bool captured_point(const std::shared_ptr<gpu_side::device::DeviceEvent>& event);
+
 // `mode`'s call with `backend` (a DeviceBackend on `device`) doing the per-row work.
 DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                                   RowBackend& backend, normal::NormalMode& mode,

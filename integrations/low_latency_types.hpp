@@ -76,7 +76,9 @@ class CallEvent {
   // once the call ended, which a caller's stream may wait_event() for instead of the host
   // waiting (integrations/device_completion.hpp). Its outputs are complete there if the call
   // succeeded; whether it did, wait() says (the next Buffer call rethrows a failure too).
-  // Null for a host call.
+  // Null for a host call. For a captured low-latency call (low_latency/ll_captured.hpp) a point
+  // inside the graph, where the capturing stream joins the Buffer's back; its wait() returns at
+  // once (the graph's launches do the work).
   const std::shared_ptr<gpu_side::device::DeviceEvent>& device_point() const {
     return device_point_;
   }

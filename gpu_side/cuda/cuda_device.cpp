@@ -40,14 +40,28 @@ class CudaEvent final : public device::DeviceEvent {
   CudaEvent& operator=(const CudaEvent&) = delete;
   cudaEvent_t get() const { return event_; }
   int ordinal() const { return ordinal_; }
-  bool captured() const override { return captured_; }
-  void set_captured() { captured_ = true; }
+  bool captured() const override { return capture_id_ != 0; }
+  // The capture (cudaStreamGetCaptureInfo's id) the event was recorded in; 0: none.
+  unsigned long long capture_id() const { return capture_id_; }
+  void set_capture_id(unsigned long long id) { capture_id_ = id; }
 
  private:
   cudaEvent_t event_ = nullptr;
   int ordinal_;
-  bool captured_ = false;
+  unsigned long long capture_id_ = 0;
 };
+
+// The capture `stream` is part of (begun on it, or joined), 0 for none; a stream that cannot be
+// asked (the legacy stream while another captures globally) counts as none.
+unsigned long long capture_id_of(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (cudaStreamGetCaptureInfo(stream, &status, &id) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky; leave nothing for the next check to find
+    return 0;
+  }
+  return status == cudaStreamCaptureStatusActive ? id : 0;
+}
 
 // A captured graph and its executable (instantiated once, launched as often as wanted).
 class CudaGraph final : public device::DeviceGraph {
@@ -93,8 +107,11 @@ struct CudaDevice::State {
   std::vector<Wait> waits;
   // A capture in progress (begin_capture .. end_capture): its phase, and the first call a graph
   // cannot hold, which end_capture reports.
+  // A stream that joined another's capture (wait_event for a point inside it) holds one too,
+  // marked joined: it leaves when CUDA says the stream captures no more (the origin ended it).
   mutable std::mutex capture_mutex;
-  std::optional<device::CaptureState> capture;
+  mutable std::optional<device::CaptureState> capture;
+  mutable bool joined = false;
 
   ~State() {
     if (stream == nullptr) return;
@@ -132,12 +149,21 @@ struct CudaDevice::State {
   // a less telling error). Nothing outside one.
   void refuse_in_capture(std::string_view what, std::string_view phase) {
     std::lock_guard lock(capture_mutex);
+    forget_ended_join();
     if (!capture) return;
     capture->refuse(what, phase, fmt::format("cuda device {}: ", ordinal));
   }
   bool capturing() const {
     std::lock_guard lock(capture_mutex);
+    forget_ended_join();
     return capture.has_value();
+  }
+  // A joined capture the origin ended (or CUDA invalidated) is over for this stream too.
+  // Locked.
+  void forget_ended_join() const {
+    if (!capture || !joined || capture_id_of(stream) != 0) return;
+    capture.reset();
+    joined = false;
   }
   // Every call of the runtime API acts on the calling thread's current device: this one for the
   // scope of the returned guard, the caller's again after it.
@@ -456,17 +482,38 @@ std::shared_ptr<device::DeviceEvent> CudaDevice::record_on(void* caller_stream) 
   auto event = std::make_shared<CudaEvent>(state_->ordinal);
   check_cuda(cudaEventRecord(event->get(), static_cast<cudaStream_t>(caller_stream)), kPhase,
              "cudaEventRecord");
-  if (caller_stream == state_->stream && state_->capturing()) event->set_captured();
+  event->set_capture_id(capture_id_of(static_cast<cudaStream_t>(caller_stream)));
   return event;
 }
 
 void CudaDevice::wait_event(const std::shared_ptr<device::DeviceEvent>& event,
                             std::chrono::milliseconds) {
-  require(event == nullptr || !event->captured(), kPhase,
-          "wait_event: the event was recorded inside a capture: a point in a graph, which a "
-          "stream outside it cannot wait for");
-  state_->refuse_in_capture("wait_event: another stream's event joins the stream", kPhase);
-  wait_on(state_->stream, event, kPhase);
+  auto cuda = std::dynamic_pointer_cast<CudaEvent>(event);
+  if (cuda == nullptr || !cuda->captured()) {
+    state_->refuse_in_capture("wait_event: an event recorded outside the capture joins the stream",
+                              kPhase);
+    return wait_on(state_->stream, event, kPhase);
+  }
+  // A point inside a capture: the stream joins it (cudaStreamWaitEvent forks the capture into
+  // this stream), or, in it already, is ordered after that point.
+  const CurrentDevice current = state_->select();
+  const unsigned long long own = capture_id_of(state_->stream);
+  require(own == 0 || own == cuda->capture_id(), kPhase,
+          "wait_event: the event was recorded inside another capture than the one this stream "
+          "is part of");
+  if (own != 0) return wait_on(state_->stream, event, kPhase);
+  require(cuda->ordinal() == state_->ordinal, kPhase,
+          "wait_event: the event was not recorded on CUDA device {}", state_->ordinal);
+  const cudaError_t status = cudaStreamWaitEvent(state_->stream, cuda->get(), 0);
+  (void)cudaGetLastError();  // not sticky; leave nothing for the next check to find
+  require(status == cudaSuccess && capture_id_of(state_->stream) == cuda->capture_id(), kPhase,
+          "wait_event: the event was recorded inside a capture that has ended ({}): a point in "
+          "a graph, which a stream outside it cannot wait for",
+          status == cudaSuccess ? "the stream did not join it" : cudaGetErrorString(status));
+  std::lock_guard lock(state_->capture_mutex);
+  state_->capture.emplace();
+  state_->capture->phase = "the capture this stream joined";
+  state_->joined = true;
 }
 
 void CudaDevice::wait_on(void* caller_stream, const std::shared_ptr<device::DeviceEvent>& event,
@@ -551,6 +598,7 @@ void CudaDevice::synchronize(std::string_view phase, std::chrono::milliseconds t
 void CudaDevice::begin_capture(std::string_view phase) {
   const std::string where(phase);
   std::lock_guard lock(state_->capture_mutex);
+  state_->forget_ended_join();
   require(!state_->capture, phase, "begin_capture: the stream is already being captured (by {})",
           state_->capture ? state_->capture->phase : "");
   state_->require_no_failed_wait(phase);
@@ -566,7 +614,10 @@ std::unique_ptr<device::DeviceGraph> CudaDevice::end_capture(std::string_view ph
   std::optional<device::CaptureState> ended;
   {
     std::lock_guard lock(state_->capture_mutex);
+    state_->forget_ended_join();
     require(state_->capture.has_value(), phase, "end_capture: the stream is not being captured");
+    require(!state_->joined, phase,
+            "end_capture: the stream joined a capture begun on another stream; end it there");
     ended = std::move(state_->capture);
     state_->capture.reset();
   }

@@ -77,7 +77,8 @@ class CudaDevice final : public device::DeviceRuntime {
                 std::chrono::milliseconds timeout) override;
   // An event at the current end of a stream of the caller's on this device (a cudaStream_t,
   // e.g. torch.cuda.current_stream().cuda_stream; nullptr is the legacy default stream): what
-  // a call's previous_event is made from.
+  // a call's previous_event is made from. Recorded while that stream captures (torch.cuda.graph),
+  // it is a point inside the capture: this device's stream waiting for it joins the capture.
   std::shared_ptr<device::DeviceEvent> record_on(void* caller_stream);
   // Makes such a stream of the caller's wait for `event` (cudaStreamWaitEvent), recorded on this
   // device. Throws proxyep::Error(phase) for an event of another device.

@@ -221,9 +221,18 @@ class DeviceRuntime {
   // values it was captured with (memory and words a graph uses must outlive its launches; the
   // simulated device keeps memory dropped during the capture until the graph is gone, as a
   // graph's own allocations are).
+  // Another stream of the device joins a capture as on CUDA (a fork): wait_event() for an event
+  // recorded inside the capture makes its later operations part of the same graph, after that
+  // point; capturing() is then true for it too. It must be joined back before end_capture()
+  // (which only the stream that began the capture may call): the capturing stream waits for an
+  // event the joined one recorded after its last operation; else end_capture() throws (the
+  // capture is invalid) naming the stream not joined back. This is how work queued on a
+  // Buffer's stream becomes part of a caller's capture (torch.cuda.graph captures the caller's
+  // stream): the Buffer's stream waits for the caller's point (previous_event), the caller's
+  // stream for the call's end.
   // A graph holds no host: inside the capture the host may not wait for the stream
-  // (synchronize, wait_for, reached), wait_event is refused (no stream joins the capture), and
-  // a copy may not read or write plain host memory. Such a call throws proxyep::Error(phase) at
+  // (synchronize, wait_for, reached), a stream may not wait for an event recorded outside it,
+  // and a copy may not read or write plain host memory. Such a call throws proxyep::Error(phase) at
   // once and invalidates the capture: end_capture() then throws, naming what did, and the stream
   // runs its operations as queued again. Begin while capturing, end or launch without a
   // capture or inside one, a graph of another device: refused likewise, at once. The defaults

@@ -50,14 +50,14 @@ std::shared_ptr<DeviceRuntime> open_device(std::string_view kind, int local_rank
 }
 
 std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uintptr_t stream,
-                                                     std::string_view phase) {
+                                                     std::string_view phase, bool join_capture) {
 #if PROXYEP_HAVE_CUDA
   if (auto* cuda = dynamic_cast<cuda::CudaDevice*>(&device)) {
-    require_no_graph_capture(device, stream, phase);
+    if (!join_capture) require_no_graph_capture(device, stream, phase);
     return cuda->record_on(reinterpret_cast<void*>(stream));
   }
 #else
-  (void)device, (void)stream, (void)phase;
+  (void)device, (void)stream, (void)phase, (void)join_capture;
 #endif
   return nullptr;
 }
@@ -86,9 +86,10 @@ void require_no_graph_capture(DeviceRuntime& device, uintptr_t stream, std::stri
   const bool capturing = status == cudaErrorStreamCaptureImplicit ||
                          (status == cudaSuccess && capture != cudaStreamCaptureStatusNone);
   require(!capturing, phase,
-          "the caller's stream is capturing a CUDA graph: ProxyEP's calls wait on the host (the "
-          "routing, the receive) and cannot be captured yet; make them outside graph capture "
-          "(e.g. SGLang's --disable-cuda-graph, vLLM's enforce_eager=True)");
+          "the caller's stream is capturing a CUDA graph: only the low-latency calls on one node "
+          "can be captured; this call waits on the host (the routing, the receive), so make it "
+          "outside graph capture (e.g. SGLang's --disable-cuda-graph, vLLM's "
+          "enforce_eager=True)");
 #else
   (void)device, (void)stream, (void)phase;
 #endif

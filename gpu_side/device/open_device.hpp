@@ -35,9 +35,12 @@ std::shared_ptr<DeviceRuntime> open_device(std::string_view kind, int local_rank
 // device tensor's release after the caller's reads of it. Null for a runtime that has no streams
 // of the caller's to order after (the simulated device: its callers' work is on the host, done
 // when they call).
-// Throws proxyep::Error(phase) when that stream is capturing a CUDA graph (see below).
+// While that stream captures a CUDA graph: with `join_capture` the event is a point inside the
+// capture (a Buffer's stream waiting for it joins the capture: the low-latency calls, which can
+// be captured); else throws proxyep::Error(phase) (see require_no_graph_capture).
 std::shared_ptr<DeviceEvent> record_on_caller_stream(DeviceRuntime& device, uintptr_t stream,
-                                                     std::string_view phase);
+                                                     std::string_view phase,
+                                                     bool join_capture = false);
 
 // Makes a stream of the caller's (as above) wait for `event` of `device` (cudaStreamWaitEvent:
 // queued, the host does not wait) and returns true; false for a runtime without streams of the
@@ -47,9 +50,9 @@ bool caller_stream_wait(DeviceRuntime& device, uintptr_t stream,
                         const std::shared_ptr<DeviceEvent>& event, std::string_view phase);
 
 // Throws proxyep::Error(phase) when `stream` (a cudaStream_t of the caller's, for a CUDA
-// `device`) is capturing a CUDA graph: a Buffer call waits on the host (its routing, its
-// receive) and runs on the Buffer's own stream, so it cannot be captured, and letting it run
-// would leave it out of the graph. Nothing for a device without CUDA streams.
+// `device`) is capturing a CUDA graph: a Buffer call other than the low-latency ones (on one
+// node) waits on the host (its routing, its receive), so it cannot be captured, and letting it
+// run would leave it out of the graph. Nothing for a device without CUDA streams.
 void require_no_graph_capture(DeviceRuntime& device, uintptr_t stream, std::string_view phase);
 
 // The cudaStream_t `device`'s work runs on (a CudaDevice's), or 0 for a runtime whose stream

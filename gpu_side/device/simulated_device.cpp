@@ -75,11 +75,21 @@ SimulatedDevice::~SimulatedDevice() {
   core_->wake.notify_all();
   core_->worker.join();
   std::vector<std::function<void()>> releases;  // of a capture never ended: nothing launches it
+  std::vector<Core::Capture::Joined> joined;
   {
     std::lock_guard lock(core_->mutex);
     core_->stopped = true;
-    if (core_->capture) releases = std::move(core_->capture->releases);
+    if (core_->capture && core_->capture->origin == core_.get()) {
+      std::lock_guard recording(core_->capture->mutex);
+      releases = std::move(core_->capture->releases);
+      joined = std::move(core_->capture->joined);
+    }
     core_->capture.reset();
+  }
+  // The streams that joined a capture no graph will come of record into it no more.
+  for (const Core::Capture::Joined& j : joined) {
+    std::lock_guard lock(j.stream->mutex);
+    j.stream->capture.reset();
   }
   for (auto& release : releases)
     release();

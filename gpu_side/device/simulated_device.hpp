@@ -18,9 +18,13 @@
 //   waits, as cudaStreamSynchronize, for the work queued before it, not for what other threads
 //   queue meanwhile.
 // - Capture: between begin_capture and end_capture nothing runs (the operations are recorded),
-//   and a host wait, a join (wait_event) or a copy with plain host memory is refused and
-//   invalidates the capture, as CUDA's would be: code meant to be captured that still needs the
-//   host fails here, without a GPU.
+//   and a host wait, a wait_event for a point outside the capture or a copy with plain host
+//   memory is refused and invalidates the capture, as CUDA's would be: code meant to be
+//   captured that still needs the host fails here, without a GPU. Another stream joins a
+//   capture by wait_event for a point recorded inside it, and must be joined back (the
+//   capturing stream waits for a point after its last operation) before end_capture, as on
+//   CUDA; the graph runs the joined streams' operations on the launching stream, in the order
+//   they were queued.
 // - Kernels are the CPU twins of the CUDA kernels: the same per-row and per-token rules
 //   (gpu_side/ep/layout_rules.hpp, row_rules.hpp), so results are bit-identical to the GPU's.
 #pragma once
@@ -144,6 +148,7 @@ class SimulatedDevice final : public DeviceRuntime {
 
  private:
   SimulatedDevice(std::shared_ptr<Memory> memory, SimulatedDeviceOptions options);
+  void join_capture(const Event& event);  // wait_event for a point inside a capture
   // Device memory; `tagged`: with the protection key (only the stream's thread may touch it).
   std::shared_ptr<std::byte[]> allocate_mapped(uint64_t bytes, bool tagged);
   // Makes `file`'s mapping this device's memory (tagged when `tagged`) and owns it until the

@@ -17,6 +17,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -54,17 +55,6 @@ struct SimulatedDevice::Memory {
   }
 };
 
-// An event: reached when the stream that recorded it ran everything queued before it.
-struct SimulatedDevice::Event final : DeviceEvent {
-  const Memory* device = nullptr;  // events order the streams of one device
-  const Core* stream = nullptr;    // the one that recorded it (the host waits there)
-  mutable std::mutex mutex;        // the host waits on a const event
-  mutable std::condition_variable changed;
-  bool reached = false;
-  bool in_capture = false;  // recorded while its stream was captured: a point inside a graph
-  bool captured() const override { return in_capture; }
-};
-
 // One stream: its queue and the worker thread that runs it.
 struct SimulatedDevice::Core {
   struct Op {
@@ -73,13 +63,36 @@ struct SimulatedDevice::Core {
     bool always = false;  // frees memory or marks an event: runs even after a failure
   };
 
-  // A capture in progress (begin_capture .. end_capture): what is queued meanwhile is recorded
-  // here instead of run.
+  // A capture in progress (begin_capture .. end_capture): what is queued meanwhile, on the
+  // stream that began it (its origin) and on every stream that joined it (wait_event for an
+  // event recorded inside it), is recorded here instead of run, in the order the host queued
+  // it. That order is one the graph may run in: each stream's operations stay in order, and an
+  // event is recorded before any stream can wait for it. A graph runs its operations one after
+  // another on the stream that launches it (CUDA may run the joined streams' branches side by
+  // side; nothing correct depends on that).
   struct Capture : CaptureState {
+    const Core* origin = nullptr;
+    std::mutex mutex;  // the joined streams record from their callers' threads too
     std::vector<Op> ops;
     // Memory whose last owner went during the capture: the graph's operations may use it, so it
     // is released when the graph is gone (or at once when the capture ends invalid).
     std::vector<std::function<void()>> releases;
+    // A stream that joined: how many operations it recorded, and how many of those precede an
+    // event the origin waited for (joined back). end_capture needs every one joined back, as
+    // CUDA's does (cudaErrorStreamCaptureUnjoined).
+    struct Joined {
+      std::shared_ptr<Core> stream;
+      uint64_t recorded = 0;
+      uint64_t joined_back = 0;
+    };
+    std::vector<Joined> joined;
+    bool ended = false;
+
+    Joined* joined_stream(const Core* stream) {
+      for (Joined& j : joined)
+        if (j.stream.get() == stream) return &j;
+      return nullptr;
+    }
   };
 
   SimulatedDeviceOptions options;
@@ -95,7 +108,7 @@ struct SimulatedDevice::Core {
   uint64_t queued = 0, finished = 0, run_before = 0;
   bool stopping = false, stopped = false;
   std::optional<std::string> failure;  // sticky, like a CUDA context's
-  std::optional<Capture> capture;
+  std::shared_ptr<Capture> capture;    // begun here, or joined
   uint64_t ops_run = 0;
   uint64_t fail_candidates = 0;  // operations named options.fail_operation so far
   std::thread worker;
@@ -110,17 +123,27 @@ struct SimulatedDevice::Core {
            p, bytes);
   }
 
-  void enqueue(std::string name, std::function<void()> body, bool always = false) {
+  // Where an operation went: the capture that recorded it (null: queued to run), and how many
+  // of this stream's operations that capture holds with it (0 for the origin's).
+  struct Queued {
+    std::shared_ptr<Capture> capture;
+    uint64_t stream_ops = 0;
+  };
+
+  Queued enqueue(std::string name, std::function<void()> body, bool always = false) {
     {
       std::lock_guard lock(mutex);
       if (capture) {
+        std::lock_guard recording(capture->mutex);
         capture->ops.push_back({std::move(name), std::move(body), always});
-        return;
+        Capture::Joined* joined = capture->joined_stream(this);
+        return {capture, joined != nullptr ? ++joined->recorded : 0};
       }
       queue.push_back({std::move(name), std::move(body), always});
       ++queued;
     }
     wake.notify_one();
+    return {};
   }
 
   // Inside a capture, a call a graph cannot hold (`what`): invalidates the capture, so that
@@ -128,6 +151,7 @@ struct SimulatedDevice::Core {
   // Locked.
   void refuse_in_capture(std::string_view what, std::string_view phase) {
     if (!capture) return;
+    std::lock_guard recording(capture->mutex);
     capture->refuse(what, phase, "");
   }
 
@@ -203,6 +227,7 @@ struct SimulatedDevice::Core {
     {
       std::lock_guard lock(mutex);
       if (capture) {
+        std::lock_guard recording(capture->mutex);
         capture->releases.push_back(
             [this, mapping, mapped, free_mapping = std::move(free_mapping)] {
               release(mapping, mapped, free_mapping);
@@ -233,6 +258,22 @@ struct SimulatedDevice::Core {
     lock.unlock();
     wake.notify_one();
   }
+};
+
+// An event: reached when the stream that recorded it ran everything queued before it.
+struct SimulatedDevice::Event final : DeviceEvent {
+  const Memory* device = nullptr;  // events order the streams of one device
+  const Core* stream = nullptr;    // the one that recorded it (the host waits there)
+  mutable std::mutex mutex;        // the host waits on a const event
+  mutable std::condition_variable changed;
+  bool reached = false;
+  bool in_capture = false;  // recorded while its stream was captured: a point inside a graph
+  bool captured() const override { return in_capture; }
+  // Inside a capture: that capture (a stream waiting for the event joins it), and how many of
+  // the recording stream's operations it held up to and with this record (what a wait of the
+  // capture's origin for this event joins back).
+  std::weak_ptr<Core::Capture> capture;
+  uint64_t stream_ops = 0;
 };
 
 }  // namespace proxyep::gpu_side::device

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -65,10 +66,9 @@ std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
   auto event = std::make_shared<Event>();
   event->device = core_->memory.get();
   event->stream = core_.get();
-  event->in_capture = capturing();
   // Reached even after a failure (a waiting host then reports the failure at once, not at its
   // deadline).
-  core_->enqueue(
+  const Core::Queued queued = core_->enqueue(
       "record",
       [event] {
         {
@@ -78,6 +78,9 @@ std::shared_ptr<DeviceEvent> SimulatedDevice::record() {
         event->changed.notify_all();
       },
       true);
+  event->in_capture = queued.capture != nullptr;
+  event->capture = queued.capture;
+  event->stream_ops = queued.stream_ops;
   return event;
 }
 
@@ -119,17 +122,49 @@ void SimulatedDevice::wait_for(const DeviceEvent& event, std::string_view phase,
          timeout.count(), core_->queue.size());
 }
 
+// The stream waits for a point inside a capture: it joins that capture (what it queues from now
+// on is recorded into the same graph, after that point), or, already in it, is ordered after
+// that point, which the order the capture records in gives already (simulated_device_core.hpp);
+// the capturing stream waiting for a joined stream's point joins that stream back.
+void SimulatedDevice::join_capture(const Event& event) {
+  const std::shared_ptr<Core::Capture> capture = event.capture.lock();
+  std::lock_guard lock(core_->mutex);
+  bool ended = capture == nullptr;
+  if (capture != nullptr) {
+    std::lock_guard recording(capture->mutex);
+    ended = capture->ended;
+  }
+  require(!ended, kPhase,
+          "wait_event: the event was recorded inside a capture that has ended: a point in a "
+          "graph, which a stream outside it cannot wait for");
+  if (core_->capture == capture) {
+    std::lock_guard recording(capture->mutex);
+    Core::Capture::Joined* joined = capture->joined_stream(event.stream);
+    if (capture->origin == core_.get() && joined != nullptr)
+      joined->joined_back = std::max(joined->joined_back, event.stream_ops);
+    return;
+  }
+  if (core_->capture != nullptr)
+    core_->refuse_in_capture(
+        fmt::format("wait_event: an event of the capture begun by {} joins the stream",
+                    capture->phase),
+        kPhase);
+  core_->require_healthy(kPhase);
+  std::lock_guard recording(capture->mutex);
+  capture->joined.push_back({.stream = core_});
+  core_->capture = capture;
+}
+
 void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
                                  std::chrono::milliseconds timeout) {
   auto simulated = std::dynamic_pointer_cast<Event>(event);
   require(simulated != nullptr && simulated->device == core_->memory.get(), kPhase,
           "wait_event: the event was not recorded on a stream of this device");
-  require(!simulated->in_capture, kPhase,
-          "wait_event: the event was recorded inside a capture: a point in a graph, which a "
-          "stream outside it cannot wait for");
+  if (simulated->in_capture) return join_capture(*simulated);
   {
     std::lock_guard lock(core_->mutex);
-    core_->refuse_in_capture("wait_event: another stream's event joins the stream", kPhase);
+    core_->refuse_in_capture("wait_event: an event recorded outside the capture joins the stream",
+                             kPhase);
   }
   core_->enqueue("wait_event", [simulated, timeout] {
     std::unique_lock lock(simulated->mutex);

@@ -38,9 +38,22 @@ void refuse_host_parts(bool hook, bool async, const std::shared_ptr<device::Devi
   require(!hook && !async, phase,
           "return_recv_hook and async_finish cannot be captured: the graph is the asynchrony "
           "(launch it where the receive should run)");
-  require(event == nullptr, phase,
-          "previous_event cannot be waited for inside a capture: capture the work it stands for "
-          "on the Buffer's device stream instead");
+  require(event == nullptr || event->captured(), phase,
+          "previous_event was recorded outside the capture: a graph cannot wait for it (record "
+          "it on the capturing stream, inside the capture)");
+}
+
+// The Buffer's stream after the caller's point: joining the caller's capture (a previous_event
+// recorded inside it), or ordered after that point inside its own. Right before the step is
+// queued: a call refused earlier leaves the caller's capture as it was.
+void join_caller(device::DeviceRuntime& device, const std::shared_ptr<device::DeviceEvent>& event) {
+  if (event != nullptr) device.wait_event(event, timeout());
+}
+
+// The call's event: where its step ends inside the graph, for the caller's stream to join back.
+// The host has nothing to wait for (a launch does the work).
+CallEvent captured_end(device::DeviceRuntime& device) {
+  return CallEvent([] {}, device.record());
 }
 
 // Static outputs: device memory allocated outside the capture (a stream of the device that is
@@ -204,6 +217,7 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
     plan.memory.push_back(dispatch_memory(r));
   captured->step = std::make_unique<device::LlNodeDispatch>(device, std::move(plan), kDispatch);
   captured->topk_idx = a.topk_idx;
+  join_caller(*device, a.previous_event);
   captured->step->queue(kDispatch);
   captured->outputs = {recv_x, scales, recv_count, src_info, range};
   dispatches_.push_back(captured);
@@ -219,6 +233,7 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
   out.handle.num_experts = in.shape.experts;
   out.handle.device = ep::Device::cuda;
   out.handle.captured = captured;
+  out.event = captured_end(*device);
   return out;
 }
 
@@ -271,11 +286,13 @@ LowLatencyCombineResult CapturedLowLatency::combine(
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(return_memory(r));
   auto step = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);
+  join_caller(*device, a.previous_event);
   step->queue(kCombine);
   d.combine = std::move(step);  // only once queued: a combine that failed may be captured again
   d.combined = combined;
   LowLatencyCombineResult result;
   result.combined_x = combined;
+  result.event = captured_end(*device);
   return result;
 }
 

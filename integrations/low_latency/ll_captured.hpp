@@ -1,10 +1,15 @@
 // CapturedLowLatency: low-latency calls made while the Buffer's device stream is being captured
-// into a graph (DeepEP's LL path under CUDA graphs), on one node. The host protocol cannot be
-// captured (it reads the counts back and waits for records on the host), so a captured call
-// queues the node's LL step instead (gpu_side/device/ll_node_dispatch.hpp, ll_node_combine.hpp):
-// the routing, the sends into every peer's device memory, the epoch-numbered handshakes and the
-// receive, all on the stream. Its outputs are static tensors, as a captured torch call's are:
-// every launch of the graph rewrites them.
+// into a graph (DeepEP's LL path under CUDA graphs), on one node: captured itself
+// (DeviceRuntime::begin_capture), or joining the capture of the caller's stream, the way
+// torch.cuda.graph is used: a previous_event recorded inside that capture makes the Buffer's
+// stream join it (DeviceRuntime::wait_event), and the call's event (CallEvent::device_point, a
+// point inside the graph; wait() returns at once) is where the caller's stream joins it back
+// (wait_event on it before ending the capture; Python's deep_ep does both). The host protocol
+// cannot be captured (it reads the counts back and waits for records on the host), so a captured
+// call queues the node's LL step instead (gpu_side/device/ll_node_dispatch.hpp,
+// ll_node_combine.hpp): the routing, the sends into every peer's device memory, the epoch-numbered
+// handshakes and the receive, all on the stream. Its outputs are static tensors, as a captured
+// torch call's are: every launch of the graph rewrites them.
 //
 // The step memory (every rank's slots, counts and words, shared through DeviceArenas: CUDA IPC)
 // is made at the first captured call, collectively (every rank captures the same calls), for that
@@ -15,8 +20,8 @@
 //
 // Refused before anything is queued, naming why: ranks on more than one node, a peer whose
 // device memory this rank cannot open, rank masking (enable_shrink), return_recv_hook and
-// async_finish (the graph is the asynchrony), the statistics tensors, previous_event (capture
-// the caller's work on the Buffer's stream instead), zero_copy, sizes other than the first
+// async_finish (the graph is the asynchrony), the statistics tensors, a previous_event recorded
+// outside the capture, zero_copy, sizes other than the first
 // captured call's, a combine of a dispatch that was not captured (or a captured dispatch's
 // combine outside a capture), and a combine whose topk_idx is not the dispatch's tensor.
 #pragma once

@@ -229,10 +229,12 @@ class Buffer:
     def _view(self, t, name, fp8=False):
         return view(t, name, fp8, self._simulated)
 
-    def _order(self, previous_event, async_finish, allocate_on_comm_stream):
+    def _order(self, previous_event, async_finish, allocate_on_comm_stream, capturable=False):
         """What orders the call after the caller's work: the native keyword arguments
         previous_event (an event of this Buffer's device, or None) and caller_stream (torch's
-        current stream, with CUDA)."""
+        current stream, with CUDA). ``capturable`` (the low-latency calls): while torch's stream
+        captures a CUDA graph the call joins the capture (the native side records the point
+        inside it, the Buffer's stream waits for it, torch's stream waits for the call's end)."""
         if allocate_on_comm_stream:
             assert previous_event is not None and async_finish, (
                 "allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)"
@@ -240,11 +242,11 @@ class Buffer:
         stream = 0
         if self._cuda:
             # Refused before any stream is touched (the native side refuses too, naming why).
-            if torch.cuda.is_current_stream_capturing():
+            if torch.cuda.is_current_stream_capturing() and not capturable:
                 raise proxyep.ProxyEPError(
-                    "CUDA graph capture: ProxyEP's calls wait on the host and cannot be captured "
-                    "yet; make them outside graph capture (SGLang: --disable-cuda-graph; vLLM: "
-                    "enforce_eager=True)")
+                    "CUDA graph capture: only the low-latency calls (on one node) can be captured; "
+                    "this call waits on the host, so make it outside graph capture (SGLang: "
+                    "--disable-cuda-graph; vLLM: enforce_eager=True)")
             stream = torch.cuda.current_stream().cuda_stream
         # An EventOverlap without an event orders nothing (DeepEP passes its .event, None here).
         event = previous_event.event if previous_event is not None else None
@@ -483,7 +485,7 @@ class Buffer:
         _refuse(use_nvfp4, "use_nvfp4 (NVFP4 dispatch)")
         _refuse(x_global_scale is not None, "x_global_scale (NVFP4 dispatch)")
         _refuse(use_ue8m0_for_sf, "use_ue8m0_for_sf (NVFP4 dispatch)")
-        order = self._order(None, async_finish, False)
+        order = self._order(None, async_finish, False, capturable=True)
         recv_x, recv_scales, recv_count, native, event, hook = self.runtime.low_latency_dispatch(
             self._view(x, "x"),
             self._view(topk_idx, "topk_idx"),
@@ -573,7 +575,7 @@ class Buffer:
             return_recv_hook,
             self._view(out, "out"),
             self._view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"),
-            **self._order(None, async_finish, False),
+            **self._order(None, async_finish, False, capturable=True),
         )
         keep = (x, topk_idx, topk_weights, out)
         combined_x = out if out is not None else tensor(combined)

@@ -85,8 +85,12 @@ class NativeBuffer {
   // of the caller's (CUDA; the simulated device's callers work on the host). A host call takes
   // none: the host waits for the caller's event first (its tensors may be what that stream
   // made; the GIL released meanwhile).
+  // `capturable` (the low-latency calls): while the caller's stream captures a CUDA graph, the
+  // point recorded there is inside the capture, and the Buffer's stream joins it (join_back()
+  // after the call); other calls are refused there.
   DeviceEventPtr previous_event(std::string_view call, std::initializer_list<ep::TensorRef> tensors,
-                                DeviceEventPtr given, uintptr_t caller_stream) const {
+                                DeviceEventPtr given, uintptr_t caller_stream,
+                                bool capturable = false) const {
     bool on_device = false;
     for (const auto& t : tensors)
       on_device = on_device || t.device == ep::Device::cuda;
@@ -99,10 +103,19 @@ class NativeBuffer {
       return nullptr;
     }
     if (!device_) return given;
-    if (!given) return gpu_side::device::record_on_caller_stream(*device_, caller_stream, call);
+    if (!given)
+      return gpu_side::device::record_on_caller_stream(*device_, caller_stream, call, capturable);
     // Ordering after the given event alone: the caller's stream is still checked for capture.
-    gpu_side::device::require_no_graph_capture(*device_, caller_stream, call);
+    if (!capturable) gpu_side::device::require_no_graph_capture(*device_, caller_stream, call);
     return given;
+  }
+  // A captured call's end (its event, a point inside the graph): the caller's stream waits for
+  // it, joining the Buffer's stream back into the capture, which can then end. Nothing for a
+  // call that was not captured.
+  void join_back(const CallEvent& event, uintptr_t caller_stream, std::string_view call) const {
+    const DeviceEventPtr& point = event.device_point();
+    if (device_ && point && point->captured())
+      gpu_side::device::caller_stream_wait(*device_, caller_stream, point, call);
   }
   // How the call's device outputs are released: after `caller_stream`'s reads of them.
   DeviceRelease release(uintptr_t caller_stream) const { return {device_, caller_stream}; }
@@ -359,12 +372,13 @@ void bind_buffer(py::module_& m) {
             a.async_finish = async_finish;
             a.return_recv_hook = return_recv_hook;
             a.previous_event = b.previous_event("low_latency_dispatch", {a.x, a.topk_idx},
-                                                std::move(previous_event), caller_stream);
+                                                std::move(previous_event), caller_stream, true);
             LowLatencyDispatchResult r;
             {
               GilRelease unlocked;
               r = b.get().low_latency_dispatch(a);
             }
+            b.join_back(r.event, caller_stream, "low_latency_dispatch");
             const DeviceRelease release = b.release(caller_stream);
             return py::make_tuple(capsule_of(r.recv_x, &release),
                                   capsule_of(r.recv_x_scales, &release),
@@ -394,12 +408,13 @@ void bind_buffer(py::module_& m) {
             a.out = view_of(out, "out");
             a.combine_wait_recv_cost_stats = view_of(wait_stats, "combine_wait_recv_cost_stats");
             a.previous_event = b.previous_event("low_latency_combine", {a.x, a.topk_idx},
-                                                std::move(previous_event), caller_stream);
+                                                std::move(previous_event), caller_stream, true);
             LowLatencyCombineResult r;
             {
               GilRelease unlocked;
               r = b.get().low_latency_combine(a);
             }
+            b.join_back(r.event, caller_stream, "low_latency_combine");
             const DeviceRelease release = b.release(caller_stream);
             return py::make_tuple(capsule_of(r.combined_x, &release), defined_or_none(r.event),
                                   defined_or_none(r.hook));

@@ -46,6 +46,7 @@ int main() {
           {"words the GPU cannot use", &cases::refused_words_case},
           {"a step captured once, launched twice", &capture::capture_and_replay_case},
           {"what a graph cannot hold", &capture::refused_in_capture_case},
+          {"a stream joins another's capture", &capture::joined_capture_case},
           {"captured handshakes replayed with epoch values", &capture::replayed_handshake_case},
           {"the node's LL steps, queued", &node_step<false, false>},
           {"the node's LL steps, replayed (BF16)", &node_step<false, true>},

@@ -285,3 +285,35 @@ def test_a_call_in_cuda_graph_capture_is_refused_before_any_stream(normal, monke
         device.get_dispatch_layout(idx, E)
     monkeypatch.undo()
     same(device.get_dispatch_layout(idx, E)[0], host.get_dispatch_layout(topk_idx, E)[0], to)
+
+
+@pytest.mark.skipif(KIND != "cuda", reason="torch.cuda.graph needs a GPU (scripts/gpu-check.sh)")
+def test_low_latency_calls_captured_in_a_cuda_graph(low_latency):
+    """DeepEP's decoding use: a dispatch and its combine (the experts' output being the received
+    BF16 rows) captured in one torch.cuda.graph on every rank of the node, then replayed on new
+    inputs copied into the captured tensors: each replay's outputs are the host path's for those
+    inputs. The Buffer's stream joins torch's capture; nothing of the call runs on the host at a
+    replay."""
+    host, device = low_latency
+    rank = dist.get_rank()
+    x, topk_idx, weights = routing(rank, seed=11)
+    x_d, idx_d, w_d = x.cuda(), topk_idx.cuda(), weights.cuda()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        recv, count, handle, _, _ = device.low_latency_dispatch(x_d, idx_d, T, E, use_fp8=False)
+        combined, _, _ = device.low_latency_combine(recv, idx_d, w_d, handle)
+    for seed in (12, 13, 14):
+        x, topk_idx, weights = routing(rank, seed=seed)
+        x_d.copy_(x)
+        idx_d.copy_(topk_idx)
+        w_d.copy_(weights)
+        dist.barrier()
+        graph.replay()
+        torch.cuda.synchronize()
+        recv_h, count_h, handle_h, _, _ = host.low_latency_dispatch(x, topk_idx, T, E, use_fp8=False)
+        comb_h, _, _ = host.low_latency_combine(recv_h, topk_idx, weights, handle_h)
+        assert torch.equal(count.cpu(), count_h)
+        for e in range(E // dist.get_world_size()):
+            n = int(count_h[e])
+            assert torch.equal(recv[e, :n].cpu().view(torch.uint8), recv_h[e, :n].view(torch.uint8))
+        assert torch.equal(combined.cpu(), comb_h)

@@ -3,8 +3,11 @@
 // the Buffer's device stream (two graphs: the expert outputs are the test's, between them), then
 // launches them for three rounds of new inputs written into the same tensors, and three times
 // back to back with no host in between; the static outputs pass the exact checks
-// (ll_case_checks.hpp) every time. What cannot be captured is refused before anything is queued
-// and the capture stays valid: return_recv_hook, the statistics tensors, a previous_event,
+// (ll_case_checks.hpp) every time. Or the caller's stream captures, as torch.cuda.graph does,
+// and the Buffer's stream joins (the calls given a previous_event recorded inside the capture,
+// the caller's stream waiting for each call's event). What cannot be captured is refused before
+// anything is queued and the capture stays valid: return_recv_hook, the statistics tensors, a
+// previous_event recorded outside the capture,
 // zero_copy, a combine's topk_idx that is not the dispatch's tensor, a captured dispatch's
 // combine outside a capture, a second combine of one dispatch. Run on the host-simulated device
 // by test_device_buffer_threads.cpp and on CUDA by tests/gpu/test_gpu_buffer.cpp.
@@ -57,7 +60,7 @@ inline LowLatencyDispatchArgs dispatch_args(const ep::Tensor& x, const ep::Tenso
 }
 
 inline void run_captured_ll_rank(control::Bootstrap::Options options,
-                                 const DeviceFactory& make_device) {
+                                 const DeviceFactory& make_device, bool joined) {
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
   const RankDevice devices = make_device(me);
@@ -89,12 +92,34 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   after.previous_event = caller.record();
   refused_in_capture(
       dev, [&] { buffer.low_latency_dispatch(after); },
-      "previous_event cannot be waited for inside a capture");
+      "previous_event was recorded outside the capture");
 
-  dev.begin_capture("test dispatch");
-  LowLatencyDispatchResult dispatched = buffer.low_latency_dispatch(d);
+  // Capturing the Buffer's stream itself, or the caller's (as torch.cuda.graph does), which the
+  // Buffer's stream joins through previous_event and the caller's joins back through the call's
+  // event; the graphs then run on the capturing stream.
+  gpu_side::device::DeviceRuntime& capturer = joined ? caller : dev;
+  std::shared_ptr<gpu_side::device::DeviceEvent> fork;
+  auto begin = [&](const char* name) {
+    capturer.begin_capture(name);
+    if (joined) fork = caller.record();
+  };
+  auto end = [&](const CallEvent& event, const char* name) {
+    require(event.defined() && event.device_point() != nullptr && event.device_point()->captured(),
+            "test", "a captured call's event is no point inside the graph");
+    if (joined) caller.wait_event(event.device_point(), kWait);
+    return capturer.end_capture(name);
+  };
+  auto launch = [&](const gpu_side::device::DeviceGraph& graph, const char* name) {
+    capturer.launch(graph, name);
+    if (joined) caller.synchronize(name, kWait);  // the checks read through the Buffer's stream
+  };
+
+  begin("test dispatch");
+  LowLatencyDispatchArgs joining = d;
+  joining.previous_event = fork;
+  LowLatencyDispatchResult dispatched = buffer.low_latency_dispatch(joining);
   const std::unique_ptr<gpu_side::device::DeviceGraph> dispatch_graph =
-      dev.end_capture("test dispatch");
+      end(dispatched.event, "test dispatch");
   require(dispatched.handle.captured != nullptr && dispatched.recv_x.device() == ep::Device::cuda,
           "test", "a captured dispatch returned no captured handle or host outputs");
 
@@ -113,13 +138,18 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   refused_in_capture(
       dev, [&] { buffer.low_latency_combine(other_idx); },
       "topk_idx must be the tensor the captured dispatch routed");
-  dev.begin_capture("test combine");
-  const LowLatencyCombineResult combined = buffer.low_latency_combine(c);
+  begin("test combine");
+  LowLatencyCombineArgs joining_combine = c;
+  joining_combine.previous_event = fork;
+  const LowLatencyCombineResult combined = buffer.low_latency_combine(joining_combine);
   const std::unique_ptr<gpu_side::device::DeviceGraph> combine_graph =
-      dev.end_capture("test combine");
+      end(combined.event, "test combine");
   require(!combined.combined_x.defined(), "test", "a combine into `out` returned another tensor");
   refused_in_capture(
       dev, [&] { buffer.low_latency_combine(c); }, "this dispatch's combine was captured already");
+  if (joined)  // a point of a capture that has ended: no graph to join
+    require_mentions(error_of([&] { buffer.low_latency_dispatch(joining); }),
+                     "the event was recorded inside a capture that has ended");
 
   // Host views of the static outputs after a launch.
   auto on_host = [&] { return dispatch_on_host(dev, dispatched); };
@@ -133,20 +163,23 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
     write(idx, now[me].topk_idx);
     write(weights, now[me].topk_weights);
     dev.synchronize("test inputs", kWait);
-    dev.launch(*dispatch_graph, "test dispatch");
+    launch(*dispatch_graph, "test dispatch");
     const LowLatencyDispatchResult h = on_host();
     check_dispatch(h, now, me);
     const ep::Tensor outputs = expert_outputs(h, me);  // read by the copy until the download
     write(expert_out, outputs);
-    dev.launch(*combine_graph, "test combine");
+    dev.synchronize("test expert outputs", kWait);
+    launch(*combine_graph, "test combine");
     check_combine(download(dev, out, "out"), now[me], me);
   }
   // Back to back, the host waiting only at the end: the ranks' graphs pace each other.
   dev.fill(const_cast<std::byte*>(out.raw()), 0, out.bytes());
+  dev.synchronize("test fill", kWait);
   for (int i = 0; i < 3; ++i) {
-    dev.launch(*dispatch_graph, "test dispatch");
-    dev.launch(*combine_graph, "test combine");
+    capturer.launch(*dispatch_graph, "test dispatch");
+    capturer.launch(*combine_graph, "test combine");
   }
+  if (joined) caller.synchronize("test launches", kWait);
   check_dispatch(on_host(), now, me);
   check_combine(download(dev, out, "out"), now[me], me);
   buffer.destroy();
@@ -194,9 +227,10 @@ inline void run_captured_ll_without_shared_memory(const DeviceFactory& make_devi
   });
 }
 
-inline void run_captured_ll(const DeviceFactory& make_device) {
-  run_buffer_ranks(kRanks, false, [make_device](control::Bootstrap::Options o) {
-    run_captured_ll_rank(std::move(o), make_device);
+// `joined`: the caller's stream captures, the Buffer's joins it (else the Buffer's captures).
+inline void run_captured_ll(const DeviceFactory& make_device, bool joined) {
+  run_buffer_ranks(kRanks, false, [make_device, joined](control::Bootstrap::Options o) {
+    run_captured_ll_rank(std::move(o), make_device, joined);
   });
 }
 

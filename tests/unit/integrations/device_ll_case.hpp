@@ -73,7 +73,8 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
                        "1 of topk_idx's 32 values are neither -1 nor an expert id in [0, 4)");
       // A captured call (device_ll_captured_case.hpp) refuses what a graph cannot hold, before
       // anything is queued (the capture ends valid): here the statistics tensors; and an event
-      // recorded inside a capture is refused outside one.
+      // recorded inside a capture makes the call a captured one, refused here (this Buffer
+      // shrinks or spans nodes; device_ll_captured_case.hpp has the rest).
       dev.begin_capture("test capture");
       require_mentions(error_of([&] { buffer.low_latency_dispatch(args(xa, ia)); }),
                        "the statistics tensors cannot be captured yet");
@@ -81,9 +82,11 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
       caller.begin_capture("caller capture");
       LowLatencyDispatchArgs after_graph = args(xa, ia);
       after_graph.previous_event = caller.record();
+      after_graph.cumulative_local_expert_recv_stats = {};
+      after_graph.dispatch_wait_recv_cost_stats = {};
       (void)caller.end_capture("caller capture");
       require_mentions(error_of([&] { buffer.low_latency_dispatch(after_graph); }),
-                       "previous_event was recorded inside a graph capture");
+                       "low_latency_dispatch (captured): ");
     }
     // The hooked dispatch's x as the caller's stream makes it, waited for through previous_event.
     const ep::Tensor xa_late = produce_on(caller, a[me].x);

@@ -130,8 +130,14 @@ TEST_CASE("device tensors through low-latency calls: topk_idx never read back to
 }
 
 TEST_CASE("low-latency calls captured into graphs: node peers, replayed with new inputs") {
-  integrations::testing::ll::run_captured_ll(simulated);
-  integrations::testing::ll::run_captured_ll(slow_buffer_stream);
+  integrations::testing::ll::run_captured_ll(simulated, false);
+  integrations::testing::ll::run_captured_ll(slow_buffer_stream, false);
+}
+
+TEST_CASE(
+    "low-latency calls captured into graphs: the Buffer's stream joins the caller's capture") {
+  integrations::testing::ll::run_captured_ll(simulated, true);
+  integrations::testing::ll::run_captured_ll(slow_buffer_stream, true);
 }
 
 TEST_CASE("low-latency calls captured into graphs: refused between nodes and with shrink") {

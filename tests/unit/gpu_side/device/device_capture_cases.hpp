@@ -92,7 +92,7 @@ inline std::string refused_in_capture_case(const std::shared_ptr<device::DeviceR
       {"read-back", [&] { device->copy(plain.data(), on_device.get(), plain.size()); },
        "copy: 64 bytes into plain host memory"},
       {"join", [&] { device->wait_event(before, kWait); },
-       "wait_event: another stream's event joins the stream"},
+       "wait_event: an event recorded outside the capture joins the stream"},
   };
   for (const Attempt& attempt : attempts) {
     device->begin_capture(attempt.name);
@@ -137,6 +137,62 @@ inline std::string refused_in_capture_case(const std::shared_ptr<device::DeviceR
   const std::string error = error_of([&] { device->synchronize("after the refusals", kWait); });
   if (!error.empty()) return fmt::format("the stream is unusable after the refusals: {}", error);
   return page.load(page.done()) == 3 ? "" : "the graph's write did not land";
+}
+
+// A stream joining another's capture (a fork and its join: how a Buffer's stream joins the
+// capture torch.cuda.graph makes of the caller's stream): the caller's stream begins the capture
+// and records a point; the worker stream waits for it (and so captures too), moves the input
+// through device memory into the payload and records its end; the caller's stream waits for
+// that (joined back) and signals done. One graph of both streams' work, launched twice on the
+// caller's stream with new input between, carries each input. Refused: ending the capture on
+// the joined stream; ending it with the worker not joined back (the capture is invalid); a
+// point of an ended capture. The worker then runs what it is given, uncaptured.
+inline std::string joined_capture_case(const std::shared_ptr<device::DeviceRuntime>& caller) {
+  constexpr uint64_t kBytes = SignalPage::kPayload;
+  const std::shared_ptr<device::DeviceRuntime> worker = caller->open_stream();
+  SignalPage page(*caller);
+  std::byte* input = page.payload() + 1024;  // inside the registered page, past the payload
+  const std::shared_ptr<std::byte[]> staged = caller->allocate(kBytes);
+  caller->begin_capture("caller capture");
+  const std::shared_ptr<device::DeviceEvent> fork = caller->record();
+  worker->wait_event(fork, kWait);
+  if (!worker->capturing()) return "the stream that waited for a captured point is not capturing";
+  const std::string ended_there = error_of([&] { (void)worker->end_capture("worker end"); });
+  if (ended_there.find("joined a capture begun on another stream") == std::string::npos)
+    return fmt::format("end_capture on the joined stream said \"{}\"", ended_there);
+  worker->copy(staged.get(), input, kBytes);
+  worker->copy(page.payload(), staged.get(), kBytes);
+  caller->wait_event(worker->record(), kWait);
+  caller->write_value(page.done(), 5, "joined done");
+  const std::unique_ptr<device::DeviceGraph> graph = caller->end_capture("caller capture");
+  if (worker->capturing()) return "the joined stream still captures after end_capture";
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  if (page.load(page.done()) != 0 || !all_bytes(page.payload(), kBytes, 0))
+    return "a captured operation ran before the graph was launched";
+  for (const uint8_t value : {0x33, 0x44}) {
+    std::memset(input, value, kBytes);
+    std::atomic_ref<uint64_t>(*page.done()).store(0, std::memory_order_release);
+    caller->launch(*graph, "joined launch");
+    const std::string error = error_of([&] { caller->synchronize("after the launch", kWait); });
+    if (!error.empty()) return fmt::format("launch {:#x}: {}", value, error);
+    if (page.load(page.done()) != 5) return fmt::format("launch {:#x}: no done word", value);
+    if (!all_bytes(page.payload(), kBytes, value))
+      return fmt::format("launch {:#x}: the payload is not the input's bytes", value);
+  }
+
+  caller->begin_capture("unjoined");
+  worker->wait_event(caller->record(), kWait);
+  worker->fill(staged.get(), 0, kBytes);
+  const std::string unjoined = error_of([&] { (void)caller->end_capture("unjoined"); });
+  if (unjoined.find("the capture is invalid") == std::string::npos)
+    return fmt::format("end_capture with a stream not joined back said \"{}\"", unjoined);
+  if (worker->capturing() || caller->capturing()) return "still capturing after the failed end";
+  const std::string stale = error_of([&] { worker->wait_event(fork, kWait); });
+  if (stale.find("a capture that has ended") == std::string::npos)
+    return fmt::format("waiting for a point of an ended capture said \"{}\"", stale);
+  worker->fill(staged.get(), 1, kBytes);
+  const std::string error = error_of([&] { worker->synchronize("after the refusals", kWait); });
+  return error.empty() ? "" : fmt::format("the worker is unusable after the refusals: {}", error);
 }
 
 // Two streams, each with a captured step of one handshake, launched kRounds times each with no

@@ -31,6 +31,15 @@ TEST_CASE("simulated device: a captured step replays; what a graph cannot hold i
   }
 }
 
+TEST_CASE("simulated device: a stream joins another's capture and is joined back") {
+  namespace cases = testing::device_capture;
+  for (const SimulatedDeviceOptions options :
+       {SimulatedDeviceOptions{}, SimulatedDeviceOptions{.operation_delay = 5ms}}) {
+    CAPTURE(options.operation_delay.count());
+    CHECK(cases::joined_capture_case(std::make_shared<SimulatedDevice>(options)) == "");
+  }
+}
+
 TEST_CASE("simulated device: captured handshakes on two streams replay with epoch values") {
   namespace cases = testing::device_capture;
   // Not with defer_until_synchronize: the two streams wait for each other, so neither may hold
