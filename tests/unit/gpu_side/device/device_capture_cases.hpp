@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -27,6 +28,30 @@ inline bool all_bytes(const std::byte* p, uint64_t bytes, uint8_t value) {
   for (uint64_t i = 0; i < bytes; ++i)
     if (p[i] != std::byte{value}) return false;
   return true;
+}
+
+// A captured graph that moves `input` (registered host memory) into the page's payload and then
+// writes `done` into its done word: nothing ran before its first launch, and each launch, with
+// new input bytes written first, carries them.
+inline std::string graph_carries_inputs(device::DeviceRuntime& device,
+                                        const device::DeviceGraph& graph, SignalPage& page,
+                                        std::byte* input, uint64_t done,
+                                        std::initializer_list<uint8_t> values) {
+  constexpr uint64_t kBytes = SignalPage::kPayload;
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  if (page.load(page.done()) != 0 || !all_bytes(page.payload(), kBytes, 0))
+    return "a captured operation ran before the graph was launched";
+  for (const uint8_t value : values) {
+    std::memset(input, value, kBytes);
+    std::atomic_ref<uint64_t>(*page.done()).store(0, std::memory_order_release);
+    device.launch(graph, "test launch");
+    const std::string error = error_of([&] { device.synchronize("after the launch", kWait); });
+    if (!error.empty()) return fmt::format("launch {:#x}: {}", value, error);
+    if (page.load(page.done()) != done) return fmt::format("launch {:#x}: no done word", value);
+    if (!all_bytes(page.payload(), kBytes, value))
+      return fmt::format("launch {:#x}: the payload is not the input's bytes", value);
+  }
+  return "";
 }
 
 // A step captured once and launched twice: nothing runs while it is captured; each launch waits
@@ -52,21 +77,7 @@ inline std::string capture_and_replay_case(const std::shared_ptr<device::DeviceR
   std::unique_ptr<device::DeviceGraph> graph = device->end_capture("test capture");
   if (device->capturing()) return "capturing() says yes after end_capture";
   std::atomic_ref<uint64_t>(*page.gate()).store(1, std::memory_order_release);
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  if (page.load(page.done()) != 0 || !all_bytes(page.payload(), kBytes, 0))
-    return "a captured operation ran before the graph was launched";
-
-  for (const uint8_t value : {0x11, 0x22}) {
-    std::memset(input, value, kBytes);
-    std::atomic_ref<uint64_t>(*page.done()).store(0, std::memory_order_release);
-    device->launch(*graph, "test launch");
-    const std::string error = error_of([&] { device->synchronize("after the launch", kWait); });
-    if (!error.empty()) return fmt::format("launch {:#x}: {}", value, error);
-    if (page.load(page.done()) != 7) return fmt::format("launch {:#x}: no done word", value);
-    if (!all_bytes(page.payload(), kBytes, value))
-      return fmt::format("launch {:#x}: the payload is not the input's bytes", value);
-  }
-  return "";
+  return graph_carries_inputs(*device, *graph, page, input, 7, {0x11, 0x22});
 }
 
 // What a graph cannot hold, refused at once, naming the capture; the capture is then invalid
@@ -166,19 +177,8 @@ inline std::string joined_capture_case(const std::shared_ptr<device::DeviceRunti
   caller->write_value(page.done(), 5, "joined done");
   const std::unique_ptr<device::DeviceGraph> graph = caller->end_capture("caller capture");
   if (worker->capturing()) return "the joined stream still captures after end_capture";
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  if (page.load(page.done()) != 0 || !all_bytes(page.payload(), kBytes, 0))
-    return "a captured operation ran before the graph was launched";
-  for (const uint8_t value : {0x33, 0x44}) {
-    std::memset(input, value, kBytes);
-    std::atomic_ref<uint64_t>(*page.done()).store(0, std::memory_order_release);
-    caller->launch(*graph, "joined launch");
-    const std::string error = error_of([&] { caller->synchronize("after the launch", kWait); });
-    if (!error.empty()) return fmt::format("launch {:#x}: {}", value, error);
-    if (page.load(page.done()) != 5) return fmt::format("launch {:#x}: no done word", value);
-    if (!all_bytes(page.payload(), kBytes, value))
-      return fmt::format("launch {:#x}: the payload is not the input's bytes", value);
-  }
+  const std::string carried = graph_carries_inputs(*caller, *graph, page, input, 5, {0x33, 0x44});
+  if (!carried.empty()) return carried;
 
   caller->begin_capture("unjoined");
   worker->wait_event(caller->record(), kWait);
