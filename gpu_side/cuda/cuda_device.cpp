@@ -446,14 +446,18 @@ void require_signal_word(const void* word, std::string_view op, std::string_view
 }  // namespace
 
 void CudaDevice::wait_value(const uint64_t* word, device::SignalValue value,
-                            std::chrono::milliseconds timeout, std::string_view phase) {
+                            std::chrono::milliseconds timeout, std::string_view phase,
+                            int64_t* waited_ns) {
   require_signal_word(word, "wait_value", phase);
   if (value.epoch != nullptr)
     require_signal_word(value.epoch, "wait_value (its epoch word)", phase);
+  if (waited_ns != nullptr)
+    require_signal_word(reinterpret_cast<const uint64_t*>(waited_ns), "wait_value (its waited_ns)",
+                        phase);
   const CurrentDevice current = state_->select();
   check_cuda(launch_wait_value(word, value, static_cast<uint64_t>(timeout.count()) * 1000000,
                                state_->fault_on_device, state_->wait_number(phase, timeout),
-                               state_->stream),
+                               waited_ns, state_->stream),
              kPhase, "wait_value launch");
 }
 

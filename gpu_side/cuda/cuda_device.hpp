@@ -59,7 +59,8 @@ class CudaDevice final : public device::DeviceRuntime {
   // (stream_signal.hpp); the first failed wait is what reached(), wait_for() and synchronize()
   // report from then on.
   void wait_value(const uint64_t* word, device::SignalValue value,
-                  std::chrono::milliseconds timeout, std::string_view phase) override;
+                  std::chrono::milliseconds timeout, std::string_view phase,
+                  int64_t* waited_ns = nullptr) override;
   void write_value(uint64_t* word, device::SignalValue value, std::string_view phase) override;
   void add_value(uint64_t* word, uint64_t delta, std::string_view phase) override;
   // Capture in the thread-local mode (cudaStreamBeginCapture); graphs instantiated with

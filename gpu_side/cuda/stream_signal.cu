@@ -28,7 +28,8 @@ __device__ inline uint64_t resolve(const device::SignalValue& value) {
 }
 
 __global__ void wait_value_kernel(const uint64_t* word, device::SignalValue awaited,
-                                  uint64_t timeout_ns, WaitFault* fault, uint64_t wait_number) {
+                                  uint64_t timeout_ns, WaitFault* fault, uint64_t wait_number,
+                                  int64_t* waited_ns) {
   SystemWord claimed(fault->wait);
   if (claimed.load(::cuda::memory_order_relaxed) != 0) return;  // the stream failed already
   const uint64_t value = resolve(awaited);
@@ -50,6 +51,8 @@ __global__ void wait_value_kernel(const uint64_t* word, device::SignalValue awai
     }
     __nanosleep(1000);
   }
+  // One thread, stream order: the stream's later operations see the sum (no atomic needed).
+  if (waited_ns != nullptr) *waited_ns += static_cast<int64_t>(now_ns() - start);
 }
 
 __global__ void write_value_kernel(uint64_t* word, device::SignalValue value,
@@ -71,8 +74,9 @@ __global__ void add_value_kernel(uint64_t* word, uint64_t delta, const WaitFault
 }  // namespace
 
 cudaError_t launch_wait_value(const uint64_t* word, device::SignalValue value, uint64_t timeout_ns,
-                              WaitFault* fault, uint64_t wait_number, cudaStream_t stream) {
-  wait_value_kernel<<<1, 1, 0, stream>>>(word, value, timeout_ns, fault, wait_number);
+                              WaitFault* fault, uint64_t wait_number, int64_t* waited_ns,
+                              cudaStream_t stream) {
+  wait_value_kernel<<<1, 1, 0, stream>>>(word, value, timeout_ns, fault, wait_number, waited_ns);
   return cudaGetLastError();
 }
 

@@ -26,8 +26,10 @@ struct WaitFault {
 
 // Queues: wait until *word >= value, for at most timeout_ns; past it, claims `fault` (first
 // failure only) and returns. A stream whose fault is already claimed does not wait again.
+// `waited_ns` (may be null): += the nanoseconds waited (globaltimer), once the word held it.
 cudaError_t launch_wait_value(const uint64_t* word, device::SignalValue value, uint64_t timeout_ns,
-                              WaitFault* fault, uint64_t wait_number, cudaStream_t stream);
+                              WaitFault* fault, uint64_t wait_number, int64_t* waited_ns,
+                              cudaStream_t stream);
 
 // Queues: *word = value (release, system scope), after the work queued before it; nothing when
 // `fault` is claimed (what a failed wait let run is not signalled as done).

@@ -206,10 +206,13 @@ class DeviceRuntime {
   // release): the stream advancing an epoch word, the numbering a replayed graph's signals
   // take their values from (signal_value.hpp: a value of {epoch, offset} is read when the
   // operation runs, not when it is queued).
+  // `waited_ns`, when given (an int64 in device memory, 8-byte aligned): the wait adds the
+  // nanoseconds it spent before the word held the value to it (DeepEP's wait-cost statistics).
   // Each throws proxyep::Error(phase) at once, before anything is queued, for a word (or an
-  // epoch word) the device cannot reach or that is misaligned.
+  // epoch word, or a waited_ns) the device cannot reach or that is misaligned.
   virtual void wait_value(const uint64_t* word, SignalValue value,
-                          std::chrono::milliseconds timeout, std::string_view phase) = 0;
+                          std::chrono::milliseconds timeout, std::string_view phase,
+                          int64_t* waited_ns = nullptr) = 0;
   virtual void write_value(uint64_t* word, SignalValue value, std::string_view phase) = 0;
   virtual void add_value(uint64_t* word, uint64_t delta, std::string_view phase) = 0;
 

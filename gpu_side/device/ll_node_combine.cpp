@@ -30,6 +30,7 @@ void check_plan(const LlNodeDispatchPlan& d, const LlNodeCombinePlan& p, std::st
           "the epoch word is missing or misaligned");
   require(p.x != nullptr && p.topk_weights != nullptr && p.out != nullptr, where,
           "an input or output tensor is missing");
+  require(is_aligned(p.wait_stats, 8), where, "the statistics tensor is misaligned");
 }
 
 }  // namespace
@@ -79,7 +80,8 @@ void LlNodeCombine::queue(std::string_view phase) {
   for (int r = 0; r < d.ranks; ++r)
     device.write_value(p.memory[static_cast<size_t>(r)].arrived + d.rank, {p.epoch, 0}, phase);
   for (int r = 0; r < d.ranks; ++r)  // rank r's rows of my tokens of step n are here
-    device.wait_value(mine.arrived + r, {p.epoch, 0}, d.timeout, phase);
+    device.wait_value(mine.arrived + r, {p.epoch, 0}, d.timeout, phase,
+                      p.wait_stats != nullptr ? p.wait_stats + r : nullptr);
   device.ll_combine_routed({.topk_idx = d.topk_idx,
                             .positions = dispatch_.routed_positions(),
                             .counts = dispatch_.routed_counts(),

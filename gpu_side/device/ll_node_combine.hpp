@@ -45,6 +45,9 @@ struct LlNodeCombinePlan {
   const uint16_t* x = nullptr;
   const float* topk_weights = nullptr;
   uint16_t* out = nullptr;
+  // Optional, DeepEP's combine_wait_recv_cost_stats: i64 [ranks] += the nanoseconds the step
+  // waited for each expert rank's rows (device memory).
+  int64_t* wait_stats = nullptr;
 };
 
 // The bytes one expert rank's return slot needs: a row for each message it was sent.

@@ -45,6 +45,8 @@ void check_plan(const LlNodeDispatchPlan& p, std::string_view phase) {
               p.recv_count != nullptr && p.layout_range != nullptr &&
               (!p.format.fp8 || p.recv_x_scales != nullptr),
           where, "an input or output tensor is missing");
+  require(is_aligned(p.recv_stats, 4) && is_aligned(p.wait_stats, 8), where,
+          "a statistics tensor is misaligned");
 }
 
 }  // namespace
@@ -122,7 +124,8 @@ void LlNodeDispatch::queue(std::string_view phase) {
     d.write_value(peer.arrived + p.rank, {p.epoch, 0}, phase);
   }
   for (int s = 0; s < p.ranks; ++s)  // source s's messages of step n are here
-    d.wait_value(mine.arrived + s, {p.epoch, 0}, p.timeout, phase);
+    d.wait_value(mine.arrived + s, {p.epoch, 0}, p.timeout, phase,
+                 p.wait_stats != nullptr ? p.wait_stats + s : nullptr);
   d.ll_unpack_counted({.format = p.format,
                        .counts = mine.counts,
                        .from = reinterpret_cast<const std::byte* const*>(from_slots_.get()),
@@ -134,6 +137,8 @@ void LlNodeDispatch::queue(std::string_view phase) {
                        .rows_per_expert = static_cast<int64_t>(p.ranks) * p.max_tokens});
   for (int s = 0; s < p.ranks; ++s)
     d.write_value(p.memory[static_cast<size_t>(s)].released + p.rank, {p.epoch, 0}, phase);
+  if (p.recv_stats != nullptr)
+    d.add({.wide = false, .to = p.recv_stats, .from = p.recv_count, .count = p.local_experts});
 }
 
 }  // namespace proxyep::gpu_side::device

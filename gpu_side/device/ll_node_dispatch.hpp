@@ -72,6 +72,11 @@ struct LlNodeDispatchPlan {
   int32_t* src_info = nullptr;        // [local_experts, ranks * max_tokens]
   int32_t* recv_count = nullptr;      // [local_experts]
   int64_t* layout_range = nullptr;    // [local_experts, ranks]
+  // DeepEP's statistics, optional (device memory): recv_stats i32 [local_experts] += the tokens
+  // each local expert received; wait_stats i64 [ranks] += the nanoseconds the step waited for
+  // each source's messages (its arrival wait, in source order).
+  int32_t* recv_stats = nullptr;
+  int64_t* wait_stats = nullptr;
 };
 
 // The bytes one source's slot needs: every one of max_tokens tokens may select every local

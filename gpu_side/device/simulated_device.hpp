@@ -126,7 +126,7 @@ class SimulatedDevice final : public DeviceRuntime {
                  std::chrono::milliseconds timeout) override;
   // wait_value polls the word from the stream's thread (a short spin, then 20 us sleeps).
   void wait_value(const uint64_t* word, SignalValue value, std::chrono::milliseconds timeout,
-                  std::string_view phase) override;
+                  std::string_view phase, int64_t* waited_ns = nullptr) override;
   void write_value(uint64_t* word, SignalValue value, std::string_view phase) override;
   void add_value(uint64_t* word, uint64_t delta, std::string_view phase) override;
   void begin_capture(std::string_view phase) override;

@@ -174,10 +174,15 @@ void SimulatedDevice::wait_event(const std::shared_ptr<DeviceEvent>& event,
 }
 
 void SimulatedDevice::wait_value(const uint64_t* word, SignalValue value,
-                                 std::chrono::milliseconds timeout, std::string_view phase) {
+                                 std::chrono::milliseconds timeout, std::string_view phase,
+                                 int64_t* waited_ns) {
   require_signal_word(*core_, "wait_value", word, phase);
   require_epoch_word(*core_, "wait_value", value, phase);
-  core_->enqueue("wait_value", [word, value, timeout, phase = std::string(phase)] {
+  if (waited_ns != nullptr)
+    require_signal_word(*core_, "wait_value (its waited_ns)",
+                        reinterpret_cast<const uint64_t*>(waited_ns), phase);
+  core_->enqueue("wait_value", [word, value, timeout, waited_ns, phase = std::string(phase)] {
+    const auto start = std::chrono::steady_clock::now();
     const uint64_t awaited = resolve(value);
     // The word's writers are other threads (proxies, the host, a peer's stream): an atomic read.
     std::atomic_ref<uint64_t> signal(*const_cast<uint64_t*>(word));
@@ -198,6 +203,10 @@ void SimulatedDevice::wait_value(const uint64_t* word, SignalValue value,
       else
         std::this_thread::sleep_for(std::chrono::microseconds(20));
     }
+    if (waited_ns != nullptr)
+      *waited_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        std::chrono::steady_clock::now() - start)
+                        .count();
   });
 }
 

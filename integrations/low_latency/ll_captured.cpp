@@ -56,6 +56,12 @@ CallEvent captured_end(device::DeviceRuntime& device) {
   return CallEvent([] {}, device.record());
 }
 
+// A statistics tensor the step adds into (checked by the call's argument checks), or none.
+template <typename T>
+T* stats_tensor(const ep::TensorRef& t) {
+  return t.defined() ? static_cast<T*>(const_cast<void*>(t.data)) : nullptr;
+}
+
 // Static outputs: device memory allocated outside the capture (a stream of the device that is
 // not captured), zeroed, alive while the caller holds them.
 ep::Tensor static_output(device::DeviceRuntime& setup, ep::DType dtype, int64_t rows,
@@ -175,9 +181,6 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
   const int R = session_.ranks();
   const DispatchInput in = check_dispatch_args(a, R, true);
   refuse_host_parts(a.return_recv_hook, a.async_finish, a.previous_event, kDispatch);
-  require(
-      !a.cumulative_local_expert_recv_stats.defined() && !a.dispatch_wait_recv_cost_stats.defined(),
-      kDispatch, "the statistics tensors cannot be captured yet: pass none");
   open_memory(device, in.shape, kDispatch);
   const int32_t local = in.shape.experts / R;
   const int64_t rows = static_cast<int64_t>(R) * in.shape.tokens;
@@ -195,24 +198,27 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
   ep::Tensor range = static_output(*setup, ep::DType::i64, local, R);
   setup->synchronize(kDispatch, timeout());
 
-  device::LlNodeDispatchPlan plan{.rank = session_.rank(),
-                                  .ranks = R,
-                                  .local_experts = local,
-                                  .slot_bytes = layout_.slot_bytes,
-                                  .memory = {},
-                                  .epoch = epoch(0),
-                                  .timeout = timeout(),
-                                  .format = f,
-                                  .max_tokens = in.shape.tokens,
-                                  .num_tokens = in.tokens,
-                                  .topk = static_cast<int>(in.topk),
-                                  .x = static_cast<const uint16_t*>(a.x.data),
-                                  .topk_idx = static_cast<const int64_t*>(a.topk_idx.data),
-                                  .recv_x = recv_x.raw(),
-                                  .recv_x_scales = f.fp8 ? scales.data<uint32_t>() : nullptr,
-                                  .src_info = src_info.data<int32_t>(),
-                                  .recv_count = recv_count.data<int32_t>(),
-                                  .layout_range = range.data<int64_t>()};
+  device::LlNodeDispatchPlan plan{
+      .rank = session_.rank(),
+      .ranks = R,
+      .local_experts = local,
+      .slot_bytes = layout_.slot_bytes,
+      .memory = {},
+      .epoch = epoch(0),
+      .timeout = timeout(),
+      .format = f,
+      .max_tokens = in.shape.tokens,
+      .num_tokens = in.tokens,
+      .topk = static_cast<int>(in.topk),
+      .x = static_cast<const uint16_t*>(a.x.data),
+      .topk_idx = static_cast<const int64_t*>(a.topk_idx.data),
+      .recv_x = recv_x.raw(),
+      .recv_x_scales = f.fp8 ? scales.data<uint32_t>() : nullptr,
+      .src_info = src_info.data<int32_t>(),
+      .recv_count = recv_count.data<int32_t>(),
+      .layout_range = range.data<int64_t>(),
+      .recv_stats = stats_tensor<int32_t>(a.cumulative_local_expert_recv_stats),
+      .wait_stats = stats_tensor<int64_t>(a.dispatch_wait_recv_cost_stats)};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(dispatch_memory(r));
   captured->step = std::make_unique<device::LlNodeDispatch>(device, std::move(plan), kDispatch);
@@ -250,8 +256,6 @@ LowLatencyCombineResult CapturedLowLatency::combine(
   require(!a.use_logfmt, kCombine,
           "use_logfmt is not supported: ProxyEP combines in BF16 (pass use_logfmt=False)");
   require(!a.zero_copy, kCombine, "zero_copy cannot be captured yet: pass the expert outputs as x");
-  require(!a.combine_wait_recv_cost_stats.defined(), kCombine,
-          "the statistics tensors cannot be captured yet: pass none");
   require(d.combine == nullptr, kCombine,
           "this dispatch's combine was captured already: capture one combine per dispatch");
   const device::LlNodeDispatchPlan& p = d.step->plan();
@@ -260,6 +264,9 @@ LowLatencyCombineResult CapturedLowLatency::combine(
   const auto H = static_cast<int64_t>(p.format.hidden);
   check_tensor(a.x, ep::DType::bf16, rows, H, true, kCombine, "x", true);
   check_tensor(a.topk_idx, ep::DType::i64, p.num_tokens, p.topk, true, kCombine, "topk_idx", true);
+  if (a.combine_wait_recv_cost_stats.defined())
+    check_tensor(a.combine_wait_recv_cost_stats, ep::DType::i64, R, -1, true, kCombine,
+                 "combine_wait_recv_cost_stats", true);
   require(a.topk_idx.data == d.topk_idx.data && a.topk_idx.row_stride == d.topk_idx.row_stride,
           kCombine,
           "topk_idx must be the tensor the captured dispatch routed (the graph reads its routing, "
@@ -277,12 +284,14 @@ LowLatencyCombineResult CapturedLowLatency::combine(
     setup->synchronize(kCombine, timeout());
     out = combined.data<uint16_t>();
   }
-  device::LlNodeCombinePlan plan{.slot_bytes = layout_.return_bytes,
-                                 .memory = {},
-                                 .epoch = epoch(1),
-                                 .x = static_cast<const uint16_t*>(a.x.data),
-                                 .topk_weights = static_cast<const float*>(a.topk_weights.data),
-                                 .out = out};
+  device::LlNodeCombinePlan plan{
+      .slot_bytes = layout_.return_bytes,
+      .memory = {},
+      .epoch = epoch(1),
+      .x = static_cast<const uint16_t*>(a.x.data),
+      .topk_weights = static_cast<const float*>(a.topk_weights.data),
+      .out = out,
+      .wait_stats = stats_tensor<int64_t>(a.combine_wait_recv_cost_stats)};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(return_memory(r));
   auto step = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);

@@ -9,7 +9,9 @@
 // call queues the node's LL step instead (gpu_side/device/ll_node_dispatch.hpp,
 // ll_node_combine.hpp): the routing, the sends into every peer's device memory, the epoch-numbered
 // handshakes and the receive, all on the stream. Its outputs are static tensors, as a captured
-// torch call's are: every launch of the graph rewrites them.
+// torch call's are: every launch of the graph rewrites them. DeepEP's statistics tensors are added
+// into on the device at every launch (the step's counts; the nanoseconds its arrival waits took,
+// per source rank).
 //
 // The step memory (every rank's slots, counts and words, shared through DeviceArenas: CUDA IPC)
 // is made at the first captured call, collectively (every rank captures the same calls), for that
@@ -20,10 +22,10 @@
 //
 // Refused before anything is queued, naming why: ranks on more than one node, a peer whose
 // device memory this rank cannot open, rank masking (enable_shrink), return_recv_hook and
-// async_finish (the graph is the asynchrony), the statistics tensors, a previous_event recorded
-// outside the capture, zero_copy, sizes other than the first
-// captured call's, a combine of a dispatch that was not captured (or a captured dispatch's
-// combine outside a capture), and a combine whose topk_idx is not the dispatch's tensor.
+// async_finish (the graph is the asynchrony), a previous_event recorded outside the capture,
+// zero_copy, sizes other than the first captured call's, a combine of a dispatch that was not
+// captured (or a captured dispatch's combine outside a capture), and a combine whose topk_idx is
+// not the dispatch's tensor.
 #pragma once
 
 #include "control/bootstrap.hpp"

@@ -3,14 +3,15 @@
 // the Buffer's device stream (two graphs: the expert outputs are the test's, between them), then
 // launches them for three rounds of new inputs written into the same tensors, and three times
 // back to back with no host in between; the static outputs pass the exact checks
-// (ll_case_checks.hpp) every time. Or the caller's stream captures, as torch.cuda.graph does,
-// and the Buffer's stream joins (the calls given a previous_event recorded inside the capture,
-// the caller's stream waiting for each call's event). What cannot be captured is refused before
-// anything is queued and the capture stays valid: return_recv_hook, the statistics tensors, a
-// previous_event recorded outside the capture,
-// zero_copy, a combine's topk_idx that is not the dispatch's tensor, a captured dispatch's
-// combine outside a capture, a second combine of one dispatch. Run on the host-simulated device
-// by test_device_buffer_threads.cpp and on CUDA by tests/gpu/test_gpu_buffer.cpp.
+// (ll_case_checks.hpp) every time, and DeepEP's statistics tensors add up over the launches (the
+// tokens each expert received exactly; the wait times, some). Or the caller's stream captures, as
+// torch.cuda.graph does, and the Buffer's stream joins (the calls given a previous_event recorded
+// inside the capture, the caller's stream waiting for each call's event). What cannot be captured
+// is refused before anything is queued and the capture stays valid: return_recv_hook, a
+// previous_event recorded outside the capture, zero_copy, a combine's topk_idx that is not the
+// dispatch's tensor, a captured dispatch's combine outside a capture, a second combine of one
+// dispatch. Run on the host-simulated device by test_device_buffer_threads.cpp and on CUDA by
+// tests/gpu/test_gpu_buffer.cpp.
 #pragma once
 
 #include "integrations/buffer.hpp"
@@ -82,12 +83,6 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   refused_in_capture(
       dev, [&] { buffer.low_latency_dispatch(hooked); },
       "return_recv_hook and async_finish cannot be captured");
-  LowLatencyDispatchArgs with_stats = d;
-  const ep::Tensor stats = upload(dev, ep::Tensor::zeros(ep::DType::i32, kLocal));
-  with_stats.cumulative_local_expert_recv_stats = stats;
-  refused_in_capture(
-      dev, [&] { buffer.low_latency_dispatch(with_stats); },
-      "the statistics tensors cannot be captured yet");
   LowLatencyDispatchArgs after = d;
   after.previous_event = caller.record();
   refused_in_capture(
@@ -114,9 +109,15 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
     if (joined) caller.synchronize(name, kWait);  // the checks read through the Buffer's stream
   };
 
+  // DeepEP's statistics, added on the device at every launch.
+  const ep::Tensor recv_stats = upload(dev, ep::Tensor::zeros(ep::DType::i32, kLocal)),
+                   dispatch_waits = upload(dev, ep::Tensor::zeros(ep::DType::i64, kRanks)),
+                   combine_waits = upload(dev, ep::Tensor::zeros(ep::DType::i64, kRanks));
   begin("test dispatch");
   LowLatencyDispatchArgs joining = d;
   joining.previous_event = fork;
+  joining.cumulative_local_expert_recv_stats = recv_stats;
+  joining.dispatch_wait_recv_cost_stats = dispatch_waits;
   LowLatencyDispatchResult dispatched = buffer.low_latency_dispatch(joining);
   const std::unique_ptr<gpu_side::device::DeviceGraph> dispatch_graph =
       end(dispatched.event, "test dispatch");
@@ -141,6 +142,7 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   begin("test combine");
   LowLatencyCombineArgs joining_combine = c;
   joining_combine.previous_event = fork;
+  joining_combine.combine_wait_recv_cost_stats = combine_waits;
   const LowLatencyCombineResult combined = buffer.low_latency_combine(joining_combine);
   const std::unique_ptr<gpu_side::device::DeviceGraph> combine_graph =
       end(combined.event, "test combine");
@@ -157,6 +159,11 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
     dev.copy(const_cast<std::byte*>(to.raw()), from.raw(), from.bytes());
   };
   std::vector<ep::RankInputs> now;
+  std::vector<int64_t> received(kLocal, 0);  // what recv_stats must hold
+  auto count_received = [&](const LowLatencyDispatchResult& h, int launches) {
+    for (int e = 0; e < kLocal; ++e)
+      received[e] += int64_t{launches} * h.recv_count.data<int32_t>()[e];
+  };
   for (uint64_t round = 0; round < 3; ++round) {
     now = inputs(round + 1);
     write(x, now[me].x);
@@ -166,6 +173,7 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
     launch(*dispatch_graph, "test dispatch");
     const LowLatencyDispatchResult h = on_host();
     check_dispatch(h, now, me);
+    count_received(h, 1);
     const ep::Tensor outputs = expert_outputs(h, me);  // read by the copy until the download
     write(expert_out, outputs);
     dev.synchronize("test expert outputs", kWait);
@@ -180,8 +188,25 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
     capturer.launch(*combine_graph, "test combine");
   }
   if (joined) caller.synchronize("test launches", kWait);
-  check_dispatch(on_host(), now, me);
+  const LowLatencyDispatchResult last = on_host();
+  check_dispatch(last, now, me);
   check_combine(download(dev, out, "out"), now[me], me);
+  count_received(last, 3);
+  const ep::Tensor stats = download(dev, recv_stats, "recv_stats");
+  for (int e = 0; e < kLocal; ++e)
+    require(stats.data<int32_t>()[e] == received[e], "test",
+            "cumulative_local_expert_recv_stats[{}] is {} after the launches, not {}", e,
+            stats.data<int32_t>()[e], received[e]);
+  for (const auto& [waits, what] : {std::pair{dispatch_waits, "dispatch_wait_recv_cost_stats"},
+                                    std::pair{combine_waits, "combine_wait_recv_cost_stats"}}) {
+    const ep::Tensor ns = download(dev, waits, what);
+    int64_t total = 0;
+    for (int r = 0; r < kRanks; ++r) {
+      require(ns.data<int64_t>()[r] >= 0, "test", "{}[{}] is negative", what, r);
+      total += ns.data<int64_t>()[r];
+    }
+    require(total > 0, "test", "{} stayed 0 over six launches", what);
+  }
   buffer.destroy();
 }
 

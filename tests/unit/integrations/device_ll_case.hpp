@@ -71,13 +71,13 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
       bad.data<int64_t>()[bad.numel() - 1] = kLocal * kRanks;
       require_mentions(error_of([&] { buffer.low_latency_dispatch(args(xa, upload(dev, bad))); }),
                        "1 of topk_idx's 32 values are neither -1 nor an expert id in [0, 4)");
-      // A captured call (device_ll_captured_case.hpp) refuses what a graph cannot hold, before
-      // anything is queued (the capture ends valid): here the statistics tensors; and an event
-      // recorded inside a capture makes the call a captured one, refused here (this Buffer
-      // shrinks or spans nodes; device_ll_captured_case.hpp has the rest).
+      // A call made while the Buffer's stream captures, or given an event recorded inside a
+      // capture, is a captured one: refused here before anything is queued (the capture ends
+      // valid), as this Buffer shrinks or spans nodes (device_ll_captured_case.hpp has the
+      // captured calls that run).
       dev.begin_capture("test capture");
       require_mentions(error_of([&] { buffer.low_latency_dispatch(args(xa, ia)); }),
-                       "the statistics tensors cannot be captured yet");
+                       "low_latency_dispatch (captured): ");
       (void)dev.end_capture("test capture");
       caller.begin_capture("caller capture");
       LowLatencyDispatchArgs after_graph = args(xa, ia);

@@ -84,8 +84,9 @@ class ShiftingDevice final : public DeviceRuntime {
     inner_->ring_push(producer, descriptors, count, timeout);
   }
   void wait_value(const uint64_t* word, gpu_side::device::SignalValue value,
-                  std::chrono::milliseconds timeout, std::string_view phase) override {
-    inner_->wait_value(word, value, timeout, phase);
+                  std::chrono::milliseconds timeout, std::string_view phase,
+                  int64_t* waited_ns = nullptr) override {
+    inner_->wait_value(word, value, timeout, phase, waited_ns);
   }
   void write_value(uint64_t* word, gpu_side::device::SignalValue value,
                    std::string_view phase) override {

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -52,18 +53,27 @@ inline std::string error_of(auto&& body) {
 // wait_value holds back the operations behind it while the gate is below the value (also
 // when it is close: 2 of 3), lets them run once the host raises it; write_value then publishes
 // the done word only after the copy before it is visible: a host thread that acquires the word
-// finds the whole payload.
+// finds the whole payload. The wait adds the time it took to its waited_ns: the host held the
+// gate 30 ms after the stream reached the wait (checked against 5 ms: a loaded machine may
+// start the wait late).
 inline std::string wait_then_signal_case(const std::shared_ptr<device::DeviceRuntime>& device) {
   SignalPage page(*device);
   const std::shared_ptr<std::byte[]> source = device->allocate(SignalPage::kPayload);
+  const std::shared_ptr<std::byte[]> waited_memory = device->allocate(sizeof(int64_t));
+  auto* waited_ns = reinterpret_cast<int64_t*>(waited_memory.get());
   device->fill(source.get(), 0x5a, SignalPage::kPayload);
-  device->wait_value(page.gate(), 3, kWait, "test gate");
+  device->fill(waited_memory.get(), 0, sizeof(int64_t));
+  const std::shared_ptr<device::DeviceEvent> at_wait = device->record();
+  device->wait_value(page.gate(), 3, kWait, "test gate", waited_ns);
   device->copy(page.payload(), source.get(), SignalPage::kPayload);
+  std::byte* waited_on_host = page.payload() + 1024;
+  device->copy(waited_on_host, waited_memory.get(), sizeof(int64_t));
   device->write_value(page.done(), 7, "test done");
   const std::shared_ptr<device::DeviceEvent> end = device->record();
 
   std::string failure;
   std::atomic_ref<uint64_t>(*page.gate()).store(2, std::memory_order_release);
+  device->wait_for(*at_wait, "test: the stream reached the wait", kWait);
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   if (page.load(page.done()) != 0 || device->reached(*end, "test"))
     failure = "the operations behind wait_value ran while the word was short of the value";
@@ -88,6 +98,10 @@ inline std::string wait_then_signal_case(const std::shared_ptr<device::DeviceRun
   const std::string waited = error_of([&] { device->wait_for(*end, "after the gate", kWait); });
   reader.join();
   if (failure.empty()) failure = waited.empty() ? seen : waited;
+  int64_t ns = 0;
+  std::memcpy(&ns, waited_on_host, sizeof ns);
+  if (failure.empty() && ns < 5'000'000)
+    failure = fmt::format("the wait's waited_ns says {} ns; the host held the gate 30 ms", ns);
   return failure;
 }
 
@@ -128,6 +142,11 @@ inline std::string refused_words_case(const std::shared_ptr<device::DeviceRuntim
        "misaligned: wait_value: the signal word at"},
       {error_of([&] { device->write_value(const_cast<uint64_t*>(misaligned), 1, "misaligned"); }),
        "is not 8-byte aligned"},
+      {error_of([&] {
+         device->wait_value(page.gate(), 1, kWait, "plain waited_ns",
+                            reinterpret_cast<int64_t*>(plain.data() + 2));
+       }),
+       "plain waited_ns: wait_value (its waited_ns): the signal word at"},
   };
   for (const auto& refusal : refusals)
     if (refusal.error.find(refusal.wanted) == std::string::npos)
