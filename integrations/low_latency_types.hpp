@@ -50,14 +50,23 @@ struct LowLatencyHandle {
 class RecvHook {
  public:
   RecvHook() = default;
-  explicit RecvHook(std::function<void()> receive) : receive_(std::move(receive)) {}
+  explicit RecvHook(std::function<void()> receive,
+                    std::function<std::shared_ptr<gpu_side::device::DeviceEvent>()> point = {})
+      : receive_(std::move(receive)), point_(std::move(point)) {}
   bool defined() const { return static_cast<bool>(receive_); }
   void operator()() const {
     if (receive_) receive_();
   }
+  // A captured call's hook (low_latency/ll_captured.hpp) queues the receive into the capture:
+  // after it ran, the point inside the graph where that receive ends, for the capturing stream
+  // to join back (as the call's event); null before, and for other hooks.
+  std::shared_ptr<gpu_side::device::DeviceEvent> device_point() const {
+    return point_ ? point_() : nullptr;
+  }
 
  private:
   std::function<void()> receive_;
+  std::function<std::shared_ptr<gpu_side::device::DeviceEvent>()> point_;
 };
 
 // The event of an async_finish call: set when its receive phase completed in the background.

@@ -61,6 +61,11 @@ LlNodeCombine::LlNodeCombine(std::shared_ptr<DeviceRuntime> device, const LlNode
 }
 
 void LlNodeCombine::queue(std::string_view phase) {
+  queue_send(phase);
+  queue_receive(phase);
+}
+
+void LlNodeCombine::queue_send(std::string_view phase) {
   const LlNodeDispatchPlan& d = dispatch_.plan();
   const LlNodeCombinePlan& p = plan_;
   DeviceRuntime& device = *device_;
@@ -79,6 +84,13 @@ void LlNodeCombine::queue(std::string_view phase) {
        .hidden = d.format.hidden});
   for (int r = 0; r < d.ranks; ++r)
     device.write_value(p.memory[static_cast<size_t>(r)].arrived + d.rank, {p.epoch, 0}, phase);
+}
+
+void LlNodeCombine::queue_receive(std::string_view phase) {
+  const LlNodeDispatchPlan& d = dispatch_.plan();
+  const LlNodeCombinePlan& p = plan_;
+  DeviceRuntime& device = *device_;
+  const LlNodeReturnMemory& mine = p.memory[static_cast<size_t>(d.rank)];
   for (int r = 0; r < d.ranks; ++r)  // rank r's rows of my tokens of step n are here
     device.wait_value(mine.arrived + r, {p.epoch, 0}, d.timeout, phase,
                       p.wait_stats != nullptr ? p.wait_stats + r : nullptr);

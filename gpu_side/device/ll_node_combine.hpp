@@ -64,7 +64,11 @@ class LlNodeCombine {
   LlNodeCombine& operator=(const LlNodeCombine&) = delete;
 
   // Queues one step on the device's stream: nothing on the host waits, so it may be captured.
+  // In two halves as LlNodeDispatch's: queue_send() (the rows back to their homes, the arrival
+  // signals), queue_receive() (the arrival waits, the weighted sum, the releases).
   void queue(std::string_view phase);
+  void queue_send(std::string_view phase);
+  void queue_receive(std::string_view phase);
 
  private:
   std::shared_ptr<DeviceRuntime> device_;

@@ -92,6 +92,11 @@ LlNodeDispatch::LlNodeDispatch(std::shared_ptr<DeviceRuntime> device, LlNodeDisp
 }
 
 void LlNodeDispatch::queue(std::string_view phase) {
+  queue_send(phase);
+  queue_receive(phase);
+}
+
+void LlNodeDispatch::queue_send(std::string_view phase) {
   const LlNodeDispatchPlan& p = plan_;
   DeviceRuntime& d = *device_;
   const LlNodeMemory& mine = p.memory[static_cast<size_t>(p.rank)];
@@ -123,6 +128,12 @@ void LlNodeDispatch::queue(std::string_view phase) {
     d.copy(peer.counts + p.rank * p.local_experts, counts + r * p.local_experts, row_bytes);
     d.write_value(peer.arrived + p.rank, {p.epoch, 0}, phase);
   }
+}
+
+void LlNodeDispatch::queue_receive(std::string_view phase) {
+  const LlNodeDispatchPlan& p = plan_;
+  DeviceRuntime& d = *device_;
+  const LlNodeMemory& mine = p.memory[static_cast<size_t>(p.rank)];
   for (int s = 0; s < p.ranks; ++s)  // source s's messages of step n are here
     d.wait_value(mine.arrived + s, {p.epoch, 0}, p.timeout, phase,
                  p.wait_stats != nullptr ? p.wait_stats + s : nullptr);

@@ -96,7 +96,12 @@ class LlNodeDispatch {
   LlNodeDispatch& operator=(const LlNodeDispatch&) = delete;
 
   // Queues one step on the device's stream: nothing on the host waits, so it may be captured.
+  // In two halves where the receive is deferred (DeepEP's return_recv_hook): queue_send() (the
+  // routing, the sends, the arrival signals), then queue_receive() (the arrival waits, the
+  // unpack, the releases, the statistics); queue() is both.
   void queue(std::string_view phase);
+  void queue_send(std::string_view phase);
+  void queue_receive(std::string_view phase);
 
   const LlNodeDispatchPlan& plan() const { return plan_; }
   // The routing of the latest step (device memory; ll_route's output), which its combine reads

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <string>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -33,11 +35,11 @@ uint64_t round_up(uint64_t bytes, uint64_t to) {
 }
 
 // What a captured call cannot take, whatever the mode of the Buffer.
-void refuse_host_parts(bool hook, bool async, const std::shared_ptr<device::DeviceEvent>& event,
+void refuse_host_parts(bool async, const std::shared_ptr<device::DeviceEvent>& event,
                        const char* phase) {
-  require(!hook && !async, phase,
-          "return_recv_hook and async_finish cannot be captured: the graph is the asynchrony "
-          "(launch it where the receive should run)");
+  require(!async, phase,
+          "async_finish cannot be captured: the graph is the asynchrony (launch it where the "
+          "call should run; or pass return_recv_hook and call the hook inside a capture)");
   require(event == nullptr || event->captured(), phase,
           "previous_event was recorded outside the capture: a graph cannot wait for it (record "
           "it on the capturing stream, inside the capture)");
@@ -54,6 +56,35 @@ void join_caller(device::DeviceRuntime& device, const std::shared_ptr<device::De
 // The host has nothing to wait for (a launch does the work).
 CallEvent captured_end(device::DeviceRuntime& device) {
   return CallEvent([] {}, device.record());
+}
+
+// A captured call's hook (return_recv_hook): queues `receive` (the step's receive half) on the
+// Buffer's stream, which must be capturing then (begun there, or joined to the caller's
+// capture), and records where it ends for the capturing stream to join back (device_point()).
+// A second call does nothing, as any hook's.
+RecvHook captured_hook(std::shared_ptr<device::DeviceRuntime> device, std::function<void()> receive,
+                       const char* phase) {
+  struct State {
+    std::mutex mutex;
+    bool done = false;
+    std::shared_ptr<device::DeviceEvent> end;
+  };
+  auto state = std::make_shared<State>();
+  return RecvHook(
+      [state, device = std::move(device), receive = std::move(receive), phase] {
+        std::lock_guard lock(state->mutex);
+        if (state->done) return;
+        require(device->capturing(), phase,
+                "the hook of a captured call queues its receive into the capture: call it while "
+                "the Buffer's device stream is captured (or joined to the caller's capture)");
+        receive();
+        state->end = device->record();
+        state->done = true;
+      },
+      [state] {
+        std::lock_guard lock(state->mutex);
+        return state->end;
+      });
 }
 
 // A statistics tensor the step adds into (checked by the call's argument checks), or none.
@@ -180,7 +211,7 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
     const std::shared_ptr<device::DeviceRuntime>& device, const LowLatencyDispatchArgs& a) {
   const int R = session_.ranks();
   const DispatchInput in = check_dispatch_args(a, R, true);
-  refuse_host_parts(a.return_recv_hook, a.async_finish, a.previous_event, kDispatch);
+  refuse_host_parts(a.async_finish, a.previous_event, kDispatch);
   open_memory(device, in.shape, kDispatch);
   const int32_t local = in.shape.experts / R;
   const int64_t rows = static_cast<int64_t>(R) * in.shape.tokens;
@@ -224,7 +255,12 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
   captured->step = std::make_unique<device::LlNodeDispatch>(device, std::move(plan), kDispatch);
   captured->topk_idx = a.topk_idx;
   join_caller(*device, a.previous_event);
-  captured->step->queue(kDispatch);
+  if (a.return_recv_hook) {
+    captured->step->queue_send(kDispatch);
+  } else {
+    captured->step->queue(kDispatch);
+    captured->received = true;
+  }
   captured->outputs = {recv_x, scales, recv_count, src_info, range};
   dispatches_.push_back(captured);
 
@@ -240,6 +276,16 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
   out.handle.device = ep::Device::cuda;
   out.handle.captured = captured;
   out.event = captured_end(*device);
+  if (a.return_recv_hook) {
+    out.hook = captured_hook(
+        device,
+        [alive = std::weak_ptr<void>(alive_), d = captured.get()] {
+          require(!alive.expired(), kDispatch, "the hook outlived its Buffer");
+          d->step->queue_receive(kDispatch);
+          d->received = true;
+        },
+        kDispatch);
+  }
   return out;
 }
 
@@ -252,7 +298,10 @@ LowLatencyCombineResult CapturedLowLatency::combine(
   require(
       std::find(dispatches_.begin(), dispatches_.end(), a.handle->captured) != dispatches_.end(),
       kCombine, "the handle was not made by this Buffer's low_latency_dispatch");
-  refuse_host_parts(a.return_recv_hook, a.async_finish, a.previous_event, kCombine);
+  refuse_host_parts(a.async_finish, a.previous_event, kCombine);
+  require(d.received, kCombine,
+          "the dispatch's receive was never queued: call its hook (inside a capture) before "
+          "capturing its combine");
   require(!a.use_logfmt, kCombine,
           "use_logfmt is not supported: ProxyEP combines in BF16 (pass use_logfmt=False)");
   require(!a.zero_copy, kCombine, "zero_copy cannot be captured yet: pass the expert outputs as x");
@@ -296,12 +345,24 @@ LowLatencyCombineResult CapturedLowLatency::combine(
     plan.memory.push_back(return_memory(r));
   auto step = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);
   join_caller(*device, a.previous_event);
-  step->queue(kCombine);
+  if (a.return_recv_hook)
+    step->queue_send(kCombine);
+  else
+    step->queue(kCombine);
+  device::LlNodeCombine* queued = step.get();
   d.combine = std::move(step);  // only once queued: a combine that failed may be captured again
   d.combined = combined;
   LowLatencyCombineResult result;
   result.combined_x = combined;
   result.event = captured_end(*device);
+  if (a.return_recv_hook)  // the combine step lives as long as its dispatch, kept by the Buffer
+    result.hook = captured_hook(
+        device,
+        [alive = std::weak_ptr<void>(alive_), queued] {
+          require(!alive.expired(), kCombine, "the hook outlived its Buffer");
+          queued->queue_receive(kCombine);
+        },
+        kCombine);
   return result;
 }
 

@@ -21,11 +21,16 @@
 // must launch its graphs as often as the others.
 //
 // Refused before anything is queued, naming why: ranks on more than one node, a peer whose
-// device memory this rank cannot open, rank masking (enable_shrink), return_recv_hook and
-// async_finish (the graph is the asynchrony), a previous_event recorded outside the capture,
-// zero_copy, sizes other than the first captured call's, a combine of a dispatch that was not
-// captured (or a captured dispatch's combine outside a capture), and a combine whose topk_idx is
-// not the dispatch's tensor.
+// device memory this rank cannot open, rank masking (enable_shrink), async_finish (the graph is
+// the asynchrony), a previous_event recorded outside the capture, zero_copy, sizes other than
+// the first captured call's, a combine of a dispatch that was not captured (or a captured
+// dispatch's combine outside a capture), a combine whose topk_idx is not the dispatch's tensor,
+// and a combine of a dispatch whose hook was not called yet.
+//
+// return_recv_hook (DeepEP's two-batch overlap under CUDA graphs): the call queues the step's
+// send half; its hook, called while the Buffer's stream captures (the same capture or a later
+// one), queues the receive half there, and its device_point() is where that receive ends (the
+// capturing stream joins it back, as the call's event). Refused outside a capture.
 #pragma once
 
 #include "control/bootstrap.hpp"
@@ -49,6 +54,7 @@ struct CapturedDispatch {
   std::unique_ptr<gpu_side::device::LlNodeDispatch> step;
   gpu_side::ep::TensorRef topk_idx;  // the tensor it routed (the combine must pass it)
   std::vector<gpu_side::ep::Tensor> outputs;
+  bool received = false;  // its receive is queued (at once, or by its hook)
   // Its combine, made by the first captured combine of its handle.
   std::unique_ptr<gpu_side::device::LlNodeCombine> combine;
   gpu_side::ep::Tensor combined;
@@ -77,6 +83,8 @@ class CapturedLowLatency {
   gpu_side::device::LlNodeReturnMemory return_memory(int rank) const;
   uint64_t* epoch(int which) const;  // this rank's: 0 the dispatch's, 1 the combine's
 
+  // Dropped with the Buffer: the captured calls' hooks refuse to queue after that.
+  std::shared_ptr<void> alive_ = std::make_shared<int>(0);
   control::Bootstrap& bootstrap_;
   proxy::Session& session_;
   bool shrink_;

@@ -523,8 +523,7 @@ class Buffer:
             self._hook(hook, (x, topk_idx)),
         )
 
-    @staticmethod
-    def _hook(native_hook, keep_alive):
+    def _hook(self, native_hook, keep_alive):
         if native_hook is None:
             return None
 
@@ -532,6 +531,11 @@ class Buffer:
 
         def hook():
             native_hook()
+            # A captured call's hook queued its receive into torch's capture, on the Buffer's
+            # stream: torch's stream joins it back there.
+            point = native_hook.device_point
+            if point is not None and self._cuda:
+                self.device.stream_wait(point, torch.cuda.current_stream().cuda_stream)
             held.clear()
 
         return hook

@@ -210,7 +210,11 @@ void bind_buffer(py::module_& m) {
   // Both wait (or receive) with the GIL released; errors raise ProxyEPError.
   py::class_<RecvHook>(m, "RecvHook")
       .def(
-          "__call__", [](const RecvHook& hook) { hook(); }, py::call_guard<GilRelease>());
+          "__call__", [](const RecvHook& hook) { hook(); }, py::call_guard<GilRelease>())
+      .def_property_readonly(
+          "device_point", &RecvHook::device_point,
+          "a captured call's hook, once called: the DeviceEvent inside the graph where its "
+          "receive ends (the capturing stream waits for it), else None");
   py::class_<CallEvent>(m, "CallEvent")
       .def("wait", &CallEvent::wait, py::call_guard<GilRelease>())
       .def_property_readonly(

@@ -43,6 +43,7 @@ TEST_CASE("CUDA tensors through low-latency calls: over the fabric with the reor
 TEST_CASE("CUDA low-latency calls captured into graphs (ranks as threads on one GPU)") {
   integrations::testing::ll::run_captured_ll(cuda_device, false);
   integrations::testing::ll::run_captured_ll(cuda_device, true);
+  integrations::testing::ll::run_captured_ll(cuda_device, true, true);
   integrations::testing::ll::run_captured_ll_refused(cuda_device);
 }
 

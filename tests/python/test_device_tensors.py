@@ -288,20 +288,28 @@ def test_a_call_in_cuda_graph_capture_is_refused_before_any_stream(normal, monke
 
 
 @pytest.mark.skipif(KIND != "cuda", reason="torch.cuda.graph needs a GPU (scripts/gpu-check.sh)")
-def test_low_latency_calls_captured_in_a_cuda_graph(low_latency):
+@pytest.mark.parametrize("hooked", [False, True])
+def test_low_latency_calls_captured_in_a_cuda_graph(low_latency, hooked):
     """DeepEP's decoding use: a dispatch and its combine (the experts' output being the received
     BF16 rows) captured in one torch.cuda.graph on every rank of the node, then replayed on new
     inputs copied into the captured tensors: each replay's outputs are the host path's for those
     inputs. The Buffer's stream joins torch's capture; nothing of the call runs on the host at a
-    replay."""
+    replay. ``hooked``: return_recv_hook, the hooks called inside the capture (two-batch
+    overlap's way)."""
     host, device = low_latency
     rank = dist.get_rank()
     x, topk_idx, weights = routing(rank, seed=11)
     x_d, idx_d, w_d = x.cuda(), topk_idx.cuda(), weights.cuda()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        recv, count, handle, _, _ = device.low_latency_dispatch(x_d, idx_d, T, E, use_fp8=False)
-        combined, _, _ = device.low_latency_combine(recv, idx_d, w_d, handle)
+        recv, count, handle, _, hook = device.low_latency_dispatch(
+            x_d, idx_d, T, E, use_fp8=False, return_recv_hook=hooked)
+        if hooked:
+            hook()
+        combined, _, hook = device.low_latency_combine(
+            recv, idx_d, w_d, handle, return_recv_hook=hooked)
+        if hooked:
+            hook()
     for seed in (12, 13, 14):
         x, topk_idx, weights = routing(rank, seed=seed)
         x_d.copy_(x)

@@ -6,12 +6,14 @@
 // (ll_case_checks.hpp) every time, and DeepEP's statistics tensors add up over the launches (the
 // tokens each expert received exactly; the wait times, some). Or the caller's stream captures, as
 // torch.cuda.graph does, and the Buffer's stream joins (the calls given a previous_event recorded
-// inside the capture, the caller's stream waiting for each call's event). What cannot be captured
-// is refused before anything is queued and the capture stays valid: return_recv_hook, a
-// previous_event recorded outside the capture, zero_copy, a combine's topk_idx that is not the
-// dispatch's tensor, a captured dispatch's combine outside a capture, a second combine of one
-// dispatch. Run on the host-simulated device by test_device_buffer_threads.cpp and on CUDA by
-// tests/gpu/test_gpu_buffer.cpp.
+// inside the capture, the caller's stream waiting for each call's event). With return_recv_hook,
+// each call's hook is called inside its capture (its receive queued there; the caller joins back
+// at the hook's point). What cannot be captured is refused before anything is queued and the
+// capture stays valid: async_finish, a hook called outside a capture, a combine before its
+// dispatch's hook, a previous_event recorded outside the capture, zero_copy, a combine's topk_idx
+// that is not the dispatch's tensor, a captured dispatch's combine outside a capture, a second
+// combine of one dispatch. Run on the host-simulated device by test_device_buffer_threads.cpp and
+// on CUDA by tests/gpu/test_gpu_buffer.cpp.
 #pragma once
 
 #include "integrations/buffer.hpp"
@@ -61,7 +63,7 @@ inline LowLatencyDispatchArgs dispatch_args(const ep::Tensor& x, const ep::Tenso
 }
 
 inline void run_captured_ll_rank(control::Bootstrap::Options options,
-                                 const DeviceFactory& make_device, bool joined) {
+                                 const DeviceFactory& make_device, bool joined, bool hooked) {
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
   const RankDevice devices = make_device(me);
@@ -78,11 +80,31 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   const ep::Tensor out = upload(dev, ep::Tensor::zeros(ep::DType::bf16, kTokens, kHidden));
   const LowLatencyDispatchArgs d = dispatch_args(x, idx);
 
-  LowLatencyDispatchArgs hooked = d;
-  hooked.return_recv_hook = true;
+  LowLatencyDispatchArgs async = d;
+  async.async_finish = true;
   refused_in_capture(
-      dev, [&] { buffer.low_latency_dispatch(hooked); },
-      "return_recv_hook and async_finish cannot be captured");
+      dev, [&] { buffer.low_latency_dispatch(async); }, "async_finish cannot be captured");
+  if (hooked) {
+    // A hooked dispatch's receive is queued by its hook, inside a capture only; its combine
+    // cannot be captured before. (Its graph is never launched: no peer waits for it.)
+    LowLatencyDispatchArgs with_hook = d;
+    with_hook.return_recv_hook = true;
+    dev.begin_capture("test hook refusals");
+    const LowLatencyDispatchResult sent = buffer.low_latency_dispatch(with_hook);
+    (void)dev.end_capture("test hook refusals");
+    require_mentions(error_of([&] { sent.hook(); }),
+                     "the hook of a captured call queues its receive into the capture");
+    require(sent.hook.device_point() == nullptr, "test", "a refused hook has a device point");
+    LowLatencyCombineArgs early{
+        .x = upload(
+            dev, ep::Tensor::zeros(ep::DType::bf16, int64_t{kLocal} * kRanks * kTokens, kHidden)),
+        .topk_idx = idx,
+        .topk_weights = weights,
+        .handle = &sent.handle};
+    refused_in_capture(
+        dev, [&] { buffer.low_latency_combine(early); },
+        "the dispatch's receive was never queued: call its hook");
+  }
   LowLatencyDispatchArgs after = d;
   after.previous_event = caller.record();
   refused_in_capture(
@@ -98,10 +120,17 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
     capturer.begin_capture(name);
     if (joined) fork = caller.record();
   };
-  auto end = [&](const CallEvent& event, const char* name) {
-    require(event.defined() && event.device_point() != nullptr && event.device_point()->captured(),
-            "test", "a captured call's event is no point inside the graph");
-    if (joined) caller.wait_event(event.device_point(), kWait);
+  // The call's end: its event's point, or with a hook (called at once, in the same capture,
+  // as DeepEP's two-batch overlap does between other work) the hook's.
+  auto end = [&](const CallEvent& event, const RecvHook& hook, const char* name) {
+    require(event.defined() && hook.defined() == hooked, "test",
+            "a captured call returned no event, or {} hook", hooked ? "no" : "a");
+    if (hooked) hook();
+    const std::shared_ptr<gpu_side::device::DeviceEvent> point =
+        hooked ? hook.device_point() : event.device_point();
+    require(point != nullptr && point->captured(), "test",
+            "a captured call's end is no point inside the graph");
+    if (joined) caller.wait_event(point, kWait);
     return capturer.end_capture(name);
   };
   auto launch = [&](const gpu_side::device::DeviceGraph& graph, const char* name) {
@@ -118,9 +147,10 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   joining.previous_event = fork;
   joining.cumulative_local_expert_recv_stats = recv_stats;
   joining.dispatch_wait_recv_cost_stats = dispatch_waits;
+  joining.return_recv_hook = hooked;
   LowLatencyDispatchResult dispatched = buffer.low_latency_dispatch(joining);
   const std::unique_ptr<gpu_side::device::DeviceGraph> dispatch_graph =
-      end(dispatched.event, "test dispatch");
+      end(dispatched.event, dispatched.hook, "test dispatch");
   require(dispatched.handle.captured != nullptr && dispatched.recv_x.device() == ep::Device::cuda,
           "test", "a captured dispatch returned no captured handle or host outputs");
 
@@ -143,9 +173,10 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   LowLatencyCombineArgs joining_combine = c;
   joining_combine.previous_event = fork;
   joining_combine.combine_wait_recv_cost_stats = combine_waits;
+  joining_combine.return_recv_hook = hooked;
   const LowLatencyCombineResult combined = buffer.low_latency_combine(joining_combine);
   const std::unique_ptr<gpu_side::device::DeviceGraph> combine_graph =
-      end(combined.event, "test combine");
+      end(combined.event, combined.hook, "test combine");
   require(!combined.combined_x.defined(), "test", "a combine into `out` returned another tensor");
   refused_in_capture(
       dev, [&] { buffer.low_latency_combine(c); }, "this dispatch's combine was captured already");
@@ -253,9 +284,10 @@ inline void run_captured_ll_without_shared_memory(const DeviceFactory& make_devi
 }
 
 // `joined`: the caller's stream captures, the Buffer's joins it (else the Buffer's captures).
-inline void run_captured_ll(const DeviceFactory& make_device, bool joined) {
-  run_buffer_ranks(kRanks, false, [make_device, joined](control::Bootstrap::Options o) {
-    run_captured_ll_rank(std::move(o), make_device, joined);
+// `hooked`: the calls pass return_recv_hook and call their hooks inside the capture.
+inline void run_captured_ll(const DeviceFactory& make_device, bool joined, bool hooked = false) {
+  run_buffer_ranks(kRanks, false, [make_device, joined, hooked](control::Bootstrap::Options o) {
+    run_captured_ll_rank(std::move(o), make_device, joined, hooked);
   });
 }
 

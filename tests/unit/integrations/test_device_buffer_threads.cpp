@@ -140,6 +140,11 @@ TEST_CASE(
   integrations::testing::ll::run_captured_ll(slow_buffer_stream, true);
 }
 
+TEST_CASE("low-latency calls captured into graphs: hooks queue the receive inside the capture") {
+  integrations::testing::ll::run_captured_ll(simulated, false, true);
+  integrations::testing::ll::run_captured_ll(slow_buffer_stream, true, true);
+}
+
 TEST_CASE("low-latency calls captured into graphs: refused between nodes and with shrink") {
   integrations::testing::ll::run_captured_ll_refused(simulated);
 }
