@@ -435,7 +435,7 @@ LowLatencyCombineResult Buffer::low_latency_combine(const LowLatencyCombineArgs&
   if (!on_device) return impl_->low_latency.combine(args);
   const auto& device = impl_->device(kCall);
   if (device->capturing() || integrations::captured_point(args.previous_event))
-    return impl_->captured.combine(device, args);
+    return impl_->captured.combine(device, args, impl_->device_combine_buffer.current());
   require(args.handle == nullptr || args.handle->captured == nullptr, kCall,
           "the handle came from a captured dispatch: its combine must be captured too (in the "
           "same capture or another on the Buffer's device stream)");
@@ -468,8 +468,10 @@ Tensor Buffer::get_next_low_latency_combine_buffer(const LowLatencyHandle& handl
   constexpr const char* kCall = "get_next_low_latency_combine_buffer";
   impl_->check_low_latency(kCall);
   if (handle.device != ep::Device::cuda) return impl_->low_latency.next_combine_buffer(handle);
-  return impl_->device_combine_buffer.get(*impl_->device(kCall),
-                                          impl_->low_latency.combine_buffer_shape(handle));
+  return impl_->device_combine_buffer.get(impl_->device(kCall),
+                                          handle.captured != nullptr
+                                              ? impl_->captured.combine_buffer_shape(handle)
+                                              : impl_->low_latency.combine_buffer_shape(handle));
 }
 
 std::span<std::byte> Buffer::local_buffer(bool use_rdma_buffer) {

@@ -3,6 +3,7 @@
 
 #include "common/error.hpp"
 #include "common/params.hpp"
+#include "gpu_side/device/device_table.hpp"
 #include "integrations/device_steering.hpp"
 
 #include <chrono>
@@ -29,15 +30,19 @@ LowLatencyCombineResult ll_combine_on_device(
   return mode.combine(args, &call);
 }
 
-ep::Tensor DeviceCombineBuffer::get(gpu_side::device::DeviceRuntime& device,
+ep::Tensor DeviceCombineBuffer::get(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                                     std::pair<int64_t, int64_t> shape) {
   const auto [rows, cols] = shape;
   if (buffer_.rows() == rows && buffer_.cols() == cols) return buffer_;
-  buffer_ = ep::Tensor::over(device.allocate(2ull * static_cast<uint64_t>(rows * cols)),
+  // Relaxed: a capture in CUDA's global mode (torch's) the Buffer's stream has not joined yet
+  // would refuse the allocation from this thread.
+  const std::shared_ptr<void> relaxed = device->relax_capture();
+  const gpu_side::device::SetupStream setup = gpu_side::device::setup_stream(device);
+  buffer_ = ep::Tensor::over(setup->allocate(2ull * static_cast<uint64_t>(rows * cols)),
                              ep::DType::bf16, rows, cols, ep::Device::cuda);
   // Zeroed, as the host buffer is, before the caller's own stream may write into it.
-  device.fill(buffer_.raw(), 0, buffer_.bytes());
-  device.synchronize("get_next_low_latency_combine_buffer",
+  setup->fill(buffer_.raw(), 0, buffer_.bytes());
+  setup->synchronize("get_next_low_latency_combine_buffer",
                      std::chrono::milliseconds(params::ep_timeout_ms.get()));
   return buffer_;
 }

@@ -46,7 +46,10 @@ LowLatencyCombineResult ll_combine_on_device(
 // of [rows, cols], kept while its shape fits (as the host one is).
 class DeviceCombineBuffer {
  public:
-  gpu_side::ep::Tensor get(gpu_side::device::DeviceRuntime& device,
+  // Made (zeroed) at the first call of a shape: on the device's stream, or, while it is
+  // captured, on another (gpu_side/device/device_table.hpp), so it may be asked for inside a
+  // capture (a captured zero_copy combine reads it at every launch).
+  gpu_side::ep::Tensor get(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                            std::pair<int64_t, int64_t> shape);
   // The last one get() returned (undefined before the first).
   const gpu_side::ep::Tensor& current() const { return buffer_; }

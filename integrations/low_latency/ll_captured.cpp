@@ -209,6 +209,10 @@ void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime
 
 LowLatencyDispatchResult CapturedLowLatency::dispatch(
     const std::shared_ptr<device::DeviceRuntime>& device, const LowLatencyDispatchArgs& a) {
+  // The setup (step memory, static outputs) runs before the Buffer's stream joins a caller's
+  // capture: a capture in CUDA's global mode (torch.cuda.graph's) refuses it from this thread
+  // unless relaxed.
+  const std::shared_ptr<void> relaxed = device->relax_capture();
   const int R = session_.ranks();
   const DispatchInput in = check_dispatch_args(a, R, true);
   refuse_host_parts(a.async_finish, a.previous_event, kDispatch);
@@ -289,8 +293,20 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
   return out;
 }
 
+std::pair<int64_t, int64_t> CapturedLowLatency::combine_buffer_shape(
+    const LowLatencyHandle& handle) const {
+  require(std::find(dispatches_.begin(), dispatches_.end(), handle.captured) != dispatches_.end(),
+          "get_next_low_latency_combine_buffer",
+          "the handle was not made by this Buffer's low_latency_dispatch");
+  const device::LlNodeDispatchPlan& p = handle.captured->step->plan();
+  return {static_cast<int64_t>(p.local_experts) * p.ranks * p.max_tokens,
+          static_cast<int64_t>(p.format.hidden)};
+}
+
 LowLatencyCombineResult CapturedLowLatency::combine(
-    const std::shared_ptr<device::DeviceRuntime>& device, const LowLatencyCombineArgs& a) {
+    const std::shared_ptr<device::DeviceRuntime>& device, const LowLatencyCombineArgs& a,
+    const ep::TensorRef& combine_buffer) {
+  const std::shared_ptr<void> relaxed = device->relax_capture();  // as the dispatch's
   require(a.handle != nullptr && a.handle->captured != nullptr, kCombine,
           "the handle came from a dispatch that was not captured: a captured combine needs a "
           "captured dispatch's handle");
@@ -304,14 +320,19 @@ LowLatencyCombineResult CapturedLowLatency::combine(
           "capturing its combine");
   require(!a.use_logfmt, kCombine,
           "use_logfmt is not supported: ProxyEP combines in BF16 (pass use_logfmt=False)");
-  require(!a.zero_copy, kCombine, "zero_copy cannot be captured yet: pass the expert outputs as x");
   require(d.combine == nullptr, kCombine,
           "this dispatch's combine was captured already: capture one combine per dispatch");
   const device::LlNodeDispatchPlan& p = d.step->plan();
   const int R = p.ranks;
   const int64_t rows = static_cast<int64_t>(p.local_experts) * R * p.max_tokens;
   const auto H = static_cast<int64_t>(p.format.hidden);
-  check_tensor(a.x, ep::DType::bf16, rows, H, true, kCombine, "x", true);
+  // zero_copy: the expert outputs are in the combine buffer (get_next_low_latency_combine_buffer),
+  // where the caller writes them before each launch.
+  require(!a.zero_copy || combine_buffer.defined(), kCombine,
+          "zero_copy: no combine buffer yet (call get_next_low_latency_combine_buffer first)");
+  const ep::TensorRef x = a.zero_copy ? combine_buffer : a.x;
+  check_tensor(x, ep::DType::bf16, rows, H, true, kCombine,
+               a.zero_copy ? "the combine buffer" : "x", true);
   check_tensor(a.topk_idx, ep::DType::i64, p.num_tokens, p.topk, true, kCombine, "topk_idx", true);
   if (a.combine_wait_recv_cost_stats.defined())
     check_tensor(a.combine_wait_recv_cost_stats, ep::DType::i64, R, -1, true, kCombine,
@@ -337,7 +358,7 @@ LowLatencyCombineResult CapturedLowLatency::combine(
       .slot_bytes = layout_.return_bytes,
       .memory = {},
       .epoch = epoch(1),
-      .x = static_cast<const uint16_t*>(a.x.data),
+      .x = static_cast<const uint16_t*>(x.data),
       .topk_weights = static_cast<const float*>(a.topk_weights.data),
       .out = out,
       .wait_stats = stats_tensor<int64_t>(a.combine_wait_recv_cost_stats)};

@@ -22,7 +22,7 @@
 //
 // Refused before anything is queued, naming why: ranks on more than one node, a peer whose
 // device memory this rank cannot open, rank masking (enable_shrink), async_finish (the graph is
-// the asynchrony), a previous_event recorded outside the capture, zero_copy, sizes other than
+// the asynchrony), a previous_event recorded outside the capture, sizes other than
 // the first captured call's, a combine of a dispatch that was not captured (or a captured
 // dispatch's combine outside a capture), a combine whose topk_idx is not the dispatch's tensor,
 // and a combine of a dispatch whose hook was not called yet.
@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace proxyep::integrations::low_latency {
@@ -67,8 +68,13 @@ class CapturedLowLatency {
 
   LowLatencyDispatchResult dispatch(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                                     const LowLatencyDispatchArgs& args);
+  // The shape of a captured dispatch's combine buffer (DeepEP's [E_local * R*T, H]). Throws
+  // proxyep::Error for a handle another Buffer made.
+  std::pair<int64_t, int64_t> combine_buffer_shape(const LowLatencyHandle& handle) const;
+  // `combine_buffer`: what a zero_copy combine reads (the Buffer's device combine buffer).
   LowLatencyCombineResult combine(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                  const LowLatencyCombineArgs& args);
+                                  const LowLatencyCombineArgs& args,
+                                  const gpu_side::ep::TensorRef& combine_buffer);
 
  private:
   // The step memory for `shape`, made collectively at the first captured call.

@@ -44,6 +44,7 @@ TEST_CASE("CUDA low-latency calls captured into graphs (ranks as threads on one 
   integrations::testing::ll::run_captured_ll(cuda_device, false);
   integrations::testing::ll::run_captured_ll(cuda_device, true);
   integrations::testing::ll::run_captured_ll(cuda_device, true, true);
+  integrations::testing::ll::run_captured_ll(cuda_device, true, false, true);
   integrations::testing::ll::run_captured_ll_refused(cuda_device);
 }
 

@@ -10,7 +10,8 @@
 // each call's hook is called inside its capture (its receive queued there; the caller joins back
 // at the hook's point). What cannot be captured is refused before anything is queued and the
 // capture stays valid: async_finish, a hook called outside a capture, a combine before its
-// dispatch's hook, a previous_event recorded outside the capture, zero_copy, a combine's topk_idx
+// dispatch's hook, a previous_event recorded outside the capture, zero_copy before a combine
+// buffer was asked for, a combine's topk_idx
 // that is not the dispatch's tensor, a captured dispatch's combine outside a capture, a second
 // combine of one dispatch. Run on the host-simulated device by test_device_buffer_threads.cpp and
 // on CUDA by tests/gpu/test_gpu_buffer.cpp.
@@ -63,7 +64,8 @@ inline LowLatencyDispatchArgs dispatch_args(const ep::Tensor& x, const ep::Tenso
 }
 
 inline void run_captured_ll_rank(control::Bootstrap::Options options,
-                                 const DeviceFactory& make_device, bool joined, bool hooked) {
+                                 const DeviceFactory& make_device, bool joined, bool hooked,
+                                 bool zero_copy) {
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
   const RankDevice devices = make_device(me);
@@ -159,10 +161,11 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
   c.out = out;
   require_mentions(error_of([&] { buffer.low_latency_combine(c); }),
                    "the handle came from a captured dispatch: its combine must be captured too");
-  LowLatencyCombineArgs zero_copy = c;
-  zero_copy.zero_copy = true;
+  LowLatencyCombineArgs early_zero_copy = c;
+  early_zero_copy.zero_copy = true;
   refused_in_capture(
-      dev, [&] { buffer.low_latency_combine(zero_copy); }, "zero_copy cannot be captured yet");
+      dev, [&] { buffer.low_latency_combine(early_zero_copy); },
+      "zero_copy: no combine buffer yet (call get_next_low_latency_combine_buffer first)");
   const ep::Tensor idx_copy = upload(dev, first[me].topk_idx);
   LowLatencyCombineArgs other_idx = c;
   other_idx.topk_idx = idx_copy;
@@ -170,7 +173,11 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
       dev, [&] { buffer.low_latency_combine(other_idx); },
       "topk_idx must be the tensor the captured dispatch routed");
   begin("test combine");
+  // With zero_copy the expert outputs go into the combine buffer, asked for inside the capture.
+  const ep::Tensor expert_in =
+      zero_copy ? buffer.get_next_low_latency_combine_buffer(dispatched.handle) : expert_out;
   LowLatencyCombineArgs joining_combine = c;
+  joining_combine.zero_copy = zero_copy;
   joining_combine.previous_event = fork;
   joining_combine.combine_wait_recv_cost_stats = combine_waits;
   joining_combine.return_recv_hook = hooked;
@@ -206,7 +213,7 @@ inline void run_captured_ll_rank(control::Bootstrap::Options options,
     check_dispatch(h, now, me);
     count_received(h, 1);
     const ep::Tensor outputs = expert_outputs(h, me);  // read by the copy until the download
-    write(expert_out, outputs);
+    write(expert_in, outputs);
     dev.synchronize("test expert outputs", kWait);
     launch(*combine_graph, "test combine");
     check_combine(download(dev, out, "out"), now[me], me);
@@ -285,10 +292,13 @@ inline void run_captured_ll_without_shared_memory(const DeviceFactory& make_devi
 
 // `joined`: the caller's stream captures, the Buffer's joins it (else the Buffer's captures).
 // `hooked`: the calls pass return_recv_hook and call their hooks inside the capture.
-inline void run_captured_ll(const DeviceFactory& make_device, bool joined, bool hooked = false) {
-  run_buffer_ranks(kRanks, false, [make_device, joined, hooked](control::Bootstrap::Options o) {
-    run_captured_ll_rank(std::move(o), make_device, joined, hooked);
-  });
+// `zero_copy`: the combine reads the expert outputs from the combine buffer.
+inline void run_captured_ll(const DeviceFactory& make_device, bool joined, bool hooked = false,
+                            bool zero_copy = false) {
+  run_buffer_ranks(kRanks, false,
+                   [make_device, joined, hooked, zero_copy](control::Bootstrap::Options o) {
+                     run_captured_ll_rank(std::move(o), make_device, joined, hooked, zero_copy);
+                   });
 }
 
 }  // namespace proxyep::integrations::testing::ll

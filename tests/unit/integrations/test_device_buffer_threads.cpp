@@ -145,6 +145,11 @@ TEST_CASE("low-latency calls captured into graphs: hooks queue the receive insid
   integrations::testing::ll::run_captured_ll(slow_buffer_stream, true, true);
 }
 
+TEST_CASE("low-latency calls captured into graphs: a zero_copy combine reads the combine buffer") {
+  integrations::testing::ll::run_captured_ll(simulated, false, false, true);
+  integrations::testing::ll::run_captured_ll(simulated, true, true, true);
+}
+
 TEST_CASE("low-latency calls captured into graphs: refused between nodes and with shrink") {
   integrations::testing::ll::run_captured_ll_refused(simulated);
 }
