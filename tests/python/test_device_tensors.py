@@ -325,3 +325,22 @@ def test_low_latency_calls_captured_in_a_cuda_graph(low_latency, hooked):
             n = int(count_h[e])
             assert torch.equal(recv[e, :n].cpu().view(torch.uint8), recv_h[e, :n].view(torch.uint8))
         assert torch.equal(combined.cpu(), comb_h)
+
+
+def test_low_latency_calls_pass_the_capture_gate_others_do_not(low_latency, monkeypatch):
+    """While torch's stream captures, the low-latency calls go on to the native side (which joins
+    the capture on CUDA) and the other calls raise. Here torch is made to say "capturing" on a
+    Buffer taken for a CUDA one, with stream 0 standing for torch's: on the simulated device the
+    LL call then runs as an eager one (it has no caller streams to join) and matches the host."""
+    host, device = low_latency
+    to = OnDevice(device)
+    x, topk_idx, _ = routing(dist.get_rank(), seed=9)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: type("Stream", (), {"cuda_stream": 0})())
+    monkeypatch.setattr(device, "_cuda", True)
+    with pytest.raises(proxyep.ProxyEPError, match="only the low-latency calls"):
+        device.get_dispatch_layout(to(topk_idx), E)
+    _, count_d, _, _, _ = device.low_latency_dispatch(to(x), to(topk_idx), T, E, use_fp8=False)
+    monkeypatch.undo()
+    _, count_h, _, _, _ = host.low_latency_dispatch(x, topk_idx, T, E, use_fp8=False)
+    same(count_d, count_h, to)
