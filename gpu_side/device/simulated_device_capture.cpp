@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -68,23 +69,28 @@ std::unique_ptr<DeviceGraph> SimulatedDevice::end_capture(std::string_view phase
     std::lock_guard lock(j.stream->mutex);
     if (j.stream->capture == ended) j.stream->capture.reset();
   }
-  std::lock_guard recording(ended->mutex);
-  for (const Core::Capture::Joined& j : joined)
-    if (j.joined_back < j.recorded && !ended->invalid)
-      ended->invalid = fmt::format(
-          "a stream that joined it was not joined back: {} of its operations come after the "
-          "last event of it the capturing stream waited for",
-          j.recorded - j.joined_back);
-  if (ended->invalid) {
-    run_releases(ended->releases);
-    fail(std::string(phase), "end_capture: the capture is invalid: {}", *ended->invalid);
-  }
   auto graph = std::make_unique<Graph>();
+  std::optional<std::string> invalid;
+  {
+    std::lock_guard recording(ended->mutex);
+    for (const Core::Capture::Joined& j : joined)
+      if (j.joined_back < j.recorded && !ended->invalid)
+        ended->invalid = fmt::format(
+            "a stream that joined it was not joined back: {} of its operations come after the "
+            "last event of it the capturing stream waited for",
+            j.recorded - j.joined_back);
+    invalid = ended->invalid;
+    graph->ops = std::move(ended->ops);
+    graph->releases = std::move(ended->releases);
+  }
+  // Unlocked: a release locks its stream, and a stream records with its lock held first.
+  if (invalid) {
+    run_releases(graph->releases);
+    fail(std::string(phase), "end_capture: the capture is invalid: {}", *invalid);
+  }
   graph->stream = core_;
   for (Core::Capture::Joined& j : joined)
     graph->joined.push_back(std::move(j.stream));
-  graph->ops = std::move(ended->ops);
-  graph->releases = std::move(ended->releases);
   return graph;
 }
 

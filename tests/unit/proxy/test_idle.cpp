@@ -11,6 +11,24 @@
 #include <chrono>
 #include <thread>
 
+namespace {
+
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+#define PROXYEP_TEST_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+#define PROXYEP_TEST_SANITIZED 1
+#endif
+#ifdef PROXYEP_TEST_SANITIZED
+constexpr double kSanitizerSlowdown = 4;
+#else
+constexpr double kSanitizerSlowdown = 1;
+#endif
+
+}  // namespace
+
 using namespace proxyep;
 using namespace proxyep::proxy;
 using namespace proxyep::proxy::testing;
@@ -104,8 +122,9 @@ TEST_CASE("a push wakes a sleeping proxy at once; the peer's flag follows") {
   MESSAGE("push to remote flag from sleep, receiver not waiting: median "
           << unwatched_us[unwatched_us.size() / 2] << " us, max " << unwatched_us.back() << " us");
   // Loose bounds (a shared 2-core box); typical values are tens of microseconds and about half of
-  // proxy.idle_sleep_us.
-  CHECK(waited_us[waited_us.size() / 2] < 5000);
-  CHECK(unwatched_us[unwatched_us.size() / 2] < 20000);
+  // proxy.idle_sleep_us. A sanitized build runs every thread several times slower (TSan: a
+  // median of 5.6 ms was seen with other tests beside it).
+  CHECK(waited_us[waited_us.size() / 2] < 5000 * kSanitizerSlowdown);
+  CHECK(unwatched_us[unwatched_us.size() / 2] < 20000 * kSanitizerSlowdown);
   CHECK(pair.engine(0).stats().sleeps > 0);
 }
