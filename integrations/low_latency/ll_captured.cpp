@@ -87,9 +87,10 @@ RecvHook captured_hook(std::shared_ptr<device::DeviceRuntime> device, std::funct
       });
 }
 
-// A statistics tensor the step adds into (checked by the call's argument checks), or none.
+// A tensor the step writes (an output, a statistics tensor; checked by the call's argument
+// checks), or null for none.
 template <typename T>
-T* stats_tensor(const ep::TensorRef& t) {
+T* written(const ep::TensorRef& t) {
   return t.defined() ? static_cast<T*>(const_cast<void*>(t.data)) : nullptr;
 }
 
@@ -252,8 +253,8 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
       .src_info = src_info.data<int32_t>(),
       .recv_count = recv_count.data<int32_t>(),
       .layout_range = range.data<int64_t>(),
-      .recv_stats = stats_tensor<int32_t>(a.cumulative_local_expert_recv_stats),
-      .wait_stats = stats_tensor<int64_t>(a.dispatch_wait_recv_cost_stats)};
+      .recv_stats = written<int32_t>(a.cumulative_local_expert_recv_stats),
+      .wait_stats = written<int64_t>(a.dispatch_wait_recv_cost_stats)};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(dispatch_memory(r));
   captured->step = std::make_unique<device::LlNodeDispatch>(device, std::move(plan), kDispatch);
@@ -347,21 +348,20 @@ LowLatencyCombineResult CapturedLowLatency::combine(
   uint16_t* out = nullptr;
   if (a.out.defined()) {
     check_tensor(a.out, ep::DType::bf16, p.num_tokens, H, true, kCombine, "out", true);
-    out = static_cast<uint16_t*>(const_cast<void*>(a.out.data));
+    out = written<uint16_t>(a.out);
   } else {
     const device::SetupStream setup = device::setup_stream(device);
     combined = static_output(*setup, ep::DType::bf16, p.num_tokens, H);
     setup->synchronize(kCombine, timeout());
     out = combined.data<uint16_t>();
   }
-  device::LlNodeCombinePlan plan{
-      .slot_bytes = layout_.return_bytes,
-      .memory = {},
-      .epoch = epoch(1),
-      .x = static_cast<const uint16_t*>(x.data),
-      .topk_weights = static_cast<const float*>(a.topk_weights.data),
-      .out = out,
-      .wait_stats = stats_tensor<int64_t>(a.combine_wait_recv_cost_stats)};
+  device::LlNodeCombinePlan plan{.slot_bytes = layout_.return_bytes,
+                                 .memory = {},
+                                 .epoch = epoch(1),
+                                 .x = static_cast<const uint16_t*>(x.data),
+                                 .topk_weights = static_cast<const float*>(a.topk_weights.data),
+                                 .out = out,
+                                 .wait_stats = written<int64_t>(a.combine_wait_recv_cost_stats)};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(return_memory(r));
   auto step = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);

@@ -19,7 +19,9 @@ using device::SimulatedDeviceOptions;
 using testing::device_signal::error_of;
 using namespace std::chrono_literals;
 
-TEST_CASE("simulated device: a captured step replays; what a graph cannot hold is refused") {
+TEST_CASE(
+    "simulated device: a captured step replays; a stream joins a capture; what a graph cannot "
+    "hold is refused") {
   namespace cases = testing::device_capture;
   for (const SimulatedDeviceOptions options :
        {SimulatedDeviceOptions{}, SimulatedDeviceOptions{.operation_delay = 5ms},
@@ -28,14 +30,6 @@ TEST_CASE("simulated device: a captured step replays; what a graph cannot hold i
     CAPTURE(options.defer_until_synchronize);
     CHECK(cases::capture_and_replay_case(std::make_shared<SimulatedDevice>(options)) == "");
     CHECK(cases::refused_in_capture_case(std::make_shared<SimulatedDevice>(options)) == "");
-  }
-}
-
-TEST_CASE("simulated device: a stream joins another's capture and is joined back") {
-  namespace cases = testing::device_capture;
-  for (const SimulatedDeviceOptions options :
-       {SimulatedDeviceOptions{}, SimulatedDeviceOptions{.operation_delay = 5ms}}) {
-    CAPTURE(options.operation_delay.count());
     CHECK(cases::joined_capture_case(std::make_shared<SimulatedDevice>(options)) == "");
   }
 }
