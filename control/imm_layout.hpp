@@ -6,7 +6,8 @@
 //      [ epoch:2  | op:2   | payload:28                                                ]
 //   op = counter:          [ key:28                                                    ]
 //   op = stream / credit:  [ stream:12               | sequence:16                     ]
-//   op = control:          [ payload:28, meaning agreed by the control handler         ]
+//   op = control:          [ payload:28: the signal word counted (signal_words.hpp), or  ]
+//                          [ a meaning agreed with the router's control handler          ]
 //
 // - epoch: the low 2 bits of the sender's epoch (iteration/phase number). The receiver keeps 4
 //   counter banks, one per tag, and accepts tags of epochs e-1, e and e+1 around its current

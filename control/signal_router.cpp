@@ -65,6 +65,11 @@ void SignalRouter::set_control_handler(ControlHandler handler) {
   control_ = std::move(handler);
 }
 
+void SignalRouter::attach_words(SignalWords& words) {
+  require(words_ == nullptr, "control.signal_router", "signal words are already attached");
+  words_ = &words;
+}
+
 void SignalRouter::relay_to(ImmRelay& relay) {
   require(relay_ == nullptr, "control.signal_router", "a relay is already set");
   relay_ = &relay;
@@ -94,6 +99,10 @@ Status SignalRouter::route(uint32_t raw) {
     }
     case imm::Op::control:
       break;
+  }
+  if (words_ != nullptr) {
+    Status status = words_->count(d.payload());
+    return status == Status::ok ? status : note(raw, words_->last_error());
   }
   if (!control_) return note(raw, "no control handler set");
   Status status = control_(d.epoch_tag(), d.payload());

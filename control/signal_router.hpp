@@ -4,7 +4,8 @@
 //   counter -> CounterBank::arrive(epoch tag, key)
 //   stream  -> the SequenceWindow attached for that stream id: complete(seq)
 //   credit  -> the SenderCredits attached for that stream id: credit(tail)
-//   control -> the control handler, if one is set
+//   control -> the SignalWords attached (the payload names the word it counts up), or else the
+//              control handler, if one is set
 // Stream and credit immediates carry an epoch tag too, but the router ignores it: streams live
 // across epochs and their sequence numbers order them.
 //
@@ -19,6 +20,7 @@
 #include "control/counter_bank.hpp"
 #include "control/imm_layout.hpp"
 #include "control/sequence_window.hpp"
+#include "control/signal_words.hpp"
 
 #include <cstdint>
 #include <functional>
@@ -49,6 +51,8 @@ class SignalRouter {
   void attach_stream(uint32_t stream, SequenceWindow& window);
   void attach_credits(uint32_t stream, SenderCredits& credits);
   void set_control_handler(ControlHandler handler);
+  // Control immediates count these words (signal_words.hpp) instead of reaching the handler.
+  void attach_words(SignalWords& words);
   // Setup: every immediate goes to `relay` as it is, nothing attached here is used (the relay
   // must outlive the router's use).
   void relay_to(ImmRelay& relay);
@@ -68,6 +72,7 @@ class SignalRouter {
 
   ImmRelay* relay_ = nullptr;
   CounterBank* counters_ = nullptr;
+  SignalWords* words_ = nullptr;
   std::vector<SequenceWindow*> streams_;  // by stream id, imm::kMaxStreams entries
   std::vector<SenderCredits*> credits_;   // by stream id, imm::kMaxStreams entries
   ControlHandler control_;

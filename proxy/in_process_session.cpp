@@ -113,6 +113,8 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
     s.device_routing = std::make_unique<DeviceRouting>(
         HostMemory::heap(gpu_side::Ring::bytes_for(DeviceRouting::kRingSlots)));
     s.engine->add_ring(s.device_routing->ring(), nullptr);
+    s.step = std::make_unique<StepTransport>();
+    s.engine->add_ring(s.step->ring(), nullptr);
   }
   s.link = std::make_unique<FabricLink>(
       ring, *s.producer, static_cast<std::byte*>(s.staging->host()), *s.counters, timeout_,
@@ -194,6 +196,16 @@ bool InProcessSession::route_posts(const std::shared_ptr<gpu_side::device::Devic
   if (!s.device_routing) return false;
   return s.device_routing->route_posts(
       *s.link, device, timeout_, [this](std::string_view p) { check_health(p); }, phase);
+}
+
+StepLink InProcessSession::open_step_link(
+    control::Bootstrap& bootstrap, const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+    uint64_t bytes, uint32_t words, std::string_view phase) {
+  State& s = *state_;
+  require(s.step != nullptr, std::string(phase),
+          "steps between nodes need a group that spans nodes and a Buffer made with its device");
+  return s.step->open(bootstrap, *s.fabric, *s.engine, s.router, device, bytes, words, timeout_,
+                      phase);
 }
 
 void InProcessSession::flush_posts() {

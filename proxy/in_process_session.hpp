@@ -8,8 +8,9 @@
 //     with a doorbell goes to a ProxyEngine, the counter bank and every FabricChannel's window
 //     and credits are attached to the signal router, and the proxy threads start. With
 //     SessionConfig::device a second ring (no doorbell) goes to the engine too, for a
-//     device's stream to push into (route_posts, device_route.hpp), and where the fabric
-//     registers device memory (FI_HMEM), a device staging area for its chunks.
+//     device's stream to push into (route_posts, device_route.hpp), a third for steps captured
+//     into graphs (open_step_link, step_link.hpp), and where the fabric registers device
+//     memory (FI_HMEM), a device staging area for its chunks.
 #pragma once
 
 #include "common/host_memory.hpp"
@@ -24,6 +25,7 @@
 #include "proxy/node_memory.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "proxy/session.hpp"
+#include "proxy/step_link.hpp"
 
 #include <memory>
 #include <vector>
@@ -54,6 +56,9 @@ class InProcessSession final : public Session {
   bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                    std::string_view phase) override;
   void flush_posts() override;
+  StepLink open_step_link(control::Bootstrap& bootstrap,
+                          const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                          uint64_t bytes, uint32_t words, std::string_view phase) override;
   uint64_t chunks_from_device_memory() const override {
     return state_->link ? state_->link->device_chunks() : 0;
   }
@@ -103,6 +108,9 @@ class InProcessSession final : public Session {
     std::unique_ptr<HostMemory> ring_memory;
     // SessionConfig::device: the ring a device's stream pushes into, and its route.
     std::unique_ptr<DeviceRouting> device_routing;
+    // SessionConfig::device: the ring its captured steps push into, and what open_step_link()
+    // adds (step_link.hpp). After the router it counts words into, before the engine.
+    std::unique_ptr<StepTransport> step;
     std::unique_ptr<gpu_side::Doorbell> doorbell;
     std::unique_ptr<ProxyEngine> engine;
     std::unique_ptr<gpu_side::RingProducer> producer;

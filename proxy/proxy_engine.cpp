@@ -211,6 +211,30 @@ void ProxyEngine::stop() noexcept {
   if (running_.exchange(false, std::memory_order_acq_rel)) stopped_ = true;
 }
 
+void ProxyEngine::amend(const std::function<void()>& change, const Deadline& deadline) {
+  RegionTable& table = shared_->regions;
+  std::vector<std::unique_lock<std::mutex>> held;
+  if (running()) {
+    held.reserve(threads_.size());
+    for (size_t t = 0; t < threads_.size(); ++t) {
+      held.push_back(threads_[t]->hold(deadline));
+      require(held.back().owns_lock(), "proxy.amend",
+              "proxy thread {} did not finish its pass in time (stuck inside the fabric "
+              "provider?): nothing was changed",
+              t);
+    }
+  }
+  const bool was_frozen = table.frozen();
+  table.thaw();
+  try {
+    change();
+  } catch (...) {
+    if (was_frozen) table.freeze();
+    throw;
+  }
+  if (was_frozen) table.freeze();
+}
+
 void ProxyEngine::kick() const {
   for (const auto& thread : threads_)
     thread->kick();

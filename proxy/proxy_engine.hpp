@@ -18,9 +18,10 @@
 // Fabric::progress() (a bootstrap's progress hook must be cleared before start()).
 //
 // Lifecycle: regions and rings are added before start() (the region table is frozen then: no
-// registration while running); start() once; stop() joins every thread (idempotent, also run by
-// the destructor, bounded even for a thread stuck inside the provider). stop() does not wait for
-// writes in flight: call quiet() first when they must land. stop() must not race with waits.
+// registration while running, but inside amend(), which pauses every thread); start() once; stop()
+// joins every thread (idempotent, also run by the destructor, bounded even for a thread stuck
+// inside the provider). stop() does not wait for writes in flight: call quiet() first when they
+// must land. stop() must not race with waits.
 //
 // Waits first drive the proxy threads themselves for up to proxy.wait_drive_us: the waiter runs
 // each thread's passes (ProxyThread::try_drive()) while the threads sleep, so a latency-bound call
@@ -104,6 +105,15 @@ class ProxyEngine {
   size_t add_ring(gpu_side::Ring ring, const gpu_side::Doorbell* doorbell = nullptr);
 
   void start();
+  // Runs `change` while no proxy thread is in a pass (each thread's pass lock held: none uses
+  // the rails, none translates), with the region table open to additions: what a running
+  // engine's fabric (FI_THREAD_DOMAIN) and table take only when nobody else uses them, e.g.
+  // memory registered for calls that start later and its regions. Waits up to `deadline` for
+  // each thread's pass in progress; throws proxyep::Error("proxy.amend") naming a thread whose
+  // pass did not end (stuck inside the provider), with nothing run. Before start(), or after
+  // stop(), `change` just runs. Exceptions from `change` pass through (the table is frozen
+  // again). Not concurrently with itself, start() or stop().
+  void amend(const std::function<void()>& change, const Deadline& deadline);
   // Stops and joins every thread. A thread stuck inside a provider call (e.g. spinning on a
   // lock a dead peer held in shared memory) is given kStopTimeout, then reported (log and
   // health) and detached: it and the engine state it uses are leaked, never destroyed, so

@@ -187,6 +187,13 @@ bool ProxyThread::try_drive() {
   return timed_pass();
 }
 
+std::unique_lock<std::mutex> ProxyThread::hold(const Deadline& deadline) {
+  std::unique_lock lock(pass_lock_, std::try_to_lock);
+  for (Backoff backoff; !lock.owns_lock() && !deadline.expired(); backoff.pause())
+    (void)lock.try_lock();
+  return lock;
+}
+
 bool ProxyThread::timed_pass() {
   const auto start = Clock::now();
   const bool worked = pass();

@@ -135,6 +135,10 @@ class ProxyThread {
   // A waiting caller runs one pass in the thread's place (any thread, once started). Returns
   // whether the pass did work; false also when the thread or another driver is in a pass.
   bool try_drive();
+  // Holds the pass lock (no pass, no use of the rails until it is dropped), waiting for the pass
+  // in progress up to `deadline`; an unlocked lock when that pass did not end by then (the
+  // thread is stuck inside a provider call).
+  std::unique_lock<std::mutex> hold(const Deadline& deadline);
 
   size_t lanes() const { return lanes_.size(); }
   const RingLane& lane(size_t index) const { return *lanes_[index]; }

@@ -11,7 +11,8 @@
 //
 // Threading: filled during setup (add_local / add_remote); read-only once the proxy engine has
 // started, when any number of proxy threads may translate concurrently (const methods only).
-// The engine freezes the table at start, so a late add_*() throws instead of racing.
+// The engine freezes the table at start, so a late add_*() throws instead of racing, except
+// inside ProxyEngine::amend(), which keeps every proxy thread out of its passes meanwhile.
 #pragma once
 
 #include "common/error.hpp"
@@ -55,6 +56,8 @@ class RegionTable {
   // What rank `peer` registered under `id` (from the bootstrap's allgather).
   void add_remote(int peer, uint32_t id, const fabric::RegionDescriptor& descriptor);
   void freeze() { frozen_ = true; }
+  // Open to additions again: only while no proxy thread translates (ProxyEngine::amend).
+  void thaw() { frozen_ = false; }
   bool frozen() const { return frozen_; }
 
   // Fills `op` (peer, local, local_desc, length, remote) for `request` on `rail`; imm, cookie

@@ -25,6 +25,7 @@
 #include "proxy/arena_layout.hpp"
 #include "proxy/peer_channel.hpp"
 #include "proxy/proxy_engine.hpp"
+#include "proxy/step_link.hpp"
 
 #include <chrono>
 #include <functional>
@@ -168,6 +169,22 @@ class Session {
   // How many payloads (eager bytes, chunks) this rank stored into node peers' device arenas.
   virtual uint64_t sends_to_device_arenas() const = 0;
   virtual uint64_t chunks_from_device_memory() const { return 0; }
+
+  // Steps a device's stream runs between nodes by itself (captured graphs: step_link.hpp):
+  // collective, once per session, `bytes` of step memory and `words` signal words on every
+  // rank, kept while the session lives. Throws proxyep::Error(phase): on one node, without a
+  // device ring (SessionConfig::device), for a second open, and where the proxies are not this
+  // process's (the node daemon relays the immediates to a process that does not wait for them
+  // while a graph runs).
+  virtual StepLink open_step_link(control::Bootstrap& bootstrap,
+                                  const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                                  uint64_t bytes, uint32_t words, std::string_view phase) {
+    (void)bootstrap, (void)device, (void)bytes, (void)words;
+    fail(std::string(phase),
+         "steps captured into a graph between nodes need the proxy threads in this process "
+         "(proxy.mode=thread): the node daemon hands completions to a process that does not "
+         "wait for them while a graph runs");
+  }
 
   // One line for the debug log: sizes, paths, threads.
   virtual std::string describe() const = 0;

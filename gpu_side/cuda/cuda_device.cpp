@@ -365,6 +365,13 @@ void CudaDevice::count_mismatches(const ep::MismatchParams& params) {
   check_cuda(launch_count_mismatches(params, state_->stream), kPhase, "count_mismatches launch");
 }
 
+void CudaDevice::ll_write_bytes(const ep::SizeWritesParams& params) {
+  const char* error = ep::ll_write_bytes_error(params);
+  require(error == nullptr, kPhase, "ll_write_bytes: {}", error != nullptr ? error : "");
+  const CurrentDevice current = state_->select();
+  check_cuda(launch_ll_write_bytes(params, state_->stream), kPhase, "ll_write_bytes launch");
+}
+
 void CudaDevice::ll_combine(const ep::LlCombineParams& params) {
   const CurrentDevice current = state_->select();
   check_cuda(launch_ll_combine(params, state_->stream), kPhase, "ll_combine launch");

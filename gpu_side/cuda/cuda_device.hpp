@@ -51,6 +51,7 @@ class CudaDevice final : public device::DeviceRuntime {
   void ll_unpack_counted(const ep::LlUnpackCountedParams& params) override;
   void ll_return_counted(const ep::LlReturnCountedParams& params) override;
   void count_mismatches(const ep::MismatchParams& params) override;
+  void ll_write_bytes(const ep::SizeWritesParams& params) override;
   void ll_combine(const ep::LlCombineParams& params) override;
   std::unique_ptr<device::DeviceRingProducer> attach_ring(const Ring& ring) override;
   void ring_push(device::DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,

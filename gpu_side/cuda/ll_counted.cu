@@ -28,7 +28,22 @@ __global__ void ll_return_counted_kernel(ep::LlReturnCountedParams p) {
     ep::ll_return_counted_pair(p, q, lanes);
 }
 
+// A thread per write: a few counts each.
+__global__ void ll_write_bytes_kernel(ep::SizeWritesParams p) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.count;
+       i += stride)
+    ep::ll_write_bytes(p, i);
+}
+
 }  // namespace
+
+cudaError_t launch_ll_write_bytes(const SizeWritesParams& p, cudaStream_t stream) {
+  if (ep::ll_write_bytes_error(p) != nullptr) return cudaErrorInvalidValue;
+  if (p.count == 0) return cudaSuccess;
+  ll_write_bytes_kernel<<<grid_blocks(p.count, p.blocks), p.threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_ll_unpack_counted(const LlUnpackCountedParams& p, cudaStream_t stream) {
   if (ep::ll_unpack_counted_error(p) != nullptr) return cudaErrorInvalidValue;

@@ -26,6 +26,7 @@ using ep::LlReturnCountedParams;
 using ep::LlRouteParams;
 using ep::LlUnpackCountedParams;
 using ep::MismatchParams;
+using ep::SizeWritesParams;
 
 cudaError_t launch_ll_pack(const LlPackParams& params, cudaStream_t stream);
 cudaError_t launch_ll_combine(const LlCombineParams& params, cudaStream_t stream);
@@ -41,6 +42,8 @@ cudaError_t launch_ll_unpack_counted(const LlUnpackCountedParams& params, cudaSt
 // ll_counted.cu: a combine's rows sent back to their sources by the dispatch's layout_range
 // (gpu_side/ep/ll_counted.hpp).
 cudaError_t launch_ll_return_counted(const LlReturnCountedParams& params, cudaStream_t stream);
+// ll_counted.cu: a step's writes to other nodes sized by its counts (gpu_side/ep/ll_counted.hpp).
+cudaError_t launch_ll_write_bytes(const SizeWritesParams& params, cudaStream_t stream);
 // ll_route.cu: how many elements of two arrays differ (zeroes *mismatches first).
 cudaError_t launch_count_mismatches(const MismatchParams& params, cudaStream_t stream);
 

@@ -170,6 +170,9 @@ class DeviceRuntime {
   // How many elements of two device arrays differ (MismatchParams): a combine's topk_idx
   // checked against its dispatch's without either reaching the host.
   virtual void count_mismatches(const ep::MismatchParams& params) = 0;
+  // The lengths (and ops) of a step's writes to other nodes from the counts the step computed
+  // (SizeWritesParams, ep/ll_counted.hpp), in descriptors a later ring_push() reads.
+  virtual void ll_write_bytes(const ep::SizeWritesParams& params) = 0;
 
   // Descriptor rings (gpu_side/ring.hpp), drained by the proxies as a host producer's are, so
   // that what kernels wrote is handed to the proxies in stream order, with no host in between.

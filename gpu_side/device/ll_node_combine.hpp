@@ -12,6 +12,10 @@
 //   ll_combine_routed(my slots -> out)                   by the dispatch's routing
 //   write_value(r's released[me] = n)  for every rank
 //
+// Between nodes, a home on another node (LlRemoteReturn) gets its rows in one write pushed after
+// ll_return_counted ran into this rank's send slot, and sends its release as a signal; the words
+// its proxy counts are waited for as the node peers' are.
+//
 // It combines the dispatch's latest step: the routing (counts, positions) and layout_range it
 // reads are the dispatch's, rewritten by its next step, so queue dispatch and combine in turn
 // (DeepEP's order). Rows are bf16 [hidden]; a row comes back at the index its message had.
@@ -35,10 +39,25 @@ struct LlNodeReturnMemory {
   uint64_t* released = nullptr;  // [ranks]
 };
 
+// A home on another node (the dispatch's LlRemotePeer): the rows of its tokens go back through
+// the proxies, one write a step (sized from the counts it sent), and its rows for this rank's
+// tokens land in this rank's receive memory; the proxy counts both words once a step.
+struct LlRemoteReturn {
+  std::byte* send_slot = nullptr;        // my rows for it, copied here (slot_bytes)
+  const std::byte* recv_slot = nullptr;  // its rows for my tokens land here (slot_bytes)
+  const uint64_t* arrived = nullptr;     // counted once per step: its rows landed
+  const uint64_t* released = nullptr;    // counted once per step: it read my rows
+};
+
 struct LlNodeCombinePlan {
   uint64_t slot_bytes = 0;  // at least ll_node_return_slot_bytes(hidden, max_tokens, local)
   std::vector<LlNodeReturnMemory> memory;  // [ranks], as this rank's device reaches them
-  uint64_t* epoch = nullptr;               // this rank's combine step counter (0 at first)
+  // The dispatch's ranks on other nodes (none on one node): [ranks], set for those ranks (their
+  // `memory` entry is then all null); the writes, [i] to remote peer i in rank order (the step
+  // sets length and op), and the releases.
+  std::vector<LlRemoteReturn> remote;
+  LlRemoteSends remote_sends;
+  uint64_t* epoch = nullptr;  // this rank's combine step counter (0 at first)
   // The expert outputs in the dispatch's recv_x layout: bf16 [local_experts * ranks *
   // max_tokens, hidden] (DeepEP's combine x); the weights f32 [num_tokens, topk]; the output
   // bf16 [num_tokens, hidden]. Device memory, the same for every step.
@@ -74,9 +93,15 @@ class LlNodeCombine {
   std::shared_ptr<DeviceRuntime> device_;
   const LlNodeDispatch& dispatch_;
   LlNodeCombinePlan plan_;
+  bool remote(int rank) const {
+    return !plan_.remote.empty() && plan_.remote[static_cast<size_t>(rank)].send_slot != nullptr;
+  }
+
   // Device tables: every home's slot for this rank (the way back), this rank's slots (the
-  // combine's rows).
+  // combine's rows); the writes to other nodes, the ranks that size them, the releases.
   std::shared_ptr<std::byte[]> to_slots_, from_slots_;
+  std::shared_ptr<std::byte[]> sends_, send_groups_, releases_;
+  int64_t remotes_ = 0;
 };
 
 }  // namespace proxyep::gpu_side::device

@@ -19,6 +19,12 @@
 //   ll_unpack_counted(slots, counts -> the outputs)     placed by the counts alone
 //   write_value(source's released[me] = n) for every source
 //
+// Between nodes (LlRemotePeer), for a peer on another node the step packs into its own send
+// slot, copies its counts row beside, and pushes two writes (ll_write_bytes sizes them from the
+// counts) after the pack ran; it waits for the peer's words its proxy counts (released >= n - 1,
+// arrived >= 2n), copies the peer's counts row into its table, and pushes a signal as the
+// release.
+//
 // Every value is an epoch value (signal_value.hpp), so the step replays: replay n of every rank
 // waits for the others' replay n. Every rank must run the same number of steps, as with DeepEP.
 // Selections naming no expert (outside [-1, experts)) are skipped, not refused: nothing on the
@@ -49,13 +55,44 @@ struct LlNodeMemory {
   uint64_t* released = nullptr;  // [ranks]
 };
 
+// A rank on another node (a group that spans nodes): reached through the proxies, whose writes
+// the step pushes into a descriptor ring (DeviceRuntime::ring_push) once the kernels before them
+// ran, and whose arrivals the proxies count up in signal words (control/signal_words.hpp). Its
+// send memory and receive memory are this rank's, registered with the fabric; the writes are
+// made by the caller (regions, offsets, immediates) and sized by the step from its counts.
+struct LlRemotePeer {
+  std::byte* send_slot = nullptr;        // my messages for it, packed here (slot_bytes)
+  int32_t* send_counts = nullptr;        // my counts row for it, copied here
+  const std::byte* recv_slot = nullptr;  // its messages for me land here (slot_bytes)
+  const int32_t* recv_counts = nullptr;  // its counts row for me lands here
+  // Counted up by this rank's proxy: once per write of it that landed (kLlDispatchWrites a
+  // step), once per step it read my messages.
+  const uint64_t* arrived = nullptr;
+  const uint64_t* released = nullptr;
+};
+
+// The writes of one step to one remote peer: its messages, its counts row.
+inline constexpr uint64_t kLlDispatchWrites = 2;
+
+// What a step sends to the ranks on other nodes (none on one node).
+struct LlRemoteSends {
+  DeviceRingProducer* ring = nullptr;
+  // In rank order of the remote peers: [i] peer i's messages (the step sets length and op),
+  // [remotes + i] its counts row; then what tells peer i that its messages were read (a signal).
+  std::vector<Descriptor> sends;
+  std::vector<Descriptor> releases;
+};
+
 struct LlNodeDispatchPlan {
   int rank = 0;
   int ranks = 0;
   int32_t local_experts = 0;  // 1..kMaxLocalExperts; experts = ranks * local_experts
   uint64_t slot_bytes = 0;    // at least ll_node_slot_bytes(format, max_tokens, local_experts)
-  // [ranks]: every rank's memory as this rank's device reaches it (its own at `rank`).
+  // [ranks]: every rank's memory as this rank's device reaches it (its own at `rank`); a rank
+  // on another node has none (all null) and an entry in `remote` instead.
   std::vector<LlNodeMemory> memory;
+  std::vector<LlRemotePeer> remote;  // [ranks] or empty (one node): set for other nodes' ranks
+  LlRemoteSends remote_sends;
   uint64_t* epoch = nullptr;  // this rank's step counter (device memory, 0 before the first step)
   std::chrono::milliseconds timeout{0};
 
@@ -114,9 +151,16 @@ class LlNodeDispatch {
  private:
   std::shared_ptr<DeviceRuntime> device_;
   LlNodeDispatchPlan plan_;
+  bool remote(int rank) const {
+    return !plan_.remote.empty() && plan_.remote[static_cast<size_t>(rank)].send_slot != nullptr;
+  }
+
   // Device memory the kernels read: the routing, every peer's slot for this rank (the pack's),
-  // this rank's slots (the unpack's), its experts' sinks.
+  // this rank's slots (the unpack's), its experts' sinks; the writes to other nodes, the ranks
+  // that size them, the releases.
   std::shared_ptr<std::byte[]> counts_, positions_, invalid_, to_slots_, from_slots_, sinks_;
+  std::shared_ptr<std::byte[]> sends_, send_groups_, releases_;
+  int64_t remotes_ = 0;
 };
 
 }  // namespace proxyep::gpu_side::device

@@ -15,6 +15,10 @@
 //
 // Offsets add modulo 2^64, so {epoch, -1} on an epoch of 0 waits for 2^64 - 1: the first step
 // of a chain is numbered 1 (advance before the first wait).
+//
+// `times` scales the epoch for a word raised more than once per step: a word the proxies count
+// up once per write that landed (control/signal_words.hpp), a step bringing `times` writes from
+// one peer, reaches times * n in step n: {epoch, 0, times}.
 #pragma once
 
 #include "common/host_device.hpp"
@@ -27,16 +31,17 @@ struct SignalValue {
   // A plain value (implicit: every fixed-value call site stays as it was).
   constexpr SignalValue(uint64_t value) : offset(value) {}  // NOLINT(google-explicit-constructor)
   // What the word at `epoch_word` holds when the operation runs, plus `plus`.
-  constexpr SignalValue(const uint64_t* epoch_word, int64_t plus)
-      : epoch(epoch_word), offset(static_cast<uint64_t>(plus)) {}
+  constexpr SignalValue(const uint64_t* epoch_word, int64_t plus, uint64_t times_epoch = 1)
+      : epoch(epoch_word), offset(static_cast<uint64_t>(plus)), times(times_epoch) {}
 
   // The value, given what the epoch word holds when the operation runs (ignored for a plain one).
   PROXYEP_HOST_DEVICE constexpr uint64_t at(uint64_t epoch_now) const {
-    return epoch != nullptr ? epoch_now + offset : offset;
+    return epoch != nullptr ? epoch_now * times + offset : offset;
   }
 
   const uint64_t* epoch = nullptr;
   uint64_t offset = 0;
+  uint64_t times = 1;
 };
 
 }  // namespace proxyep::gpu_side::device

@@ -609,6 +609,23 @@ void SimulatedDevice::ll_return_counted(const ep::LlReturnCountedParams& p) {
   });
 }
 
+void SimulatedDevice::ll_write_bytes(const ep::SizeWritesParams& p) {
+  const char* error = ep::ll_write_bytes_error(p);
+  require(error == nullptr, kPhase, "ll_write_bytes: {}", error != nullptr ? error : "");
+  const Core& c = *core_;
+  const auto count = static_cast<uint64_t>(p.count);
+  c.require_reachable("ll_write_bytes", "writes", p.writes, sizeof(Descriptor) * count);
+  c.require_reachable("ll_write_bytes", "groups", p.groups, 4 * count);
+  core_->enqueue("ll_write_bytes", [p, core = core_.get()] {
+    for (int64_t i = 0; i < p.count; ++i)
+      if (p.groups[i] >= 0)
+        core->require_reachable("ll_write_bytes", "counts",
+                                p.counts + static_cast<int64_t>(p.groups[i]) * p.group_size,
+                                4ull * static_cast<uint64_t>(p.group_size));
+    ep::ll_write_bytes_on_host(p);
+  });
+}
+
 void SimulatedDevice::ll_combine(const ep::LlCombineParams& p) {
   require(p.num_tokens >= 0 && p.topk >= 1 && p.topk <= ep::kLlMaxTopk && p.hidden > 0 &&
               p.hidden % ep::kLlScaleGroup == 0 && p.threads > 0 && p.threads % 32 == 0,

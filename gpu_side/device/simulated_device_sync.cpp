@@ -193,10 +193,12 @@ void SimulatedDevice::wait_value(const uint64_t* word, SignalValue value,
         fail(std::string(kPhase),
              "wait_value ({}): the signal word at {} holds {}, not {}{}, after {} ms", phase,
              static_cast<const void*>(word), signal.load(std::memory_order_acquire), awaited,
-             value.epoch != nullptr ? fmt::format(" (the epoch word at {} plus {})",
-                                                  static_cast<const void*>(value.epoch),
-                                                  static_cast<int64_t>(value.offset))
-                                    : std::string(),
+             value.epoch != nullptr
+                 ? fmt::format(
+                       " (the epoch word at {}{} plus {})", static_cast<const void*>(value.epoch),
+                       value.times != 1 ? fmt::format(" times {}", value.times) : std::string(),
+                       static_cast<int64_t>(value.offset))
+                 : std::string(),
              timeout.count());
       if (polls < 1000)
         backoff.pause();

@@ -42,4 +42,22 @@ void ll_return_counted_on_host(const LlReturnCountedParams& p) {
     ll_return_counted_pair(p, q, HostLanes{});
 }
 
+const char* ll_write_bytes_error(const SizeWritesParams& p) {
+  if (p.count < 0) return "a negative number of writes";
+  if (p.group_size < 1 || p.group_size > kMaxLocalExperts)
+    return "group size outside 1..kMaxLocalExperts";
+  if (p.unit_bytes == 0 || p.max_bytes < p.unit_bytes)
+    return "a unit of 0 bytes or beyond the room";
+  if (p.threads < 32 || p.threads % 32 != 0 || p.threads > 1024)
+    return "threads per block not a multiple of 32 in 32..1024";
+  if (p.count > 0 && (p.writes == nullptr || p.counts == nullptr || p.groups == nullptr))
+    return "writes, counts or groups missing";
+  return nullptr;
+}
+
+void ll_write_bytes_on_host(const SizeWritesParams& p) {
+  for (int64_t i = 0; i < p.count; ++i)
+    ll_write_bytes(p, i);
+}
+
 }  // namespace proxyep::gpu_side::ep

@@ -136,4 +136,24 @@ const char* ll_return_counted_error(const LlReturnCountedParams& p);
 // The rule on the host, one pair after another.
 void ll_return_counted_on_host(const LlReturnCountedParams& p);
 
+// Write i of a step (SizeWritesParams): its length from the counts of its group, whole units
+// that fit max_bytes (negative counts as 0), and its op (a signal when it carries nothing).
+PROXYEP_HOST_DEVICE inline void ll_write_bytes(const SizeWritesParams& p, int64_t i) {
+  if (p.groups[i] < 0) return;
+  const int32_t* group = p.counts + static_cast<int64_t>(p.groups[i]) * p.group_size;
+  uint64_t units = 0;
+  for (int32_t e = 0; e < p.group_size; ++e)
+    units += group[e] > 0 ? static_cast<uint64_t>(group[e]) : 0;
+  const uint64_t fit = p.max_bytes / p.unit_bytes;
+  const uint64_t bytes = (units < fit ? units : fit) * p.unit_bytes;
+  p.writes[i].op = bytes > 0 ? Op::write_imm : Op::signal;
+  p.writes[i].length = bytes;
+}
+
+// Why SizeWritesParams cannot run, or null.
+const char* ll_write_bytes_error(const SizeWritesParams& p);
+
+// The rule on the host, one write after another.
+void ll_write_bytes_on_host(const SizeWritesParams& p);
+
 }  // namespace proxyep::gpu_side::ep

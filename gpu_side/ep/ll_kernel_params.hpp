@@ -13,11 +13,14 @@
 //                    back by the dispatch's layout_range (ll_counted.hpp)
 //   MismatchParams   none: how many of two i64 arrays' elements differ (a combine's topk_idx
 //                    against its dispatch's, checked where both live)
+//   SizeWritesParams  ll_write_bytes  items = a step's writes to other nodes, sized by the counts
+//                    (ll_counted.hpp)
 //
 // Every pointer is a device address (device memory, CUDA-IPC-mapped peer memory or mapped
 // pinned host memory), item and sink arrays included.
 #pragma once
 
+#include "gpu_side/descriptor.hpp"
 #include "gpu_side/ep/ll_rules.hpp"
 
 #include <cstddef>
@@ -161,6 +164,23 @@ struct MismatchParams {
   int32_t* mismatches = nullptr;  // [1]
   int blocks = 0;                 // 0: enough to cover the GPU
   int threads = 256;              // per block, a multiple of 32, at most 1024
+};
+
+// A step's writes to ranks on other nodes, made by the host once (regions, offsets, immediates)
+// and sized on the device at every step from the counts it computed (ll_write_bytes): write i
+// carries the messages (or rows) counted by group groups[i] of `counts`, unit_bytes each, at
+// most max_bytes; a write of nothing becomes a signal (a zero-length write with its immediate:
+// the receiver still counts it).
+struct SizeWritesParams {
+  Descriptor* writes = nullptr;     // [count], 8-byte aligned: op and length rewritten
+  const int32_t* counts = nullptr;  // [(max group + 1) * group_size]
+  const int32_t* groups = nullptr;  // [count]; a negative group: write i is left as it is
+  int32_t group_size = 0;           // 1..kMaxLocalExperts
+  uint64_t unit_bytes = 0;          // > 0
+  uint64_t max_bytes = 0;           // the room at the target (a slot), >= unit_bytes
+  int64_t count = 0;                // >= 0
+  int blocks = 0;                   // 0: enough to cover the GPU (a thread per write)
+  int threads = 128;                // per block, a multiple of 32, at most 1024
 };
 
 }  // namespace proxyep::gpu_side::ep

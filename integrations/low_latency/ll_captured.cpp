@@ -34,6 +34,16 @@ uint64_t round_up(uint64_t bytes, uint64_t to) {
   return (bytes + to - 1) / to * to;
 }
 
+// The signal words of the step transport (between nodes), kind * ranks + peer: what the proxy
+// counts for each peer on another node.
+enum WordKind : uint32_t {
+  kDispatchArrived = 0,   // its dispatch writes that landed (two a step)
+  kDispatchReleased = 1,  // the steps in which it read my messages
+  kCombineArrived = 2,    // its combine rows that landed (one write a step)
+  kCombineReleased = 3,   // the steps in which it read my rows
+  kWordKinds = 4,
+};
+
 // What a captured call cannot take, whatever the mode of the Buffer.
 void refuse_host_parts(bool async, const std::shared_ptr<device::DeviceEvent>& event,
                        const char* phase) {
@@ -107,7 +117,8 @@ ep::Tensor static_output(device::DeviceRuntime& setup, ep::DType dtype, int64_t 
 
 }  // namespace
 
-CapturedLowLatency::Layout CapturedLowLatency::layout_for(const LlShape& shape, int ranks) {
+CapturedLowLatency::Layout CapturedLowLatency::layout_for(const LlShape& shape, int ranks,
+                                                          int remotes) {
   ep::LlFormat widest;  // BF16 messages: the largest of every format
   widest.hidden = static_cast<uint32_t>(shape.hidden);
   widest.fp8 = false;
@@ -120,10 +131,112 @@ CapturedLowLatency::Layout CapturedLowLatency::layout_for(const LlShape& shape, 
   l.words_at = l.counts_at + round_up(4ull * static_cast<uint64_t>(ranks * local), 64);
   // arrived, released (dispatch); arrived, released (combine); the two epochs.
   l.bytes = l.words_at + 8ull * (4ull * static_cast<uint64_t>(ranks) + 2);
+  const uint64_t slot = round_up(l.slot_bytes, 64), back = round_up(l.return_bytes, 64),
+                 row = round_up(4ull * static_cast<uint64_t>(local), 64);
+  l.recv_slot_at = 0;
+  l.send_slot_at = slot;
+  l.recv_return_at = 2 * slot;
+  l.send_return_at = 2 * slot + back;
+  l.recv_counts_at = 2 * slot + 2 * back;
+  l.send_counts_at = l.recv_counts_at + row;
+  l.remote_stride = l.send_counts_at + row;
+  l.remote_bytes = static_cast<uint64_t>(remotes) * l.remote_stride;
   return l;
 }
 
+uint64_t CapturedLowLatency::remote_base(int of, int at) const {
+  const int R = session_.ranks(), P = session_.ranks_per_node();
+  const int first = at / P * P, last = std::min(first + P, R);
+  const int index = of < first ? of : of - (last - first);
+  return static_cast<uint64_t>(index) * layout_.remote_stride;
+}
+
+gpu_side::Descriptor CapturedLowLatency::write_to(int to, uint64_t from_offset, uint64_t to_offset,
+                                                  uint64_t bytes, uint32_t word) const {
+  gpu_side::Descriptor d;
+  d.op = bytes > 0 ? gpu_side::Op::write_imm : gpu_side::Op::signal;
+  d.dst_rank = static_cast<uint32_t>(to);
+  d.local_region = d.remote_region = link_->region;
+  d.src_offset = from_offset;
+  d.dst_offset = to_offset;
+  d.length = bytes;
+  d.imm = control::SignalWords::imm_for(word);
+  return d;
+}
+
+std::vector<device::LlRemotePeer> CapturedLowLatency::remote_peers() const {
+  if (!link_) return {};
+  const int R = session_.ranks();
+  std::vector<device::LlRemotePeer> peers(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    if (session_.layout().on_node(r)) continue;
+    std::byte* base = link_->memory + remote_base(r, session_.rank());
+    const uint64_t* words = link_->words;
+    peers[static_cast<size_t>(r)] = {
+        .send_slot = base + layout_.send_slot_at,
+        .send_counts = reinterpret_cast<int32_t*>(base + layout_.send_counts_at),
+        .recv_slot = base + layout_.recv_slot_at,
+        .recv_counts = reinterpret_cast<const int32_t*>(base + layout_.recv_counts_at),
+        .arrived = words + kDispatchArrived * R + r,
+        .released = words + kDispatchReleased * R + r};
+  }
+  return peers;
+}
+
+std::vector<device::LlRemoteReturn> CapturedLowLatency::remote_homes() const {
+  if (!link_) return {};
+  const int R = session_.ranks();
+  std::vector<device::LlRemoteReturn> homes(static_cast<size_t>(R));
+  for (int r = 0; r < R; ++r) {
+    if (session_.layout().on_node(r)) continue;
+    std::byte* base = link_->memory + remote_base(r, session_.rank());
+    homes[static_cast<size_t>(r)] = {.send_slot = base + layout_.send_return_at,
+                                     .recv_slot = base + layout_.recv_return_at,
+                                     .arrived = link_->words + kCombineArrived * R + r,
+                                     .released = link_->words + kCombineReleased * R + r};
+  }
+  return homes;
+}
+
+// Every write leaves this rank's part for the peer (remote_base(peer, me)) for this rank's part
+// at the peer (remote_base(me, peer)); its immediate names the peer's word that counts it.
+device::LlRemoteSends CapturedLowLatency::dispatch_sends() const {
+  device::LlRemoteSends out;
+  if (!link_) return out;
+  const int R = session_.ranks(), me = session_.rank();
+  const auto local = static_cast<uint64_t>(shape_->experts / R);
+  std::vector<gpu_side::Descriptor> rows;
+  for (int r = 0; r < R; ++r) {
+    if (session_.layout().on_node(r)) continue;
+    const uint64_t mine = remote_base(r, me), theirs = remote_base(me, r);
+    out.sends.push_back(write_to(r, mine + layout_.send_slot_at, theirs + layout_.recv_slot_at, 0,
+                                 kDispatchArrived * R + me));
+    rows.push_back(write_to(r, mine + layout_.send_counts_at, theirs + layout_.recv_counts_at,
+                            4 * local, kDispatchArrived * R + me));
+    out.releases.push_back(write_to(r, 0, 0, 0, kDispatchReleased * R + me));
+  }
+  out.sends.insert(out.sends.end(), rows.begin(), rows.end());
+  out.ring = link_->ring;
+  return out;
+}
+
+device::LlRemoteSends CapturedLowLatency::combine_sends() const {
+  device::LlRemoteSends out;
+  if (!link_) return out;
+  const int R = session_.ranks(), me = session_.rank();
+  for (int r = 0; r < R; ++r) {
+    if (session_.layout().on_node(r)) continue;
+    out.sends.push_back(write_to(r, remote_base(r, me) + layout_.send_return_at,
+                                 remote_base(me, r) + layout_.recv_return_at, 0,
+                                 kCombineArrived * R + me));
+    out.releases.push_back(write_to(r, 0, 0, 0, kCombineReleased * R + me));
+  }
+  out.ring = link_->ring;
+  return out;
+}
+
 device::LlNodeMemory CapturedLowLatency::dispatch_memory(int rank) const {
+  if (!session_.layout().on_node(rank)) return {};  // remote_peers()
   std::byte* base = memory_->peer(rank);
   auto* words = reinterpret_cast<uint64_t*>(base + layout_.words_at);
   const int R = session_.ranks();
@@ -134,6 +247,7 @@ device::LlNodeMemory CapturedLowLatency::dispatch_memory(int rank) const {
 }
 
 device::LlNodeReturnMemory CapturedLowLatency::return_memory(int rank) const {
+  if (!session_.layout().on_node(rank)) return {};  // remote_homes()
   std::byte* base = memory_->peer(rank);
   auto* words = reinterpret_cast<uint64_t*>(base + layout_.words_at);
   const int R = session_.ranks();
@@ -151,10 +265,6 @@ void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime
   require(!shrink_, phase,
           "a Buffer with enable_shrink cannot capture low-latency calls: a masked rank's steps "
           "would never be signalled");
-  require(session_.ranks_per_node() == R, phase,
-          "captured low-latency calls need every rank on one node (this group has {} ranks, {} "
-          "per node): between nodes the proxies post the writes, which a graph cannot hold yet",
-          R, session_.ranks_per_node());
   if (shape_) {
     require(*shape_ == shape, phase,
             "every captured call of a Buffer uses the sizes of its first ({}); this one has {}",
@@ -178,7 +288,10 @@ void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime
   }
   require(differ.empty(), phase, "every rank must capture the same sizes: rank {} uses {}{}",
           session_.rank(), describe(shape), differ);
-  const Layout layout = layout_for(shape, R);
+  int remotes = 0;
+  for (int r = 0; r < R; ++r)
+    remotes += session_.layout().on_node(r) ? 0 : 1;
+  const Layout layout = layout_for(shape, R, remotes);
   // The shared memory and its zeroing are no part of the graph (the thread's capture relaxed).
   const device::SetupStream setup = device::setup_stream(device);
   auto memory = std::make_unique<proxy::DeviceArenas>(bootstrap_, device, layout.bytes,
@@ -187,7 +300,8 @@ void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime
   // then every rank says whether it reaches every rank's memory, so that all fail alike.
   std::string unreachable;
   for (int r = 0; r < R; ++r)
-    if (memory->peer(r) == nullptr) unreachable += fmt::format(" {}", r);
+    if (session_.layout().on_node(r) && memory->peer(r) == nullptr)
+      unreachable += fmt::format(" {}", r);
   if (unreachable.empty()) {
     setup->fill(memory->local(), 0, layout.bytes);
     setup->synchronize(phase, timeout());
@@ -203,6 +317,10 @@ void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime
           "ranks{} cannot reach every rank's step memory (this rank misses ranks{}): a device "
           "that shares no memory, or GPUs without peer access",
           cannot, unreachable.empty() ? " none" : unreachable);
+  // The ranks on other nodes: the step transport (collective too, every rank alike).
+  if (remotes > 0)
+    link_ = session_.open_step_link(bootstrap_, device, layout.remote_bytes,
+                                    kWordKinds * static_cast<uint32_t>(R), phase);
   memory_ = std::move(memory);
   layout_ = layout;
   shape_ = shape;
@@ -257,6 +375,8 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
       .wait_stats = written<int64_t>(a.dispatch_wait_recv_cost_stats)};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(dispatch_memory(r));
+  plan.remote = remote_peers();
+  plan.remote_sends = dispatch_sends();
   captured->step = std::make_unique<device::LlNodeDispatch>(device, std::move(plan), kDispatch);
   captured->topk_idx = a.topk_idx;
   join_caller(*device, a.previous_event);
@@ -364,6 +484,8 @@ LowLatencyCombineResult CapturedLowLatency::combine(
                                  .wait_stats = written<int64_t>(a.combine_wait_recv_cost_stats)};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(return_memory(r));
+  plan.remote = remote_homes();
+  plan.remote_sends = combine_sends();
   auto step = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);
   join_caller(*device, a.previous_event);
   if (a.return_recv_hook)

@@ -20,7 +20,17 @@
 // (a graph launched after its Buffer is gone reads freed memory, as with DeepEP). Every rank
 // must launch its graphs as often as the others.
 //
-// Refused before anything is queued, naming why: ranks on more than one node, a peer whose
+// Between nodes (a group that spans nodes, proxy threads in this process), the node peers are
+// reached as on one node and the ranks on other nodes through the session's step transport
+// (proxy/step_link.hpp: step memory every rank registered with the fabric, signal words the
+// proxies count, a ring the stream pushes into), made collectively at the first captured call
+// too: the step packs a remote peer's messages into this rank's send slot for it and pushes the
+// writes (messages, counts row; the rows back in the combine) into the peer's receive slot for
+// this rank, sized on the device from the counts; each write's immediate names the peer's signal
+// word that counts it, and the releases go back as signals (gpu_side/device/ll_node_*.hpp).
+//
+// Refused before anything is queued, naming why: the node daemon as the proxy (it relays the
+// completions to a process that does not wait for them while a graph runs), a peer whose
 // device memory this rank cannot open, rank masking (enable_shrink), async_finish (the graph is
 // the asynchrony), a previous_event recorded outside the capture, sizes other than
 // the first captured call's, a combine of a dispatch that was not captured (or a captured
@@ -83,11 +93,25 @@ class CapturedLowLatency {
   struct Layout {
     uint64_t slot_bytes = 0, return_bytes = 0;
     uint64_t returns_at = 0, counts_at = 0, words_at = 0, bytes = 0;
+    // The step transport's memory (between nodes): per rank on another node, in rank order,
+    // `remote_stride` bytes holding its receive and send slots and counts rows at these offsets.
+    uint64_t recv_slot_at = 0, send_slot_at = 0, recv_return_at = 0, send_return_at = 0;
+    uint64_t recv_counts_at = 0, send_counts_at = 0, remote_stride = 0, remote_bytes = 0;
   };
-  static Layout layout_for(const LlShape& shape, int ranks);
+  static Layout layout_for(const LlShape& shape, int ranks, int remotes);
   gpu_side::device::LlNodeMemory dispatch_memory(int rank) const;
   gpu_side::device::LlNodeReturnMemory return_memory(int rank) const;
   uint64_t* epoch(int which) const;  // this rank's: 0 the dispatch's, 1 the combine's
+  // Between nodes: the peers on other nodes' memory and words, and the writes to them.
+  std::vector<gpu_side::device::LlRemotePeer> remote_peers() const;
+  std::vector<gpu_side::device::LlRemoteReturn> remote_homes() const;
+  gpu_side::device::LlRemoteSends dispatch_sends() const;
+  gpu_side::device::LlRemoteSends combine_sends() const;
+  // Where rank `of`'s memory is among the peers on other nodes of rank `at` (its offset in
+  // at's step transport memory), and the descriptor of a write from this rank to `to`.
+  uint64_t remote_base(int of, int at) const;
+  gpu_side::Descriptor write_to(int to, uint64_t from_offset, uint64_t to_offset, uint64_t bytes,
+                                uint32_t word) const;
 
   // Dropped with the Buffer: the captured calls' hooks refuse to queue after that.
   std::shared_ptr<void> alive_ = std::make_shared<int>(0);
@@ -97,6 +121,7 @@ class CapturedLowLatency {
   std::optional<LlShape> shape_;
   Layout layout_;
   std::unique_ptr<proxy::DeviceArenas> memory_;
+  std::optional<proxy::StepLink> link_;                        // between nodes
   std::vector<std::shared_ptr<CapturedDispatch>> dispatches_;  // every captured call's
 };
 

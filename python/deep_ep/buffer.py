@@ -244,7 +244,7 @@ class Buffer:
             # Refused before any stream is touched (the native side refuses too, naming why).
             if torch.cuda.is_current_stream_capturing() and not capturable:
                 raise proxyep.ProxyEPError(
-                    "CUDA graph capture: only the low-latency calls (on one node) can be captured; "
+                    "CUDA graph capture: only the low-latency calls can be captured; "
                     "this call waits on the host, so make it outside graph capture (SGLang: "
                     "--disable-cuda-graph; vLLM: enforce_eager=True)")
             stream = torch.cuda.current_stream().cuda_stream

@@ -13,8 +13,9 @@
 // dispatch's hook, a previous_event recorded outside the capture, zero_copy before a combine
 // buffer was asked for, a combine's topk_idx
 // that is not the dispatch's tensor, a captured dispatch's combine outside a capture, a second
-// combine of one dispatch. Run on the host-simulated device by test_device_buffer_threads.cpp and
-// on CUDA by tests/gpu/test_gpu_buffer.cpp.
+// combine of one dispatch. With ranks on other nodes, the same through the proxies (the step
+// transport's writes, counted in signal words). Run on the host-simulated device by
+// test_device_buffer_threads.cpp and on CUDA by tests/gpu/test_gpu_buffer.cpp.
 #pragma once
 
 #include "integrations/buffer.hpp"
@@ -65,13 +66,13 @@ inline LowLatencyDispatchArgs dispatch_args(const ep::Tensor& x, const ep::Tenso
 
 inline void run_captured_ll_rank(control::Bootstrap::Options options,
                                  const DeviceFactory& make_device, bool joined, bool hooked,
-                                 bool zero_copy) {
+                                 bool zero_copy, int ranks_per_node) {
   auto boot = control::Bootstrap::connect(std::move(options));
   const int me = boot->rank();
   const RankDevice devices = make_device(me);
   gpu_side::device::DeviceRuntime& dev = *devices.buffer;
   gpu_side::device::DeviceRuntime& caller = *devices.caller;
-  Buffer buffer(*boot, captured_options(devices.buffer, kRanks, false));
+  Buffer buffer(*boot, captured_options(devices.buffer, ranks_per_node, false));
 
   // The graphs' tensors: fixed device memory, rewritten by the caller before each launch.
   const auto first = inputs(1);
@@ -266,15 +267,13 @@ inline void run_captured_refusal_rank(control::Bootstrap::Options options,
   buffer.destroy();
 }
 
-// Between nodes the proxies post the writes: refused there, and with rank masking
-// (enable_shrink).
+// Rank masking (enable_shrink): a masked rank's steps would never be signalled, on one node or
+// between nodes.
 inline void run_captured_ll_refused(const DeviceFactory& make_device) {
-  for (const bool shrink : {false, true})
-    run_buffer_ranks(kRanks, !shrink, [make_device, shrink](control::Bootstrap::Options o) {
-      run_captured_refusal_rank(std::move(o), make_device, shrink ? kRanks : 1, shrink,
-                                shrink ? "a Buffer with enable_shrink cannot capture low-latency "
-                                         "calls"
-                                       : "captured low-latency calls need every rank on one node");
+  for (const int ranks_per_node : {kRanks, 1})
+    run_buffer_ranks(kRanks, true, [make_device, ranks_per_node](control::Bootstrap::Options o) {
+      run_captured_refusal_rank(std::move(o), make_device, ranks_per_node, true,
+                                "a Buffer with enable_shrink cannot capture low-latency calls");
     });
 }
 
@@ -293,12 +292,17 @@ inline void run_captured_ll_without_shared_memory(const DeviceFactory& make_devi
 // `joined`: the caller's stream captures, the Buffer's joins it (else the Buffer's captures).
 // `hooked`: the calls pass return_recv_hook and call their hooks inside the capture.
 // `zero_copy`: the combine reads the expert outputs from the combine buffer.
+// `ranks_per_node` below kRanks: the group spans nodes, whose ranks the steps reach through the
+// proxies (over `fabric`, with the reorder shim on: completions come out of order).
 inline void run_captured_ll(const DeviceFactory& make_device, bool joined, bool hooked = false,
-                            bool zero_copy = false) {
-  run_buffer_ranks(kRanks, false,
-                   [make_device, joined, hooked, zero_copy](control::Bootstrap::Options o) {
-                     run_captured_ll_rank(std::move(o), make_device, joined, hooked, zero_copy);
-                   });
+                            bool zero_copy = false, int ranks_per_node = kRanks,
+                            const std::string& fabric = "tcp") {
+  run_buffer_ranks(
+      kRanks, ranks_per_node < kRanks,
+      [make_device, joined, hooked, zero_copy, ranks_per_node](control::Bootstrap::Options o) {
+        run_captured_ll_rank(std::move(o), make_device, joined, hooked, zero_copy, ranks_per_node);
+      },
+      fabric);
 }
 
 }  // namespace proxyep::integrations::testing::ll

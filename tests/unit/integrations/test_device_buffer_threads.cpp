@@ -150,8 +150,25 @@ TEST_CASE("low-latency calls captured into graphs: a zero_copy combine reads the
   integrations::testing::ll::run_captured_ll(simulated, true, true, true);
 }
 
-TEST_CASE("low-latency calls captured into graphs: refused between nodes and with shrink") {
+TEST_CASE("low-latency calls captured into graphs: refused with shrink") {
   integrations::testing::ll::run_captured_ll_refused(simulated);
+}
+
+// Every rank on its own node: the steps' writes go through the proxies (tcp, the reorder shim
+// on), into step memory on the host (tcp registers no device memory), counted in signal words.
+TEST_CASE("low-latency calls captured into graphs: between nodes, through the proxies") {
+  using integrations::testing::ll::run_captured_ll;
+  run_captured_ll(simulated, false, false, false, 1);
+  run_captured_ll(slow_buffer_stream, true, false, false, 1);
+  run_captured_ll(simulated, true, true, true, 1);
+}
+
+// Where the fabric registers device memory (shm in a CUDA build) and the device offers memory a
+// NIC reaches, the step memory is device memory (GPUDirect RDMA's stand-in).
+TEST_CASE("low-latency calls captured into graphs: between nodes, into device memory (FI_HMEM)") {
+  using integrations::testing::ll::run_captured_ll;
+  run_captured_ll(nic_reads_device_memory, false, false, false, 1, "shm");
+  run_captured_ll(nic_reads_device_memory, true, true, false, 1, "shm");
 }
 
 // Rank 1's device shares no memory (a GPU without CUDA IPC).

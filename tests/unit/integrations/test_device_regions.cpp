@@ -74,6 +74,9 @@ class ShiftingDevice final : public DeviceRuntime {
   void count_mismatches(const gpu_side::ep::MismatchParams& p) override {
     inner_->count_mismatches(p);
   }
+  void ll_write_bytes(const gpu_side::ep::SizeWritesParams& p) override {
+    inner_->ll_write_bytes(p);
+  }
   std::unique_ptr<gpu_side::device::DeviceRingProducer> attach_ring(
       const gpu_side::Ring& ring) override {
     return inner_->attach_ring(ring);
