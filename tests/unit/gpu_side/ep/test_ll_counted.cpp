@@ -271,3 +271,53 @@ TEST_CASE("ll_return_counted: a layout past the blocks or the slot moves nothing
   bad.threads = 2048;
   CHECK(ll_return_counted_error(bad) != nullptr);
 }
+
+// A step's writes to other nodes: each sized by its group of counts (negative counts as 0),
+// whole units that fit the room, a signal when empty; a negative group leaves a write alone.
+TEST_CASE("ll_write_bytes: writes sized from their group's counts, empty ones become signals") {
+  const std::vector<int32_t> counts = {3,  0, 2,   // group 0: 5 units
+                                       0,  0, 0,   // group 1: nothing
+                                       -4, 1, 0,   // group 2: 1 unit (a negative counts 0)
+                                       9,  9, 9};  // group 3: 27 units, more than the room
+  const std::vector<int32_t> groups = {0, 1, 2, 3, -1};
+  std::vector<proxyep::gpu_side::Descriptor> writes(5);
+  for (auto& w : writes) {
+    w.op = proxyep::gpu_side::Op::signal;
+    w.length = 0;
+    w.imm = 77;
+  }
+  writes[4].op = proxyep::gpu_side::Op::write_imm;  // the fixed write: left as it is
+  writes[4].length = 12;
+  const SizeWritesParams p{.writes = writes.data(),
+                           .counts = counts.data(),
+                           .groups = groups.data(),
+                           .group_size = 3,
+                           .unit_bytes = 100,
+                           .max_bytes = 2050,
+                           .count = 5};
+  REQUIRE(ll_write_bytes_error(p) == nullptr);
+  ll_write_bytes_on_host(p);
+  CHECK(writes[0].op == proxyep::gpu_side::Op::write_imm);
+  CHECK(writes[0].length == 500);
+  CHECK(writes[1].op == proxyep::gpu_side::Op::signal);
+  CHECK(writes[1].length == 0);
+  CHECK(writes[2].length == 100);
+  CHECK(writes[3].length == 2000);  // 20 whole units fit 2050 bytes
+  CHECK(writes[4].length == 12);
+  CHECK(writes[4].op == proxyep::gpu_side::Op::write_imm);
+  for (const auto& w : writes)
+    CHECK(w.imm == 77);  // nothing but op and length changes
+
+  SizeWritesParams bad = p;
+  bad.unit_bytes = 0;
+  CHECK(ll_write_bytes_error(bad) != nullptr);
+  bad = p;
+  bad.max_bytes = 99;
+  CHECK(ll_write_bytes_error(bad) != nullptr);
+  bad = p;
+  bad.group_size = 0;
+  CHECK(ll_write_bytes_error(bad) != nullptr);
+  bad = p;
+  bad.groups = nullptr;
+  CHECK(ll_write_bytes_error(bad) != nullptr);
+}
