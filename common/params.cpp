@@ -131,6 +131,10 @@ Param<int64_t> proxy_idle_sleep_us{"proxy.idle_sleep_us", 5000, in_range(1, 1000
     "longest sleep of an idle proxy thread (nothing in flight, nobody waiting) before it polls "
     "its completion queues again; ring doorbells and waiters wake it at once. Each wake-up costs "
     "~35 us of CPU on a small VM: 5 ms keeps an idle thread near 0.5% of a core"};
+Param<bool> proxy_graph_polling{"proxy.graph_polling", true,
+    "once a Buffer captured low-latency calls between nodes, its proxy threads keep polling "
+    "(yielding between empty passes) instead of sleeping up to proxy.idle_sleep_us: a graph's "
+    "writes and arrivals ring no doorbell, so a sleeping proxy would add up to that to a step"};
 Param<int64_t> proxy_credits_writes{"proxy.credits_writes", 64, in_range(1, 65536),
     "writes a proxy thread may have in flight to one destination rank"};
 Param<int64_t> proxy_credits_bytes{"proxy.credits_bytes", 8 << 20,

@@ -40,6 +40,7 @@ extern Param<int64_t> proxy_burst;
 extern Param<int64_t> proxy_spin_passes;
 extern Param<int64_t> proxy_yield_passes;
 extern Param<int64_t> proxy_idle_sleep_us;
+extern Param<bool> proxy_graph_polling;
 extern Param<int64_t> proxy_credits_writes;
 extern Param<int64_t> proxy_credits_bytes;
 extern Param<int64_t> proxy_peer_timeout_ms;

@@ -70,9 +70,7 @@ class DaemonSession final : public Session {
   bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                    std::string_view phase) override;
   void flush_posts() override;
-  uint64_t chunks_from_device_memory() const override {
-    return link_ ? link_->device_chunks() : 0;
-  }
+  uint64_t chunks_from_device_memory() const override { return link_ ? link_->device_chunks() : 0; }
   uint64_t sends_to_device_arenas() const override { return device_arenas_->sends(); }
   uint64_t writes_from_device() const override {
     return device_routing_ ? device_routing_->posted() : 0;

@@ -156,6 +156,14 @@ class ProxyEngine {
   // start(); the watch must outlive the engine. Null: none.
   void watch_peers(const control::PeerWatch* watch) { peers_ = watch; }
 
+  // While some caller keeps it on, the threads yield between empty passes instead of sleeping
+  // (IdlePolicy's keep_awake): for producers that ring no doorbell and signals nobody waits for
+  // on the engine, a graph's steps (step_link.hpp). Counted: every on needs its off.
+  void keep_polling(bool on) {
+    shared_->signals.polling.fetch_add(on ? 1 : -1, std::memory_order_relaxed);
+    kick();
+  }
+
   const Health& health() const { return shared_->health; }
   void kick() const;
   int threads() const { return static_cast<int>(threads_.size()); }

@@ -173,7 +173,9 @@ void ProxyThread::run() {
 // writes in flight or waiting for credits complete only if their CQ is read (manual-progress
 // providers) and their credits come back.
 bool ProxyThread::keep_awake() const {
-  if (signals_.waiting.load(std::memory_order_relaxed) > 0 || !backlog_.empty()) return true;
+  if (signals_.waiting.load(std::memory_order_relaxed) > 0 ||
+      signals_.polling.load(std::memory_order_relaxed) > 0 || !backlog_.empty())
+    return true;
   for (const auto& lane : lanes_)
     if (lane->producer_waiting()) return true;  // a daemon client waits (ring_layout.hpp)
   return counters_.posted.load(std::memory_order_relaxed) !=

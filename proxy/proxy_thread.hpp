@@ -88,7 +88,10 @@ struct ThreadConfig {
 struct WaiterSignals {
   std::atomic<int> waiting{0};  // threads waiting on the engine: keep polling for them
   std::atomic<int> driving{0};  // of them, those running passes themselves: sleep, not poll
-  WaitNotifier notifier;        // woken after a pass that changed what waiters can see
+  // Producers that ring no doorbell and consumers that wait on no engine (a graph's steps,
+  // ProxyEngine::keep_polling): while > 0 the threads yield between empty passes, never sleep.
+  std::atomic<int> polling{0};
+  WaitNotifier notifier;  // woken after a pass that changed what waiters can see
 };
 
 struct ThreadStats {

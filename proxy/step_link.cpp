@@ -4,6 +4,7 @@
 #include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/params.hpp"
 
 #include <fmt/format.h>
 
@@ -112,6 +113,9 @@ StepLink StepTransport::open(control::Bootstrap& bootstrap, fabric::Fabric& fabr
       },
       Deadline(timeout));
   bootstrap.barrier(fmt::format("{}(step transport ready)", phase));
+  // A graph's pushes and arrivals ring no doorbell: the proxies keep polling from now on, for
+  // the session's life (proxy.graph_polling).
+  if (params::proxy_graph_polling.get()) engine.keep_polling(true);
   log::debug(
       "buffer: rank {}: captured steps reach other nodes through {} bytes of {} ({} signal words)",
       bootstrap.rank(), bytes,

@@ -18,7 +18,9 @@
 // the proxies run, and a graph may be launched at any time): open() is collective, once per
 // session, and registers while the proxy threads are held out of their passes
 // (ProxyEngine::amend): the fabric is FI_THREAD_DOMAIN. It ends with a barrier, so no rank's
-// step writes reach a rank that is not ready for them.
+// step writes reach a rank that is not ready for them. From then on the proxy threads keep
+// polling instead of sleeping (proxy.graph_polling; ProxyEngine::keep_polling): nothing rings
+// their doorbells for a graph's writes and arrivals.
 #pragma once
 
 #include "common/host_memory.hpp"

@@ -48,6 +48,14 @@ TEST_CASE("CUDA low-latency calls captured into graphs (ranks as threads on one 
   integrations::testing::ll::run_captured_ll_refused(cuda_device);
 }
 
+// Every rank on its own node: the graphs' writes go through the proxies over tcp (step memory
+// in host memory registered with the GPU: tcp registers no device memory), the arrivals counted
+// in signal words the GPU waits on.
+TEST_CASE("CUDA low-latency calls captured into graphs between nodes (through the proxies)") {
+  integrations::testing::ll::run_captured_ll(cuda_device, false, false, false, 1);
+  integrations::testing::ll::run_captured_ll(cuda_device, true, true, false, 1);
+}
+
 int main(int argc, char** argv) {
   if (!testing::cuda_device_present()) return testing::kSkipExitCode;
   doctest::Context context(argc, argv);

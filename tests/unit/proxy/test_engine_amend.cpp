@@ -9,6 +9,7 @@
 #include "gpu_side/ring.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
+#include "tests/unit/proxy/stuck_rail.hpp"
 
 #include <doctest/doctest.h>
 
@@ -25,32 +26,7 @@ constexpr size_t kBytes = 64 * 1024;
 constexpr uint64_t kSlots = 64;
 constexpr uint32_t kEarly = 0, kLate = 1;  // counter keys: writes to the early / late region
 
-std::atomic<bool> stuck{false};  // the rails' poll() blocks while set
-std::atomic<bool> inside{false};
-
-// Passes everything through, but poll() blocks while `stuck` is set: a provider call that does
-// not return (a peer's lock in shared memory).
-class Rail final : public fabric::Transport {
- public:
-  explicit Rail(std::unique_ptr<fabric::Transport> inner) : inner_(std::move(inner)) {}
-  const fabric::Capabilities& capabilities() const override { return inner_->capabilities(); }
-  int rail_index() const override { return inner_->rail_index(); }
-  fabric::Bytes address() const override { return inner_->address(); }
-  void connect(const std::vector<fabric::Bytes>& addresses) override { inner_->connect(addresses); }
-  [[nodiscard]] Status write(const fabric::WriteOp& op) override { return inner_->write(op); }
-  [[nodiscard]] Status poll(std::span<fabric::Completion> out, size_t& count) override {
-    while (stuck) {
-      inside = true;
-      std::this_thread::sleep_for(1ms);
-    }
-    return inner_->poll(out, count);
-  }
-  size_t writes_in_flight() const override { return inner_->writes_in_flight(); }
-  const std::string& last_error() const override { return inner_->last_error(); }
-
- private:
-  std::unique_ptr<fabric::Transport> inner_;
-};
+proxy::testing::StuckGate gate;  // the rails' poll() blocks while armed
 
 struct Side {
   std::unique_ptr<fabric::Fabric> fabric;
@@ -87,7 +63,7 @@ TEST_CASE("engine amend: a region registered while the proxy threads run takes w
   for (int r = 0; r < 2; ++r) {
     auto options = fabric::testing::options_for("tcp", r, 1, /*reorder=*/true);
     options.wrap_rail = [](std::unique_ptr<fabric::Transport> rail) {
-      return std::make_unique<Rail>(std::move(rail));
+      return std::make_unique<proxy::testing::StuckRail>(std::move(rail), gate);
     };
     sides[r].fabric = fabric::Fabric::open(options);
   }
@@ -150,14 +126,14 @@ TEST_CASE("engine amend: a region registered while the proxy threads run takes w
 
   // A thread stuck inside the provider: the amend fails at its deadline, naming the thread,
   // without running the change; once the provider returns, amend works again.
-  stuck = true;
-  while (!inside)
+  gate.armed = true;
+  while (!gate.inside)
     std::this_thread::sleep_for(1ms);
   bool ran = false;
   CHECK_THROWS_WITH_AS(sides[0].engine->amend([&] { ran = true; }, Deadline::after_ms(200)),
                        doctest::Contains("proxy thread 0 did not finish its pass in time"), Error);
   CHECK_FALSE(ran);
-  stuck = false;
+  gate.armed = false;
   sides[0].engine->amend([&] { ran = true; }, Deadline::after_ms(10000));
   CHECK(ran);
   for (Side& s : sides)

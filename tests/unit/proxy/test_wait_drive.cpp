@@ -2,6 +2,7 @@
 // its completion are its own while the proxy thread sleeps; a proxy thread stuck inside the
 // provider never traps a driving waiter, which fails at its deadline naming the stuck thread.
 #include "tests/unit/proxy/proxy_pair.hpp"
+#include "tests/unit/proxy/stuck_rail.hpp"
 
 #include <doctest/doctest.h>
 
@@ -62,34 +63,7 @@ TEST_CASE("a waiting caller runs the passes of its sleeping proxy when driving i
 namespace {
 
 // Outlives the pair: the stuck thread reads it.
-struct Gate {
-  std::atomic<bool> armed{false};
-  std::atomic<bool> inside{false};
-};
-Gate gate;
-
-// A rail whose poll() blocks while the gate is armed: a provider call that does not return.
-class StuckRail final : public fabric::Transport {
- public:
-  explicit StuckRail(std::unique_ptr<fabric::Transport> inner) : inner_(std::move(inner)) {}
-  const fabric::Capabilities& capabilities() const override { return inner_->capabilities(); }
-  int rail_index() const override { return inner_->rail_index(); }
-  fabric::Bytes address() const override { return inner_->address(); }
-  void connect(const std::vector<fabric::Bytes>& addresses) override { inner_->connect(addresses); }
-  [[nodiscard]] Status write(const fabric::WriteOp& op) override { return inner_->write(op); }
-  [[nodiscard]] Status poll(std::span<fabric::Completion> out, size_t& count) override {
-    while (gate.armed) {
-      gate.inside = true;
-      std::this_thread::sleep_for(1ms);
-    }
-    return inner_->poll(out, count);
-  }
-  size_t writes_in_flight() const override { return inner_->writes_in_flight(); }
-  const std::string& last_error() const override { return inner_->last_error(); }
-
- private:
-  std::unique_ptr<fabric::Transport> inner_;
-};
+proxy::testing::StuckGate gate;
 
 }  // namespace
 
@@ -101,7 +75,7 @@ TEST_CASE("a proxy thread stuck inside the provider never traps a driving waiter
         auto o = fabric::testing::options_for("tcp", r, 1, false);
         if (r == 1)
           o.wrap_rail = [](std::unique_ptr<fabric::Transport> rail) {
-            return std::make_unique<StuckRail>(std::move(rail));
+            return std::make_unique<StuckRail>(std::move(rail), gate);
           };
         return o;
       },
