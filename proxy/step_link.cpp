@@ -58,21 +58,34 @@ StepLink StepTransport::open(control::Bootstrap& bootstrap, fabric::Fabric& fabr
   // fail alike instead of waiting for the one that did.
   std::string failed;
   try {
-    void* registered = nullptr;
-    fabric::MemoryKind kind = fabric::MemoryKind::host;
+    const Deadline deadline(timeout);
     gpu_side::device::NicMemory nic;
     if (fabric.capabilities().hmem) nic = device->allocate_for_nic(bytes);
     if (nic.memory) {
-      device_memory_ = nic.memory;
-      link_.memory = nic.memory.get();
-      link_.device_memory = true;
-      registered = nic.memory.get();
-      kind = nic.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda;
-    } else {
+      try {
+        engine.amend(
+            [&] {
+              region_ = fabric.register_memory(
+                  nic.memory.get(), bytes,
+                  nic.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
+            },
+            deadline);
+        device_memory_ = nic.memory;
+        link_.memory = nic.memory.get();
+        link_.device_memory = true;
+      } catch (const Error& e) {
+        // A provider may announce FI_HMEM and refuse this kind of device memory (a libfabric
+        // built without CUDA): host memory serves, as without FI_HMEM.
+        log::info("buffer: step memory not registered in device memory ({}); host memory serves",
+                  e.what());
+      }
+    }
+    if (!region_) {
       host_memory_ = std::make_unique<HostMemory>(HostMemory::heap(bytes));
       link_.memory = static_cast<std::byte*>(device->register_host(host_memory_->host(), bytes));
       host_registered_ = true;
-      registered = host_memory_->host();
+      engine.amend([&] { region_ = fabric.register_memory(host_memory_->host(), bytes); },
+                   deadline);
     }
     link_.bytes = bytes;
     words_ = std::make_unique<control::SignalWords>(words);
@@ -85,8 +98,6 @@ StepLink StepTransport::open(control::Bootstrap& bootstrap, fabric::Fabric& fabr
     producer_ = device->attach_ring(ring_);
     link_.ring = producer_.get();
     link_.region = kRegion;
-    engine.amend([&] { region_ = fabric.register_memory(registered, bytes, kind); },
-                 Deadline(timeout));
   } catch (const std::exception& e) {
     failed = e.what();
   }

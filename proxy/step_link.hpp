@@ -6,7 +6,8 @@
 //                 target of the peers' writes and the source of this rank's: device memory the
 //                 NIC reads and writes (GPUDirect RDMA, FI_HMEM) where the fabric and the device
 //                 both can, else host memory registered with the device (the bounce the device
-//                 reads and writes over PCIe). Chosen from the capabilities, never from names.
+//                 reads and writes over PCIe, also where the provider refuses to register
+//                 that device memory). Chosen from the capabilities, never from names.
 //   signal words  host memory the device waits on (control/signal_words.hpp): the proxy counts
 //                 a word up for every write whose immediate names it (SignalWords::imm_for), so
 //                 a step knows its peers' writes landed, in whatever order they did.

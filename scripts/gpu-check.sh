@@ -94,6 +94,17 @@ if /usr/bin/python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available
     echo "gpu-check: deep_ep with CUDA tensors failed (python-cuda.log)"
     rc=1
   }
+  # The LL calls under torch.cuda.graph between nodes (each rank its own node: the graphs' writes
+  # go through the proxies over tcp, counted in signal words).
+  PROXYEP_TEST_DEVICE=cuda PROXYEP_FABRIC_PROVIDER=tcp \
+    PYTHONPATH="$root/build/release/python:$root/tests/python" \
+    timeout 300 "$proxyep" launch -n 2 --ranks-per-node 1 --timeout 240 -- /usr/bin/python3 -m pytest -q \
+    -p no:cacheprovider -k cuda_graph "$root/tests/python/test_device_tensors.py" \
+    >"$out/python-cuda-graph-2nodes.log" 2>&1 || {
+    tail -30 "$out/python-cuda-graph-2nodes.log"
+    echo "gpu-check: deep_ep under torch.cuda.graph between nodes failed (python-cuda-graph-2nodes.log)"
+    rc=1
+  }
   # deep_ep's calls with CUDA tensors timed beside the C++ bench of the same shape and --device.
   PYTHONPATH="$root/build/release/python" timeout 300 /usr/bin/python3 -m proxyep.bench ep --device cuda \
     --tokens 1024 --iters 10 --json --cpp-bench "$proxyep" >"$out/python-bench-ep-cuda.json" \

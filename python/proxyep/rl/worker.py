@@ -142,19 +142,22 @@ def _open_coordinator(args):
 
 
 def _initial_published(source, generator):
-    """Every rank starts from the same published version: each waits for the one it is sent on
-    joining; if a publish landed in between (ranks differ), all wait for the newest."""
-    version = source.first().version
+    """Every rank starts from the same published version: each takes the one it is sent on
+    joining; if a publish landed in between (ranks differ), all wait for the newest. Each rank
+    applies the version agreed, never whatever was committed on it since: a later publish may
+    reach one rank first, and ranks serving different weights would run one EP model with two
+    policies and tag tokens with a version the others did not use (a group then looks staler
+    than it is, and is off-policy at eta = 0). A version committed after the agreed one stays
+    unhanded, so poll() reports it on every rank and it is applied through the worker's loop."""
+    update = source.first()
     while True:
         versions = [None] * dist.get_world_size()
-        dist.all_gather_object(versions, version)
+        dist.all_gather_object(versions, update.version)
         if len(set(versions)) == 1:
             break
-        version = source.subscriber.wait_committed(max(versions), source.timeout_s).version
-    update = source.subscriber.latest()
+        update = source.subscriber.wait_committed(max(versions), source.timeout_s)
     if update.version != generator.version:  # version 0 is the seeded initial model, here already
         generator.apply_weights(update.version, update.tensors)
-    source.poll()  # handed out: poll() reports only later versions
 
 
 def _initial_weights(source, generator):

@@ -355,3 +355,89 @@ def test_sigterm_sets_notice_and_restores_handler():
     finally:
         notice.close()
     assert signal.getsignal(signal.SIGTERM) == previous
+
+
+# ---- a worker's first weights (worker._initial_published), its ranks as two processes ----
+
+class _Committed:
+    def __init__(self, version):
+        self.version, self.tensors = version, {"w": torch.full((2,), float(version))}
+
+
+class _Subscriber:
+    """What the publisher committed on one rank: ``on_join`` when it joined, then ``later``
+    (None: nothing) right after, before the ranks agreed."""
+
+    def __init__(self, on_join, later):
+        self.on_join, self.later, self.committed = on_join, later, on_join
+
+    def wait_committed(self, version, timeout_s):
+        if self.committed < version:
+            self.committed = max(version, self.later or version)
+        return _Committed(self.committed)
+
+    def latest(self):
+        return _Committed(self.committed)
+
+    def poll(self):
+        return None
+
+
+class _Source:
+    timeout_s = 10.0
+
+    def __init__(self, on_join, later):
+        self.subscriber = _Subscriber(on_join, later)
+
+    def poll(self):
+        return self.subscriber.poll()
+
+    def first(self):
+        update = _Committed(self.subscriber.committed)
+        if self.subscriber.later is not None:  # lands on this rank after the join
+            self.subscriber.committed = self.subscriber.later
+        return update
+
+
+class _Generator:
+    version = 0
+
+    def apply_weights(self, version, tensors):
+        assert int(tensors["w"][0]) == version
+        self.version = version
+
+
+def _initial_rank(rank, init_file, joined, later, results):
+    import torch.distributed as dist
+
+    from proxyep.rl.worker import _initial_published
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        generator = _Generator()
+        _initial_published(_Source(joined[rank], later[rank]), generator)
+        results.put((rank, generator.version))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("joined, later, agreed", [
+    ((3, 3), (4, None), 3),     # v4 reached rank 0 before the ranks agreed: both serve v3
+    ((3, 4), (None, None), 4),  # rank 1 joined after v4: rank 0 waits for it, both serve v4
+])
+def test_ranks_of_a_late_worker_start_from_one_version(tmp_path, joined, later, agreed):
+    """Every rank applies the version the ranks agreed on, not what landed on it since: ranks on
+    different weights would run one EP model with two policies and tag tokens with versions the
+    others did not use (seen as staleness 1 at eta = 0 in the seeded run)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_initial_rank, args=(r, str(tmp_path / "init"), joined, later, results))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0, p.exitcode
+    got = dict(results.get(timeout=10) for _ in range(2))
+    assert got == {0: agreed, 1: agreed}, got
