@@ -16,15 +16,29 @@ struct StuckGate {
   std::atomic<bool> inside{false};  // a thread has blocked in poll() since it was armed
 };
 
-class StuckRail final : public fabric::Transport {
+// A rail that passes everything to the one it wraps, for decorators to override a call or two.
+class ForwardingRail : public fabric::Transport {
  public:
-  StuckRail(std::unique_ptr<fabric::Transport> inner, StuckGate& gate)
-      : inner_(std::move(inner)), gate_(gate) {}
+  explicit ForwardingRail(std::unique_ptr<fabric::Transport> inner) : inner_(std::move(inner)) {}
   const fabric::Capabilities& capabilities() const override { return inner_->capabilities(); }
   int rail_index() const override { return inner_->rail_index(); }
   fabric::Bytes address() const override { return inner_->address(); }
   void connect(const std::vector<fabric::Bytes>& addresses) override { inner_->connect(addresses); }
   [[nodiscard]] Status write(const fabric::WriteOp& op) override { return inner_->write(op); }
+  [[nodiscard]] Status poll(std::span<fabric::Completion> out, size_t& count) override {
+    return inner_->poll(out, count);
+  }
+  size_t writes_in_flight() const override { return inner_->writes_in_flight(); }
+  const std::string& last_error() const override { return inner_->last_error(); }
+
+ protected:
+  std::unique_ptr<fabric::Transport> inner_;
+};
+
+class StuckRail final : public ForwardingRail {
+ public:
+  StuckRail(std::unique_ptr<fabric::Transport> inner, StuckGate& gate)
+      : ForwardingRail(std::move(inner)), gate_(gate) {}
   [[nodiscard]] Status poll(std::span<fabric::Completion> out, size_t& count) override {
     while (gate_.armed) {
       gate_.inside = true;
@@ -32,11 +46,8 @@ class StuckRail final : public fabric::Transport {
     }
     return inner_->poll(out, count);
   }
-  size_t writes_in_flight() const override { return inner_->writes_in_flight(); }
-  const std::string& last_error() const override { return inner_->last_error(); }
 
  private:
-  std::unique_ptr<fabric::Transport> inner_;
   StuckGate& gate_;
 };
 

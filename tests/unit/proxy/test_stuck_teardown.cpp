@@ -9,6 +9,7 @@
 #include "common/error.hpp"
 #include "tests/unit/control/rank_threads.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
+#include "tests/unit/proxy/stuck_rail.hpp"
 
 #include <doctest/doctest.h>
 
@@ -31,16 +32,11 @@ struct Gate {
 };
 Gate gate;
 
-class StuckRail final : public fabric::Transport {
+class StuckRail final : public proxy::testing::ForwardingRail {
  public:
-  explicit StuckRail(std::unique_ptr<fabric::Transport> inner) : inner_(std::move(inner)) {}
+  explicit StuckRail(std::unique_ptr<fabric::Transport> inner) : ForwardingRail(std::move(inner)) {}
   ~StuckRail() override { gate.rail_destroyed = true; }
 
-  const fabric::Capabilities& capabilities() const override { return inner_->capabilities(); }
-  int rail_index() const override { return inner_->rail_index(); }
-  fabric::Bytes address() const override { return inner_->address(); }
-  void connect(const std::vector<fabric::Bytes>& addresses) override { inner_->connect(addresses); }
-  [[nodiscard]] Status write(const fabric::WriteOp& op) override { return inner_->write(op); }
   [[nodiscard]] Status poll(std::span<fabric::Completion> out, size_t& count) override {
     if (gate.armed) {
       gate.inside = true;
@@ -56,11 +52,6 @@ class StuckRail final : public fabric::Transport {
     }
     return inner_->poll(out, count);
   }
-  size_t writes_in_flight() const override { return inner_->writes_in_flight(); }
-  const std::string& last_error() const override { return inner_->last_error(); }
-
- private:
-  std::unique_ptr<fabric::Transport> inner_;
 };
 
 }  // namespace
