@@ -144,10 +144,16 @@ CapturedLowLatency::Layout CapturedLowLatency::layout_for(const LlShape& shape, 
   return l;
 }
 
+std::vector<int> CapturedLowLatency::remote_ranks() const {
+  std::vector<int> ranks;
+  for (int r = 0; r < session_.ranks(); ++r)
+    if (!session_.layout().on_node(r)) ranks.push_back(r);
+  return ranks;
+}
+
 uint64_t CapturedLowLatency::remote_base(int of, int at) const {
-  const int R = session_.ranks(), P = session_.ranks_per_node();
-  const int first = at / P * P, last = std::min(first + P, R);
-  const int index = of < first ? of : of - (last - first);
+  const int P = session_.ranks_per_node(), first = at / P * P;  // at's node: its ranks from first
+  const int index = of < first ? of : of - proxy::node_size(at, session_.ranks(), P);
   return static_cast<uint64_t>(index) * layout_.remote_stride;
 }
 
@@ -168,8 +174,7 @@ std::vector<device::LlRemotePeer> CapturedLowLatency::remote_peers() const {
   if (!link_) return {};
   const int R = session_.ranks();
   std::vector<device::LlRemotePeer> peers(static_cast<size_t>(R));
-  for (int r = 0; r < R; ++r) {
-    if (session_.layout().on_node(r)) continue;
+  for (const int r : remote_ranks()) {
     std::byte* base = link_->memory + remote_base(r, session_.rank());
     const uint64_t* words = link_->words;
     peers[static_cast<size_t>(r)] = {
@@ -187,8 +192,7 @@ std::vector<device::LlRemoteReturn> CapturedLowLatency::remote_homes() const {
   if (!link_) return {};
   const int R = session_.ranks();
   std::vector<device::LlRemoteReturn> homes(static_cast<size_t>(R));
-  for (int r = 0; r < R; ++r) {
-    if (session_.layout().on_node(r)) continue;
+  for (const int r : remote_ranks()) {
     std::byte* base = link_->memory + remote_base(r, session_.rank());
     homes[static_cast<size_t>(r)] = {.send_slot = base + layout_.send_return_at,
                                      .recv_slot = base + layout_.recv_return_at,
@@ -206,8 +210,7 @@ device::LlRemoteSends CapturedLowLatency::dispatch_sends() const {
   const int R = session_.ranks(), me = session_.rank();
   const auto local = static_cast<uint64_t>(shape_->experts / R);
   std::vector<gpu_side::Descriptor> rows;
-  for (int r = 0; r < R; ++r) {
-    if (session_.layout().on_node(r)) continue;
+  for (const int r : remote_ranks()) {
     const uint64_t mine = remote_base(r, me), theirs = remote_base(me, r);
     out.sends.push_back(write_to(r, mine + layout_.send_slot_at, theirs + layout_.recv_slot_at, 0,
                                  kDispatchArrived * R + me));
@@ -224,8 +227,7 @@ device::LlRemoteSends CapturedLowLatency::combine_sends() const {
   device::LlRemoteSends out;
   if (!link_) return out;
   const int R = session_.ranks(), me = session_.rank();
-  for (int r = 0; r < R; ++r) {
-    if (session_.layout().on_node(r)) continue;
+  for (const int r : remote_ranks()) {
     out.sends.push_back(write_to(r, remote_base(r, me) + layout_.send_return_at,
                                  remote_base(me, r) + layout_.recv_return_at, 0,
                                  kCombineArrived * R + me));
@@ -288,9 +290,7 @@ void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime
   }
   require(differ.empty(), phase, "every rank must capture the same sizes: rank {} uses {}{}",
           session_.rank(), describe(shape), differ);
-  int remotes = 0;
-  for (int r = 0; r < R; ++r)
-    remotes += session_.layout().on_node(r) ? 0 : 1;
+  const auto remotes = static_cast<int>(remote_ranks().size());
   const Layout layout = layout_for(shape, R, remotes);
   // The shared memory and its zeroing are no part of the graph (the thread's capture relaxed).
   const device::SetupStream setup = device::setup_stream(device);

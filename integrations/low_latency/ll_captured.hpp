@@ -107,6 +107,7 @@ class CapturedLowLatency {
   std::vector<gpu_side::device::LlRemoteReturn> remote_homes() const;
   gpu_side::device::LlRemoteSends dispatch_sends() const;
   gpu_side::device::LlRemoteSends combine_sends() const;
+  std::vector<int> remote_ranks() const;  // the ranks on other nodes, ascending
   // Where rank `of`'s memory is among the peers on other nodes of rank `at` (its offset in
   // at's step transport memory), and the descriptor of a write from this rank to `to`.
   uint64_t remote_base(int of, int at) const;
