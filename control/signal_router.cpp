@@ -76,9 +76,13 @@ void SignalRouter::relay_to(ImmRelay& relay) {
 }
 
 Status SignalRouter::route(uint32_t raw) {
+  imm::Decoded d = imm::decode(raw);
+  if (words_ != nullptr && d.op() == imm::Op::control) {
+    Status status = words_->count(d.payload());
+    return status == Status::ok ? status : note(raw, words_->last_error());
+  }
   if (relay_ != nullptr)
     return relay_->relay(raw) == Status::ok ? Status::ok : note(raw, relay_->last_error());
-  imm::Decoded d = imm::decode(raw);
   switch (d.op()) {
     case imm::Op::counter: {
       if (counters_ == nullptr) return note(raw, "no counter bank attached");
@@ -99,10 +103,6 @@ Status SignalRouter::route(uint32_t raw) {
     }
     case imm::Op::control:
       break;
-  }
-  if (words_ != nullptr) {
-    Status status = words_->count(d.payload());
-    return status == Status::ok ? status : note(raw, words_->last_error());
   }
   if (!control_) return note(raw, "no control handler set");
   Status status = control_(d.epoch_tag(), d.payload());

@@ -53,8 +53,10 @@ class SignalRouter {
   void set_control_handler(ControlHandler handler);
   // Control immediates count these words (signal_words.hpp) instead of reaching the handler.
   void attach_words(SignalWords& words);
-  // Setup: every immediate goes to `relay` as it is, nothing attached here is used (the relay
-  // must outlive the router's use).
+  // Setup: every immediate goes to `relay` as it is, and nothing attached here is used, except
+  // signal words: control immediates count those here even then (the node daemon counts a
+  // client's words itself, in memory the client's device waits on: no client thread relays
+  // while a captured graph runs). The relay must outlive the router's use.
   void relay_to(ImmRelay& relay);
 
   // Dispatches one immediate. Status::error when nothing is attached for it or the target

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <atomic>
+#include <utility>
 
 namespace proxyep::control {
 
@@ -20,7 +21,14 @@ uint32_t checked(uint32_t count) {
 }  // namespace
 
 SignalWords::SignalWords(uint32_t count)
-    : count_(checked(count)), memory_(HostMemory::heap(8ull * count)) {}
+    : count_(checked(count)), memory_(HostMemory::heap(bytes_for(count))) {}
+
+SignalWords::SignalWords(uint32_t count, HostMemory memory)
+    : count_(checked(count)), memory_(std::move(memory)) {
+  require(memory_.size() >= bytes_for(count_), "control.signal_words",
+          "{} signal words need {} bytes; the memory has {}", count_, bytes_for(count_),
+          memory_.size());
+}
 
 Status SignalWords::count(uint32_t index) {
   if (index >= count_)

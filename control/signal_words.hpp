@@ -12,6 +12,10 @@
 // Threads: count() from any number of proxy threads at once (an atomic add, release: what the
 // write landed is published with it; a device's acquire load pairs with it). The owner reads the
 // words or hands their memory to a device; it must outlive the router that counts into it.
+//
+// Across processes: where the proxy threads are the node daemon's (proxy/daemon_session.hpp),
+// the words live in a memfd the client creates and its device waits on; the daemon maps it and
+// counts into its own mapping (the same pages: atomics on shared memory work across processes).
 #pragma once
 
 #include "common/error.hpp"
@@ -30,6 +34,10 @@ class SignalWords {
   // `count` zeroed words (1 .. imm::PayloadField::kMax + 1), 64-byte aligned; throws
   // proxyep::Error otherwise.
   explicit SignalWords(uint32_t count);
+  // `count` words in `memory` (at least bytes_for(count), zeroed when it was made, as a new
+  // memfd is; a mapping of another process's words is not zeroed again). Throws proxyep::Error
+  // for a count out of range or memory too small.
+  SignalWords(uint32_t count, HostMemory memory);
   SignalWords(const SignalWords&) = delete;
   SignalWords& operator=(const SignalWords&) = delete;
 
@@ -38,10 +46,13 @@ class SignalWords {
     return imm::encode_control(0, index);
   }
 
+  static constexpr uint64_t bytes_for(uint32_t count) { return 8ull * count; }
+
   uint32_t size() const { return count_; }
   uint64_t* word(uint32_t index) const { return words() + index; }
-  // The words' memory, for a device to register.
+  // The words' memory, for a device to register; its memfd (-1 on the heap), for a daemon.
   std::span<std::byte> bytes() const { return memory_.bytes(); }
+  int fd() const { return memory_.fd(); }
 
   // One write naming word `index` landed. Status::error (last_error() says why) for an index
   // out of range.

@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cerrno>
+#include <utility>
 
 namespace proxyep::daemon {
 
@@ -59,18 +60,40 @@ AttachRequest::DeviceMemory device_memory_entry(const nlohmann::json& offer, con
   return memory;
 }
 
+// {"device_memory": {"kind": "cuda", ...}}: the offer (nullptr: none) and its device's kind.
+const nlohmann::json* device_offer(const nlohmann::json& message, std::string& kind) {
+  const auto offer = message.find("device_memory");
+  if (offer == message.end()) return nullptr;
+  require(offer->is_object(), kPhase, "'device_memory' must be an object");
+  const auto named = offer->find("kind");
+  require(named != offer->end() && named->is_string() && !named->get<std::string>().empty(), kPhase,
+          "'device_memory' needs its device's 'kind'");
+  kind = named->get<std::string>();
+  return &*offer;
+}
+
 // {"device_memory": {"kind": "cuda", "staging": {...}, "arena": {...}}}: both optional.
 void read_device_memory(const nlohmann::json& message, AttachRequest& request) {
-  const auto offer = message.find("device_memory");
-  if (offer == message.end()) return;
-  require(offer->is_object(), kPhase, "'device_memory' must be an object");
-  const auto kind = offer->find("kind");
-  require(kind != offer->end() && kind->is_string() && !kind->get<std::string>().empty(), kPhase,
-          "'device_memory' needs its device's 'kind'");
-  request.device_kind = kind->get<std::string>();
+  const nlohmann::json* offer = device_offer(message, request.device_kind);
+  if (offer == nullptr) return;
   if (offer->contains("staging")) request.device_staging = device_memory_entry(*offer, "staging");
   if (offer->contains("arena")) request.device_arena = device_memory_entry(*offer, "arena");
 }
+
+// Closes the descriptors a request took, whatever happens (the mappings keep the memory).
+struct TakenFds {
+  std::vector<int> fds;
+  ~TakenFds() {
+    for (int fd : fds)
+      ::close(fd);
+  }
+  // The only descriptor of a request that needs exactly `expected` (0 or 1): -1 for none.
+  int single(size_t expected, std::string_view type, std::string_view what) const {
+    require(fds.size() == expected, kPhase, "'{}' carried {} file descriptors, {} expected ({})",
+            type, fds.size(), expected, what);
+    return fds.empty() ? -1 : fds.front();
+  }
+};
 
 }  // namespace
 
@@ -129,7 +152,11 @@ void AttachedClient::handle(const nlohmann::json& message) {
     attach(message);
     return;
   }
-  drop_passed_fds();  // only the attach request carries descriptors
+  if (type == "step_memory" || type == "step_link") {
+    steps(type, message);
+    return;
+  }
+  drop_passed_fds();  // only the requests above carry descriptors
   require(served_ != nullptr, kPhase, "'{}' before 'attach'", type);
   if (type == "connect") {
     const auto group = hex_list(message, "addresses");
@@ -170,6 +197,7 @@ void AttachedClient::attach(const nlohmann::json& message) {
   request.tolerate_peer_failures = message.value("tolerate_peer_failures", false);
   request.landing_fabric = message.value("landing_fabric", std::string());
   request.device_ring = message.value("device_ring", false);
+  request.step_ring = message.value("step_ring", false);
   read_device_memory(message, request);
   served_ = std::make_shared<ServedRank>(request, std::move(fds));
   nlohmann::json opened{{"proxyep", "opened"},
@@ -184,6 +212,43 @@ void AttachedClient::attach(const nlohmann::json& message) {
   if (!served_->device_memory_note().empty())
     opened["device_memory_note"] = served_->device_memory_note();
   send(opened);
+}
+
+void AttachedClient::steps(const std::string& type, const nlohmann::json& message) {
+  const TakenFds taken{std::exchange(passed_fds_, {})};
+  require(running(), kPhase, "'{}' before 'start'", type);
+  if (type == "step_memory") {
+    const auto bytes = message.find("bytes");
+    require(bytes != message.end() && bytes->is_number_unsigned(), kPhase,
+            "'step_memory' needs a byte count 'bytes'");
+    std::string kind;
+    std::optional<AttachRequest::DeviceMemory> device;
+    if (const nlohmann::json* offer = device_offer(message, kind)) {
+      require(offer->contains("step"), kPhase, "'step_memory.device_memory' needs its 'step'");
+      device = device_memory_entry(*offer, "step");
+    }
+    const int fd = taken.single(device && !device->with_fd ? 0 : 1, type,
+                                device ? "the device memory's" : "the step memory's memfd");
+    std::string note;
+    const auto region = served_->add_step_memory(bytes->get<uint64_t>(), device, kind, fd, note);
+    nlohmann::json registered{{"proxyep", "step_memory_registered"}};
+    if (region)
+      registered["region"] = control::hex_encode(*region);
+    else
+      registered["note"] = note;
+    send(registered);
+    return;
+  }
+  const auto words = message.find("words");
+  require(words != message.end() && words->is_number_unsigned(), kPhase,
+          "'step_link' needs a word count 'words'");
+  const int fd = taken.single(1, type, "the signal words' memfd");
+  served_->link_steps(hex_list(message, "descriptors"), fd, words->get<uint32_t>(),
+                      message.value("keep_polling", true));
+  log::info("proxyepd: {} (rank {}): captured steps linked ({} signal words; step memory in {})",
+            describe_peer(peer_), served_->rank(), words->get<uint32_t>(),
+            served_->step_memory_on_device() ? "device memory" : "host memory");
+  send({{"proxyep", "step_linked"}});
 }
 
 void AttachedClient::tick() {

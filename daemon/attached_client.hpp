@@ -5,11 +5,13 @@
 //   client -> {"proxyep":"attach","rank":r,"ranks":R,"tolerate_peer_failures":bool,
 //              ["landing_fabric":"auto"],                  (only with a landing region)
 //              ["device_ring":true],                       (a Buffer with a device)
+//              ["step_ring":true],                         (... in a group across nodes)
 //              ["device_memory":{"kind":"cuda",            (its device memory for the NIC)
 //                                ["staging":{"handle":hex,"bytes":n,"fd":bool}],
 //                                ["arena":{"handle":hex,"bytes":n,"fd":bool}]}]}
 //             + descriptors: arena, staging, ring (memfds), doorbell (eventfd), relay (memfd),
-//               [landing (memfd)], [device ring (memfd)], [device staging], [device arena]
+//               [landing (memfd)], [device ring (memfd)], [step ring (memfd)],
+//               [device staging], [device arena]
 //               (the last two where "fd" says so: the simulated device's memfds)
 //   daemon -> {"proxyep":"opened","addresses":hex,"arena":hex,"provider":"tcp;ofi_rxm",
 //              ["landing":hex],                            (when it registered the landing region)
@@ -23,6 +25,15 @@
 //   daemon -> {"proxyep":"arenas_added"}
 //   client -> {"proxyep":"start"}
 //   daemon -> {"proxyep":"started"}
+//   ... (a client whose attach passed a "step_ring", at its first captured call:
+//        proxy/daemon_steps.hpp)
+//   client -> {"proxyep":"step_memory","bytes":n,
+//              ["device_memory":{"kind":k,"step":{"handle":hex,"bytes":n,"fd":bool}}]}
+//             + the step memory's memfd, or the device memory's descriptor where "fd" says so
+//   daemon -> {"proxyep":"step_memory_registered","region":hex | "note":"why not"}
+//   client -> {"proxyep":"step_link","words":w,"descriptors":[hex, ...],"keep_polling":bool}
+//             + the signal words' memfd
+//   daemon -> {"proxyep":"step_linked"}
 //   ... the proxy threads drain the client's ring until the client goes ...
 //   client -> {"proxyep":"detach"}   daemon -> {"proxyep":"detached"}, or the client just closes
 //
@@ -88,6 +99,8 @@ class AttachedClient {
  private:
   void handle(const nlohmann::json& message);
   void attach(const nlohmann::json& message);
+  // step_memory and step_link: captured steps (proxy/daemon_steps.hpp), after start.
+  void steps(const std::string& type, const nlohmann::json& message);
   void close_connection();
   void drop_passed_fds();
 

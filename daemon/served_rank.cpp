@@ -1,12 +1,14 @@
 // The daemon's data path for one client (served_rank.hpp).
 #include "daemon/served_rank.hpp"
 
+#include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/keep_forever.hpp"
 #include "common/log.hpp"
 #include "daemon/client_device_memory.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/session.hpp"
+#include "proxy/step_link.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -16,6 +18,11 @@ namespace proxyep::daemon {
 namespace {
 
 constexpr const char* kPhase = "daemon.attach";
+
+constexpr const char* kStepPhase = "daemon.steps";
+// How long a change of the region table waits for the proxy threads to finish their passes
+// (ProxyEngine::amend): a thread stuck inside the provider fails it rather than the loop.
+constexpr std::chrono::seconds kAmendTimeout{10};
 
 constexpr size_t kNoFd = ~size_t{0};
 
@@ -36,7 +43,7 @@ std::unique_ptr<HostMemory> map_client_fd(int fd, const char* what) {
 
 size_t AttachRequest::fd_count() const {
   auto with = [](bool present) { return present ? size_t{1} : size_t{0}; };
-  return count + with(!landing_fabric.empty()) + with(device_ring) +
+  return count + with(!landing_fabric.empty()) + with(device_ring) + with(step_ring) +
          with(device_staging && device_staging->with_fd) +
          with(device_arena && device_arena->with_fd);
 }
@@ -56,9 +63,9 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   };
   require(fds.size() == request.fd_count(), kPhase,
           "the attach frame carried {} file descriptors, {} expected (arena, staging, ring, "
-          "doorbell, relay{}{}{}{})",
+          "doorbell, relay{}{}{}{}{})",
           fds.size(), request.fd_count(), with_landing ? ", landing" : "",
-          request.device_ring ? ", device ring" : "",
+          request.device_ring ? ", device ring" : "", request.step_ring ? ", step ring" : "",
           with_fd(request.device_staging) ? ", device staging" : "",
           with_fd(request.device_arena) ? ", device arena" : "");
   require(request.ranks >= 2 && request.rank >= 0 && request.rank < request.ranks, kPhase,
@@ -69,6 +76,7 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   const auto position = [&next](bool present) { return present ? next++ : kNoFd; };
   const size_t landing_fd = position(with_landing);
   const size_t device_ring_fd = position(request.device_ring);
+  const size_t step_ring_fd = position(request.step_ring);
   const size_t device_staging_fd = position(with_fd(request.device_staging));
   const size_t device_arena_fd = position(with_fd(request.device_arena));
 
@@ -102,6 +110,12 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
     // No doorbell: the client's route keeps the thread polling.
     s.device_ring_memory = map_client_fd(fds[device_ring_fd], "device ring");
     s.engine->add_ring(gpu_side::Ring::attach(s.device_ring_memory->bytes()), nullptr);
+  }
+  if (request.step_ring) {
+    // No doorbell either: a graph rings none, and the proxy threads keep polling once the
+    // steps are linked (link_steps).
+    s.step_ring_memory = map_client_fd(fds[step_ring_fd], "step ring");
+    s.engine->add_ring(gpu_side::Ring::attach(s.step_ring_memory->bytes()), nullptr);
   }
   if (request.device_staging &&
       register_device_memory(*request.device_staging, fd_at(fds, device_staging_fd),
@@ -141,6 +155,73 @@ bool ServedRank::register_device_memory(const AttachRequest::DeviceMemory& offer
   log::info("proxyepd: rank {}: the client's {} is not registered ({}); its host memory serves",
             request_.rank, what, why);
   return false;
+}
+
+std::optional<fabric::Bytes> ServedRank::add_step_memory(
+    uint64_t bytes, const std::optional<AttachRequest::DeviceMemory>& device,
+    const std::string& device_kind, int fd, std::string& note) {
+  State& s = *state_;
+  require(started_ && !steps_linked(), kStepPhase,
+          "step memory comes after start and before the steps are linked");
+  require(bytes > 0, kStepPhase, "step memory of no bytes");
+  const Deadline deadline(kAmendTimeout);
+  // The previous offer, never linked, goes first (nothing in the region table names it).
+  if (s.step_region) s.engine->amend([&] { s.step_region.reset(); }, deadline);
+  s.step_memory.reset();
+  s.step_device_memory = {};
+  if (device) {
+    // As the attach's device memory: chosen from the capabilities, FI_HMEM or nothing.
+    const fabric::Capabilities& caps = s.fabric->capabilities();
+    if (!caps.hmem) {
+      note = fmt::format("provider {} does not register device memory (no FI_HMEM)", caps.provider);
+      return std::nullopt;
+    }
+    try {
+      gpu_side::device::NicMemory opened =
+          open_client_device_memory(device_kind, device->handle, fd, bytes, kStepPhase);
+      s.engine->amend(
+          [&] {
+            s.step_region = s.fabric->register_memory(
+                opened.memory.get(), opened.bytes,
+                opened.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
+          },
+          deadline);
+      s.step_device_memory = std::move(opened);
+    } catch (const Error& e) {
+      note = e.what();
+      return std::nullopt;
+    }
+  } else {
+    s.step_memory = map_client_fd(fd, "step memory");
+    require(s.step_memory->size() >= bytes, kStepPhase,
+            "the step memory's memfd has {} bytes, {} announced", s.step_memory->size(), bytes);
+    s.engine->amend(
+        [&] { s.step_region = s.fabric->register_memory(s.step_memory->host(), bytes); }, deadline);
+  }
+  return s.step_region->descriptor().serialize();
+}
+
+void ServedRank::link_steps(const std::vector<fabric::Bytes>& descriptors, int words_fd,
+                            uint32_t words, bool keep_polling) {
+  State& s = *state_;
+  require(s.step_region != nullptr && !steps_linked(), kStepPhase,
+          "the steps are linked once, after their memory was registered");
+  require(descriptors.size() == static_cast<size_t>(request_.ranks), kStepPhase,
+          "{} step region descriptors for a job of {} ranks", descriptors.size(), request_.ranks);
+  auto counted = std::make_unique<control::SignalWords>(
+      words, std::move(*map_client_fd(words_fd, "signal words")));
+  s.engine->amend(
+      [&] {
+        s.engine->regions().add_local(proxy::StepTransport::kRegion, *s.step_region);
+        for (int r = 0; r < request_.ranks; ++r)
+          s.engine->regions().add_remote(
+              r, proxy::StepTransport::kRegion,
+              fabric::RegionDescriptor::deserialize(descriptors[static_cast<size_t>(r)]));
+        s.router.attach_words(*counted);
+      },
+      Deadline(kAmendTimeout));
+  s.step_words = std::move(counted);
+  if (keep_polling) s.engine->keep_polling(true);
 }
 
 ServedRank::~ServedRank() {

@@ -27,6 +27,7 @@
 
 #include "common/host_memory.hpp"
 #include "control/signal_router.hpp"
+#include "control/signal_words.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/doorbell.hpp"
@@ -53,6 +54,10 @@ struct AttachRequest {
   // Whether the client passed a device ring (after the landing region, when it passed one): a
   // ring its device's stream pushes into (proxy/device_routing.hpp), drained beside the first.
   bool device_ring = false;
+  // Whether the client passed the ring its captured steps push into (after the device ring):
+  // proxy/step_link.hpp, drained beside the others; their memory and words come later
+  // (add_step_memory, link_steps).
+  bool step_ring = false;
   // Device memory the client offers for the NIC (client_device_memory.hpp): registered when
   // this fabric registers device memory (FI_HMEM) and the memory opens here, else left to the
   // client's host bounce. Each comes with its descriptor (after the device ring) when with_fd.
@@ -65,7 +70,7 @@ struct AttachRequest {
   std::optional<DeviceMemory> device_staging;  // FabricLink::kDeviceStagingRegion, local
   std::optional<DeviceMemory> device_arena;    // FabricLink::kDeviceArenaRegion, remote target
   // The descriptors that came with the frame, in this order: the five always, then landing,
-  // device ring, device staging and device arena where present.
+  // device ring, step ring, device staging and device arena where present.
   enum Fd { arena, staging, ring, doorbell, relay, count };
   size_t fd_count() const;
 };
@@ -111,6 +116,22 @@ class ServedRank {
   // to progress (connection requests, early writes).
   void progress();
 
+  // Captured steps (proxy/step_link.hpp, proxy/daemon_steps.hpp), after start(): the client's
+  // step memory, its memfd `fd` (host memory) or, with `device`, its device memory by handle
+  // (and `fd` where the device has one), registered (replacing one not linked yet). Returns the
+  // region's descriptor; nullopt for device memory this fabric does not register, with why in
+  // `note` (the client's host memory then serves). Throws proxyep::Error("daemon.steps").
+  std::optional<fabric::Bytes> add_step_memory(
+      uint64_t bytes, const std::optional<AttachRequest::DeviceMemory>& device,
+      const std::string& device_kind, int fd, std::string& note);
+  // Every rank's step region (by rank), and the client's signal words (the memfd `words_fd` of
+  // `words` words), which this rank's router counts from now on; `keep_polling`: the proxy
+  // threads stop sleeping. Once.
+  void link_steps(const std::vector<fabric::Bytes>& descriptors, int words_fd, uint32_t words,
+                  bool keep_polling);
+  bool steps_linked() const { return state_->step_words != nullptr; }
+  bool step_memory_on_device() const { return state_->step_device_memory.memory != nullptr; }
+
   std::optional<proxy::Failure> failure() const;
   // Peers given up under tolerate_peer_failures, not reported before (each once).
   std::vector<std::pair<int, proxy::Failure>> new_peer_failures();
@@ -133,12 +154,16 @@ class ServedRank {
   // Everything the proxy threads may touch; leaked whole when stop() had to abandon a thread.
   struct State {
     std::unique_ptr<HostMemory> arena, staging, ring_memory, relay_memory, landing,
-        device_ring_memory;
+        device_ring_memory, step_ring_memory;
     gpu_side::device::NicMemory device_staging, device_arena;  // the client's, opened here
+    // Captured steps: the client's step memory (host, or device opened here), its words.
+    std::unique_ptr<HostMemory> step_memory;
+    gpu_side::device::NicMemory step_device_memory;
+    std::unique_ptr<control::SignalWords> step_words;
     std::unique_ptr<gpu_side::Doorbell> doorbell;
     std::unique_ptr<fabric::Fabric> fabric;
     std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region,
-        device_staging_region, device_arena_region;
+        device_staging_region, device_arena_region, step_region;
     std::unique_ptr<proxy::RelaySender> relay;
     control::SignalRouter router;
     std::unique_ptr<proxy::ProxyEngine> engine;

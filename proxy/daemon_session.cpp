@@ -5,6 +5,7 @@
 #include "common/log.hpp"
 #include "control/daemon_frames.hpp"
 #include "control/imm_layout.hpp"
+#include "proxy/daemon_steps.hpp"
 #include "proxy/node_channel.hpp"
 #include "proxy/session_waits.hpp"
 
@@ -96,6 +97,14 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
                           fmt::format("proxyep-device-ring-{}", rank())));
     fds.push_back(device_routing_->memory().fd());
     attach["device_ring"] = true;
+    if (ranks_per_node() < ranks()) {
+      // The ring captured steps push into (step_link.hpp), drained from the start; what else
+      // they need comes at the first captured call (open_step_link).
+      step_ = std::make_unique<StepTransport>(HostMemory::memfd(
+          StepTransport::ring_bytes(), fmt::format("proxyep-step-ring-{}", rank())));
+      fds.push_back(step_->ring_memory().fd());
+      attach["step_ring"] = true;
+    }
     offer_device_memory(*config.device, attach, fds);
   }
   const nlohmann::json opened = daemon_->request(attach, fds, "opened", deadline, kPhase);
@@ -259,6 +268,16 @@ bool DaemonSession::route_posts(const std::shared_ptr<gpu_side::device::DeviceRu
   if (!device_routing_ || !link_) return false;
   return device_routing_->route_posts(
       *link_, device, timeout_, [this](std::string_view p) { check_health(p); }, phase);
+}
+
+StepLink DaemonSession::open_step_link(
+    control::Bootstrap& bootstrap, const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+    uint64_t bytes, uint32_t words, std::string_view phase) {
+  require(step_ != nullptr && daemon_, std::string(phase),
+          "steps between nodes need a group that spans nodes and a Buffer made with its device");
+  check_health(phase);  // reads the notices the daemon sent, before a request's answer
+  DaemonSteps proxy(*daemon_, rank(), phase);
+  return step_->open(bootstrap, proxy, device, bytes, words, timeout_, phase);
 }
 
 void DaemonSession::flush_posts() {

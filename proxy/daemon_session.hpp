@@ -24,6 +24,10 @@
 // staging and device arena by their handles (DeviceRuntime::allocate_shared), which the daemon
 // opens and registers (daemon/client_device_memory.hpp), so a device call's chunks leave from
 // device memory and other nodes' rows land in the device arena, as in process.
+// Captured low-latency steps between nodes (step_link.hpp) go through the daemon too: their ring
+// passed with the attach, their memory and signal words at the first captured call
+// (daemon_steps.hpp); the daemon counts the words itself, since no thread of this process
+// relays immediates while a graph runs.
 // The caller's own memory (x) is not the daemon's: no writes straight from x (ep.send_from_x does
 // not apply).
 #pragma once
@@ -40,6 +44,7 @@
 #include "proxy/node_memory.hpp"
 #include "proxy/session.hpp"
 #include "proxy/signal_relay.hpp"
+#include "proxy/step_link.hpp"
 
 #include <memory>
 #include <optional>
@@ -70,6 +75,9 @@ class DaemonSession final : public Session {
   bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                    std::string_view phase) override;
   void flush_posts() override;
+  StepLink open_step_link(control::Bootstrap& bootstrap,
+                          const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                          uint64_t bytes, uint32_t words, std::string_view phase) override;
   uint64_t chunks_from_device_memory() const override { return link_ ? link_->device_chunks() : 0; }
   uint64_t sends_to_device_arenas() const override { return device_arenas_->sends(); }
   uint64_t writes_from_device() const override {
@@ -109,6 +117,9 @@ class DaemonSession final : public Session {
   // SessionConfig::device: a memfd ring the daemon drains beside the first (before the
   // link and the channels, which hold its route's positions).
   std::unique_ptr<DeviceRouting> device_routing_;
+  // SessionConfig::device, a group that spans nodes: the captured steps' ring (a memfd the
+  // daemon drains), memory and words (daemon_steps.hpp).
+  std::unique_ptr<StepTransport> step_;
   std::unique_ptr<control::CounterBank> counters_;
   control::SignalRouter router_;
   std::unique_ptr<RelayReceiver> relay_;

@@ -113,7 +113,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
     s.device_routing = std::make_unique<DeviceRouting>(
         HostMemory::heap(gpu_side::Ring::bytes_for(DeviceRouting::kRingSlots)));
     s.engine->add_ring(s.device_routing->ring(), nullptr);
-    s.step = std::make_unique<StepTransport>();
+    s.step = std::make_unique<StepTransport>(HostMemory::heap(StepTransport::ring_bytes()));
     s.engine->add_ring(s.step->ring(), nullptr);
   }
   s.link = std::make_unique<FabricLink>(
@@ -204,8 +204,9 @@ StepLink InProcessSession::open_step_link(
   State& s = *state_;
   require(s.step != nullptr, std::string(phase),
           "steps between nodes need a group that spans nodes and a Buffer made with its device");
-  return s.step->open(bootstrap, *s.fabric, *s.engine, s.router, device, bytes, words, timeout_,
-                      phase);
+  if (!s.step_proxy)
+    s.step_proxy = std::make_unique<InProcessSteps>(*s.fabric, *s.engine, s.router);
+  return s.step->open(bootstrap, *s.step_proxy, device, bytes, words, timeout_, phase);
 }
 
 void InProcessSession::flush_posts() {

@@ -111,6 +111,7 @@ class InProcessSession final : public Session {
     // SessionConfig::device: the ring its captured steps push into, and what open_step_link()
     // adds (step_link.hpp). After the router it counts words into, before the engine.
     std::unique_ptr<StepTransport> step;
+    std::unique_ptr<InProcessSteps> step_proxy;  // at open_step_link(); holds the registration
     std::unique_ptr<gpu_side::Doorbell> doorbell;
     std::unique_ptr<ProxyEngine> engine;
     std::unique_ptr<gpu_side::RingProducer> producer;

@@ -172,19 +172,13 @@ class Session {
 
   // Steps a device's stream runs between nodes by itself (captured graphs: step_link.hpp):
   // collective, once per session, `bytes` of step memory and `words` signal words on every
-  // rank, kept while the session lives. Throws proxyep::Error(phase): on one node, without a
-  // device ring (SessionConfig::device), for a second open, and where the proxies are not this
-  // process's (the node daemon relays the immediates to a process that does not wait for them
-  // while a graph runs).
+  // rank, kept while the session lives, registered and counted by whichever proxy threads
+  // serve the session (this process's, or the node daemon's: daemon_steps.hpp). Throws
+  // proxyep::Error(phase): on one node, without a device ring (SessionConfig::device), for a
+  // second open, or when a rank's memory or registration fails.
   virtual StepLink open_step_link(control::Bootstrap& bootstrap,
                                   const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                  uint64_t bytes, uint32_t words, std::string_view phase) {
-    (void)bootstrap, (void)device, (void)bytes, (void)words;
-    fail(std::string(phase),
-         "steps captured into a graph between nodes need the proxy threads in this process "
-         "(proxy.mode=thread): the node daemon hands completions to a process that does not "
-         "wait for them while a graph runs");
-  }
+                                  uint64_t bytes, uint32_t words, std::string_view phase) = 0;
 
   // One line for the debug log: sizes, paths, threads.
   virtual std::string describe() const = 0;

@@ -1,7 +1,6 @@
-// StepTransport (step_link.hpp).
+// StepTransport and InProcessSteps (step_link.hpp).
 #include "proxy/step_link.hpp"
 
-#include "common/deadline.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/params.hpp"
@@ -13,8 +12,58 @@
 
 namespace proxyep::proxy {
 
-StepTransport::StepTransport()
-    : ring_memory_(HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots))),
+HostMemory InProcessSteps::host_memory(uint64_t bytes, std::string_view) {
+  return HostMemory::heap(bytes);
+}
+
+DeviceStepMemory InProcessSteps::register_device_memory(gpu_side::device::DeviceRuntime& device,
+                                                        uint64_t bytes, const Deadline& deadline) {
+  if (!fabric_.capabilities().hmem) return {};
+  gpu_side::device::NicMemory nic = device.allocate_for_nic(bytes);
+  if (!nic.memory) return {};
+  try {
+    engine_.amend(
+        [&] {
+          region_ = fabric_.register_memory(
+              nic.memory.get(), bytes,
+              nic.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
+        },
+        deadline);
+  } catch (const Error& e) {
+    log::info("buffer: step memory not registered in device memory ({}); host memory serves",
+              e.what());
+    return {};
+  }
+  return {.memory = nic.memory, .descriptor = region_->descriptor().serialize()};
+}
+
+fabric::Bytes InProcessSteps::register_host_memory(const HostMemory& memory,
+                                                   const Deadline& deadline) {
+  engine_.amend([&] { region_ = fabric_.register_memory(memory.host(), memory.size()); }, deadline);
+  return region_->descriptor().serialize();
+}
+
+void InProcessSteps::link(const std::vector<fabric::Bytes>& descriptors,
+                          control::SignalWords& words, bool keep_polling,
+                          const Deadline& deadline) {
+  engine_.amend(
+      [&] {
+        engine_.regions().add_local(StepTransport::kRegion, *region_);
+        for (size_t r = 0; r < descriptors.size(); ++r)
+          engine_.regions().add_remote(static_cast<int>(r), StepTransport::kRegion,
+                                       fabric::RegionDescriptor::deserialize(descriptors[r]));
+        router_.attach_words(words);
+      },
+      deadline);
+  if (keep_polling) engine_.keep_polling(true);
+}
+
+void InProcessSteps::unregister(const Deadline& deadline) {
+  if (region_) engine_.amend([&] { region_.reset(); }, deadline);  // the fabric's too
+}
+
+StepTransport::StepTransport(HostMemory ring_memory)
+    : ring_memory_(std::move(ring_memory)),
       ring_(gpu_side::Ring::create(ring_memory_.bytes(), kRingSlots,
                                    gpu_side::ProducerMode::multi)) {}
 
@@ -41,8 +90,37 @@ void StepTransport::release() noexcept {
   ring_registered_ = words_registered_ = host_registered_ = false;
 }
 
-StepLink StepTransport::open(control::Bootstrap& bootstrap, fabric::Fabric& fabric,
-                             ProxyEngine& engine, control::SignalRouter& router,
+fabric::Bytes StepTransport::make(StepProxy& proxy, uint64_t bytes, uint32_t words,
+                                  const Deadline& deadline) {
+  gpu_side::device::DeviceRuntime& device = *device_;
+  fabric::Bytes descriptor;
+  if (DeviceStepMemory nic = proxy.register_device_memory(device, bytes, deadline); nic.memory) {
+    device_memory_ = nic.memory;
+    link_.memory = nic.memory.get();
+    link_.device_memory = true;
+    descriptor = std::move(nic.descriptor);
+  } else {
+    host_memory_ = std::make_unique<HostMemory>(proxy.host_memory(bytes, "step memory"));
+    link_.memory = static_cast<std::byte*>(device.register_host(host_memory_->host(), bytes));
+    host_registered_ = true;
+    descriptor = proxy.register_host_memory(*host_memory_, deadline);
+  }
+  link_.bytes = bytes;
+  words_ = std::make_unique<control::SignalWords>(
+      words, proxy.host_memory(control::SignalWords::bytes_for(words), "step words"));
+  link_.words = static_cast<const uint64_t*>(
+      device.register_host(words_->bytes().data(), words_->bytes().size()));
+  words_registered_ = true;
+  link_.word_count = words;
+  device.register_host(&ring_.header(), ring_bytes());
+  ring_registered_ = true;
+  producer_ = device.attach_ring(ring_);
+  link_.ring = producer_.get();
+  link_.region = kRegion;
+  return descriptor;
+}
+
+StepLink StepTransport::open(control::Bootstrap& bootstrap, StepProxy& proxy,
                              const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                              uint64_t bytes, uint32_t words, std::chrono::milliseconds timeout,
                              std::string_view phase) {
@@ -57,76 +135,32 @@ StepLink StepTransport::open(control::Bootstrap& bootstrap, fabric::Fabric& fabr
   // This rank's part; a failure is shared with every rank before anyone throws, so that all
   // fail alike instead of waiting for the one that did.
   std::string failed;
+  fabric::Bytes descriptor;
   try {
-    const Deadline deadline(timeout);
-    gpu_side::device::NicMemory nic;
-    if (fabric.capabilities().hmem) nic = device->allocate_for_nic(bytes);
-    if (nic.memory) {
-      try {
-        engine.amend(
-            [&] {
-              region_ = fabric.register_memory(
-                  nic.memory.get(), bytes,
-                  nic.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
-            },
-            deadline);
-        device_memory_ = nic.memory;
-        link_.memory = nic.memory.get();
-        link_.device_memory = true;
-      } catch (const Error& e) {
-        // A provider may announce FI_HMEM and refuse this kind of device memory (a libfabric
-        // built without CUDA): host memory serves, as without FI_HMEM.
-        log::info("buffer: step memory not registered in device memory ({}); host memory serves",
-                  e.what());
-      }
-    }
-    if (!region_) {
-      host_memory_ = std::make_unique<HostMemory>(HostMemory::heap(bytes));
-      link_.memory = static_cast<std::byte*>(device->register_host(host_memory_->host(), bytes));
-      host_registered_ = true;
-      engine.amend([&] { region_ = fabric.register_memory(host_memory_->host(), bytes); },
-                   deadline);
-    }
-    link_.bytes = bytes;
-    words_ = std::make_unique<control::SignalWords>(words);
-    link_.words = static_cast<const uint64_t*>(
-        device->register_host(words_->bytes().data(), words_->bytes().size()));
-    words_registered_ = true;
-    link_.word_count = words;
-    device->register_host(&ring_.header(), gpu_side::Ring::bytes_for(ring_.capacity()));
-    ring_registered_ = true;
-    producer_ = device->attach_ring(ring_);
-    link_.ring = producer_.get();
-    link_.region = kRegion;
+    descriptor = make(proxy, bytes, words, Deadline(timeout));
   } catch (const std::exception& e) {
     failed = e.what();
   }
-  const auto blobs =
-      bootstrap.allgather(failed.empty() ? region_->descriptor().serialize() : fabric::Bytes{},
-                          fmt::format("{}(step region)", phase));
+  const auto blobs = bootstrap.allgather(failed.empty() ? descriptor : fabric::Bytes{},
+                                         fmt::format("{}(step region)", phase));
   std::string missing;
   for (size_t r = 0; r < blobs.size(); ++r)
     if (blobs[r].empty()) missing += fmt::format(" {}", r);
   if (!missing.empty()) {
     release();
-    if (region_) engine.amend([&] { region_.reset(); }, Deadline(timeout));  // the fabric's too
+    try {
+      proxy.unregister(Deadline(timeout));
+    } catch (const std::exception& e) {
+      log::warn("buffer: dropping the step memory's registration: {}", e.what());
+    }
     device_ = nullptr;
     fail(where, "ranks{} could not make their step memory{}", missing,
          failed.empty() ? std::string() : fmt::format(" (this rank: {})", failed));
   }
-  engine.amend(
-      [&] {
-        engine.regions().add_local(kRegion, *region_);
-        for (size_t r = 0; r < blobs.size(); ++r)
-          engine.regions().add_remote(static_cast<int>(r), kRegion,
-                                      fabric::RegionDescriptor::deserialize(blobs[r]));
-        router.attach_words(*words_);
-      },
-      Deadline(timeout));
-  bootstrap.barrier(fmt::format("{}(step transport ready)", phase));
   // A graph's pushes and arrivals ring no doorbell: the proxies keep polling from now on, for
   // the session's life (proxy.graph_polling).
-  if (params::proxy_graph_polling.get()) engine.keep_polling(true);
+  proxy.link(blobs, *words_, params::proxy_graph_polling.get(), Deadline(timeout));
+  bootstrap.barrier(fmt::format("{}(step transport ready)", phase));
   log::debug(
       "buffer: rank {}: captured steps reach other nodes through {} bytes of {} ({} signal words)",
       bootstrap.rank(), bytes,

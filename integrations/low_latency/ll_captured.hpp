@@ -20,7 +20,8 @@
 // (a graph launched after its Buffer is gone reads freed memory, as with DeepEP). Every rank
 // must launch its graphs as often as the others.
 //
-// Between nodes (a group that spans nodes, proxy threads in this process), the node peers are
+// Between nodes (a group that spans nodes; the proxy threads in this process or the node
+// daemon's), the node peers are
 // reached as on one node and the ranks on other nodes through the session's step transport
 // (proxy/step_link.hpp: step memory every rank registered with the fabric, signal words the
 // proxies count, a ring the stream pushes into), made collectively at the first captured call
@@ -29,13 +30,12 @@
 // this rank, sized on the device from the counts; each write's immediate names the peer's signal
 // word that counts it, and the releases go back as signals (gpu_side/device/ll_node_*.hpp).
 //
-// Refused before anything is queued, naming why: the node daemon as the proxy (it relays the
-// completions to a process that does not wait for them while a graph runs), a peer whose
-// device memory this rank cannot open, rank masking (enable_shrink), async_finish (the graph is
-// the asynchrony), a previous_event recorded outside the capture, sizes other than
-// the first captured call's, a combine of a dispatch that was not captured (or a captured
-// dispatch's combine outside a capture), a combine whose topk_idx is not the dispatch's tensor,
-// and a combine of a dispatch whose hook was not called yet.
+// Refused before anything is queued, naming why: a peer whose device memory this rank cannot
+// open, rank masking (enable_shrink), async_finish (the graph is the asynchrony), a
+// previous_event recorded outside the capture, sizes other than the first captured call's, a
+// combine of a dispatch that was not captured (or a captured dispatch's combine outside a capture),
+// a combine whose topk_idx is not the dispatch's tensor, and a combine of a dispatch whose hook was
+// not called yet.
 //
 // return_recv_hook (DeepEP's two-batch overlap under CUDA graphs): the call queues the step's
 // send half; its hook, called while the Buffer's stream captures (the same capture or a later

@@ -320,6 +320,10 @@ def case_attach_protocol(c):
                                   "device_memory": {"kind": "cuda", "staging": {"bytes": 4096}}})
     check(frames and "'device_memory.staging' needs a hex 'handle'" in frames[-1].get("error", ""),
           f"answer: {frames}")
+    # Captured steps' memory before any attach: refused (a client attached and started first).
+    frames = attach_answer(path, {"proxyep": "step_memory", "bytes": 4096})
+    check(frames and "'step_memory' before 'start'" in frames[-1].get("error", ""),
+          f"answer: {frames}")
     frames = exchange(path, hello(kind="dance"))
     check("unknown kind" in frames[0]["error"], f"answer: {frames}")
     frames = exchange(path, {"proxyep": "welcome", "version": 1})
@@ -575,7 +579,9 @@ def run_device_cases(c, env):
     """The device Buffer cases of ep_device_buffer, each as a job of 2 ranks on 2 nodes."""
     for case in ("normal mode with device tensors and eager rows",
                  "normal mode with device tensors in many chunks",
-                 "low-latency mode with device tensors"):
+                 "low-latency mode with device tensors",
+                 "low-latency calls captured into graphs",
+                 "low-latency calls captured into graphs with hooks in the caller's capture"):
         done = subprocess.run([c.proxyep, "launch", "-n", "2", "--timeout", "90", "--",
                                c.ep_device_buffer, "-tc=" + case],
                               env=env, capture_output=True, text=True, timeout=120)
@@ -584,15 +590,28 @@ def run_device_cases(c, env):
               f"{done.stdout}{done.stderr}")
 
 
+def check_steps_linked(daemons, memory):
+    """Every daemon linked its client's captured steps (proxy/daemon_steps.hpp: the step ring,
+    memory and signal words; the daemon counts the words), with the step memory in `memory`
+    ("device memory" or "host memory")."""
+    for _, log in daemons:
+        text = read(log)
+        check("captured steps linked" in text and f"step memory in {memory}" in text,
+              f"a daemon did not link captured steps with the step memory in {memory}:\n{text}")
+
+
 def case_daemon_device_buffer(c):
     """Device tensors through the daemons (tests/integration/ep_device_buffer.cpp on a
-    simulated device): normal mode with eager rows and in many chunks, and low-latency mode; the
-    device's stream pushes the writes to other nodes into the ring the daemon drains (each case
-    checks that some went that way). One rank's stream is slow, the other's runs only when
-    waited for."""
+    simulated device): normal mode with eager rows and in many chunks, low-latency mode, and
+    low-latency calls captured into graphs; the device's stream pushes the writes to other nodes
+    into the ring the daemon drains (each case checks that some went that way); a captured step
+    pushes into the step ring, and its writes land in host step memory (tcp registers no device
+    memory), counted in signal words by the daemon. One rank's stream is slow, the other's runs
+    only when waited for."""
     paths, daemons, env = start_nodes(c)
     run_device_cases(c, env)
     check_served(c, paths, daemons, 2, 1)
+    check_steps_linked(daemons, "host memory")
 
 
 def registers_device_memory(c, provider):
@@ -610,13 +629,15 @@ def case_daemon_device_memory(c):
     daemon the handles of its device staging and device arena (simulated devices whose memory a
     NIC reads, their memfds passed beside); the daemon opens and registers them, so chunks to
     the other node leave from device staging and its rows land in the device arena (each case
-    checks both happened). Where shm announces no FI_HMEM, the daemon declines and the cases
-    check that the host bounce served instead, with the same results."""
+    checks both happened), and captured steps land in device step memory the daemon opened by
+    its handle. Where shm announces no FI_HMEM, the daemon declines and the cases check that the
+    host bounce served instead, with the same results."""
     paths, daemons, env = start_nodes(c, provider="shm")
     hmem = registers_device_memory(c, "shm")
     env["PROXYEP_TEST_NIC_DEVICE_MEMORY"] = "1" if hmem else "declined"
     run_device_cases(c, env)
     check_served(c, paths, daemons, 2, 1)
+    check_steps_linked(daemons, "device memory" if hmem else "host memory")
 
 
 def case_daemon_metrics(c):

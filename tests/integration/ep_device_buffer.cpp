@@ -19,6 +19,7 @@
 #define DOCTEST_CONFIG_IMPLEMENT
 #endif
 #include "tests/unit/integrations/device_buffer_case.hpp"
+#include "tests/unit/integrations/device_ll_captured_case.hpp"
 #include "tests/unit/integrations/device_ll_case.hpp"
 
 #include <doctest/doctest.h>
@@ -96,6 +97,20 @@ TEST_CASE("normal mode with device tensors in many chunks") {
 TEST_CASE("low-latency mode with device tensors") {
   integrations::testing::ll::run_device_ll_rank(ranks_per_node(), launched(), device_of,
                                                 nic_device_memory());
+}
+
+// Captured into graphs (device_ll_captured_case.hpp), launched three rounds with new inputs
+// and three times back to back; across nodes the steps' writes go through the proxies (the
+// node daemons': proxy/daemon_steps.hpp), counted in signal words. The Buffer's stream
+// captures; or the caller's, which the Buffer's joins, with hooks and a zero_copy combine.
+TEST_CASE("low-latency calls captured into graphs") {
+  integrations::testing::ll::run_captured_ll_rank(launched(), device_of, false, false, false,
+                                                  ranks_per_node());
+}
+
+TEST_CASE("low-latency calls captured into graphs with hooks in the caller's capture") {
+  integrations::testing::ll::run_captured_ll_rank(launched(), device_of, true, true, true,
+                                                  ranks_per_node());
 }
 
 #ifdef PROXYEP_TEST_CUDA_DEVICE
