@@ -79,7 +79,18 @@ PROXYEP_PROXY_MODE=daemon PROXYEP_DAEMON_SOCKET="$run_dir/node{node}.sock" PROXY
   echo "gpu-check: bench ep --device cuda through proxyepd failed: $(tail -3 "$out/bench-ep-daemon-cuda.err")"
   rc=1
 }
-grep -h "registered\|device" "$out"/proxyepd-*.log | tail -6
+# LL calls captured into CUDA graphs between nodes through the same daemons
+# (proxy/daemon_steps.hpp): the step ring drained by the daemons, the step memory opened by CUDA
+# IPC where shm registers device memory, the signal words counted by the daemons.
+PROXYEP_PROXY_MODE=daemon PROXYEP_DAEMON_SOCKET="$run_dir/node{node}.sock" PROXYEP_LOG_LEVEL=info \
+  timeout 240 "$proxyep" launch -n 2 --timeout 200 -- env PROXYEP_TEST_RANKS_PER_NODE=1 \
+  "$root/build/release/tests/gpu/ep_gpu_device_buffer" "-tc=low-latency calls captured into graphs*" \
+  >"$out/daemon-captured-cuda.log" 2>&1 || {
+  tail -30 "$out/daemon-captured-cuda.log"
+  echo "gpu-check: captured LL calls through proxyepd failed (daemon-captured-cuda.log)"
+  rc=1
+}
+grep -h "registered\|device\|captured steps" "$out"/proxyepd-*.log | tail -8
 kill "${daemon_pids[@]}" 2>/dev/null
 wait "${daemon_pids[@]}" 2>/dev/null
 rm -rf "$run_dir"
