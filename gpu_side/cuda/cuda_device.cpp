@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -63,10 +64,15 @@ unsigned long long capture_id_of(cudaStream_t stream) {
   return status == cudaStreamCaptureStatusActive ? id : 0;
 }
 
-// A captured graph and its executable (instantiated once, launched as often as wanted).
+// A captured graph and its executable (instantiated once, launched as often as wanted), and
+// the check of the capturing stream's failed waits: its wait_value kernels record their
+// timeouts in that stream's fault word, wherever the graph is launched. Holding the check
+// keeps that stream's state (the fault word the kernels write) alive while the graph lives.
 class CudaGraph final : public device::DeviceGraph {
  public:
-  CudaGraph(int ordinal, cudaGraph_t graph) : ordinal_(ordinal), graph_(graph) {}
+  using WaitCheck = std::function<void(std::string_view phase)>;
+  CudaGraph(int ordinal, cudaGraph_t graph, WaitCheck origin_waits)
+      : ordinal_(ordinal), graph_(graph), origin_waits_(std::move(origin_waits)) {}
   ~CudaGraph() override {
     if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
     (void)cudaGraphDestroy(graph_);
@@ -81,11 +87,14 @@ class CudaGraph final : public device::DeviceGraph {
   }
   cudaGraphExec_t exec() const { return exec_; }
   int ordinal() const { return ordinal_; }
+  // Throws proxyep::Error(phase) once a wait of the capturing stream failed.
+  void require_no_failed_wait(std::string_view phase) const { origin_waits_(phase); }
 
  private:
   int ordinal_;
   cudaGraph_t graph_;
   cudaGraphExec_t exec_ = nullptr;
+  WaitCheck origin_waits_;
 };
 
 }  // namespace
@@ -112,10 +121,19 @@ struct CudaDevice::State {
   mutable std::mutex capture_mutex;
   mutable std::optional<device::CaptureState> capture;
   mutable bool joined = false;
+  // Memory of this stream dropped while the stream was captured (its own capture or one it
+  // joined): cudaFreeAsync there would be a free node of the graph, which CUDA refuses for
+  // memory the graph did not allocate, and the graph may still use it at every launch. Kept
+  // until the stream goes (a graph launched after its Buffer is gone is the caller's error, as
+  // with DeepEP). Under capture_mutex.
+  std::vector<void*> kept_for_graphs;
 
   ~State() {
     if (stream == nullptr) return;
     const auto current = CurrentDevice::quietly(ordinal);
+    for (void* kept : kept_for_graphs)
+      (void)cudaFreeAsync(kept, stream);
+    (void)cudaGetLastError();
     const cudaError_t status = cudaStreamSynchronize(stream);
     if (status != cudaSuccess)
       log::warn("cuda device {}: stream failed at teardown: {}", ordinal,
@@ -145,13 +163,35 @@ struct CudaDevice::State {
          ordinal, wait.phase, fault->word, fault->seen, fault->expected, wait.timeout_ms);
   }
   // Inside a capture, a call a graph cannot hold (`what`): invalidates the capture and throws
-  // proxyep::Error(phase), before CUDA is asked (a cudaStreamQuery would invalidate it too, with
-  // a less telling error). Nothing outside one.
+  // proxyep::Error(phase), before CUDA is asked. Nothing outside one. A stream that joined
+  // another's capture invalidates CUDA's capture too (a cudaStreamQuery on a capturing stream
+  // does): the stream that began it, maybe not this runtime's (torch's), must fail its
+  // cudaStreamEndCapture instead of returning a graph without the refused call.
   void refuse_in_capture(std::string_view what, std::string_view phase) {
     std::lock_guard lock(capture_mutex);
     forget_ended_join();
     if (!capture) return;
+    if (joined) {
+      const auto current = CurrentDevice::quietly(ordinal);
+      (void)cudaStreamQuery(stream);
+      (void)cudaGetLastError();
+    }
     capture->refuse(what, phase, fmt::format("cuda device {}: ", ordinal));
+  }
+  // The deleter of this stream's memory: queued for freeing in stream order, or kept while the
+  // stream is captured (kept_for_graphs).
+  void release(void* memory) {
+    const auto current = CurrentDevice::quietly(ordinal);
+    {
+      std::lock_guard lock(capture_mutex);
+      forget_ended_join();
+      if (capture || capture_id_of(stream) != 0) {
+        kept_for_graphs.push_back(memory);
+        return;
+      }
+    }
+    (void)cudaFreeAsync(memory, stream);
+    (void)cudaGetLastError();  // a failure is a leak, not the next launch's error
   }
   bool capturing() const {
     std::lock_guard lock(capture_mutex);
@@ -212,10 +252,7 @@ std::shared_ptr<std::byte[]> CudaDevice::allocate(uint64_t bytes) {
   check_cuda(cudaMallocAsync(&memory, std::max<uint64_t>(bytes, 1), state_->stream), kPhase,
              "cudaMallocAsync");
   return std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory),
-                                      [state = state_](std::byte* p) {
-                                        const auto current = CurrentDevice::quietly(state->ordinal);
-                                        (void)cudaFreeAsync(p, state->stream);
-                                      });
+                                      [state = state_](std::byte* p) { state->release(p); });
 }
 
 device::NicMemory CudaDevice::allocate_for_nic(uint64_t bytes) {
@@ -227,6 +264,7 @@ device::NicMemory CudaDevice::allocate_for_nic(uint64_t bytes) {
       std::shared_ptr<std::byte[]>(static_cast<std::byte*>(memory), [state = state_](std::byte* p) {
         const auto current = CurrentDevice::quietly(state->ordinal);
         (void)cudaFree(p);  // waits for the device
+        (void)cudaGetLastError();
       });
   nic.bytes = bytes;
   return nic;
@@ -391,14 +429,12 @@ class CudaRingProducer final : public device::DeviceRingProducer {
   RingPushCounters* counters() const {
     return reinterpret_cast<RingPushCounters*>(counters_.get());
   }
-  RingPushCounters& initial() { return initial_; }
 
  private:
   const void* stream_;  // the State it was attached on
   RingHeader* header_;  // as the device addresses it
   uint64_t capacity_;
   std::shared_ptr<std::byte[]> counters_;
-  RingPushCounters initial_{};  // copied into counters_ on the stream; kept while it may run
 };
 
 }  // namespace
@@ -410,15 +446,27 @@ std::unique_ptr<device::DeviceRingProducer> CudaDevice::attach_ring(const Ring& 
   void* header = nullptr;
   check_cuda(cudaHostGetDevicePointer(&header, &ring.header(), 0), kPhase,
              "attach_ring: cudaHostGetDevicePointer (register the ring's memory first)");
-  auto producer =
-      std::make_unique<CudaRingProducer>(state_.get(), static_cast<RingHeader*>(header),
-                                         ring.capacity(), allocate(sizeof(RingPushCounters)));
-  // Positions continue where the ring stands (nobody else produces into it).
-  producer->initial().head = atomic(ring.header().producer.head).load(std::memory_order_acquire);
-  producer->initial().cached_tail =
-      atomic(ring.header().consumer.tail).load(std::memory_order_acquire);
-  copy(producer->counters(), &producer->initial(), sizeof(RingPushCounters));
-  return producer;
+  // Off the stream, synchronously: a ring may be attached while the stream is captured (the
+  // first captured call between nodes opens the step transport, its setup with the thread's
+  // capture relaxed), and the graph must hold neither the counters' allocation (it would own
+  // and free it) nor a copy from host memory. Positions continue where the ring stands (nobody
+  // else produces into it).
+  void* counters = nullptr;
+  check_cuda(cudaMalloc(&counters, sizeof(RingPushCounters)), kPhase,
+             "attach_ring: cudaMalloc (ring counters)");
+  std::shared_ptr<std::byte[]> owned(static_cast<std::byte*>(counters),
+                                     [ordinal = state_->ordinal](std::byte* p) {
+                                       const auto current = CurrentDevice::quietly(ordinal);
+                                       (void)cudaFree(p);  // after the stream's pushes
+                                       (void)cudaGetLastError();
+                                     });
+  const RingPushCounters initial{
+      .head = atomic(ring.header().producer.head).load(std::memory_order_acquire),
+      .cached_tail = atomic(ring.header().consumer.tail).load(std::memory_order_acquire)};
+  check_cuda(cudaMemcpy(counters, &initial, sizeof(initial), cudaMemcpyHostToDevice), kPhase,
+             "attach_ring: cudaMemcpy (ring counters)");
+  return std::make_unique<CudaRingProducer>(state_.get(), static_cast<RingHeader*>(header),
+                                            ring.capacity(), std::move(owned));
 }
 
 void CudaDevice::ring_push(device::DeviceRingProducer& producer, const Descriptor* descriptors,
@@ -455,13 +503,14 @@ void require_signal_word(const void* word, std::string_view op, std::string_view
 void CudaDevice::wait_value(const uint64_t* word, device::SignalValue value,
                             std::chrono::milliseconds timeout, std::string_view phase,
                             int64_t* waited_ns) {
+  // First: the pointer queries below act on the current device too.
+  const CurrentDevice current = state_->select();
   require_signal_word(word, "wait_value", phase);
   if (value.epoch != nullptr)
     require_signal_word(value.epoch, "wait_value (its epoch word)", phase);
   if (waited_ns != nullptr)
     require_signal_word(reinterpret_cast<const uint64_t*>(waited_ns), "wait_value (its waited_ns)",
                         phase);
-  const CurrentDevice current = state_->select();
   check_cuda(launch_wait_value(word, value, static_cast<uint64_t>(timeout.count()) * 1000000,
                                state_->fault_on_device, state_->wait_number(phase, timeout),
                                waited_ns, state_->stream),
@@ -469,17 +518,17 @@ void CudaDevice::wait_value(const uint64_t* word, device::SignalValue value,
 }
 
 void CudaDevice::write_value(uint64_t* word, device::SignalValue value, std::string_view phase) {
+  const CurrentDevice current = state_->select();
   require_signal_word(word, "write_value", phase);
   if (value.epoch != nullptr)
     require_signal_word(value.epoch, "write_value (its epoch word)", phase);
-  const CurrentDevice current = state_->select();
   check_cuda(launch_write_value(word, value, state_->fault_on_device, state_->stream), kPhase,
              "write_value launch");
 }
 
 void CudaDevice::add_value(uint64_t* word, uint64_t delta, std::string_view phase) {
-  require_signal_word(word, "add_value", phase);
   const CurrentDevice current = state_->select();
+  require_signal_word(word, "add_value", phase);
   check_cuda(launch_add_value(word, delta, state_->fault_on_device, state_->stream), kPhase,
              "add_value launch");
 }
@@ -641,7 +690,9 @@ std::unique_ptr<device::DeviceGraph> CudaDevice::end_capture(std::string_view ph
     fail(where, "cuda device {}: end_capture: the capture is invalid: {}", state_->ordinal,
          ended->invalid ? *ended->invalid : std::string(cudaGetErrorString(status)));
   }
-  auto captured = std::make_unique<CudaGraph>(state_->ordinal, graph);
+  auto captured = std::make_unique<CudaGraph>(
+      state_->ordinal, graph,
+      [state = state_](std::string_view p) { state->require_no_failed_wait(p); });
   captured->instantiate(where.c_str());
   return captured;
 }
@@ -653,6 +704,7 @@ void CudaDevice::launch(const device::DeviceGraph& graph, std::string_view phase
   require(!state_->capturing(), phase,
           "launch: the stream is being captured; launch the graph outside the capture");
   state_->require_no_failed_wait(phase);
+  cuda->require_no_failed_wait(phase);  // an earlier launch's, wherever it ran
   const std::string where(phase);
   const CurrentDevice current = state_->select();
   check_cuda(cudaGraphLaunch(cuda->exec(), state_->stream), where.c_str(), "cudaGraphLaunch");

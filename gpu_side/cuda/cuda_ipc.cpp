@@ -13,6 +13,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <random>
 #include <string>
 
 namespace proxyep::gpu_side::cuda {
@@ -22,15 +23,28 @@ namespace {
 constexpr const char* kPhase = "cuda device";
 
 // The handle (little endian, common/wire.hpp):
-//   u32 magic "PXCI" | u16 version | u16 0 | u64 pid | u64 address | u64 bytes | u32 ordinal |
-//   PCI bus id (16 bytes, NUL-padded "dddd:bb:dd.f") | cudaIpcMemHandle_t (64 bytes)
+//   u32 magic "PXCI" | u16 version | u16 0 | u64 pid | u64 process nonce | u64 address |
+//   u64 bytes | u32 ordinal | PCI bus id (16 bytes, NUL-padded "dddd:bb:dd.f") |
+//   cudaIpcMemHandle_t (64 bytes)
+// The owner is its pid and a random nonce: processes in other PID namespaces (containers on one
+// node, each rank's often pid 1) may share a pid, and an opener that took a peer's handle for
+// its own would use its own memory.
 constexpr uint32_t kHandleMagic = 0x49435850;  // "PXCI" read as little-endian bytes
-constexpr uint16_t kHandleVersion = 2;
+constexpr uint16_t kHandleVersion = 3;
 constexpr size_t kBusIdBytes = 16;
-static_assert(24 + 8 + 4 + kBusIdBytes + sizeof(cudaIpcMemHandle_t) <= device::kSharedHandleBytes);
+static_assert(32 + 8 + 4 + kBusIdBytes + sizeof(cudaIpcMemHandle_t) <= device::kSharedHandleBytes);
+
+// This process's nonce, drawn once.
+uint64_t process_nonce() {
+  static const uint64_t nonce = [] {
+    std::random_device random;
+    return (uint64_t{random()} << 32) ^ random();
+  }();
+  return nonce;
+}
 
 struct Handle {
-  uint64_t pid = 0, address = 0, bytes = 0;
+  uint64_t pid = 0, nonce = 0, address = 0, bytes = 0;
   int ordinal = 0;
   std::string bus_id;
   cudaIpcMemHandle_t ipc{};
@@ -43,6 +57,7 @@ Handle read_handle(std::span<const uint8_t> handle, uint64_t bytes, std::string_
   (void)r.u16("reserved");
   Handle h;
   h.pid = r.u64("pid");
+  h.nonce = r.u64("process nonce");
   h.address = r.u64("address");
   h.bytes = r.u64("bytes");
   h.ordinal = static_cast<int>(r.u32("ordinal"));
@@ -119,6 +134,7 @@ device::SharedMemory allocate_shared_memory(int ordinal, uint64_t bytes) {
   w.u16(kHandleVersion);
   w.u16(0);
   w.u64(static_cast<uint64_t>(::getpid()));
+  w.u64(process_nonce());
   w.u64(address);
   w.u64(bytes);
   w.u32(static_cast<uint32_t>(ordinal));
@@ -135,7 +151,7 @@ namespace {
 
 // open_shared_memory of a handle already read.
 std::shared_ptr<std::byte[]> open_handle(int ordinal, const Handle& h, std::string_view phase) {
-  if (h.pid == static_cast<uint64_t>(::getpid())) {
+  if (h.pid == static_cast<uint64_t>(::getpid()) && h.nonce == process_nonce()) {
     std::shared_ptr<std::byte[]> memory;
     {
       std::lock_guard lock(live().mutex);

@@ -18,8 +18,12 @@ void check_cuda(cudaError_t status, const char* phase, const char* what) {
 int multiprocessor_count() {
   int device = 0, count = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess)
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    // Cleared: the launcher returns cudaGetLastError() after its launch, which would report
+    // this query's failure as the launch's.
+    (void)cudaGetLastError();
     return 1;
+  }
   return std::max(count, 1);
 }
 

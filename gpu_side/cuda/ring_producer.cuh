@@ -13,7 +13,8 @@
 //   slot         bytes 8..63 with seven volatile 64-bit stores, __threadfence_system(), then a
 //                system-scope release store of seq = p + 1.
 // A kernel must not hang on a dead proxy: after timeout_ns a thread marks its position
-// abandoned in the header (RingConsumer::health() -> peer_failed) and returns false.
+// abandoned in the header (RingConsumer::health() -> peer_failed) and returns false; a thread
+// waiting for a slot of a ring marked abandoned returns false at once.
 // No doorbell: a GPU cannot write an eventfd; its consumer polls with timed sleeps
 // (RingWaiter without a doorbell).
 #pragma once
@@ -74,18 +75,30 @@ __device__ inline void device_publish(WireDescriptor* slot, const WireDescriptor
       image.seq, ::cuda::memory_order_release);
 }
 
+// Whether a producer gave up on the ring (it is dead: nothing waits for it any more).
+__device__ inline bool device_ring_abandoned(const DeviceRing& ring) {
+  // acquire (system scope): pairs with the release compare-exchange below, another thread's.
+  return ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(ring.header->signal.abandoned)
+             .load(::cuda::memory_order_acquire) != 0;
+}
+
 // Publishes `d` at `position` (taken by the caller) once the consumer freed its slot; false when
-// it freed none for `timeout_ns` (the position is then marked abandoned and the ring is dead).
+// it freed none for `timeout_ns` (the position is then marked abandoned and the ring is dead),
+// or at once, while it waits, once another producer marked the ring abandoned: a batch and the
+// pushes after it cost one timeout on a dead ring, not one per descriptor.
 __device__ inline bool device_push_at(const DeviceRing& ring, const Descriptor& d,
                                       uint64_t position, uint64_t timeout_ns) {
   if (!device_slot_free(ring, position)) {
     const uint64_t start = global_timer_ns();
     do {
+      if (device_ring_abandoned(ring)) return false;
       if (global_timer_ns() - start > timeout_ns) {
         // release (system scope): pairs with the acquire load of abandoned in
-        // RingConsumer::health().
+        // RingConsumer::health(). From 0 only: the first position that stalled stays named.
+        uint64_t none = 0;
         ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(ring.header->signal.abandoned)
-            .store(position + 1, ::cuda::memory_order_release);
+            .compare_exchange_strong(none, position + 1, ::cuda::memory_order_release,
+                                     ::cuda::memory_order_relaxed);
         return false;
       }
       __nanosleep(200);  // a PCIe read per poll is expensive; let the proxy catch up

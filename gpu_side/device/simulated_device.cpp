@@ -13,6 +13,7 @@
 #include "gpu_side/ep/ll_route.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 
+#include <fmt/format.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -36,6 +38,15 @@ constexpr std::string_view kPhase = kSimulatedPhase;
 uint64_t page_rounded(uint64_t bytes) {
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   return (std::max<uint64_t>(bytes, 1) + page - 1) / page * page;
+}
+
+// What a kernel's loads and stores need of an address (16: the int4 copies of rows; 8 and 4:
+// the int64 and float fields): on a GPU a misaligned one is cudaErrorMisalignedAddress, which
+// ends the context, so the simulated device refuses it.
+void require_aligned(std::string_view op, std::string_view what, const void* at,
+                     uintptr_t alignment) {
+  require(reinterpret_cast<uintptr_t>(at) % alignment == 0, kPhase,
+          "{}: {} at {} is not {}-byte aligned", op, what, at, alignment);
 }
 
 }  // namespace
@@ -283,15 +294,21 @@ void check_row(const SimulatedDevice::Core& c, std::string_view op, const ep::Ro
     c.require_reachable(op, "x_scales", in.scales + last, 4);
     c.require_reachable(op, "sink scales row", sink.scales + r * f.scale_cols, 4ull * f.scale_cols);
   }
+  if (f.scale_cols > 0) require_aligned(op, "sink scales row", sink.scales + r * f.scale_cols, 4);
   if (f.topk > 0) {
     c.require_reachable(op, "topk_idx row", in.topk_idx + t * f.topk, 8ull * f.topk);
     c.require_reachable(op, "sink topk_idx row", sink.topk_idx + r * f.topk, 8ull * f.topk);
+    require_aligned(op, "sink topk_idx row", sink.topk_idx + r * f.topk, 8);
   }
   if (f.weights > 0) {
     c.require_reachable(op, "topk_weights row", in.topk_weights + t * f.topk, 4ull * f.topk);
     c.require_reachable(op, "sink weights row", sink.weights + r * f.topk, 4ull * f.topk);
+    require_aligned(op, "sink weights row", sink.weights + r * f.topk, 4);
   }
-  if (f.src_index > 0) c.require_reachable(op, "sink src_index", sink.src_index + r, 4);
+  if (f.src_index > 0) {
+    c.require_reachable(op, "sink src_index", sink.src_index + r, 4);
+    require_aligned(op, "sink src_index", sink.src_index + r, 4);
+  }
 }
 
 }  // namespace
@@ -340,8 +357,12 @@ void SimulatedDevice::combine(const ep::CombineParams& p) {
   const Core& c = *core_;
   c.require_reachable("combine", "send_head", in.send_head, tokens * ranks * 4);
   c.require_reachable("combine", "out", in.out, tokens * row_bytes);
-  if (in.bias0 != nullptr) c.require_reachable("combine", "bias0", in.bias0, tokens * row_bytes);
-  if (in.bias1 != nullptr) c.require_reachable("combine", "bias1", in.bias1, tokens * row_bytes);
+  require_aligned("combine", "out", in.out, 16);
+  for (const auto& [bias, name] : {std::pair{in.bias0, "bias0"}, std::pair{in.bias1, "bias1"}}) {
+    if (bias == nullptr) continue;
+    c.require_reachable("combine", name, bias, tokens * row_bytes);
+    require_aligned("combine", name, bias, 16);
+  }
   c.require_reachable("combine", "block_rows", in.block_rows, ranks * sizeof(void*));
   if (in.topk > 0) {
     c.require_reachable("combine", "out_weights", in.out_weights, tokens * in.topk * 4);
@@ -361,6 +382,7 @@ void SimulatedDevice::combine(const ep::CombineParams& p) {
           core->require_reachable("combine", "chunk table entry",
                                   in.block_chunks[r] + pos / in.block_chunk_rows[r], sizeof(void*));
         core->require_reachable("combine", "returned row", ep::block_row(in, r, pos), row_bytes);
+        require_aligned("combine", "returned row", ep::block_row(in, r, pos), 16);
         if (in.topk > 0)
           core->require_reachable("combine", "returned weights",
                                   in.block_weights[r] + int64_t{pos} * in.topk, 4ull * in.topk);
@@ -467,8 +489,7 @@ void require_routed_places(const SimulatedDevice::Core& c, std::string_view op,
             op, i, positions[i], e);
     const void* at = place(static_cast<int64_t>(i));
     if (at == nullptr) continue;
-    require(reinterpret_cast<uintptr_t>(at) % 16 == 0, kPhase,
-            "{}: {} of selection {} at {} is not 16-byte aligned", op, what, i, at);
+    require_aligned(op, fmt::format("{} of selection {}", what, i), at, 16);
     c.require_reachable(op, what, at, bytes);
   }
 }
@@ -637,11 +658,15 @@ void SimulatedDevice::ll_combine(const ep::LlCombineParams& p) {
   core_->require_reachable("ll_combine", "weights", p.weights, selections * 4);
   core_->require_reachable("ll_combine", "out", p.out,
                            static_cast<uint64_t>(p.num_tokens) * row_bytes);
+  require_aligned("ll_combine", "out", p.out, 16);
   core_->enqueue("ll_combine", [p, core = core_.get(), row_bytes] {
     for (int64_t t = 0; t < p.num_tokens; ++t) {
       const uint16_t* const* rows = p.rows + t * p.topk;
       for (int k = 0; k < p.topk; ++k)
-        if (rows[k] != nullptr) core->require_reachable("ll_combine", "row", rows[k], row_bytes);
+        if (rows[k] != nullptr) {
+          core->require_reachable("ll_combine", "row", rows[k], row_bytes);
+          require_aligned("ll_combine", "row", rows[k], 16);
+        }
       ep::ll_combine_token(rows, p.weights + t * p.topk, p.topk, p.hidden, p.out + t * p.hidden,
                            ep::HostLanes{});
     }

@@ -196,7 +196,7 @@ PROXYEP_HOST_DEVICE inline void combine_token_weights(const CombineInput& in, in
     float acc = 0.0f;
     for (int r = 0; r < in.num_ranks; ++r) {
       const int32_t pos = head[r];
-      if (pos >= 0) acc += in.block_weights[r][pos * in.topk + k];
+      if (pos >= 0) acc += in.block_weights[r][int64_t{pos} * in.topk + k];
     }
     in.out_weights[t * in.topk + k] = acc;
   }

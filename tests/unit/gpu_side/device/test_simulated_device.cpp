@@ -177,6 +177,33 @@ TEST_CASE("simulated device: a low-latency row table entry in plain host memory 
         std::string::npos);
 }
 
+// What the CUDA kernels' 16-byte loads and stores need: a misaligned row is
+// cudaErrorMisalignedAddress there (the context is gone), refused here.
+TEST_CASE("simulated device: a row the kernels would read unaligned is refused, naming it") {
+  SimulatedDevice dev;
+  const uint32_t hidden = 128;
+  auto rows = dev.allocate(sizeof(void*));
+  auto weights = dev.allocate(4);
+  auto out = dev.allocate(2ull * hidden + 16);
+  auto row = dev.allocate(2ull * hidden + 16);
+  const std::array<const uint16_t*, 1> table = {
+      reinterpret_cast<const uint16_t*>(row.get() + 8)};  // inside device memory, 8 bytes off
+  dev.copy(rows.get(), table.data(), sizeof(table));
+  ep::LlCombineParams params{.rows = reinterpret_cast<const uint16_t* const*>(rows.get()),
+                             .weights = reinterpret_cast<const float*>(weights.get()),
+                             .out = reinterpret_cast<uint16_t*>(out.get() + 2),
+                             .num_tokens = 1,
+                             .topk = 1,
+                             .hidden = hidden};
+  CHECK(error_of([&] { dev.ll_combine(params); }).find("ll_combine: out at") != std::string::npos);
+  CHECK(error_of([&] { dev.ll_combine(params); }).find("is not 16-byte aligned") !=
+        std::string::npos);
+  params.out = reinterpret_cast<uint16_t*>(out.get());
+  dev.ll_combine(params);
+  CHECK(error_of([&] { dev.synchronize("low_latency_combine", 10s); }).find("ll_combine: row at") !=
+        std::string::npos);
+}
+
 TEST_CASE("simulated device: a deferred stream shows a read before synchronize() as stale") {
   SimulatedDevice dev(SimulatedDeviceOptions{.defer_until_synchronize = true});
   HostPages pages(4096);
