@@ -117,11 +117,21 @@ class NativeBuffer {
     if (device_ && point && point->captured())
       gpu_side::device::caller_stream_wait(*device_, caller_stream, point, call);
   }
-  // How the call's device outputs are released: after `caller_stream`'s reads of them.
-  DeviceRelease release(uintptr_t caller_stream) const { return {device_, caller_stream}; }
+  // How the call's device outputs are released: after `caller_stream`'s reads of them. Drops,
+  // first, the earlier outputs whose readers are done.
+  DeviceRelease release(uintptr_t caller_stream) const {
+    if (releases_) releases_->collect();
+    return {device_, caller_stream, releases_};
+  }
 
  private:
   std::shared_ptr<gpu_side::device::DeviceRuntime> device_;
+  // Outputs torch let go, until the streams that read them passed that point; shared with the
+  // outputs themselves, which may outlive this Buffer.
+  std::shared_ptr<integrations::DeviceReleases> releases_ =
+      device_ ? std::make_shared<integrations::DeviceReleases>(
+                    device_, std::chrono::milliseconds(params::ep_timeout_ms.get()))
+              : nullptr;
   std::unique_ptr<control::Bootstrap> boot_;
   std::unique_ptr<Buffer> buffer_;
 };

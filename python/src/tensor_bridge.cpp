@@ -56,35 +56,32 @@ struct Managed {
   DLManagedTensor dl{};
 };
 
-// Queues, on the device's stream, a wait for what the caller's stream has queued so far, so that
-// the storage (freed on the device's stream when `m` goes) outlives the caller's reads of it.
-// Runs wherever torch frees the tensor: it must not throw, and a failure (a device that failed
-// already) is logged; the device's next synchronize reports the failure itself.
-void order_release(const DeviceRelease& release) noexcept {
+// Hands the storage to the Buffer's releases with the point the caller's stream has reached
+// (device_releases.hpp): freed once the caller's kernels queued so far, which may read it, have
+// run. Runs wherever torch frees the tensor: it must not throw.
+void order_release(Managed& m) noexcept {
+  std::shared_ptr<gpu_side::device::DeviceEvent> point;
   try {
     // Freed while the caller's stream captures a graph (a tensor of an eager call dropped in
     // the captured code): an event recorded there would pull the Buffer's stream into the
-    // capture. Released after the Buffer's own work only, as in C++.
-    gpu_side::device::require_no_graph_capture(*release.device, release.caller_stream,
-                                               "python(release)");
+    // capture. Released after the Buffer's own work only, as in C++. Nor is a point asked for
+    // while the Buffer's stream is captured (joined to the caller's capture).
+    if (!m.release.device->capturing()) {
+      gpu_side::device::require_no_graph_capture(*m.release.device, m.release.caller_stream,
+                                                 "python(release)");
+      point = gpu_side::device::record_on_caller_stream(*m.release.device, m.release.caller_stream,
+                                                        "python(release)");
+    }
   } catch (const std::exception& e) {
     log::debug("python: a device tensor's release not ordered after the caller's stream: {}",
                e.what());
-    return;
   }
-  try {
-    auto event = gpu_side::device::record_on_caller_stream(*release.device, release.caller_stream,
-                                                           "python(release)");
-    if (event) release.device->wait_event(event, std::chrono::milliseconds(0));
-  } catch (const std::exception& e) {
-    log::warn("python: a device tensor's release not ordered after the caller's stream: {}",
-              e.what());
-  }
+  if (m.release.releases) m.release.releases->release(std::move(m.tensor), std::move(point));
 }
 
 void delete_managed(DLManagedTensor* dl) {
   auto* m = static_cast<Managed*>(dl->manager_ctx);
-  if (m->release.device) order_release(m->release);
+  if (m->release.device) order_release(*m);
   if (!m->owner) {
     delete m;
     return;

@@ -11,9 +11,11 @@
 // manager keeps the Tensor's storage alive until torch frees the tensor, so outputs are torch
 // tensors over the memory the runtime filled. A device Tensor in CUDA memory becomes a CUDA
 // tensor of its GPU (DLPack's kDLCUDA); the simulated device's memory is host memory (kDLCPU).
-// Device memory is released on its runtime's stream; given a DeviceRelease, after the point the
-// caller's stream reached when torch freed the tensor, so that kernels the caller queued on its
-// own stream (torch's current stream) and that read the tensor have run first. DLPack in torch 1.13
+// Device memory is released on its runtime's stream; given a DeviceRelease, once the caller's
+// stream has passed the point it had reached when torch freed the tensor, so that kernels the
+// caller queued on its own stream (torch's current stream) and that read the tensor have run
+// first: the storage waits in the Buffer's DeviceReleases (integrations/device_releases.hpp),
+// never as a wait queued on the Buffer's stream. DLPack in torch 1.13
 // has no bool and no FP8: bool and e4m3 tensors travel as uint8 and the Python side views them back
 // (bool) or keeps uint8 (e4m3 bytes, documented). capsule_of_bytes() lends torch raw runtime memory
 // (the Buffer's arena) instead, kept valid by holding its owner.
@@ -21,6 +23,7 @@
 
 #include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/ep/tensor.hpp"
+#include "integrations/device_releases.hpp"
 
 #include <pybind11/pybind11.h>
 
@@ -37,6 +40,7 @@ namespace proxyep::python {
 struct DeviceRelease {
   std::shared_ptr<gpu_side::device::DeviceRuntime> device;
   uintptr_t caller_stream = 0;
+  std::shared_ptr<integrations::DeviceReleases> releases;  // where the storage waits
 };
 
 gpu_side::ep::TensorRef view_of(const pybind11::handle& spec, std::string_view name);

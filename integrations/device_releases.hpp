@@ -1,0 +1,65 @@
+// DeviceReleases: device memory handed to a caller (a deep_ep output torch holds) is freed only
+// once the caller's stream has passed the point where the caller let it go.
+//
+// Why not a wait queued on the Buffer's stream (cudaStreamWaitEvent for the caller's point, the
+// free behind it in stream order): a release runs at any moment (torch frees a tensor when its
+// last reference goes), and a wait it queues stands before whatever the Buffer queues later.
+// When the caller's stream itself waits for that later work (an async_finish call's completion
+// point, event.current_stream_wait()), the two streams wait for each other until a deadline
+// fails the call. So the storage is kept with the caller's point, and the host drops it once the
+// point is reached: checked at every later release and at the start of every call that hands
+// out outputs (collect()); the free then follows the Buffer's own work in its stream's order.
+//
+// While the Buffer's stream is captured into a graph the host asks it nothing (a query there
+// would invalidate the capture): storage let go then is dropped at once, the runtime keeping
+// memory freed during a capture for the graph's use (CudaDevice: for the stream's life).
+//
+// Threads: release() from any thread (torch's deleters), collect() from the Buffer's calling
+// thread; both take one mutex.
+#pragma once
+
+#include "gpu_side/device/device_runtime.hpp"
+#include "gpu_side/ep/tensor.hpp"
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace proxyep::integrations {
+
+class DeviceReleases {
+ public:
+  DeviceReleases(std::shared_ptr<gpu_side::device::DeviceRuntime> device,
+                 std::chrono::milliseconds timeout)
+      : device_(std::move(device)), timeout_(timeout) {}
+  // Waits for the points still pending (each up to the timeout; failures are logged), then
+  // drops their storage.
+  ~DeviceReleases();
+  DeviceReleases(const DeviceReleases&) = delete;
+  DeviceReleases& operator=(const DeviceReleases&) = delete;
+
+  // Keeps `storage` until `point` (an event of the caller's stream; null: none, dropped now) is
+  // reached, then drops it; drops what earlier points let go.
+  void release(gpu_side::ep::Tensor storage,
+               std::shared_ptr<gpu_side::device::DeviceEvent> point) noexcept;
+  // Drops the storage whose points were reached (a point the device cannot answer for, a
+  // failed device, counts as reached: logged).
+  void collect() noexcept;
+  size_t pending() const;
+
+ private:
+  struct Pending {
+    gpu_side::ep::Tensor storage;
+    std::shared_ptr<gpu_side::device::DeviceEvent> point;
+  };
+  bool reached(const Pending& pending) noexcept;
+
+  std::shared_ptr<gpu_side::device::DeviceRuntime> device_;
+  std::chrono::milliseconds timeout_;
+  mutable std::mutex mutex_;
+  std::vector<Pending> pending_;
+};
+
+}  // namespace proxyep::integrations
