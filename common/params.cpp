@@ -187,6 +187,15 @@ Param<std::string> ep_send_from_x{"ep.send_from_x", "auto", one_of({"auto", "off
     "(no copy into the staging area; when no topk_weights travel): auto = where the provider "
     "reads memory nobody registered (tcp, shm, ...: no FI_MR_LOCAL), never on efa or verbs; "
     "off = always through the staging area"};
+Param<std::string> ep_async_wait{"ep.async_wait", "host", one_of({"host", "device"}),
+    "how a caller's stream waits for an async_finish call with device tensors "
+    "(EventOverlap.current_stream_wait): host = the calling thread waits for the call, then its "
+    "outputs are complete on every stream; device = the caller's stream waits for a device "
+    "point (a one-thread kernel spinning on a word the call raises when it ends) and the thread "
+    "goes on at once, as DeepEP's does. device only where the Buffer's streams have hardware "
+    "queues of their own: where they share one (CUDA_DEVICE_MAX_CONNECTIONS=1, Megatron's "
+    "setting, or more streams than connections) the call's later kernels queue behind the spin "
+    "and the call fails at its deadline"};
 
 // metrics/
 Param<int64_t> metrics_port{"metrics.port", -1, in_range(-1, 65535),

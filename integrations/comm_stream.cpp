@@ -2,6 +2,7 @@
 #include "integrations/comm_stream.hpp"
 
 #include "common/log.hpp"
+#include "common/params.hpp"
 
 #include <exception>
 
@@ -45,6 +46,9 @@ std::function<void()> CommStream::settler() const {
 }
 
 void CommStream::attach_device(std::shared_ptr<gpu_side::device::DeviceRuntime> device) {
+  // ep.async_wait = host: no device points (their spin may stall the call's own kernels where
+  // streams share a hardware queue); the caller waits for the call on the host.
+  if (params::ep_async_wait.get() != "device") return;
   completion_ = std::make_unique<DeviceCompletion>(std::move(device));
 }
 

@@ -40,7 +40,9 @@ class CommStream {
   // The event of `task`: waiting settles the stream, then rethrows `task`'s own failure.
   CallEvent event_for(std::shared_ptr<StealableTask> task) const;
 
-  // Calls with device tensors get device points (DeviceCompletion) from now on, on `device`.
+  // Calls with device tensors get device points (DeviceCompletion) from now on, on `device`,
+  // where ep.async_wait says device (read here, once per Buffer); else none: their events are
+  // waited for on the host.
   void attach_device(std::shared_ptr<gpu_side::device::DeviceRuntime> device);
   // An async_finish call: queues `body` and returns its event, with a device point when
   // `on_device` (the call's tensors are on the attached device).

@@ -1,6 +1,10 @@
 // DeviceCompletion: device-side points for work that ends on the host's CommStream (an
 // async_finish call with device tensors), so that a caller's GPU stream waits for such a call
-// without any host thread blocking, as DeepEP's EventOverlap::current_stream_wait() does.
+// without any host thread blocking, as DeepEP's EventOverlap::current_stream_wait() does. Only
+// with ep.async_wait = device (CommStream::attach_device): on a GPU the point's spinning kernel
+// and the event behind it hold up their hardware queue, and where the Buffer's stream shares it
+// (CUDA_DEVICE_MAX_CONNECTIONS=1) the call's later kernels wait behind the spin until the
+// call's deadline; by default the caller waits for the call on the host.
 //
 // A CUDA event marks only work already queued, and an async call's last device work is queued
 // later, by the CommStream's thread. So each point is a wait on a stream of its own (the

@@ -4,11 +4,12 @@ imports them).
 With CUDA, an ``EventHandle()`` marks the current end of torch's current stream (a
 ``torch.cuda.Event`` recorded there, as DeepEP's does), and ``current_stream_wait()`` makes the
 current stream wait for it. A call made with ``async_finish=True`` that ProxyEP finishes in the
-background returns an ``EventHandle`` over that work. With CUDA tensors, ``current_stream_wait()``
-makes the current stream wait for the call's device point (reached once the call ended; its
-outputs are complete there) and returns at once, as DeepEP's does; a failure of the call is
-raised by the Buffer's next call. Otherwise (CPU tensors, the simulated device) it waits on the
-host (the GIL released) and raises the call's error, if any; its outputs are complete then. On
+background returns an ``EventHandle`` over that work. ``current_stream_wait()`` waits on the host
+(the GIL released) and raises the call's error, if any; its outputs are complete then. With CUDA
+tensors and ``PROXYEP_EP_ASYNC_WAIT=device`` it makes the current stream wait for the call's device
+point instead (reached once the call ended; its outputs are complete there) and returns at once, as
+DeepEP's does; a failure of the call is then raised by the Buffer's next call (docs/PYTHON.md says
+why that is not the default). On
 CPU tensors there are no streams: work that ProxyEP finishes on the calling thread is complete
 when the call returns, and an ``EventHandle()`` without CUDA is already complete.
 """

@@ -136,13 +136,11 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
                                       .previous_event = caller.record()});
   require(d.handle.num_recv_tokens == recv, "test", "received {} rows, reference {}",
           d.handle.num_recv_tokens, recv);
-  // The caller's stream waits for the async call at its device point (as DeepEP's
-  // EventOverlap::current_stream_wait() on a GPU), this thread never does: the CommStream's
-  // thread finishes the call meanwhile, and the caller's stream reads its outputs complete
-  // without waiting for the Buffer's stream.
-  require(d.event.device_point() != nullptr, "test",
-          "an async_finish dispatch with device tensors has no device point");
-  caller.wait_event(d.event.device_point(), kWait);
+  // The caller waits for the async call (ep.async_wait: its stream at the call's device point,
+  // this thread never waiting, or the host): the CommStream's thread finishes the call
+  // meanwhile, and the caller's stream reads its outputs complete without waiting for the
+  // Buffer's stream.
+  caller_waits_for(caller, d.event, "dispatch");
   require_equal(caller, d.recv_x, wanted.recv_x, recv, "recv_x");
   require_equal(caller, d.recv_topk_idx, wanted.recv_topk_idx, recv, "recv_topk_idx");
   require_equal(caller, d.recv_topk_weights, wanted.recv_topk_weights, recv, "recv_topk_weights");
@@ -163,9 +161,7 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
                                           .topk_weights = d.recv_topk_weights,
                                           .async_finish = true});
   require_equal(*device, cached.recv_x, wanted.recv_x, recv, "recv_x (cached)");
-  require(c.event.device_point() != nullptr, "test",
-          "an async_finish combine with device tensors has no device point");
-  caller.wait_event(c.event.device_point(), kWait);
+  caller_waits_for(caller, c.event, "combine");
   require_equal(caller, c.combined_x, combined_want.combined_x, kTokens, "combined_x");
   require_equal(caller, c.combined_topk_weights, combined_want.combined_topk_weights, kTokens,
                 "combined_topk_weights");

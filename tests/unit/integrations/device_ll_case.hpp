@@ -103,12 +103,10 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
     // host views of them for the checks, read from the caller's stream (a call whose hook
     // returned, or whose event was waited for, has finished its device work).
     auto on_host = [&](const LowLatencyDispatchResult& d) { return dispatch_on_host(caller, d); };
-    // The async dispatch, waited for by the caller's stream at its device point (as DeepEP's
-    // EventOverlap::current_stream_wait() on a GPU), never by this thread: the CommStream's
-    // thread finishes it meanwhile; its outputs must be complete where the caller reads them.
-    require(db.event.device_point() != nullptr, "test",
-            "an async_finish dispatch with device tensors has no device point");
-    caller.wait_event(db.event.device_point(), kWait);
+    // The async dispatch, waited for as ep.async_wait says (the caller's stream at its device
+    // point, never this thread; or the host): the CommStream's thread finishes it meanwhile;
+    // its outputs must be complete where the caller reads them.
+    caller_waits_for(caller, db.event, "dispatch");
     const LowLatencyDispatchResult hb = on_host(db);
     da.hook();
     const LowLatencyDispatchResult ha = on_host(da);
@@ -187,7 +185,7 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
       caller.fill(const_cast<std::byte*>(t->raw()), 0xff, t->bytes());
     caller.synchronize("test caller stream", kWait);
     rb.hook();
-    caller.wait_event(ra.event.device_point(), kWait);
+    caller_waits_for(caller, ra.event, "combine");
     require(!rb.combined_x.defined(), "test", "a combine into `out` returned another tensor");
     require(ra.combined_x.device() == ep::Device::cuda, "test",
             "a device combine returned a host tensor");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/error.hpp"
+#include "common/params.hpp"
 #include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/device/tensor_transfer.hpp"
 #include "gpu_side/ep/tensor.hpp"
@@ -46,6 +47,22 @@ inline ep::Tensor download(gpu_side::device::DeviceRuntime& device, const ep::Te
                            const std::string& what) {
   require(t.defined() && t.device() == ep::Device::cuda, "test", "{} is not a device tensor", what);
   return gpu_side::device::to_host(device, t, "test download", kWait);
+}
+
+// How a caller waits for an async_finish call with device tensors, as ep.async_wait says: its
+// stream at the call's device point (device; as DeepEP's EventOverlap::current_stream_wait() on
+// a GPU), or the host for the call (host, the default: the outputs are then complete on every
+// stream). Checks that the call has a device point exactly when it should.
+inline void caller_waits_for(gpu_side::device::DeviceRuntime& caller, const CallEvent& event,
+                             const std::string& what) {
+  const bool device_points = params::ep_async_wait.get() == "device";
+  require((event.device_point() != nullptr) == device_points, "test",
+          "an async_finish {} with device tensors {} a device point (ep.async_wait = {})", what,
+          device_points ? "has no" : "has", params::ep_async_wait.get());
+  if (device_points)
+    caller.wait_event(event.device_point(), kWait);
+  else
+    event.wait();
 }
 
 inline void require_equal(gpu_side::device::DeviceRuntime& device, const ep::Tensor& got,

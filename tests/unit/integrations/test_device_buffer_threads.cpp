@@ -1,6 +1,7 @@
 // Buffer calls with device tensors on the host-simulated device, ranks as threads
 // (device_buffer_case.hpp). Rank 1's device runs nothing until waited for, so a missing wait
 // shows as stale bytes; device memory is tagged so that host code touching it faults.
+#include "common/params.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/device/simulated_device.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
@@ -73,13 +74,25 @@ bool registers_device_memory(const std::string& provider) {
   return fabric::Fabric::open(fabric::testing::options_for(provider, 0))->capabilities().hmem;
 }
 
+// ep.async_wait = device for a scope: async_finish calls waited for at their device points
+// (their caller's stream), not on the host (the default).
+struct DevicePoints {
+  DevicePoints() { params::ep_async_wait.set("device"); }
+  ~DevicePoints() { params::ep_async_wait.reset(); }
+  DevicePoints(const DevicePoints&) = delete;
+  DevicePoints& operator=(const DevicePoints&) = delete;
+};
+
 }  // namespace
 
 TEST_CASE("device tensors through the Buffer: node peers (ranks as threads)") {
   integrations::testing::run_device_buffer(integrations::testing::kRanks, simulated);
+  const DevicePoints device_points;
+  integrations::testing::run_device_buffer(integrations::testing::kRanks, simulated);
 }
 
 TEST_CASE("device tensors through the Buffer: over the fabric with the reorder shim") {
+  const DevicePoints device_points;
   integrations::testing::run_device_buffer(1, simulated);
 }
 
@@ -96,9 +109,12 @@ TEST_CASE("device tensors through the Buffer: device staging the NIC reads (FI_H
 
 TEST_CASE("device tensors through low-latency calls: node peers (ranks as threads)") {
   integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, simulated);
+  const DevicePoints device_points;
+  integrations::testing::ll::run_device_ll(integrations::testing::ll::kRanks, simulated);
 }
 
 TEST_CASE("device tensors through low-latency calls: over the fabric with the reorder shim") {
+  const DevicePoints device_points;
   integrations::testing::ll::run_device_ll(1, simulated);
 }
 
