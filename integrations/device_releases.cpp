@@ -3,6 +3,7 @@
 
 #include "common/log.hpp"
 
+#include <chrono>
 #include <exception>
 
 namespace proxyep::integrations {
@@ -14,11 +15,10 @@ constexpr const char* kPhase = "device output release";
 }  // namespace
 
 DeviceReleases::~DeviceReleases() {
-  const bool capturing = device_->capturing();
+  // No call of the Buffer can queue behind these waits any more: it is gone.
   for (Pending& p : pending_) {
-    if (capturing) break;
     try {
-      device_->wait_for(*p.point, kPhase, timeout_);
+      device_->wait_event(p.point, std::chrono::milliseconds(0));
     } catch (const std::exception& e) {
       log::warn("buffer: a device output was released before its reader's stream passed it: {}",
                 e.what());
@@ -50,7 +50,6 @@ void DeviceReleases::collect() noexcept {
 
 void DeviceReleases::release(gpu_side::ep::Tensor storage,
                              std::shared_ptr<gpu_side::device::DeviceEvent> point) noexcept {
-  collect();
   if (point == nullptr || device_->capturing()) return;  // `storage` goes now
   try {
     std::lock_guard lock(mutex_);

@@ -7,12 +7,17 @@
 // When the caller's stream itself waits for that later work (an async_finish call's completion
 // point, event.current_stream_wait()), the two streams wait for each other until a deadline
 // fails the call. So the storage is kept with the caller's point, and the host drops it once the
-// point is reached: checked at every later release and at the start of every call that hands
-// out outputs (collect()); the free then follows the Buffer's own work in its stream's order.
+// point is reached, asked at the start of every call that hands out outputs (collect()); the
+// free then follows the Buffer's own work in its stream's order. Only there: a release runs
+// wherever torch frees a tensor, maybe while torch captures a graph in CUDA's global mode, where
+// an event query from this process would invalidate the capture; the caller asks collect() only
+// while its own stream is not being captured. When the last owner goes (the Buffer and all its
+// outputs are gone: nothing can queue behind a wait any more), the Buffer's stream waits for the
+// points still pending and their storage is freed behind those waits.
 //
-// While the Buffer's stream is captured into a graph the host asks it nothing (a query there
-// would invalidate the capture): storage let go then is dropped at once, the runtime keeping
-// memory freed during a capture for the graph's use (CudaDevice: for the stream's life).
+// While the Buffer's stream is captured into a graph, storage let go is dropped at once (no
+// point is asked for), the runtime keeping memory freed during a capture for the graph's use
+// (CudaDevice: for the stream's life).
 //
 // Threads: release() from any thread (torch's deleters), collect() from the Buffer's calling
 // thread; both take one mutex.
@@ -21,7 +26,6 @@
 #include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/ep/tensor.hpp"
 
-#include <chrono>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -31,21 +35,21 @@ namespace proxyep::integrations {
 
 class DeviceReleases {
  public:
-  DeviceReleases(std::shared_ptr<gpu_side::device::DeviceRuntime> device,
-                 std::chrono::milliseconds timeout)
-      : device_(std::move(device)), timeout_(timeout) {}
-  // Waits for the points still pending (each up to the timeout; failures are logged), then
-  // drops their storage.
+  explicit DeviceReleases(std::shared_ptr<gpu_side::device::DeviceRuntime> device)
+      : device_(std::move(device)) {}
+  // Has the device's stream wait for the points still pending (failures are logged), then drops
+  // their storage: freed behind those waits.
   ~DeviceReleases();
   DeviceReleases(const DeviceReleases&) = delete;
   DeviceReleases& operator=(const DeviceReleases&) = delete;
 
   // Keeps `storage` until `point` (an event of the caller's stream; null: none, dropped now) is
-  // reached, then drops it; drops what earlier points let go.
+  // reached. Asks the device nothing.
   void release(gpu_side::ep::Tensor storage,
                std::shared_ptr<gpu_side::device::DeviceEvent> point) noexcept;
   // Drops the storage whose points were reached (a point the device cannot answer for, a
-  // failed device, counts as reached: logged).
+  // failed device, counts as reached: logged). Only while no stream of the caller's is being
+  // captured: the queries would invalidate a capture in CUDA's global mode.
   void collect() noexcept;
   size_t pending() const;
 
@@ -57,7 +61,6 @@ class DeviceReleases {
   bool reached(const Pending& pending) noexcept;
 
   std::shared_ptr<gpu_side::device::DeviceRuntime> device_;
-  std::chrono::milliseconds timeout_;
   mutable std::mutex mutex_;
   std::vector<Pending> pending_;
 };

@@ -118,9 +118,17 @@ class NativeBuffer {
       gpu_side::device::caller_stream_wait(*device_, caller_stream, point, call);
   }
   // How the call's device outputs are released: after `caller_stream`'s reads of them. Drops,
-  // first, the earlier outputs whose readers are done.
+  // first, the earlier outputs whose readers are done, unless the caller's stream is being
+  // captured (an event query would invalidate the capture).
   DeviceRelease release(uintptr_t caller_stream) const {
-    if (releases_) releases_->collect();
+    if (releases_) {
+      try {
+        gpu_side::device::require_no_graph_capture(*device_, caller_stream, "python(release)");
+        releases_->collect();
+      } catch (const Error&) {
+        // captured: collected at a later call
+      }
+    }
     return {device_, caller_stream, releases_};
   }
 
@@ -129,9 +137,7 @@ class NativeBuffer {
   // Outputs torch let go, until the streams that read them passed that point; shared with the
   // outputs themselves, which may outlive this Buffer.
   std::shared_ptr<integrations::DeviceReleases> releases_ =
-      device_ ? std::make_shared<integrations::DeviceReleases>(
-                    device_, std::chrono::milliseconds(params::ep_timeout_ms.get()))
-              : nullptr;
+      device_ ? std::make_shared<integrations::DeviceReleases>(device_) : nullptr;
   std::unique_ptr<control::Bootstrap> boot_;
   std::unique_ptr<Buffer> buffer_;
 };
