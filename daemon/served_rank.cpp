@@ -128,28 +128,39 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   peer_failure_reported_.assign(static_cast<size_t>(request.ranks), false);
 }
 
+std::string ServedRank::open_device_memory(const std::string& kind,
+                                           const AttachRequest::DeviceMemory& offer, int fd,
+                                           gpu_side::device::NicMemory& memory,
+                                           std::unique_ptr<fabric::MemoryRegion>& region) {
+  // Chosen from the capabilities alone, as in process (proxy/in_process_session.cpp): without
+  // FI_HMEM, or where this memory does not open or register, the client's host memory serves.
+  State& s = *state_;
+  const fabric::Capabilities& caps = s.fabric->capabilities();
+  if (!caps.hmem)
+    return fmt::format("provider {} does not register device memory (no FI_HMEM)", caps.provider);
+  try {
+    gpu_side::device::NicMemory opened =
+        open_client_device_memory(kind, offer.handle, fd, offer.bytes, kPhase);
+    // The proxy threads held out of their passes once they run (the steps' memory comes later).
+    s.engine->amend(
+        [&] {
+          region = s.fabric->register_memory(
+              opened.memory.get(), opened.bytes,
+              opened.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
+        },
+        Deadline(kAmendTimeout));
+    memory = std::move(opened);
+    return {};
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
 bool ServedRank::register_device_memory(const AttachRequest::DeviceMemory& offer, int fd,
                                         std::string_view what, gpu_side::device::NicMemory& memory,
                                         std::unique_ptr<fabric::MemoryRegion>& region) {
-  // Chosen from the capabilities alone, as in process (proxy/in_process_session.cpp): without
-  // FI_HMEM, or where this memory does not open or register, the client's host memory serves.
-  const fabric::Capabilities& caps = state_->fabric->capabilities();
-  std::string why;
-  if (!caps.hmem) {
-    why = fmt::format("provider {} does not register device memory (no FI_HMEM)", caps.provider);
-  } else {
-    try {
-      gpu_side::device::NicMemory opened =
-          open_client_device_memory(request_.device_kind, offer.handle, fd, offer.bytes, kPhase);
-      region = state_->fabric->register_memory(
-          opened.memory.get(), opened.bytes,
-          opened.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
-      memory = std::move(opened);
-      return true;
-    } catch (const Error& e) {
-      why = e.what();
-    }
-  }
+  const std::string why = open_device_memory(request_.device_kind, offer, fd, memory, region);
+  if (why.empty()) return true;
   if (!device_memory_note_.empty()) device_memory_note_ += "; ";
   device_memory_note_ += fmt::format("{} not registered: {}", what, why);
   log::info("proxyepd: rank {}: the client's {} is not registered ({}); its host memory serves",
@@ -170,27 +181,9 @@ std::optional<fabric::Bytes> ServedRank::add_step_memory(
   s.step_memory.reset();
   s.step_device_memory = {};
   if (device) {
-    // As the attach's device memory: chosen from the capabilities, FI_HMEM or nothing.
-    const fabric::Capabilities& caps = s.fabric->capabilities();
-    if (!caps.hmem) {
-      note = fmt::format("provider {} does not register device memory (no FI_HMEM)", caps.provider);
-      return std::nullopt;
-    }
-    try {
-      gpu_side::device::NicMemory opened =
-          open_client_device_memory(device_kind, device->handle, fd, bytes, kStepPhase);
-      s.engine->amend(
-          [&] {
-            s.step_region = s.fabric->register_memory(
-                opened.memory.get(), opened.bytes,
-                opened.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
-          },
-          deadline);
-      s.step_device_memory = std::move(opened);
-    } catch (const Error& e) {
-      note = e.what();
-      return std::nullopt;
-    }
+    // As the attach's device memory.
+    note = open_device_memory(device_kind, *device, fd, s.step_device_memory, s.step_region);
+    if (!note.empty()) return std::nullopt;
   } else {
     s.step_memory = map_client_fd(fd, "step memory");
     require(s.step_memory->size() >= bytes, kStepPhase,

@@ -140,8 +140,14 @@ class ServedRank {
   uint64_t relayed() const { return state_->relay ? state_->relay->relayed() : 0; }
 
  private:
-  // Opens and registers `offer` (FI_HMEM) into `memory` and `region`; false, with the reason
-  // in device_memory_note_, where it is not (the client's host memory then serves).
+  // Opens the client's device memory `offer` (of device `kind`) and registers it (FI_HMEM) into
+  // `memory` and `region`, the proxy threads held out of their passes once they run: "" when
+  // it is, else why not (the client's host memory then serves).
+  std::string open_device_memory(const std::string& kind, const AttachRequest::DeviceMemory& offer,
+                                 int fd, gpu_side::device::NicMemory& memory,
+                                 std::unique_ptr<fabric::MemoryRegion>& region);
+  // open_device_memory() for the attach's offers; false, with the reason in
+  // device_memory_note_, where it is not registered.
   bool register_device_memory(const AttachRequest::DeviceMemory& offer, int fd,
                               std::string_view what, gpu_side::device::NicMemory& memory,
                               std::unique_ptr<fabric::MemoryRegion>& region);
