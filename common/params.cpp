@@ -1,6 +1,7 @@
 #include "common/params.hpp"
 
 #include "common/error.hpp"
+#include "common/link_spec.hpp"
 #include "common/topology.hpp"
 
 #include <algorithm>
@@ -257,6 +258,21 @@ Param<int64_t> daemon_max_connections{"daemon.max_connections", 256, in_range(1,
 Param<int64_t> launch_max_ranks{"launch.max_ranks", 256, in_range(1, 65536),
     "most ranks `proxyep launch` (and a benchmark that starts its own ranks) starts on this "
     "machine; more are refused before any starts (`proxyep launch --max-ranks` raises it)"};
+Param<std::string> launch_link{"launch.link", "",
+    config::matching("empty, or GBPS[,LATENCY_US] or preset:NAME[,LATENCY_US] (p5, p5en, p6-b200)",
+                     [](const std::string& text) { return link_spec_problem(text); }),
+    "run each emulated node in its own network namespace, joined to the others by links shaped "
+    "to this rate (Gbit/s per node and direction) and latency (docs/TESTBED.md); a preset keeps "
+    "a machine's NVLink:EFA ratio; empty = every rank in this host's network, no shaping"};
+Param<double> launch_link_copy_gbytes{"launch.link_copy_gbytes", 0, config::in_real_range(0, 1000),
+    "GB/s one core copies in shared memory here, which a launch.link preset divides by the "
+    "machine's NVLink:EFA ratio; 0 = measured at each launch (set it to repeat a run's links)"};
+Param<double> testbed_link_gbps{"testbed.link_gbps", 0, config::in_real_range(0, kMaxLinkGbps),
+    "set by the launcher for the ranks it starts on the testbed: each node's link rate (Gbit/s "
+    "per direction) that benchmarks report utilisation against; 0 = not on the testbed"};
+Param<std::string> testbed_namespaces{"testbed.namespaces", "", any_text("comma-separated names"),
+    "set by the launcher for the ranks it starts on the testbed: the network namespace of each "
+    "node, in node order (the MPI baseline starts its ranks in them); empty = not on the testbed"};
 // clang-format on
 
 }  // namespace proxyep::params

@@ -72,5 +72,9 @@ extern Param<int64_t> daemon_max_connections;
 
 // launch.* : the local launcher (tools/launcher.hpp)
 extern Param<int64_t> launch_max_ranks;
+extern Param<std::string> launch_link;
+extern Param<double> launch_link_copy_gbytes;
+extern Param<double> testbed_link_gbps;
+extern Param<std::string> testbed_namespaces;
 
 }  // namespace proxyep::params

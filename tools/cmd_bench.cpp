@@ -13,6 +13,7 @@
 #include "tools/cli_checks.hpp"
 #include "tools/commands.hpp"
 #include "tools/self_launch.hpp"
+#include "tools/testbed/link_option.hpp"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -34,8 +35,11 @@ int run_fabric_bench_rank(const FabricBenchCli& cli) {
 void register_bench_fabric(CLI::App& bench, Action& action) {
   auto cli = std::make_shared<FabricBenchCli>();
   auto* cmd = bench.add_subcommand(
-      "fabric", "RMA write-with-immediate bandwidth and latency between 2 ranks (size sweep)");
+      "fabric",
+      "RMA write-with-immediate bandwidth and latency between 2 ranks (size sweep); with --link "
+      "between two emulated nodes, reporting the link rate it measured (link_gbps)");
   add_fabric_cli_options(*cmd, cli->fabric, /*with_rails=*/true);
+  testbed::add_link_option(*cmd);
   cmd->add_option("--sizes", cli->bench.sizes, "write sizes in bytes (default 4 KiB..1 MiB)")
       ->check(cli_checks::at_least(1));
   cmd->add_option("--window", cli->bench.window, "writes in flight")
@@ -57,7 +61,11 @@ void register_bench_fabric(CLI::App& bench, Action& action) {
     action = [cli] {
       if (!self_launch::under_launcher()) {
         check_fabric_cli(cli->fabric, "bench.fabric");  // before any rank starts
-        return self_launch::relaunch_as_ranks(2, 2);
+        testbed::check_provider_crosses_links(
+            cli->fabric.provider.empty() ? params::fabric_provider.get() : cli->fabric.provider,
+            "bench.fabric");
+        // On the testbed the two ranks are two nodes: the link between them is what it measures.
+        return self_launch::relaunch_as_ranks(2, params::launch_link.get().empty() ? 2 : 1);
       }
       return run_fabric_bench_rank(*cli);
     };

@@ -1,12 +1,15 @@
 // `proxyep launch -n N [--ranks-per-node M] [--timeout S] [--grace-ms MS] [--max-ranks K]
-// [--master-port P] -- CMD ARGS...`: runs CMD as N local ranks with torchrun's environment and a
-// job id and secret of their own (tools/launcher.hpp does the work, and checks the whole launch
-// before it starts anything).
+// [--master-port P] [--link GBPS[,LATENCY_US] | preset:NAME] -- CMD ARGS...`: runs CMD as N local
+// ranks with torchrun's environment and a job id and secret of their own (tools/launcher.hpp does
+// the work, and checks the whole launch before it starts anything; with --link, on the testbed:
+// tools/testbed/testbed_launch.hpp).
 #include "common/params.hpp"
 #include "common/registry.hpp"
 #include "tools/cli_checks.hpp"
 #include "tools/commands.hpp"
 #include "tools/launcher.hpp"
+#include "tools/testbed/link_option.hpp"
+#include "tools/testbed/testbed_launch.hpp"
 
 #include <CLI/CLI.hpp>
 #include <cmath>
@@ -31,6 +34,7 @@ struct LaunchArgs {
 std::vector<std::pair<std::string, std::string>> forwarded_parameters() {
   std::vector<std::pair<std::string, std::string>> env;
   for (auto* param : config::Registry::global().all()) {
+    if (param == &params::launch_link) continue;  // the launcher's own: the ranks launch nothing
     auto source = param->source();
     if (source == config::Source::command_line || source == config::Source::config_file)
       env.emplace_back(param->env_name(), param->value_string());
@@ -49,8 +53,7 @@ int run_launch(const LaunchArgs& args) {
   options.grace = std::chrono::milliseconds(args.grace_ms);
   options.master_port = args.master_port;
   options.extra_env = forwarded_parameters();
-  LocalLauncher launcher(std::move(options));
-  return launcher.run().exit_code;
+  return testbed::launch(std::move(options), params::launch_link.get()).exit_code;
 }
 
 }  // namespace
@@ -78,6 +81,7 @@ void register_launch(CLI::App& app, Action& action) {
   cmd->add_option("--master-port", args->master_port,
                   "rendezvous port of rank 0 (MASTER_PORT); default: a free loopback port")
       ->check(cli_checks::in_range(1, 65535));
+  testbed::add_link_option(*cmd);
   cmd->add_option("command", args->command, "the command and its arguments, after --")->required();
   cmd->footer(
       "Each rank's output lines are prefixed with \"[rank k] \". When a rank fails, the others "

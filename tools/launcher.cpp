@@ -107,7 +107,8 @@ void ensure_descriptors(int ranks) {
 // One run of the launcher: the children, their pipes, and the stop sequence.
 class Session {
  public:
-  Session(const LaunchOptions& options, int port) : options_(options), port_(port) {
+  Session(const LaunchOptions& options, const NodePlacement* placement, int port)
+      : options_(options), placement_(placement), port_(port) {
     for (int rank = 0; rank < options.ranks; ++rank)
       children_.emplace_back(rank);
   }
@@ -130,6 +131,7 @@ class Session {
   LaunchResult finish();
 
   const LaunchOptions& options_;
+  const NodePlacement* placement_;  // null: every rank in this host's network
   int port_;
   std::vector<Child> children_;
   size_t next_ = 0;  // the next rank to spawn
@@ -146,7 +148,9 @@ class Session {
 std::vector<std::string> Session::environment_for(int rank) const {
   const int per_node = options_.ranks_per_node;
   std::vector<std::pair<std::string, std::string>> ours = options_.extra_env;
-  ours.insert(ours.end(), {{"MASTER_ADDR", "127.0.0.1"},
+  if (placement_ != nullptr)
+    ours.insert(ours.end(), placement_->env.begin(), placement_->env.end());
+  ours.insert(ours.end(), {{"MASTER_ADDR", placement_ ? placement_->master_addr : "127.0.0.1"},
                            {"MASTER_PORT", std::to_string(port_)},
                            {"RANK", std::to_string(rank)},
                            {"WORLD_SIZE", std::to_string(options_.ranks)},
@@ -207,7 +211,9 @@ int Session::spawn(Child& child) {
   for (auto& entry : env)
     envp.push_back(entry.data());
   envp.push_back(nullptr);
-  std::vector<std::string> command = options_.command;
+  std::vector<std::string> command;
+  if (placement_ != nullptr) command = placement_->enter.at(rank / options_.ranks_per_node);
+  command.insert(command.end(), options_.command.begin(), options_.command.end());
   for (auto& arg : command)
     argv.push_back(arg.data());
   argv.push_back(nullptr);
@@ -486,8 +492,15 @@ LaunchResult LocalLauncher::run() {
   LaunchOptions options = options_;
   const auto& ours = credentials.environment();
   options.extra_env.insert(options.extra_env.end(), ours.begin(), ours.end());
-  Session session(options, port);
+  Session session(options, placement_ ? &*placement_ : nullptr, port);
   return session.run();
+}
+
+void LocalLauncher::place(NodePlacement placement) {
+  require(static_cast<int>(placement.enter.size()) == nodes(), "launch",
+          "a placement of {} nodes for {} ranks of {} per node", placement.enter.size(),
+          options_.ranks, options_.ranks_per_node);
+  placement_ = std::move(placement);
 }
 
 }  // namespace proxyep::tools

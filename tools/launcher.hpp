@@ -46,6 +46,16 @@
 
 namespace proxyep::tools {
 
+// Where each emulated node's ranks run when not all in this host's network (the testbed,
+// tools/testbed/testbed_launch.hpp): per node, a command prefix that runs the rank there (it must
+// exec the rank in place, keeping its pid); the address every rank reaches rank 0 at; variables
+// for every rank, over the launcher's defaults and extra_env.
+struct NodePlacement {
+  std::vector<std::vector<std::string>> enter;  // index = node (GROUP_RANK)
+  std::string master_addr;
+  std::vector<std::pair<std::string, std::string>> env;
+};
+
 struct LaunchOptions {
   int ranks = 1;
   int ranks_per_node = 0;  // 0 = all ranks on one node
@@ -100,6 +110,12 @@ class LocalLauncher {
   // "launch") before anything starts.
   explicit LocalLauncher(LaunchOptions options);
 
+  int ranks() const { return options_.ranks; }
+  int ranks_per_node() const { return options_.ranks_per_node; }  // after defaulting
+  int nodes() const { return options_.ranks / options_.ranks_per_node; }
+  // Runs each node's ranks where `placement` says (one prefix per node, checked here).
+  void place(NodePlacement placement);
+
   // Starts the ranks and waits for all of them. Exit code: the first failing rank's exit code
   // (128 + N for signal N); 127 when the command cannot be executed; 124 on timeout; 128 + N
   // when the launcher was interrupted by signal N (while spawning too).
@@ -107,6 +123,7 @@ class LocalLauncher {
 
  private:
   LaunchOptions options_;
+  std::optional<NodePlacement> placement_;
 };
 
 }  // namespace proxyep::tools

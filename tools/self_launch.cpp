@@ -1,7 +1,9 @@
 #include "tools/self_launch.hpp"
 
+#include "common/params.hpp"
 #include "common/registry.hpp"
 #include "tools/launcher.hpp"
+#include "tools/testbed/testbed_launch.hpp"
 
 #include <filesystem>
 #include <string>
@@ -35,7 +37,7 @@ int relaunch_as_ranks(int ranks, int ranks_per_node) {
   auto self = std::filesystem::read_symlink("/proc/self/exe", error);
   if (!error) options.command.at(0) = self.string();
   options.sink = prefixing_sink(/*prefix_rank0=*/false);
-  return LocalLauncher(std::move(options)).run().exit_code;
+  return testbed::launch(std::move(options), params::launch_link.get()).exit_code;
 }
 
 }  // namespace proxyep::tools::self_launch

@@ -8,8 +8,9 @@ namespace proxyep::tools::self_launch {
 
 // True when RANK is set (torchrun, `proxyep launch`, mpirun wrappers).
 bool under_launcher();
-// Re-executes argv of this process as `ranks` local ranks with `ranks_per_node` per node; waits
-// for them and returns the exit code to use (non-zero when any rank failed).
+// Re-executes argv of this process as `ranks` local ranks with `ranks_per_node` per node (on the
+// testbed when launch.link is set: tools/testbed/testbed_launch.hpp); waits for them and returns
+// the exit code to use (non-zero when any rank failed).
 int relaunch_as_ranks(int ranks, int ranks_per_node);
 // Records argv at start-up (main calls it), for relaunch_as_ranks.
 void remember_argv(int argc, char** argv);

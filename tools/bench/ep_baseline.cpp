@@ -7,48 +7,121 @@
 #include <fmt/ranges.h>
 
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <optional>
 
 namespace proxyep::tools {
 namespace {
 
 constexpr const char* kPhase = "bench.ep.baseline";
 constexpr const char* kBinary = "proxyep-mpi-baseline";
+constexpr const char* kAgent = "proxyep-netns-agent";
+constexpr const char* kTestbedInterface = "pep0";  // tools/testbed/netns_testbed.hpp
 
-std::string baseline_binary() {
+// The mpirun options of the testbed: daemons started in the nodes' namespaces by the agent, one
+// per node (no tree spawn: every agent call comes from mpirun), no name lookups, vader inside a
+// node and tcp over the shaped links between nodes.
+std::vector<std::string> testbed_mpirun_options(const MpiBaselineRequest& request,
+                                                const MpiTestbedFiles& files) {
+  std::vector<std::string> hosts;
+  for (const auto& ns : request.testbed_namespaces)
+    hosts.push_back(fmt::format("{}:{}", ns, request.ranks_per_node));
+  return {"--host",
+          fmt::format("{}", fmt::join(hosts, ",")),
+          "--map-by",
+          "slot",
+          "--mca",
+          "plm_rsh_agent",
+          files.agent,
+          "--mca",
+          "plm_rsh_no_tree_spawn",
+          "1",
+          "--mca",
+          "if_base_do_not_resolve",
+          "1",
+          "--mca",
+          "orte_tmpdir_base",
+          files.session_dir,
+          "--mca",
+          "oob_tcp_if_include",
+          kTestbedInterface,
+          "--mca",
+          "btl",
+          "self,vader,tcp",
+          "--mca",
+          "btl_tcp_if_include",
+          kTestbedInterface,
+          "--mca",
+          "btl_tcp_disable_family",
+          "6"};
+}
+
+std::string beside_self(const char* name) {
   std::error_code error;
   auto self = std::filesystem::read_symlink("/proc/self/exe", error);
   require(!error, kPhase, "cannot read /proc/self/exe: {}", error.message());
-  auto binary = self.parent_path() / kBinary;
+  return (self.parent_path() / name).string();
+}
+
+std::string baseline_binary() {
+  std::filesystem::path binary = beside_self(kBinary);
   require(access(binary.c_str(), X_OK) == 0, kPhase,
           "{} not found next to {}: this proxyep was built without MPI. Install Open MPI "
           "(scripts/install-deps.sh installs openmpi-bin and libopenmpi-dev), re-run cmake and "
           "rebuild, or use --baseline none",
-          binary.string(), self.string());
+          binary.string(), beside_self("proxyep"));
   return binary.string();
 }
+
+// Open MPI's session directories for one baseline run, removed after it (a killed run leaves
+// them behind otherwise).
+struct SessionDir {
+  SessionDir() {
+    std::string pattern = (std::filesystem::temp_directory_path() / "proxyep-mpi-XXXXXX").string();
+    require(::mkdtemp(pattern.data()) != nullptr, kPhase, "mkdtemp: {}", std::strerror(errno));
+    path = pattern;
+  }
+  ~SessionDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  SessionDir(const SessionDir&) = delete;
+  SessionDir& operator=(const SessionDir&) = delete;
+  std::string path;
+};
 
 }  // namespace
 
 std::vector<std::string> mpi_baseline_command(const MpiBaselineRequest& request,
-                                              const std::string& binary) {
-  std::vector<std::string> cmd = {"mpirun",
-                                  "--allow-run-as-root",
-                                  "--oversubscribe",
-                                  "--bind-to",
-                                  "none",
-                                  "-n",
-                                  std::to_string(request.ranks),
-                                  "--mca",
-                                  "pml",
-                                  "ob1",
-                                  "--mca",
-                                  "oob_tcp_if_include",
-                                  "lo"};
-  if (request.ranks_per_node < request.ranks)
-    cmd.insert(cmd.end(), {"--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"});
+                                              const std::string& binary,
+                                              const MpiTestbedFiles& testbed) {
+  const bool on_testbed = !request.testbed_namespaces.empty();
+  std::vector<std::string> cmd;
+  // mpirun in node 0's namespace (this rank's) under node 0's own hostname, as the agent gives
+  // every other node its own: Open MPI tells nodes apart by hostname.
+  if (on_testbed)
+    cmd = {"unshare",
+           "--uts",
+           "--",
+           "sh",
+           "-c",
+           "hostname \"$0\" && exec \"$@\"",
+           request.testbed_namespaces.front()};
+  cmd.insert(cmd.end(), {"mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none",
+                         "-n", std::to_string(request.ranks), "--mca", "pml", "ob1"});
+  std::vector<std::string> transport;
+  if (on_testbed)
+    transport = testbed_mpirun_options(request, testbed);
+  else if (request.ranks_per_node < request.ranks)
+    transport = {"--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "tcp,self",
+                 "--mca", "btl_tcp_if_include", "lo"};
   else
-    cmd.insert(cmd.end(), {"--mca", "btl", "vader,self"});
+    transport = {"--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "vader,self"};
+  cmd.insert(cmd.end(), transport.begin(), transport.end());
   cmd.insert(cmd.end(), request.extra_mpirun_args.begin(), request.extra_mpirun_args.end());
   cmd.push_back(binary);
   if (request.workload.low_latency) cmd.emplace_back("ll");  // the low-latency baseline
@@ -68,8 +141,20 @@ void check_mpi_baseline_available() {
 nlohmann::json run_mpi_baseline(const MpiBaselineRequest& request) {
   check_mpi_baseline_available();
   auto binary = baseline_binary();
-  auto cmd = mpi_baseline_command(request, binary);
-  auto result = run_capturing_stdout(cmd, {}, request.timeout);
+  MpiTestbedFiles testbed;
+  std::optional<SessionDir> sessions;
+  std::vector<std::pair<std::string, std::string>> env;
+  if (!request.testbed_namespaces.empty()) {
+    testbed.agent = beside_self(kAgent);
+    require(access(testbed.agent.c_str(), X_OK) == 0, kPhase,
+            "{} not found: the MPI baseline on the testbed needs it (rebuild)", testbed.agent);
+    sessions.emplace();
+    testbed.session_dir = sessions->path;
+    // No display to probe: hwloc's gl component would try X servers on every start.
+    env.emplace_back("HWLOC_COMPONENTS", "-gl");
+  }
+  auto cmd = mpi_baseline_command(request, binary, testbed);
+  auto result = run_capturing_stdout(cmd, env, request.timeout);
   auto command_text = fmt::format("{}", fmt::join(cmd, " "));
   require(!result.timed_out, kPhase, "`{}` did not finish within {} s (raise --baseline-timeout)",
           command_text, request.timeout.count());

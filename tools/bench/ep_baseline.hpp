@@ -8,7 +8,10 @@
 // `--mca btl vader,self` (shared memory); ranks spanning nodes -> `--mca btl tcp,self` over lo
 // (every rank of this machine then talks TCP, as the target comparison with tcp;ofi_rxm wants).
 // pml ob1 keeps Open MPI on those BTLs (no UCX/OFI MTL), and its runtime's own TCP traffic is
-// pinned to lo too.
+// pinned to lo too. On the testbed (testbed.namespaces set: docs/TESTBED.md) the baseline gets
+// exactly ProxyEP's links: mpirun runs in node 0's namespace (where rank 0 runs), its daemons
+// start in the other nodes' through proxyep-netns-agent, each node's ranks use shared memory
+// (vader) among themselves and tcp over the shaped links (the nodes' pep0) to other nodes.
 #pragma once
 
 #include "tools/bench/ep_options.hpp"
@@ -32,11 +35,20 @@ struct MpiBaselineRequest {
   int ranks_per_node = 2;
   std::chrono::seconds timeout{600};
   std::vector<std::string> extra_mpirun_args;
+  // On the testbed: each node's network namespace, in node order (empty = this host's network).
+  std::vector<std::string> testbed_namespaces;
+};
+
+// Where the testbed's baseline needs files: its agent and a directory for Open MPI's sessions.
+struct MpiTestbedFiles {
+  std::string agent;
+  std::string session_dir;
 };
 
 // The mpirun command line (for the report, and run_mpi_baseline).
 std::vector<std::string> mpi_baseline_command(const MpiBaselineRequest& request,
-                                              const std::string& baseline_binary);
+                                              const std::string& baseline_binary,
+                                              const MpiTestbedFiles& testbed = {});
 
 // Throws the errors below for a missing baseline binary or mpirun, before anything runs.
 void check_mpi_baseline_available();

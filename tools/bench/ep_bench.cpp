@@ -1,4 +1,5 @@
 #include "tools/bench/ep_bench.hpp"
+#include "tools/bench/fabric_bytes.hpp"
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -34,7 +35,8 @@ struct RankRun {
   DispatchResult fresh;
   DispatchResult cached;
   CombineResult combined;
-  nlohmann::json memcpy_floor;  // time_memcpy_floor's figures; null with --no-floor
+  nlohmann::json memcpy_floor;   // time_memcpy_floor's figures; null with --no-floor
+  CallFabricBytes fabric_bytes;  // one call's bytes to other nodes (fabric_bytes.hpp)
 };
 
 // The bytes of this rank's dispatch output rows in the run's row format (FP8: with the scales).
@@ -113,11 +115,22 @@ RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::
   fresh.topk_weights = in.topk_weights;
 
   // The combine input ("expert output"): the routing is the same every iteration, so the rows
-  // received by this first, untimed dispatch stay valid for all of them.
-  DispatchResult first = buffer.dispatch(fresh);
-  ep::Tensor expert_out = staged_expert_output(device, first);
-
+  // received by this first, untimed dispatch stay valid for all of them. It and an untimed
+  // combine also give one call's fabric bytes (the same in every iteration).
   RankRun run;
+  const uint64_t start_bytes = buffer.stats().bytes_to_fabric;
+  DispatchResult first = buffer.dispatch(fresh);
+  const uint64_t dispatched_bytes = buffer.stats().bytes_to_fabric;
+  ep::Tensor expert_out = staged_expert_output(device, first);
+  {
+    CombineArgs combine_args;
+    combine_args.x = expert_out;
+    combine_args.handle = &first.handle;
+    (void)buffer.combine(combine_args);
+  }
+  run.fabric_bytes = {dispatched_bytes - start_bytes,
+                      buffer.stats().bytes_to_fabric - dispatched_bytes};
+
   for (int i = 0; i < cli.warmup + cli.iters; ++i) {
     // Phase snapshots around the timed windows, never inside them (stats() reads every channel).
     const BufferStats before = buffer.stats();
@@ -187,6 +200,7 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
   if (run.reordered) report["reordered_completions"] = *run.reordered;
   report["device_paths"] = run.device_paths;
   if (!run.memcpy_floor.is_null()) report["memcpy_floor"] = run.memcpy_floor;
+  report["fabric_bytes"] = to_json(run.fabric_bytes);
   return report;
 }
 
@@ -210,6 +224,10 @@ nlohmann::json summarize(const RankReports& reports, const EpReference& referenc
   for (const auto& report : reports)
     phases.push_back(report.value("phases", nlohmann::json()));
   out["phases"] = mean_phases(phases);
+  if (multi_node)
+    out["fabric"] = fabric_bytes_json(
+        reports, shape.ranks_per_node, traffic.rdma_dispatch_bytes, traffic.rdma_combine_bytes,
+        out["dispatch"]["us"]["p50"].get<double>(), out["combine"]["us"]["p50"].get<double>());
   auto floor = memcpy_floor_json(reports, out["total"]["us"]["p50"].get<double>());
   if (!floor.is_null()) out["memcpy_floor"] = std::move(floor);
   add_verdict(out, reports);

@@ -16,11 +16,14 @@
 #include "tools/bench/ll_bench.hpp"
 #include "tools/cli_checks.hpp"
 #include "tools/self_launch.hpp"
+#include "tools/testbed/link_option.hpp"
+#include "tools/testbed/testbed_launch.hpp"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include <memory>
+#include <ranges>
 
 namespace proxyep::tools {
 namespace {
@@ -82,6 +85,9 @@ int run_rank(const EpBenchOptions& options, bool ranks_given, const std::string&
       request.ranks_per_node = env.local_world_size;
       request.timeout = std::chrono::seconds(options.baseline_timeout_s);
       request.extra_mpirun_args = options.mpirun_args;
+      // On the testbed the baseline runs in the same namespaces, over the same links.
+      for (auto ns : std::views::split(params::testbed_namespaces.get(), ','))
+        request.testbed_namespaces.emplace_back(ns.begin(), ns.end());
       baseline = run_mpi_baseline(request);
     } catch (const Error& e) {
       // Our figures are still worth printing; the run fails all the same.
@@ -123,6 +129,7 @@ void add_run_options(CLI::App& cmd, BenchCli& cli) {
                  "fabric provider of the internode path (default tcp when the ranks span nodes)");
   cmd.add_flag("--reorder", options.reorder,
                "internode writes through the reorder shim (EFA SRD semantics)");
+  testbed::add_link_option(cmd);
   if (options.workload.low_latency)
     cmd.add_option("--baseline", options.baseline,
                    "also run the same workload with MPI_Alltoallv (Open MPI, through mpirun)")
@@ -187,7 +194,9 @@ void set_action(CLI::App* cmd, const std::shared_ptr<BenchCli>& cli, Action& act
                                     : load_saved_run(cli->compare, options.workload, ranks);
       };
       if (!self_launch::under_launcher()) {
-        int per_node = options.ranks_per_node > 0 ? options.ranks_per_node : options.ranks;
+        int per_node = testbed::effective_ranks_per_node(options.ranks, options.ranks_per_node,
+                                                         params::launch_link.get());
+        testbed::check_provider_crosses_links(options.provider, command_name(options));
         // The whole run is checked before any rank starts (all of them run on this machine).
         check_ep_bench(options, options.ranks, per_node, options.ranks);
         check_runnable(options.ranks);

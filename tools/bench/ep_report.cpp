@@ -1,4 +1,5 @@
 #include "tools/bench/ep_report.hpp"
+#include "tools/bench/fabric_bytes.hpp"
 
 #include "tools/bench/ep_floor.hpp"
 
@@ -84,6 +85,7 @@ void print_ep_report(const nlohmann::json& r) {
   print_row("proxyep combine", ours["combine"], rdma);
   // The same-run memory floor (ep_floor.hpp): absent with --no-floor.
   if (ours.contains("memcpy_floor")) print_row("memcpy floor", ours["memcpy_floor"], rdma);
+  if (ours.contains("fabric")) fmt::print("{}", format_fabric_bytes(ours["fabric"]));
   const std::string floor_line = memory_floor_line(ours);
   const auto& base = r["baseline"];
   // The variant's name labels its rows: "mpi" (lean) or "mpi-records" (ep_baseline.hpp).

@@ -1,4 +1,5 @@
 #include "tools/bench/ll_bench.hpp"
+#include "tools/bench/fabric_bytes.hpp"
 
 #include "common/error.hpp"
 #include "common/log.hpp"
@@ -27,8 +28,9 @@ struct LlRankRun {
   std::map<std::string, std::vector<double>> timings;
   std::optional<uint64_t> reordered;
   int64_t num_rdma_bytes = 0;
-  std::string diff;         // the check's verdict ("" = passed)
-  double combine_diff = 0;  // calc_diff of the last combine
+  std::string diff;              // the check's verdict ("" = passed)
+  double combine_diff = 0;       // calc_diff of the last combine
+  CallFabricBytes fabric_bytes;  // one call's bytes to other nodes (fabric_bytes.hpp)
 };
 
 #if PROXYEP_HAVE_LOW_LATENCY
@@ -94,10 +96,19 @@ LlRankRun run_low_latency(control::Bootstrap& bootstrap, const EpBenchOptions& o
   // iteration and the receive layout is deterministic, so its rows stay valid. Each iteration is
   // then timed as `bench ep` times normal mode (and DeepEP's test a dispatch + combine pair):
   // one barrier, then dispatch and combine back to back.
+  // It and an untimed combine also give one call's fabric bytes (the same every iteration).
   {
+    const uint64_t start_bytes = buffer.stats().bytes_to_fabric;
     LowLatencyDispatchResult first = buffer.low_latency_dispatch(dispatch_args);
     if (hook) first.hook();
+    const uint64_t dispatched_bytes = buffer.stats().bytes_to_fabric;
     ll_expert_output(views(first), shape.experts_per_rank(), expert_out);
+    combine_args.x = expert_out;
+    combine_args.handle = &first.handle;
+    LowLatencyCombineResult combined = buffer.low_latency_combine(combine_args);
+    if (hook) combined.hook();
+    run.fabric_bytes = {dispatched_bytes - start_bytes,
+                        buffer.stats().bytes_to_fabric - dispatched_bytes};
   }
   combine_args.x = expert_out;
   for (int i = 0; i < cli.warmup + cli.iters; ++i) {
@@ -147,6 +158,7 @@ nlohmann::json rank_report(const LlRankRun& run) {
   for (const auto& [phase, samples] : run.timings)
     report[phase] = samples;
   if (run.reordered) report["reordered_completions"] = *run.reordered;
+  report["fabric_bytes"] = to_json(run.fabric_bytes);
   return report;
 }
 
@@ -168,6 +180,10 @@ nlohmann::json summarize(const RankReports& reports, const LlTraffic& traffic,
   for (const char* phase : kPhases)
     if (!out.contains(phase) && reports.front().contains(phase))
       out[phase] = phase_json(slowest_rank(reports, phase), {});
+  if (multi_node)
+    out["fabric"] = fabric_bytes_json(
+        reports, shape.ranks_per_node, traffic.remote_dispatch_bytes, traffic.remote_combine_bytes,
+        out["dispatch"]["us"]["p50"].get<double>(), out["combine"]["us"]["p50"].get<double>());
   double worst_calc_diff = 0;
   for (const auto& r : reports)
     worst_calc_diff = std::max(worst_calc_diff, r.at("combine_calc_diff").get<double>());

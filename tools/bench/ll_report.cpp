@@ -1,5 +1,6 @@
 // The table of `proxyep bench ll` (ll_bench.hpp): the low-latency figures, normal mode's and the
 // MPI baseline's on the same tokens, and their p50 over the low-latency one's, phase by phase.
+#include "tools/bench/fabric_bytes.hpp"
 #include "tools/bench/ll_bench.hpp"
 
 #include <fmt/format.h>
@@ -80,7 +81,9 @@ void print_ll_report(const nlohmann::json& r) {
     print_row("ll   receive (hook)", ll["combine_recv"]);
   }
   print_row("ll dispatch+combine", ll["total"]);
+  if (ll.contains("fabric")) fmt::print("{}", format_fabric_bytes(ll["fabric"], "ll "));
   print_side("normal", normal, ll);
+  if (normal.contains("fabric")) fmt::print("{}", format_fabric_bytes(normal["fabric"], "normal "));
   const auto& base = r["baseline"];
   if (!base.is_null()) {
     print_side("mpi", base, ll);

@@ -31,7 +31,9 @@ bool reap_until(pid_t pid, Clock::time_point deadline, int& status) {
     pid_t done = waitpid(pid, &status, WNOHANG);
     if (done == pid || (done < 0 && errno != EINTR)) return true;
     if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    // Short: callers wait here once the child closed stdout, i.e. while it exits (a testbed
+    // runs hundreds of quick `ip` commands in a row).
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
 
@@ -109,12 +111,13 @@ std::string find_in_path(const std::string& program) {
 SubprocessResult run_capturing_stdout(const std::vector<std::string>& argv,
                                       const std::vector<std::pair<std::string, std::string>>& env,
                                       std::chrono::milliseconds timeout,
-                                      std::chrono::milliseconds grace) {
+                                      std::chrono::milliseconds grace, bool capture_stderr) {
   int fds[2];
   require(pipe2(fds, O_CLOEXEC) == 0, "subprocess", "pipe: {}", std::strerror(errno));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  if (capture_stderr) posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
   posix_spawnattr_t attr;
   posix_spawnattr_init(&attr);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);  // its own group: see the header

@@ -1,6 +1,7 @@
-// Runs one helper program (mpirun, for the EP benchmark's baseline) with its stdout captured and
-// its stderr passed through, bounded in time. The child gets its own process group, so a timeout
-// stops it and everything it started (mpirun's ranks) and nothing else.
+// Runs one helper program (mpirun, for the EP benchmark's baseline; ip and tc, for the testbed)
+// with its stdout captured and its stderr passed through (or captured with it), bounded in time.
+// The child gets its own process group, so a timeout stops it and everything it started (mpirun's
+// ranks) and nothing else.
 #pragma once
 
 #include <chrono>
@@ -23,7 +24,8 @@ struct SubprocessResult {
 SubprocessResult run_capturing_stdout(const std::vector<std::string>& argv,
                                       const std::vector<std::pair<std::string, std::string>>& env,
                                       std::chrono::milliseconds timeout,
-                                      std::chrono::milliseconds grace = std::chrono::seconds(5));
+                                      std::chrono::milliseconds grace = std::chrono::seconds(5),
+                                      bool capture_stderr = false);
 
 // The full path of `program` found in PATH, or "" when it is not there.
 std::string find_in_path(const std::string& program);

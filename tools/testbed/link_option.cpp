@@ -1,0 +1,31 @@
+#include "tools/testbed/link_option.hpp"
+
+#include "common/error.hpp"
+#include "common/params.hpp"
+#include "tools/cli_checks.hpp"
+
+#include <CLI/CLI.hpp>
+
+namespace proxyep::tools::testbed {
+
+void add_link_option(CLI::App& cmd) {
+  cmd.add_option_function<std::string>(
+         "--link",
+         [](const std::string& link) {
+           params::launch_link.set(link, config::Source::command_line);
+         },
+         "run each emulated node in its own network namespace, the nodes joined by links shaped "
+         "to GBPS[,LATENCY_US] (Gbit/s per node and direction, one-way us) or preset:NAME (p5, "
+         "p5en, p6-b200: the machine's NVLink:EFA ratio scaled to this box; 8 ranks per node "
+         "unless --ranks-per-node); needs CAP_NET_ADMIN (launch.link, docs/TESTBED.md)")
+      ->check(cli_checks::accepted_by(params::launch_link));
+}
+
+void check_provider_crosses_links(const std::string& provider, const std::string& phase) {
+  if (params::launch_link.get().empty()) return;
+  require(provider != "shm", phase,
+          "--provider shm moves bytes between nodes through shared memory, past the shaped links "
+          "of --link: use tcp (the default across nodes) to run on the testbed");
+}
+
+}  // namespace proxyep::tools::testbed

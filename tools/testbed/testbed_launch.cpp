@@ -1,0 +1,60 @@
+#include "tools/testbed/testbed_launch.hpp"
+
+#include "common/error.hpp"
+#include "common/link_spec.hpp"
+#include "tools/launch_output.hpp"
+#include "tools/testbed/link_rate.hpp"
+#include "tools/testbed/netns_testbed.hpp"
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace proxyep::tools::testbed {
+
+int effective_ranks_per_node(int ranks, int ranks_per_node, const std::string& link) {
+  if (ranks_per_node > 0 || link.empty()) return ranks_per_node > 0 ? ranks_per_node : ranks;
+  auto spec = parse_link_spec(link);
+  if (spec.preset != nullptr && ranks % spec.preset->gpus_per_node == 0)
+    return spec.preset->gpus_per_node;
+  return ranks;
+}
+
+LaunchResult launch(LaunchOptions options, const std::string& link) {
+  if (link.empty()) return LocalLauncher(std::move(options)).run();
+  const auto spec = parse_link_spec(link);
+  options.ranks_per_node = effective_ranks_per_node(options.ranks, options.ranks_per_node, link);
+  auto report = options.report;
+  LocalLauncher launcher(std::move(options));
+  require(launcher.nodes() >= 2, "launch.link",
+          "--link shapes the links between nodes, but {} ranks of {} per node are one node: give "
+          "--ranks-per-node smaller than the ranks",
+          launcher.ranks(), launcher.ranks_per_node());
+  NetnsTestbed::check_available();
+  const auto resolved = resolve_link(spec, launcher.ranks(), launcher.ranks_per_node());
+  NetnsTestbed testbed(launcher.nodes(), resolved.gbps, resolved.latency_us);
+  auto message = fmt::format(
+      "testbed: {} nodes of {} ranks, each in its network namespace ({}-n*), links of {:.3g} "
+      "Gbit/s per node each way ({}), {}; built in {} ms",
+      launcher.nodes(), launcher.ranks_per_node(),
+      testbed.namespace_of(0).substr(0, testbed.namespace_of(0).rfind('-')), resolved.gbps,
+      resolved.how,
+      resolved.latency_us > 0 ? fmt::format("{:.3g} us one way", resolved.latency_us)
+                              : std::string("no latency added"),
+      testbed.setup_time().count());
+  if (report)
+    report(message);
+  else
+    write_fully(STDERR_FILENO, fmt::format("proxyep launch: {}\n", message));
+  NodePlacement placement;
+  for (int node = 0; node < launcher.nodes(); ++node)
+    placement.enter.push_back(testbed.enter(node));
+  placement.master_addr = testbed.address_of(0);
+  placement.env = {{"FI_TCP_IFACE", kNodeInterface},
+                   {"PROXYEP_TESTBED_LINK_GBPS", fmt::format("{}", resolved.gbps)},
+                   {"PROXYEP_TESTBED_NAMESPACES", testbed.namespace_list()}};
+  launcher.place(std::move(placement));
+  return launcher.run();
+}
+
+}  // namespace proxyep::tools::testbed
