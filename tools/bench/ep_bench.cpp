@@ -226,7 +226,8 @@ nlohmann::json summarize(const RankReports& reports, const EpReference& referenc
   out["phases"] = mean_phases(phases);
   if (multi_node)
     out["fabric"] = fabric_bytes_json(
-        reports, shape.ranks_per_node, traffic.rdma_dispatch_bytes, traffic.rdma_combine_bytes,
+        reports, shape.ranks_per_node, "one row per (token, other node it reaches)",
+        traffic.fabric_dispatch_bytes, traffic.fabric_combine_bytes,
         out["dispatch"]["us"]["p50"].get<double>(), out["combine"]["us"]["p50"].get<double>());
   auto floor = memcpy_floor_json(reports, out["total"]["us"]["p50"].get<double>());
   if (!floor.is_null()) out["memcpy_floor"] = std::move(floor);

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <utility>
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -21,18 +22,22 @@ double max_over_mean(const std::vector<int64_t>& values) {
   return mean > 0 ? static_cast<double>(*std::max_element(values.begin(), values.end())) / mean : 0;
 }
 
-// (token, destination node) pairs of one rank: DeepEP's RDMA byte count (DEEPEP_COMPAT 4.2).
-int64_t count_node_pairs(const ep::Tensor& is_token_in_rank, const ep::EpShape& shape) {
+// (token, destination node) pairs of source rank `source`: every node (DeepEP's RDMA byte count,
+// DEEPEP_COMPAT 4.2, counts the own node too) and other nodes only (what must cross the fabric).
+std::pair<int64_t, int64_t> count_node_pairs(const ep::Tensor& is_token_in_rank,
+                                             const ep::EpShape& shape, int source) {
   const auto* in_rank = is_token_in_rank.data<uint8_t>();
-  int64_t pairs = 0;
+  const int own = shape.node_of_rank(source);
+  int64_t pairs = 0, other = 0;
   std::vector<uint8_t> reached(static_cast<size_t>(shape.num_nodes()));
   for (int64_t t = 0; t < is_token_in_rank.rows(); ++t) {
     std::fill(reached.begin(), reached.end(), 0);
     for (int r = 0; r < shape.num_ranks; ++r)
       if (in_rank[t * shape.num_ranks + r]) reached[shape.node_of_rank(r)] = 1;
     pairs += std::count(reached.begin(), reached.end(), 1);
+    other += std::count(reached.begin(), reached.end(), 1) - reached[own];
   }
-  return pairs;
+  return {pairs, other};
 }
 
 EpTraffic compute_traffic(const ep::WorkloadOptions& options,
@@ -45,13 +50,16 @@ EpTraffic compute_traffic(const ep::WorkloadOptions& options,
   double fp8_factor = options.fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0;
   for (int r = 0; r < shape.num_ranks; ++r) {
     int64_t rows = dispatched[r].recv_x.rows();
-    int64_t pairs = count_node_pairs(layouts[r].is_token_in_rank, shape);
+    auto [pairs, other_node_pairs] = count_node_pairs(layouts[r].is_token_in_rank, shape, r);
     traffic.recv_rows.push_back(rows);
     traffic.node_pairs.push_back(pairs);
     traffic.dispatch_bytes.push_back(static_cast<double>(rows) * row_bytes * fp8_factor);
     traffic.combine_bytes.push_back(static_cast<double>(rows) * row_bytes);
     traffic.rdma_dispatch_bytes.push_back(static_cast<double>(pairs) * row_bytes * fp8_factor);
     traffic.rdma_combine_bytes.push_back(static_cast<double>(pairs) * row_bytes);
+    traffic.fabric_dispatch_bytes.push_back(static_cast<double>(other_node_pairs) * row_bytes *
+                                            fp8_factor);
+    traffic.fabric_combine_bytes.push_back(static_cast<double>(other_node_pairs) * row_bytes);
     const auto* per_expert = layouts[r].num_tokens_per_expert.data<int32_t>();
     for (int e = 0; e < shape.num_experts; ++e)
       traffic.tokens_per_expert[e] += per_expert[e];
@@ -88,6 +96,8 @@ nlohmann::json EpTraffic::to_json(int nodes) const {
     j["node_pairs_per_rank"] = node_pairs;
     j["rdma_dispatch_bytes_per_rank"] = rdma_dispatch_bytes;
     j["rdma_combine_bytes_per_rank"] = rdma_combine_bytes;
+    j["fabric_dispatch_bytes_per_rank"] = fabric_dispatch_bytes;
+    j["fabric_combine_bytes_per_rank"] = fabric_combine_bytes;
   }
   return j;
 }

@@ -37,8 +37,12 @@ struct EpTraffic {
   std::vector<double> combine_bytes;       // [R] recv_rows * H * 2 (combine is BF16)
   std::vector<double> rdma_dispatch_bytes;  // [R] node_pairs * H * 2 (FP8 factor as above)
   std::vector<double> rdma_combine_bytes;   // [R] node_pairs * H * 2
-  double expert_imbalance = 0;              // max / mean of tokens_per_expert
-  double rank_imbalance = 0;                // max / mean of recv_rows
+  // [R] the least that must cross the fabric: one row per (token, other node) it reaches
+  // (node-deduplicated, the own node not counted), in dispatch's and combine's formats.
+  std::vector<double> fabric_dispatch_bytes;
+  std::vector<double> fabric_combine_bytes;
+  double expert_imbalance = 0;  // max / mean of tokens_per_expert
+  double rank_imbalance = 0;    // max / mean of recv_rows
 
   nlohmann::json to_json(int nodes) const;  // RDMA figures only when nodes > 1
 };

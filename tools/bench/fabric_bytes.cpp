@@ -41,6 +41,7 @@ nlohmann::json to_json(const CallFabricBytes& bytes) {
 }
 
 nlohmann::json fabric_bytes_json(const RankReports& reports, int ranks_per_node,
+                                 const std::string& convention,
                                  const std::vector<double>& convention_dispatch,
                                  const std::vector<double>& convention_combine,
                                  double dispatch_p50_us, double combine_p50_us) {
@@ -49,6 +50,7 @@ nlohmann::json fabric_bytes_json(const RankReports& reports, int ranks_per_node,
                                            dispatch_p50_us, link)},
                         {"combine", phase(reports, "combine", ranks_per_node, convention_combine,
                                           combine_p50_us, link)}};
+  out["convention"] = convention;
   if (link > 0) out["link_gbps"] = link;
   return out;
 }
@@ -60,11 +62,10 @@ std::string format_fabric_bytes(const nlohmann::json& fabric, std::string_view l
     const auto& p = fabric.at(name);
     double measured = p.at("measured_bytes").get<double>();
     if (measured == 0 && p.at("convention_bytes").get<double>() == 0) continue;
-    text += fmt::format(
-        "  {}fabric bytes per {:<8} {:>10.3f} MB measured, {:>10.3f} MB by DeepEP's "
-        "convention ({:.2f}x)",
-        label, name, measured / 1e6, p.at("convention_bytes").get<double>() / 1e6,
-        p.at("measured_over_convention").get<double>());
+    text += fmt::format("  {}fabric bytes per {}: {:.3f} MB measured, {:.2f}x the {:.3f} MB of {}",
+                        label, name, measured / 1e6, p.at("measured_over_convention").get<double>(),
+                        p.at("convention_bytes").get<double>() / 1e6,
+                        fabric.at("convention").get<std::string>());
     if (p.contains("link_utilisation"))
       text += fmt::format("; busiest link {:.0f}% used at p50 ({:.3g} Gbit/s links)",
                           100 * p.at("link_utilisation").get<double>(),

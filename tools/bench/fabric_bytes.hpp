@@ -4,10 +4,11 @@
 //
 // Measured: each rank's BufferStats::bytes_to_fabric (row bytes posted to other nodes) across
 // one untimed call of each phase; the routing is the same every iteration, so one call stands
-// for all. Convention: the bytes DeepEP counts for the same call (normal mode: one row per
-// (token, destination node), node-deduplicated; low-latency: one message per (token, expert) on
-// another node). Link utilisation: the busiest node's measured bytes per p50 call time over its
-// link's rate (testbed.link_gbps), on the testbed only.
+// for all. Convention: the bytes DeepEP's design moves for the same call (normal mode: one row
+// per (token, other node it reaches), node-deduplicated, the least any design must send;
+// low-latency: one message per (token, expert) on another node). Link utilisation: the busiest
+// node's measured bytes per p50 call time over its link's rate (testbed.link_gbps), on the testbed
+// only.
 #pragma once
 
 #include "tools/bench/ep_stats.hpp"
@@ -30,8 +31,10 @@ nlohmann::json to_json(const CallFabricBytes& bytes);
 
 // Rank 0, from every rank's report: per phase {"measured_bytes_per_rank", "measured_bytes",
 // "convention_bytes", "measured_over_convention", and on the testbed "link_utilisation" (and
-// "link_gbps" once)}. `convention_*` per rank; `*_p50_us` the phase's p50 call time.
+// "link_gbps" once), "convention": `convention`}. `convention_*` per rank; `*_p50_us` the phase's
+// p50 call time.
 nlohmann::json fabric_bytes_json(const RankReports& reports, int ranks_per_node,
+                                 const std::string& convention,
                                  const std::vector<double>& convention_dispatch,
                                  const std::vector<double>& convention_combine,
                                  double dispatch_p50_us, double combine_p50_us);

@@ -182,7 +182,8 @@ nlohmann::json summarize(const RankReports& reports, const LlTraffic& traffic,
       out[phase] = phase_json(slowest_rank(reports, phase), {});
   if (multi_node)
     out["fabric"] = fabric_bytes_json(
-        reports, shape.ranks_per_node, traffic.remote_dispatch_bytes, traffic.remote_combine_bytes,
+        reports, shape.ranks_per_node, "DeepEP LL: one message per (token, expert on another node)",
+        traffic.remote_dispatch_bytes, traffic.remote_combine_bytes,
         out["dispatch"]["us"]["p50"].get<double>(), out["combine"]["us"]["p50"].get<double>());
   double worst_calc_diff = 0;
   for (const auto& r : reports)
