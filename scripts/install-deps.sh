@@ -23,6 +23,9 @@ packages=(
   python3-boto3  # proxyep.rl.object_store.S3Store: checkpoints to any S3-compatible endpoint
   python3-hypothesis  # property tests (the experience buffer's staleness bound over random schedules)
   python3-matplotlib  # the PNG plots of `python3 -m proxyep.bench rl` (Agg backend, no display)
+  # The testbed (docs/TESTBED.md): ip and tc build the namespaces and shaped links, nsenter and
+  # unshare put ranks (and the MPI baseline) into them.
+  iproute2 util-linux
 )
 
 missing=()
