@@ -60,12 +60,7 @@ void register_bench_fabric(CLI::App& bench, Action& action) {
   cmd->callback([cli, &action] {
     action = [cli] {
       if (!self_launch::under_launcher()) {
-        check_fabric_cli(cli->fabric, "bench.fabric");  // before any rank starts
-        testbed::check_provider_crosses_links(
-            cli->fabric.provider.empty() ? params::fabric_provider.get() : cli->fabric.provider,
-            "bench.fabric");
-        // On the testbed the two ranks are two nodes: the link between them is what it measures.
-        return self_launch::relaunch_as_ranks(2, params::launch_link.get().empty() ? 2 : 1);
+        return start_two_ranks(cli->fabric, "bench.fabric");
       }
       return run_fabric_bench_rank(*cli);
     };

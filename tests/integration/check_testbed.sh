@@ -6,8 +6,8 @@
 #                the ranks' environment points at the testbed (MASTER_ADDR, FI_TCP_IFACE, testbed.*)
 #   shaping      bench fabric across a 1 Gbit/s link cannot move more than the link carries (a
 #                transfer takes at least bytes / rate); the same sizes unshaped move far more
-#   cleanup      a failing job leaves no namespace; a launcher killed with SIGKILL leaves its
-#                namespaces, and the next testbed sweeps them
+#   cleanup      a failing job and an interrupted one (SIGTERM) leave no namespace; a launcher
+#                killed with SIGKILL leaves its namespaces, and the next testbed sweeps them
 #   refusals     one node, shm across the links, a latency without netem: clear errors, nothing made
 #   no_capability  without CAP_NET_ADMIN, --link fails at once naming it
 #   job ARGS...  `proxyep launch ARGS...` (a job on the testbed), then nothing may be left
@@ -58,6 +58,17 @@ cleanup)
   rc=$?
   [[ $rc == 3 ]] || fail "a failing rank gave exit code $rc: $out"
   [[ -z $(ours '[0-9]+') ]] || fail "a failed job left $(ours '[0-9]+')"
+  # An interrupted job (SIGTERM to the launcher) stops its ranks and removes its testbed.
+  "$proxyep" launch -n 2 --ranks-per-node 1 --link 1 -- sleep 60 &
+  launcher=$!
+  for _ in $(seq 100); do [[ $(ours "$launcher" | wc -l) == 3 ]] && break; sleep 0.1; done
+  [[ $(ours "$launcher" | wc -l) == 3 ]] || fail "no testbed appeared for the interrupted job"
+  sleep 0.3  # the ranks started
+  kill -TERM "$launcher"
+  wait "$launcher"
+  rc=$?
+  [[ $rc == 143 ]] || fail "the interrupted launcher exited with $rc, not 128+SIGTERM"
+  [[ -z $(ours "$launcher") ]] || fail "an interrupted job left $(ours "$launcher")"
   # A launcher killed outright cannot clean up: the next testbed must.
   pids=$(mktemp)
   "$proxyep" launch -n 2 --ranks-per-node 1 --link 1 -- sh -c "echo \$\$ >>$pids; exec sleep 60" &
@@ -85,7 +96,7 @@ refusals)
     [[ -z $(ours '[0-9]+') ]] || fail "'$*' left $(ours '[0-9]+')"
   }
   expect "are one node: give --ranks-per-node smaller" "$proxyep" launch -n 2 --link 1 -- true
-  expect "--provider shm moves bytes between nodes through shared memory" \
+  expect "the shm provider moves bytes between nodes through shared memory" \
     "$proxyep" bench fabric --provider shm --link 1
   expect "no preset 'p4d'" "$proxyep" launch -n 2 --ranks-per-node 1 --link preset:p4d -- true
   # A latency needs the kernel's netem: refused naming it where there is none, applied where

@@ -7,6 +7,7 @@
 #include "tools/bench/rank_setup.hpp"
 #include "tools/cli_checks.hpp"
 #include "tools/self_launch.hpp"
+#include "tools/testbed/link_option.hpp"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -37,6 +38,7 @@ void register_bench_proxy(CLI::App& bench, Action& action) {
       "descriptor-to-remote-flag latency and descriptors/s through the proxy threads, "
       "against the raw fabric ping-pong of the same size (2 ranks)");
   add_fabric_cli_options(*cmd, cli->fabric, /*with_rails=*/false);
+  testbed::add_link_option(*cmd);
   cmd->add_option("--size", cli->bench.size, "bytes per write")
       ->check(cli_checks::at_least(1))
       ->capture_default_str();
@@ -62,8 +64,7 @@ void register_bench_proxy(CLI::App& bench, Action& action) {
   cmd->callback([cli, &action] {
     action = [cli] {
       if (!self_launch::under_launcher()) {
-        check_fabric_cli(cli->fabric, "bench.proxy");  // before any rank starts
-        return self_launch::relaunch_as_ranks(2, 2);
+        return start_two_ranks(cli->fabric, "bench.proxy");
       }
       return run_rank(*cli);
     };

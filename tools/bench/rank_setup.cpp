@@ -4,6 +4,8 @@
 #include "common/params.hpp"
 #include "fabric/provider.hpp"
 #include "tools/cli_checks.hpp"
+#include "tools/self_launch.hpp"
+#include "tools/testbed/link_option.hpp"
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -20,7 +22,7 @@ void add_fabric_cli_options(CLI::App& cmd, FabricCli& cli, bool with_rails) {
 }
 
 void check_fabric_cli(const FabricCli& cli, const std::string& phase) {
-  const std::string provider = cli.provider.empty() ? params::fabric_provider.get() : cli.provider;
+  const std::string provider = testbed::provider_between_nodes(cli.provider);
   const int64_t rails = cli.rails > 0 ? cli.rails : params::fabric_rails.get();
   try {
     fabric::select_domains(provider, params::fabric_domain.get(), static_cast<int>(rails));
@@ -30,8 +32,10 @@ void check_fabric_cli(const FabricCli& cli, const std::string& phase) {
 }
 
 ConnectedRank connect_rank(const FabricCli& cli, const std::string& phase) {
-  if (!cli.provider.empty())
-    params::fabric_provider.set(cli.provider, config::Source::command_line);
+  const auto provider = testbed::provider_between_nodes(cli.provider);
+  testbed::check_provider_crosses_links(provider, phase);
+  if (provider != params::fabric_provider.get())
+    params::fabric_provider.set(provider, config::Source::command_line);
   if (cli.rails > 0) params::fabric_rails.set(cli.rails, config::Source::command_line);
   if (cli.reorder) params::fabric_reorder.set(true, config::Source::command_line);
   ConnectedRank rank;
@@ -40,6 +44,12 @@ ConnectedRank connect_rank(const FabricCli& cli, const std::string& phase) {
   rank.bootstrap->set_progress([fabric = rank.fabric.get()] { fabric->progress(); });
   rank.fabric->connect(rank.bootstrap->allgather(rank.fabric->addresses(), phase + "(addresses)"));
   return rank;
+}
+
+int start_two_ranks(const FabricCli& cli, const std::string& phase) {
+  check_fabric_cli(cli, phase);
+  testbed::check_provider_crosses_links(testbed::provider_between_nodes(cli.provider), phase);
+  return self_launch::relaunch_as_ranks(2, params::launch_link.get().empty() ? 2 : 1);
 }
 
 int report_results(const FabricCli& cli, int rank, nlohmann::json results,

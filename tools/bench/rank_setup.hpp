@@ -38,6 +38,11 @@ struct ConnectedRank {
 // with fabric.domain and the rails must exist on this host. Throws proxyep::Error(`phase`).
 void check_fabric_cli(const FabricCli& cli, const std::string& phase);
 
+// Run alone (no launcher): checks as check_fabric_cli does and, with --link, that the provider
+// crosses the shaped links; then starts the benchmark's two ranks, as two nodes on the testbed
+// (the link between them is then what it measures), one node otherwise. Returns the exit code.
+int start_two_ranks(const FabricCli& cli, const std::string& phase);
+
 // Applies the options to the parameter registry, joins the ranks, opens the fabric and exchanges
 // addresses; the bootstrap's waits drive the fabric's progress.
 ConnectedRank connect_rank(const FabricCli& cli, const std::string& phase);

@@ -21,10 +21,25 @@ void add_link_option(CLI::App& cmd) {
       ->check(cli_checks::accepted_by(params::launch_link));
 }
 
+namespace {
+
+// Before the launch (launch.link) or in one of its ranks (testbed.link_gbps).
+bool on_testbed() {
+  return !params::launch_link.get().empty() || params::testbed_link_gbps.get() > 0;
+}
+
+}  // namespace
+
+std::string provider_between_nodes(const std::string& given) {
+  if (!given.empty()) return given;
+  if (on_testbed() && params::fabric_provider.get() == "auto") return "tcp";
+  return params::fabric_provider.get();
+}
+
 void check_provider_crosses_links(const std::string& provider, const std::string& phase) {
-  if (params::launch_link.get().empty()) return;
+  if (!on_testbed()) return;
   require(provider != "shm", phase,
-          "--provider shm moves bytes between nodes through shared memory, past the shaped links "
+          "the shm provider moves bytes between nodes through shared memory, past the shaped links "
           "of --link: use tcp (the default across nodes) to run on the testbed");
 }
 

@@ -13,6 +13,11 @@ namespace proxyep::tools::testbed {
 // Adds --link to `cmd`; a given value is set on launch.link (source: command line).
 void add_link_option(CLI::App& cmd);
 
+// The provider a benchmark's ranks open between nodes: `given` (--provider) when set; on the
+// testbed (launch.link before the launch, testbed.link_gbps in its ranks) tcp in place of
+// fabric.provider's "auto", which may pick shm and so bypass the links; else fabric.provider.
+std::string provider_between_nodes(const std::string& given);
+
 // With a link, the fabric between nodes must be one that crosses it: shm (and anything else
 // that moves bytes through memory) would bypass the shaped links. Throws proxyep::Error(`phase`)
 // for `provider` (the one the ranks will open between nodes) when it would.

@@ -6,8 +6,9 @@
 //   link per rank  = copy per rank / (NVLink per GPU / EFA per GPU)
 //   link per node  = link per rank x ranks per node                  (Gbit/s, each direction)
 //
-// One core's memcpy rate is `launch.link_copy_gbytes` when set, else measured here (a few
-// copies of a buffer larger than the caches, the median; ~50 ms).
+// One core's memcpy rate is `launch.link_copy_gbytes` when set, else measured here (the fastest
+// of a few copies of a buffer larger than the caches: what the core can do, the slower copies
+// measure whatever else ran meanwhile; ~60 ms).
 #pragma once
 
 #include "common/link_spec.hpp"
@@ -22,7 +23,7 @@ struct ResolvedLink {
   std::string how;        // how the rate was found, for the launcher's first line and reports
 };
 
-// One core's memcpy rate (GB/s): the median of several copies of 64 MiB.
+// One core's memcpy rate (GB/s): the fastest of several copies of 64 MiB.
 double measure_copy_gbytes();
 
 // `spec` for a job of `ranks` ranks, `ranks_per_node` per node, on this machine.

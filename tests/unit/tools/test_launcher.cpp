@@ -433,3 +433,29 @@ TEST_CASE("launcher: shm regions a dead rank left are removed, and only those") 
   CHECK(std::filesystem::exists(ours));
   std::filesystem::remove(ours);
 }
+
+TEST_CASE("launcher: a placement runs each node's ranks behind its prefix, at its address") {
+  // The testbed's placement (tools/testbed/testbed_launch.hpp) with `env` standing in for
+  // `nsenter`: it execs the rank in place, as nsenter does.
+  LaunchOptions options = shell(4, "echo rank $RANK node $NODE_MARK master $MASTER_ADDR $PLACED");
+  options.ranks_per_node = 2;
+  options.extra_env = {{"PLACED", "from extra_env"}};
+  Captured captured;
+  options.sink = [&](int rank, Stream stream, std::string_view line) {
+    (stream == Stream::out ? captured.out : captured.err)[rank].emplace_back(line);
+  };
+  LocalLauncher launcher(options);
+  CHECK(launcher.nodes() == 2);
+  NodePlacement placement;
+  placement.enter = {{"env", "NODE_MARK=n0"}, {"env", "NODE_MARK=n1"}};
+  placement.master_addr = "10.200.0.1";
+  placement.env = {{"PLACED", "placed"}};  // over extra_env
+  launcher.place(placement);
+  CHECK(launcher.run().exit_code == 0);
+  for (int rank = 0; rank < 4; ++rank)
+    CHECK(captured.out[rank] == std::vector<std::string>{fmt::format(
+                                    "rank {} node n{} master 10.200.0.1 placed", rank, rank / 2)});
+  placement.enter.pop_back();  // one prefix for two nodes
+  CHECK_THROWS_WITH_AS(launcher.place(placement), doctest::Contains("a placement of 1 nodes"),
+                       proxyep::Error);
+}
