@@ -41,6 +41,8 @@ class NetnsTestbed {
   NetnsTestbed& operator=(const NetnsTestbed&) = delete;
 
   int nodes() const { return nodes_; }
+  // "proxyep-<pid>-<start time>", the prefix of every namespace of this testbed.
+  const std::string& run_name() const { return run_; }
   const std::string& namespace_of(int node) const { return namespaces_.at(node); }
   // The namespaces of the nodes, in node order, comma-separated (testbed.namespaces).
   std::string namespace_list() const;

@@ -36,9 +36,7 @@ LaunchResult launch(LaunchOptions options, const std::string& link) {
   auto message = fmt::format(
       "testbed: {} nodes of {} ranks, each in its network namespace ({}-n*), links of {:.3g} "
       "Gbit/s per node each way ({}), {}; built in {} ms",
-      launcher.nodes(), launcher.ranks_per_node(),
-      testbed.namespace_of(0).substr(0, testbed.namespace_of(0).rfind('-')), resolved.gbps,
-      resolved.how,
+      launcher.nodes(), launcher.ranks_per_node(), testbed.run_name(), resolved.gbps, resolved.how,
       resolved.latency_us > 0 ? fmt::format("{:.3g} us one way", resolved.latency_us)
                               : std::string("no latency added"),
       testbed.setup_time().count());
