@@ -5,6 +5,7 @@
 #include "control/rendezvous_auth.hpp"
 #include "control/star_server.hpp"
 
+#include <algorithm>
 #include <cerrno>
 
 namespace proxyep::control {
@@ -15,9 +16,14 @@ const std::string kPhase = "bootstrap.rendezvous";
 // can be briefly taken by a connection attempt; a port held for real fails soon and clearly.
 constexpr std::chrono::milliseconds kBindRetry{1000};
 constexpr std::chrono::milliseconds kBindBackoff{20};
-// Connections waiting for their handshake at once; a real rank says hello within a round trip,
-// so only a flood of strangers fills this, and it must not exhaust rank 0's descriptors.
-constexpr size_t kMaxPending = 64;
+// Connections waiting for their handshake at once: at least this many, and at least twice the
+// world (every rank of a job may connect in one burst, since launchers start them together, and
+// their hellos are screened only after the burst is accepted: a cap below the world dropped the
+// job's own ranks at 128). Only a flood of strangers fills it; it keeps rank 0's descriptors
+// bounded by the job's size.
+constexpr size_t kMinPendingCap = 64;
+// Refused connections whose abort frame is still being delivered: strangers only.
+constexpr size_t kMaxClosing = 64;
 // Refusals quoted when ranks are missing at the deadline.
 constexpr size_t kRefusalsKept = 3;
 // Refusals and drops logged as warnings per rendezvous; a flood goes on at debug level.
@@ -114,10 +120,11 @@ void StarServer::rendezvous() {
 }
 
 void StarServer::accept_waiting() {
+  const size_t cap = std::max(kMinPendingCap, 2 * static_cast<size_t>(context_.env.world_size));
   while (true) {
     Socket socket = accept_one(listener_);
     if (!socket.valid()) return;
-    if (pending_.size() >= kMaxPending) {
+    if (pending_.size() >= cap) {
       note_stranger(
           fmt::format("{} connections are waiting for their handshake; dropped the "
                       "oldest (from {})",
@@ -247,7 +254,7 @@ void StarServer::refuse(Pending& pending, const std::string& claim, const std::s
   connection.queue(wire::Header{.kind = wire::Kind::abort},
                    wire::as_bytes(fmt::format("{}: rank 0 refused this rank: {}", kPhase, reason)));
   connection.flush();
-  if (closing_.size() >= kMaxPending) closing_.erase(closing_.begin());
+  if (closing_.size() >= kMaxClosing) closing_.erase(closing_.begin());
   closing_.push_back({std::move(pending.connection), Deadline(kAbortLinger)});
 }
 

@@ -351,9 +351,24 @@ TEST_CASE("rendezvous: a flood of silent connections does not keep the real rank
   auto outcomes = run_bodies({member("job-a", kSecretA), late_rank1, flood}, 2, 10s, {0, 1, 1});
   for (const auto& outcome : outcomes)
     CHECK_MESSAGE(outcome.ok, outcome.error);
-  // 80 - 64 dropped, each a warning up to a limit; a flood does not flood the log.
+  // 80 - 64 dropped (the cap is 64 for a small world), each a warning up to a limit; a flood
+  // does not flood the log.
   CHECK(log.contains("dropped the oldest"));
   CHECK(log.contains("further ones are logged at debug level"));
+}
+
+TEST_CASE("rendezvous: a whole world connecting in one burst loses none of its ranks") {
+  // 130 ranks as threads, all connecting at once: more connections wait for their handshake
+  // than the cap on strangers (64) allowed, and rank 0 used to drop its own job's ranks.
+  LogCapture log;
+  constexpr int kWorld = 130;
+  auto outcomes = run_bodies(std::vector<RankBody>(kWorld, member("job-a", kSecretA)), kWorld, 30s);
+  int failed = 0;
+  std::string first_error;
+  for (const auto& outcome : outcomes)
+    if (!outcome.ok && failed++ == 0) first_error = outcome.error;
+  CHECK_MESSAGE(failed == 0, failed << " ranks failed, the first: " << first_error);
+  CHECK_FALSE(log.contains("dropped the oldest"));
 }
 
 TEST_CASE("rendezvous: members of the same job that conflict still fail the world") {
