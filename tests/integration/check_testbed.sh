@@ -58,12 +58,14 @@ cleanup)
   rc=$?
   [[ $rc == 3 ]] || fail "a failing rank gave exit code $rc: $out"
   [[ -z $(ours '[0-9]+') ]] || fail "a failed job left $(ours '[0-9]+')"
-  # An interrupted job (SIGTERM to the launcher) stops its ranks and removes its testbed.
-  "$proxyep" launch -n 2 --ranks-per-node 1 --link 1 -- sleep 60 &
+  # An interrupted job (SIGTERM to the launcher, once its ranks run) stops its ranks and
+  # removes its testbed.
+  pids=$(mktemp)
+  "$proxyep" launch -n 2 --ranks-per-node 1 --link 1 -- sh -c "echo \$\$ >>$pids; exec sleep 60" &
   launcher=$!
-  for _ in $(seq 100); do [[ $(ours "$launcher" | wc -l) == 3 ]] && break; sleep 0.1; done
-  [[ $(ours "$launcher" | wc -l) == 3 ]] || fail "no testbed appeared for the interrupted job"
-  sleep 0.3  # the ranks started
+  for _ in $(seq 100); do [[ $(wc -l <"$pids") == 2 ]] && break; sleep 0.1; done
+  [[ $(wc -l <"$pids") == 2 ]] || fail "the interrupted job's ranks did not start"
+  rm -f "$pids"
   kill -TERM "$launcher"
   wait "$launcher"
   rc=$?
