@@ -6,8 +6,9 @@
 #                the ranks' environment points at the testbed (MASTER_ADDR, FI_TCP_IFACE, testbed.*)
 #   shaping      bench fabric across a 1 Gbit/s link cannot move more than the link carries (a
 #                transfer takes at least bytes / rate); the same sizes unshaped move far more
-#   cleanup      a failing job and an interrupted one (SIGTERM) leave no namespace; a launcher
-#                killed with SIGKILL leaves its namespaces, and the next testbed sweeps them
+#   cleanup      a failing job and an interrupted one (SIGTERM, also while the testbed is built)
+#                leave no namespace; a launcher killed with SIGKILL leaves its namespaces, and
+#                the next testbed sweeps them
 #   refusals     one node, shm across the links, a latency without netem: clear errors, nothing made
 #   no_capability  without CAP_NET_ADMIN, --link fails at once naming it
 #   job ARGS...  `proxyep launch ARGS...` (a job on the testbed), then nothing may be left
@@ -71,6 +72,19 @@ cleanup)
   rc=$?
   [[ $rc == 143 ]] || fail "the interrupted launcher exited with $rc, not 128+SIGTERM"
   [[ -z $(ours "$launcher") ]] || fail "an interrupted job left $(ours "$launcher")"
+  # SIGTERM early, at delays that land before, while and after the testbed is built (here
+  # ~0.2-0.4 s after the start): never a namespace left. (Before the launcher's handlers exist the
+  # process ends by the signal or a library's handler: any non-zero exit.)
+  for delay in 0.1 0.2 0.25 0.3 0.35 0.4 0.5; do
+    "$proxyep" launch -n 2 --ranks-per-node 1 --link 1 -- sleep 60 2>/dev/null &
+    launcher=$!
+    sleep $delay
+    kill -TERM "$launcher"
+    wait "$launcher"
+    rc=$?
+    [[ $rc != 0 ]] || fail "SIGTERM after $delay s: the launcher exited with 0"
+    [[ -z $(ours "$launcher") ]] || fail "SIGTERM after $delay s left $(ours "$launcher")"
+  done
   # A launcher killed outright cannot clean up: the next testbed must.
   pids=$(mktemp)
   "$proxyep" launch -n 2 --ranks-per-node 1 --link 1 -- sh -c "echo \$\$ >>$pids; exec sleep 60" &

@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 #include "common/link_spec.hpp"
 #include "tools/launch_output.hpp"
+#include "tools/launch_signals.hpp"
 #include "tools/testbed/link_rate.hpp"
 #include "tools/testbed/netns_testbed.hpp"
 
@@ -11,6 +12,17 @@
 #include <fmt/format.h>
 
 namespace proxyep::tools::testbed {
+namespace {
+
+// The launcher's report channel: LaunchOptions::report, else "proxyep launch: ..." on stderr.
+void say(const std::function<void(std::string_view)>& report, const std::string& message) {
+  if (report)
+    report(message);
+  else
+    write_fully(STDERR_FILENO, fmt::format("proxyep launch: {}\n", message));
+}
+
+}  // namespace
 
 int effective_ranks_per_node(int ranks, int ranks_per_node, const std::string& link) {
   if (ranks_per_node > 0 || link.empty()) return ranks_per_node > 0 ? ranks_per_node : ranks;
@@ -32,7 +44,21 @@ LaunchResult launch(LaunchOptions options, const std::string& link) {
           launcher.ranks(), launcher.ranks_per_node());
   NetnsTestbed::check_available();
   const auto resolved = resolve_link(spec, launcher.ranks(), launcher.ranks_per_node());
+  // SIGINT/SIGTERM/SIGHUP from here on are recorded, not fatal: one that comes while the testbed
+  // is built removes it and starts no rank (the launcher's own scope nests inside this one).
+  SignalScope signals;
   NetnsTestbed testbed(launcher.nodes(), resolved.gbps, resolved.latency_us);
+  if (int signal = SignalScope::pending_stop_signal(); signal != 0) {
+    LaunchResult result;
+    result.interrupted = true;
+    result.exit_code = 128 + signal;
+    result.summary = fmt::format(
+        "interrupted by {} (signal {}) while the testbed was built; "
+        "removed it, no rank started",
+        signal_name(signal), signal);
+    say(report, result.summary);
+    return result;
+  }
   auto message = fmt::format(
       "testbed: {} nodes of {} ranks, each in its network namespace ({}-n*), links of {:.3g} "
       "Gbit/s per node each way ({}), {}; built in {} ms",
@@ -40,10 +66,7 @@ LaunchResult launch(LaunchOptions options, const std::string& link) {
       resolved.latency_us > 0 ? fmt::format("{:.3g} us one way", resolved.latency_us)
                               : std::string("no latency added"),
       testbed.setup_time().count());
-  if (report)
-    report(message);
-  else
-    write_fully(STDERR_FILENO, fmt::format("proxyep launch: {}\n", message));
+  say(report, message);
   NodePlacement placement;
   for (int node = 0; node < launcher.nodes(); ++node)
     placement.enter.push_back(testbed.enter(node));
