@@ -4,7 +4,7 @@
 # `no_capability` exits 77 (skipped), and that one checks the refusal instead. Cases:
 #   placement    each node's ranks run in their own namespace, the node's ranks in the same one;
 #                the ranks' environment points at the testbed (MASTER_ADDR, FI_TCP_IFACE, testbed.*)
-#   shaping      bench fabric across a 1 Gbit/s link cannot move more than the link carries (a
+#   shaping      bench fabric across a 0.5 Gbit/s link cannot move more than it carries (a
 #                transfer takes at least bytes / rate); the same sizes unshaped move far more
 #   cleanup      a failing job and an interrupted one (SIGTERM, also while the testbed is built)
 #                leave no namespace; a launcher killed with SIGKILL leaves its namespaces, and
@@ -38,9 +38,9 @@ placement)
   [[ -z $(ours '[0-9]+') ]] || fail "namespaces left: $(ours '[0-9]+')"
   ;;
 shaping)
-  args=(bench fabric --provider tcp --sizes 1048576 --reps 3 --bytes-per-rep 8388608
+  args=(bench fabric --provider tcp --sizes 65536 --reps 3 --bytes-per-rep 16777216
         --latency-iters 10 --json)
-  shaped=$("$proxyep" "${args[@]}" --link 1) || fail "bench fabric --link 1 failed"
+  shaped=$("$proxyep" "${args[@]}" --link 0.5) || fail "bench fabric --link 0.5 failed"
   measured=$(/usr/bin/python3 -c 'import json,sys; r=json.load(sys.stdin); print(r["link_gbps"], r["configured_link_gbps"])' <<<"$shaped") ||
     fail "no link_gbps in: $shaped"
   read -r gbps configured <<<"$measured"
