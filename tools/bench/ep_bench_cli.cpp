@@ -23,7 +23,6 @@
 #include <CLI/CLI.hpp>
 
 #include <memory>
-#include <ranges>
 
 namespace proxyep::tools {
 namespace {
@@ -86,8 +85,7 @@ int run_rank(const EpBenchOptions& options, bool ranks_given, const std::string&
       request.timeout = std::chrono::seconds(options.baseline_timeout_s);
       request.extra_mpirun_args = options.mpirun_args;
       // On the testbed the baseline runs in the same namespaces, over the same links.
-      for (auto ns : std::views::split(params::testbed_namespaces.get(), ','))
-        request.testbed_namespaces.emplace_back(ns.begin(), ns.end());
+      request.testbed_namespaces = testbed::node_namespaces();
       baseline = run_mpi_baseline(request);
     } catch (const Error& e) {
       // Our figures are still worth printing; the run fails all the same.

@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <sstream>
+
 namespace proxyep::tools::testbed {
 
 void add_link_option(CLI::App& cmd) {
@@ -34,6 +36,14 @@ std::string provider_between_nodes(const std::string& given) {
   if (!given.empty()) return given;
   if (on_testbed() && params::fabric_provider.get() == "auto") return "tcp";
   return params::fabric_provider.get();
+}
+
+std::vector<std::string> node_namespaces() {
+  std::vector<std::string> names;
+  std::istringstream list(params::testbed_namespaces.get());
+  for (std::string name; std::getline(list, name, ',');)
+    if (!name.empty()) names.push_back(name);
+  return names;
 }
 
 void check_provider_crosses_links(const std::string& provider, const std::string& phase) {

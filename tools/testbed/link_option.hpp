@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;  // <CLI/CLI.hpp>, included by the files that add options
@@ -17,6 +18,10 @@ void add_link_option(CLI::App& cmd);
 // testbed (launch.link before the launch, testbed.link_gbps in its ranks) tcp in place of
 // fabric.provider's "auto", which may pick shm and so bypass the links; else fabric.provider.
 std::string provider_between_nodes(const std::string& given);
+
+// In a rank on the testbed: each node's network namespace, in node order (testbed.namespaces,
+// set by the launcher); empty off the testbed.
+std::vector<std::string> node_namespaces();
 
 // With a link, the fabric between nodes must be one that crosses it: shm (and anything else
 // that moves bytes through memory) would bypass the shaped links. Throws proxyep::Error(`phase`)
