@@ -11,6 +11,9 @@
 #                the next testbed sweeps them
 #   refusals     one node, shm across the links, a latency without netem: clear errors, nothing made
 #   no_capability  without CAP_NET_ADMIN, --link fails at once naming it
+#   mpi          bench ep and bench ll with the MPI baseline on the testbed: both verified, MPI's
+#                daemons started in the nodes' namespaces (its command names the agent), the
+#                fabric bytes reported
 #   job ARGS...  `proxyep launch ARGS...` (a job on the testbed), then nothing may be left
 set -uo pipefail
 proxyep=$1
@@ -131,6 +134,21 @@ no_capability)
   rc=$?
   [[ $rc != 0 ]] || fail "ran without CAP_NET_ADMIN"
   grep -q "needs CAP_NET_ADMIN" <<<"$out" || fail "the refusal does not name CAP_NET_ADMIN: $out"
+  ;;
+mpi)
+  small=(--ranks 4 --ranks-per-node 2 --iters 2 --warmup 1 --baseline mpi --link 4 --json)
+  for bench in "ep --tokens 64 --hidden 256 --no-floor" "ll --tokens 16 --hidden 512 --topk 4 --experts 8"; do
+    out=$("$proxyep" bench $bench "${small[@]}" 2>/dev/null) || fail "bench $bench on the testbed failed"
+    /usr/bin/python3 - "$out" <<'PY' || fail "bench $bench: $out"
+import json, sys
+r = json.loads(sys.argv[1])
+assert r["verified"] and r["baseline"]["verified"], "not verified"
+assert "proxyep-netns-agent" in r["baseline"]["command"], "MPI did not start in the namespaces"
+f = r["proxyep"]["fabric"]
+assert f["dispatch"]["measured_bytes"] > 0 and "link_utilisation" in f["dispatch"], f
+PY
+  done
+  [[ -z $(ours '[0-9]+') ]] || fail "left $(ours '[0-9]+')"
   ;;
 job)
   shift 2
