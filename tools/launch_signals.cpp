@@ -18,10 +18,14 @@ extern "C" void record_stop_signal(int signal) {
 
 extern "C" void interrupt_poll(int) {}
 
+// Scopes alive now (constructed and destroyed on the launcher's one thread): only the outermost
+// starts with a clean flag, so a signal an outer scope recorded stays for the inner one.
+int g_depth = 0;
+
 }  // namespace
 
 SignalScope::SignalScope() {
-  g_stop_signal.store(0, std::memory_order_relaxed);
+  if (g_depth++ == 0) g_stop_signal.store(0, std::memory_order_relaxed);
   for (size_t i = 0; i < sizeof kSignals / sizeof kSignals[0]; ++i) {
     struct sigaction action {};
     sigemptyset(&action.sa_mask);
@@ -38,6 +42,7 @@ SignalScope::SignalScope() {
 }
 
 SignalScope::~SignalScope() {
+  --g_depth;
   for (size_t i = 0; i < sizeof kSignals / sizeof kSignals[0]; ++i)
     sigaction(kSignals[i], &saved_[i], nullptr);
 }

@@ -3,7 +3,8 @@
 // ranks (they live in their own process groups and do not see a terminal's Ctrl-C) before it
 // exits. SIGCHLD gets a handler that does nothing but interrupt poll(), so a rank's exit is
 // noticed at once. SIGPIPE is ignored: a closed stdout must not kill the launcher before it
-// has stopped its children.
+// has stopped its children. Scopes nest (the testbed's around the launcher's): a signal recorded
+// in an outer scope is still pending in an inner one, so none is lost between the two.
 #pragma once
 
 #include <csignal>

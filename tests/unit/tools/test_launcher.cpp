@@ -1,6 +1,7 @@
 // The local launcher behind `proxyep launch`, driven directly (no CLI): real child processes.
 #include "common/error.hpp"
 #include "common/params.hpp"
+#include "tools/launch_signals.hpp"
 #include "tools/launcher.hpp"
 
 #include <doctest/doctest.h>
@@ -458,4 +459,18 @@ TEST_CASE("launcher: a placement runs each node's ranks behind its prefix, at it
   placement.enter.pop_back();  // one prefix for two nodes
   CHECK_THROWS_WITH_AS(launcher.place(placement), doctest::Contains("a placement of 1 nodes"),
                        proxyep::Error);
+}
+
+TEST_CASE("launcher: a stop signal recorded by an enclosing scope starts no rank") {
+  // The testbed's scope encloses the launcher's (tools/testbed/testbed_launch.cpp): a SIGTERM
+  // that lands between the two must still stop the launch, not be forgotten.
+  SignalScope outer;
+  std::raise(SIGTERM);
+  REQUIRE(SignalScope::pending_stop_signal() == SIGTERM);
+  Captured captured;
+  auto [result, elapsed] = launch(shell(2, "exec sleep 30"), captured);
+  CHECK(result.interrupted);
+  CHECK(result.exit_code == 128 + SIGTERM);
+  CHECK(result.started == 0);
+  CHECK(elapsed < 5s);
 }
