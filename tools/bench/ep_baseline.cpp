@@ -2,6 +2,7 @@
 
 #include "common/error.hpp"
 #include "tools/bench/subprocess.hpp"
+#include "tools/testbed/netns_testbed.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -20,7 +21,6 @@ namespace {
 constexpr const char* kPhase = "bench.ep.baseline";
 constexpr const char* kBinary = "proxyep-mpi-baseline";
 constexpr const char* kAgent = "proxyep-netns-agent";
-constexpr const char* kTestbedInterface = "pep0";  // tools/testbed/netns_testbed.hpp
 
 // The mpirun options of the testbed: daemons started in the nodes' namespaces by the agent, one
 // per node (no tree spawn: every agent call comes from mpirun), no name lookups, vader inside a
@@ -48,13 +48,13 @@ std::vector<std::string> testbed_mpirun_options(const MpiBaselineRequest& reques
           files.session_dir,
           "--mca",
           "oob_tcp_if_include",
-          kTestbedInterface,
+          testbed::kNodeInterface,
           "--mca",
           "btl",
           "self,vader,tcp",
           "--mca",
           "btl_tcp_if_include",
-          kTestbedInterface,
+          testbed::kNodeInterface,
           "--mca",
           "btl_tcp_disable_family",
           "6"};
