@@ -55,6 +55,7 @@ extern Param<int64_t> ep_eager_bytes;
 extern Param<int64_t> ep_landing_bytes;
 extern Param<std::string> ep_landing_fabric;
 extern Param<std::string> ep_send_from_x;
+extern Param<std::string> ep_internode;
 extern Param<std::string> ep_async_wait;
 
 // metrics.* : the metrics endpoint (metrics/metrics_exporter.hpp)

@@ -93,6 +93,11 @@ proxy::SessionConfig session_config(const control::Bootstrap& boot, const Buffer
   s.data_bytes = static_cast<uint64_t>(opts.num_nvl_bytes);
   s.staging_bytes = static_cast<uint64_t>(opts.num_rdma_bytes);
   s.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
+  // Hierarchical internode for the host protocol's normal-mode calls; low-latency calls write
+  // every rank (and mask ranks), and device calls do not forward yet: those send per rank.
+  s.internode = params::ep_internode.get() == "hierarchical" && !ll && !opts.device
+                    ? proxy::Internode::hierarchical
+                    : proxy::Internode::per_rank;
   config.timeout = std::chrono::milliseconds(params::ep_timeout_ms.get());
   config.tolerate_peer_failures = opts.enable_shrink;
   if (params::proxy_mode.get() == "daemon")
@@ -278,10 +283,11 @@ BufferStats Buffer::stats() const {
   BufferStats stats = impl_->mode.stats();
   stats.calls = stats.dispatch_phases.calls + stats.combine_phases.calls;
   const proxy::Session& session = *impl_->session;
+  stats.internode = session.layout().hierarchical() ? "hierarchical" : "per_rank";
   for (int r = 0; r < session.ranks(); ++r) {
     if (r == session.rank()) continue;
     const proxy::PeerChannel& to = session.channel(r);
-    (to.path() == proxy::PeerPath::node ? stats.bytes_to_node : stats.bytes_to_fabric) +=
+    (to.path() == proxy::PeerPath::fabric ? stats.bytes_to_fabric : stats.bytes_to_node) +=
         to.bytes_sent();
   }
   stats.writes_from_device = session.writes_from_device();

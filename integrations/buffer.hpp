@@ -50,6 +50,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 namespace proxyep {
@@ -99,6 +100,13 @@ struct BufferStats {
   uint64_t chunks_sent_from_caller = 0;
   uint64_t bytes_to_node = 0;    // row bytes stored into node peers' arenas
   uint64_t bytes_to_fabric = 0;  // row bytes posted to other nodes
+  // How normal mode crossed nodes (ep.internode as it applies: "per_rank" on one node, on
+  // unequal nodes, for device tensors and low-latency Buffers).
+  std::string internode = "per_rank";
+  // Hierarchical internode: dispatch rows this rank sent to other nodes (each token once per
+  // node), and rows it forwarded inside its node for its counterparts.
+  uint64_t rows_to_fabric = 0;
+  uint64_t rows_forwarded = 0;
   // Writes to other nodes (rows, records, credits, of any mode) that the device's stream handed
   // to the proxies after its kernels filled them, rather than the host once it had waited for
   // them (device calls whose group spans nodes).
@@ -162,6 +170,9 @@ struct DispatchHandle {
   int num_recv_tokens = 0;    // rows really received (recv_x may have num_worst_tokens rows)
   int hidden = 0;
   uint64_t buffer_id = 0;  // the Buffer that made it
+  // Hierarchical internode: the heads of the rows this rank forwarded for each counterpart
+  // (rank order; i32 [rows, ranks_per_node]), which its combine reduces by.
+  std::vector<Tensor> forward_heads;
 };
 
 struct DispatchArgs {

@@ -70,8 +70,7 @@ void collect_peers(MetricsSink& sink, const proxy::Session& session) {
     const proxy::PeerChannel& to = session.channel(r);
     sink.counter("proxyep_peer_sent_bytes_total",
                  "Payload bytes sent to each peer (records' eager rows and chunks)",
-                 {{"peer", std::to_string(r)},
-                  {"path", to.path() == proxy::PeerPath::node ? "node" : "fabric"}},
+                 {{"peer", std::to_string(r)}, {"path", proxy::path_name(to.path())}},
                  static_cast<double>(to.bytes_sent()));
   }
 }

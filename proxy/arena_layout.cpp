@@ -28,8 +28,10 @@ uint32_t window_for(uint64_t area, uint64_t slot) {
   return slots == 0 ? 0 : static_cast<uint32_t>(std::bit_floor(slots));
 }
 
-int remote_peers(int rank, int ranks, int ranks_per_node) {
-  return ranks - node_size(rank, ranks, ranks_per_node);
+// The ranks `rank` writes over the fabric (ArenaLayout::fabric_peer).
+int fabric_peers(int rank, const SessionSizes& sizes) {
+  if (sizes.hierarchical()) return sizes.ranks / sizes.ranks_per_node - 1;
+  return sizes.ranks - node_size(rank, sizes.ranks, sizes.ranks_per_node);
 }
 
 }  // namespace
@@ -62,8 +64,7 @@ ArenaLayout::ArenaLayout(int rank, const SessionSizes& sizes)
   // One chunk size for every stream between nodes: it must fit the smallest staging share.
   uint64_t slot = std::min(sizes.chunk_bytes, source_area_);
   for (int r = 0; r < sizes.ranks; ++r)
-    slot = std::min(slot, sizes.staging_bytes / static_cast<uint64_t>(remote_peers(
-                                                    r, sizes.ranks, sizes.ranks_per_node)));
+    slot = std::min(slot, sizes.staging_bytes / static_cast<uint64_t>(fabric_peers(r, sizes)));
   remote_slot_ = floor_slot(slot);
   require(remote_slot_ > 0, kPhase,
           "num_nvl_bytes ({}) or num_rdma_bytes ({}) is too small to give each of the {} ranks "
@@ -71,9 +72,8 @@ ArenaLayout::ArenaLayout(int rank, const SessionSizes& sizes)
           sizes.data_bytes, sizes.staging_bytes, sizes.ranks);
   remote_window_ = window_for(source_area_, remote_slot_);
   staging_data_ = 2 * R * sizes.record_bytes + 2 * R * sizes.eager_bytes;
-  stage_area_ = floor_slot(
-      sizes.staging_bytes /
-      static_cast<uint64_t>(std::max(1, remote_peers(rank, sizes.ranks, sizes.ranks_per_node))));
+  stage_area_ = floor_slot(sizes.staging_bytes /
+                           static_cast<uint64_t>(std::max(1, fabric_peers(rank, sizes))));
   stage_window_ = window_for(stage_area_, remote_slot_);
 }
 
@@ -129,13 +129,16 @@ uint64_t ArenaLayout::staging_eager(uint64_t call, int destination) const {
 }
 
 uint64_t ArenaLayout::staging_slot(int destination, uint32_t slot) const {
-  // Shares are by destination on another node, in rank order: this node's ranks (consecutive,
-  // from `first`) have none.
+  // Shares are by fabric peer, in rank order: this node's ranks (consecutive, from `first`)
+  // have none; hierarchical, only the counterparts have one, one per other node.
   const int first = node_ * sizes_.ranks_per_node;
-  const auto share = static_cast<uint64_t>(
-      destination < first ? destination
-                          : destination - node_size(rank_, sizes_.ranks, sizes_.ranks_per_node));
-  return staging_data_ + share * stage_area_ + static_cast<uint64_t>(slot) * remote_slot_;
+  const int node = destination / sizes_.ranks_per_node;
+  int share = destination < first
+                  ? destination
+                  : destination - node_size(rank_, sizes_.ranks, sizes_.ranks_per_node);
+  if (hierarchical()) share = node < node_ ? node : node - 1;
+  return staging_data_ + static_cast<uint64_t>(share) * stage_area_ +
+         static_cast<uint64_t>(slot) * remote_slot_;
 }
 
 SlotGeometry ArenaLayout::node_slots() const {

@@ -16,8 +16,18 @@
 // Staging (a rank with peers on other nodes; fabric region kStagingRegion, never remote):
 //   records    0              2 parities x R destinations x record_bytes  call k: [k % 2][dest]
 //   eager      2R records     2 parities x R destinations x eager_bytes
-//   data       staging_data_  one share of stage_area per destination on another node, in rank
+//   data       staging_data_  one share of stage_area per fabric peer (fabric_peer()), in rank
 //                             order; stage_window slots of remote_slot bytes each
+//
+// Hierarchical internode (Internode::hierarchical, on equal nodes): a rank's only fabric peers
+// are its counterparts, the ranks with its local index on the other nodes (DeepEP's rule: a
+// token crosses to the GPU on the same rail). A row from source s on another node reaches
+// destination d through the counterpart of s on d's node, the forwarder, over a relay lane:
+// the forwarder's stores into d's arena under the key s (lane_key()), so that at d the lane is
+// "the stream from s", in s's share, with s's published and consumed words. Such a key is a
+// rank of another node that is not the arena owner's counterpart, which in this mode never
+// writes the arena itself: the R - 1 shares and words are all used, none twice, and the arena
+// does not grow.
 //
 // Streams (chunk j of a stream sits in slot j % window of the source's share):
 //  - node peers: a stream whose rows fit the share moves as one chunk; a larger one alternates
@@ -36,6 +46,10 @@ inline constexpr uint32_t kMaxStreamWindow = 1024;
 // Every slot and area starts on this boundary (the row arrays inside are 64-byte aligned too).
 inline constexpr uint64_t kSlotAlignment = 64;
 
+// How normal mode crosses nodes (ep.internode): to every rank on another node that needs a
+// token (per_rank), or once per node through the counterpart there (hierarchical).
+enum class Internode : uint32_t { per_rank = 0, hierarchical = 1 };
+
 // The sizes every rank of a session must agree on: together with the rank they fix every offset.
 struct SessionSizes {
   int ranks = 1;
@@ -46,8 +60,14 @@ struct SessionSizes {
   uint64_t data_bytes = 0;     // the arena's data area (Buffer's num_nvl_bytes)
   uint64_t staging_bytes = 0;  // the staging data area (num_rdma_bytes; 0 on one node)
   uint64_t chunk_bytes = 0;    // largest chunk between nodes (ep.chunk_bytes)
+  Internode internode = Internode::per_rank;
 
   bool spans_nodes() const { return ranks > ranks_per_node; }
+  // Hierarchical internode applies: asked for, across nodes, every node full (ranks_per_node
+  // divides ranks; a group with a smaller last node sends per rank, as DeepEP needs full nodes).
+  bool hierarchical() const {
+    return internode == Internode::hierarchical && spans_nodes() && ranks % ranks_per_node == 0;
+  }
   friend bool operator==(const SessionSizes&, const SessionSizes&) = default;
 };
 
@@ -76,6 +96,32 @@ class ArenaLayout {
   const SessionSizes& sizes() const { return sizes_; }
   int rank() const { return rank_; }
   bool on_node(int peer) const { return peer / sizes_.ranks_per_node == node_; }
+  int node() const { return node_; }
+  int nodes() const { return (sizes_.ranks + sizes_.ranks_per_node - 1) / sizes_.ranks_per_node; }
+
+  // ---- hierarchical internode (the top of this file) ----
+  bool hierarchical() const { return sizes_.hierarchical(); }
+  // This rank's counterpart on `node`: the rank with its local index there (itself on its own).
+  int counterpart(int node) const {
+    return node * sizes_.ranks_per_node + rank_ % sizes_.ranks_per_node;
+  }
+  // Whether this rank writes `peer`'s memory over the fabric: every rank on another node, or,
+  // hierarchical, only the counterparts.
+  bool fabric_peer(int peer) const {
+    return !on_node(peer) &&
+           (!hierarchical() || peer % sizes_.ranks_per_node == rank_ % sizes_.ranks_per_node);
+  }
+  // The key of the relay lane from `sender` (a rank of this node) to another rank of this node
+  // for the rows of `sender`'s counterpart on `node` (another node): where the sender stores
+  // them in the receiver's arena, and the receiver its credits in the sender's.
+  int lane_key(int sender, int node) const {
+    return node * sizes_.ranks_per_node + sender % sizes_.ranks_per_node;
+  }
+  // The rank that forwards, within this node, the rows of `source` (a rank of another node):
+  // source's counterpart here.
+  int forwarder_of(int source) const {
+    return node_ * sizes_.ranks_per_node + source % sizes_.ranks_per_node;
+  }
 
   // ---- the arena ----
   uint64_t arena_bytes() const { return data_base_ + sizes_.data_bytes; }
@@ -95,6 +141,7 @@ class ArenaLayout {
   uint64_t staging_bytes() const;
   uint64_t staging_record(uint64_t call, int destination) const;
   uint64_t staging_eager(uint64_t call, int destination) const;
+  // `destination` is a fabric peer (fabric_peer()).
   uint64_t staging_slot(int destination, uint32_t slot) const;
   uint32_t stage_window() const { return stage_window_; }
   // Where the staging data area starts (it holds sizes().staging_bytes bytes, when the session

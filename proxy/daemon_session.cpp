@@ -47,8 +47,7 @@ DaemonSession::DaemonSession(control::Bootstrap& bootstrap, const SessionConfig&
                                                   ranks_per_node(), config.timeout, kPhase);
   channels_.resize(static_cast<size_t>(ranks()));
   for (int r = 0; r < ranks(); ++r)
-    if (layout().on_node(r))
-      channels_[r] = std::make_unique<NodeChannel>(r, layout(), *node_, *device_arenas_);
+    channels_[r] = node_memory_channel(r, layout(), *node_, *device_arenas_);
   attach(bootstrap, config);
   bootstrap.barrier("buffer(ready)");
 }
@@ -150,7 +149,7 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
     link_->set_device_staging(*config.device, device_staging_.memory.get(),
                               layout().staging_data_base());
   for (int r = 0; r < ranks(); ++r) {
-    if (layout().on_node(r)) continue;
+    if (!layout().fabric_peer(r)) continue;
     auto channel = std::make_unique<FabricChannel>(r, layout(), node_->local(), *link_, landing,
                                                    device_arenas_.get(),
                                                    device_arena_of[static_cast<size_t>(r)]);

@@ -36,9 +36,7 @@ InProcessSession::InProcessSession(control::Bootstrap& bootstrap, const SessionC
         bootstrap, config.device, layout().arena_bytes(), ranks_per_node(), config.timeout, kPhase);
     state_->channels.resize(static_cast<size_t>(ranks()));
     for (int r = 0; r < ranks(); ++r)
-      if (layout().on_node(r))
-        state_->channels[r] =
-            std::make_unique<NodeChannel>(r, layout(), *state_->node, *state_->device_arenas);
+      state_->channels[r] = node_memory_channel(r, layout(), *state_->node, *state_->device_arenas);
     if (layout().sizes().spans_nodes()) open_fabric(bootstrap, config);
     bootstrap.barrier("buffer(ready)");
   } catch (...) {
@@ -122,7 +120,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   if (config.device) open_device_staging(config);
   const std::vector<bool> device_arena_of = open_device_landing(bootstrap);
   for (int r = 0; r < ranks(); ++r) {
-    if (layout().on_node(r)) continue;
+    if (!layout().fabric_peer(r)) continue;
     auto channel = std::make_unique<FabricChannel>(r, layout(), s.node->local(), *s.link, landing,
                                                    s.device_arenas.get(), device_arena_of[r]);
     s.router.attach_stream(static_cast<uint32_t>(r), channel->window());

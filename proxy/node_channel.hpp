@@ -19,20 +19,36 @@
 // the others' on their GPUs) cannot read device memory: its device copies the slot into the
 // same slot of its host arena, unused in that call, and it reads that. Records and every word
 // stay in the host arenas.
+//
+// A relay lane (hierarchical internode, arena_layout.hpp) is a NodeChannel to a node peer whose
+// arena keys are not the two ranks but lane keys: it stores under `keys.self` in the peer's
+// arena and reads under `keys.peer` in its own, so that the peer sees the lane as the stream of
+// the rank `keys.self` names. Everything else (the mapping, liveness, the device-rows bit of the
+// peer's own record) is the real peer's.
 #pragma once
 
 #include "proxy/device_arenas.hpp"
 #include "proxy/node_memory.hpp"
 #include "proxy/peer_channel.hpp"
 
+#include <memory>
+
 namespace proxyep::proxy {
+
+// The arena keys a NodeChannel writes and reads under.
+struct ChannelKeys {
+  int self = -1;  // this rank's key in the peer's arena (-1: this rank)
+  int peer = -1;  // the peer's key in this rank's arena (-1: the peer)
+};
 
 class NodeChannel final : public PeerChannel {
  public:
   // `node` maps `peer`'s arena (the rank itself: its own), `device` its device arena if any.
-  NodeChannel(int peer, const ArenaLayout& layout, const NodeMemory& node, DeviceArenas& device);
+  // `keys`: a relay lane's (the top of this file); by default the two ranks.
+  NodeChannel(int peer, const ArenaLayout& layout, const NodeMemory& node, DeviceArenas& device,
+              ChannelKeys keys = {});
 
-  PeerPath path() const override { return PeerPath::node; }
+  PeerPath path() const override { return relay_ ? PeerPath::relay : PeerPath::node; }
   bool background() const override { return false; }
   SlotGeometry slots() const override { return layout().node_slots(); }
 
@@ -83,9 +99,19 @@ class NodeChannel final : public PeerChannel {
 
   const NodeMemory& node_;
   DeviceArenas& device_;
+  int self_key_;              // where this rank's stores go in the peer's arena
+  int peer_key_;              // where the peer's stores are in this rank's arena
+  bool relay_;                // keys other than the two ranks'
   std::byte* remote_;         // the peer's arena, mapped here
   std::byte* device_remote_;  // the peer's device arena as this rank's device reaches it, or null
   uint64_t call_ = 0;         // the call whose streams run (begin_streams)
 };
+
+// The channel to rank `r` that goes through node memory: a NodeChannel for a rank of this node
+// (this rank included), a relay lane for a rank of another node that is not a fabric peer
+// (hierarchical: through the node peer that forwards for it, ArenaLayout::forwarder_of), and
+// null for a fabric peer.
+std::unique_ptr<PeerChannel> node_memory_channel(int r, const ArenaLayout& layout,
+                                                 const NodeMemory& node, DeviceArenas& device);
 
 }  // namespace proxyep::proxy

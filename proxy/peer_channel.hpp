@@ -4,7 +4,9 @@
 //   NodeChannel    a peer on this node (and the rank itself): stores into the peer's mapped
 //                  arena, published and consumed words (node_channel.hpp);
 //   FabricChannel  a peer on another node: descriptors through the ring, RMA writes with
-//                  immediates, sequence windows and credits (fabric_channel.hpp).
+//                  immediates, sequence windows and credits (fabric_channel.hpp);
+//   relay lane     hierarchical internode: a NodeChannel to the node peer that forwards for a
+//                  rank of another node, under that rank's key (node_channel.hpp).
 //
 // What travels, per call k (every rank numbers its calls alike; the layout is arena_layout.hpp):
 //  - a record: this rank's announcement of call k to the peer (its content is the protocol's).
@@ -40,8 +42,12 @@
 
 namespace proxyep::proxy {
 
-// Where the peer lives: for statistics and messages only.
-enum class PeerPath { node, fabric };
+// Where the peer lives: for statistics and messages only. relay: the channel to a rank of
+// another node whose rows pass through a node peer (hierarchical internode).
+enum class PeerPath { node, fabric, relay };
+inline const char* path_name(PeerPath path) {
+  return path == PeerPath::node ? "node" : path == PeerPath::fabric ? "fabric" : "relay";
+}
 
 // Most chunks a stream carries in one call (node peers count them in 24-bit words).
 inline constexpr uint64_t kMaxStreamChunks = (uint64_t{1} << 24) - 1;
@@ -54,8 +60,13 @@ inline constexpr uint64_t kDeviceRowsBit = uint64_t{1} << 63;
 
 class PeerChannel {
  public:
-  PeerChannel(int peer, const ArenaLayout& layout, std::byte* local_arena)
-      : peer_(peer), layout_(layout), local_(local_arena) {}
+  // `peer_key`: where the peer's records and rows are in this rank's arena (-1: under `peer`;
+  // a relay lane's is another rank's).
+  PeerChannel(int peer, const ArenaLayout& layout, std::byte* local_arena, int peer_key = -1)
+      : peer_(peer),
+        peer_key_(peer_key < 0 ? peer : peer_key),
+        layout_(layout),
+        local_(local_arena) {}
   virtual ~PeerChannel() = default;
   PeerChannel(const PeerChannel&) = delete;
   PeerChannel& operator=(const PeerChannel&) = delete;
@@ -81,7 +92,7 @@ class PeerChannel {
   virtual bool record_arrived(uint64_t call) const = 0;
   // The peer's record of `call`, once it arrived.
   std::span<const std::byte> record(uint64_t call) const {
-    return {local_ + layout_.record(call, peer_) + kRecordWordBytes,
+    return {local_ + layout_.record(call, peer_key_) + kRecordWordBytes,
             layout_.sizes().record_bytes - kRecordWordBytes};
   }
 
@@ -96,7 +107,7 @@ class PeerChannel {
   // Where the peer's eager bytes of `call` are: this rank's arena, or for a node peer whose call
   // stored them in this rank's device arena, there (node_channel.hpp).
   virtual const std::byte* eager(uint64_t call) const {
-    return local_ + layout_.eager_slot(call, peer_);
+    return local_ + layout_.eager_slot(call, peer_key_);
   }
 
   // ---- chunk streams of one call ----
@@ -112,7 +123,7 @@ class PeerChannel {
   virtual uint64_t landed() const = 0;
   // Where chunk `chunk` of the current call's stream from the peer is (as eager()).
   virtual const std::byte* chunk(uint64_t chunk, const SlotShape& shape) const {
-    return local_ + layout_.chunk_slot(layout_.rank(), peer_, shape, chunk);
+    return local_ + layout_.chunk_slot(layout_.rank(), peer_key_, shape, chunk);
   }
   // Chunks [0, upto) of a stream of `chunks` chunks were copied out: their slots are free.
   virtual void consumed(uint64_t upto, uint64_t chunks, const SlotShape& shape,
@@ -190,6 +201,7 @@ class PeerChannel {
 
  private:
   int peer_;
+  int peer_key_;
   const ArenaLayout& layout_;
   std::byte* local_;
   std::atomic<uint64_t> bytes_sent_{0};

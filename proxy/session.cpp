@@ -14,9 +14,13 @@ constexpr const char* kPhase = "buffer";
 // The sizes as every rank sends them (little endian, common/wire.hpp):
 //   u32 magic "PXSZ" | u16 version | u16 proxy mode (0 in process, 1 daemon) |
 //   u64 ranks_per_node | u64 record_bytes | u64 eager_bytes | u64 eager_limit | u64 data_bytes |
-//   u64 staging_bytes | u64 chunk_bytes
+//   u64 staging_bytes | u64 chunk_bytes | u32 internode (proxy::Internode)
 constexpr uint32_t kSizesMagic = 0x5a535850;  // "PXSZ" read as little-endian bytes
-constexpr uint16_t kSizesVersion = 3;
+constexpr uint16_t kSizesVersion = 4;
+
+const char* internode_name(Internode internode) {
+  return internode == Internode::hierarchical ? "hierarchical" : "per_rank";
+}
 
 struct Agreed {
   SessionSizes sizes;
@@ -33,6 +37,7 @@ std::vector<uint8_t> encode(const Agreed& agreed) {
   for (uint64_t v : {static_cast<uint64_t>(s.ranks_per_node), s.record_bytes, s.eager_bytes,
                      s.eager_limit, s.data_bytes, s.staging_bytes, s.chunk_bytes})
     w.u64(v);
+  w.u32(static_cast<uint32_t>(s.internode));
   return out;
 }
 
@@ -51,6 +56,10 @@ Agreed decode(std::span<const uint8_t> blob, int ranks, int from) {
   s.data_bytes = r.u64("data_bytes");
   s.staging_bytes = r.u64("staging_bytes");
   s.chunk_bytes = r.u64("chunk_bytes");
+  const uint32_t internode = r.u32("internode");
+  require(internode <= static_cast<uint32_t>(Internode::hierarchical), kPhase,
+          "rank {} sent an unknown ep.internode ({})", from, internode);
+  s.internode = static_cast<Internode>(internode);
   r.expect_end("Buffer options");
   return agreed;
 }
@@ -65,6 +74,10 @@ void check_agreed(control::Bootstrap& bootstrap, const SessionSizes& mine, bool 
             agreed.daemon ? "in proxyepd (proxy.mode daemon)" : "in process", bootstrap.rank(),
             daemon ? "in proxyepd" : "in process");
     const SessionSizes& theirs = agreed.sizes;
+    require(theirs.internode == mine.internode, kPhase,
+            "rank {} created its Buffer with ep.internode {}, rank {} with {}: every rank must "
+            "use the same",
+            r, internode_name(theirs.internode), bootstrap.rank(), internode_name(mine.internode));
     require(theirs == mine, kPhase,
             "rank {} created its Buffer with ranks_per_node {}, num_nvl_bytes {}, num_rdma_bytes "
             "{}, ep.chunk_bytes {}, ep.eager_bytes {} (record slots of {} bytes, eager slots of "

@@ -27,14 +27,20 @@ namespace {
 constexpr int kBlock = 64;
 
 // Collects the rows token `t` sums, in combine_token's order: ranks ascending (those that
-// received t), then bias0, then bias1. Returns how many.
-PROXYEP_REDUCE_INLINE int token_sources(const CombineInput& in, int64_t t, const uint16_t** src) {
+// received t), then bias0, then bias1; with bias_first the two biases lead (a missing one is
+// `zeros`, a row of +0), and reduce_row adds them as a pair. Returns how many.
+PROXYEP_REDUCE_INLINE int token_sources(const CombineInput& in, int64_t t, const uint16_t** src,
+                                        const uint16_t* zeros) {
   const int32_t* head = in.send_head + t * in.num_ranks;
   int n = 0;
+  if (in.bias_first) {
+    src[n++] = in.bias0 != nullptr ? in.bias0 + t * in.hidden : zeros;
+    src[n++] = in.bias1 != nullptr ? in.bias1 + t * in.hidden : zeros;
+  }
   for (int r = 0; r < in.num_ranks; ++r)
     if (head[r] >= 0) src[n++] = block_row(in, r, head[r]);
-  if (in.bias0 != nullptr) src[n++] = in.bias0 + t * in.hidden;
-  if (in.bias1 != nullptr) src[n++] = in.bias1 + t * in.hidden;
+  if (!in.bias_first && in.bias0 != nullptr) src[n++] = in.bias0 + t * in.hidden;
+  if (!in.bias_first && in.bias1 != nullptr) src[n++] = in.bias1 + t * in.hidden;
   return n;
 }
 
@@ -61,16 +67,22 @@ PROXYEP_REDUCE_INLINE int token_sources(const CombineInput& in, int64_t t, const
     if ((out[e] & 0x7fffu) > 0x7f80u) out[e] = nan_sum(src, n, e);
 }
 
-// out[0, W) = bf16(((0 + src[0][c + j]) + src[1][c + j]) + ...), n >= 1; returns whether any
-// sum is NaN (its bits then still need nan_sum). The first source is added to 0 rather than
-// copied because combine_token does that: 0 + -0 is +0.
+// out[0, W) = bf16(((0 + src[0][c + j]) + src[1][c + j]) + ...), n >= 1; or, `paired` (the
+// biases first, n >= 2), bf16(((src[0][c + j] + src[1][c + j]) + src[2][c + j]) + ...). Returns
+// whether any sum is NaN (its bits then still need nan_sum). The first source is added to 0
+// rather than copied because combine_token does that: 0 + -0 is +0.
 template <int W>
-PROXYEP_REDUCE_INLINE bool reduce_block(const uint16_t* const* src, int n, int64_t c,
-                                        uint16_t* out) {
+PROXYEP_REDUCE_INLINE bool reduce_block(const uint16_t* const* src, int n, int64_t c, uint16_t* out,
+                                        bool paired) {
   float acc[W];
-  for (int j = 0; j < W; ++j)
-    acc[j] = 0.0f + bf16_to_float(src[0][c + j]);
-  for (int i = 1; i < n; ++i) {
+  if (paired) {
+    for (int j = 0; j < W; ++j)
+      acc[j] = bf16_to_float(src[0][c + j]) + bf16_to_float(src[1][c + j]);
+  } else {
+    for (int j = 0; j < W; ++j)
+      acc[j] = 0.0f + bf16_to_float(src[0][c + j]);
+  }
+  for (int i = paired ? 2 : 1; i < n; ++i) {
     const uint16_t* s = src[i] + c;
     for (int j = 0; j < W; ++j)
       acc[j] += bf16_to_float(s[j]);
@@ -85,7 +97,7 @@ PROXYEP_REDUCE_INLINE bool reduce_block(const uint16_t* const* src, int n, int64
 
 // One token's row: wide blocks, then the chunk-sized rest (hidden is a multiple of the chunk).
 PROXYEP_REDUCE_INLINE void reduce_row(const uint16_t* const* src, int n, uint16_t* out,
-                                      int64_t hidden) {
+                                      int64_t hidden, bool paired) {
   if (n == 0) {  // no rank received the token and there is no bias: the sum of nothing
     std::fill_n(out, hidden, float_to_bf16(0.0f));
     return;
@@ -93,9 +105,9 @@ PROXYEP_REDUCE_INLINE void reduce_row(const uint16_t* const* src, int n, uint16_
   bool nan = false;
   int64_t c = 0;
   for (; c + kBlock <= hidden; c += kBlock)
-    nan |= reduce_block<kBlock>(src, n, c, out + c);
+    nan |= reduce_block<kBlock>(src, n, c, out + c, paired);
   for (; c < hidden; c += kCombineChunk)
-    nan |= reduce_block<kCombineChunk>(src, n, c, out + c);
+    nan |= reduce_block<kCombineChunk>(src, n, c, out + c, paired);
   if (nan) fix_nans(src, n, out, hidden);
 }
 
@@ -105,9 +117,12 @@ PROXYEP_REDUCE_CLONES
 void reduce_tokens_host(const CombineInput& in, int64_t begin, int64_t end) {
   // One list for the whole range: at most every rank plus the two biases.
   std::vector<const uint16_t*> src(static_cast<size_t>(in.num_ranks) + 2);
+  std::vector<uint16_t> zeros;  // a missing bias when the biases lead
+  if (in.bias_first && (in.bias0 == nullptr || in.bias1 == nullptr))
+    zeros.assign(static_cast<size_t>(in.hidden), 0);
   for (int64_t t = begin; t < end; ++t) {
-    const int n = token_sources(in, t, src.data());
-    reduce_row(src.data(), n, in.out + t * in.hidden, in.hidden);
+    const int n = token_sources(in, t, src.data(), zeros.data());
+    reduce_row(src.data(), n, in.out + t * in.hidden, in.hidden, in.bias_first);
     // A few floats per token, not worth vectorising: combine_token's own loop.
     combine_token_weights(in, t, HostLanes{});
   }

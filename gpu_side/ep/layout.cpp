@@ -53,7 +53,7 @@ DispatchLayout compute_dispatch_layout(const TensorRef& topk_idx, const EpShape&
   const int64_t num_tokens = topk_idx.rows;
   const int topk = static_cast<int>(topk_idx.cols);
   const int num_ranks = shape.num_ranks;
-  const bool per_node = layout_has_node_counts(num_ranks);
+  const bool per_node = layout_has_node_counts(shape);
   const int num_nodes = per_node ? shape.num_nodes() : 0;
 
   DispatchLayout layout;

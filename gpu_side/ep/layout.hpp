@@ -13,15 +13,17 @@ class HostExecutor;
 
 struct DispatchLayout {
   Tensor num_tokens_per_rank;       // i32 [R]
-  Tensor num_tokens_per_rdma_rank;  // i32 [nodes]; undefined (None) when R <= 8, like DeepEP
+  Tensor num_tokens_per_rdma_rank;  // i32 [nodes]; undefined (None) on one node, like DeepEP
   Tensor num_tokens_per_expert;     // i32 [E]
   Tensor is_token_in_rank;          // bool [N, R]
 };
 
-// Whether a layout over `num_ranks` has num_tokens_per_rdma_rank: DeepEP returns None within one
-// NVLink domain (<= 8 ranks). Every backend's layout follows it.
-constexpr bool layout_has_node_counts(int num_ranks) {
-  return num_ranks > 8;
+// Whether a layout of `shape` has num_tokens_per_rdma_rank: DeepEP returns None within one
+// NVLink domain, which it fixes at 8 ranks; ProxyEP's node is the group's ranks_per_node
+// (LOCAL_WORLD_SIZE), so a group across nodes has the counts at any size (2 nodes x 2 ranks
+// too) and one node never has them. Every backend's layout follows it.
+constexpr bool layout_has_node_counts(const EpShape& shape) {
+  return shape.num_nodes() > 1;
 }
 
 // Checks topk_idx (host, int64, 2-D, contiguous, entries in [-1, E)) and the shape (E divisible

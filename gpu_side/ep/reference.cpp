@@ -206,16 +206,48 @@ ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
                                    std::span<const ReferenceDispatch> dispatched,
                                    std::span<const TensorRef> weights_in, const EpShape& shape,
                                    int rank, int num_tokens, const TensorRef& bias0,
-                                   const TensorRef& bias1) {
+                                   const TensorRef& bias1, CombineOrder order) {
   check_combine_inputs(expert_out, dispatched, weights_in, shape, rank, num_tokens, bias0, bias1);
   const int ranks = shape.num_ranks;
   const int64_t hidden = expert_out[0].cols;
   const bool weights = !weights_in.empty();
   const int64_t topk = weights ? weights_in[0].cols : 0;
+  const auto cells = static_cast<size_t>(num_tokens * hidden);
+  const auto weight_cells = static_cast<size_t>(num_tokens * topk);
 
-  // Accumulate in float32, ranks ascending; 0.0f start like the kernels' zeroed accumulators.
-  std::vector<float> sum(static_cast<size_t>(num_tokens * hidden), 0.0f);
-  std::vector<float> weight_sum(static_cast<size_t>(num_tokens * topk), 0.0f);
+  // Accumulate in float32 from a 0.0f start, like the kernels' zeroed accumulators. by_rank: one
+  // group holding every rank, ascending, then the biases. by_node: a group per node (ranks
+  // ascending), whose sum is rounded to bf16 and added, nodes ascending, to a total that starts
+  // as bias0 + bias1.
+  const bool by_node = order == CombineOrder::by_node;
+  auto bias_at = [](const TensorRef& bias, int64_t t, int64_t c) {
+    return bias.defined() ? bf16_to_float(bias.at<uint16_t>(t, c)) : 0.0f;
+  };
+  std::vector<float> sum(cells, 0.0f), weight_sum(weight_cells, 0.0f);
+  if (by_node)
+    for (int64_t t = 0; t < num_tokens; ++t)
+      for (int64_t c = 0; c < hidden; ++c)
+        sum[static_cast<size_t>(t * hidden + c)] = bias_at(bias0, t, c) + bias_at(bias1, t, c);
+  std::vector<float> node_sum(cells, 0.0f), node_weight_sum(weight_cells, 0.0f);
+  std::vector<char> node_hit(static_cast<size_t>(num_tokens), 0);
+  const int group = by_node ? shape.ranks_per_node : ranks;
+  auto close_group = [&] {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      if (!node_hit[static_cast<size_t>(t)]) continue;
+      for (int64_t c = 0; c < hidden; ++c) {
+        float& partial = node_sum[static_cast<size_t>(t * hidden + c)];
+        sum[static_cast<size_t>(t * hidden + c)] +=
+            by_node ? bf16_to_float(float_to_bf16(partial)) : partial;
+        partial = 0.0f;
+      }
+      for (int64_t k = 0; k < topk; ++k) {
+        float& partial = node_weight_sum[static_cast<size_t>(t * topk + k)];
+        weight_sum[static_cast<size_t>(t * topk + k)] += partial;
+        partial = 0.0f;
+      }
+      node_hit[static_cast<size_t>(t)] = 0;
+    }
+  };
   for (int r = 0; r < ranks; ++r) {
     const ReferenceDispatch& d = dispatched[r];
     int64_t first = 0;  // rows of r's receive order that came from `rank`
@@ -228,11 +260,14 @@ ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
       const int64_t t = d.recv_src_idx.data<int32_t>()[i];
       require(t >= 0 && t < num_tokens, kPhase,
               "dispatched[{}] row {} names token {} outside [0, {})", r, i, t, num_tokens);
+      node_hit[static_cast<size_t>(t)] = 1;
       for (int64_t c = 0; c < hidden; ++c)
-        sum[t * hidden + c] += bf16_to_float(expert_out[r].at<uint16_t>(i, c));
+        node_sum[static_cast<size_t>(t * hidden + c)] +=
+            bf16_to_float(expert_out[r].at<uint16_t>(i, c));
       for (int64_t k = 0; k < topk; ++k)
-        weight_sum[t * topk + k] += weights_in[r].at<float>(i, k);
+        node_weight_sum[static_cast<size_t>(t * topk + k)] += weights_in[r].at<float>(i, k);
     }
+    if ((r + 1) % group == 0 || r + 1 == ranks) close_group();
   }
 
   ReferenceCombine out;
@@ -240,9 +275,9 @@ ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
   uint16_t* x = out.combined_x.data<uint16_t>();
   for (int64_t t = 0; t < num_tokens; ++t) {
     for (int64_t c = 0; c < hidden; ++c) {
-      float value = sum[t * hidden + c];
-      if (bias0.defined()) value += bf16_to_float(bias0.at<uint16_t>(t, c));
-      if (bias1.defined()) value += bf16_to_float(bias1.at<uint16_t>(t, c));
+      float value = sum[static_cast<size_t>(t * hidden + c)];
+      if (!by_node && bias0.defined()) value += bf16_to_float(bias0.at<uint16_t>(t, c));
+      if (!by_node && bias1.defined()) value += bf16_to_float(bias1.at<uint16_t>(t, c));
       x[t * hidden + c] = float_to_bf16(value);
     }
   }

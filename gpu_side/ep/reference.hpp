@@ -6,9 +6,18 @@
 // - recv_topk_idx: the expert as a local id on the receiving rank, -1 elsewhere; recv_topk_weights
 //   zeroed where the index is -1.
 // - num_recv_tokens_per_expert: (token, local expert) pairs, rounded up to expert_alignment.
-// - Combine: out[t] = bf16( ((sum over ranks r ascending that received t of float(x_r[row])) +
-//   float(bias0[t])) + float(bias1[t]) ), in float32 in exactly that order; combined weights =
-//   sum over the same ranks, ascending, in float32.
+// - Combine (CombineOrder::by_rank: one node, or ep.internode=per_rank): out[t] = bf16( ((sum
+//   over ranks r ascending that received t of float(x_r[row])) + float(bias0[t])) +
+//   float(bias1[t]) ), in float32 in exactly that order; combined weights = sum over the same
+//   ranks, ascending, in float32.
+// - Combine (CombineOrder::by_node: a group across nodes with ep.internode=hierarchical, as
+//   DeepEP's internode kernels): each node n that received t first reduces its ranks' rows,
+//   P_n[t] = bf16(0 + sum over n's ranks l ascending that received t of float(x_l[row])), the
+//   one row per (token, node) that crosses the fabric, its own node's included; then out[t] =
+//   bf16( (float(bias0[t]) + float(bias1[t])) + float(P_0[t]) + float(P_1[t]) + ... ), nodes
+//   ascending, the biases first (a missing one is 0) as DeepEP's final receiver does. So a value
+//   is rounded to bf16 twice: once per node, once at the end. Weights: W_n = 0 + sum over n's
+//   ranks ascending (float32, never rounded), combined = 0 + sum over nodes ascending of W_n.
 #pragma once
 
 #include "gpu_side/ep/ep_shape.hpp"
@@ -43,6 +52,9 @@ struct ReferenceDispatch {
 ReferenceDispatch reference_dispatch(std::span<const DispatchInputs> all, const EpShape& shape,
                                      int rank, int expert_alignment = 1);
 
+// The order (and so the roundings) of combine's reduction; see the top of this file.
+enum class CombineOrder { by_rank, by_node };
+
 struct ReferenceCombine {
   Tensor combined_x;             // bf16 [N_rank, H]
   Tensor combined_topk_weights;  // f32 [N_rank, K] when weights were given
@@ -50,11 +62,13 @@ struct ReferenceCombine {
 
 // Combine as seen by source `rank`: `expert_out[r]` is rank r's combine input (bf16
 // [num_recv_r, H], in r's receive order) and `dispatched[r]` r's reference dispatch result;
-// `weights_in[r]` (optional, f32 [num_recv_r, K]); biases optional (bf16 [N_rank, H]).
+// `weights_in[r]` (optional, f32 [num_recv_r, K]); biases optional (bf16 [N_rank, H]). Nodes
+// (CombineOrder::by_node) are shape.ranks_per_node consecutive ranks.
 ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
                                    std::span<const ReferenceDispatch> dispatched,
                                    std::span<const TensorRef> weights_in, const EpShape& shape,
                                    int rank, int num_tokens, const TensorRef& bias0 = {},
-                                   const TensorRef& bias1 = {});
+                                   const TensorRef& bias1 = {},
+                                   CombineOrder order = CombineOrder::by_rank);
 
 }  // namespace proxyep::gpu_side::ep

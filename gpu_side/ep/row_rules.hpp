@@ -5,13 +5,19 @@
 // - dispatch_row: one token of the sender becomes one row at a destination: the token bytes, the
 //   4-byte FP8 scales (strides honoured, so column-major scales work), the top-k indices
 //   rewritten to the destination's local expert ids (-1 where another rank owns the expert) with
-//   the weights zeroed there, and the source token index.
+//   the weights zeroed there, and the source token index. Hierarchical internode moves a token
+//   in two steps with the same rule: to the forwarder on the destination node as a row that
+//   keeps the global expert ids and weights (RowSink::rank < 0) and carries its heads; from
+//   there to each destination rank as that rank's row, the source token index passed through
+//   (RowInput::src_index), so the bytes a destination receives are those of a direct send.
 // - combine_token: one token of the source is the float32 sum, over ranks in ascending order, of
 //   the bf16 rows the ranks that received it sent back, then + bias0, + bias1, rounded to bf16
 //   once; its top-k weights are summed the same way (no bias). Each output element sees exactly
 //   the operations 0 + row_r0 + row_r1 + ... + bias0 + bias1 in that order whatever the lane
 //   split, and there are no multiplies to contract into FMAs, so host and device agree bit for
-//   bit.
+//   bit. With CombineInput::bias_first (hierarchical internode's last step, where the "ranks"
+//   are nodes, as DeepEP's internode combine orders it) the order is (bias0 + bias1) + row_r0 +
+//   row_r1 + ..., a missing bias read as +0.
 //
 // Who does the work is a policy type `Lanes` (the CPU twin's "thread block"):
 //   uint32_t lane() const, uint32_t count() const   this lane and the number of lanes; element
@@ -54,8 +60,10 @@ struct RowSink {
   int64_t* topk_idx = nullptr;
   float* weights = nullptr;
   int32_t* src_index = nullptr;
-  int64_t first_row = 0;  // the sender's first row in these arrays
-  int rank = 0;           // the destination (its experts are the local ones)
+  int32_t* heads = nullptr;  // [rows, format.heads] (format.heads > 0)
+  int64_t first_row = 0;     // the sender's first row in these arrays
+  int rank = 0;  // the destination (its experts are the local ones); < 0: a forwarder, which
+                 // gets the global expert ids and the weights as they are
 
   // The sink over `area` laid out as `a` (row_format.hpp).
   PROXYEP_HOST_DEVICE static RowSink at(std::byte* area, const RowAreas& a, int64_t first_row,
@@ -66,6 +74,7 @@ struct RowSink {
     sink.topk_idx = reinterpret_cast<int64_t*>(area + a.topk_idx);
     sink.weights = reinterpret_cast<float*>(area + a.weights);
     sink.src_index = reinterpret_cast<int32_t*>(area + a.src_index);
+    sink.heads = reinterpret_cast<int32_t*>(area + a.heads);
     sink.first_row = first_row;
     sink.rank = rank;
     return sink;
@@ -81,6 +90,13 @@ struct RowInput {
   int64_t scale_col_stride = 1;         // column-major scales: row stride 1, col stride N
   const int64_t* topk_idx = nullptr;    // [N, format.topk], contiguous, global expert ids
   const float* topk_weights = nullptr;  // [N, format.topk], contiguous (format.weights > 0)
+  // The source token index each row carries: src_index[t] (a forwarded row passes its source's
+  // on), or null: t itself.
+  const int32_t* src_index = nullptr;
+  // A row's heads (format.heads > 0): heads[t * head_stride + head_first + j] for j < heads.
+  const int32_t* heads = nullptr;
+  int64_t head_stride = 0;
+  int64_t head_first = 0;
   RowFormat format;
   EpShape shape;
 };
@@ -99,12 +115,16 @@ PROXYEP_HOST_DEVICE inline void dispatch_row(const RowInput& in, const RowSink& 
     sink.scales[r * f.scale_cols + c] =
         in.scales[t * in.scale_row_stride + static_cast<int64_t>(c) * in.scale_col_stride];
   for (uint32_t k = lane; k < f.topk; k += lanes_n) {
-    const int64_t local = in.shape.local_expert(in.topk_idx[t * f.topk + k], sink.rank);
+    const int64_t expert = in.topk_idx[t * f.topk + k];
+    const int64_t local = sink.rank < 0 ? expert : in.shape.local_expert(expert, sink.rank);
     sink.topk_idx[r * f.topk + k] = local;
     if (f.weights > 0)
       sink.weights[r * f.topk + k] = local >= 0 ? in.topk_weights[t * f.topk + k] : 0.0f;
   }
-  if (f.src_index > 0 && lane == 0) sink.src_index[r] = static_cast<int32_t>(t);
+  for (uint32_t j = lane; j < f.heads; j += lanes_n)
+    sink.heads[r * f.heads + j] = in.heads[t * in.head_stride + in.head_first + j];
+  if (f.src_index > 0 && lane == 0)
+    sink.src_index[r] = in.src_index != nullptr ? in.src_index[t] : static_cast<int32_t>(t);
 }
 
 // ---- combine ----
@@ -131,6 +151,7 @@ struct CombineInput {
   const int32_t* send_head = nullptr;  // [num_tokens, num_ranks]
   const uint16_t* bias0 = nullptr;     // bf16 [num_tokens, hidden] or null
   const uint16_t* bias1 = nullptr;     // bf16 [num_tokens, hidden] or null
+  bool bias_first = false;             // the biases start the sum (see the top of this file)
   uint16_t* out = nullptr;             // bf16 [num_tokens, hidden]
   float* out_weights = nullptr;        // f32 [num_tokens, topk] (topk > 0)
   int num_ranks = 0;
@@ -184,6 +205,16 @@ PROXYEP_HOST_DEVICE inline void add_chunk(float (&acc)[kCombineChunk], const uin
     acc[j] += bf16_to_float(v[j]);
 }
 
+// acc = bias0 + bias1 at element `at` (a missing bias is +0), as the sum's first operation.
+PROXYEP_HOST_DEVICE inline void bias_pair(float (&acc)[kCombineChunk], const CombineInput& in,
+                                          int64_t at) {
+  uint16_t b0[kCombineChunk] = {}, b1[kCombineChunk] = {};
+  if (in.bias0 != nullptr) load_chunk(in.bias0 + at, b0);
+  if (in.bias1 != nullptr) load_chunk(in.bias1 + at, b1);
+  for (int j = 0; j < kCombineChunk; ++j)
+    acc[j] = bf16_to_float(b0[j]) + bf16_to_float(b1[j]);
+}
+
 }  // namespace detail
 
 // Token `t`'s top-k weights: out_weights[t][k] = sum_r row_weights[r][k], ranks ascending, the
@@ -214,13 +245,16 @@ PROXYEP_HOST_DEVICE inline void combine_token(const CombineInput& in, int64_t t,
     float acc[kCombineChunk];
     for (int j = 0; j < kCombineChunk; ++j)
       acc[j] = 0.0f;
+    if (in.bias_first) detail::bias_pair(acc, in, t * in.hidden + c0);
     for (int r = 0; r < in.num_ranks; ++r) {
       const int32_t pos = head[r];
       if (pos < 0) continue;
       detail::add_chunk(acc, block_row(in, r, pos) + c0);
     }
-    if (in.bias0 != nullptr) detail::add_chunk(acc, in.bias0 + t * in.hidden + c0);
-    if (in.bias1 != nullptr) detail::add_chunk(acc, in.bias1 + t * in.hidden + c0);
+    if (!in.bias_first && in.bias0 != nullptr)
+      detail::add_chunk(acc, in.bias0 + t * in.hidden + c0);
+    if (!in.bias_first && in.bias1 != nullptr)
+      detail::add_chunk(acc, in.bias1 + t * in.hidden + c0);
     uint16_t v[kCombineChunk];
     for (int j = 0; j < kCombineChunk; ++j)
       v[j] = float_to_bf16(acc[j]);

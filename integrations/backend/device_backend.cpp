@@ -124,7 +124,7 @@ ep::DispatchLayout DeviceBackend::layout(const ep::TensorRef& topk_idx, const ep
   const int ranks = shape.num_ranks;
   ep::DispatchLayout layout;
   layout.num_tokens_per_rank = allocate(ep::DType::i32, ranks);
-  if (ep::layout_has_node_counts(ranks))
+  if (ep::layout_has_node_counts(shape))
     layout.num_tokens_per_rdma_rank = allocate(ep::DType::i32, shape.num_nodes());
   layout.num_tokens_per_expert = allocate(ep::DType::i32, shape.num_experts);
   layout.is_token_in_rank = allocate(ep::DType::boolean, tokens, ranks);

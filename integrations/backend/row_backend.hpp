@@ -42,11 +42,16 @@
 
 namespace proxyep::integrations {
 
-// The sender's rows, as the call passed them.
+// The sender's rows, as the call passed them (or, a forwarder's, as they arrived).
 struct RowSource {
   gpu_side::ep::TensorRef x, x_scales, topk_idx, topk_weights;
   gpu_side::ep::RowFormat format;
   gpu_side::ep::EpShape shape;
+  // Hierarchical internode (gpu_side::ep::RowInput): the source token indices rows carry on
+  // (null: their own), and each row's heads (format.heads > 0). Host memory.
+  const int32_t* src_index = nullptr;
+  const int32_t* heads = nullptr;
+  int64_t head_stride = 0, head_first = 0;
 };
 
 // `source` as the raw pointers the shared rules and the kernels read.
@@ -60,6 +65,10 @@ inline gpu_side::ep::RowInput row_input(const RowSource& source) {
   }
   in.topk_idx = source.topk_idx.defined() ? source.topk_idx.as<int64_t>() : nullptr;
   in.topk_weights = source.topk_weights.defined() ? source.topk_weights.as<float>() : nullptr;
+  in.src_index = source.src_index;
+  in.heads = source.heads;
+  in.head_stride = source.head_stride;
+  in.head_first = source.head_first;
   in.format = source.format;
   in.shape = source.shape;
   return in;

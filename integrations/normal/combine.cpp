@@ -5,6 +5,8 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "integrations/normal/combine_rows.hpp"
+#include "integrations/normal/hier_combine_rows.hpp"
+#include "integrations/normal/hier_notify.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify.hpp"
 #include "integrations/normal/row_counts.hpp"
@@ -110,8 +112,9 @@ struct CombineCall {
   // What the handle's dispatch moved: now every row goes back, d -> s for each s -> d.
   RowCounts dispatched;
   std::vector<int64_t> rows_to;
-  std::optional<CombineStreams> streams;  // points into the members above
-  CombineResult out;                      // shares its tensors with what the caller got
+  std::unique_ptr<CombineStreams> streams;  // points into the members above
+  bool hierarchical = false;                // hier_combine_rows.hpp
+  CombineResult out;                        // shares its tensors with what the caller got
   uint64_t call = 0;
   PhaseClock clock;
 };
@@ -126,11 +129,19 @@ CombineResult NormalMode::combine(const CombineArgs& args, const DeviceCall* dev
   RowBackend& backend = *(c->backend = device != nullptr ? &device->backend : &backend_);
   const CombineArgs& a = c->args;
   const float* weights = in.topk > 0 ? a.topk_weights.as<float>() : nullptr;
-  CombineStreams& streams =
-      c->streams.emplace(backend, in.format, c->dispatched, static_cast<const std::byte*>(a.x.data),
-                         weights, in.topk, me, device != nullptr);
-  streams.out = plan_streams(session_, in.format, c->rows_to);
-  streams.in = plan_streams(session_, in.format, c->dispatched.sent_by(me));
+  const auto* x = static_cast<const std::byte*>(a.x.data);
+  c->hierarchical = session_.layout().hierarchical();
+  if (c->hierarchical) {
+    require(device == nullptr, kPhase,
+            "ep.internode=hierarchical does not move device tensors yet");
+    c->streams = std::make_unique<HierCombineStreams>(backend, in.format, c->dispatched, c->handle,
+                                                      x, weights, in.topk, session_);
+  } else {
+    c->streams = std::make_unique<CombineStreams>(backend, in.format, c->dispatched, x, weights,
+                                                  in.topk, me, device != nullptr);
+    c->streams->out = plan_streams(session_, in.format, c->rows_to);
+    c->streams->in = plan_streams(session_, in.format, c->dispatched.sent_by(me));
+  }
   c->out.combined_x = backend.allocate(DType::bf16, c->handle.num_tokens, in.hidden);
   if (in.topk > 0)
     c->out.combined_topk_weights = backend.allocate(DType::f32, c->handle.num_tokens, in.topk);
@@ -153,8 +164,18 @@ void NormalMode::run_combine(CombineCall& c) {
   header.kind = CallKind::combine;
   header.num_tokens = static_cast<uint32_t>(h.num_tokens);
   header.format = in.format;
-  const auto records = calls_.step(
-      [&] { return exchange_records(session_, call, encoder_, header, c.rows_to, {}, kPhase); });
+  const auto records = calls_.step([&] {
+    if (!c.hierarchical)
+      return exchange_records(session_, call, encoder_, header, c.rows_to, {}, kPhase);
+    const std::vector<int64_t> no_fabric_rows(static_cast<size_t>(session_.layout().nodes()), 0);
+    return exchange_records_hierarchical(session_, call, encoder_, relay_encoder_,
+                                         {.header = header,
+                                          .rows_to = c.rows_to,
+                                          .experts = {},
+                                          .local_experts = 0,
+                                          .fabric_rows = no_fabric_rows},
+                                         kPhase);
+  });
   agree_combine(call, session_.rank(), records, c.dispatched);
   clock.lap(&PhaseTimes::notify_ns);
   calls_.step([&] {
@@ -169,21 +190,28 @@ void NormalMode::run_combine(CombineCall& c) {
   });
 
   const CombineArgs& a = c.args;
-  c.backend->reduce(
-      ep::CombineInput{
-          .block_rows = streams.block_rows().data(),
-          .block_weights = in.topk > 0 ? streams.block_weights().data() : nullptr,
-          .block_chunks = streams.block_chunks().data(),
-          .block_chunk_rows = streams.block_chunk_rows().data(),
-          .send_head = h.send_head.data<int32_t>(),
-          .bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
-          .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
-          .out = c.out.combined_x.data<uint16_t>(),
-          .out_weights = in.topk > 0 ? c.out.combined_topk_weights.data<float>() : nullptr,
-          .num_ranks = session_.ranks(),
-          .hidden = in.hidden,
-          .topk = in.topk},
-      h.num_tokens);
+  if (c.hierarchical) {
+    static_cast<HierCombineStreams&>(streams).reduce(
+        c.out.combined_x, c.out.combined_topk_weights,
+        a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
+        a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr);
+  } else {
+    c.backend->reduce(
+        ep::CombineInput{
+            .block_rows = streams.block_rows().data(),
+            .block_weights = in.topk > 0 ? streams.block_weights().data() : nullptr,
+            .block_chunks = streams.block_chunks().data(),
+            .block_chunk_rows = streams.block_chunk_rows().data(),
+            .send_head = h.send_head.data<int32_t>(),
+            .bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
+            .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
+            .out = c.out.combined_x.data<uint16_t>(),
+            .out_weights = in.topk > 0 ? c.out.combined_topk_weights.data<float>() : nullptr,
+            .num_ranks = session_.ranks(),
+            .hidden = in.hidden,
+            .topk = in.topk},
+        h.num_tokens);
+  }
   // The slots it reads in place are the next call's once this returns (and combined_x the
   // caller's).
   calls_.step([&] { c.backend->complete(kPhase); });

@@ -14,7 +14,7 @@
 
 namespace proxyep::integrations::normal {
 
-class CombineStreams final : public RowStreams {
+class CombineStreams : public RowStreams {
  public:
   // `x` [num_recv, hidden] and `weights` (f32 [num_recv, topk] or null): the rows to return.
   // `x_on_device`: the fabric cannot read x (caller_rows offers none).
@@ -38,7 +38,7 @@ class CombineStreams final : public RowStreams {
   // Chunks left where they landed for the reduce (BufferStats::chunks_reduced_in_place).
   uint64_t chunks_in_place() const { return chunks_in_place_; }
 
- private:
+ protected:  // hier_combine_rows.hpp reduces with them
   const RowCounts& counts_;
   const std::byte* x_;
   const float* weights_;

@@ -2,6 +2,8 @@
 // outputs (the steps in normal_mode.hpp), here or on the CommStream (async_finish).
 #include "common/error.hpp"
 #include "integrations/normal/dispatch_call.hpp"
+#include "integrations/normal/hier_dispatch_rows.hpp"
+#include "integrations/normal/hier_notify.hpp"
 #include "integrations/normal/landing_zone.hpp"
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/normal/notify.hpp"
@@ -51,9 +53,24 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   d->on_device = device != nullptr;
   d->routing = in.cached ? TokenRouting::cached(*a.handle, me)
                          : TokenRouting::fresh(view.is_token_in_rank, R, me);
-  DispatchStreams& streams = d->streams.emplace(*d->backend, d->in, a, d->routing,
-                                                shape_for(in.num_experts), me, d->on_device);
-  streams.out = plan_streams(session_, in.format, d->routing.rows_to);
+  // Hierarchical internode (hier_dispatch_rows.hpp): host calls only (the session is per rank
+  // for a Buffer with a device).
+  const bool hier = session_.layout().hierarchical();
+  require(!hier || device == nullptr, kPhase,
+          "ep.internode=hierarchical does not move device tensors yet");
+  HierDispatchStreams* hier_streams = nullptr;
+  if (hier) {
+    auto s = std::make_unique<HierDispatchStreams>(*d->backend, d->in, a, d->routing,
+                                                   shape_for(in.num_experts), session_);
+    s->plan_sends();
+    hier_streams = s.get();
+    d->streams = std::move(s);
+  } else {
+    d->streams = std::make_unique<DispatchStreams>(*d->backend, d->in, a, d->routing,
+                                                   shape_for(in.num_experts), me, d->on_device);
+    d->streams->out = plan_streams(session_, in.format, d->routing.rows_to);
+  }
+  DispatchStreams& streams = *d->streams;
   clock.lap(&PhaseTimes::prepare_ns);
 
   const uint64_t call = d->call =
@@ -61,11 +78,14 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   calls_.await_slots_free(call, kPhase);  // after low-latency calls
   // Before the records, which publish them.
   calls_.step([&] { send_eager(session_, call, streams, stats_, clock, kPhase); });
-  // A device call's recv_x is device memory: it offers no landing region.
-  const bool lands = landing_ && !d->on_device;
+  // A device call's recv_x is device memory: it offers no landing region. Nor does a
+  // hierarchical one: its rows from other nodes come through the forwarders' lanes.
+  const bool lands = landing_ && !d->on_device && !hier;
   if (lands) d->offer = landing_->offer();
-  const auto records =
-      calls_.step([&] { return notify_dispatch(call, in, view, d->routing, d->offer); });
+  const auto records = calls_.step([&] {
+    return notify_dispatch(call, in, view, d->routing, d->offer,
+                           hier_streams != nullptr ? &hier_streams->nodes() : nullptr);
+  });
   const RowCounts counts = RowCounts::from_records(records);
   agree_dispatch(call, in, a, records, counts);
   clock.lap(&PhaseTimes::notify_ns);
@@ -83,9 +103,15 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   for (int s = 0; s < R; ++s)
     first_row[s] = counts.first_from(s, me);
   streams.receive_into(d->out, std::move(first_row));
-  streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
-  plan_in_place(*d, records, counts);
+  if (hier_streams != nullptr) {
+    hier_streams->plan(records);
+  } else {
+    streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
+    plan_in_place(*d, records, counts);
+  }
   finish_handle(d->out, in, a, d->routing, counts, records);
+  if (hier_streams != nullptr && !in.cached)
+    d->out.handle.forward_heads = hier_streams->forward_heads();
   clock.lap(&PhaseTimes::prepare_ns);
   return finish_call(d, a.async_finish, &NormalMode::move_rows, kPhase);
 }
@@ -98,6 +124,10 @@ void NormalMode::move_rows(DispatchCall& d) {
   // The outputs are the caller's, and the slots and staging the next call's, once this returns.
   calls_.step([&] { d.backend->complete(kPhase); });
   stats_.rows_stored_in_place += d.streams->rows_in_place();
+  if (const auto* hier = dynamic_cast<const HierDispatchStreams*>(d.streams.get())) {
+    stats_.rows_to_fabric += hier->rows_to_fabric();
+    stats_.rows_forwarded += hier->rows_forwarded();
+  }
   d.clock.lap(&PhaseTimes::prepare_ns);
   calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call
   d.clock.lap(&PhaseTimes::quiet_ns);
@@ -108,7 +138,8 @@ void NormalMode::move_rows(DispatchCall& d) {
 std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const DispatchInput& in,
                                                       const DispatchArgs& a,
                                                       const TokenRouting& routing,
-                                                      const LandingBlocks::Offer& offer) {
+                                                      const LandingBlocks::Offer& offer,
+                                                      const NodeRouting* nodes) {
   RecordHeader header;
   header.kind = in.cached ? CallKind::cached_dispatch : CallKind::dispatch;
   header.num_tokens = static_cast<uint32_t>(in.tokens);
@@ -119,6 +150,17 @@ std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const Dispa
   header.landing = offer;
   const int local_experts = in.num_experts / session_.ranks();
   const auto* per_expert = in.cached ? nullptr : a.num_tokens_per_expert.as<int32_t>();
+  if (nodes != nullptr)
+    return exchange_records_hierarchical(
+        session_, call, encoder_, relay_encoder_,
+        {.header = header,
+         .rows_to = routing.rows_to,
+         .experts = in.cached
+                        ? std::span<const int32_t>{}
+                        : std::span<const int32_t>(per_expert, static_cast<size_t>(in.num_experts)),
+         .local_experts = local_experts,
+         .fabric_rows = nodes->rows_to},
+        kPhase);
   return exchange_records(
       session_, call, encoder_, header, routing.rows_to,
       [&](int d) {

@@ -12,6 +12,7 @@
 #include "integrations/phase_clock.hpp"
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -33,8 +34,8 @@ struct DispatchCall {
   std::optional<DispatchHandle> handle;
   DispatchInput in;
   TokenRouting routing;
-  std::optional<DispatchStreams> streams;  // points into the members above
-  DispatchResult out;                      // shares its tensors with what the caller got
+  std::unique_ptr<DispatchStreams> streams;  // points into the members above
+  DispatchResult out;                        // shares its tensors with what the caller got
   uint64_t call = 0;
   int64_t num_recv = 0;
   LandingBlocks::Offer offer;        // of this rank's landing region, in its record

@@ -32,7 +32,7 @@ struct TokenRouting {
   void gather_tokens(int me);
 };
 
-class DispatchStreams final : public RowStreams {
+class DispatchStreams : public RowStreams {
  public:
   // `on_device`: the backend's kernels cannot write peers' landing regions (not registered with
   // the device: they are mostly unused address space); rows stored there go through the slot.
@@ -60,7 +60,7 @@ class DispatchStreams final : public RowStreams {
   // This rank's rows to itself, straight into the outputs.
   void local() override;
 
- private:
+ protected:  // hier_dispatch_rows.hpp forwards with them
   const DispatchInput& input_;
   const TokenRouting& routing_;
   RowSource source_;

@@ -33,6 +33,7 @@ namespace proxyep::integrations::normal {
 
 struct DispatchInput;
 struct TokenRouting;
+struct NodeRouting;
 class RowCounts;
 class LandingZone;
 struct DispatchCall;  // dispatch.cpp
@@ -79,9 +80,11 @@ class NormalMode {
  private:
   // ---- dispatch steps (dispatch.cpp) ----
   // `args` as the protocol reads them: a device call's with its host steering copies.
+  // `nodes`: a hierarchical internode call's node routing (hier_notify.hpp), or null.
   std::vector<NotifyRecord> notify_dispatch(uint64_t call, const DispatchInput& input,
                                             const DispatchArgs& args, const TokenRouting& routing,
-                                            const LandingBlocks::Offer& offer);
+                                            const LandingBlocks::Offer& offer,
+                                            const NodeRouting* nodes);
   void agree_dispatch(uint64_t call, const DispatchInput& input, const DispatchArgs& args,
                       const std::vector<NotifyRecord>& records, const RowCounts& counts) const;
   // recv_x at `offset` of the landing region (in a run this rank offered).
@@ -143,6 +146,7 @@ class NormalMode {
   }
 
   RecordEncoder encoder_;
+  RecordEncoder relay_encoder_;  // hierarchical internode: counterparts' records, relayed
   BufferStats stats_;
   mutable std::mutex published_mutex_;
   BufferStats published_;

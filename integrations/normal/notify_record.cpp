@@ -12,8 +12,8 @@ namespace proxyep::integrations::normal {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x524e5850;  // "PXNR" read as little-endian bytes
-constexpr uint16_t kRecordVersion = 2;
-constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 * 8 + 4 + 4;
+constexpr uint16_t kRecordVersion = 3;
+constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 * 8 + 4 + 4 + 4;
 
 std::vector<int32_t> read_counts(ByteReader& r, uint32_t at_most, const char* what, int from,
                                  std::string_view phase) {
@@ -64,11 +64,12 @@ void RecordEncoder::begin(const RecordHeader& h, std::span<const int64_t> rows_t
 }
 
 uint64_t RecordEncoder::write(std::span<std::byte> slot, std::span<const int32_t> experts,
-                              std::string_view phase) const {
+                              std::string_view phase, int32_t fabric_rows) const {
   ByteWriter w(slot, phase);
   w.bytes(common_);
   w.u32(static_cast<uint32_t>(experts.size()));
   w.i32s(experts);
+  w.u32(static_cast<uint32_t>(fabric_rows));
   return w.written();
 }
 
@@ -107,6 +108,9 @@ NotifyRecord decode_record(std::span<const std::byte> payload, int ranks, int fr
           "the record from rank {} counts rows for {} ranks, the group has {}", from,
           rec.rows_to.size(), ranks);
   rec.experts = read_counts(r, ep::kMaxLocalExperts, "experts", from, phase);
+  rec.fabric_rows = static_cast<int32_t>(r.u32("fabric_rows"));
+  require(rec.fabric_rows >= 0, phase, "the record from rank {} announces {} fabric rows", from,
+          rec.fabric_rows);
   return rec;
 }
 

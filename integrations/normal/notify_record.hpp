@@ -8,7 +8,7 @@
 //   u32 hidden_bytes | u32 scale_cols | u32 topk | u32 weights | u32 src_index |
 //   u32 num_experts | u32 expert_alignment | u32 num_worst_tokens |
 //   u64 fitted offset | u64 fitted bytes | u64 largest offset | u64 largest bytes |
-//   u32 ranks R | i32 rows_to[R] | u32 experts n | i32 experts[n]
+//   u32 ranks R | i32 rows_to[R] | u32 experts n | i32 experts[n] | i32 fabric_rows
 // The slot's capacity (record_payload_bytes) is fixed by the group size: R rows and up to
 // kMaxLocalExperts expert counts.
 #pragma once
@@ -43,7 +43,12 @@ struct RecordHeader {
 struct NotifyRecord {
   RecordHeader header;
   std::vector<int32_t> rows_to;  // [R]: rows the sender sends to each rank in this call
-  std::vector<int32_t> experts;  // the receiver's local experts' counts (dispatch), else empty
+  // The receiver's local experts' counts (dispatch), else empty; hierarchical internode, from a
+  // counterpart: those of every rank of the receiver's node, by local rank.
+  std::vector<int32_t> experts;
+  // Hierarchical internode, from a counterpart: the rows it sends the receiver's node (each
+  // token once; ArenaLayout's forwarding); else 0.
+  int32_t fabric_rows = 0;
 };
 
 // The payload bytes a record of a group of `ranks` needs at most.
@@ -55,10 +60,11 @@ uint64_t record_payload_bytes(int ranks);
 class RecordEncoder {
  public:
   void begin(const RecordHeader& header, std::span<const int64_t> rows_to);
-  // Writes the record for a destination whose local experts' counts are `experts` into `slot`;
-  // returns its size. Throws proxyep::Error(phase) when it does not fit.
+  // Writes the record for a destination whose local experts' counts are `experts` (and, a
+  // counterpart's, `fabric_rows`) into `slot`; returns its size. Throws proxyep::Error(phase)
+  // when it does not fit.
   uint64_t write(std::span<std::byte> slot, std::span<const int32_t> experts,
-                 std::string_view phase) const;
+                 std::string_view phase, int32_t fabric_rows = 0) const;
 
  private:
   std::vector<uint8_t> common_;

@@ -89,7 +89,9 @@ std::vector<int> StreamRun::send_order() const {
 bool StreamRun::can_send(int d) const {
   // One chunk at a time per peer: a fabric channel packs every chunk into its next staging slot.
   const ChunkPlan& p = streams_.out[d];
-  return !filling_[d] && sent_[d] < p.chunks && channel(d).can_send(sent_[d], p.shape());
+  return !filling_[d] && sent_[d] < p.chunks &&
+         streams_.rows_ready(d, p.first_row(sent_[d]) + p.rows_in(sent_[d])) &&
+         channel(d).can_send(sent_[d], p.shape());
 }
 
 void StreamRun::send(int d) {
@@ -98,7 +100,8 @@ void StreamRun::send(int d) {
   proxy::PeerChannel& to = channel(d);
   if (to.sends_from_caller())
     if (const std::byte* rows_at = streams_.caller_rows(d, p.first_row(j), rows)) {
-      to.send_chunk_from(j, p.shape(), rows_at, rows * streams_.format.hidden_bytes, phase_);
+      to.send_chunk_from(j, p.shape(), rows_at, rows * streams_.stream_format(d).hidden_bytes,
+                         phase_);
       clock_.lap(&PhaseTimes::post_ns);
       ++sent_[d];
       ++stats_.chunks_sent;
@@ -121,14 +124,14 @@ void StreamRun::send(int d) {
 void StreamRun::post(int d, uint64_t j, uint64_t rows) {
   const ChunkPlan& p = streams_.out[d];
   proxy::PeerChannel& to = channel(d);
+  const ep::RowFormat& format = streams_.stream_format(d);
   if (const int64_t at = streams_.landing_offset(d, p.first_row(j)); at >= 0) {
     // The token bytes lead the chunk (RowAreas::x is 0); the rest starts at the next area.
-    const auto areas = ep::RowAreas::of(rows, streams_.format);
-    to.send_chunk_in_place(j, p.shape(), rows * streams_.format.hidden_bytes,
-                           static_cast<uint64_t>(at), areas.scales, areas.end - areas.scales,
-                           phase_);
+    const auto areas = ep::RowAreas::of(rows, format);
+    to.send_chunk_in_place(j, p.shape(), rows * format.hidden_bytes, static_cast<uint64_t>(at),
+                           areas.scales, areas.end - areas.scales, phase_);
   } else {
-    to.send_chunk(j, p.shape(), area_bytes(rows, streams_.format), phase_);
+    to.send_chunk(j, p.shape(), area_bytes(rows, format), phase_);
   }
   session_.flush_posts();  // a stream that posts leaves it once its packing ran
   clock_.lap(&PhaseTimes::post_ns);
@@ -267,8 +270,8 @@ void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, Buf
         [&, d, slot] {
           clock.lap(&PhaseTimes::pack_ns);
           streams.filled(d, 0, streams.out[d].rows, slot);
-          session.channel(d).send_eager(call, area_bytes(streams.out[d].rows, streams.format),
-                                        phase);
+          session.channel(d).send_eager(
+              call, area_bytes(streams.out[d].rows, streams.stream_format(d)), phase);
           clock.lap(&PhaseTimes::post_ns);
         },
         to.posts_in_stream_order());

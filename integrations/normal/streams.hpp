@@ -58,6 +58,18 @@ class RowStreams {
     (void)destination, (void)first;
     return -1;
   }
+  // The format of the rows in `peer`'s streams (hierarchical internode: the fabric's rows carry
+  // more than the call's).
+  virtual const gpu_side::ep::RowFormat& stream_format(int peer) const {
+    (void)peer;
+    return format;
+  }
+  // Whether rows [0, end) to `destination` can be filled now (a forwarder's rows only once they
+  // arrived from their source).
+  virtual bool rows_ready(int destination, uint64_t end) const {
+    (void)destination, (void)end;
+    return true;
+  }
   // Rows [first, first + rows) to `destination` as the caller's memory already holds them, one
   // run laid out as fill() would write the chunk (a fabric peer's channel may write them from
   // there: PeerChannel::send_chunk_from), or null: they need fill().

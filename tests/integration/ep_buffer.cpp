@@ -6,6 +6,12 @@
 // with a single token, top-k 1..8, hidden 2048..7168, BF16 and FP8, expert alignment, the
 // num_worst_tokens variant, cached dispatch, combine with top-k weights and two biases.
 //
+// With ep.internode=hierarchical (PROXYEP_EP_INTERNODE) on a group across nodes, the rows to other
+// nodes must cross once per (token, node) (BufferStats::rows_to_fabric against the layout's
+// num_tokens_per_rdma_rank, every call) and combine must follow the reference's by_node order
+// bit for bit; every rank's expert output is then its received rows scaled by a rank's own
+// factor, so that the order of the sums shows in the bits.
+//
 // --async: every dispatch and combine is made with async_finish and its event waited for later
 // (after the next call, which finishes it first, for some); then a combine must return before
 // the peers even start theirs (they start after a barrier the caller enters after its call).
@@ -114,8 +120,23 @@ Tensor make_bias(int rank, int which, int64_t tokens, int hidden) {
   return b;
 }
 
+// Rank r's expert output for its received rows x: bf16(x * (1 + (r + 1) / 64) + (r + 1) / 32),
+// so sums over ranks round differently in a different order.
+Tensor expert_output(const Tensor& x, int64_t rows, int r) {
+  Tensor y = Tensor::empty(DType::bf16, x.rows(), x.cols());
+  const float scale = 1.0f + static_cast<float>(r + 1) / 64.0f, shift = (r + 1) / 32.0f;
+  for (int64_t i = 0; i < x.numel(); ++i)
+    y.data<uint16_t>()[i] =
+        i < rows * x.cols()
+            ? ep::float_to_bf16(ep::bf16_to_float(x.data<uint16_t>()[i]) * scale + shift)
+            : 0;
+  return y;
+}
+
 void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   const int R = buffer.group_size(), me = buffer.rank();
+  const bool hierarchical = buffer.stats().internode == "hierarchical";
+  const uint64_t fabric_rows_before = buffer.stats().rows_to_fabric;
   ep::WorkloadOptions w;
   // At least top-k experts in all (a single rank may hold fewer than a case's top-k).
   const int experts = std::max(c.experts_per_rank * R, (c.topk + R - 1) / R * R);
@@ -159,6 +180,19 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   args.async_finish = o.async;
   auto got = buffer.dispatch(args);
   auto want = ep::reference_dispatch(views, w.shape, me, c.alignment);
+  if (hierarchical) {
+    // Each token once per other node that holds one of its experts.
+    got.event.wait();
+    check(layout.num_tokens_per_rdma_rank.defined(), "{}: no num_tokens_per_rdma_rank across nodes",
+          at);
+    uint64_t expected = 0;
+    for (int n = 0; n < w.shape.num_nodes(); ++n)
+      if (n != me / w.shape.ranks_per_node)
+        expected += static_cast<uint64_t>(layout.num_tokens_per_rdma_rank.data<int32_t>()[n]);
+    const uint64_t sent = buffer.stats().rows_to_fabric - fabric_rows_before;
+    check(sent == expected, "{}: {} rows crossed to other nodes; each token once per node is {}",
+          at, sent, expected);
+  }
 
   // num_worst_tokens: same rows first, then -1 indices; no per-expert list.
   DispatchArgs worst = args;
@@ -207,10 +241,17 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
     bf16_views[static_cast<size_t>(r)].x_scales = {};
   for (int r = 0; r < R; ++r)
     dispatched.push_back(ep::reference_dispatch(bf16_views, w.shape, r));
+  std::vector<Tensor> outputs;
   for (int r = 0; r < R; ++r) {
-    expert_out.push_back(dispatched[static_cast<size_t>(r)].recv_x.ref());
+    const ep::ReferenceDispatch& d = dispatched[static_cast<size_t>(r)];
+    outputs.push_back(expert_output(d.recv_x, d.recv_x.rows(), r));
+  }
+  for (int r = 0; r < R; ++r) {
+    expert_out.push_back(outputs[static_cast<size_t>(r)].ref());
     weights_in.push_back(dispatched[static_cast<size_t>(r)].recv_topk_weights.ref());
   }
+  const ep::CombineOrder order =
+      hierarchical ? ep::CombineOrder::by_node : ep::CombineOrder::by_rank;
   DispatchResult bf16_got = got;
   if (c.fp8) {
     DispatchArgs plain = again;
@@ -221,8 +262,9 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
     bf16_got.recv_topk_weights = got.recv_topk_weights;
   }
   Tensor b0 = make_bias(me, 0, tokens, c.hidden), b1 = make_bias(me, 1, tokens, c.hidden);
+  const Tensor y = expert_output(bf16_got.recv_x, recv, me);
   CombineArgs cargs;
-  cargs.x = bf16_got.recv_x;
+  cargs.x = y;
   cargs.handle = &got.handle;
   cargs.topk_weights = got.recv_topk_weights;
   cargs.bias0 = b0;
@@ -230,15 +272,14 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   cargs.async_finish = o.async;
   auto combined = finished(buffer.combine(cargs));
   auto want_c = ep::reference_combine(expert_out, dispatched, weights_in, w.shape, me,
-                                      static_cast<int>(tokens), b0, b1);
+                                      static_cast<int>(tokens), b0, b1, order);
   expect_equal(combined.combined_x, want_c.combined_x, tokens, at + " combined_x");
   expect_equal(combined.combined_topk_weights, want_c.combined_topk_weights, tokens,
                at + " combined_topk_weights");
   // And without weights or biases.
-  auto bare = finished(
-      buffer.combine({.x = bf16_got.recv_x, .handle = &got.handle, .async_finish = o.async}));
-  auto want_bare =
-      ep::reference_combine(expert_out, dispatched, {}, w.shape, me, static_cast<int>(tokens));
+  auto bare = finished(buffer.combine({.x = y, .handle = &got.handle, .async_finish = o.async}));
+  auto want_bare = ep::reference_combine(expert_out, dispatched, {}, w.shape, me,
+                                         static_cast<int>(tokens), {}, {}, order);
   expect_equal(bare.combined_x, want_bare.combined_x, tokens, at + " combined_x (no bias)");
   if (me == 0) fmt::print("ep_buffer: {}: OK ({} rows received on rank 0)\n", c.name, recv);
 }
@@ -397,6 +438,16 @@ void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, i
   // (tcp registers the region: ep.landing_fabric auto).
   const int64_t landing = params::ep_landing_bytes.get();
   const bool fabric_landing = params::ep_landing_fabric.get() != "off";
+  if (s.internode == "hierarchical") {
+    // Rows from other nodes come through the forwarders' lanes, never straight into recv_x or
+    // from x; with node peers, this rank forwarded some.
+    check(s.rows_stored_in_place == 0 && s.chunks_sent_from_caller == 0,
+          "hierarchical: rows stored in place or sent from x: {}", seen);
+    check(s.rows_to_fabric > 0 && (node_peers == 0 || s.rows_forwarded > 0),
+          "hierarchical: {} rows to other nodes, {} forwarded: {}", s.rows_to_fabric,
+          s.rows_forwarded, seen);
+    return;
+  }
   if (landing == 0 || ranks == 1 || (node_peers == 0 && !fabric_landing))
     check(s.rows_stored_in_place == 0, "rows stored in place without a landing region: {}", seen);
   else if (landing >= int64_t{1} << 30)

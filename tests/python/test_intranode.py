@@ -54,7 +54,7 @@ def test_layout_matches_torch(buffer):
     assert torch.equal(per_expert, ref_expert)
     assert torch.equal(in_rank, ref_in_rank)
     assert in_rank.dtype == torch.bool
-    assert per_rdma_rank is None  # at most 8 ranks, as DeepEP
+    assert per_rdma_rank is None  # one node (LOCAL_WORLD_SIZE), as DeepEP within NVLink
     assert event.event is None
 
 

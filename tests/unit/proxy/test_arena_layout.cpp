@@ -169,3 +169,120 @@ TEST_CASE("memory that cannot give every stream one slot is refused") {
   bad.record_bytes = 100;  // not a multiple of the slot alignment
   CHECK_THROWS_AS(ArenaLayout(0, bad), Error);
 }
+
+namespace {
+
+SessionSizes hierarchical(int ranks, int per_node, uint64_t data = 8 << 20,
+                          uint64_t staging = 4 << 20) {
+  SessionSizes s = sizes(ranks, per_node, data, staging);
+  s.internode = proxy::Internode::hierarchical;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("hierarchical: only on equal nodes across nodes, and only when asked for") {
+  CHECK(hierarchical(4, 2).hierarchical());
+  CHECK(hierarchical(6, 2).hierarchical());
+  CHECK_FALSE(hierarchical(4, 4).hierarchical());  // one node
+  CHECK_FALSE(hierarchical(3, 2).hierarchical());  // a smaller last node: per rank
+  CHECK_FALSE(sizes(4, 2, 8 << 20, 4 << 20).hierarchical());
+  // A rank's fabric peers are its counterparts: rank 1 of 2 x 4 writes rank 5 only.
+  ArenaLayout l(1, hierarchical(8, 4));
+  for (int peer = 0; peer < 8; ++peer) {
+    CAPTURE(peer);
+    CHECK(l.fabric_peer(peer) == (peer == 5));
+  }
+  CHECK(l.counterpart(1) == 5);
+  CHECK(l.counterpart(0) == 1);
+  ArenaLayout per_rank(1, sizes(8, 4, 8 << 20, 4 << 20));
+  for (int peer = 0; peer < 8; ++peer)
+    CHECK(per_rank.fabric_peer(peer) == (peer >= 4));
+}
+
+// Everything that writes rank p's arena under a source key (a data share and its published
+// word) or a receiver key (a consumed word), hierarchical: direct node peers under their own
+// rank, counterparts over the fabric (shares only: fabric streams signal with immediates), and
+// the relay lanes of p's node peers under lane keys. No key may serve two writers, and every
+// share but p's own is used.
+TEST_CASE("hierarchical: relay-lane keys fill the arena's keys exactly once, and name the source") {
+  const std::vector<std::pair<int, int>> shapes = {{2, 2}, {2, 4}, {3, 2}, {4, 2}, {4, 8}, {3, 1}};
+  for (const auto& shape : shapes) {
+    const int nodes = shape.first, per_node = shape.second;
+    const int R = nodes * per_node;
+    const SessionSizes s = hierarchical(R, per_node);
+    for (int p = 0; p < R; ++p) {
+      CAPTURE(nodes);
+      CAPTURE(per_node);
+      CAPTURE(p);
+      const ArenaLayout owner(p, s);
+      std::vector<std::string> share(static_cast<size_t>(R)), consumed(static_cast<size_t>(R));
+      auto use = [&](std::vector<std::string>& keys, int key, const std::string& who) {
+        REQUIRE(key >= 0);
+        REQUIRE(key < R);
+        INFO("key " << key << " used by " << who << " and " << keys[static_cast<size_t>(key)]);
+        CHECK(key != p);
+        CHECK(keys[static_cast<size_t>(key)].empty());
+        keys[static_cast<size_t>(key)] = who;
+      };
+      for (int q = 0; q < R; ++q) {
+        if (q == p) continue;
+        if (owner.on_node(q)) {
+          use(share, q, "node peer " + std::to_string(q));
+          use(consumed, q, "node peer " + std::to_string(q));
+          const ArenaLayout sender(q, s);
+          for (int n = 0; n < nodes; ++n) {
+            if (n == owner.node()) continue;
+            const std::string who =
+                "lane of " + std::to_string(q) + " for node " + std::to_string(n);
+            use(share, sender.lane_key(q, n), who);
+            use(consumed, sender.lane_key(q, n), who);
+            CHECK_FALSE(owner.fabric_peer(sender.lane_key(q, n)));
+          }
+        } else if (owner.fabric_peer(q)) {
+          use(share, q, "counterpart " + std::to_string(q));
+        }
+      }
+      for (int key = 0; key < R; ++key)
+        CHECK(share[static_cast<size_t>(key)].empty() == (key == p));
+      // The rows of any source s on another node reach p through s's counterpart here, under
+      // the key s: at p the lane is "the stream from s".
+      for (int source = 0; source < R; ++source) {
+        if (owner.on_node(source)) continue;
+        const int forwarder = owner.forwarder_of(source);
+        CHECK(owner.on_node(forwarder));
+        CHECK(ArenaLayout(forwarder, s).fabric_peer(source));
+        CHECK(owner.lane_key(forwarder, source / per_node) == source);
+      }
+    }
+  }
+}
+
+TEST_CASE("hierarchical: staging holds one share per counterpart, so chunks may be larger") {
+  // 2 nodes x 4: per rank, 4 fabric peers share the staging; hierarchical, one.
+  const uint64_t data = 64 << 20, staging = 4 << 20;
+  SessionSizes per_rank = sizes(8, 4, data, staging), hier = hierarchical(8, 4, data, staging);
+  per_rank.chunk_bytes = hier.chunk_bytes = 8 << 20;
+  CHECK(ArenaLayout(0, per_rank).remote_slots().slot_bytes == uint64_t{1} << 20);
+  CHECK(ArenaLayout(0, hier).remote_slots().slot_bytes == uint64_t{4} << 20);
+  for (const auto& shape : std::vector<std::pair<int, int>>{{2, 2}, {3, 2}, {4, 2}}) {
+    const int nodes = shape.first, per_node = shape.second;
+    const int R = nodes * per_node;
+    for (int rank = 0; rank < R; ++rank) {
+      CAPTURE(R);
+      CAPTURE(rank);
+      ArenaLayout l(rank, hierarchical(R, per_node, data, 3 << 20));
+      std::vector<Place> places;
+      for (int d = 0; d < R; ++d) {
+        if (!l.fabric_peer(d)) continue;
+        for (uint32_t slot = 0; slot < l.stage_window(); ++slot)
+          places.push_back({l.staging_slot(d, slot),
+                            l.staging_slot(d, slot) + l.remote_slots().slot_bytes,
+                            "staging slot of " + std::to_string(d)});
+      }
+      CHECK(places.size() == static_cast<size_t>((nodes - 1) * l.stage_window()));
+      check_disjoint(places, l.staging_bytes());
+      CHECK(places.front().begin >= l.staging_data_base());
+    }
+  }
+}

@@ -37,6 +37,9 @@ struct Scenario {
   // Writes to other nodes handed to the proxies by a simulated device's stream
   // (Session::route_posts): rank 0's runs nothing until waited for, the others' are slow.
   bool device_stream = false;
+  // Hierarchical internode: counterparts over the fabric, every other rank of another node
+  // through a relay lane (arena_layout.hpp).
+  bool hierarchical = false;
 };
 
 // Byte `i` of what `from` sends `to` in `call` (kind tells records, eager bytes and chunks apart).
@@ -44,6 +47,15 @@ std::byte pattern(uint64_t call, int from, int to, uint64_t kind, uint64_t i) {
   return static_cast<std::byte>((call * 131 + static_cast<uint64_t>(from) * 31 +
                                  static_cast<uint64_t>(to) * 7 + kind * 17 + i * 13) &
                                 0xff);
+}
+
+// Whom this rank stands for on its channel to `peer`: itself, or on a relay lane the counterpart
+// whose key it writes under. Patterns are by keys, so a lane's bytes check as the stream from
+// and to the ranks it stands for, and a lane that wrote under a wrong key fails by content.
+int key_of(const Session& s, int peer) {
+  const proxy::ArenaLayout& l = s.layout();
+  if (l.on_node(peer) || l.fabric_peer(peer)) return s.rank();
+  return l.counterpart(peer / s.ranks_per_node());
 }
 
 void fill(std::byte* out, uint64_t bytes, uint64_t call, int from, int to, uint64_t kind) {
@@ -90,12 +102,12 @@ void exchange_records(Session& s, uint64_t call, bool eager) {
   for (int d = 0; d < R; ++d) {
     if (!eager || d == me) continue;
     PeerChannel& to = s.channel(d);
-    fill(to.eager_buffer(call), 4096, call, me, d, 1);
+    fill(to.eager_buffer(call), 4096, call, key_of(s, d), d, 1);
     to.send_eager(call, 4096, "test");
   }
   for (int d = 0; d < R; ++d) {
     PeerChannel& to = s.channel(d);
-    fill(to.record_buffer(call).data(), kRecordBytes, call, me, d, 0);
+    fill(to.record_buffer(call).data(), kRecordBytes, call, key_of(s, d), d, 0);
     to.send_record(call, kRecordBytes, "test");
   }
   for (int r = 0; r < R; ++r)
@@ -103,14 +115,14 @@ void exchange_records(Session& s, uint64_t call, bool eager) {
   await_all(
       s, [&](int r) { return s.channel(r).record_arrived(call); }, "records");
   for (int r = 0; r < R; ++r)
-    verify(s.channel(r).record(call).data(), kRecordBytes, call, r, me, 0, "record");
+    verify(s.channel(r).record(call).data(), kRecordBytes, call, r, key_of(s, r), 0, "record");
   if (!eager) return;
   for (int r = 0; r < R; ++r)
     if (r != me) s.channel(r).expect_eager(call, "test");
   await_all(
       s, [&](int r) { return r == me || s.channel(r).eager_arrived(call); }, "eager bytes");
   for (int r = 0; r < R; ++r)
-    if (r != me) verify(s.channel(r).eager(call), 4096, call, r, me, 1, "eager bytes");
+    if (r != me) verify(s.channel(r).eager(call), 4096, call, r, key_of(s, r), 1, "eager bytes");
 }
 
 // Every pair streams kChunks chunks; every chunk is checked as it is consumed.
@@ -133,7 +145,7 @@ void exchange_streams(Session& s, uint64_t call) {
         PeerChannel& to = s.channel(d);
         const auto shape = shape_of(to);
         const uint64_t j = sent[d]++, bytes = chunk_bytes(shape, j);
-        fill(to.send_buffer(j, shape), bytes, call, me, d, 2 + j);
+        fill(to.send_buffer(j, shape), bytes, call, key_of(s, d), d, 2 + j);
         to.send_chunk(j, shape, bytes, "test");
         progressed = true;
       }
@@ -143,7 +155,7 @@ void exchange_streams(Session& s, uint64_t call) {
       const auto shape = shape_of(from);
       const uint64_t upto = landed(r);
       for (uint64_t j = taken[r]; j < upto; ++j)
-        verify(from.chunk(j, shape), chunk_bytes(shape, j), call, r, me, 2 + j, "chunk");
+        verify(from.chunk(j, shape), chunk_bytes(shape, j), call, r, key_of(s, r), 2 + j, "chunk");
       taken[r] = upto;
       from.consumed(upto, kChunks, shape, "test");
       progressed = true;
@@ -178,7 +190,8 @@ void run_rank(const Scenario& sc, control::Bootstrap::Options options) {
       .data_bytes = 64 << 10,
       .staging_bytes =
           16 << 10,  // fewer staging slots than the window: reuse waits for local completion
-      .chunk_bytes = 4096};
+      .chunk_bytes = 4096,
+      .internode = sc.hierarchical ? proxy::Internode::hierarchical : proxy::Internode::per_rank};
   config.timeout = std::chrono::milliseconds(15000);
   config.fabric = fabric::testing::options_for(sc.provider, boot->rank(), 1, sc.reorder, 11);
   proxy::EngineOptions engine;
@@ -194,6 +207,19 @@ void run_rank(const Scenario& sc, control::Bootstrap::Options options) {
   }
   auto session = Session::open(*boot, config);
   const bool spans_nodes = sc.per_node < sc.ranks;
+  int fabric = 0, relay = 0;
+  for (int r = 0; r < sc.ranks; ++r) {
+    fabric += session->channel(r).path() == proxy::PeerPath::fabric;
+    relay += session->channel(r).path() == proxy::PeerPath::relay;
+  }
+  // Hierarchical: one fabric peer per other node; per rank: every rank of another node.
+  const int others = sc.ranks - proxy::node_size(boot->rank(), sc.ranks, sc.per_node);
+  const bool hierarchical = sc.hierarchical && sc.ranks % sc.per_node == 0;
+  REQUIRE(session->layout().hierarchical() == hierarchical);
+  const int fabric_peers = hierarchical ? sc.ranks / sc.per_node - 1 : others;
+  require(fabric == fabric_peers && relay == others - fabric_peers, "test",
+          "rank {}: {} fabric channels and {} relay lanes, expected {} and {}", boot->rank(),
+          fabric, relay, fabric_peers, others - fabric_peers);
   for (uint64_t call = 0; call < kCalls; ++call) {
     session->begin_call(call, nullptr);
     if (device) REQUIRE(session->route_posts(device, "test") == spans_nodes);
@@ -245,7 +271,7 @@ void receive_lagging(Session& s, uint64_t call) {
   await_all(
       s, [&](int r) { return s.channel(r).eager_arrived(call); }, "eager bytes");
   for (int r = 0; r < R; ++r) {
-    verify(s.channel(r).record(call).data(), kRecordBytes, call, r, me, 0, "record");
+    verify(s.channel(r).record(call).data(), kRecordBytes, call, r, key_of(s, r), 0, "record");
     verify(s.channel(r).eager(call), 4096, call, r, me, 1, "eager bytes");
     s.channel(r).release(call, "test");
   }
@@ -254,13 +280,15 @@ void receive_lagging(Session& s, uint64_t call) {
 void run_lagging_rank(const Scenario& sc, int slow, control::Bootstrap::Options options) {
   auto boot = control::Bootstrap::connect(options);
   proxy::SessionConfig config;
-  config.sizes = {.ranks = sc.ranks,
-                  .ranks_per_node = sc.per_node,
-                  .record_bytes = 128,
-                  .eager_bytes = 4096,
-                  .data_bytes = 0,  // no streams: records and eager bytes only
-                  .staging_bytes = 0,
-                  .chunk_bytes = 4096};
+  config.sizes = {
+      .ranks = sc.ranks,
+      .ranks_per_node = sc.per_node,
+      .record_bytes = 128,
+      .eager_bytes = 4096,
+      .data_bytes = 0,  // no streams: records and eager bytes only
+      .staging_bytes = 0,
+      .chunk_bytes = 4096,
+      .internode = sc.hierarchical ? proxy::Internode::hierarchical : proxy::Internode::per_rank};
   config.timeout = std::chrono::milliseconds(15000);
   config.fabric = fabric::testing::options_for(sc.provider, boot->rank(), 1, sc.reorder, 12);
   proxy::EngineOptions engine;
@@ -281,9 +309,9 @@ void run_lagging_rank(const Scenario& sc, int slow, control::Bootstrap::Options 
     }
     for (int d = 0; d < R; ++d) {
       PeerChannel& to = s.channel(d);
-      fill(to.eager_buffer(call), 4096, call, me, d, 1);
+      fill(to.eager_buffer(call), 4096, call, key_of(s, d), d, 1);
       to.send_eager(call, 4096, "test");
-      fill(to.record_buffer(call).data(), kRecordBytes, call, me, d, 0);
+      fill(to.record_buffer(call).data(), kRecordBytes, call, key_of(s, d), d, 0);
       to.send_record(call, kRecordBytes, "test");
     }
     if (call == 0) continue;
@@ -333,6 +361,19 @@ TEST_CASE("both kinds at once: 3 ranks as nodes of 2 and 1") {
   run_scenario({"3 ranks, 2 per node, tcp", 3, 2, "tcp", true});
 }
 
+TEST_CASE("hierarchical: counterparts over the fabric, relay lanes under their keys (reorder)") {
+  Scenario two_by_two{"2 nodes x 2, tcp", 4, 2, "tcp", true};
+  two_by_two.hierarchical = true;
+  run_scenario(two_by_two);
+  Scenario three_by_two{"3 nodes x 2, tcp", 6, 2, "tcp", true};
+  three_by_two.hierarchical = true;
+  run_scenario(three_by_two);
+  // A smaller last node: per rank, whatever was asked for.
+  Scenario uneven{"3 ranks, 2 per node, tcp", 3, 2, "tcp", true};
+  uneven.hierarchical = true;
+  run_scenario(uneven);
+}
+
 TEST_CASE("fabric channels whose writes a device's stream hands to the proxies") {
   run_scenario({"2 ranks as 2 nodes, tcp", 2, 1, "tcp", true, true});
   run_scenario({"3 ranks, 2 per node, tcp", 3, 2, "tcp", true, true});
@@ -358,5 +399,30 @@ TEST_CASE("sizes that differ between ranks are refused on every rank, naming the
   for (const auto& o : outcomes) {
     CHECK_FALSE(o.ok);
     CHECK(o.error.find("every rank must pass the same") != std::string::npos);
+  }
+}
+
+TEST_CASE("an ep.internode that differs between ranks is refused on every rank, naming it") {
+  std::vector<control::testing::RankBody> bodies;
+  for (int r = 0; r < 4; ++r)
+    bodies.push_back([r](control::Bootstrap::Options options) {
+      auto boot = control::Bootstrap::connect(options);
+      proxy::SessionConfig config;
+      config.sizes = {
+          .ranks = 4,
+          .ranks_per_node = 2,
+          .record_bytes = 128,
+          .eager_bytes = 0,
+          .data_bytes = 64 << 10,
+          .staging_bytes = 16 << 10,
+          .chunk_bytes = 4096,
+          .internode = r == 3 ? proxy::Internode::per_rank : proxy::Internode::hierarchical};
+      config.fabric = fabric::testing::options_for("tcp", boot->rank(), 1, false, 11);
+      (void)Session::open(*boot, config);
+    });
+  auto outcomes = control::testing::run_bodies(bodies, 4, std::chrono::milliseconds(10000));
+  for (const auto& o : outcomes) {
+    CHECK_FALSE(o.ok);
+    CHECK(o.error.find("ep.internode") != std::string::npos);
   }
 }

@@ -437,3 +437,69 @@ TEST_CASE("host reduce: blocks in scattered chunks reduce like contiguous ones")
     combine_token(in, t, HostLanes{});
   CHECK(via_rule.x == expected_rule.x);
 }
+
+TEST_CASE("host reduce: biases first (hierarchical's last step) gives combine_token's bits") {
+  // (bias0 + bias1) + row_r0 + row_r1 + ..., a missing bias +0. NaNs left out: which of two NaN
+  // biases the pair returns is the compiler's choice (host_reduce.hpp), and the nodes' partial
+  // sums it adds are the output of an earlier reduce anyway.
+  uint64_t seed = 9000;
+  int64_t differs_from_biases_last = 0;
+  for (int64_t hidden : {8, 200, 7168}) {
+    for (int ranks = 1; ranks <= 4; ++ranks) {
+      for (int bias = 0; bias < 4; ++bias) {
+        Case c;
+        c.ranks = ranks;
+        c.hidden = hidden;
+        c.tokens = hidden >= 7168 ? 5 : 24;
+        c.bias0 = (bias & 1) != 0;
+        c.bias1 = (bias & 2) != 0;
+        c.topk = ranks % 3;
+        c.seed = seed++;
+        CAPTURE(ranks);
+        CAPTURE(hidden);
+        CAPTURE(bias);
+        World w(c);
+        auto no_nan = [](std::vector<uint16_t>& v) {
+          for (auto& x : v)
+            if (is_nan_bf16(x)) x = float_to_bf16(1.0f);
+        };
+        for (auto& r : w.rows)
+          no_nan(r);
+        no_nan(w.bias0);
+        no_nan(w.bias1);
+        Result last(c), expected(c), got(c);
+        CombineInput in = w.input(last.x.data(), last.weights.data());
+        for (int64_t t = 0; t < c.tokens; ++t)
+          combine_token(in, t, HostLanes{});
+        in.bias_first = true;
+        in.out = expected.x.data();
+        in.out_weights = expected.weights.data();
+        for (int64_t t = 0; t < c.tokens; ++t)
+          combine_token(in, t, HostLanes{});
+        in.out = got.x.data();
+        in.out_weights = got.weights.data();
+        reduce_tokens_host(in, 0, c.tokens / 2);
+        reduce_tokens_host(in, c.tokens / 2, c.tokens);
+        REQUIRE(got.x == expected.x);
+        REQUIRE(std::memcmp(got.weights.data(), expected.weights.data(),
+                            got.weights.size() * sizeof(float)) == 0);
+        // And the rule itself, element by element: the biases' sum first.
+        for (int64_t t = 0; t < c.tokens; ++t)
+          for (int64_t j = 0; j < hidden; ++j) {
+            const auto at = static_cast<size_t>(t * hidden + j);
+            float acc = (c.bias0 ? bf16_to_float(w.bias0[at]) : 0.0f) +
+                        (c.bias1 ? bf16_to_float(w.bias1[at]) : 0.0f);
+            for (int r = 0; r < ranks; ++r) {
+              const int32_t pos = w.send_head[static_cast<size_t>(t * ranks + r)];
+              if (pos >= 0)
+                acc += bf16_to_float(
+                    w.rows[static_cast<size_t>(r)][static_cast<size_t>(pos * hidden + j)]);
+            }
+            REQUIRE(got.x[at] == float_to_bf16(acc));
+            differs_from_biases_last += got.x[at] != last.x[at] ? 1 : 0;
+          }
+      }
+    }
+  }
+  CHECK(differs_from_biases_last > 20);  // the order matters, and is tested
+}

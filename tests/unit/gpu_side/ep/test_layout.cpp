@@ -80,7 +80,7 @@ void check_against_brute_force(const EpShape& shape, int64_t tokens, int topk, u
   for (int64_t i = 0; i < layout.is_token_in_rank.numel(); ++i)
     same = same && layout.is_token_in_rank.data<bool>()[i] == expected.in_rank[i];
   CHECK(same);
-  if (shape.num_ranks <= 8) {
+  if (shape.num_ranks <= shape.ranks_per_node) {
     CHECK_FALSE(layout.num_tokens_per_rdma_rank.defined());
   } else {
     REQUIRE(layout.num_tokens_per_rdma_rank.defined());
@@ -108,7 +108,7 @@ TEST_CASE("layout: matches a brute-force recount, with and without an executor")
   }
 }
 
-TEST_CASE("layout: one NVLink domain has no per-node counts, a larger job does") {
+TEST_CASE("layout: one node has no per-node counts, a group across nodes has them") {
   Tensor idx = Tensor::empty(DType::i64, 2, 2);
   int64_t rows[] = {0, 63, -1, 5};
   std::copy(rows, rows + 4, idx.data<int64_t>());
@@ -122,6 +122,13 @@ TEST_CASE("layout: one NVLink domain has no per-node counts, a larger job does")
   CHECK(to_vector(sixteen.num_tokens_per_rdma_rank) == std::vector<int>{2, 0, 0, 1});
   CHECK(sixteen.num_tokens_per_expert.data<int32_t>()[5] == 1);
   CHECK(sixteen.num_tokens_per_expert.data<int32_t>()[63] == 1);
+
+  // ProxyEP's node is ranks_per_node, not DeepEP's fixed 8: 16 ranks on one node have no
+  // per-node counts, 2 nodes of 2 have them.
+  CHECK_FALSE(compute_dispatch_layout(idx, EpShape{16, 16, 64}).num_tokens_per_rdma_rank.defined());
+  DispatchLayout four = compute_dispatch_layout(idx, EpShape{4, 2, 64});
+  REQUIRE(four.num_tokens_per_rdma_rank.defined());
+  CHECK(to_vector(four.num_tokens_per_rdma_rank) == std::vector<int>{2, 1});
 }
 
 TEST_CASE("layout: a token naming two experts of one rank counts once for the rank") {

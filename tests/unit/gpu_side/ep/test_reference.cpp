@@ -287,6 +287,91 @@ TEST_CASE("reference: combining the dispatched rows gives count * x and the orig
   }
 }
 
+TEST_CASE("reference: by_node rounds each node's partial to bf16, then sums nodes ascending") {
+  // 4 ranks, 2 per node; rank 0's token 0 reached every rank. Rank r returns the value v[r] in
+  // every column and the weight w[r].
+  const EpShape shape{4, 2, 4};
+  const float v[4] = {1.0f, 0x1p-8f, 0x1p-8f, 0.0f};
+  const float w[4] = {1.0f, 0.0f, 0x1p-24f, 0x1p-24f};
+  std::vector<ReferenceDispatch> dispatched(4);
+  std::vector<Tensor> rows, weights;
+  for (int r = 0; r < 4; ++r) {
+    dispatched[r].recv_from = {1, 0, 0, 0};
+    dispatched[r].recv_src_idx = Tensor::zeros(DType::i32, 1);
+    rows.push_back(Tensor::empty(DType::bf16, 1, 8));
+    for (int c = 0; c < 8; ++c)
+      rows.back().data<uint16_t>()[c] = float_to_bf16(v[r]);
+    weights.push_back(Tensor::empty(DType::f32, 1, 1));
+    weights.back().data<float>()[0] = w[r];
+  }
+  std::vector<TensorRef> expert_out(rows.begin(), rows.end());
+  std::vector<TensorRef> weights_in(weights.begin(), weights.end());
+  Tensor bias = Tensor::empty(DType::bf16, 1, 8);
+  for (int c = 0; c < 8; ++c)
+    bias.data<uint16_t>()[c] = float_to_bf16(c % 2 == 0 ? 0.0f : -1.0f);
+
+  const ReferenceCombine by_rank = reference_combine(expert_out, dispatched, weights_in, shape, 0,
+                                                     1, {}, {}, CombineOrder::by_rank);
+  const ReferenceCombine by_node = reference_combine(expert_out, dispatched, weights_in, shape, 0,
+                                                     1, bias, {}, CombineOrder::by_node);
+  // by_rank: 1 + 2^-8 + 2^-8 + 0 = 1 + 2^-7, a bf16 value. by_node: node 0's partial
+  // bf16(1 + 2^-8) is a tie that rounds to even (1.0), node 1's is 2^-8, and bf16(1 + 2^-8) = 1
+  // again; the bias (0 or -1) is in the float32 sum before the last rounding, so the odd columns
+  // keep 2^-8.
+  for (int c = 0; c < 8; ++c) {
+    CHECK(bf16_to_float(by_rank.combined_x.data<uint16_t>()[c]) == 1.0f + 0x1p-7f);
+    CHECK(bf16_to_float(by_node.combined_x.data<uint16_t>()[c]) == (c % 2 == 0 ? 1.0f : 0x1p-8f));
+  }
+  // Weights stay float32 but associate by node: ((1 + 0) + 2^-24) + 2^-24 rounds to 1, while
+  // (1 + 0) + (2^-24 + 2^-24) = 1 + 2^-23.
+  CHECK(by_rank.combined_topk_weights.data<float>()[0] == 1.0f);
+  CHECK(by_node.combined_topk_weights.data<float>()[0] == 1.0f + 0x1p-23f);
+
+  // The biases come first, as DeepEP's final receiver adds them: (2^-24 + 2^-24) + 1 + 2^-8 is
+  // past the tie and rounds up to 1 + 2^-7, where adding them last would give 1.
+  Tensor tiny = Tensor::empty(DType::bf16, 1, 8);
+  for (int c = 0; c < 8; ++c)
+    tiny.data<uint16_t>()[c] = float_to_bf16(0x1p-24f);
+  const ReferenceCombine biased = reference_combine(expert_out, dispatched, weights_in, shape, 0, 1,
+                                                    tiny, tiny, CombineOrder::by_node);
+  CHECK(bf16_to_float(biased.combined_x.data<uint16_t>()[0]) == 1.0f + 0x1p-7f);
+
+  // A node that received nothing adds nothing (not a rounded zero): only node 1 has the token.
+  for (int r = 0; r < 2; ++r) {
+    dispatched[r].recv_from = {0, 0, 0, 0};
+    dispatched[r].recv_src_idx = Tensor::zeros(DType::i32, 0);
+    rows[r] = Tensor::empty(DType::bf16, 0, 8);
+    weights[r] = Tensor::empty(DType::f32, 0, 1);
+    expert_out[r] = rows[r];
+    weights_in[r] = weights[r];
+  }
+  const ReferenceCombine remote = reference_combine(expert_out, dispatched, weights_in, shape, 0, 1,
+                                                    {}, {}, CombineOrder::by_node);
+  CHECK(bf16_to_float(remote.combined_x.data<uint16_t>()[0]) == 0x1p-8f);
+  CHECK(remote.combined_topk_weights.data<float>()[0] == 0x1p-23f);
+}
+
+TEST_CASE("reference: by_node on one node is by_rank, bit for bit") {
+  World w = make_world(false);
+  EpShape one_node = w.options.shape;
+  one_node.ranks_per_node = one_node.num_ranks;
+  std::vector<ReferenceDispatch> dispatched;
+  std::vector<TensorRef> expert_out, weights;
+  for (int r = 0; r < one_node.num_ranks; ++r)
+    dispatched.push_back(reference_dispatch(w.views, one_node, r));
+  for (const ReferenceDispatch& d : dispatched) {
+    expert_out.push_back(d.recv_x);
+    weights.push_back(d.recv_topk_weights);
+  }
+  const int n = w.options.tokens_of(1);
+  const ReferenceCombine a = reference_combine(expert_out, dispatched, weights, one_node, 1, n);
+  const ReferenceCombine b = reference_combine(expert_out, dispatched, weights, one_node, 1, n, {},
+                                               {}, CombineOrder::by_node);
+  CHECK(std::memcmp(a.combined_x.raw(), b.combined_x.raw(), a.combined_x.bytes()) == 0);
+  CHECK(std::memcmp(a.combined_topk_weights.raw(), b.combined_topk_weights.raw(),
+                    a.combined_topk_weights.bytes()) == 0);
+}
+
 TEST_CASE("reference: malformed inputs are rejected") {
   World w = make_world(false);
   const EpShape& shape = w.options.shape;

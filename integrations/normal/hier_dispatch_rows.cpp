@@ -1,0 +1,237 @@
+// A hierarchical internode dispatch's streams (hier_dispatch_rows.hpp).
+#include "integrations/normal/hier_dispatch_rows.hpp"
+
+#include "common/error.hpp"
+#include "integrations/normal/chunk_plan.hpp"
+
+#include <cstring>
+#include <span>
+
+namespace ep = proxyep::gpu_side::ep;
+
+namespace proxyep::integrations::normal {
+
+namespace {
+
+constexpr const char* kPhase = "dispatch";
+
+}  // namespace
+
+NodeRouting NodeRouting::of(const TokenRouting& routing, const proxy::ArenaLayout& layout) {
+  const int R = static_cast<int>(routing.in_rank.cols()), rpn = layout.sizes().ranks_per_node;
+  const int nodes = layout.nodes();
+  const int64_t tokens = routing.in_rank.rows();
+  const bool* in_rank = routing.in_rank.data<bool>();
+  NodeRouting n;
+  n.tokens_to.resize(static_cast<size_t>(nodes));
+  n.rows_to.assign(static_cast<size_t>(nodes), 0);
+  for (int node = 0; node < nodes; ++node) {
+    if (node == layout.node()) continue;
+    std::vector<int32_t>& to = n.tokens_to[static_cast<size_t>(node)];
+    for (int64_t t = 0; t < tokens; ++t) {
+      const bool* row = in_rank + t * R + node * rpn;
+      for (int k = 0; k < rpn; ++k)
+        if (row[k]) {
+          to.push_back(static_cast<int32_t>(t));
+          break;
+        }
+    }
+    n.rows_to[static_cast<size_t>(node)] = static_cast<int64_t>(to.size());
+  }
+  return n;
+}
+
+HierDispatchStreams::HierDispatchStreams(RowBackend& backend, const DispatchInput& input,
+                                         const DispatchArgs& args, const TokenRouting& routing,
+                                         const ep::EpShape& shape, const proxy::Session& session)
+    : DispatchStreams(backend, input, args, routing, shape, session.rank(), false),
+      layout_(session.layout()),
+      session_(session),
+      fabric_format_(input.format),
+      nodes_(NodeRouting::of(routing, session.layout())),
+      arrived_(static_cast<size_t>(session.ranks())),
+      lane_rows_(static_cast<size_t>(session.ranks())) {
+  fabric_format_.heads = static_cast<uint32_t>(session.ranks_per_node());
+}
+
+int HierDispatchStreams::lane_source(int x) const {
+  return layout_.counterpart(x / layout_.sizes().ranks_per_node);
+}
+
+void HierDispatchStreams::plan_sends() {
+  const int rpn = layout_.sizes().ranks_per_node;
+  for (int r = 0; r < session_.ranks(); ++r) {
+    if (r == me_) continue;
+    const proxy::SlotGeometry slots = session_.channel(r).slots();
+    if (layout_.on_node(r))
+      out[r] = plan_stream(static_cast<uint64_t>(routing_.rows_to[r]), format, slots,
+                           layout_.sizes().eager_limit);
+    else if (counterpart(r))
+      out[r] = plan_stream(static_cast<uint64_t>(nodes_.rows_to[static_cast<size_t>(r / rpn)]),
+                           fabric_format_, slots, 0);
+  }
+}
+
+void HierDispatchStreams::plan(const std::vector<NotifyRecord>& records) {
+  const int R = session_.ranks(), rpn = layout_.sizes().ranks_per_node;
+  const uint64_t eager = layout_.sizes().eager_limit;
+  for (int r = 0; r < R; ++r) {
+    if (r == me_) continue;
+    const proxy::SlotGeometry slots = session_.channel(r).slots();
+    const NotifyRecord& from = records[static_cast<size_t>(r)];
+    if (layout_.on_node(r)) {
+      in[r] = plan_stream(static_cast<uint64_t>(from.rows_to[me_]), format, slots, eager);
+    } else if (counterpart(r)) {
+      in[r] = plan_stream(static_cast<uint64_t>(from.fabric_rows), fabric_format_, slots, 0);
+      Arrived& a = arrived_[static_cast<size_t>(r)];
+      a.rows = from.fabric_rows;
+      a.own_expected = from.rows_to[me_];
+      a.areas = ep::RowAreas::of(static_cast<uint64_t>(a.rows), fabric_format_);
+      a.area =
+          backend.allocate(DType::u8, static_cast<int64_t>(std::max<uint64_t>(1, a.areas.end)));
+      a.heads = ep::Tensor::empty(DType::i32, a.rows, rpn);
+      std::byte* base = a.area.raw();
+      a.source = RowSource{
+          .x = ep::TensorRef::matrix(base + a.areas.x, DType::u8, a.rows, format.hidden_bytes),
+          .x_scales = format.scale_cols > 0
+                          ? ep::TensorRef::matrix(base + a.areas.scales, DType::i32, a.rows,
+                                                  format.scale_cols)
+                          : ep::TensorRef{},
+          .topk_idx = format.topk > 0 ? ep::TensorRef::matrix(base + a.areas.topk_idx, DType::i64,
+                                                              a.rows, format.topk)
+                                      : ep::TensorRef{},
+          .topk_weights =
+              format.weights > 0
+                  ? ep::TensorRef::matrix(base + a.areas.weights, DType::f32, a.rows, format.topk)
+                  : ep::TensorRef{},
+          .format = format,
+          .shape = source_.shape,
+          .src_index = format.src_index > 0
+                           ? reinterpret_cast<const int32_t*>(base + a.areas.src_index)
+                           : nullptr};
+    } else {
+      // Lane x: out, the rows of this rank's counterpart on x's node for the peer it reaches;
+      // in, rank x's own rows, from its forwarder here.
+      const int source = lane_source(r), peer = layout_.forwarder_of(r);
+      out[r] =
+          plan_stream(static_cast<uint64_t>(records[static_cast<size_t>(source)].rows_to[peer]),
+                      format, slots, 0);
+      in[r] = plan_stream(static_cast<uint64_t>(from.rows_to[me_]), format, slots, 0);
+    }
+  }
+}
+
+const ep::RowFormat& HierDispatchStreams::stream_format(int peer) const {
+  return counterpart(peer) ? fabric_format_ : format;
+}
+
+bool HierDispatchStreams::rows_ready(int d, uint64_t end) const {
+  return !lane(d) || lane_rows_[static_cast<size_t>(d)].size() >= end;
+}
+
+void HierDispatchStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot) {
+  if (counterpart(d)) return fill_fabric(d, first, rows, slot);
+  if (lane(d)) return fill_lane(d, first, rows, slot);
+  DispatchStreams::fill(d, first, rows, slot);
+}
+
+void HierDispatchStreams::fill_fabric(int c, uint64_t first, uint64_t rows, std::byte* slot) {
+  const int rpn = layout_.sizes().ranks_per_node, node = c / rpn;
+  RowSource fabric = source_;
+  fabric.format = fabric_format_;
+  fabric.heads = routing_.send_head.data<int32_t>();
+  fabric.head_stride = session_.ranks();
+  fabric.head_first = static_cast<int64_t>(node) * rpn;
+  // A forwarder's row: global expert ids and weights as they are (rank < 0), and the heads.
+  const auto sink = ep::RowSink::at(slot, ep::RowAreas::of(rows, fabric_format_), 0, -1);
+  backend.pack_rows(
+      fabric, sink,
+      std::span<const int32_t>(nodes_.tokens_to[static_cast<size_t>(node)]).subspan(first, rows));
+}
+
+void HierDispatchStreams::fill_lane(int x, uint64_t first, uint64_t rows, std::byte* slot) {
+  const Arrived& a = arrived_[static_cast<size_t>(lane_source(x))];
+  const auto sink =
+      ep::RowSink::at(slot, ep::RowAreas::of(rows, format), 0, layout_.forwarder_of(x));
+  backend.pack_rows(
+      a.source, sink,
+      std::span<const int32_t>(lane_rows_[static_cast<size_t>(x)]).subspan(first, rows));
+  rows_forwarded_ += rows;
+}
+
+void HierDispatchStreams::take(int s, uint64_t chunk, uint64_t first, uint64_t rows,
+                               const std::byte* slot) {
+  if (!counterpart(s)) return DispatchStreams::take(s, chunk, first, rows, slot);
+  Arrived& a = arrived_[static_cast<size_t>(s)];
+  require(static_cast<int64_t>(first + rows) <= a.rows, kPhase,
+          "rank {} sent forwarder rows past the {} it announced", s, a.rows);
+  // Out of the slot at once: its credit goes back when this returns.
+  const auto chunk_areas = ep::RowAreas::of(rows, fabric_format_);
+  const auto n = static_cast<int64_t>(rows);
+  auto keep = [&](uint64_t to, uint64_t from, uint64_t unit) {
+    if (unit > 0) backend.copy_rows(a.area.raw() + to + first * unit, slot + from, n, unit);
+  };
+  const ep::RowFormat& f = fabric_format_;
+  keep(a.areas.x, chunk_areas.x, f.hidden_bytes);
+  keep(a.areas.scales, chunk_areas.scales, 4ull * f.scale_cols);
+  keep(a.areas.topk_idx, chunk_areas.topk_idx, 8ull * f.topk);
+  keep(a.areas.weights, chunk_areas.weights, 4ull * f.weights);
+  keep(a.areas.src_index, chunk_areas.src_index, 4ull * f.src_index);
+  backend.copy_rows(a.heads.raw() + first * 4ull * f.heads, slot + chunk_areas.heads, n,
+                    4ull * f.heads);
+
+  // Each row's heads say where it goes on this node: to this rank (straight into the outputs)
+  // or into a lane. Positions must come in order: a row out of place, or one that arrives twice,
+  // fails here instead of landing where another row belongs.
+  const int rpn = layout_.sizes().ranks_per_node, mine = me_ % rpn, node = s / rpn;
+  const auto* heads = a.heads.data<int32_t>();
+  std::vector<int32_t> own;
+  for (uint64_t i = first; i < first + rows; ++i) {
+    const int32_t* h = heads + i * static_cast<uint64_t>(rpn);
+    for (int k = 0; k < rpn; ++k) {
+      if (h[k] < 0) continue;
+      if (k == mine) {
+        require(h[k] == a.own + static_cast<int64_t>(own.size()), kPhase,
+                "rank {}'s row {} is its row {} for this rank; expected {}", s, i, h[k],
+                a.own + static_cast<int64_t>(own.size()));
+        own.push_back(static_cast<int32_t>(i));
+        continue;
+      }
+      const int x = node * rpn + k;  // the lane to this node's rank k, keyed by s
+      std::vector<int32_t>& lane_rows = lane_rows_[static_cast<size_t>(x)];
+      require(h[k] == static_cast<int32_t>(lane_rows.size()) && lane_rows.size() < out[x].rows,
+              kPhase, "rank {}'s row {} is its row {} for rank {}; expected {} of {}", s, i, h[k],
+              layout_.forwarder_of(x), lane_rows.size(), out[x].rows);
+      lane_rows.push_back(static_cast<int32_t>(i));
+    }
+  }
+  if (own.empty()) return;
+  require(a.own + static_cast<int64_t>(own.size()) <= a.own_expected, kPhase,
+          "rank {} forwards more rows for this rank than the {} it announced", s, a.own_expected);
+  ep::RowSink sink;
+  sink.x = out_->recv_x.raw();
+  sink.scales = input_.fp8 ? out_->recv_x_scales.data<uint32_t>() : nullptr;
+  sink.topk_idx = input_.topk > 0 ? out_->recv_topk_idx.data<int64_t>() : nullptr;
+  sink.weights = input_.weights ? out_->recv_topk_weights.data<float>() : nullptr;
+  sink.src_index = input_.cached ? nullptr : out_->handle.recv_src_idx.data<int32_t>();
+  sink.first_row = first_row_[s] + a.own;
+  sink.rank = me_;
+  backend.pack_rows(a.source, sink, own);
+  a.own += static_cast<int64_t>(own.size());
+}
+
+std::vector<ep::Tensor> HierDispatchStreams::forward_heads() const {
+  std::vector<ep::Tensor> heads;
+  for (int c = 0; c < session_.ranks(); ++c)
+    if (counterpart(c)) heads.push_back(arrived_[static_cast<size_t>(c)].heads);
+  return heads;
+}
+
+uint64_t HierDispatchStreams::rows_to_fabric() const {
+  uint64_t rows = 0;
+  for (int64_t n : nodes_.rows_to)
+    rows += static_cast<uint64_t>(n);
+  return rows;
+}
+
+}  // namespace proxyep::integrations::normal
