@@ -188,13 +188,14 @@ Param<std::string> ep_send_from_x{"ep.send_from_x", "auto", one_of({"auto", "off
     "(no copy into the staging area; when no topk_weights travel): auto = where the provider "
     "reads memory nobody registered (tcp, shm, ...: no FI_MR_LOCAL), never on efa or verbs; "
     "off = always through the staging area"};
-Param<std::string> ep_internode{"ep.internode", "per_rank", one_of({"hierarchical", "per_rank"}),
+Param<std::string> ep_internode{"ep.internode", "hierarchical", one_of({"hierarchical", "per_rank"}),
     "how normal mode crosses nodes: hierarchical = as DeepEP's internode kernels, a token goes "
     "once to each node that needs it, to the rank with the sender's local index there, which "
     "forwards it inside its node (combine reduces inside the node first), and a rank talks over "
     "the fabric only to those counterparts; per_rank = a token goes to every rank on another node "
-    "that needs it; hierarchical needs full nodes, host tensors and a Buffer without "
-    "low_latency_mode, and falls back to per_rank otherwise; every rank must use the same value"};
+    "that needs it; hierarchical needs full nodes of more than one rank, host tensors and a "
+    "Buffer without low_latency_mode, and falls back to per_rank otherwise (BufferStats::internode "
+    "says which ran); every rank must use the same value"};
 Param<std::string> ep_async_wait{"ep.async_wait", "host", one_of({"host", "device"}),
     "how a caller's stream waits for an async_finish call with device tensors "
     "(EventOverlap.current_stream_wait): host = the calling thread waits for the call, then its "

@@ -63,10 +63,13 @@ struct SessionSizes {
   Internode internode = Internode::per_rank;
 
   bool spans_nodes() const { return ranks > ranks_per_node; }
-  // Hierarchical internode applies: asked for, across nodes, every node full (ranks_per_node
-  // divides ranks; a group with a smaller last node sends per rank, as DeepEP needs full nodes).
+  // Hierarchical internode applies: asked for, across nodes of more than one rank (with one,
+  // a node's counterpart is its only rank: per_rank sends the same rows, with its eager rows
+  // and landing in place), every node full (ranks_per_node divides ranks; a group with a
+  // smaller last node sends per rank, as DeepEP needs full nodes).
   bool hierarchical() const {
-    return internode == Internode::hierarchical && spans_nodes() && ranks % ranks_per_node == 0;
+    return internode == Internode::hierarchical && spans_nodes() && ranks_per_node > 1 &&
+           ranks % ranks_per_node == 0;
   }
   friend bool operator==(const SessionSizes&, const SessionSizes&) = default;
 };

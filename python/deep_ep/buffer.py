@@ -48,9 +48,9 @@ class _NormalHandle(_Handle):
     """DeepEP's normal-mode handle: the intranode 6-tuple (rank_prefix_matrix,
     channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank,
     send_head) on one node, the internode 10-tuple (is_token_in_rank at [0],
-    recv_gbl_rank_prefix_sum at [-4], send head at [-1]) across nodes. ProxyEP has no channels
-    and no forwarders: those entries are None. ``native`` is what combine and cached dispatch
-    use."""
+    recv_gbl_rank_prefix_sum at [-4], send head at [-1]) across nodes. ProxyEP has no channels:
+    those entries are None; what its forwarders keep (ep.internode=hierarchical) is in
+    ``native``, which combine and cached dispatch use."""
 
 
 class _LowLatencyHandle(_Handle):

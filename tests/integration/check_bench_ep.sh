@@ -18,6 +18,8 @@
 # the table form with the saved run's variant (ratio rows for ProxyEP and the baseline), and a
 # run of another shape (--topk 4) refused before any rank starts. The bench arguments must then
 # not set --topk.
+# With --internode both, the per_rank run must be there and verified too, and the hierarchical
+# run's fabric bytes within 5% of the node-deduplicated least (dispatch and combine).
 # Usage: check_bench_ep.sh [--variant mpi|mpi-records | --compare] PROXYEP [bench ep arguments...]
 set -euo pipefail
 variant=mpi
@@ -117,6 +119,24 @@ if [[ " ${args[*]} " == *" --reorder "* ]]; then
   grep -Eq '"completions_out_of_order": [1-9]' <<<"$out" ||
     fail "--reorder, but no completion was delivered out of order" \
          "(the reorder shim did not reorder, or was not on)"
+fi
+# --internode both: per_rank and hierarchical in the same run, both verified; hierarchical sends
+# each token once per node (fabric bytes within 5% of the node-deduplicated least, dispatch and
+# combine), per_rank once per rank (more).
+if [[ " ${args[*]} " == *" --internode both "* ]]; then
+  /usr/bin/python3 -c '
+import json, sys
+r = json.load(sys.stdin)
+mode = r.get("internode")
+if mode != "hierarchical": sys.exit(f"check_bench_ep: internode {mode}")
+per = r.get("per_rank") or sys.exit("check_bench_ep: --internode both, but no per_rank run")
+if not per["verified"] or not r.get("speedup_vs_per_rank"): sys.exit("check_bench_ep: per_rank run")
+for phase in ("dispatch", "combine"):
+    hier = r["proxyep"]["fabric"][phase]["measured_over_convention"]
+    rank = per["fabric"][phase]["measured_over_convention"]
+    if not (0 < hier <= 1.05 < rank):
+        sys.exit(f"check_bench_ep: {phase} fabric bytes over the least: hierarchical {hier}, per_rank {rank}")
+' <<<"$out"
 fi
 # Where the time went: every kind of call has its phases, and they add up to its time.
 /usr/bin/python3 -c '

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 import deep_ep
-from conftest import calc_diff, per_token_cast_to_fp8
+from conftest import calc_diff, per_token_cast_to_fp8, ranks_per_node
 
 T, H, K, E = 96, 256, 4, 16
 
@@ -54,7 +54,13 @@ def test_layout_matches_torch(buffer):
     assert torch.equal(per_expert, ref_expert)
     assert torch.equal(in_rank, ref_in_rank)
     assert in_rank.dtype == torch.bool
-    assert per_rdma_rank is None  # one node (LOCAL_WORLD_SIZE), as DeepEP within NVLink
+    rpn = ranks_per_node()
+    if R <= rpn:
+        assert per_rdma_rank is None  # one node (LOCAL_WORLD_SIZE), as DeepEP within NVLink
+    else:
+        # Across nodes: tokens per node, each token once per node it reaches.
+        by_node = ref_in_rank.view(-1, R // rpn, rpn).any(dim=2)
+        assert torch.equal(per_rdma_rank, by_node.sum(dim=0).to(per_rdma_rank.dtype))
     assert event.event is None
 
 
@@ -87,8 +93,11 @@ def test_dispatch_combine(buffer, previous, async_finish, kind, with_topk):
     expected_rows = int(sum(g[rank] for g in gathered))
     assert recv_x.shape[0] == expected_rows
     prefix = handle[0] if buffer.num_nodes == 1 else None
+    received_prefix = torch.cumsum(torch.stack([g[rank] for g in gathered]), 0).int()
     if buffer.num_nodes == 1:
-        assert torch.equal(prefix[:, rank], torch.cumsum(torch.stack([g[rank] for g in gathered]), 0).int())
+        assert torch.equal(prefix[:, rank], received_prefix)
+    else:  # DeepEP's internode handle: recv_gbl_rank_prefix_sum at [-4], as its test reads it
+        assert len(handle) == 10 and torch.equal(handle[-4], received_prefix)
     begin = 0
     for s in range(R):
         count = int(gathered[s][rank])
@@ -207,7 +216,8 @@ def test_local_buffer_tensor_is_where_rows_land(buffer):
     """get_local_buffer_tensor: views (not copies) of the NVL buffer, in which what the peers
     send this rank lands: zeroed, then a dispatch too large to travel with the notify record
     (128 KiB) leaves every node peer's rank+1.5-valued top-k weights there. Their rank+1-valued
-    rows go straight into recv_x (the landing region): the NVL buffer holds none of them."""
+    rows go straight into recv_x (the landing region): the NVL buffer holds none of them; with
+    hierarchical internode (no landing region yet) they land in the NVL buffer too."""
     rank, R = dist.get_rank(), dist.get_world_size()
     nvl = buffer.get_local_buffer_tensor(torch.bfloat16)
     assert nvl.dtype == torch.bfloat16 and nvl.numel() == (1 << 22) // 2
@@ -229,7 +239,8 @@ def test_local_buffer_tensor_is_where_rows_land(buffer):
     for peer in range(node_first, min(R, node_first + buffer.ranks_per_node)):
         if peer != rank:
             assert bool((as_f32 == peer + 1.5).any()), f"no weight of rank {peer} in the NVL buffer"
-            assert not bool((nvl == float(peer + 1)).any()), f"a row of rank {peer} was not in place"
+            in_place = buffer.stats().internode != "hierarchical"
+            assert bool((nvl == float(peer + 1)).any()) != in_place, f"rank {peer}'s rows, in place: {in_place}"
             assert bool((recv == float(peer + 1)).all(dim=1).any()), f"no row of rank {peer}"
     if buffer.num_nodes > 1:
         staging = buffer.get_local_buffer_tensor(torch.bfloat16, use_rdma_buffer=True)

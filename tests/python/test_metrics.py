@@ -77,7 +77,12 @@ def test_counters_move_by_what_the_calls_did(buffer):
     rank, R = dist.get_rank(), dist.get_world_size()
     rpn = ranks_per_node()
     node = range(rank // rpn * rpn, rank // rpn * rpn + rpn)
-    fabric_peers = [r for r in range(R) if r not in node]
+    # Hierarchical internode (the default on full nodes): a rank writes over the fabric only to
+    # its counterparts (the ranks with its local index on the other nodes); the other ranks of
+    # other nodes are reached through a node peer (path "relay").
+    hierarchical = buffer.stats().internode == "hierarchical"
+    fabric_peers = [r for r in range(R)
+                    if r not in node and (not hierarchical or r % rpn == rank % rpn)]
     before = scrape(buffer.metrics_port)
     one_round(buffer)
     stats = buffer.stats()
@@ -94,7 +99,8 @@ def test_counters_move_by_what_the_calls_did(buffer):
     assert value(after, "proxyep_chunks_sent_from_x_total") == stats.chunks_sent_from_caller
     assert delta("proxyep_call_phase_seconds_total", kind="dispatch", phase="notify") > 0
     # Bytes per peer, summed by path, are the Buffer's own totals.
-    assert total(after, "proxyep_peer_sent_bytes_total", path="node") == stats.bytes_to_node
+    assert (total(after, "proxyep_peer_sent_bytes_total", path="node")
+            + total(after, "proxyep_peer_sent_bytes_total", path="relay")) == stats.bytes_to_node
     assert total(after, "proxyep_peer_sent_bytes_total", path="fabric") == stats.bytes_to_fabric
     for peer in fabric_peers:
         assert delta("proxyep_peer_sent_bytes_total", peer=peer, path="fabric") > 0

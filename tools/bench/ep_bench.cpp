@@ -3,6 +3,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/params.hpp"
 #include "gpu_side/device/open_device.hpp"
 #include "gpu_side/device/tensor_transfer.hpp"
 #include "integrations/buffer.hpp"
@@ -37,6 +38,7 @@ struct RankRun {
   CombineResult combined;
   nlohmann::json memcpy_floor;   // time_memcpy_floor's figures; null with --no-floor
   CallFabricBytes fabric_bytes;  // one call's bytes to other nodes (fabric_bytes.hpp)
+  std::string internode;         // BufferStats::internode: how the run crossed nodes
 };
 
 // The bytes of this rank's dispatch output rows in the run's row format (FP8: with the scales).
@@ -186,7 +188,11 @@ std::string check_rank(const RankRun& run, const EpReference& reference, int ran
   cached.recv_x_scales = run.cached.recv_x_scales;
   diff = compare_dispatch(cached, want);
   if (!diff.empty()) return "cached dispatch: " + diff;
-  diff = compare_tensor(run.combined.combined_x, reference.combine(rank).combined_x, "combined_x");
+  // A hierarchical combine sums each node's rows first (gpu_side/ep/reference.hpp: by_node).
+  const auto order =
+      run.internode == "hierarchical" ? ep::CombineOrder::by_node : ep::CombineOrder::by_rank;
+  diff = compare_tensor(run.combined.combined_x, reference.combine(rank, order).combined_x,
+                        "combined_x");
   return diff.empty() ? "" : "combine: " + diff;
 }
 
@@ -201,6 +207,7 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
   report["device_paths"] = run.device_paths;
   if (!run.memcpy_floor.is_null()) report["memcpy_floor"] = run.memcpy_floor;
   report["fabric_bytes"] = to_json(run.fabric_bytes);
+  report["internode"] = run.internode;
   return report;
 }
 
@@ -262,6 +269,7 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
     run = run_iterations(bootstrap, buffer, inputs, options, sizes.device.get());
     const BufferStats stats = buffer.stats();
     run.reordered = stats.reordered_completions;
+    run.internode = stats.internode;
     run.device_paths = {{"writes_from_device", stats.writes_from_device},
                         {"sends_to_device_arenas", stats.sends_to_device_arenas},
                         {"chunks_from_device_memory", stats.chunks_from_device_memory}};
@@ -295,6 +303,7 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
   const uint64_t device_writes = device_paths["writes_from_device"].get<uint64_t>() +
                                  device_paths["sends_to_device_arenas"].get<uint64_t>();
   return {{"device", options.device},
+          {"internode", reports.front().value("internode", std::string("per_rank"))},
           {"device_writes", device_writes},
           {"device_paths", device_paths},
           {"num_nvl_bytes", sizes.num_nvl_bytes},
@@ -309,8 +318,17 @@ nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions&
   validate(options.workload, shape);
   auto workload = to_workload(options.workload, shape);
   ep::RankInputs inputs = ep::make_rank_inputs(workload, bootstrap.rank());
-  auto normal =
-      run_normal_mode(bootstrap, options, shape, inputs, [&] { return EpReference(workload); });
+  auto run_as = [&](const std::string& internode) {
+    if (!internode.empty()) params::ep_internode.set(internode, config::Source::command_line);
+    return run_normal_mode(bootstrap, options, shape, inputs,
+                           [&] { return EpReference(workload); });
+  };
+  const bool both = options.internode == "both" && shape.num_nodes() > 1;
+  nlohmann::json per_rank;
+  if (both) per_rank = run_as("per_rank");
+  auto normal = run_as(both                          ? "hierarchical"
+                       : options.internode == "both" ? ""
+                                                     : options.internode);
   if (bootstrap.rank() != 0) return {};
   nlohmann::json out = {{"benchmark", "ep"},
                         {"ranks", shape.num_ranks},
@@ -318,6 +336,7 @@ nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions&
                         {"nodes", shape.num_nodes()},
                         {"workload", to_json(options.workload)}};
   out.update(normal);
+  if (both) out["per_rank"] = per_rank["proxyep"];
   return out;
 }
 

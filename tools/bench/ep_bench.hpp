@@ -14,6 +14,9 @@
 // floor ("memcpy floor": one copy of each rank's received rows, tools/bench/ep_floor.hpp) unless
 // --no-floor.
 //
+// --internode both runs the normal-mode measurement twice, per_rank then hierarchical (each with
+// its own Buffer, so its own session), and reports both with their fabric bytes.
+//
 // The baseline (--baseline mpi) runs after our ranks are done: rank 0 destroys its Buffer and
 // bootstrap (the other ranks exit, so no rank of ours busy-polls meanwhile) and starts
 // proxyep-mpi-baseline through mpirun on the same options (ep_baseline.hpp).
@@ -53,6 +56,10 @@ struct EpBenchOptions {
   bool floor = true;
   // Where bench ep's tensors live (gpu_side/device/open_device.hpp): host, simulated or cuda.
   std::string device = "host";
+  // bench ep across nodes: ep.internode for the run ("" = the parameter's value), or "both":
+  // per_rank first, then hierarchical, on the same inputs in the same run ("per_rank" in the
+  // results, and speedup_vs_per_rank).
+  std::string internode;
 };
 
 // ProxyEP's side on one rank (collective). Returns the results on rank 0, {} elsewhere.

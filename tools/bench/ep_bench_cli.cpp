@@ -155,12 +155,17 @@ void add_run_options(CLI::App& cmd, BenchCli& cli) {
   cmd.add_option("--rdma-bytes", options.rdma_bytes,
                  std::string(normal) + "num_rdma_bytes (default: room for a whole call)")
       ->check(cli_checks::at_least(0));
-  if (!options.workload.low_latency)
+  if (!options.workload.low_latency) {
+    cmd.add_option("--internode", options.internode,
+                   "across nodes: hierarchical or per_rank (ep.internode), or both: per_rank "
+                   "then hierarchical in the same run, reported side by side")
+        ->check(CLI::IsMember({"hierarchical", "per_rank", "both"}));
     cmd.add_option("--device", options.device,
                    "where the tensors live: host (the CPU backend), simulated (the host-simulated "
                    "device: the device path end to end, checked; not GPU timings) or cuda (each "
                    "rank's GPU, local rank modulo the GPUs visible)")
         ->check(CLI::IsMember(gpu_side::device::device_kinds()));
+  }
   cmd.add_flag("--json", options.json, "print one JSON document (rank 0) on stdout");
   cmd.add_flag("--breakdown", options.breakdown,
                "also print each phase's time per call (prepare, notify, pack, post, local, "

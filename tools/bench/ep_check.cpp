@@ -133,7 +133,7 @@ EpReference::EpReference(const ep::WorkloadOptions& options, std::vector<ep::Ran
   traffic_ = compute_traffic(options, layouts_, dispatched_);
 }
 
-ep::ReferenceCombine EpReference::combine(int rank) const {
+ep::ReferenceCombine EpReference::combine(int rank, ep::CombineOrder order) const {
   std::vector<ep::Tensor> outs;
   std::vector<ep::TensorRef> refs;
   for (const auto& d : dispatched_) {
@@ -142,7 +142,7 @@ ep::ReferenceCombine EpReference::combine(int rank) const {
   }
   // No combine weights: the timed combine passes none (DeepEP's timed loop does the same).
   return ep::reference_combine(refs, dispatched_, {}, options_.shape, rank,
-                               options_.tokens_of(rank));
+                               options_.tokens_of(rank), {}, {}, order);
 }
 
 std::string compare_tensor(const ep::TensorRef& got, const ep::TensorRef& want,

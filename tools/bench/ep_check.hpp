@@ -59,7 +59,9 @@ class EpReference {
   const gpu_side::ep::RankInputs& inputs(int rank) const { return inputs_.at(rank); }
   const gpu_side::ep::ReferenceDispatch& dispatch(int rank) const { return dispatched_.at(rank); }
   // Source `rank`'s combined output when every rank feeds expert_output(its dispatch).
-  gpu_side::ep::ReferenceCombine combine(int rank) const;
+  // `order`: how the run's combine summed (hierarchical internode: by node).
+  gpu_side::ep::ReferenceCombine combine(
+      int rank, gpu_side::ep::CombineOrder order = gpu_side::ep::CombineOrder::by_rank) const;
   const EpTraffic& traffic() const { return traffic_; }
 
  private:

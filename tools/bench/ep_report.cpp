@@ -32,6 +32,12 @@ const char* yes_no(bool value) {
 
 void attach_baseline(nlohmann::json& results, nlohmann::json baseline) {
   bool verified = results.at("proxyep").at("verified").get<bool>();
+  if (results.contains("per_rank")) {  // bench ep --internode both
+    const auto& per_rank = results["per_rank"];
+    verified = verified && per_rank.at("verified").get<bool>();
+    const double ours = p50_of(results["proxyep"], "total");
+    results["speedup_vs_per_rank"] = ours > 0 ? p50_of(per_rank, "total") / ours : 0.0;
+  }
   if (results.contains("normal")) {  // bench ll: normal mode on the same tokens
     const auto& normal = results["normal"];
     verified = verified && normal.at("verified").get<bool>();
@@ -67,8 +73,9 @@ void print_ep_report(const nlohmann::json& r) {
                r["num_nvl_bytes"].get<int64_t>(), r["num_rdma_bytes"].get<int64_t>(),
                r.value("device", "host"));
   if (nodes > 1 && r.contains("provider"))
-    fmt::print("  internode provider: {}{}\n", r["provider"].get<std::string>(),
-               r.value("reorder", false) ? " (reorder shim)" : "");
+    fmt::print("  internode provider: {}{}; ep.internode {}\n", r["provider"].get<std::string>(),
+               r.value("reorder", false) ? " (reorder shim)" : "",
+               r.value("internode", std::string("per_rank")));
   fmt::print(
       "  expert load imbalance (max/mean tokens per expert): {:.3f}; received tokens per "
       "rank max/mean: {:.3f}\n",
@@ -86,6 +93,14 @@ void print_ep_report(const nlohmann::json& r) {
   // The same-run memory floor (ep_floor.hpp): absent with --no-floor.
   if (ours.contains("memcpy_floor")) print_row("memcpy floor", ours["memcpy_floor"], rdma);
   if (ours.contains("fabric")) fmt::print("{}", format_fabric_bytes(ours["fabric"]));
+  if (r.contains("per_rank")) {  // --internode both: the same calls sent per rank
+    const auto& per = r["per_rank"];
+    print_row("per_rank dispatch", per["dispatch"], rdma);
+    print_row("per_rank combine", per["combine"], rdma);
+    if (per.contains("fabric")) fmt::print("{}", format_fabric_bytes(per["fabric"], "per_rank: "));
+    fmt::print("  dispatch+combine p50: hierarchical {:.1f} us, per_rank {:.1f} us -> {:.2f}x\n",
+               p50_of(ours, "total"), p50_of(per, "total"), r["speedup_vs_per_rank"].get<double>());
+  }
   const std::string floor_line = memory_floor_line(ours);
   const auto& base = r["baseline"];
   // The variant's name labels its rows: "mpi" (lean) or "mpi-records" (ep_baseline.hpp).
@@ -103,8 +118,11 @@ void print_ep_report(const nlohmann::json& r) {
     fmt::print("{}", floor_line);
   }
   fmt::print(
-      "verified: {} (proxyep {}{})\n", yes_no(r["verified"].get<bool>()),
+      "verified: {} (proxyep {}{}{})\n", yes_no(r["verified"].get<bool>()),
       yes_no(ours["verified"].get<bool>()),
+      r.contains("per_rank")
+          ? fmt::format(", per_rank {}", yes_no(r["per_rank"]["verified"].get<bool>()))
+          : "",
       base.is_null() ? "" : fmt::format(", {} {}", name, yes_no(base["verified"].get<bool>())));
   for (const auto& m : ours["mismatches"])
     fmt::print("  proxyep mismatch: {}\n", m.get<std::string>());

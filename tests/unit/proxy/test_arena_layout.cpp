@@ -186,6 +186,7 @@ TEST_CASE("hierarchical: only on equal nodes across nodes, and only when asked f
   CHECK(hierarchical(6, 2).hierarchical());
   CHECK_FALSE(hierarchical(4, 4).hierarchical());  // one node
   CHECK_FALSE(hierarchical(3, 2).hierarchical());  // a smaller last node: per rank
+  CHECK_FALSE(hierarchical(3, 1).hierarchical());  // one rank per node: per rank sends the same
   CHECK_FALSE(sizes(4, 2, 8 << 20, 4 << 20).hierarchical());
   // A rank's fabric peers are its counterparts: rank 1 of 2 x 4 writes rank 5 only.
   ArenaLayout l(1, hierarchical(8, 4));
