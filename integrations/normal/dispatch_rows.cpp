@@ -128,16 +128,20 @@ void DispatchStreams::take(int s, uint64_t, uint64_t first, uint64_t rows, const
   if (!input_.cached) copy(out_->handle.recv_src_idx, areas.src_index, 4);
 }
 
+ep::RowSink DispatchStreams::output_sink(int64_t first_row) const {
+  ep::RowSink sink;
+  sink.x = out_->recv_x.raw();
+  sink.scales = input_.fp8 ? out_->recv_x_scales.data<uint32_t>() : nullptr;
+  sink.topk_idx = input_.topk > 0 ? out_->recv_topk_idx.data<int64_t>() : nullptr;
+  sink.weights = input_.weights ? out_->recv_topk_weights.data<float>() : nullptr;
+  sink.src_index = input_.cached ? nullptr : out_->handle.recv_src_idx.data<int32_t>();
+  sink.first_row = first_row;
+  sink.rank = me_;
+  return sink;
+}
+
 void DispatchStreams::local() {
-  ep::RowSink self;
-  self.x = out_->recv_x.raw();
-  self.scales = input_.fp8 ? out_->recv_x_scales.data<uint32_t>() : nullptr;
-  self.topk_idx = input_.topk > 0 ? out_->recv_topk_idx.data<int64_t>() : nullptr;
-  self.weights = input_.weights ? out_->recv_topk_weights.data<float>() : nullptr;
-  self.src_index = input_.cached ? nullptr : out_->handle.recv_src_idx.data<int32_t>();
-  self.first_row = first_row_[me_];
-  self.rank = me_;
-  backend.place_routed_rows(source_, self, routing_.routes());
+  backend.place_routed_rows(source_, output_sink(first_row_[me_]), routing_.routes());
 }
 
 }  // namespace proxyep::integrations::normal

@@ -61,6 +61,9 @@ class DispatchStreams : public RowStreams {
   void local() override;
 
  protected:  // hier_dispatch_rows.hpp forwards with them
+  // This rank's outputs as rows from `first_row` on.
+  gpu_side::ep::RowSink output_sink(int64_t first_row) const;
+
   const DispatchInput& input_;
   const TokenRouting& routing_;
   RowSource source_;

@@ -107,25 +107,29 @@ HierCombineStreams::NodeBlocks HierCombineStreams::forwarded_blocks(int c) const
   return b;
 }
 
+void HierCombineStreams::reduce_blocks(const NodeBlocks& b, const int32_t* head, int64_t tokens,
+                                       uint16_t* out, float* out_weights, ep::CombineInput input) {
+  input.block_rows = b.rows.data();
+  input.block_weights = topk_ > 0 ? b.weights.data() : nullptr;
+  input.block_chunks = b.chunks.data();
+  input.block_chunk_rows = b.chunk_rows.data();
+  input.send_head = head;
+  input.out = out;
+  input.out_weights = topk_ > 0 ? out_weights : nullptr;
+  input.num_ranks = static_cast<int>(b.rows.size());
+  input.hidden = hidden_;
+  input.topk = topk_;
+  backend.reduce(input, tokens);
+}
+
 void HierCombineStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot) {
   if (!counterpart(d)) return CombineStreams::fill(d, first, rows, slot);
   // The node's partial rows [first, first + rows) for d's tokens, straight into the slot.
   const int rpn = layout_.sizes().ranks_per_node;
   const auto areas = ep::RowAreas::of(rows, format);
-  const NodeBlocks b = forwarded_blocks(d);
-  backend.reduce(
-      ep::CombineInput{
-          .block_rows = b.rows.data(),
-          .block_weights = topk_ > 0 ? b.weights.data() : nullptr,
-          .block_chunks = b.chunks.data(),
-          .block_chunk_rows = b.chunk_rows.data(),
-          .send_head = heads_[static_cast<size_t>(d)]->data<int32_t>() + first * rpn,
-          .out = reinterpret_cast<uint16_t*>(slot + areas.x),
-          .out_weights = topk_ > 0 ? reinterpret_cast<float*>(slot + areas.weights) : nullptr,
-          .num_ranks = rpn,
-          .hidden = hidden_,
-          .topk = topk_},
-      static_cast<int64_t>(rows));
+  reduce_blocks(forwarded_blocks(d), heads_[static_cast<size_t>(d)]->data<int32_t>() + first * rpn,
+                static_cast<int64_t>(rows), reinterpret_cast<uint16_t*>(slot + areas.x),
+                reinterpret_cast<float*>(slot + areas.weights));
 }
 
 void HierCombineStreams::take(int s, uint64_t chunk, uint64_t first, uint64_t rows,
@@ -167,18 +171,14 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
   ep::Tensor own_x = backend.allocate(DType::bf16, tokens, hidden_);
   ep::Tensor own_weights = topk_ > 0 ? backend.allocate(DType::f32, tokens, topk_) : ep::Tensor{};
   const size_t first = static_cast<size_t>(own) * static_cast<size_t>(rpn);
-  backend.reduce(
-      ep::CombineInput{.block_rows = block_rows_.data() + first,
-                       .block_weights = topk_ > 0 ? block_weights_.data() + first : nullptr,
-                       .block_chunks = block_chunks_.data() + first,
-                       .block_chunk_rows = block_chunk_rows_.data() + first,
-                       .send_head = own_head.data<int32_t>(),
-                       .out = own_x.data<uint16_t>(),
-                       .out_weights = topk_ > 0 ? own_weights.data<float>() : nullptr,
-                       .num_ranks = rpn,
-                       .hidden = hidden_,
-                       .topk = topk_},
-      tokens);
+  NodeBlocks own_node;
+  own_node.rows.assign(block_rows_.begin() + first, block_rows_.begin() + first + rpn);
+  own_node.weights.assign(block_weights_.begin() + first, block_weights_.begin() + first + rpn);
+  own_node.chunks.assign(block_chunks_.begin() + first, block_chunks_.begin() + first + rpn);
+  own_node.chunk_rows.assign(block_chunk_rows_.begin() + first,
+                             block_chunk_rows_.begin() + first + rpn);
+  reduce_blocks(own_node, own_head.data<int32_t>(), tokens, own_x.data<uint16_t>(),
+                topk_ > 0 ? own_weights.data<float>() : nullptr);
   // 2. The nodes' partials, ascending, after the biases.
   NodeBlocks b;
   for (int n = 0; n < nodes; ++n) {
@@ -190,22 +190,10 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
     b.chunks.push_back(mine ? nullptr : block_chunks_[c]);
     b.chunk_rows.push_back(mine ? 0 : block_chunk_rows_[c]);
   }
-  backend.reduce(
-      ep::CombineInput{
-          .block_rows = b.rows.data(),
-          .block_weights = topk_ > 0 ? b.weights.data() : nullptr,
-          .block_chunks = b.chunks.data(),
-          .block_chunk_rows = b.chunk_rows.data(),
-          .send_head = node_head.data<int32_t>(),
-          .bias0 = bias0,
-          .bias1 = bias1,
-          .bias_first = true,
-          .out = const_cast<uint16_t*>(combined_x.data<uint16_t>()),
-          .out_weights = topk_ > 0 ? const_cast<float*>(combined_weights.data<float>()) : nullptr,
-          .num_ranks = nodes,
-          .hidden = hidden_,
-          .topk = topk_},
-      tokens);
+  reduce_blocks(b, node_head.data<int32_t>(), tokens,
+                const_cast<uint16_t*>(combined_x.data<uint16_t>()),
+                topk_ > 0 ? const_cast<float*>(combined_weights.data<float>()) : nullptr,
+                {.bias0 = bias0, .bias1 = bias1, .bias_first = true});
 }
 
 }  // namespace proxyep::integrations::normal

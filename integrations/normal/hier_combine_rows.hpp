@@ -50,6 +50,10 @@ class HierCombineStreams final : public CombineStreams {
     std::vector<int64_t> chunk_rows;
   };
   NodeBlocks forwarded_blocks(int c) const;
+  // backend.reduce of `tokens` tokens over `blocks` (one per rank of a node, or per node) by
+  // `head` ([tokens, blocks]) into `out` / `out_weights`; `input` adds the biases, if any.
+  void reduce_blocks(const NodeBlocks& blocks, const int32_t* head, int64_t tokens, uint16_t* out,
+                     float* out_weights, gpu_side::ep::CombineInput input = {});
 
   const proxy::ArenaLayout& layout_;
   const DispatchHandle& handle_;

@@ -208,15 +208,7 @@ void HierDispatchStreams::take(int s, uint64_t chunk, uint64_t first, uint64_t r
   if (own.empty()) return;
   require(a.own + static_cast<int64_t>(own.size()) <= a.own_expected, kPhase,
           "rank {} forwards more rows for this rank than the {} it announced", s, a.own_expected);
-  ep::RowSink sink;
-  sink.x = out_->recv_x.raw();
-  sink.scales = input_.fp8 ? out_->recv_x_scales.data<uint32_t>() : nullptr;
-  sink.topk_idx = input_.topk > 0 ? out_->recv_topk_idx.data<int64_t>() : nullptr;
-  sink.weights = input_.weights ? out_->recv_topk_weights.data<float>() : nullptr;
-  sink.src_index = input_.cached ? nullptr : out_->handle.recv_src_idx.data<int32_t>();
-  sink.first_row = first_row_[s] + a.own;
-  sink.rank = me_;
-  backend.pack_rows(a.source, sink, own);
+  backend.pack_rows(a.source, output_sink(first_row_[s] + a.own), own);
   a.own += static_cast<int64_t>(own.size());
 }
 
