@@ -180,7 +180,7 @@ struct DispatchArgs {
   TensorRef x_scales;  // f32 or i32 (packed UE8M0) [N, H / 128], strides honoured
   const DispatchHandle* handle = nullptr;  // cached mode: reuse its routing, no top-k
   TensorRef num_tokens_per_rank;           // i32 [R]
-  TensorRef num_tokens_per_rdma_rank;      // accepted, unused (i32 [nodes] or None)
+  TensorRef num_tokens_per_rdma_rank;      // i32 [nodes] or None; checked when given (host)
   TensorRef is_token_in_rank;              // bool [N, R]
   TensorRef num_tokens_per_expert;         // i32 [E]
   TensorRef topk_idx;                      // i64 [N, K]

@@ -5,6 +5,8 @@
 #include "gpu_side/ep/layout.hpp"
 #include "proxy/peer_channel.hpp"
 
+#include <algorithm>
+
 namespace ep = proxyep::gpu_side::ep;
 
 namespace proxyep::integrations::normal {
@@ -116,6 +118,30 @@ void check_layout(const DispatchArgs& a, DispatchInput& in, int R) {
   }
 }
 
+// num_tokens_per_rdma_rank, when given (host tensors: a device call's stays on the device): the
+// tokens that reach each node, each once, as get_dispatch_layout counts them across nodes.
+void check_node_counts(const DispatchArgs& a, const DispatchInput& in, int R, int rpn) {
+  if (!a.num_tokens_per_rdma_rank.defined()) return;
+  const int nodes = (R + rpn - 1) / rpn;
+  ep::require_dtype(a.num_tokens_per_rdma_rank, DType::i32, kPhase, "num_tokens_per_rdma_rank");
+  ep::require_shape(a.num_tokens_per_rdma_rank, nodes, -1, kPhase, "num_tokens_per_rdma_rank");
+  const auto* in_rank = a.is_token_in_rank.as<bool>();
+  const auto* per_node = a.num_tokens_per_rdma_rank.as<int32_t>();
+  for (int n = 0; n < nodes; ++n) {
+    int64_t reached = 0;
+    for (int64_t t = 0; t < in.tokens; ++t) {
+      bool hit = false;
+      for (int d = n * rpn; d < std::min(R, (n + 1) * rpn) && !hit; ++d)
+        hit = in_rank[t * R + d];
+      reached += hit ? 1 : 0;
+    }
+    require(reached == per_node[n], kPhase,
+            "num_tokens_per_rdma_rank[{}] is {} but is_token_in_rank marks {} tokens for node {} "
+            "(ranks {}..{})",
+            n, per_node[n], reached, n, n * rpn, std::min(R, (n + 1) * rpn) - 1);
+  }
+}
+
 }  // namespace
 
 DispatchInput check_dispatch_args(const DispatchArgs& a, bool on_device, int ranks,
@@ -133,6 +159,7 @@ DispatchInput check_dispatch_args(const DispatchArgs& a, bool on_device, int ran
     return in;  // the handle already holds recv_src_idx: rows carry no source index
   }
   check_layout(a, in, ranks);
+  if (!on_device) check_node_counts(a, in, ranks, ranks_per_node);
   check_topk(a, in, {ranks, ranks_per_node, in.num_experts});
   in.format.src_index = 1;
   return in;

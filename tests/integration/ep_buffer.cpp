@@ -172,6 +172,7 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   args.x = views[static_cast<size_t>(me)].x;
   args.x_scales = views[static_cast<size_t>(me)].x_scales;
   args.num_tokens_per_rank = layout.num_tokens_per_rank;
+  args.num_tokens_per_rdma_rank = layout.num_tokens_per_rdma_rank;  // checked across nodes
   args.is_token_in_rank = layout.is_token_in_rank;
   args.num_tokens_per_expert = layout.num_tokens_per_expert;
   args.topk_idx = mine.topk_idx;
@@ -333,6 +334,7 @@ void run_bad_input(Buffer& buffer, const Options& o) {
   auto layout = buffer.get_dispatch_layout(in.topk_idx, w.shape.num_experts);
   DispatchArgs good{.x = in.x,
                     .num_tokens_per_rank = layout.num_tokens_per_rank,
+                    .num_tokens_per_rdma_rank = layout.num_tokens_per_rdma_rank,
                     .is_token_in_rank = layout.is_token_in_rank,
                     .num_tokens_per_expert = layout.num_tokens_per_expert,
                     .topk_idx = in.topk_idx,
@@ -358,6 +360,15 @@ void run_bad_input(Buffer& buffer, const Options& o) {
                [&] { (void)buffer.dispatch(bad); });
   idx.data<int64_t>()[3] = -2;
   expect_throw("topk_idx < -1", "topk_idx", [&] { (void)buffer.dispatch(bad); });
+  if (layout.num_tokens_per_rdma_rank.defined()) {
+    // Across nodes: the per-node counts, when given, must be is_token_in_rank's.
+    Tensor per_node = layout.num_tokens_per_rdma_rank.clone();
+    per_node.data<int32_t>()[0] += 1;
+    bad = good;
+    bad.num_tokens_per_rdma_rank = per_node;
+    expect_throw("num_tokens_per_rdma_rank off by one", "num_tokens_per_rdma_rank[0]",
+                 [&] { (void)buffer.dispatch(bad); });
+  }
   Tensor as_float = Tensor::zeros(DType::f32, in.x.rows(), in.x.cols());
   bad = good;
   bad.x = as_float;

@@ -481,8 +481,10 @@ TEST_CASE("host reduce: biases first (hierarchical's last step) gives combine_to
         reduce_tokens_host(in, 0, c.tokens / 2);
         reduce_tokens_host(in, c.tokens / 2, c.tokens);
         REQUIRE(got.x == expected.x);
-        REQUIRE(std::memcmp(got.weights.data(), expected.weights.data(),
-                            got.weights.size() * sizeof(float)) == 0);
+        // Bits, not values: a NaN weight must come out as the same NaN.
+        REQUIRE(got.weights.size() == expected.weights.size());
+        for (size_t i = 0; i < got.weights.size(); ++i)
+          REQUIRE(float_to_bits(got.weights[i]) == float_to_bits(expected.weights[i]));
         // And the rule itself, element by element: the biases' sum first.
         for (int64_t t = 0; t < c.tokens; ++t)
           for (int64_t j = 0; j < hidden; ++j) {
