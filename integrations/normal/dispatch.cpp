@@ -11,6 +11,7 @@
 #include "integrations/normal/streams.hpp"
 
 #include <memory>
+#include <string>
 
 namespace proxyep::integrations::normal {
 
@@ -62,6 +63,12 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   if (hier) {
     auto s = std::make_unique<HierDispatchStreams>(*d->backend, d->in, a, d->routing,
                                                    shape_for(in.num_experts), session_);
+    // A forwarder row (with its heads) must fit a counterpart's slot too, before anything is sent.
+    std::string why;
+    for (int r = 0; r < R; ++r)
+      require(!session_.layout().fabric_peer(r) ||
+                  fits_one_row(s->fabric_format(), session_.channel(r).slots(), &why),
+              kPhase, "{}", why);
     s->plan_sends();
     hier_streams = s.get();
     d->streams = std::move(s);
