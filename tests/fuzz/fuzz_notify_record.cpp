@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::byte> slot(record_payload_bytes(ranks));
   uint64_t written = 0;
   try {
-    written = encoder.write(slot, record.experts, "fuzz.notify");
+    written = encoder.write(slot, record.experts, "fuzz.notify", record.fabric_rows);
   } catch (const proxyep::Error&) {
     check(false, "a record decode_record accepts does not fit the group's slot");
   }

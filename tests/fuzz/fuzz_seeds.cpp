@@ -165,11 +165,11 @@ void region_descriptor() {
 
 // notify_record: two bytes of group size minus one (little endian), then the slot's payload.
 Bytes record(int ranks, const normal::RecordHeader& header, std::span<const int64_t> rows_to,
-             std::span<const int32_t> experts) {
+             std::span<const int32_t> experts, int32_t fabric_rows = 0) {
   normal::RecordEncoder encoder;
   encoder.begin(header, rows_to);
   std::vector<std::byte> slot(normal::record_payload_bytes(ranks));
-  const uint64_t size = encoder.write(slot, experts, "fuzz_seeds");
+  const uint64_t size = encoder.write(slot, experts, "fuzz_seeds", fabric_rows);
   Bytes out{static_cast<uint8_t>(ranks - 1), static_cast<uint8_t>((ranks - 1) >> 8)};
   const auto* bytes = reinterpret_cast<const uint8_t*>(slot.data());
   out.insert(out.end(), bytes, bytes + size);
@@ -191,6 +191,10 @@ void notify_record() {
   const Bytes dispatch_bytes = record(4, dispatch, rows4, experts);
   seed("notify_record", "dispatch_4ranks", dispatch_bytes);
   seed("notify_record", "dispatch_truncated", head(dispatch_bytes, dispatch_bytes.size() - 6));
+  // Hierarchical internode, to a counterpart: its node's expert counts (2 ranks x 16) and the rows
+  // it forwards (fabric_rows).
+  const std::vector<int32_t> node_experts(32, 4);
+  seed("notify_record", "dispatch_counterpart_2x2", record(4, dispatch, rows4, node_experts, 77));
   normal::RecordHeader combine;
   combine.kind = normal::CallKind::combine;
   combine.num_tokens = 3;
