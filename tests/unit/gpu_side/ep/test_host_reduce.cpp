@@ -327,6 +327,20 @@ void check_case(const Case& c, Coverage& cov) {
   measure_weights(w, expected, cov);
 }
 
+// A case of `ranks` blocks of `hidden`, few tokens for DeepSeek's 7168; bit 0 of `biases` gives
+// bias0, bit 1 bias1.
+Case sized_case(int64_t hidden, int ranks, int biases, int topk, uint64_t seed) {
+  Case c;
+  c.ranks = ranks;
+  c.hidden = hidden;
+  c.tokens = hidden >= 7168 ? 5 : 24;
+  c.bias0 = (biases & 1) != 0;
+  c.bias1 = (biases & 2) != 0;
+  c.topk = topk;
+  c.seed = seed;
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("host reduce: same bits as combine_token over ranks, biases, weights and hidden sizes") {
@@ -336,15 +350,9 @@ TEST_CASE("host reduce: same bits as combine_token over ranks, biases, weights a
   for (int64_t hidden : {8, 16, 200, 256, 7168}) {
     for (int ranks = 1; ranks <= 8; ++ranks) {
       for (int bias = 0; bias < 4; ++bias) {
-        Case c;
-        c.ranks = ranks;
-        c.hidden = hidden;
-        c.tokens = hidden >= 7168 ? 5 : 24;
-        c.bias0 = (bias & 1) != 0;
-        c.bias1 = (bias & 2) != 0;
-        c.topk = (ranks + bias) % 3 == 0 ? 0 : 1 + ranks % 8;
-        c.seed = seed++;
-        check_case(c, cov);
+        check_case(
+            sized_case(hidden, ranks, bias, (ranks + bias) % 3 == 0 ? 0 : 1 + ranks % 8, seed++),
+            cov);
       }
     }
   }
@@ -447,14 +455,7 @@ TEST_CASE("host reduce: biases first (hierarchical's last step) gives combine_to
   for (int64_t hidden : {8, 200, 7168}) {
     for (int ranks = 1; ranks <= 4; ++ranks) {
       for (int bias = 0; bias < 4; ++bias) {
-        Case c;
-        c.ranks = ranks;
-        c.hidden = hidden;
-        c.tokens = hidden >= 7168 ? 5 : 24;
-        c.bias0 = (bias & 1) != 0;
-        c.bias1 = (bias & 2) != 0;
-        c.topk = ranks % 3;
-        c.seed = seed++;
+        const Case c = sized_case(hidden, ranks, bias, ranks % 3, seed++);
         CAPTURE(ranks);
         CAPTURE(hidden);
         CAPTURE(bias);
