@@ -26,17 +26,29 @@ HierCombineStreams::HierCombineStreams(RowBackend& backend, const ep::RowFormat&
       heads_(static_cast<size_t>(session.ranks()), nullptr),
       need_(static_cast<size_t>(session.ranks())) {
   const int R = session.ranks(), rpn = layout_.sizes().ranks_per_node;
+  const int nodes = layout_.nodes(), own = layout_.node();
   const uint64_t eager = layout_.sizes().eager_limit;
-  // This rank's rows to each node (each token once): the dispatch's fabric streams.
-  std::vector<uint64_t> to_node(static_cast<size_t>(layout_.nodes()), 0);
+  // Each token's place in each node's partials (the reduce's heads): the own node's partial is
+  // indexed by token, another node's by the token's row in the dispatch's fabric stream there,
+  // so counting those rows also gives that stream's size (this rank's rows to the node).
+  const int64_t tokens = handle.num_tokens;
   const bool* in_rank = handle.is_token_in_rank.data<bool>();
-  for (int64_t t = 0; t < handle.num_tokens; ++t)
-    for (int n = 0; n < layout_.nodes(); ++n)
-      for (int k = 0; k < rpn; ++k)
-        if (in_rank[t * R + n * rpn + k]) {
-          ++to_node[static_cast<size_t>(n)];
-          break;
-        }
+  const int32_t* send_head = handle.send_head.data<int32_t>();
+  own_head_ = ep::Tensor::empty(DType::i32, tokens, rpn);
+  node_head_ = ep::Tensor::empty(DType::i32, tokens, nodes);
+  std::vector<int32_t> to_node(static_cast<size_t>(nodes), 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int k = 0; k < rpn; ++k)
+      own_head_.data<int32_t>()[t * rpn + k] = send_head[t * R + own * rpn + k];
+    for (int n = 0; n < nodes; ++n) {
+      bool hit = false;
+      for (int k = 0; k < rpn && !hit; ++k)
+        hit = in_rank[t * R + n * rpn + k];
+      node_head_.data<int32_t>()[t * nodes + n] = !hit       ? -1
+                                                  : n == own ? static_cast<int32_t>(t)
+                                                             : to_node[static_cast<size_t>(n)]++;
+    }
+  }
   require(handle.forward_heads.size() == static_cast<size_t>(layout_.nodes() - 1), kPhase,
           "the handle holds no forwarding of a hierarchical dispatch (made by another Buffer, or "
           "a cached dispatch's)");
@@ -54,7 +66,8 @@ HierCombineStreams::HierCombineStreams(RowBackend& backend, const ep::RowFormat&
               r, heads.rows(), heads.cols(), rpn);
       heads_[r] = &heads;
       out[r] = plan_stream(static_cast<uint64_t>(heads.rows()), format, slots, 0);
-      in[r] = plan_stream(to_node[static_cast<size_t>(node_of(r))], format, slots, 0);
+      in[r] = plan_stream(static_cast<uint64_t>(to_node[static_cast<size_t>(node_of(r))]), format,
+                          slots, 0);
       auto& need = need_[static_cast<size_t>(r)];
       need.assign(static_cast<size_t>(rpn),
                   std::vector<uint64_t>(static_cast<size_t>(heads.rows()) + 1, 0));
@@ -145,29 +158,10 @@ const std::byte* HierCombineStreams::caller_rows(int d, uint64_t first, uint64_t
 
 void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& combined_weights,
                                 const uint16_t* bias0, const uint16_t* bias1) {
-  const int R = layout_.sizes().ranks, rpn = layout_.sizes().ranks_per_node;
+  const int rpn = layout_.sizes().ranks_per_node;
   const int nodes = layout_.nodes(), own = layout_.node();
   const int64_t tokens = handle_.num_tokens;
-  const bool* in_rank = handle_.is_token_in_rank.data<bool>();
-  const int32_t* send_head = handle_.send_head.data<int32_t>();
   // 1. This node's partial, as a forwarder's: its ranks ascending, rounded to bf16.
-  ep::Tensor own_head = ep::Tensor::empty(DType::i32, tokens, rpn);
-  ep::Tensor node_head = ep::Tensor::empty(DType::i32, tokens, nodes);
-  std::vector<int32_t> sent_to_node(static_cast<size_t>(nodes), 0);
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int k = 0; k < rpn; ++k)
-      own_head.data<int32_t>()[t * rpn + k] = send_head[t * R + own * rpn + k];
-    for (int n = 0; n < nodes; ++n) {
-      bool hit = false;
-      for (int k = 0; k < rpn && !hit; ++k)
-        hit = in_rank[t * R + n * rpn + k];
-      // The own node's partial is indexed by token, the others' by their fabric row.
-      node_head.data<int32_t>()[t * nodes + n] = !hit ? -1
-                                                 : n == own
-                                                     ? static_cast<int32_t>(t)
-                                                     : sent_to_node[static_cast<size_t>(n)]++;
-    }
-  }
   ep::Tensor own_x = backend.allocate(DType::bf16, tokens, hidden_);
   ep::Tensor own_weights = topk_ > 0 ? backend.allocate(DType::f32, tokens, topk_) : ep::Tensor{};
   const size_t first = static_cast<size_t>(own) * static_cast<size_t>(rpn);
@@ -177,7 +171,7 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
   own_node.chunks.assign(block_chunks_.begin() + first, block_chunks_.begin() + first + rpn);
   own_node.chunk_rows.assign(block_chunk_rows_.begin() + first,
                              block_chunk_rows_.begin() + first + rpn);
-  reduce_blocks(own_node, own_head.data<int32_t>(), tokens, own_x.data<uint16_t>(),
+  reduce_blocks(own_node, own_head_.data<int32_t>(), tokens, own_x.data<uint16_t>(),
                 topk_ > 0 ? own_weights.data<float>() : nullptr);
   // 2. The nodes' partials, ascending, after the biases.
   NodeBlocks b;
@@ -190,7 +184,7 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
     b.chunks.push_back(mine ? nullptr : block_chunks_[c]);
     b.chunk_rows.push_back(mine ? 0 : block_chunk_rows_[c]);
   }
-  reduce_blocks(b, node_head.data<int32_t>(), tokens,
+  reduce_blocks(b, node_head_.data<int32_t>(), tokens,
                 const_cast<uint16_t*>(combined_x.data<uint16_t>()),
                 topk_ > 0 ? const_cast<float*>(combined_weights.data<float>()) : nullptr,
                 {.bias0 = bias0, .bias1 = bias1, .bias_first = true});

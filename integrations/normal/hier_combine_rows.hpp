@@ -63,6 +63,9 @@ class HierCombineStreams final : public CombineStreams {
   // need[k][i] = the rows of k's lane that rows [0, i) need (1 + their largest head there).
   std::vector<const gpu_side::ep::Tensor*> heads_;
   std::vector<std::vector<std::vector<uint64_t>>> need_;
+  // The final reduce's heads: i32 [tokens, ranks_per_node] (this node's ranks' rows) and
+  // [tokens, nodes] (each node's partial row of the token, or -1).
+  gpu_side::ep::Tensor own_head_, node_head_;
 };
 
 }  // namespace proxyep::integrations::normal

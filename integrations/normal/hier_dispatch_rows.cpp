@@ -4,7 +4,6 @@
 #include "common/error.hpp"
 #include "integrations/normal/chunk_plan.hpp"
 
-#include <cstring>
 #include <span>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -86,7 +85,7 @@ void HierDispatchStreams::plan(const std::vector<NotifyRecord>& records) {
       Arrived& a = arrived_[static_cast<size_t>(r)];
       a.rows = from.fabric_rows;
       a.own_expected = from.rows_to[me_];
-      a.areas = ep::RowAreas::of(static_cast<uint64_t>(a.rows), fabric_format_);
+      a.areas = ep::RowAreas::of(static_cast<uint64_t>(a.rows), format);  // heads: a.heads
       a.area =
           backend.allocate(DType::u8, static_cast<int64_t>(std::max<uint64_t>(1, a.areas.end)));
       a.heads = ep::Tensor::empty(DType::i32, a.rows, rpn);

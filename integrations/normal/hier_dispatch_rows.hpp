@@ -69,7 +69,7 @@ class HierDispatchStreams final : public DispatchStreams {
  private:
   // A counterpart's forwarder rows as they arrived, laid out as RowAreas of all of them.
   struct Arrived {
-    gpu_side::ep::Tensor area;   // u8: the rows (without their heads)
+    gpu_side::ep::Tensor area;   // u8: the rows as RowAreas of the call's format
     gpu_side::ep::Tensor heads;  // i32 [rows, ranks_per_node] (the handle keeps it)
     gpu_side::ep::RowAreas areas;
     int64_t rows = 0;
