@@ -103,8 +103,9 @@ struct BufferStats {
   // How normal mode crossed nodes (ep.internode as it applies: "per_rank" on one node, on
   // unequal nodes, for device tensors and low-latency Buffers).
   std::string internode = "per_rank";
-  // Hierarchical internode: dispatch rows this rank sent to other nodes (each token once per
-  // node), and rows it forwarded inside its node for its counterparts.
+  // Dispatch rows this rank sent to other nodes: each token once per node it reaches
+  // (hierarchical), or once per rank there (per_rank). Hierarchical internode: rows this rank
+  // forwarded inside its node for its counterparts.
   uint64_t rows_to_fabric = 0;
   uint64_t rows_forwarded = 0;
   // Writes to other nodes (rows, records, credits, of any mode) that the device's stream handed

@@ -134,6 +134,10 @@ void NormalMode::move_rows(DispatchCall& d) {
   if (const auto* hier = dynamic_cast<const HierDispatchStreams*>(d.streams.get())) {
     stats_.rows_to_fabric += hier->rows_to_fabric();
     stats_.rows_forwarded += hier->rows_forwarded();
+  } else {  // per_rank: a token goes to each rank of another node it reaches
+    for (int r = 0; r < session_.ranks(); ++r)
+      if (r != session_.rank() && session_.channel(r).path() == proxy::PeerPath::fabric)
+        stats_.rows_to_fabric += static_cast<uint64_t>(d.routing.rows_to[static_cast<size_t>(r)]);
   }
   d.clock.lap(&PhaseTimes::prepare_ns);
   calls_.step([&] { session_.quiet(kPhase); });  // staging is rewritten by the next call

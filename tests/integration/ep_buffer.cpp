@@ -181,18 +181,26 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   args.async_finish = o.async;
   auto got = buffer.dispatch(args);
   auto want = ep::reference_dispatch(views, w.shape, me, c.alignment);
-  if (hierarchical) {
-    // Each token once per other node that holds one of its experts.
+  {
+    // Hierarchical: each token once per other node that holds one of its experts; per_rank:
+    // once per rank of another node it reaches.
     got.event.wait();
-    check(layout.num_tokens_per_rdma_rank.defined(), "{}: no num_tokens_per_rdma_rank across nodes",
-          at);
+    const int own_node = me / w.shape.ranks_per_node;
     uint64_t expected = 0;
-    for (int n = 0; n < w.shape.num_nodes(); ++n)
-      if (n != me / w.shape.ranks_per_node)
-        expected += static_cast<uint64_t>(layout.num_tokens_per_rdma_rank.data<int32_t>()[n]);
+    if (hierarchical) {
+      check(layout.num_tokens_per_rdma_rank.defined(),
+            "{}: no num_tokens_per_rdma_rank across nodes", at);
+      for (int n = 0; n < w.shape.num_nodes(); ++n)
+        if (n != own_node)
+          expected += static_cast<uint64_t>(layout.num_tokens_per_rdma_rank.data<int32_t>()[n]);
+    } else {
+      for (int r = 0; r < R; ++r)
+        if (r / w.shape.ranks_per_node != own_node)
+          expected += static_cast<uint64_t>(layout.num_tokens_per_rank.data<int32_t>()[r]);
+    }
     const uint64_t sent = buffer.stats().rows_to_fabric - fabric_rows_before;
-    check(sent == expected, "{}: {} rows crossed to other nodes; each token once per node is {}",
-          at, sent, expected);
+    check(sent == expected, "{}: {} rows crossed to other nodes, expected {} ({})", at, sent,
+          expected, buffer.stats().internode);
   }
 
   // num_worst_tokens: same rows first, then -1 indices; no per-expert list.
