@@ -39,12 +39,29 @@ std::string describe(const CollectiveCall& call) {
 }  // namespace
 
 StarClient::StarClient(EndpointContext context) : context_(std::move(context)) {
-  connect_to_server();
-  try {
-    handshake();
-  } catch (const std::exception& e) {
-    abort(e.what());
-    throw;
+  // One deadline for the whole rendezvous: a connection rank 0 closed before it admitted this
+  // rank (it drops the oldest unscreened connection when a flood fills its cap) is made again,
+  // with backoff, until then. Any other failure (a refusal, another job, a timeout) is final.
+  Deadline deadline(context_.timeout);
+  auto backoff = kFirstBackoff;
+  for (int attempt = 1;; ++attempt) {
+    connect_to_server(deadline);
+    try {
+      handshake();
+      return;
+    } catch (const std::exception& e) {
+      if (!closed_before_welcome_ || deadline.expired()) {
+        abort(e.what());
+        throw;
+      }
+      lost_ = fmt::format("rank 0 closed {} connection{} before admitting this rank, the last: {}",
+                          attempt, attempt == 1 ? "" : "s", e.what());
+      log::debug("bootstrap: {}; connecting again", lost_);
+      connection_.reset();
+      closed_before_welcome_ = false;
+      sleep_slices(backoff, deadline, progress(), kPhase);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+    }
   }
 }
 
@@ -55,9 +72,8 @@ std::string StarClient::server() const {
                      context_.env.master_port);
 }
 
-void StarClient::connect_to_server() {
+void StarClient::connect_to_server(const Deadline& deadline) {
   const auto& env = context_.env;
-  Deadline deadline(context_.timeout);
   std::string error;  // the last attempt's failure, for the message
   auto backoff = kFirstBackoff;
   // Rank 0 may start after us (or its host may not resolve yet): retry until the deadline.
@@ -71,12 +87,14 @@ void StarClient::connect_to_server() {
     sleep_slices(backoff, deadline, progress(), kPhase);
     backoff = std::min(backoff * 2, kMaxBackoff);
   }
-  fail(kPhase, "{} unreachable within {} ms (rank {} tried to connect; last error: {})", server(),
-       context_.timeout.count(), env.rank, error.empty() ? "no attempt finished" : error);
+  fail(kPhase, "{} unreachable within {} ms (rank {} tried to connect; last error: {}{})", server(),
+       context_.timeout.count(), env.rank, error.empty() ? "no attempt finished" : error,
+       lost_.empty() ? "" : "; earlier, " + lost_);
 }
 
 void StarClient::handshake() {
   const auto& env = context_.env;
+  handshaking_ = true;
   const auto wait = context_.timeout + verdict_grace(context_.timeout);
   wire::Challenge challenge = receive_challenge(wait);
   wire::Hello hello{context_.job_id, fresh_nonce(), std::nullopt, identity()};
@@ -107,6 +125,7 @@ void StarClient::handshake() {
           "bootstrap.secret_file (proxyep launch makes one for its ranks)",
           server());
   receive_welcome(claims, wait);
+  handshaking_ = false;
   log::debug("bootstrap: rank {} joined {} (job {}{})", env.rank, server(),
              job_label(context_.job_id), context_.secret ? ", rank 0 proved the secret" : "");
 }
@@ -168,8 +187,11 @@ std::optional<wire::Frame> StarClient::next_frame(const Deadline& deadline,
       if (frame->header.kind == wire::Kind::abort) fail_with_verdict(phase, frame->payload);
       return frame;
     }
-    require(!connection.closed(), phase, "rank 0 closed its bootstrap connection during {} ({})",
-            during, connection.close_reason());
+    if (connection.closed()) {
+      closed_before_welcome_ = handshaking_;
+      fail(phase, "rank 0 closed its bootstrap connection during {} ({})", during,
+           connection.close_reason());
+    }
     if (deadline.expired()) return std::nullopt;
     short events = POLLIN;
     if (connection.wants_write()) events |= POLLOUT;

@@ -3,7 +3,9 @@
 // later), answers rank 0's challenge with its hello (and proof of the job's secret), checks that
 // rank 0 serves this job, and waits for the welcome, whose proof it checks before it trusts rank
 // 0 (control/rendezvous_auth.hpp); run() sends one contribution and waits for the result. A
-// refusal by rank 0 arrives as an abort frame and fails this rank with rank 0's reason.
+// refusal by rank 0 arrives as an abort frame and fails this rank with rank 0's reason; a
+// connection rank 0 closed without one before the welcome (dropped from its cap on unscreened
+// connections) is made again, with backoff, within the same timeout.
 //
 // Deadlines: a wait for rank 0 runs for the timeout plus verdict_grace(). Rank 0 starts its
 // own clock no later than we do (it listens before it accepts us; it sends `enter` when it joins
@@ -17,6 +19,7 @@
 #include "control/star_endpoint.hpp"
 
 #include <memory>
+#include <string>
 
 namespace proxyep::control {
 
@@ -29,7 +32,7 @@ class StarClient final : public StarEndpoint {
   void abort(const std::string& reason) noexcept override;
 
  private:
-  void connect_to_server();
+  void connect_to_server(const Deadline& deadline);
   void handshake();
   wire::Challenge receive_challenge(std::chrono::milliseconds wait);
   // Fails unless rank 0's welcome arrives in time and, with a secret, proves it for `claims`.
@@ -43,6 +46,9 @@ class StarClient final : public StarEndpoint {
 
   EndpointContext context_;
   std::unique_ptr<FramedConnection> connection_;
+  bool handshaking_ = false;            // between the connection and rank 0's welcome
+  bool closed_before_welcome_ = false;  // rank 0 closed the connection then (no abort frame)
+  std::string lost_;                    // the last such loss, for the final error
 };
 
 }  // namespace proxyep::control

@@ -1,5 +1,6 @@
 // StarServer, part 1: listening, challenging and admitting one proven member per rank (the
 // rendezvous; control/rendezvous_auth.hpp says what is proven and how).
+#include "common/descriptor_limit.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "control/rendezvous_auth.hpp"
@@ -74,8 +75,11 @@ void StarServer::listen(const Deadline& deadline) {
 
 void StarServer::rendezvous() {
   Deadline deadline(context_.timeout);
-  listen(deadline);
   const int world = context_.env.world_size;
+  // A connection per rank, up to twice the world awaiting their handshake, the refused ones
+  // closing, and what the process holds besides: at 1024 ranks, past the usual soft limit.
+  reserve_descriptors(3 * static_cast<uint64_t>(world) + kMaxClosing + 256, kPhase);
+  listen(deadline);
   log::debug("bootstrap: rank 0 serving the rendezvous of {} ranks of job {} at {} ({})", world,
              job_label(context_.job_id), address(),
              context_.secret ? "members prove the job's secret" : "no job secret");

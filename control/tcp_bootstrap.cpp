@@ -2,6 +2,7 @@
 
 #include "common/error.hpp"
 #include "common/log.hpp"
+#include "common/signal_hygiene.hpp"
 #include "control/star_client.hpp"
 #include "control/star_server.hpp"
 
@@ -19,6 +20,9 @@ TcpBootstrap::TcpBootstrap(Options options)
     : env_(std::move(options.env)),
       timeout_(options.timeout),
       progress_(std::move(options.progress)) {
+  // A rank of a program that did not start under `proxyep launch` (which opts its ranks out):
+  // SIGTERM must stop it, not run exit(1) in a PSM library libfabric loaded.
+  restore_signals_taken_by_libraries();
   env_.validate();
   require(timeout_.count() > 0, "bootstrap.rendezvous", "the timeout must be positive, got {} ms",
           timeout_.count());

@@ -9,6 +9,7 @@
 #include "tools/bench/fabric_bench.hpp"
 #include "tools/bench/proxy_bench.hpp"
 #include "tools/bench/rank_setup.hpp"
+#include "tools/bench/rendezvous_bench.hpp"
 #include "tools/bench/ring_bench.hpp"
 #include "tools/cli_checks.hpp"
 #include "tools/commands.hpp"
@@ -76,6 +77,7 @@ void register_bench(CLI::App& app, Action& action) {
   register_bench_fabric(*bench, action);
   register_bench_ll(*bench, action);
   register_bench_proxy(*bench, action);
+  register_bench_rendezvous(*bench, action);
   register_bench_ring(*bench, action);
   register_bench_rl(*bench, action);
 }

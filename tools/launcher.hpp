@@ -69,8 +69,11 @@ struct LaunchOptions {
   std::vector<std::pair<std::string, std::string>> extra_env;
   // Variables set only where the launcher's environment lacks them. All ranks run on this
   // machine, so libfabric's tcp provider is pointed at the loopback interface: without it,
-  // tcp;ofi_rxm prefers the first real NIC even for traffic between local processes.
-  std::vector<std::pair<std::string, std::string>> default_env{{"FI_TCP_IFACE", "lo"}};
+  // tcp;ofi_rxm prefers the first real NIC even for traffic between local processes. The PSM
+  // libraries Debian's libfabric loads are told to leave the ranks' signals alone (so SIGTERM
+  // stops a rank, Ctrl-C raises KeyboardInterrupt: common/signal_hygiene.hpp).
+  std::vector<std::pair<std::string, std::string>> default_env{
+      {"FI_TCP_IFACE", "lo"}, {"IPATH_NO_BACKTRACE", "1"}, {"HFI_NO_BACKTRACE", "1"}};
   LineSink sink;  // empty = prefixing_sink()
   // The launcher's own messages ("rank 2 exited with code 3; stopping the other ranks"); empty =
   // "proxyep launch: <message>" on stderr.

@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "common/registry.hpp"
+#include "common/signal_hygiene.hpp"
 #include "tools/commands.hpp"
 #include "tools/load_parameters.hpp"
 #include "tools/self_launch.hpp"
@@ -39,6 +40,8 @@ std::optional<std::string> unknown_command(CLI::App& app) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before anything else: SIGTERM must stop this process, not run exit(1) in a PSM library.
+  restore_signals_taken_by_libraries();
   tools::self_launch::remember_argv(argc, argv);
   CLI::App app{"ProxyEP: CPU-proxy expert-parallel transport runtime"};
   app.require_subcommand(1);

@@ -9,6 +9,7 @@
 #include "common/log.hpp"
 #include "common/params.hpp"
 #include "common/registry.hpp"
+#include "common/signal_hygiene.hpp"
 #include "daemon/daemon.hpp"
 #include "tools/cli_checks.hpp"
 #include "tools/load_parameters.hpp"
@@ -23,6 +24,8 @@
 using namespace proxyep;
 
 int main(int argc, char** argv) {
+  // Before anything else: SIGTERM must stop this process, not run exit(1) in a PSM library.
+  restore_signals_taken_by_libraries();
   CLI::App app{
       "proxyepd: the ProxyEP node daemon (serves the proxy threads of the ranks that attach, "
       "their status and metrics)"};

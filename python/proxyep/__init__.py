@@ -10,7 +10,18 @@ Errors raised by the runtime are :class:`ProxyEPError` (a ``RuntimeError``) with
 message, which names the phase and, for peer failures, the rank.
 """
 
-from ._proxyep import (  # noqa: F401
+import os as _os
+import signal as _signal
+import threading as _threading
+
+# Debian's libfabric loads the PSM libraries, whose load-time constructors take SIGINT, SIGTERM
+# and the crash signals and answer them with exit(1): Ctrl-C would end Python with status 1 and
+# no KeyboardInterrupt, SIGTERM would run the interpreter's exit with the runtime's threads still
+# working. These keep them off; set before the native module, and with it libfabric, is loaded.
+for _name in ("IPATH_NO_BACKTRACE", "HFI_NO_BACKTRACE"):
+    _os.environ.setdefault(_name, "1")
+
+from ._proxyep import (  # noqa: F401, E402
     Config,
     ProxyEPError,
     get_combine_config,
@@ -21,8 +32,16 @@ from ._proxyep import (  # noqa: F401
     rdma_bytes_hint,
     set_num_sms,
 )
-from ._group import rendezvous  # noqa: F401
-from ._tensors import FP8_DTYPE, tensor, to_device, to_host, view  # noqa: F401
+from ._proxyep import restore_signals_taken_by_libraries as _restore_signals  # noqa: E402
+
+# Where libfabric was loaded before this package (its libraries took the signals already), the
+# default actions come back, and Python's own handler for SIGINT.
+_taken = _restore_signals()
+if _signal.SIGINT in _taken and _threading.current_thread() is _threading.main_thread():
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)
+
+from ._group import rendezvous  # noqa: F401, E402
+from ._tensors import FP8_DTYPE, tensor, to_device, to_host, view  # noqa: F401, E402
 
 __all__ = [
     "Config",

@@ -2,6 +2,7 @@
 // up through its torch.distributed group, every call with torch tensor views in and DLPack
 // capsules out (tensor_bridge.hpp), the GIL released while the runtime works or waits.
 #include "bindings.hpp"
+#include "python_signals.hpp"
 #include "tensor_bridge.hpp"
 
 #include "common/crypto.hpp"
@@ -42,7 +43,9 @@ struct GroupRendezvous {
 // A Buffer with the bootstrap it was made over (the Buffer must go first).
 class NativeBuffer {
  public:
-  NativeBuffer(const GroupRendezvous& group, const BufferOptions& options)
+  // `interrupt`: checks Python's signals while the constructor waits for the other ranks.
+  NativeBuffer(const GroupRendezvous& group, const BufferOptions& options,
+               std::function<void()> interrupt)
       : device_(options.device) {
     control::LaunchEnv env;
     env.master_addr = group.master_addr;
@@ -59,8 +62,11 @@ class NativeBuffer {
       boot_options.secret =
           std::make_shared<const SecretBytes>(std::span<const uint8_t>(bytes, group.secret.size()));
     }
+    boot_options.progress = std::move(interrupt);
     boot_ = control::Bootstrap::connect(std::move(boot_options));
     buffer_ = std::make_unique<Buffer>(*boot_, options);
+    // Later collectives (barrier, destroy) may run on any thread, late in the interpreter's life.
+    boot_->set_progress({});
   }
   ~NativeBuffer() { close(); }
 
@@ -255,8 +261,14 @@ void bind_buffer(py::module_& m) {
              o.enable_shrink = enable_shrink;
              o.explicitly_destroy = explicitly_destroy;
              o.ranks_per_node = group.ranks_per_node;
-             GilRelease unlocked;  // collective: waits for every rank
-             return std::make_unique<NativeBuffer>(group, o);
+             PythonSignals signals;
+             try {
+               GilRelease unlocked;  // collective: waits for every rank
+               return std::make_unique<NativeBuffer>(group, o, signals.hook());
+             } catch (const Error&) {
+               signals.raise_if_interrupted();  // e.g. KeyboardInterrupt, in place of ours
+               throw;
+             }
            }),
            py::arg("group"), py::arg("num_nvl_bytes"), py::arg("num_rdma_bytes"),
            py::arg("low_latency_mode"), py::arg("num_qps_per_rank"),

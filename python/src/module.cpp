@@ -4,6 +4,9 @@
 #include "bindings.hpp"
 
 #include "common/error.hpp"
+#include "common/signal_hygiene.hpp"
+
+#include <pybind11/stl.h>
 
 namespace py = pybind11;
 
@@ -23,4 +26,8 @@ PYBIND11_MODULE(_proxyep, m) {
   proxyep::python::bind_device(m);
   proxyep::python::bind_buffer(m);
   proxyep::python::bind_rma_link(m);
+  // The package sets IPATH_NO_BACKTRACE / HFI_NO_BACKTRACE before loading this module; where
+  // something loaded those libraries earlier, it puts Python's handlers back with this.
+  m.def("restore_signals_taken_by_libraries", &proxyep::restore_signals_taken_by_libraries,
+        "default actions back for the signals a PSM library took; returns those signals");
 }

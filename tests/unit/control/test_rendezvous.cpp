@@ -371,6 +371,34 @@ TEST_CASE("rendezvous: a whole world connecting in one burst loses none of its r
   CHECK_FALSE(log.contains("dropped the oldest"));
 }
 
+TEST_CASE("rendezvous: a rank whose connection closes before it was admitted connects again") {
+  // What a rank sees when rank 0 drops its unscreened connection (the cap on strangers filled):
+  // the connection closes with no word. Here something listening on the job's port first takes
+  // rank 1's connection and closes it, then the real rank 0 serves the port; rank 1 must join
+  // it within its timeout instead of failing on the first closed connection.
+  std::atomic<bool> dropped{false};
+  auto rank0 = [&](Bootstrap::Options options) {
+    std::string error;
+    int code = 0;
+    {
+      Socket listener = listen_tcp("127.0.0.1", options.env.master_port, 4, error, code);
+      if (!listener.valid()) throw std::runtime_error("the stand-in cannot listen: " + error);
+      Deadline deadline(5s);
+      while (!deadline.expired()) {
+        Socket taken = accept_one(listener);
+        if (taken.valid()) break;  // closed at once, unread, as a drop does
+        std::this_thread::sleep_for(2ms);
+      }
+    }
+    dropped = true;
+    member("job-a", kSecretA)(std::move(options));
+  };
+  auto outcomes = run_bodies({rank0, member("job-a", kSecretA)}, 2, 10s);
+  CHECK(dropped.load());
+  for (const auto& outcome : outcomes)
+    CHECK_MESSAGE(outcome.ok, outcome.error);
+}
+
 TEST_CASE("rendezvous: members of the same job that conflict still fail the world") {
   // Proven members (same id, same secret) claiming one rank: a broken launch, named at once.
   auto body = member("job-a", kSecretA);
