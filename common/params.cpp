@@ -82,6 +82,11 @@ Param<int64_t> fabric_reorder_segment_bytes{"fabric.reorder_segment_bytes", 4096
     "size of the segments the reorder shim splits each write into"};
 Param<int64_t> fabric_reorder_max_held{"fabric.reorder_max_held", 32, in_range(0, 65536),
     "completions the reorder shim may hold back before it must release one"};
+Param<int64_t> fabric_rxm_buffer_bytes{"fabric.rxm_buffer_bytes", 2048, in_range(0, 1 << 20),
+    "tcp;ofi_rxm (and verbs;ofi_rxm): size of the utility provider's message buffers "
+    "(FI_OFI_RXM_BUFFER_SIZE, set before libfabric loads its providers unless the environment "
+    "has it). ProxyEP moves data by RMA, never by messages, and libfabric's 16 KiB default cost "
+    "~80 MiB of buffer pools per rank; 0 = libfabric's default"};
 
 Param<int64_t> bootstrap_timeout_ms{"bootstrap.timeout_ms", 30000, in_range(1, kDayMs),
     "deadline of every bootstrap wait (rendezvous, allgather, barrier, broadcast), in ms"};

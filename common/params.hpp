@@ -20,6 +20,7 @@ extern Param<bool> fabric_reorder;
 extern Param<int64_t> fabric_reorder_seed;
 extern Param<int64_t> fabric_reorder_segment_bytes;
 extern Param<int64_t> fabric_reorder_max_held;
+extern Param<int64_t> fabric_rxm_buffer_bytes;
 
 // control/
 extern Param<int64_t> bootstrap_timeout_ms;

@@ -3,6 +3,7 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "fabric/capabilities.hpp"
+#include "fabric/provider_defaults.hpp"
 
 #include <rdma/fi_errno.h>
 
@@ -106,6 +107,7 @@ std::vector<ProviderRequest> requests_for(std::string_view user_name) {
 }
 
 std::vector<InfoPtr> query_infos(const ProviderRequest& request) {
+  apply_provider_defaults();  // before the first fi_getinfo loads the providers
   std::vector<InfoPtr> found;
   std::set<std::tuple<std::string, std::string, std::string>> seen;
   for (HintVariant variant : hint_variants()) {
