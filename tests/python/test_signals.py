@@ -22,8 +22,8 @@ g = _proxyep.GroupRendezvous()
 g.master_addr, g.master_port = "127.0.0.1", int(sys.argv[3])
 g.rank, g.world_size, g.ranks_per_node = int(sys.argv[1]), 2, 1
 g.job_id, g.secret = "signals-test", b""
-print("waiting", flush=True)
 try:
+    print("waiting", flush=True)
     _proxyep.Buffer(g, 1 << 20, 1 << 20, False, 1, True, False, True)
 except KeyboardInterrupt:
     print("KeyboardInterrupt", flush=True)
