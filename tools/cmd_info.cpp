@@ -5,6 +5,7 @@
 #include "common/topology.hpp"
 #include "fabric/capabilities.hpp"
 #include "tools/commands.hpp"
+#include "tools/info_memory.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -28,6 +29,7 @@ namespace {
 struct InfoOptions {
   bool json = false;
   std::string provider;
+  MemoryCli memory;
 };
 
 // "8 B", "16 KiB", "1.5 MiB": exact when the value is a whole number of the unit.
@@ -201,6 +203,7 @@ void print_topology(const topology::Topology& topo) {
 }
 
 int run_info(const InfoOptions& options) {
+  if (options.memory.memory) return print_memory(options.memory, options.json);
   int status = 0;
   std::vector<fabric::Capabilities> providers;
   // A broken libfabric setup should not hide the topology: report it and still print the rest.
@@ -238,6 +241,7 @@ void register_info(CLI::App& app, Action& action) {
   cmd->add_flag("--json", options->json, "one JSON document on stdout");
   cmd->add_option("--provider", options->provider,
                   "only this libfabric provider, e.g. tcp, shm, efa, verbs");
+  add_memory_options(*cmd, options->memory);
   cmd->callback([&action, options] { action = [options] { return run_info(*options); }; });
 }
 

@@ -1,0 +1,77 @@
+#include "integrations/memory_model.hpp"
+
+#include "common/error.hpp"
+#include "common/params.hpp"
+#include "integrations/buffer.hpp"
+#include "integrations/session_sizes.hpp"
+#include "proxy/arena_layout.hpp"
+
+#include <fmt/format.h>
+
+namespace proxyep::integrations {
+namespace {
+
+constexpr uint64_t kWordBytes = 8;  // proxy/arena_layout.cpp: one word per source and receiver
+
+}  // namespace
+
+std::vector<MemoryItem> buffer_memory(const MemoryShape& shape) {
+  require(shape.ranks >= 1 && shape.ranks_per_node >= 1 && shape.tokens >= 1 && shape.hidden >= 8 &&
+              shape.topk >= 1 && shape.experts >= 1,
+          "buffer",
+          "a memory shape needs positive ranks, ranks per node, tokens, hidden, top-k "
+          "and experts");
+  const int R = shape.ranks;
+  const int64_t row = shape.hidden * 2;
+  BufferOptions opts;
+  opts.low_latency_mode = shape.low_latency;
+  if (shape.low_latency) {
+    opts.num_nvl_bytes = 0;
+    opts.num_rdma_bytes = Buffer::get_low_latency_rdma_size_hint(
+        static_cast<int>(shape.tokens), static_cast<int>(shape.hidden), R, shape.experts);
+  } else {
+    opts.num_nvl_bytes = Buffer::nvl_bytes_hint(shape.tokens, row, shape.topk, R);
+    opts.num_rdma_bytes =
+        R > shape.ranks_per_node
+            ? Buffer::rdma_bytes_hint(shape.tokens, row, shape.topk, R, shape.ranks_per_node)
+            : 0;
+  }
+  const proxy::SessionSizes sizes = session_sizes(opts, R, shape.ranks_per_node);
+  const proxy::ArenaLayout layout(0, sizes);
+  const uint64_t records = 2 * static_cast<uint64_t>(R) * sizes.record_bytes;
+  const uint64_t words = 4 * static_cast<uint64_t>(R) * kWordBytes;
+  const uint64_t eager = 2 * static_cast<uint64_t>(R) * sizes.eager_bytes;
+  std::vector<MemoryItem> items;
+  items.push_back({"arena.records", records, true,
+                   fmt::format("2 x R x record = 2 x {} x {} B", R, sizes.record_bytes)});
+  items.push_back({"arena.words", words, true, fmt::format("4 x R x 8 B = 4 x {} x 8 B", R)});
+  // The data area starts on a page: what the page rounding adds is the eager item's.
+  const uint64_t eager_in_arena = layout.data_base() - records - words;
+  items.push_back(
+      {"arena.eager_slots", eager_in_arena, true,
+       fmt::format("2 x R x {} = 2 x {} x {} B, page-aligned",
+                   shape.low_latency ? "LL slot (num_rdma_bytes / 2R)" : "ep.eager_bytes", R,
+                   sizes.eager_bytes)});
+  if (sizes.data_bytes > 0)
+    items.push_back({"arena.data", sizes.data_bytes, true,
+                     fmt::format("num_nvl_bytes = nvl_bytes_hint(T={}, {} B, top-{}, R={})",
+                                 shape.tokens, row, shape.topk, R)});
+  // Staging exists when the group spans nodes (LL without NVLink: every peer is a node).
+  if (const uint64_t staging = layout.staging_bytes(); staging > 0) {
+    items.push_back({"staging.records", records, true,
+                     fmt::format("2 x R x record = 2 x {} x {} B", R, sizes.record_bytes)});
+    items.push_back({"staging.eager_slots", eager, true,
+                     fmt::format("2 x R x eager = 2 x {} x {} B", R, sizes.eager_bytes)});
+    if (staging > records + eager)
+      items.push_back({"staging.data", staging - records - eager, true,
+                       fmt::format("num_rdma_bytes = rdma_bytes_hint(T={}, {} B, top-{}, R={}, "
+                                   "N={})",
+                                   shape.tokens, row, shape.topk, R, shape.ranks_per_node)});
+  }
+  if (!shape.low_latency)
+    items.push_back({"landing", static_cast<uint64_t>(params::ep_landing_bytes.get()), false,
+                     "ep.landing_bytes of address space; a call touches its recv_x"});
+  return items;
+}
+
+}  // namespace proxyep::integrations
