@@ -11,11 +11,9 @@
 
 namespace proxyep {
 
-// The environment variables that keep those libraries' hands off the signals, for processes
-// started before anything loads them (the launcher gives them to its ranks; the Python package
-// sets them before it loads its native module).
-inline constexpr const char* kLibraryBacktraceOptOuts[] = {"IPATH_NO_BACKTRACE",
-                                                           "HFI_NO_BACKTRACE"};
+// IPATH_NO_BACKTRACE=1 and HFI_NO_BACKTRACE=1 keep those libraries' hands off the signals when
+// set before anything loads them: the launcher gives them to its ranks, the Python package sets
+// them before it loads its native module. Other programs rely on the restore below.
 
 // Puts back the default action of every signal whose handler lives in one of those libraries
 // (found by the handler's address) and returns those signals; handlers of anyone else, the

@@ -9,11 +9,6 @@
 #include <fmt/format.h>
 
 namespace proxyep::integrations {
-namespace {
-
-constexpr uint64_t kWordBytes = 8;  // proxy/arena_layout.cpp: one word per source and receiver
-
-}  // namespace
 
 std::vector<MemoryItem> buffer_memory(const MemoryShape& shape) {
   require(shape.ranks >= 1 && shape.ranks_per_node >= 1 && shape.tokens >= 1 && shape.hidden >= 8 &&
@@ -38,15 +33,18 @@ std::vector<MemoryItem> buffer_memory(const MemoryShape& shape) {
   }
   const proxy::SessionSizes sizes = session_sizes(opts, R, shape.ranks_per_node);
   const proxy::ArenaLayout layout(0, sizes);
-  const uint64_t records = 2 * static_cast<uint64_t>(R) * sizes.record_bytes;
-  const uint64_t words = 4 * static_cast<uint64_t>(R) * kWordBytes;
+  // The arena's areas where the layout puts them: records from 0, the stream words (one cache
+  // line each, per source and receiver), the eager slots, then the data area on a page (the
+  // rounding is counted with the eager slots).
+  const uint64_t records = layout.published_word(0);
+  const uint64_t words = layout.eager_slot(0, 0) - records;
+  const uint64_t eager_in_arena = layout.data_base() - records - words;
   const uint64_t eager = 2 * static_cast<uint64_t>(R) * sizes.eager_bytes;
   std::vector<MemoryItem> items;
   items.push_back({"arena.records", records, true,
                    fmt::format("2 x R x record = 2 x {} x {} B", R, sizes.record_bytes)});
-  items.push_back({"arena.words", words, true, fmt::format("4 x R x 8 B = 4 x {} x 8 B", R)});
-  // The data area starts on a page: what the page rounding adds is the eager item's.
-  const uint64_t eager_in_arena = layout.data_base() - records - words;
+  items.push_back({"arena.words", words, true,
+                   fmt::format("4 x R x {} B (a cache line each)", words / (4 * R))});
   items.push_back(
       {"arena.eager_slots", eager_in_arena, true,
        fmt::format("2 x R x {} = 2 x {} x {} B, page-aligned",

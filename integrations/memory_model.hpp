@@ -3,7 +3,7 @@
 // session lays them out (proxy/arena_layout.hpp). `proxyep info --memory` prints it.
 //
 // Per rank, with R ranks, N per node, T tokens per rank, H bytes per token row:
-//   arena      2R x record + 4R x 8 (words) + 2R x eager (page-aligned) + num_nvl_bytes
+//   arena      2R x record + 4R x 64 (words) + 2R x eager (page-aligned) + num_nvl_bytes
 //              (a memfd its node peers map; the eager slots are touched only by eager calls)
 //   staging    2R x record + 2R x eager + num_rdma_bytes (when the group spans nodes)
 //   landing    ep.landing_bytes of address space; a call touches its recv_x there

@@ -47,6 +47,7 @@ TEST_CASE("memory model: normal mode across nodes adds up to the session's arena
   CHECK(items.at("staging.records") + items.at("staging.eager_slots") + items.at("staging.data") ==
         layout.staging_bytes());
   CHECK(items.at("arena.records") == 2 * 128 * sizes.record_bytes);
+  CHECK(items.at("arena.words") == 4 * 128 * 64);  // one cache line per stream word
   CHECK(items.at("staging.eager_slots") == 2 * 128 * sizes.eager_bytes);
   CHECK(items.at("arena.data") == static_cast<uint64_t>(opts.num_nvl_bytes));
   CHECK(items.at("staging.data") == static_cast<uint64_t>(opts.num_rdma_bytes));
