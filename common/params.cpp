@@ -172,8 +172,14 @@ Param<int64_t> ep_chunk_bytes{"ep.chunk_bytes", 1 << 20, in_range(4096, int64_t{
 Param<int64_t> ep_eager_bytes{"ep.eager_bytes", 128 << 10, in_range(0, 64 << 20),
     "a Buffer call's rows from one rank to another that fit this many bytes travel with the "
     "call's notify record instead of after it (one synchronisation per call instead of two); "
-    "costs 2 x ranks x this in every arena and staging area; 0 = never; every rank must use the "
-    "same value"};
+    "costs 2 x ranks x this in every arena and staging area (capped by ep.eager_budget_bytes); "
+    "0 = never; every rank must use the same value"};
+Param<int64_t> ep_eager_budget_bytes{"ep.eager_budget_bytes", 8 << 20,
+    in_range(0, int64_t{1} << 34),
+    "most bytes of eager slots in one arena or staging area: a pair's eager size is "
+    "min(ep.eager_bytes, this / (2 x ranks)), so large groups (where each pair's rows shrink "
+    "anyway) do not pay 2 x ranks x ep.eager_bytes per area (128 KiB pairs up to 32 ranks at the "
+    "default, 32 KiB at 128, 8 KiB at 512); every rank must use the same value"};
 Param<int64_t> ep_landing_bytes{"ep.landing_bytes", int64_t{32} << 30,
     in_range(0, int64_t{1} << 46),
     "address space of a rank's landing region, where a normal-mode dispatch's recv_x lives when "

@@ -53,6 +53,7 @@ extern Param<int64_t> ep_timeout_ms;
 extern Param<int64_t> ep_host_threads;
 extern Param<int64_t> ep_chunk_bytes;
 extern Param<int64_t> ep_eager_bytes;
+extern Param<int64_t> ep_eager_budget_bytes;
 extern Param<int64_t> ep_landing_bytes;
 extern Param<std::string> ep_landing_fabric;
 extern Param<std::string> ep_send_from_x;

@@ -48,7 +48,7 @@ std::vector<MemoryItem> buffer_memory(const MemoryShape& shape) {
   items.push_back(
       {"arena.eager_slots", eager_in_arena, true,
        fmt::format("2 x R x {} = 2 x {} x {} B, page-aligned",
-                   shape.low_latency ? "LL slot (num_rdma_bytes / 2R)" : "ep.eager_bytes", R,
+                   shape.low_latency ? "max(eager, LL slot = num_rdma_bytes / 2R)" : "eager", R,
                    sizes.eager_bytes)});
   if (sizes.data_bytes > 0)
     items.push_back({"arena.data", sizes.data_bytes, true,

@@ -48,7 +48,12 @@ proxy::SessionSizes session_sizes(const BufferOptions& opts, int ranks, int rank
       align_up(proxy::kRecordWordBytes + std::max(normal::record_payload_bytes(ranks),
                                                   low_latency::ll_record_payload_bytes()),
                proxy::kSlotAlignment);
-  s.eager_limit = static_cast<uint64_t>(std::max<int64_t>(0, params::ep_eager_bytes.get())) /
+  // Each pair's eager slot from the per-area budget: a group of R ranks has 2R slots per area (two
+  // calls in flight), and its pairs' rows shrink as R grows, so the slots may too.
+  const auto eager_cap = static_cast<uint64_t>(std::max<int64_t>(0, params::ep_eager_bytes.get()));
+  const auto eager_budget =
+      static_cast<uint64_t>(std::max<int64_t>(0, params::ep_eager_budget_bytes.get()));
+  s.eager_limit = std::min(eager_cap, eager_budget / (2 * static_cast<uint64_t>(ranks))) /
                   proxy::kSlotAlignment * proxy::kSlotAlignment;
   s.eager_bytes = std::max(
       s.eager_limit, ll ? low_latency::ll_slot_from_rdma_bytes(opts.num_rdma_bytes, ranks) : 0);

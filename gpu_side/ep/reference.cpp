@@ -36,16 +36,7 @@ void copy_row(const TensorRef& source, int64_t row, std::byte* out) {
         element);
 }
 
-struct InputForm {
-  int64_t hidden = 0;
-  int topk = 0;
-  DType x_dtype = DType::bf16;
-  bool weights = false;
-  // FP8 scales, moved as opaque 4-byte words like DeepEP does: float32 (amax / 448 per 128
-  // channels) or int32 (packed UE8M0, four 128-channel groups per word), any column count.
-  DType scale_dtype = DType::f32;
-  int64_t scale_cols = 0;
-};
+using InputForm = DispatchInputForm;
 
 // Rank 0's scales fix the form every rank's scales must have.
 void read_scale_form(const TensorRef& scales, InputForm& form) {
@@ -68,37 +59,36 @@ void check_scales(const TensorRef& scales, const InputForm& form, size_t rank, i
   require_shape(scales, tokens, form.scale_cols, kPhase, "x_scales");
 }
 
-// Checks every rank's inputs against rank 0's form (same hidden, top-k, dtype, weights given).
-InputForm check_inputs(std::span<const DispatchInputs> all, const EpShape& shape) {
-  require(all.size() == size_t(shape.num_ranks), kPhase, "got inputs of {} ranks; expected {}",
-          all.size(), shape.num_ranks);
+// The first source's form: what every other source's inputs must match.
+InputForm read_form(const DispatchInputs& first) {
   InputForm form;
-  form.hidden = all[0].x.cols;
-  form.topk = static_cast<int>(all[0].topk_idx.cols);
-  form.x_dtype = all[0].x.dtype;
-  form.weights = all[0].topk_weights.defined();
+  form.hidden = first.x.cols;
+  form.topk = static_cast<int>(first.topk_idx.cols);
+  form.x_dtype = first.x.dtype;
+  form.weights = first.topk_weights.defined();
   require(form.x_dtype == DType::bf16 || form.x_dtype == DType::fp8_e4m3, kPhase,
-          "x must be bf16 or float8_e4m3fn; got {}", all[0].x.describe());
-  if (form.x_dtype == DType::fp8_e4m3) read_scale_form(all[0].x_scales, form);
-  for (size_t r = 0; r < all.size(); ++r) {
-    const DispatchInputs& in = all[r];
-    validate_topk_idx(in.topk_idx, shape, kPhase);
-    const int64_t tokens = in.topk_idx.rows;
-    require_dtype(in.x, form.x_dtype, kPhase, "x");
-    require_host(in.x, kPhase, "x");
-    require_shape(in.x, tokens, form.hidden, kPhase, "x");
-    require(in.topk_idx.cols == form.topk, kPhase, "rank {} has num_topk {}; rank 0 has {}", r,
-            in.topk_idx.cols, form.topk);
-    if (form.x_dtype == DType::fp8_e4m3) check_scales(in.x_scales, form, r, tokens);
-    require(in.topk_weights.defined() == form.weights, kPhase,
-            "topk_weights must be given for all ranks or none (rank {} differs from rank 0)", r);
-    if (form.weights) {
-      require_dtype(in.topk_weights, DType::f32, kPhase, "topk_weights");
-      require_host(in.topk_weights, kPhase, "topk_weights");
-      require_shape(in.topk_weights, tokens, form.topk, kPhase, "topk_weights");
-    }
-  }
+          "x must be bf16 or float8_e4m3fn; got {}", first.x.describe());
+  if (form.x_dtype == DType::fp8_e4m3) read_scale_form(first.x_scales, form);
   return form;
+}
+
+// Checks source `r`'s inputs against the form (same hidden, top-k, dtype, weights given).
+void check_source(const DispatchInputs& in, const InputForm& form, int r, const EpShape& shape) {
+  validate_topk_idx(in.topk_idx, shape, kPhase);
+  const int64_t tokens = in.topk_idx.rows;
+  require_dtype(in.x, form.x_dtype, kPhase, "x");
+  require_host(in.x, kPhase, "x");
+  require_shape(in.x, tokens, form.hidden, kPhase, "x");
+  require(in.topk_idx.cols == form.topk, kPhase, "rank {} has num_topk {}; rank 0 has {}", r,
+          in.topk_idx.cols, form.topk);
+  if (form.x_dtype == DType::fp8_e4m3) check_scales(in.x_scales, form, size_t(r), tokens);
+  require(in.topk_weights.defined() == form.weights, kPhase,
+          "topk_weights must be given for all ranks or none (rank {} differs from rank 0)", r);
+  if (form.weights) {
+    require_dtype(in.topk_weights, DType::f32, kPhase, "topk_weights");
+    require_host(in.topk_weights, kPhase, "topk_weights");
+    require_shape(in.topk_weights, tokens, form.topk, kPhase, "topk_weights");
+  }
 }
 
 // Checks combine's inputs against each other: one entry per rank, shapes that match each rank's
@@ -143,63 +133,87 @@ void check_combine_inputs(std::span<const TensorRef> expert_out,
 
 }  // namespace
 
-ReferenceDispatch reference_dispatch(std::span<const DispatchInputs> all, const EpShape& shape,
-                                     int rank, int expert_alignment) {
+ReferenceReceiver::ReferenceReceiver(const EpShape& shape, int rank, int expert_alignment)
+    : shape_(shape), rank_(rank), expert_alignment_(expert_alignment) {
   require(rank >= 0 && rank < shape.num_ranks, kPhase, "rank {} is outside [0, {})", rank,
           shape.num_ranks);
   require(expert_alignment >= 1, kPhase, "expert_alignment must be >= 1; got {}", expert_alignment);
-  const InputForm form = check_inputs(all, shape);
-  const int topk = form.topk;
-  const bool fp8 = form.x_dtype == DType::fp8_e4m3;
+  recv_from_.assign(static_cast<size_t>(shape.num_ranks), 0);
+  expert_pairs_.assign(static_cast<size_t>(shape.experts_per_rank()), 0);
+}
 
-  // Pass 1: which rows arrive, in receive order (source rank, then token).
-  ReferenceDispatch out;
-  out.recv_from.assign(static_cast<size_t>(shape.num_ranks), 0);
-  std::vector<std::pair<int, int64_t>> rows;  // (source rank, token)
-  for (int source = 0; source < shape.num_ranks; ++source) {
-    const TensorRef& idx = all[source].topk_idx;
-    for (int64_t t = 0; t < idx.rows; ++t) {
-      bool hit = false;
-      for (int k = 0; k < topk && !hit; ++k)
-        hit = shape.local_expert(idx.as<int64_t>()[t * topk + k], rank) >= 0;
-      if (!hit) continue;
-      rows.emplace_back(source, t);
-      ++out.recv_from[source];
-    }
-  }
-
-  // Pass 2: fill the outputs.
-  const auto num_recv = static_cast<int64_t>(rows.size());
-  out.recv_x = Tensor::empty(form.x_dtype, num_recv, form.hidden);
-  if (fp8) out.recv_x_scales = Tensor::empty(form.scale_dtype, num_recv, form.scale_cols);
-  out.recv_topk_idx = Tensor::empty(DType::i64, num_recv, topk);
-  if (form.weights) out.recv_topk_weights = Tensor::empty(DType::f32, num_recv, topk);
-  out.recv_src_idx = Tensor::empty(DType::i32, num_recv);
-  std::vector<int64_t> pairs(static_cast<size_t>(shape.experts_per_rank()), 0);
-  const size_t row_bytes = static_cast<size_t>(form.hidden) * dtype_size(form.x_dtype);
+void ReferenceReceiver::add_source(int source, const DispatchInputs& in) {
+  require(source >= next_source_ && source < shape_.num_ranks, kPhase,
+          "sources must come in ascending order inside [0, {}), each once; got {} after {}",
+          shape_.num_ranks, source, next_source_ - 1);
+  if (!have_form_) form_ = read_form(in);
+  have_form_ = true;
+  check_source(in, form_, source, shape_);
+  next_source_ = source + 1;
+  const int topk = form_.topk;
+  const bool fp8 = form_.x_dtype == DType::fp8_e4m3;
+  const size_t row_bytes = static_cast<size_t>(form_.hidden) * dtype_size(form_.x_dtype);
   const size_t scale_row_bytes =
-      static_cast<size_t>(form.scale_cols) * dtype_size(form.scale_dtype);
-  for (int64_t i = 0; i < num_recv; ++i) {
-    const auto [source, t] = rows[static_cast<size_t>(i)];
-    const DispatchInputs& in = all[source];
-    copy_row(in.x, t, out.recv_x.raw() + static_cast<size_t>(i) * row_bytes);
-    if (fp8)
-      copy_row(in.x_scales, t, out.recv_x_scales.raw() + static_cast<size_t>(i) * scale_row_bytes);
-    out.recv_src_idx.data<int32_t>()[i] = static_cast<int32_t>(t);
+      static_cast<size_t>(form_.scale_cols) * dtype_size(form_.scale_dtype);
+  const auto* idx = in.topk_idx.as<int64_t>();
+  for (int64_t t = 0; t < in.topk_idx.rows; ++t) {
+    bool hit = false;
+    for (int k = 0; k < topk && !hit; ++k)
+      hit = shape_.local_expert(idx[t * topk + k], rank_) >= 0;
+    if (!hit) continue;
+    ++recv_from_[static_cast<size_t>(source)];
+    x_.resize(x_.size() + row_bytes);
+    copy_row(in.x, t, x_.data() + x_.size() - row_bytes);
+    if (fp8) {
+      scales_.resize(scales_.size() + scale_row_bytes);
+      copy_row(in.x_scales, t, scales_.data() + scales_.size() - scale_row_bytes);
+    }
+    src_idx_.push_back(static_cast<int32_t>(t));
     for (int k = 0; k < topk; ++k) {
-      int64_t local = shape.local_expert(in.topk_idx.as<int64_t>()[t * topk + k], rank);
-      out.recv_topk_idx.data<int64_t>()[i * topk + k] = local;
-      if (local >= 0) ++pairs[static_cast<size_t>(local)];
-      if (form.weights)
-        out.recv_topk_weights.data<float>()[i * topk + k] =
-            local >= 0 ? in.topk_weights.at<float>(t, k) : 0.0f;
+      const int64_t local = shape_.local_expert(idx[t * topk + k], rank_);
+      topk_idx_.push_back(local);
+      if (local >= 0) ++expert_pairs_[static_cast<size_t>(local)];
+      if (form_.weights)
+        topk_weights_.push_back(local >= 0 ? in.topk_weights.at<float>(t, k) : 0.0f);
     }
   }
-  for (int64_t count : pairs) {
-    int64_t aligned = (count + expert_alignment - 1) / expert_alignment * expert_alignment;
+}
+
+ReferenceDispatch ReferenceReceiver::finish() {
+  ReferenceDispatch out;
+  const auto num_recv = static_cast<int64_t>(src_idx_.size());
+  auto fill = [](Tensor tensor, const void* bytes, size_t size) {
+    if (size > 0) std::memcpy(tensor.raw(), bytes, size);
+    return tensor;
+  };
+  out.recv_x = fill(Tensor::empty(form_.x_dtype, num_recv, form_.hidden), x_.data(), x_.size());
+  if (form_.x_dtype == DType::fp8_e4m3)
+    out.recv_x_scales = fill(Tensor::empty(form_.scale_dtype, num_recv, form_.scale_cols),
+                             scales_.data(), scales_.size());
+  out.recv_topk_idx = fill(Tensor::empty(DType::i64, num_recv, form_.topk), topk_idx_.data(),
+                           topk_idx_.size() * sizeof(int64_t));
+  if (form_.weights)
+    out.recv_topk_weights = fill(Tensor::empty(DType::f32, num_recv, form_.topk),
+                                 topk_weights_.data(), topk_weights_.size() * sizeof(float));
+  out.recv_src_idx =
+      fill(Tensor::empty(DType::i32, num_recv), src_idx_.data(), src_idx_.size() * sizeof(int32_t));
+  out.recv_from = std::move(recv_from_);
+  for (int64_t count : expert_pairs_) {
+    const int64_t aligned = (count + expert_alignment_ - 1) / expert_alignment_ * expert_alignment_;
     out.num_recv_tokens_per_expert.push_back(static_cast<int>(aligned));
   }
+  *this = ReferenceReceiver(shape_, rank_, expert_alignment_);
   return out;
+}
+
+ReferenceDispatch reference_dispatch(std::span<const DispatchInputs> all, const EpShape& shape,
+                                     int rank, int expert_alignment) {
+  ReferenceReceiver receiver(shape, rank, expert_alignment);
+  require(all.size() == size_t(shape.num_ranks), kPhase, "got inputs of {} ranks; expected {}",
+          all.size(), shape.num_ranks);
+  for (int source = 0; source < shape.num_ranks; ++source)
+    receiver.add_source(source, all[static_cast<size_t>(source)]);
+  return receiver.finish();
 }
 
 ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,

@@ -23,6 +23,8 @@
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/tensor.hpp"
 
+#include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -46,6 +48,46 @@ struct ReferenceDispatch {
   Tensor recv_src_idx;                          // i32 [num_recv]: token index at its source
   std::vector<int> recv_from;                   // [R]: rows received from each source rank
   std::vector<int> num_recv_tokens_per_expert;  // [E_local], aligned
+};
+
+// The form every rank's inputs must share: the first source's.
+struct DispatchInputForm {
+  int64_t hidden = 0;
+  int topk = 0;
+  DType x_dtype = DType::bf16;
+  bool weights = false;
+  // FP8 scales, moved as opaque 4-byte words like DeepEP does: float32 (amax / 448 per 128
+  // channels) or int32 (packed UE8M0, four 128-channel groups per word), any column count.
+  DType scale_dtype = DType::f32;
+  int64_t scale_cols = 0;
+};
+
+// What `rank` receives, built one source at a time, so a caller never holds every rank's inputs
+// at once (each rank of a 128-rank benchmark checks its own outputs this way, in O(T x H) per
+// source instead of O(R x T x H)).
+class ReferenceReceiver {
+ public:
+  ReferenceReceiver(const EpShape& shape, int rank, int expert_alignment = 1);
+  // The rows `source` sends to the rank. Sources come in ascending order (the receive order),
+  // each at most once; one left out sent nothing. Each source's inputs must have the form of the
+  // first one added.
+  void add_source(int source, const DispatchInputs& in);
+  // The rows added so far, as reference_dispatch returns them; the receiver is left empty.
+  ReferenceDispatch finish();
+
+ private:
+  EpShape shape_;
+  int rank_;
+  int expert_alignment_;
+  int next_source_ = 0;
+  bool have_form_ = false;
+  DispatchInputForm form_;
+  std::vector<std::byte> x_, scales_;  // received rows, packed
+  std::vector<int64_t> topk_idx_;
+  std::vector<float> topk_weights_;
+  std::vector<int32_t> src_idx_;
+  std::vector<int> recv_from_;
+  std::vector<int64_t> expert_pairs_;  // (token, local expert) pairs, per local expert
 };
 
 // `all` holds every rank's inputs, indexed by rank; computes what `rank` receives.

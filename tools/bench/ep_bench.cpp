@@ -175,8 +175,8 @@ RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::
 }
 
 // This rank's outputs against the reference: "" when all match, else the first difference.
-std::string check_rank(const RankRun& run, const EpReference& reference, int rank) {
-  const auto& want = reference.dispatch(rank);
+std::string check_rank(const RankRun& run, const EpReference& reference) {
+  const auto& want = reference.dispatch();
   const auto& d = run.fresh;
   std::string diff =
       compare_dispatch({d.recv_x, d.recv_x_scales, d.recv_topk_idx, d.recv_topk_weights,
@@ -191,8 +191,7 @@ std::string check_rank(const RankRun& run, const EpReference& reference, int ran
   // A hierarchical combine sums each node's rows first (gpu_side/ep/reference.hpp: by_node).
   const auto order =
       run.internode == "hierarchical" ? ep::CombineOrder::by_node : ep::CombineOrder::by_rank;
-  diff = compare_tensor(run.combined.combined_x, reference.combine(rank, order).combined_x,
-                        "combined_x");
+  diff = compare_tensor(run.combined.combined_x, reference.combine(order).combined_x, "combined_x");
   return diff.empty() ? "" : "combine: " + diff;
 }
 
@@ -285,7 +284,7 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
     log::info("bench: memcpy floor timed");
   }
   EpReference reference = make_reference();
-  std::string diff = check_rank(run, reference, rank);
+  std::string diff = check_rank(run, reference);
   log::info("bench: normal-mode outputs checked against the reference");
   if (!diff.empty()) log::error("bench: normal-mode output differs from the reference: {}", diff);
 
@@ -321,7 +320,7 @@ nlohmann::json run_ep_bench(control::Bootstrap& bootstrap, const EpBenchOptions&
   auto run_as = [&](const std::string& internode) {
     if (!internode.empty()) params::ep_internode.set(internode, config::Source::command_line);
     return run_normal_mode(bootstrap, options, shape, inputs,
-                           [&] { return EpReference(workload); });
+                           [&] { return EpReference(workload, bootstrap.rank()); });
   };
   const bool both = options.internode == "both" && shape.num_nodes() > 1;
   nlohmann::json per_rank;

@@ -40,33 +40,41 @@ std::pair<int64_t, int64_t> count_node_pairs(const ep::Tensor& is_token_in_rank,
   return {pairs, other};
 }
 
-EpTraffic compute_traffic(const ep::WorkloadOptions& options,
-                          const std::vector<ep::DispatchLayout>& layouts,
-                          const std::vector<ep::ReferenceDispatch>& dispatched) {
+// Adds source `source`'s figures (from its layout) to `traffic`; finish_traffic derives the rest.
+void add_traffic(EpTraffic& traffic, const ep::WorkloadOptions& options, int source,
+                 const ep::DispatchLayout& layout) {
   const auto& shape = options.shape;
-  EpTraffic traffic;
-  traffic.tokens_per_expert.assign(static_cast<size_t>(shape.num_experts), 0);
-  double row_bytes = static_cast<double>(options.hidden) * 2;
-  double fp8_factor = options.fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0;
-  for (int r = 0; r < shape.num_ranks; ++r) {
-    int64_t rows = dispatched[r].recv_x.rows();
-    auto [pairs, other_node_pairs] = count_node_pairs(layouts[r].is_token_in_rank, shape, r);
-    traffic.recv_rows.push_back(rows);
-    traffic.node_pairs.push_back(pairs);
+  const auto R = static_cast<size_t>(shape.num_ranks);
+  if (traffic.recv_rows.empty()) {
+    traffic.recv_rows.assign(R, 0);
+    traffic.tokens_per_expert.assign(static_cast<size_t>(shape.num_experts), 0);
+  }
+  const auto* per_rank = layout.num_tokens_per_rank.data<int32_t>();
+  for (size_t r = 0; r < R; ++r)
+    traffic.recv_rows[r] += per_rank[r];
+  const auto* per_expert = layout.num_tokens_per_expert.data<int32_t>();
+  for (int e = 0; e < shape.num_experts; ++e)
+    traffic.tokens_per_expert[static_cast<size_t>(e)] += per_expert[e];
+  const double row_bytes = static_cast<double>(options.hidden) * 2;
+  const double fp8_factor = options.fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0;
+  auto [pairs, other_node_pairs] = count_node_pairs(layout.is_token_in_rank, shape, source);
+  traffic.node_pairs.push_back(pairs);
+  traffic.rdma_dispatch_bytes.push_back(static_cast<double>(pairs) * row_bytes * fp8_factor);
+  traffic.rdma_combine_bytes.push_back(static_cast<double>(pairs) * row_bytes);
+  traffic.fabric_dispatch_bytes.push_back(static_cast<double>(other_node_pairs) * row_bytes *
+                                          fp8_factor);
+  traffic.fabric_combine_bytes.push_back(static_cast<double>(other_node_pairs) * row_bytes);
+}
+
+void finish_traffic(EpTraffic& traffic, const ep::WorkloadOptions& options) {
+  const double row_bytes = static_cast<double>(options.hidden) * 2;
+  const double fp8_factor = options.fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0;
+  for (int64_t rows : traffic.recv_rows) {
     traffic.dispatch_bytes.push_back(static_cast<double>(rows) * row_bytes * fp8_factor);
     traffic.combine_bytes.push_back(static_cast<double>(rows) * row_bytes);
-    traffic.rdma_dispatch_bytes.push_back(static_cast<double>(pairs) * row_bytes * fp8_factor);
-    traffic.rdma_combine_bytes.push_back(static_cast<double>(pairs) * row_bytes);
-    traffic.fabric_dispatch_bytes.push_back(static_cast<double>(other_node_pairs) * row_bytes *
-                                            fp8_factor);
-    traffic.fabric_combine_bytes.push_back(static_cast<double>(other_node_pairs) * row_bytes);
-    const auto* per_expert = layouts[r].num_tokens_per_expert.data<int32_t>();
-    for (int e = 0; e < shape.num_experts; ++e)
-      traffic.tokens_per_expert[e] += per_expert[e];
   }
   traffic.expert_imbalance = max_over_mean(traffic.tokens_per_expert);
   traffic.rank_imbalance = max_over_mean(traffic.recv_rows);
-  return traffic;
 }
 
 }  // namespace
@@ -104,45 +112,49 @@ nlohmann::json EpTraffic::to_json(int nodes) const {
 
 namespace {
 
-std::vector<ep::RankInputs> all_rank_inputs(const ep::WorkloadOptions& options) {
-  std::vector<ep::RankInputs> all;
-  for (int r = 0; r < options.shape.num_ranks; ++r)
-    all.push_back(ep::make_rank_inputs(options, r));
-  return all;
+ep::DispatchInputs dispatch_view(const ep::RankInputs& in, bool fp8) {
+  return {fp8 ? in.x_fp8.ref() : in.x.ref(), fp8 ? in.x_scales.ref() : ep::TensorRef{},
+          in.topk_idx.ref(), in.topk_weights.ref()};
 }
 
 }  // namespace
 
-EpReference::EpReference(const ep::WorkloadOptions& options)
-    : EpReference(options, all_rank_inputs(options)) {}
-
-EpReference::EpReference(const ep::WorkloadOptions& options, std::vector<ep::RankInputs> inputs)
-    : options_(options), inputs_(std::move(inputs)) {
+EpReference::EpReference(const ep::WorkloadOptions& options, int rank,
+                         std::span<const ep::RankInputs> given)
+    : options_(options), rank_(rank) {
   const auto& shape = options.shape;
-  require(static_cast<int>(inputs_.size()) == shape.num_ranks, "bench.ep",
-          "reference: {} ranks' inputs for {} ranks", inputs_.size(), shape.num_ranks);
-  std::vector<ep::DispatchInputs> all;
-  for (const auto& in : inputs_) {
-    all.push_back({options.fp8 ? in.x_fp8.ref() : in.x.ref(),
-                   options.fp8 ? in.x_scales.ref() : ep::TensorRef{}, in.topk_idx.ref(),
-                   in.topk_weights.ref()});
-    layouts_.push_back(ep::compute_dispatch_layout(in.topk_idx, shape));
+  require(given.empty() || static_cast<int>(given.size()) == shape.num_ranks, "bench.ep",
+          "reference: {} ranks' inputs for {} ranks", given.size(), shape.num_ranks);
+  ep::ReferenceReceiver receiver(shape, rank);
+  for (int source = 0; source < shape.num_ranks; ++source) {
+    ep::RankInputs generated;
+    if (given.empty()) generated = ep::make_rank_inputs(options, source);
+    const ep::RankInputs& in = given.empty() ? generated : given[static_cast<size_t>(source)];
+    receiver.add_source(source, dispatch_view(in, options.fp8));
+    add_traffic(traffic_, options, source, ep::compute_dispatch_layout(in.topk_idx, shape));
+    if (source == rank) own_ = in;  // shares the storage (Tensor handles)
   }
-  for (int r = 0; r < shape.num_ranks; ++r)
-    dispatched_.push_back(ep::reference_dispatch(all, shape, r));
-  traffic_ = compute_traffic(options, layouts_, dispatched_);
+  dispatched_ = receiver.finish();
+  finish_traffic(traffic_, options);
 }
 
-ep::ReferenceCombine EpReference::combine(int rank, ep::CombineOrder order) const {
+ep::ReferenceCombine EpReference::combine(ep::CombineOrder order) const {
+  // What each rank receives from this one alone: the rows that come back to it.
+  const auto& shape = options_.shape;
+  std::vector<ep::ReferenceDispatch> from_me;
   std::vector<ep::Tensor> outs;
   std::vector<ep::TensorRef> refs;
-  for (const auto& d : dispatched_) {
-    outs.push_back(expert_output(d.recv_x, d.recv_x_scales));
-    refs.push_back(outs.back().ref());
+  for (int r = 0; r < shape.num_ranks; ++r) {
+    ep::ReferenceReceiver receiver(shape, r);
+    receiver.add_source(rank_, dispatch_view(own_, options_.fp8));
+    from_me.push_back(receiver.finish());
+    outs.push_back(expert_output(from_me.back().recv_x, from_me.back().recv_x_scales));
   }
+  for (const auto& out : outs)
+    refs.push_back(out.ref());
   // No combine weights: the timed combine passes none (DeepEP's timed loop does the same).
-  return ep::reference_combine(refs, dispatched_, {}, options_.shape, rank,
-                               options_.tokens_of(rank), {}, {}, order);
+  return ep::reference_combine(refs, from_me, {}, shape, rank_, options_.tokens_of(rank_), {}, {},
+                               order);
 }
 
 std::string compare_tensor(const ep::TensorRef& got, const ep::TensorRef& want,

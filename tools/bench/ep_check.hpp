@@ -1,7 +1,8 @@
 // What the EP benchmarks check their outputs against, and the figures derived from the workload
 // rather than from the run. Every rank (of `bench ep` and of the MPI baseline) regenerates every
-// rank's inputs (deterministic, gpu_side/ep/workload.hpp) and computes the straightforward
-// reference (gpu_side/ep/reference.hpp); outputs must match it exactly.
+// rank's inputs (deterministic, gpu_side/ep/workload.hpp), one at a time, and computes the
+// straightforward reference of its own outputs (gpu_side/ep/reference.hpp); outputs must match
+// it exactly.
 //
 // Combine input ("expert output"): each rank feeds back what it received, as BF16: recv_x itself
 // for BF16 dispatch, recv_x cast back with its scales (bf16(float(e4m3) * scale)) for FP8. Then
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,28 +49,34 @@ struct EpTraffic {
   nlohmann::json to_json(int nodes) const;  // RDMA figures only when nodes > 1
 };
 
+// One rank's reference, built one source rank at a time: the inputs of the other ranks are
+// regenerated (or read from `given`) one by one and dropped, so a rank holds its own inputs, its
+// own reference dispatch and O(R x E) counts -- not every rank's inputs and dispatch, which at 128
+// ranks was the largest allocation of the benchmark (R x T x H per rank).
 class EpReference {
  public:
-  // Regenerates every rank's inputs and computes every rank's reference dispatch.
-  explicit EpReference(const gpu_side::ep::WorkloadOptions& options);
-  // The same from given inputs (every rank's, indexed by rank; `bench ll`'s DeepEP test data).
-  EpReference(const gpu_side::ep::WorkloadOptions& options,
-              std::vector<gpu_side::ep::RankInputs> inputs);
+  // `given`: every rank's inputs, indexed by rank (`bench ll`'s DeepEP test data); empty:
+  // regenerate them (gpu_side/ep/workload.hpp).
+  EpReference(const gpu_side::ep::WorkloadOptions& options, int rank,
+              std::span<const gpu_side::ep::RankInputs> given = {});
 
   const gpu_side::ep::WorkloadOptions& options() const { return options_; }
-  const gpu_side::ep::RankInputs& inputs(int rank) const { return inputs_.at(rank); }
-  const gpu_side::ep::ReferenceDispatch& dispatch(int rank) const { return dispatched_.at(rank); }
-  // Source `rank`'s combined output when every rank feeds expert_output(its dispatch).
-  // `order`: how the run's combine summed (hierarchical internode: by node).
+  int rank() const { return rank_; }
+  // What the rank receives.
+  const gpu_side::ep::ReferenceDispatch& dispatch() const { return dispatched_; }
+  // The rank's combined output when every rank feeds expert_output(its dispatch): the rows that
+  // come back are the rank's own tokens, so only its own inputs are needed. `order`: how the
+  // run's combine summed (hierarchical internode: by node).
   gpu_side::ep::ReferenceCombine combine(
-      int rank, gpu_side::ep::CombineOrder order = gpu_side::ep::CombineOrder::by_rank) const;
+      gpu_side::ep::CombineOrder order = gpu_side::ep::CombineOrder::by_rank) const;
+  // Every rank's figures (the same on every rank).
   const EpTraffic& traffic() const { return traffic_; }
 
  private:
   gpu_side::ep::WorkloadOptions options_;
-  std::vector<gpu_side::ep::RankInputs> inputs_;
-  std::vector<gpu_side::ep::DispatchLayout> layouts_;
-  std::vector<gpu_side::ep::ReferenceDispatch> dispatched_;
+  int rank_;
+  gpu_side::ep::RankInputs own_;
+  gpu_side::ep::ReferenceDispatch dispatched_;
   EpTraffic traffic_;
 };
 

@@ -216,7 +216,7 @@ nlohmann::json run_ll_bench(control::Bootstrap& bootstrap, const EpBenchOptions&
 
   // The same tokens through normal mode, in a Buffer of its own.
   auto normal = run_normal_mode(bootstrap, options, shape, inputs,
-                                [&] { return EpReference(workload, reference.inputs()); });
+                                [&] { return EpReference(workload, rank, reference.inputs()); });
   if (rank != 0) return {};
   nlohmann::json out = {{"benchmark", "ll"},
                         {"ranks", shape.num_ranks},

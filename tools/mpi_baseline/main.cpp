@@ -156,14 +156,14 @@ int run_normal(const BaselineCli& cli, const char* variant, const char* implemen
   RankRun result = run_iterations(ep_impl, in, cli.workload);
 
   // Check this rank's outputs against the reference; `verified` is the AND over ranks.
-  EpReference reference(options);
+  EpReference reference(options, rank);
   const auto& d = result.last_dispatch;
   std::string diff =
       compare_dispatch({d.recv_x, d.recv_x_scales, d.recv_topk_idx, d.recv_topk_weights,
                         d.recv_src_idx, &d.num_recv_tokens_per_expert},
-                       reference.dispatch(rank));
+                       reference.dispatch());
   if (diff.empty())
-    diff = compare_tensor(result.last_combined, reference.combine(rank).combined_x, "combined_x");
+    diff = compare_tensor(result.last_combined, reference.combine().combined_x, "combined_x");
   const auto& traffic = reference.traffic();
   return finish(cli, shape, result.timings, diff, variant, implementation,
                 {traffic.dispatch_bytes,

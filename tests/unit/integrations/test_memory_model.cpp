@@ -1,6 +1,7 @@
 // The memory model (integrations/memory_model.hpp) against the layout the session really opens:
 // its items add up to the arena and staging sizes of the same options, item by item as the
 // formulas say, for normal and low-latency shapes; and what grows with the ranks does.
+#include "common/params.hpp"
 #include "integrations/buffer.hpp"
 #include "integrations/memory_model.hpp"
 #include "integrations/session_sizes.hpp"
@@ -88,8 +89,31 @@ TEST_CASE("memory model: what grows with the ranks grows, and bad shapes are ref
   MemoryShape large{.ranks = 256, .ranks_per_node = 8};
   const auto a = by_name(buffer_memory(small)), b = by_name(buffer_memory(large));
   CHECK(b.at("arena.records") > 4 * a.at("arena.records"));  // R records of a size growing with R
-  CHECK(b.at("arena.eager_slots") >= 4 * a.at("arena.eager_slots") - 4 * 4096);
+  // The eager slots do not: both groups spend the per-area budget (ep.eager_budget_bytes).
+  CHECK(b.at("arena.eager_slots") <= a.at("arena.eager_slots"));
   CHECK(resident(buffer_memory(large)) > resident(buffer_memory(small)));
   MemoryShape bad{.ranks = 0};
   CHECK_THROWS_AS(buffer_memory(bad), Error);
+}
+
+TEST_CASE("memory model: each pair's eager slot comes from the per-area budget") {
+  BufferOptions opts;
+  opts.num_nvl_bytes = 1 << 20;
+  opts.num_rdma_bytes = 1 << 20;
+  const uint64_t budget = static_cast<uint64_t>(params::ep_eager_budget_bytes.get());
+  const uint64_t cap = static_cast<uint64_t>(params::ep_eager_bytes.get());
+  // Small groups keep the per-pair cap; large ones split the budget over their 2R slots.
+  CHECK(session_sizes(opts, 16, 8).eager_limit == cap);
+  for (int ranks : {128, 256, 1024, 4096}) {
+    const proxy::SessionSizes sizes = session_sizes(opts, ranks, 8);
+    CAPTURE(ranks);
+    CHECK(sizes.eager_limit < cap);
+    CHECK(sizes.eager_limit % proxy::kSlotAlignment == 0);
+    CHECK(2 * static_cast<uint64_t>(ranks) * sizes.eager_bytes <= budget);
+    CHECK(2 * static_cast<uint64_t>(ranks) * (sizes.eager_limit + proxy::kSlotAlignment) > budget);
+  }
+  // A budget of 0 turns eager rows off, as ep.eager_bytes = 0 does.
+  params::ep_eager_budget_bytes.set(0);
+  CHECK(session_sizes(opts, 16, 8).eager_limit == 0);
+  params::ep_eager_budget_bytes.reset();
 }
