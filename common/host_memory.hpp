@@ -1,5 +1,6 @@
 // HostMemory: page-aligned host memory, owned by one move-only value that frees it.
-//   heap     zeroed memory of this process: producers and consumers in one process.
+//   heap     zeroed memory of this process (anonymous pages, zero on first touch): producers
+//            and consumers in one process.
 //   memfd    a shared mapping of an anonymous file; its fd goes to another process (a node peer
 //            through /proc/<pid>/fd, later the proxy daemon over a Unix socket), which maps it
 //            with map_fd().

@@ -65,8 +65,12 @@ uint64_t landing_bytes(const BufferOptions& opts) {
 }
 
 // `config` with `landing` (may be null) for the fabric to register (ep.landing_fabric).
+// Marks the setup step that ends here: the metrics port, host threads and landing region.
 proxy::SessionConfig with_landing(proxy::SessionConfig config,
-                                  const integrations::normal::LandingZone* landing) {
+                                  const integrations::normal::LandingZone* landing,
+                                  StepClock& setup_clock) {
+  setup_clock.mark("landing region");
+  config.setup_clock = &setup_clock;
   if (landing != nullptr) {
     config.landing = landing->local();
     config.landing_fd = landing->local_fd();
@@ -108,7 +112,7 @@ struct Buffer::Impl {
         landing(integrations::normal::LandingZone::open(boot, landing_bytes(opts),
                                                         params::ep_landing_fabric.get(),
                                                         config.sizes.ranks_per_node, kPhase)),
-        session(proxy::Session::open(boot, with_landing(config, landing.get()))),
+        session(proxy::Session::open(boot, with_landing(config, landing.get(), setup_clock))),
         calls(*session),
         buffer_id(new_buffer_id()),
         mode(*session, backend, calls, stream, buffer_id, landing),
@@ -119,6 +123,7 @@ struct Buffer::Impl {
           std::make_unique<integrations::DeviceRegions>(opts.device, session->row_memory(), kPhase);
       stream.attach_device(opts.device);  // device points for async_finish calls
     }
+    setup_clock.mark("modes");
     log::debug("buffer: {}, {} host threads", session->describe(), backend.threads());
     made.store(true, std::memory_order_release);
   }
@@ -165,6 +170,7 @@ struct Buffer::Impl {
   }
 
   control::Bootstrap& bootstrap;
+  StepClock setup_clock;  // the creation's steps (BufferStats::setup_steps), from here
   // The exporter reads the members below on its HTTP thread once `made`; it is stopped first in
   // ~Impl and destroy().
   std::atomic<bool> made{false};
@@ -238,6 +244,7 @@ BufferStats Buffer::stats() const {
   stats.calls = stats.dispatch_phases.calls + stats.combine_phases.calls;
   const proxy::Session& session = *impl_->session;
   stats.internode = session.layout().hierarchical() ? "hierarchical" : "per_rank";
+  stats.setup_steps = impl_->setup_clock.steps();
   for (int r = 0; r < session.ranks(); ++r) {
     if (r == session.rank()) continue;
     const proxy::PeerChannel& to = session.channel(r);

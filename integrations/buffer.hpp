@@ -39,6 +39,7 @@
 // give smaller Buffers that stream. A row that fits no slot is refused before anything is sent.
 #pragma once
 
+#include "common/step_clock.hpp"
 #include "control/bootstrap.hpp"
 #include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/ep/layout.hpp"
@@ -123,6 +124,12 @@ struct BufferStats {
   // later write's (writes from other nodes landing, and this rank's writes to them completing);
   // unset without a fabric or with the shim off.
   std::optional<uint64_t> reordered_completions;
+  // How long each step of the Buffer's creation took, in order (seconds): "landing region"
+  // (with the metrics port and host threads), "options agreed", "node memory", "fabric open",
+  // "fabric addresses", "memory registered", "regions shared", "channels", "proxy started",
+  // "ready barrier", "modes" (the fabric steps only when the group spans nodes; "daemon session"
+  // for them with proxy.mode = daemon).
+  StepClock::Steps setup_steps;
   PhaseTimes dispatch_phases, combine_phases;  // normal-mode calls
 };
 

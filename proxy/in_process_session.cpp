@@ -32,13 +32,16 @@ InProcessSession::InProcessSession(control::Bootstrap& bootstrap, const SessionC
   try {
     state_->node =
         std::make_unique<NodeMemory>(bootstrap, layout().arena_bytes(), ranks_per_node(), kPhase);
+    mark_step(config.setup_clock, "node memory");
     state_->device_arenas = std::make_unique<DeviceArenas>(
         bootstrap, config.device, layout().arena_bytes(), ranks_per_node(), config.timeout, kPhase);
+    if (config.device) mark_step(config.setup_clock, "device arenas");
     state_->channels.resize(static_cast<size_t>(ranks()));
     for (int r = 0; r < ranks(); ++r)
       state_->channels[r] = node_memory_channel(r, layout(), *state_->node, *state_->device_arenas);
     if (layout().sizes().spans_nodes()) open_fabric(bootstrap, config);
     bootstrap.barrier("buffer(ready)");
+    mark_step(config.setup_clock, "ready barrier");
   } catch (...) {
     bootstrap.set_progress({});  // it may point at the fabric about to go
     stop_and_settle();
@@ -70,8 +73,10 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
       config.fabric ? *config.fabric : fabric::FabricOptions::from_params(rank());
   fabric_options.rank = rank();
   s.fabric = fabric::Fabric::open(fabric_options);
+  mark_step(config.setup_clock, "fabric open");
   bootstrap.set_progress([&s] { s.fabric->progress(); });
   s.fabric->connect(bootstrap.allgather(s.fabric->addresses(), "buffer(fabric addresses)"));
+  mark_step(config.setup_clock, "fabric addresses");
   s.staging = std::make_unique<HostMemory>(HostMemory::heap(layout().staging_bytes()));
   s.arena_region = s.fabric->register_memory(s.node->local(), s.node->bytes());
   s.staging_region = s.fabric->register_memory(s.staging->host(), s.staging->size());
@@ -79,6 +84,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
                        registers_landing(config.landing_fabric, s.fabric->capabilities().provider);
   if (landing)
     s.landing_region = s.fabric->register_memory(config.landing.data(), config.landing.size());
+  mark_step(config.setup_clock, "memory registered");
   // Keys: records [0, R), eager bytes [R, 2R), releases [2R, 3R), landing-region writes
   // [3R, 4R) (fabric_channel.hpp).
   s.counters = std::make_unique<control::CounterBank>(4u * static_cast<uint32_t>(ranks()));
@@ -93,6 +99,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
     share_region(bootstrap, s.engine->regions(), FabricLink::kLandingRegion, *s.landing_region,
                  kPhase);
   s.engine->regions().add_local(FabricLink::kStagingRegion, *s.staging_region);
+  mark_step(config.setup_clock, "regions shared");
   // The proxy threads live in this process: an address of the caller's is theirs too.
   const bool from_caller = config.send_from_caller && !s.fabric->capabilities().mr_local;
   if (from_caller) s.engine->regions().add_local_address_space(FabricLink::kCallerMemory);
@@ -128,8 +135,10 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
     s.channels[r] = std::move(channel);
   }
   bootstrap.barrier("buffer(fabric ready)");
+  mark_step(config.setup_clock, "channels");
   bootstrap.set_progress({});  // the proxy threads own the rails from here on
   s.engine->start();
+  mark_step(config.setup_clock, "proxy started");
 }
 
 void InProcessSession::open_device_staging(const SessionConfig& config) {

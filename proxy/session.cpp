@@ -102,8 +102,11 @@ std::unique_ptr<Session> Session::open(control::Bootstrap& bootstrap, const Sess
   agreed.sizes.ranks = bootstrap.world_size();
   const bool daemon = !agreed.daemon_socket.empty() && agreed.sizes.spans_nodes();
   check_agreed(bootstrap, agreed.sizes, daemon);
-  if (daemon) return std::make_unique<DaemonSession>(bootstrap, agreed);
-  return std::make_unique<InProcessSession>(bootstrap, agreed);
+  mark_step(config.setup_clock, "options agreed");
+  if (!daemon) return std::make_unique<InProcessSession>(bootstrap, agreed);  // marks its steps
+  auto session = std::make_unique<DaemonSession>(bootstrap, agreed);
+  mark_step(config.setup_clock, "daemon session");
+  return session;
 }
 
 }  // namespace proxyep::proxy

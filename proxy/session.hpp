@@ -19,6 +19,7 @@
 // are its own business.
 #pragma once
 
+#include "common/step_clock.hpp"
 #include "control/bootstrap.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/device/device_runtime.hpp"
@@ -77,6 +78,9 @@ struct SessionConfig {
   // and, with FI_HMEM and proxy threads in this process, other nodes' device calls write theirs
   // into this rank's device arena. Ranks may differ.
   std::shared_ptr<gpu_side::device::DeviceRuntime> device;
+  // Where opening the session marks its steps (options agreed, node memory, fabric, ...); none:
+  // untimed. It must outlive Session::open.
+  StepClock* setup_clock = nullptr;
 };
 
 // A wait of the protocol: until `ready()`, with the session's deadline. `pending(r)` says

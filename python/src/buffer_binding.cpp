@@ -187,6 +187,14 @@ void bind_buffer(py::module_& m) {
       .def_readonly("reduce_ns", &PhaseTimes::reduce_ns)
       .def_readonly("quiet_ns", &PhaseTimes::quiet_ns);
 
+  py::class_<StepClock::Step>(m, "SetupStep")
+      .def_readonly("name", &StepClock::Step::name)
+      .def_readonly("seconds", &StepClock::Step::seconds)
+      .def_readonly("cpu_seconds", &StepClock::Step::cpu_seconds)
+      .def("__repr__", [](const StepClock::Step& s) {
+        return "SetupStep(" + s.name + ", " + std::to_string(s.seconds) + " s)";
+      });
+
   py::class_<BufferStats>(m, "BufferStats")
       .def_readonly("calls", &BufferStats::calls)
       .def_readonly("eager_streams", &BufferStats::eager_streams)
@@ -205,6 +213,7 @@ void bind_buffer(py::module_& m) {
       .def_readonly("writes_from_device", &BufferStats::writes_from_device)
       .def_readonly("chunks_from_device_memory", &BufferStats::chunks_from_device_memory)
       .def_readonly("sends_to_device_arenas", &BufferStats::sends_to_device_arenas)
+      .def_readonly("setup_steps", &BufferStats::setup_steps)
       .def_readonly("dispatch_phases", &BufferStats::dispatch_phases)
       .def_readonly("combine_phases", &BufferStats::combine_phases);
 

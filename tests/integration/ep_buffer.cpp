@@ -30,6 +30,7 @@
 #include "reorder_check.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
@@ -53,6 +54,31 @@ struct Options : testing::EpTestOptions {
   bool small_chunks = false;  // chunks of ~2 rows through a Buffer that holds the whole call
   bool async = false;         // every call with async_finish
 };
+
+// The Buffer's creation reports its steps in order (BufferStats::setup_steps), the fabric's
+// exactly when the group spans nodes; `bench ep` prints them.
+void check_setup_steps(const Buffer& buffer) {
+  const auto& steps = buffer.stats().setup_steps;
+  std::vector<std::string> names;
+  for (const auto& step : steps) {
+    require(step.seconds >= 0 && step.seconds < 600 && step.cpu_seconds >= 0, "ep_buffer",
+            "setup step {} took {} s ({} s CPU)", step.name, step.seconds, step.cpu_seconds);
+    names.push_back(step.name);
+  }
+  const bool spans_nodes = buffer.group_size() > buffer.ranks_per_node();
+  std::vector<std::string> want = {"landing region", "options agreed"};
+  if (spans_nodes && params::proxy_mode.get() == "daemon") {
+    want.insert(want.end(), {"daemon session", "modes"});  // the node daemon's own steps
+  } else {
+    want.push_back("node memory");
+    if (spans_nodes)
+      want.insert(want.end(), {"fabric open", "fabric addresses", "memory registered",
+                               "regions shared", "channels", "proxy started"});
+    want.insert(want.end(), {"ready barrier", "modes"});
+  }
+  require(names == want, "ep_buffer", "setup steps [{}], expected [{}]", fmt::join(names, ", "),
+          fmt::join(want, ", "));
+}
 
 // The result of a call made with async_finish = `async`, once its event is set.
 template <typename Result>
@@ -510,6 +536,7 @@ int run(const Options& o) {
   }
   if (o.small_chunks) params::ep_chunk_bytes.set(2 * Buffer::nvl_bytes_hint(1, hidden_bytes, 8, 1));
   Buffer buffer(*boot, options);
+  check_setup_steps(buffer);
   const auto started = std::chrono::steady_clock::now();
   // With --reorder, the calls' writes between nodes must really have been reordered.
   auto require_reordered = [&] {

@@ -116,6 +116,15 @@ def buffer():
     buf.destroy()
 
 
+def test_setup_steps(buffer):
+    """The Buffer's creation is timed step by step, the fabric's steps included (group spans nodes)."""
+    steps = buffer.stats().setup_steps
+    names = [step.name for step in steps]
+    assert names[0] == "landing region" and names[-1] == "modes", names
+    assert {"options agreed", "fabric addresses", "memory registered", "ready barrier"} <= set(names)
+    assert all(0 <= step.seconds < 600 and step.cpu_seconds >= 0 for step in steps), steps
+
+
 def deepep_config(nvl_chunk=8, rdma_chunk=16):
     """DeepEP's test config: 24 SMs, NVL buffer 512 tokens, RDMA buffer 128 tokens."""
     return deep_ep.Config(24, nvl_chunk, 512, rdma_chunk, 128)

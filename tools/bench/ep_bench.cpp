@@ -11,6 +11,7 @@
 #include "tools/bench/ep_floor.hpp"
 #include "tools/bench/ep_phases.hpp"
 #include "tools/bench/ep_stats.hpp"
+#include "tools/bench/setup_report.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -39,6 +40,7 @@ struct RankRun {
   nlohmann::json memcpy_floor;   // time_memcpy_floor's figures; null with --no-floor
   CallFabricBytes fabric_bytes;  // one call's bytes to other nodes (fabric_bytes.hpp)
   std::string internode;         // BufferStats::internode: how the run crossed nodes
+  StepClock::Steps setup;        // BufferStats::setup_steps: the Buffer's creation
 };
 
 // The bytes of this rank's dispatch output rows in the run's row format (FP8: with the scales).
@@ -207,6 +209,7 @@ nlohmann::json rank_report(const RankRun& run, const std::string& diff) {
   if (!run.memcpy_floor.is_null()) report["memcpy_floor"] = run.memcpy_floor;
   report["fabric_bytes"] = to_json(run.fabric_bytes);
   report["internode"] = run.internode;
+  report["setup"] = setup_steps_json(run.setup);
   return report;
 }
 
@@ -237,6 +240,7 @@ nlohmann::json summarize(const RankReports& reports, const EpReference& referenc
         out["dispatch"]["us"]["p50"].get<double>(), out["combine"]["us"]["p50"].get<double>());
   auto floor = memcpy_floor_json(reports, out["total"]["us"]["p50"].get<double>());
   if (!floor.is_null()) out["memcpy_floor"] = std::move(floor);
+  out["setup"] = setup_summary(reports);
   add_verdict(out, reports);
   return out;
 }
@@ -269,6 +273,7 @@ nlohmann::json run_normal_mode(control::Bootstrap& bootstrap, const EpBenchOptio
     const BufferStats stats = buffer.stats();
     run.reordered = stats.reordered_completions;
     run.internode = stats.internode;
+    run.setup = stats.setup_steps;
     run.device_paths = {{"writes_from_device", stats.writes_from_device},
                         {"sends_to_device_arenas", stats.sends_to_device_arenas},
                         {"chunks_from_device_memory", stats.chunks_from_device_memory}};

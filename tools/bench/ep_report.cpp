@@ -1,5 +1,6 @@
 #include "tools/bench/ep_report.hpp"
 #include "tools/bench/fabric_bytes.hpp"
+#include "tools/bench/setup_report.hpp"
 
 #include "tools/bench/ep_floor.hpp"
 
@@ -93,6 +94,7 @@ void print_ep_report(const nlohmann::json& r) {
   // The same-run memory floor (ep_floor.hpp): absent with --no-floor.
   if (ours.contains("memcpy_floor")) print_row("memcpy floor", ours["memcpy_floor"], rdma);
   if (ours.contains("fabric")) fmt::print("{}", format_fabric_bytes(ours["fabric"]));
+  fmt::print("{}", format_setup(ours.value("setup", nlohmann::json())));
   if (r.contains("per_rank")) {  // --internode both: the same calls sent per rank
     const auto& per = r["per_rank"];
     print_row("per_rank dispatch", per["dispatch"], rdma);

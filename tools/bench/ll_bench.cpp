@@ -5,6 +5,7 @@
 #include "common/log.hpp"
 #include "integrations/buffer.hpp"
 #include "tools/bench/ll_check.hpp"
+#include "tools/bench/setup_report.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +32,7 @@ struct LlRankRun {
   std::string diff;              // the check's verdict ("" = passed)
   double combine_diff = 0;       // calc_diff of the last combine
   CallFabricBytes fabric_bytes;  // one call's bytes to other nodes (fabric_bytes.hpp)
+  StepClock::Steps setup;        // BufferStats::setup_steps: the Buffer's creation
 };
 
 #if PROXYEP_HAVE_LOW_LATENCY
@@ -134,7 +136,9 @@ LlRankRun run_low_latency(control::Bootstrap& bootstrap, const EpBenchOptions& o
     record(run, "combine", combine_times, hook);
     run.timings["total"].push_back(seconds_between(dispatch_times.start, combine_times.received));
   }
-  run.reordered = buffer.stats().reordered_completions;
+  const BufferStats stats = buffer.stats();
+  run.reordered = stats.reordered_completions;
+  run.setup = stats.setup_steps;
   // Every rank's last call done before any Buffer goes: a rank whose last combine has received
   // all it waits for may still have sends of its own in flight (held by the reorder shim, say)
   // that a peer's combine waits for; destroying its Buffer then would strand that peer.
@@ -159,6 +163,7 @@ nlohmann::json rank_report(const LlRankRun& run) {
     report[phase] = samples;
   if (run.reordered) report["reordered_completions"] = *run.reordered;
   report["fabric_bytes"] = to_json(run.fabric_bytes);
+  report["setup"] = setup_steps_json(run.setup);
   return report;
 }
 
@@ -189,6 +194,7 @@ nlohmann::json summarize(const RankReports& reports, const LlTraffic& traffic,
   for (const auto& r : reports)
     worst_calc_diff = std::max(worst_calc_diff, r.at("combine_calc_diff").get<double>());
   out["combine_calc_diff_max"] = worst_calc_diff;
+  out["setup"] = setup_summary(reports);
   add_verdict(out, reports);
   return out;
 }

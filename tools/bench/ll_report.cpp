@@ -2,6 +2,7 @@
 // MPI baseline's on the same tokens, and their p50 over the low-latency one's, phase by phase.
 #include "tools/bench/fabric_bytes.hpp"
 #include "tools/bench/ll_bench.hpp"
+#include "tools/bench/setup_report.hpp"
 
 #include <fmt/format.h>
 
@@ -82,6 +83,7 @@ void print_ll_report(const nlohmann::json& r) {
   }
   print_row("ll dispatch+combine", ll["total"]);
   if (ll.contains("fabric")) fmt::print("{}", format_fabric_bytes(ll["fabric"], "ll "));
+  fmt::print("{}", format_setup(ll.value("setup", nlohmann::json()), "ll "));
   print_side("normal", normal, ll);
   if (normal.contains("fabric")) fmt::print("{}", format_fabric_bytes(normal["fabric"], "normal "));
   const auto& base = r["baseline"];
