@@ -1,8 +1,8 @@
 // `proxyep launch -n N [--ranks-per-node M] [--timeout S] [--grace-ms MS] [--max-ranks K]
-// [--master-port P] [--link GBPS[,LATENCY_US] | preset:NAME] -- CMD ARGS...`: runs CMD as N local
-// ranks with torchrun's environment and a job id and secret of their own (tools/launcher.hpp does
-// the work, and checks the whole launch before it starts anything; with --link, on the testbed:
-// tools/testbed/testbed_launch.hpp).
+// [--tolerate-failures K] [--master-port P] [--link GBPS[,LATENCY_US] | preset:NAME] -- CMD
+// ARGS...`: runs CMD as N local ranks with torchrun's environment and a job id and secret of their
+// own (tools/launcher.hpp does the work, and checks the whole launch before it starts anything;
+// with --link, on the testbed: tools/testbed/testbed_launch.hpp).
 #include "common/params.hpp"
 #include "common/registry.hpp"
 #include "tools/cli_checks.hpp"
@@ -23,6 +23,7 @@ struct LaunchArgs {
   int ranks_per_node = 0;
   double timeout_s = 0;
   int64_t grace_ms = 3000;
+  int tolerate_failures = 0;
   int master_port = 0;
   int64_t max_ranks = 0;  // 0 = the launch.max_ranks parameter
   std::vector<std::string> command;
@@ -51,6 +52,7 @@ int run_launch(const LaunchArgs& args) {
   options.command = args.command;
   options.timeout = std::chrono::milliseconds(std::llround(args.timeout_s * 1000));
   options.grace = std::chrono::milliseconds(args.grace_ms);
+  options.tolerated_failures = args.tolerate_failures;
   options.master_port = args.master_port;
   options.extra_env = forwarded_parameters();
   return testbed::launch(std::move(options), params::launch_link.get()).exit_code;
@@ -73,6 +75,12 @@ void register_launch(CLI::App& app, Action& action) {
       ->check(cli_checks::real_at_least(0));
   cmd->add_option("--grace-ms", args->grace_ms, "after SIGTERM, wait this long before SIGKILL")
       ->capture_default_str()
+      ->check(cli_checks::at_least(0));
+  cmd->add_option("--tolerate-failures", args->tolerate_failures,
+                  "let this many ranks fail (exit non-zero, or die by a signal) without stopping "
+                  "the others, for jobs that survive a rank's loss (low-latency calls with "
+                  "enable_shrink); each is reported, and the launch exits 0 when every other "
+                  "rank does")
       ->check(cli_checks::at_least(0));
   cmd->add_option("--max-ranks", args->max_ranks,
                   "raise (or lower) the cap on ranks on this machine (launch.max_ranks, default "

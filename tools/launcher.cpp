@@ -136,6 +136,7 @@ class Session {
   std::vector<Child> children_;
   size_t next_ = 0;  // the next rank to spawn
   bool stopping_ = false;
+  std::vector<int> tolerated_;  // ranks whose failure was tolerated, in order
   bool killed_ = false;
   Clock::time_point kill_at_{};
   std::string stop_reason_;
@@ -317,8 +318,14 @@ void Session::collect(Child& child, int status) {
   exit.signaled = WIFSIGNALED(status);
   exit.code = exit.signaled ? WTERMSIG(status) : WEXITSTATUS(status);
   if (exit.failed() && !stopping_) {
-    failed_rank_ = exit.rank;
-    begin_stop(exit.describe(), exit.signaled ? 128 + exit.code : exit.code);
+    if (static_cast<int>(tolerated_.size()) < options_.tolerated_failures) {
+      tolerated_.push_back(exit.rank);
+      report(fmt::format("{}; the other ranks go on ({} of {} tolerated failures)", exit.describe(),
+                         tolerated_.size(), options_.tolerated_failures));
+    } else {
+      failed_rank_ = exit.rank;
+      begin_stop(exit.describe(), exit.signaled ? 128 + exit.code : exit.code);
+    }
   }
   if (!exit.removed_regions.empty())
     report(fmt::format("removed {}: shm {} named after rank {}'s pid {}, which has exited",
@@ -416,6 +423,7 @@ LaunchResult Session::finish() {
   result.timed_out = timed_out_;
   result.interrupted = interrupted_;
   result.started = static_cast<int>(next_);
+  result.tolerated = tolerated_;
   for (auto& child : children_) {
     // Pipes still held by a leaked grandchild: deliver what we have and let go.
     for (int* fd : {&child.out_fd, &child.err_fd}) {
@@ -426,7 +434,14 @@ LaunchResult Session::finish() {
     }
     result.ranks.push_back(child.exit);
   }
-  if (!stopping_) return result;
+  if (!stopping_) {
+    if (!tolerated_.empty()) {
+      result.summary = fmt::format("every rank finished but {} {}, whose failure was tolerated",
+                                   ranks_word(tolerated_), rank_list(tolerated_));
+      report(result.summary);
+    }
+    return result;
+  }
   result.exit_code = stop_code_ != 0 ? stop_code_ : 1;
   result.summary = stop_reason_;
   // Worth telling beyond the first failure: ranks that failed on their own before we stopped
@@ -479,6 +494,9 @@ LocalLauncher::LocalLauncher(LaunchOptions options) : options_(std::move(options
   require(!o.command.empty() && !o.command[0].empty(), "launch", "no command to run");
   require(o.timeout.count() >= 0, "launch", "the timeout must not be negative");
   require(o.grace.count() >= 0, "launch", "the grace period must not be negative");
+  require(o.tolerated_failures >= 0 && o.tolerated_failures < o.ranks, "launch",
+          "--tolerate-failures must be in [0, {}) (at least one rank must be left); got {}",
+          o.ranks, o.tolerated_failures);
   require(o.master_port >= 0 && o.master_port <= 65535, "launch",
           "MASTER_PORT {} is outside 1..65535", o.master_port);
   if (!o.sink) o.sink = prefixing_sink();

@@ -20,7 +20,9 @@
 // - Every line of a rank's stdout/stderr reaches the sink as a whole line (prefixed "[rank k] " by
 //   default), partial last lines included.
 // - When a rank exits non-zero or by a signal, the launcher sends SIGTERM to the other ranks'
-//   process groups, SIGKILL after the grace period, and reports the first failure. The same
+//   process groups, SIGKILL after the grace period, and reports the first failure. With
+//   tolerated_failures = K, the first K such failures are reported and the others run on; the
+//   launch then exits 0 when every other rank did (the summary names the tolerated ones). The same
 //   happens at the timeout and when the launcher itself gets SIGINT/SIGTERM/SIGHUP. A rank that
 //   then dies by another signal than the launcher's ("rank 2 was killed by SIGSEGV after the stop
 //   request") is reported too.
@@ -63,7 +65,11 @@ struct LaunchOptions {
   std::vector<std::string> command;
   std::chrono::milliseconds timeout{0};   // 0 = no time limit
   std::chrono::milliseconds grace{3000};  // between SIGTERM and SIGKILL
-  int master_port = 0;                    // 0 = pick a free loopback port
+  // Rank failures (non-zero exit, death by a signal) that do not stop the others: a job whose
+  // ranks survive a peer's loss (low-latency calls with enable_shrink) runs on. Each is reported
+  // as it happens; the launch exits 0 when every other rank does.
+  int tolerated_failures = 0;
+  int master_port = 0;  // 0 = pick a free loopback port
   // More variables for every rank (e.g. PROXYEP_* from the launcher's --set), before the
   // launcher's own (RANK, ...), which always win.
   std::vector<std::pair<std::string, std::string>> extra_env;
@@ -105,6 +111,7 @@ struct LaunchResult {
   int master_port = 0;
   std::vector<RankExit> ranks;  // index = rank; ranks never started keep pid -1
   int started = 0;              // ranks that were spawned
+  std::vector<int> tolerated;   // ranks whose failure did not stop the others (tolerated_failures)
 };
 
 class LocalLauncher {

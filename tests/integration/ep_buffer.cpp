@@ -22,6 +22,7 @@
 #include "common/error.hpp"
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
+#include "death_stamp.hpp"
 #include "ep_test_options.hpp"
 #include "gpu_side/ep/numeric.hpp"
 #include "gpu_side/ep/reference.hpp"
@@ -53,6 +54,12 @@ struct Options : testing::EpTestOptions {
   bool small_buffer = false;  // a Buffer that holds a few rows per peer: every call streams
   bool small_chunks = false;  // chunks of ~2 rows through a Buffer that holds the whole call
   bool async = false;         // every call with async_finish
+  // --kill: every rank loops small dispatch+combine calls; --die-rank dies by SIGKILL after
+  // --die-after-ms, writing the moment to --death-stamp; every survivor must fail on its own,
+  // naming that rank, within --fail-within-ms of it, and refuse the next call.
+  bool kill = false;
+  std::string death_stamp;
+  int fail_within_ms = 0;
 };
 
 // The Buffer's creation reports its steps in order (BufferStats::setup_steps), the fabric's
@@ -78,6 +85,66 @@ void check_setup_steps(const Buffer& buffer) {
   }
   require(names == want, "ep_buffer", "setup steps [{}], expected [{}]", fmt::join(names, ", "),
           fmt::join(want, ", "));
+}
+
+// --kill (normal mode): see Options. The calls are small and their inputs made once, so every
+// survivor is in a call, waiting, when the rank dies.
+int run_killed_peer(Buffer& buffer, control::Bootstrap& boot, const Options& o) {
+  const int R = buffer.group_size(), me = buffer.rank(), gone = o.die_rank;
+  require(gone >= 0 && gone < R && o.die_after_ms > 0, "ep_buffer",
+          "--kill needs --die-rank and --die-after-ms");
+  ep::WorkloadOptions w;
+  w.shape = {R, buffer.ranks_per_node(), 4 * R};
+  w.num_tokens = 16;
+  w.hidden = 256;
+  w.topk = std::min(4, w.shape.num_experts);
+  w.seed = o.seed;
+  const ep::RankInputs in = ep::make_rank_inputs(w, me);
+  boot.barrier("ep_buffer(inputs made)");
+  if (me == gone)
+    std::thread([&o] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(o.die_after_ms));
+      testing::die_by_sigkill(o.death_stamp, "ep_buffer");
+    }).detach();
+  auto call = [&] {
+    auto layout = buffer.get_dispatch_layout(in.topk_idx, w.shape.num_experts);
+    DispatchArgs args;
+    args.x = in.x;
+    args.num_tokens_per_rank = layout.num_tokens_per_rank;
+    args.num_tokens_per_rdma_rank = layout.num_tokens_per_rdma_rank;
+    args.is_token_in_rank = layout.is_token_in_rank;
+    args.num_tokens_per_expert = layout.num_tokens_per_expert;
+    args.topk_idx = in.topk_idx;
+    args.topk_weights = in.topk_weights;
+    auto got = buffer.dispatch(args);
+    CombineArgs cargs;
+    cargs.x = got.recv_x;
+    cargs.handle = &got.handle;
+    (void)buffer.combine(cargs);
+  };
+  int calls = 0;
+  try {
+    for (;; ++calls)
+      call();
+  } catch (const Error& first) {
+    const auto failed = std::chrono::steady_clock::now();
+    const double died = testing::death_seconds(o.death_stamp);
+    require(died > 0, "ep_buffer", "a call failed before rank {} died: {}", gone, first.what());
+    const double ms = (testing::monotonic_seconds(failed) - died) * 1e3;
+    std::fprintf(stderr, "ep_buffer: call %d failed %.0f ms after rank %d was killed: %s\n", calls,
+                 ms, gone, first.what());
+    require(std::string(first.what()).find(fmt::format("rank {}", gone)) != std::string::npos,
+            "ep_buffer", "the failure does not name rank {}: {}", gone, first.what());
+    require(o.fail_within_ms <= 0 || ms <= o.fail_within_ms, "ep_buffer",
+            "the call failed {:.0f} ms after rank {} was killed; the bound is {} ms", ms, gone,
+            o.fail_within_ms);
+    try {
+      call();
+    } catch (const Error& next) {
+      return 0;  // refused, as it must be: the ranks are out of step
+    }
+    fail("ep_buffer", "a call after a failed one was accepted");
+  }
 }
 
 // The result of a call made with async_finish = `async`, once its event is set.
@@ -548,6 +615,7 @@ int run(const Options& o) {
     require_reordered();
     return 0;
   }
+  if (o.kill) return run_killed_peer(buffer, *boot, o);
   if (o.die_after_ms > 0) {
     // Every rank repeats the cases until the survivors fail: rank die_rank vanishes in the
     // middle of whatever call (notify or chunk streams) it is in when the timer fires.
@@ -605,6 +673,13 @@ int main(int argc, char** argv) {
   testing::add_ep_test_options(app, o);
   app.add_option("--die-after-ms", o.die_after_ms,
                  "with --die-rank: it vanishes this long after the start instead, mid-call");
+  app.add_flag("--kill", o.kill,
+               "small calls in a loop; --die-rank dies by SIGKILL after --die-after-ms and every "
+               "survivor must fail naming it");
+  app.add_option("--death-stamp", o.death_stamp,
+                 "with --kill: file where the killed rank writes when it died (CLOCK_MONOTONIC)");
+  app.add_option("--fail-within-ms", o.fail_within_ms,
+                 "with --kill: each survivor's call must fail within this many ms of the death");
   app.add_flag("--small-buffer", o.small_buffer, "a Buffer of a few rows per peer (streaming)");
   app.add_flag("--small-chunks", o.small_chunks,
                "chunks of ~2 rows between nodes through a Buffer that holds the whole call");

@@ -13,6 +13,7 @@
 #include "common/error.hpp"
 #include "common/params.hpp"
 #include "control/bootstrap.hpp"
+#include "death_stamp.hpp"
 #include "ep_test_options.hpp"
 #include "gpu_side/ep/ll_reference.hpp"
 #include "gpu_side/ep/numeric.hpp"
@@ -25,6 +26,7 @@
 #include <unistd.h>
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -45,6 +47,13 @@ struct Options : testing::EpTestOptions {
   int silent_ms = 0;    // with --shrink: --die-rank sleeps this long (alive, silent), then leaves
   bool no_destroy = false;  // end with the Buffer's destructor (no barrier) instead of destroy()
   bool no_nvlink = false;   // allow_nvlink_for_low_latency_mode = false
+  // With --shrink: --die-rank dies by SIGKILL while the others are in a call (not by exit);
+  // it writes the moment (CLOCK_MONOTONIC ns) to death_stamp first, and the survivors' first call
+  // after it must have masked it within mask_within_ms of that moment.
+  bool kill = false;
+  std::string death_stamp;
+  int mask_within_ms = 0;
+  int cases = 0;  // with --shrink: run only the first this many cases after the loss (0: all)
 };
 
 // The sizes the Buffer is made for (every case fits them).
@@ -193,17 +202,31 @@ struct Kept {
 };
 
 // One dispatch + combine of `c`, checked; with `keep`, the dispatch's outputs are kept there.
+// When a dispatch was called and when it returned (its hook run, its event set).
+struct DispatchSpan {
+  std::chrono::steady_clock::time_point called, returned;
+};
+
+uint64_t case_seed(const Options& o, int index) {
+  return o.seed * 1000 + static_cast<uint64_t>(index);
+}
+
+// `span` (optional) receives the dispatch's span; `given` (optional): the case's inputs, made
+// beforehand with make_inputs(c, R, case_seed(o, index), masked).
 void run_case(Buffer& buffer, const Case& c, const Options& o, int index, ep::Tensor& recv_stats,
-              std::vector<int64_t>& expected_recv, Kept* keep = nullptr, int masked = -1) {
+              std::vector<int64_t>& expected_recv, Kept* keep = nullptr, int masked = -1,
+              DispatchSpan* span = nullptr, const Inputs* given = nullptr) {
   const int R = buffer.group_size(), me = buffer.rank();
   const std::string at = fmt::format("case {} ({})", index, c.name);
-  const Inputs in = make_inputs(c, R, o.seed * 1000 + static_cast<uint64_t>(index), masked);
+  const Inputs in = given ? *given : make_inputs(c, R, case_seed(o, index), masked);
   ep::Tensor wait_stats = ep::Tensor::zeros(ep::DType::i64, R);
+  if (span) span->called = std::chrono::steady_clock::now();
   LowLatencyDispatchResult d =
       buffer.low_latency_dispatch(dispatch_args(in, c, me, recv_stats, wait_stats));
   check(c.hook == d.hook.defined() && c.async == d.event.defined(), "{}: hook/event", at);
   if (c.hook) d.hook();
   if (c.async) d.event.wait();
+  if (span) span->returned = std::chrono::steady_clock::now();
   check_dispatch(d, in, c, me, R, at);
   for (int e = 0; e < kExpertsPerRank; ++e)
     expected_recv[e] += d.recv_count.data<int32_t>()[e];
@@ -456,6 +479,30 @@ void run_bad_input(Buffer& buffer, const Options& o) {
   run_case(buffer, cases().front(), o, 0, fresh, expected);
 }
 
+// --kill: wait until the others are in their next call, then die by SIGKILL.
+[[noreturn]] void die_by_sigkill(const Options& o) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  testing::die_by_sigkill(o.death_stamp, kProgram);
+}
+
+// A survivor's first dispatch after the loss: the rank must have been masked within
+// o.mask_within_ms of the moment it was both dead and waited for (its death, or the call's
+// start when this rank was still busy with the case's inputs then). steady_clock is
+// CLOCK_MONOTONIC, one clock for every process of the host.
+void check_masked_in_time(const Options& o, int gone, const DispatchSpan& span) {
+  const double died = testing::death_seconds(o.death_stamp);
+  check(died > 0, "no death stamp in {}", o.death_stamp);
+  const double returned = testing::monotonic_seconds(span.returned);
+  const double ms = (returned - std::max(died, testing::monotonic_seconds(span.called))) * 1e3;
+  fmt::print(stderr,
+             "{}: rank {} masked {:.0f} ms after it was killed and waited for ({:.0f} ms after "
+             "its death)\n",
+             kProgram, gone, ms, (returned - died) * 1e3);
+  check(o.mask_within_ms <= 0 || ms <= o.mask_within_ms,
+        "rank {} was masked {:.0f} ms after it was killed and waited for; the bound is {} ms", gone,
+        ms, o.mask_within_ms);
+}
+
 // Rank masking: every rank runs the first case; then rank --die-rank leaves (at once, or after
 // --silent-ms of silence); the others must mask it when they notice (its departure, or the
 // deadline), finish every later case without it -- checked against the references with that
@@ -467,17 +514,27 @@ int run_shrink(Buffer& buffer, control::Bootstrap& boot, const Options& o) {
   ep::Tensor recv_stats = ep::Tensor::zeros(ep::DType::i32, kExpertsPerRank);
   std::vector<int64_t> expected_recv(kExpertsPerRank, 0);
   run_case(buffer, cases().front(), o, 0, recv_stats, expected_recv);
+  std::vector<Case> after = cases();
+  if (o.cases > 0 && static_cast<size_t>(o.cases) < after.size()) after.resize(o.cases);
+  // The survivors make the next case's inputs first, so they all wait in its dispatch when the
+  // rank dies (what --mask-within-ms times is the masking, not the slowest rank's inputs).
+  const Inputs next = me == gone ? Inputs{} : make_inputs(after.front(), R, case_seed(o, 1), gone);
   // Everyone has all of case 0 before the rank leaves (its last writes could be lost otherwise,
   // and its peers would rightly mask it in case 0 already).
   boot.barrier("ep_low_latency(case 0 done)");
   if (me == gone) {
     if (o.silent_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.silent_ms));
+    if (o.kill) die_by_sigkill(o);
     std::fprintf(stderr, "%s: rank %d: leaving (test)\n", kProgram, me);
     ::_exit(0);  // exit code 0 keeps the launcher from stopping the others
   }
   int index = 1;
-  for (const Case& c : cases())
-    run_case(buffer, c, o, index++, recv_stats, expected_recv, nullptr, gone);
+  for (const Case& c : after) {
+    DispatchSpan span;
+    run_case(buffer, c, o, index, recv_stats, expected_recv, nullptr, gone, &span,
+             index == 1 ? &next : nullptr);
+    if (index++ == 1 && !o.death_stamp.empty()) check_masked_in_time(o, gone, span);
+  }
   ep::Tensor mask = ep::Tensor::zeros(ep::DType::i32, R);
   buffer.low_latency_query_mask_buffer(mask);
   for (int r = 0; r < R; ++r)
@@ -494,7 +551,10 @@ int run_shrink(Buffer& buffer, control::Bootstrap& boot, const Options& o) {
   expect_refused("cannot mask itself", [&] { buffer.low_latency_update_mask_buffer(me, true); });
   if (me == 0)
     fmt::print("{}: {} ranks, rank {} {} and masked: every later case OK without it\n", kProgram, R,
-               gone, o.silent_ms > 0 ? "went silent" : "left");
+               gone,
+               o.kill            ? "was killed"
+               : o.silent_ms > 0 ? "went silent"
+                                 : "left");
   return 0;
 }
 
@@ -564,5 +624,11 @@ int main(int argc, char** argv) {
   app.add_flag("--shrink", o.shrink, "enable_shrink: survivors mask --die-rank and carry on");
   app.add_option("--silent-ms", o.silent_ms,
                  "with --shrink: --die-rank stays silent this long before it leaves");
+  app.add_flag("--kill", o.kill, "with --shrink: --die-rank dies by SIGKILL mid-run instead");
+  app.add_option("--death-stamp", o.death_stamp,
+                 "with --kill: file where the killed rank writes when it died (CLOCK_MONOTONIC)");
+  app.add_option("--mask-within-ms", o.mask_within_ms,
+                 "with --death-stamp: the survivors must have masked it within this many ms");
+  app.add_option("--cases", o.cases, "with --shrink: only the first N cases after the loss");
   return testing::run_ep_test(kProgram, app, argc, argv, [&] { return run(o); });
 }

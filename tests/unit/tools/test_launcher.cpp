@@ -123,6 +123,42 @@ TEST_CASE("launcher: a rank killed by a signal is reported as such") {
   CHECK(elapsed < 5s);
 }
 
+TEST_CASE("launcher: tolerated failures leave the others running; one more stops them") {
+  Captured captured;
+  // Rank 1 is killed; ranks 0 and 2 finish later, unstopped: the launch succeeds, naming rank 1.
+  auto options = shell(3, "if [ $RANK = 1 ]; then kill -9 $$; fi; sleep 0.5; echo done");
+  options.tolerated_failures = 1;
+  auto [result, elapsed] = launch(options, captured);
+  CHECK(result.exit_code == 0);
+  CHECK(result.tolerated == std::vector<int>{1});
+  CHECK_FALSE(result.failed_rank.has_value());
+  CHECK(result.summary == "every rank finished but rank 1, whose failure was tolerated");
+  for (int rank : {0, 2}) {
+    CAPTURE(rank);
+    CHECK_FALSE(result.ranks[rank].stopped);
+    CHECK(result.ranks[rank].code == 0);
+    CHECK(captured.out[rank] == std::vector<std::string>{"done"});
+  }
+  CHECK(any_contains(captured.reports,
+                     "rank 1 was killed by SIGKILL (signal 9); the other ranks go on (1 of 1"));
+
+  // A second failure beyond the one tolerated stops the rest as usual.
+  Captured second;
+  options = shell(4, "case $RANK in 1) exit 5;; 2) sleep 0.3; exit 6;; esac; exec sleep 30");
+  options.tolerated_failures = 1;
+  auto [stopped, took] = launch(options, second);
+  CHECK(stopped.exit_code == 6);
+  CHECK(stopped.failed_rank == 2);
+  CHECK(stopped.tolerated == std::vector<int>{1});
+  CHECK(stopped.ranks[0].stopped);
+  CHECK(took < 5s);
+
+  auto all = shell(2, "true");
+  all.tolerated_failures = 2;  // no rank would be left
+  CHECK_THROWS_WITH_AS(LocalLauncher{all}, doctest::Contains("--tolerate-failures"),
+                       proxyep::Error);
+}
+
 TEST_CASE("launcher: ranks that ignore SIGTERM get SIGKILL after the grace period") {
   auto options = shell(2, "if [ $RANK = 0 ]; then sleep 0.3; exit 5; fi; trap '' TERM; sleep 30");
   options.grace = 300ms;
