@@ -7,8 +7,54 @@
 #
 # Prints a line per round and a table at the end (test, runs, failures); exits non-zero when any
 # run failed. Logs: build/release/soak/<start time>/round-<k>/ (ctest's output of each round).
+#
+#   ./scripts/soak.sh --starts [times=20] [ranks=128] [ll]
+#
+# Starts: a job of RANKS ranks (emulated nodes of 8, tcp with the reorder shim) started TIMES
+# times, `proxyep bench ep` (or `bench ll` with `ll`) of a small shape, each run verified against
+# the reference; one line per start (verified or not, seconds, peak host memory, setup p50 and
+# slowest rank) and "soak: K of N starts verified" at the end; non-zero exit unless all were.
+# No CPU hogs: the ranks fill the cores. Logs of failing starts: build/release/soak/<time>/.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+if [[ "${1:-}" == "--starts" ]]; then
+  times=${2:-20} ranks=${3:-128} kind=${4:-ep}
+  "$root/scripts/build.sh" release >/dev/null
+  out="$root/build/release/soak/$(date +%Y%m%d-%H%M%S)-starts"
+  mkdir -p "$out"
+  if [[ $kind == ll ]]; then
+    shape=(--tokens 16 --hidden 1024 --experts "$ranks")
+  else
+    shape=(--tokens 64 --hidden 1024 --experts "$ranks")
+  fi
+  verified=0
+  for ((i = 1; i <= times; i++)); do
+    log="$out/start-$i.log" json="$out/start-$i.json"
+    begin=$SECONDS
+    if "$root/scripts/peak-memory.sh" "$root/build/release/tools/proxyep" bench "$kind" \
+         --ranks "$ranks" --ranks-per-node 8 --reorder "${shape[@]}" --iters 3 --warmup 1 \
+         --json >"$json" 2>"$log" && grep -q '"verified": true' "$json"; then
+      verified=$((verified + 1))
+      verdict=verified
+    else
+      verdict="NOT verified (log: $log)"
+    fi
+    setup=$(/usr/bin/python3 -c '
+import json, sys
+try:
+    total = json.load(open(sys.argv[1]))["proxyep"]["setup"][-1]
+    print("setup p50 %.1f s, slowest rank %.1f s" % (total["p50_ms"] / 1e3, total["max_ms"] / 1e3))
+except Exception:
+    print("no setup figures")' "$json")
+    echo "soak: start $i of $times: $verdict after $((SECONDS - begin)) s;" \
+      "$(grep -o 'peak-memory: [0-9]* MiB' "$log" | sed 's/peak-memory: //') peak; $setup"
+    [[ $verdict == verified ]] && rm -f "$log" "$json"
+  done
+  echo "soak: $verified of $times starts of $ranks ranks verified"
+  [[ $verified -eq $times ]]
+  exit
+fi
 minutes=${1:-30}
 hogs=${2:-$(nproc)}
 regex=${SOAK_REGEX:-'^(failure\.|integration\.ep\.|integration\.bench_ep\.|integration\.ll\.|integration\.proxy_alltoall\.)'}

@@ -122,13 +122,14 @@ void validate(const WorkloadOptions& o, int rank) {
   require(rank >= 0 && rank < s.num_ranks, kPhase, "rank {} is outside [0, {})", rank, s.num_ranks);
 }
 
-Tensor make_x(int64_t tokens, int hidden, std::mt19937_64 gen) {
-  Tensor x = Tensor::empty(DType::bf16, tokens, hidden);
+// Row `row` of a rank's x: every row is its own stream, so a checker regenerates the rows routed
+// to it without the others (a rank of a 128-rank benchmark needs a few rows of each peer).
+void fill_x_row(uint16_t* out, int hidden, uint64_t seed, int rank, int64_t row) {
+  std::mt19937_64 gen = make_generator(seed, rank, Stream::x);
+  gen.seed(gen() ^ splitmix64(static_cast<uint64_t>(row)));
   NormalSource normal(gen);
-  uint16_t* out = x.data<uint16_t>();
-  for (int64_t i = 0; i < x.numel(); ++i)
-    out[i] = float_to_bf16(static_cast<float>(normal.next()));
-  return x;
+  for (int c = 0; c < hidden; ++c)
+    out[c] = float_to_bf16(static_cast<float>(normal.next()));
 }
 
 // The `topk` experts with the largest keys; ties go to the lower expert id so the order is a
@@ -258,19 +259,42 @@ int WorkloadOptions::tokens_of(int rank) const {
   return tokens_per_rank[static_cast<size_t>(rank)];
 }
 
-RankInputs make_rank_inputs(const WorkloadOptions& options, int rank) {
+RankInputs make_rank_routing(const WorkloadOptions& options, int rank) {
   validate(options, rank);
   const int64_t tokens = options.tokens_of(rank);
   const uint64_t seed = options.seed;
   RankInputs in;
-  in.x = make_x(tokens, options.hidden, make_generator(seed, rank, Stream::x));
   in.topk_idx = make_routing(options, tokens, make_generator(seed, rank, Stream::routing));
   drop_entries(in.topk_idx, options.drop_fraction, make_generator(seed, rank, Stream::drop));
   in.topk_weights = make_weights(tokens, options.topk, make_generator(seed, rank, Stream::weights));
+  return in;
+}
+
+void make_x_rows(const WorkloadOptions& options, int rank, std::span<const int64_t> rows,
+                 RankInputs& in) {
+  validate(options, rank);
+  const int64_t tokens = options.tokens_of(rank);
+  if (!in.x.defined()) in.x = Tensor::zeros(DType::bf16, tokens, options.hidden);
+  require(in.x.dtype() == DType::bf16 && in.x.rows() == tokens && in.x.cols() == options.hidden,
+          kPhase, "x of rank {} must be bf16 [{}, {}]; got {}", rank, tokens, options.hidden,
+          in.x.ref().describe());
+  uint16_t* x = in.x.data<uint16_t>();
+  for (const int64_t row : rows) {
+    require(row >= 0 && row < tokens, kPhase, "row {} of rank {} is outside [0, {})", row, rank,
+            tokens);
+    fill_x_row(x + row * options.hidden, options.hidden, options.seed, rank, row);
+  }
   if (options.fp8 && options.ue8m0)
     cast_to_fp8_ue8m0(in.x, in.x_fp8, in.x_scales);
   else if (options.fp8)
     cast_to_fp8(in.x, in.x_fp8, in.x_scales);
+}
+
+RankInputs make_rank_inputs(const WorkloadOptions& options, int rank) {
+  RankInputs in = make_rank_routing(options, rank);
+  std::vector<int64_t> rows(static_cast<size_t>(options.tokens_of(rank)));
+  std::iota(rows.begin(), rows.end(), 0);
+  make_x_rows(options, rank, rows, in);
   return in;
 }
 

@@ -7,6 +7,7 @@
 #include "gpu_side/ep/tensor.hpp"
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -52,6 +53,14 @@ void check_workload(const WorkloadOptions& options);
 
 // Checks the options (check_workload) and the rank, then generates the rank's inputs.
 RankInputs make_rank_inputs(const WorkloadOptions& options, int rank);
+
+// The same in parts, for a checker that needs only some rows of a rank's x: its routing
+// (topk_idx, topk_weights; x undefined) -- cheap -- then rows `rows` of x, each row of x being a
+// stream of its own (x is allocated zeroed when undefined; with options.fp8, x_fp8 and x_scales
+// are recast from all of x, so only the listed rows of those are meaningful).
+RankInputs make_rank_routing(const WorkloadOptions& options, int rank);
+void make_x_rows(const WorkloadOptions& options, int rank, std::span<const int64_t> rows,
+                 RankInputs& in);
 
 // Per-token FP8 cast the way DeepEP's tests do it: per 128 channels, amax clamped to 1e-4,
 // value * 448 / amax cast to e4m3, scale = amax / 448.

@@ -112,6 +112,24 @@ nlohmann::json EpTraffic::to_json(int nodes) const {
 
 namespace {
 
+// What `rank` needs of `source`'s inputs: all of its own; of another rank, the routing and only
+// the rows of x routed to `rank` (the others stay zero), a few of each peer's at 128 ranks.
+ep::RankInputs inputs_for(const ep::WorkloadOptions& options, int source, int rank) {
+  if (source == rank) return ep::make_rank_inputs(options, source);
+  ep::RankInputs in = ep::make_rank_routing(options, source);
+  const auto* idx = in.topk_idx.data<int64_t>();
+  const int64_t topk = in.topk_idx.cols();
+  std::vector<int64_t> rows;
+  for (int64_t t = 0; t < in.topk_idx.rows(); ++t)
+    for (int64_t k = 0; k < topk; ++k)
+      if (options.shape.local_expert(idx[t * topk + k], rank) >= 0) {
+        rows.push_back(t);
+        break;
+      }
+  ep::make_x_rows(options, source, rows, in);
+  return in;
+}
+
 ep::DispatchInputs dispatch_view(const ep::RankInputs& in, bool fp8) {
   return {fp8 ? in.x_fp8.ref() : in.x.ref(), fp8 ? in.x_scales.ref() : ep::TensorRef{},
           in.topk_idx.ref(), in.topk_weights.ref()};
@@ -128,7 +146,7 @@ EpReference::EpReference(const ep::WorkloadOptions& options, int rank,
   ep::ReferenceReceiver receiver(shape, rank);
   for (int source = 0; source < shape.num_ranks; ++source) {
     ep::RankInputs generated;
-    if (given.empty()) generated = ep::make_rank_inputs(options, source);
+    if (given.empty()) generated = inputs_for(options, source, rank);
     const ep::RankInputs& in = given.empty() ? generated : given[static_cast<size_t>(source)];
     receiver.add_source(source, dispatch_view(in, options.fp8));
     add_traffic(traffic_, options, source, ep::compute_dispatch_layout(in.topk_idx, shape));

@@ -1,12 +1,14 @@
-// The control plane of a 1024-rank job, every rank a thread of this process on loopback: the
+// The control plane at scale. A 1024-rank job, every rank a thread of this process on loopback: the
 // rendezvous (with a job id and secret, as `proxyep launch` gives its ranks), a barrier, an
 // allgather of fabric-address-sized contributions checked on every rank, and the loss of one
 // rank in the middle of a collective, which every other rank must name. Deadlines (this 2-core
 // box; sanitizer builds scale them): the whole rendezvous 20 s (~2 s measured by `proxyep bench
-// rendezvous`), the news of the loss 10 s after it.
+// rendezvous`), the news of the loss 10 s after it. And the ordering layer's state of a 4096-rank
+// job, the most an immediate names.
 #include "common/crypto.hpp"
 #include "common/descriptor_limit.hpp"
 #include "control/bootstrap.hpp"
+#include "control/signal_router.hpp"
 #include "tests/unit/control/rank_threads.hpp"
 
 #include <doctest/doctest.h>
@@ -17,6 +19,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 using namespace proxyep;
 using namespace proxyep::control;
@@ -107,4 +110,51 @@ TEST_CASE("control plane at 1024 ranks: rendezvous, barrier, allgather, and one 
   CHECK_MESSAGE(
       std::chrono::milliseconds(latest_ms - lost_at_ms.load()) < kLossBound,
       "the last rank learnt of the loss " << latest_ms - lost_at_ms.load() << " ms after it");
+}
+
+// The ordering layer's per-rank state at the largest group an immediate can name (4096 ranks:
+// 12 bits of stream id): a counter bank with the session's 4R keys (records, eager bytes,
+// releases, landing writes), a sequence window and sender credits per source stream, all routed
+// by one SignalRouter from encoded immediates, each arrival landing exactly where it should,
+// and the bank's epoch turnover (O(keys)) over all of them.
+TEST_CASE("ordering state of a 4096-rank job: every key, window and credit reached") {
+  constexpr uint32_t kRanks = imm::kMaxStreams;
+  static_assert(kRanks == 4096, "the stream field names 4096 ranks");
+  constexpr uint32_t kKeys = 4 * kRanks;
+  static_assert(kKeys <= imm::kMaxKeys);
+  CounterBank bank(kKeys);
+  SignalRouter router;
+  router.attach_counters(bank);
+  std::vector<std::unique_ptr<SequenceWindow>> windows;
+  std::vector<std::unique_ptr<SenderCredits>> credits;
+  for (uint32_t s = 0; s < kRanks; ++s) {
+    windows.push_back(std::make_unique<SequenceWindow>(8));
+    credits.push_back(std::make_unique<SenderCredits>(8));
+    router.attach_stream(s, *windows.back());
+    router.attach_credits(s, *credits.back());
+  }
+  for (uint64_t epoch = 0; epoch < 3; ++epoch) {
+    if (epoch > 0) bank.begin_epoch(epoch);
+    for (uint32_t key = 0; key < kKeys; ++key)
+      REQUIRE(bank.set_expected(epoch, key, 1) == Status::ok);
+    for (uint32_t key = kKeys; key-- > 0;)  // arrivals in another order than the expectations
+      REQUIRE(router.route(imm::encode_counter(epoch, key)) == Status::ok);
+    uint32_t raised = 0;
+    for (uint32_t key = 0; key < kKeys; ++key)
+      raised += bank.ready(epoch, key) ? 1 : 0;
+    CHECK(raised == kKeys);
+  }
+  for (uint32_t s = 0; s < kRanks; ++s) {
+    uint16_t seq = 0;
+    REQUIRE(credits[s]->acquire(seq) == Status::ok);
+    REQUIRE(router.route(imm::encode_stream(0, s, seq)) == Status::ok);
+    REQUIRE(router.route(imm::encode_credit(0, s, static_cast<uint16_t>(seq + 1))) == Status::ok);
+  }
+  for (uint32_t s = 0; s < kRanks; ++s) {
+    CHECK(windows[s]->tail() == 1);
+    CHECK(credits[s]->available() == 8);
+  }
+  // One past the last stream is not representable: a session of more ranks is refused before
+  // any immediate is sent (proxy/in_process_session.cpp).
+  CHECK_FALSE(imm::StreamField::fits(kRanks));
 }

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <set>
+#include <vector>
 
 using namespace proxyep;
 using namespace proxyep::gpu_side::ep;
@@ -76,6 +77,35 @@ TEST_CASE("workload: the same seed and rank give identical bytes; others differ"
   WorkloadOptions wider = o;
   wider.hidden = 512;
   CHECK(same_bytes(a.topk_idx, make_rank_inputs(wider, 1).topk_idx));
+}
+
+TEST_CASE("workload: routing alone, then chosen rows of x, match the whole inputs") {
+  WorkloadOptions o = small_options();
+  o.fp8 = true;
+  const RankInputs whole = make_rank_inputs(o, 2);
+  RankInputs part = make_rank_routing(o, 2);
+  CHECK_FALSE(part.x.defined());
+  CHECK(same_bytes(part.topk_idx, whole.topk_idx));
+  CHECK(same_bytes(part.topk_weights, whole.topk_weights));
+  const std::vector<int64_t> rows = {0, 7, 8, 63};
+  make_x_rows(o, 2, rows, part);
+  const size_t row_bytes = static_cast<size_t>(o.hidden) * 2;
+  for (int64_t t = 0; t < o.num_tokens; ++t) {
+    CAPTURE(t);
+    const bool chosen = std::find(rows.begin(), rows.end(), t) != rows.end();
+    const bool equal =
+        std::memcmp(part.x.raw() + t * row_bytes, whole.x.raw() + t * row_bytes, row_bytes) == 0;
+    CHECK(equal == chosen);  // the others stay zero
+    if (chosen) {
+      CHECK(std::memcmp(part.x_fp8.raw() + t * o.hidden, whole.x_fp8.raw() + t * o.hidden,
+                        static_cast<size_t>(o.hidden)) == 0);
+      CHECK(std::memcmp(part.x_scales.raw() + t * part.x_scales.cols() * 4,
+                        whole.x_scales.raw() + t * whole.x_scales.cols() * 4,
+                        static_cast<size_t>(whole.x_scales.cols()) * 4) == 0);
+    }
+  }
+  const std::vector<int64_t> outside = {64};
+  CHECK_THROWS_AS(make_x_rows(o, 2, outside, part), Error);
 }
 
 TEST_CASE("workload: shapes, distinct experts and positive weights") {
