@@ -198,6 +198,21 @@ struct Buffer::Impl {
   bool destroyed = false;
 };
 
+DispatchArgs DispatchArgs::routed(const TensorRef& x, const TensorRef& x_scales,
+                                  const DispatchLayout& layout, const TensorRef& topk_idx,
+                                  const TensorRef& topk_weights) {
+  DispatchArgs args;
+  args.x = x;
+  args.x_scales = x_scales;
+  args.num_tokens_per_rank = layout.num_tokens_per_rank;
+  args.num_tokens_per_rdma_rank = layout.num_tokens_per_rdma_rank;  // undefined on one node
+  args.is_token_in_rank = layout.is_token_in_rank;
+  args.num_tokens_per_expert = layout.num_tokens_per_expert;
+  args.topk_idx = topk_idx;
+  args.topk_weights = topk_weights;
+  return args;
+}
+
 Buffer::Buffer(control::Bootstrap& bootstrap, BufferOptions options)
     : impl_(std::make_unique<Impl>(bootstrap, options)) {}
 

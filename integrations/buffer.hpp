@@ -205,6 +205,13 @@ struct DispatchArgs {
   // a stream of the caller's). Without one, the inputs must be complete before the call.
   // Refused for host tensors.
   std::shared_ptr<gpu_side::device::DeviceEvent> previous_event;
+
+  // A fresh dispatch of x (with x_scales for FP8; undefined for BF16) routed by topk_idx and
+  // topk_weights, with the layout get_dispatch_layout computed for them; every option at its
+  // default.
+  static DispatchArgs routed(const TensorRef& x, const TensorRef& x_scales,
+                             const DispatchLayout& layout, const TensorRef& topk_idx,
+                             const TensorRef& topk_weights);
 };
 
 struct DispatchResult {

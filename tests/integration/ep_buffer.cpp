@@ -108,15 +108,8 @@ int run_killed_peer(Buffer& buffer, control::Bootstrap& boot, const Options& o) 
     }).detach();
   auto call = [&] {
     auto layout = buffer.get_dispatch_layout(in.topk_idx, w.shape.num_experts);
-    DispatchArgs args;
-    args.x = in.x;
-    args.num_tokens_per_rank = layout.num_tokens_per_rank;
-    args.num_tokens_per_rdma_rank = layout.num_tokens_per_rdma_rank;
-    args.is_token_in_rank = layout.is_token_in_rank;
-    args.num_tokens_per_expert = layout.num_tokens_per_expert;
-    args.topk_idx = in.topk_idx;
-    args.topk_weights = in.topk_weights;
-    auto got = buffer.dispatch(args);
+    auto got =
+        buffer.dispatch(DispatchArgs::routed(in.x, {}, layout, in.topk_idx, in.topk_weights));
     CombineArgs cargs;
     cargs.x = got.recv_x;
     cargs.handle = &got.handle;
@@ -261,15 +254,10 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   const std::string at = fmt::format("case '{}' rank {}", c.name, me);
 
   auto layout = buffer.get_dispatch_layout(mine.topk_idx, w.shape.num_experts);
-  DispatchArgs args;
-  args.x = views[static_cast<size_t>(me)].x;
-  args.x_scales = views[static_cast<size_t>(me)].x_scales;
-  args.num_tokens_per_rank = layout.num_tokens_per_rank;
-  args.num_tokens_per_rdma_rank = layout.num_tokens_per_rdma_rank;  // checked across nodes
-  args.is_token_in_rank = layout.is_token_in_rank;
-  args.num_tokens_per_expert = layout.num_tokens_per_expert;
-  args.topk_idx = mine.topk_idx;
-  args.topk_weights = mine.topk_weights;
+  // num_tokens_per_rdma_rank given: checked across nodes.
+  DispatchArgs args = DispatchArgs::routed(views[static_cast<size_t>(me)].x,
+                                           views[static_cast<size_t>(me)].x_scales, layout,
+                                           mine.topk_idx, mine.topk_weights);
   args.expert_alignment = c.alignment;
   args.async_finish = o.async;
   auto got = buffer.dispatch(args);

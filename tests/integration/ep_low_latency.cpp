@@ -339,14 +339,8 @@ void run_normal(Buffer& buffer, const Options& o, int index) {
     views.push_back({r.x, {}, r.topk_idx, r.topk_weights});
   const ep::RankInputs& mine = all[me];
   DispatchLayout layout = buffer.get_dispatch_layout(mine.topk_idx, w.shape.num_experts);
-  DispatchArgs a;
-  a.x = mine.x;
-  a.num_tokens_per_rank = layout.num_tokens_per_rank;
-  a.is_token_in_rank = layout.is_token_in_rank;
-  a.num_tokens_per_expert = layout.num_tokens_per_expert;
-  a.topk_idx = mine.topk_idx;
-  a.topk_weights = mine.topk_weights;
-  DispatchResult d = buffer.dispatch(a);
+  DispatchResult d =
+      buffer.dispatch(DispatchArgs::routed(mine.x, {}, layout, mine.topk_idx, mine.topk_weights));
   const ep::ReferenceDispatch want = ep::reference_dispatch(views, w.shape, me);
   check(d.recv_x.bytes() == want.recv_x.bytes() &&
             std::memcmp(d.recv_x.raw(), want.recv_x.raw(), want.recv_x.bytes()) == 0,

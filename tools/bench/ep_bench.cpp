@@ -107,16 +107,9 @@ RankRun run_iterations(control::Bootstrap& bootstrap, Buffer& buffer, const ep::
   const auto& cli = options.workload;
   const ep::RankInputs in = staged_inputs(device, raw);
   DispatchLayout layout = buffer.get_dispatch_layout(in.topk_idx, cli.experts);
-  DispatchArgs fresh;
-  fresh.x = cli.fp8 ? in.x_fp8.ref() : in.x.ref();
-  if (cli.fp8) fresh.x_scales = in.x_scales.ref();
-  fresh.num_tokens_per_rank = layout.num_tokens_per_rank;
-  if (layout.num_tokens_per_rdma_rank.defined())
-    fresh.num_tokens_per_rdma_rank = layout.num_tokens_per_rdma_rank;
-  fresh.is_token_in_rank = layout.is_token_in_rank;
-  fresh.num_tokens_per_expert = layout.num_tokens_per_expert;
-  fresh.topk_idx = in.topk_idx;
-  fresh.topk_weights = in.topk_weights;
+  const DispatchArgs fresh = DispatchArgs::routed(cli.fp8 ? in.x_fp8.ref() : in.x.ref(),
+                                                  cli.fp8 ? in.x_scales.ref() : TensorRef{}, layout,
+                                                  in.topk_idx.ref(), in.topk_weights.ref());
 
   // The combine input ("expert output"): the routing is the same every iteration, so the rows
   // received by this first, untimed dispatch stay valid for all of them. It and an untimed
