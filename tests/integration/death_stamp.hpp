@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include <unistd.h>
 
@@ -40,6 +41,25 @@ inline double death_seconds(const std::string& stamp) {
   int64_t ns = 0;
   std::ifstream(stamp) >> ns;
   return ns > 0 ? static_cast<double>(ns) * 1e-9 : -1;
+}
+
+// A survivor that has seen what it must see says so next to `stamp` and waits (up to `limit`)
+// until all `survivors` have: one that exited at once would close its connections under the
+// others while they are still noticing the death, and their failures would name it instead.
+inline void wait_for_survivors(const std::string& stamp, int rank, int survivors,
+                               std::chrono::milliseconds limit) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(stamp).parent_path();
+  const std::string prefix = fs::path(stamp).filename().string() + ".done.";
+  std::ofstream(dir / (prefix + std::to_string(rank))).flush();
+  const auto end = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < end) {
+    int done = 0;
+    for (const auto& entry : fs::directory_iterator(dir))
+      done += entry.path().filename().string().starts_with(prefix) ? 1 : 0;
+    if (done >= survivors) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
 }
 
 }  // namespace proxyep::testing

@@ -134,7 +134,10 @@ int run_killed_peer(Buffer& buffer, control::Bootstrap& boot, const Options& o) 
     try {
       call();
     } catch (const Error& next) {
-      return 0;  // refused, as it must be: the ranks are out of step
+      // Refused, as it must be: the ranks are out of step. Stay until every survivor has failed
+      // on its own (its own failure, not this rank's exit, must be what it names).
+      testing::wait_for_survivors(o.death_stamp, me, R - 1, std::chrono::seconds(20));
+      return 0;
     }
     fail("ep_buffer", "a call after a failed one was accepted");
   }
