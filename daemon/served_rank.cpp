@@ -6,6 +6,7 @@
 #include "common/keep_forever.hpp"
 #include "common/log.hpp"
 #include "daemon/client_device_memory.hpp"
+#include "fabric/shm_stale.hpp"
 #include "proxy/fabric_channel.hpp"
 #include "proxy/session.hpp"
 #include "proxy/step_link.hpp"
@@ -226,6 +227,7 @@ ServedRank::~ServedRank() {
         "memory are kept for the life of the daemon",
         request_.rank);
     (void)keep_forever(std::move(state_));
+    fabric::remove_own_shm_regions_at_exit();  // the abandoned shm endpoints' regions
   }
 }
 

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -41,6 +42,19 @@ void remove_stale_shm_regions() {
     } catch (const std::exception&) {
       // Only allocation can throw here; the leftovers then stay, as before this existed.
     }
+  });
+}
+
+void remove_own_shm_regions_at_exit() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    std::atexit([] {
+      try {
+        (void)remove_shm_regions_of(::getpid());
+      } catch (const std::exception&) {
+        // Only allocation can throw here; the regions then stay, as before this existed.
+      }
+    });
   });
 }
 

@@ -27,4 +27,10 @@ std::vector<std::string> remove_shm_regions_of(pid_t pid, const std::string& dir
 // Logs what it removed; never throws.
 void remove_stale_shm_regions();
 
+// Registers (once per process) the removal of this process's own regions when it exits
+// normally (exit(), return from main). For a process that abandons a fabric on purpose -- a proxy
+// thread stuck inside the provider keeps its endpoints for the rest of the process's life -- whose
+// shm provider then never unlinks them. Nothing uses them once the process has ended.
+void remove_own_shm_regions_at_exit();
+
 }  // namespace proxyep::fabric

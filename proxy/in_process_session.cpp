@@ -7,6 +7,7 @@
 #include "common/keep_forever.hpp"
 #include "common/log.hpp"
 #include "control/imm_layout.hpp"
+#include "fabric/shm_stale.hpp"
 #include "proxy/node_channel.hpp"
 #include "proxy/region_exchange.hpp"
 #include "proxy/session_waits.hpp"
@@ -61,6 +62,7 @@ void InProcessSession::stop_and_settle() noexcept {
         "buffer: a proxy thread is stuck inside the fabric provider; its fabric, memory "
         "and signal targets are kept for the life of the process");
     (void)keep_forever(std::move(state_));
+    fabric::remove_own_shm_regions_at_exit();  // the abandoned shm endpoints' regions
   }
 }
 
