@@ -40,6 +40,15 @@ std::pair<int64_t, int64_t> count_node_pairs(const ep::Tensor& is_token_in_rank,
   return {pairs, other};
 }
 
+// A token row's bytes in BF16 (combine's format), and dispatch's share of that (FP8: one byte a
+// channel plus a float32 scale per 128).
+double bf16_row_bytes(const ep::WorkloadOptions& options) {
+  return static_cast<double>(options.hidden) * 2;
+}
+double dispatch_factor(const ep::WorkloadOptions& options) {
+  return options.fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0;
+}
+
 // Adds source `source`'s figures (from its layout) to `traffic`; finish_traffic derives the rest.
 void add_traffic(EpTraffic& traffic, const ep::WorkloadOptions& options, int source,
                  const ep::DispatchLayout& layout) {
@@ -55,8 +64,7 @@ void add_traffic(EpTraffic& traffic, const ep::WorkloadOptions& options, int sou
   const auto* per_expert = layout.num_tokens_per_expert.data<int32_t>();
   for (int e = 0; e < shape.num_experts; ++e)
     traffic.tokens_per_expert[static_cast<size_t>(e)] += per_expert[e];
-  const double row_bytes = static_cast<double>(options.hidden) * 2;
-  const double fp8_factor = options.fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0;
+  const double row_bytes = bf16_row_bytes(options), fp8_factor = dispatch_factor(options);
   auto [pairs, other_node_pairs] = count_node_pairs(layout.is_token_in_rank, shape, source);
   traffic.node_pairs.push_back(pairs);
   traffic.rdma_dispatch_bytes.push_back(static_cast<double>(pairs) * row_bytes * fp8_factor);
@@ -67,8 +75,7 @@ void add_traffic(EpTraffic& traffic, const ep::WorkloadOptions& options, int sou
 }
 
 void finish_traffic(EpTraffic& traffic, const ep::WorkloadOptions& options) {
-  const double row_bytes = static_cast<double>(options.hidden) * 2;
-  const double fp8_factor = options.fp8 ? (1.0 + 4.0 / 128.0) / 2.0 : 1.0;
+  const double row_bytes = bf16_row_bytes(options), fp8_factor = dispatch_factor(options);
   for (int64_t rows : traffic.recv_rows) {
     traffic.dispatch_bytes.push_back(static_cast<double>(rows) * row_bytes * fp8_factor);
     traffic.combine_bytes.push_back(static_cast<double>(rows) * row_bytes);
