@@ -72,6 +72,9 @@ class Bootstrap {
   // Every rank contributes `mine` (sizes may differ); returns all contributions, index = rank.
   virtual std::vector<Bytes> allgather(std::span<const uint8_t> mine, std::string_view phase) = 0;
   virtual void barrier(std::string_view phase) = 0;
+  // A barrier that may take up to `timeout` instead of the bootstrap's own timeout (every rank
+  // passes the same): after work whose length grows with the job.
+  virtual void barrier(std::string_view phase, std::chrono::milliseconds timeout) = 0;
   // Root's `data` reaches every rank (others' `data` is ignored).
   virtual Bytes broadcast(std::span<const uint8_t> data, int root, std::string_view phase) = 0;
 

@@ -212,7 +212,8 @@ wire::Bytes StarClient::run(const CollectiveCall& call, std::span<const uint8_t>
                       .aux = root};
   connection_->queue(header, wire::encode_contribution(call.phase, mine));
   connection_->flush();
-  const auto wait = context_.timeout + verdict_grace(context_.timeout);
+  const auto timeout = call.timeout_or(context_.timeout);
+  const auto wait = timeout + verdict_grace(timeout);
   const auto during = describe(call);
   Deadline deadline(wait);
   bool entered = false;

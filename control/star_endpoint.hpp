@@ -24,6 +24,12 @@ struct CollectiveCall {
   int root = 0;             // broadcast's root; 0 for the others
   std::string phase;        // the caller's phase text, compared across ranks
   std::string error_phase;  // "bootstrap.allgather(fabric addresses)": phase of our errors
+  // How long the collective may take; zero: the bootstrap's timeout. Longer for a collective
+  // that follows work whose length grows with the job (opening every fabric connection).
+  std::chrono::milliseconds timeout{0};
+  std::chrono::milliseconds timeout_or(std::chrono::milliseconds fallback) const {
+    return timeout.count() > 0 ? timeout : fallback;
+  }
 };
 
 // What both roles share: who we are, how long any wait may take, the job's credentials

@@ -80,7 +80,8 @@ void StarServer::flush_to_all(wire::Kind kind, const std::string& phase) {
 
 wire::Bytes StarServer::run(const CollectiveCall& call, std::span<const uint8_t> mine) {
   const int world = context_.env.world_size;
-  Deadline deadline(context_.timeout);
+  const auto timeout = call.timeout_or(context_.timeout);
+  Deadline deadline(timeout);
   std::vector<wire::Bytes> parts(world);
   std::vector<bool> have(world, false);
   parts[0].assign(mine.begin(), mine.end());
@@ -102,8 +103,7 @@ wire::Bytes StarServer::run(const CollectiveCall& call, std::span<const uint8_t>
       std::vector<int> absent;
       for (int rank = 1; rank < world; ++rank)
         if (!have[rank]) absent.push_back(rank);
-      fail(call.error_phase, "{} did not arrive within {} ms", ranks_text(absent),
-           context_.timeout.count());
+      fail(call.error_phase, "{} did not arrive within {} ms", ranks_text(absent), timeout.count());
     }
     pump(deadline, call.error_phase);
   }

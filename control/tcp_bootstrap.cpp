@@ -46,7 +46,7 @@ TcpBootstrap::TcpBootstrap(Options options)
 TcpBootstrap::~TcpBootstrap() = default;
 
 Bytes TcpBootstrap::run(wire::Op op, int root, std::string_view phase,
-                        std::span<const uint8_t> mine) {
+                        std::span<const uint8_t> mine, std::chrono::milliseconds timeout) {
   const std::string where = error_phase(op, phase);
   require(failure_.empty(), where, "the bootstrap is unusable after an earlier failure: {}",
           failure_);
@@ -55,7 +55,7 @@ Bytes TcpBootstrap::run(wire::Op op, int root, std::string_view phase,
   require(mine.size() + phase.size() + 4 <= wire::kMaxPayloadBytes, where,
           "{} bytes exceed the bootstrap's message limit of {} bytes", mine.size(),
           wire::kMaxPayloadBytes);
-  CollectiveCall call{++seq_, op, root, std::string(phase), where};
+  CollectiveCall call{++seq_, op, root, std::string(phase), where, timeout};
   if (!endpoint_)
     return op == wire::Op::allgather ? wire::encode_list({Bytes(mine.begin(), mine.end())})
                                      : Bytes(mine.begin(), mine.end());
@@ -90,6 +90,12 @@ std::vector<Bytes> TcpBootstrap::allgather(std::span<const uint8_t> mine, std::s
 
 void TcpBootstrap::barrier(std::string_view phase) {
   run(wire::Op::barrier, 0, phase, {});
+}
+
+void TcpBootstrap::barrier(std::string_view phase, std::chrono::milliseconds timeout) {
+  require(timeout.count() > 0, error_phase(wire::Op::barrier, phase),
+          "a barrier's timeout must be positive (got {} ms)", timeout.count());
+  run(wire::Op::barrier, 0, phase, {}, timeout);
 }
 
 Bytes TcpBootstrap::broadcast(std::span<const uint8_t> data, int root, std::string_view phase) {

@@ -45,12 +45,14 @@ class TcpBootstrap final : public Bootstrap {
 
   std::vector<Bytes> allgather(std::span<const uint8_t> mine, std::string_view phase) override;
   void barrier(std::string_view phase) override;
+  void barrier(std::string_view phase, std::chrono::milliseconds timeout) override;
   Bytes broadcast(std::span<const uint8_t> data, int root, std::string_view phase) override;
   const PeerWatch* peer_watch() const override { return liveness_.get(); }
 
  private:
   // Runs one collective on the endpoint, latching the first failure and aborting the peers.
-  Bytes run(wire::Op op, int root, std::string_view phase, std::span<const uint8_t> mine);
+  Bytes run(wire::Op op, int root, std::string_view phase, std::span<const uint8_t> mine,
+            std::chrono::milliseconds timeout = std::chrono::milliseconds{0});
 
   LaunchEnv env_;
   std::chrono::milliseconds timeout_;

@@ -170,6 +170,16 @@ void AttachedClient::handle(const nlohmann::json& message) {
     served_->add_arenas(hex_list(message, "descriptors"), optional_list("landing_descriptors"),
                         optional_list("device_arena_descriptors"));
     send({{"proxyep", "arenas_added"}});
+  } else if (type == "open_connections") {
+    require(message.contains("peers") && message["peers"].is_array(), kPhase,
+            "'open_connections' needs the list of peers to probe");
+    served_->open_connections(message["peers"].get<std::vector<int>>());
+    send({{"proxyep", "connections_opening"}});
+  } else if (type == "connections") {
+    const bool open = served_->connections_open();
+    nlohmann::json reply{{"proxyep", "connections"}, {"open", open}};
+    if (!open) reply["waiting"] = served_->peers_awaiting_connection();
+    send(reply);
   } else if (type == "start") {
     served_->start();
     log::info("proxyepd: {} serves rank {} of {}", describe_peer(peer_), served_->rank(),

@@ -5,9 +5,11 @@
 #include "common/error.hpp"
 #include "common/keep_forever.hpp"
 #include "common/log.hpp"
+#include "control/imm_layout.hpp"
 #include "daemon/client_device_memory.hpp"
 #include "fabric/shm_stale.hpp"
 #include "proxy/fabric_channel.hpp"
+#include "proxy/fabric_connections.hpp"
 #include "proxy/session.hpp"
 #include "proxy/step_link.hpp"
 
@@ -72,6 +74,9 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   require(request.ranks >= 2 && request.rank >= 0 && request.rank < request.ranks, kPhase,
           "rank {} of {} ranks: a rank between 0 and ranks - 1, at least 2 ranks", request.rank,
           request.ranks);
+  require(static_cast<uint32_t>(request.ranks) <= control::imm::kMaxStreams, kPhase,
+          "a job of {} ranks: an immediate names at most {} (control/imm_layout.hpp)",
+          request.ranks, control::imm::kMaxStreams);
   // The optional descriptors' positions, in the frame's order.
   size_t next = AttachRequest::count;
   const auto position = [&next](bool present) { return present ? next++ : kNoFd; };
@@ -285,6 +290,25 @@ void ServedRank::add_arenas(const std::vector<fabric::Bytes>& descriptors,
           r, proxy::FabricLink::kDeviceArenaRegion,
           fabric::RegionDescriptor::deserialize(device_arena_descriptors[i]));
   }
+}
+
+void ServedRank::open_connections(const std::vector<int>& peers) {
+  require(!group_.empty() && !started_, kPhase, "connections open after connect, before start");
+  for (int peer : peers)
+    require(peer >= 0 && peer < request_.ranks && peer != request_.rank, kPhase,
+            "rank {} asked for a connection to rank {} (a job of {} ranks)", request_.rank, peer,
+            request_.ranks);
+  state_->fabric->open_connections(
+      proxy::connection_probes(state_->engine->regions(), peers, kPhase));
+}
+
+bool ServedRank::connections_open() {
+  require(!started_, kPhase, "connections open before start");
+  return state_->fabric->connections_open();
+}
+
+std::vector<int> ServedRank::peers_awaiting_connection() const {
+  return state_->fabric->peers_awaiting_connection();
 }
 
 void ServedRank::start() {

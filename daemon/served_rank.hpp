@@ -110,6 +110,13 @@ class ServedRank {
   void add_arenas(const std::vector<fabric::Bytes>& descriptors,
                   const std::vector<fabric::Bytes>& landing_descriptors,
                   const std::vector<fabric::Bytes>& device_arena_descriptors);
+  // Probes the fabric connection to each of `peers` (proxy/fabric_connections.hpp), after
+  // add_arenas and before start; connections_open() drives them and says whether all completed
+  // (throws naming the peer when one failed). The client polls it: the daemon never blocks on
+  // one rank while it serves others.
+  void open_connections(const std::vector<int>& peers);
+  bool connections_open();
+  std::vector<int> peers_awaiting_connection() const;
   void start();
   bool started() const { return started_; }
   // Before start(): the client's collectives wait on its peers, whose fabric needs this side

@@ -13,6 +13,8 @@
 #include "fabric/rail.hpp"
 #include "fabric/reorder_shim.hpp"
 
+#include <algorithm>
+
 namespace proxyep::fabric {
 namespace {
 
@@ -129,6 +131,34 @@ class FabricImpl final : public Fabric {
       *sum += entry.shim->stats();
     }
     return sum;
+  }
+
+  void open_connections(const std::vector<ConnectionProbe>& probes) override {
+    for (const ConnectionProbe& probe : probes) {
+      require(probe.rails.size() == rails_.size(), "fabric.connect",
+              "the connection probe to rank {} names {} rail targets; rank {} has {} rails",
+              probe.peer, probe.rails.size(), options_.rank, rails_.size());
+      for (size_t rail = 0; rail < rails_.size(); ++rail)
+        rails_[rail].rail->queue_probe(probe.peer, probe.rails[rail]);
+    }
+  }
+
+  bool connections_open() override {
+    bool open = true;
+    for (RailEntry& entry : rails_)  // every rail, every time: a peer may wait on any of them
+      open = entry.rail->probes_done() && open;
+    progress();  // the shim's own progress, for peers whose probes wait on this rank
+    return open;
+  }
+
+  std::vector<int> peers_awaiting_connection() const override {
+    std::vector<int> peers;
+    for (const RailEntry& entry : rails_)
+      for (int peer : entry.rail->peers_probed())
+        peers.push_back(peer);
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    return peers;
   }
 
   void progress() override {

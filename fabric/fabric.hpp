@@ -103,6 +103,24 @@ class Fabric {
   // Summed over the rails: what the reorder shim did; nullopt when the shim is off. Safe from any
   // thread (monitoring; the counters a proxy thread is bumping may be a little behind).
   virtual std::optional<ReorderStats> reorder_stats() const = 0;
+  // Connections opened before any data moves. Connection-oriented providers (tcp under
+  // ofi_rxm) connect on a pair's first write, and when both ranks of a pair write to each other
+  // for the first time at once, rxm can refuse one connection and then drop writes on the other
+  // (seen at 256 ranks: a write never completed). So the session probes each pair from one side
+  // only, before any call: one zero-length write without immediate data per rail to each peer in
+  // `probes` (nothing completes at the target), at an address and key of a region the peer
+  // registered. Probes are posted below the reorder shim and their completions never reach
+  // rail()'s users. Then call connections_open() (it drives the rails) until it returns true;
+  // it throws proxyep::Error("fabric.connect") naming the peer when a probe failed.
+  // peers_awaiting_connection() names the peers still outstanding, for a deadline's message.
+  struct ConnectionProbe {
+    int peer = -1;
+    std::vector<RemoteTarget> rails;  // the target on each rail (index = rail)
+  };
+  virtual void open_connections(const std::vector<ConnectionProbe>& probes) = 0;
+  virtual bool connections_open() = 0;
+  virtual std::vector<int> peers_awaiting_connection() const = 0;
+
   // Polls every rail once (for waits that must keep manual-progress providers moving);
   // completions found are buffered and returned by the next poll of that rail. Same thread as
   // the rails' users: rails may share a domain opened FI_THREAD_DOMAIN.

@@ -83,6 +83,16 @@ class Rail final : public Transport {
   // was not tied to one of our writes (a failed incoming write, a CQ failure).
   std::optional<uint64_t> last_failed_cookie() const override { return last_failed_cookie_; }
 
+  // Connection probes (Fabric::open_connections): a zero-length write without CQ data to `peer`
+  // at `remote` (nothing completes at the target), posted now or as soon as a slot frees. Its
+  // local completion stays inside the rail: poll() never returns it. rail_probe.cpp.
+  void queue_probe(int peer, const RemoteTarget& remote);
+  // Posts queued probes and reads the CQ once; true when every probe completed. Throws
+  // proxyep::Error("fabric.connect") naming the peer when a probe failed.
+  bool probes_done();
+  // Peers with a probe queued or in flight (for a timeout's message).
+  std::vector<int> peers_probed() const;
+
   DomainContext& domain() const { return *domain_; }
   std::shared_ptr<DomainContext> domain_handle() const { return domain_; }
   fid_ep* endpoint() const { return endpoint_.get(); }
@@ -110,6 +120,8 @@ class Rail final : public Transport {
   template <typename Out, typename Convert>
   Status deliver(std::span<Out> out, size_t& count, Convert convert);
   std::string describe(const OpSlot& slot) const;
+  Status post_probe(int peer, const RemoteTarget& remote);
+  bool finish_probe(OpSlot* slot, const std::string* failure);
 
   RailOptions options_;
   std::shared_ptr<DomainContext> domain_;
@@ -131,6 +143,13 @@ class Rail final : public Transport {
   std::deque<Failure> failures_;  // one per `failed` pending entry, same order
   std::string last_error_;
   std::optional<uint64_t> last_failed_cookie_;
+  struct Probe {
+    int peer = -1;
+    RemoteTarget remote;
+  };
+  std::deque<Probe> probes_queued_;
+  std::vector<int> probes_posted_;  // per peer: probes in flight
+  std::optional<std::string> probe_failure_;
 };
 
 }  // namespace proxyep::fabric

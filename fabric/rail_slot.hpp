@@ -10,6 +10,7 @@ struct Rail::OpSlot {
   // completion returns as op_context, which is the slot's own address.
   fi_context2 context{};
   bool is_receive = false;
+  bool probe = false;  // a connection probe (rail_probe.cpp): its completion stays in the rail
   int peer = -1;
   uint64_t cookie = 0;
   size_t length = 0;

@@ -126,9 +126,10 @@ struct BufferStats {
   std::optional<uint64_t> reordered_completions;
   // How long each step of the Buffer's creation took, in order (seconds): "landing region"
   // (with the metrics port and host threads), "options agreed", "node memory", "fabric open",
-  // "fabric addresses", "memory registered", "regions shared", "channels", "proxy started",
-  // "ready barrier", "modes" (the fabric steps only when the group spans nodes; "daemon session"
-  // for them with proxy.mode = daemon).
+  // "fabric addresses", "memory registered", "regions shared", "channels", "connections" (each
+  // pair's fabric connection opened from its lower rank, then a barrier), "proxy started", "ready
+  // barrier", "modes" (the fabric steps only when the group spans nodes; "daemon session" for them
+  // with proxy.mode = daemon).
   StepClock::Steps setup_steps;
   PhaseTimes dispatch_phases, combine_phases;  // normal-mode calls
 };

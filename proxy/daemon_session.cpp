@@ -6,12 +6,14 @@
 #include "control/daemon_frames.hpp"
 #include "control/imm_layout.hpp"
 #include "proxy/daemon_steps.hpp"
+#include "proxy/fabric_connections.hpp"
 #include "proxy/node_channel.hpp"
 #include "proxy/session_waits.hpp"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <thread>
 
 namespace proxyep::proxy {
 
@@ -158,10 +160,34 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
     channels_[r] = std::move(channel);
   }
   peer_failures_.assign(static_cast<size_t>(ranks()), std::nullopt);
-  bootstrap.barrier("buffer(fabric ready)");
+  open_connections(deadline);
+  bootstrap.barrier("buffer(fabric ready)", timeout_);  // as in process
   daemon_->request({{"proxyep", "start"}}, {}, "started", deadline, kPhase);
   log::debug("buffer: rank {} attached to proxyepd at {} ({})", rank(), config.daemon_socket,
              provider_);
+}
+
+// As in process (fabric_connections.hpp), with the daemon driving the probes: it answers each
+// poll at once and serves its other ranks meanwhile.
+void DaemonSession::open_connections(const Deadline& deadline) {
+  const std::vector<int> peers = peers_to_probe(layout());
+  daemon_->request({{"proxyep", "open_connections"}, {"peers", peers}}, {}, "connections_opening",
+                   deadline, kPhase);
+  for (;;) {
+    const nlohmann::json reply =
+        daemon_->request({{"proxyep", "connections"}}, {}, "connections", deadline, kPhase);
+    if (reply.value("open", false)) return;
+    if (peers_ != nullptr)
+      if (auto failure = peers_->failure())
+        fail(kPhase, "rank {} left the job while the fabric connections opened: {}", failure->rank,
+             failure->reason);
+    if (deadline.expired())
+      fail(kPhase,
+           "the fabric connections did not open before the deadline (still waiting for rank(s) "
+           "{}); are those ranks alive and reachable?",
+           reply.value("waiting", nlohmann::json::array()).dump());
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
 }
 
 void DaemonSession::stop() noexcept {

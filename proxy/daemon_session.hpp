@@ -90,6 +90,9 @@ class DaemonSession final : public Session {
 
  private:
   void attach(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // Has the daemon probe this rank's fabric connections (fabric_connections.hpp) and polls it
+  // until they are open.
+  void open_connections(const Deadline& deadline);
   // Adds to the attach request the device memory the daemon's NIC may use where its fabric
   // registers device memory (FI_HMEM): device staging (allocated here) and the device arena.
   void offer_device_memory(gpu_side::device::DeviceRuntime& device, nlohmann::json& attach,

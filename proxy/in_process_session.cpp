@@ -8,6 +8,7 @@
 #include "common/log.hpp"
 #include "control/imm_layout.hpp"
 #include "fabric/shm_stale.hpp"
+#include "proxy/fabric_connections.hpp"
 #include "proxy/node_channel.hpp"
 #include "proxy/region_exchange.hpp"
 #include "proxy/session_waits.hpp"
@@ -136,8 +137,13 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
     s.router.attach_credits(static_cast<uint32_t>(r), channel->credits());
     s.channels[r] = std::move(channel);
   }
-  bootstrap.barrier("buffer(fabric ready)");
   mark_step(config.setup_clock, "channels");
+  open_fabric_connections(*s.fabric, s.engine->regions(), peers_to_probe(layout()), peers_,
+                          timeout_, kPhase);
+  // Every rank's first write waits for every pair's connection. The Buffer's timeout, not the
+  // bootstrap's: the connections of R ranks grow as R^2 on one box (~30 s at 256 ranks here).
+  bootstrap.barrier("buffer(fabric ready)", timeout_);
+  mark_step(config.setup_clock, "connections");
   bootstrap.set_progress({});  // the proxy threads own the rails from here on
   s.engine->start();
   mark_step(config.setup_clock, "proxy started");

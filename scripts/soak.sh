@@ -8,7 +8,8 @@
 # Prints a line per round and a table at the end (test, runs, failures); exits non-zero when any
 # run failed. Logs: build/release/soak/<start time>/round-<k>/ (ctest's output of each round).
 #
-#   ./scripts/soak.sh --starts [times=20] [ranks=128] [ll]
+#   ./scripts/soak.sh --starts [times=20] [ranks=128] [ep|ll] [shape flags, e.g. --tokens 8
+#                     --hidden 512 --experts 256, instead of the default shape]
 #
 # Starts: a job of RANKS ranks (emulated nodes of 8, tcp with the reorder shim) started TIMES
 # times, `proxyep bench ep` (or `bench ll` with `ll`) of a small shape, each run verified against
@@ -20,6 +21,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 if [[ "${1:-}" == "--starts" ]]; then
   times=${2:-20} ranks=${3:-128} kind=${4:-ep}
+  shift $(($# < 4 ? $# : 4))
   "$root/scripts/build.sh" release >/dev/null
   out="$root/build/release/soak/$(date +%Y%m%d-%H%M%S)-starts"
   mkdir -p "$out"
@@ -28,6 +30,7 @@ if [[ "${1:-}" == "--starts" ]]; then
   else
     shape=(--tokens 64 --hidden 1024 --experts "$ranks")
   fi
+  [[ $# -gt 0 ]] && shape=("$@")  # a shape of the caller's instead
   verified=0
   for ((i = 1; i <= times; i++)); do
     log="$out/start-$i.log" json="$out/start-$i.json"

@@ -80,7 +80,7 @@ void check_setup_steps(const Buffer& buffer) {
     want.push_back("node memory");
     if (spans_nodes)
       want.insert(want.end(), {"fabric open", "fabric addresses", "memory registered",
-                               "regions shared", "channels", "proxy started"});
+                               "regions shared", "channels", "connections", "proxy started"});
     want.insert(want.end(), {"ready barrier", "modes"});
   }
   require(names == want, "ep_buffer", "setup steps [{}], expected [{}]", fmt::join(names, ", "),

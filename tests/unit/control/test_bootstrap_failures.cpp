@@ -301,3 +301,28 @@ TEST_CASE("liveness: a rank that leaves cleanly is not reported as gone") {
     }
   }
 }
+
+TEST_CASE(
+    "bootstrap: a barrier given its own timeout waits that long; the next keeps the default") {
+  // The bootstrap's timeout is 1.5 s and rank 2 comes 2.5 s late to both barriers: the first,
+  // given 8 s, passes; the second, with the default, fails naming rank 2.
+  std::vector<RankBody> bodies(3);
+  for (int rank = 0; rank < 3; ++rank)
+    bodies[rank] = connect_and([rank](Bootstrap& boot) {
+      if (rank == 2) std::this_thread::sleep_for(2500ms);
+      boot.barrier("connections", 8s);
+      if (rank == 2) std::this_thread::sleep_for(2500ms);
+      boot.barrier("after");
+    });
+  auto outcomes = run_bodies(bodies, 3, kShort);
+  for (int rank = 0; rank < 3; ++rank) {
+    CAPTURE(rank);
+    CAPTURE(outcomes[rank].error);
+    CHECK_FALSE(outcomes[rank].ok);
+    CHECK(contains(outcomes[rank].error, "barrier(after)"));  // the first barrier passed
+  }
+  CHECK(contains(outcomes[0].error, "rank 2 did not arrive within 1500 ms"));
+  auto zero =
+      run_bodies({connect_and([](Bootstrap& boot) { boot.barrier("zero", 0ms); })}, 1, kShort);
+  CHECK(contains(zero[0].error, "timeout must be positive"));
+}

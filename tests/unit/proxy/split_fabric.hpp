@@ -94,6 +94,28 @@ class SplitFabric final : public fabric::Fabric {
     for (auto& part : parts_)
       part->progress();
   }
+  // Rail i of this fabric is rail 0 of part i.
+  void open_connections(const std::vector<ConnectionProbe>& probes) override {
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      std::vector<ConnectionProbe> own;
+      for (const ConnectionProbe& probe : probes)
+        own.push_back({probe.peer, {probe.rails.at(i)}});
+      parts_[i]->open_connections(own);
+    }
+  }
+  bool connections_open() override {
+    bool open = true;
+    for (auto& part : parts_)
+      open = part->connections_open() && open;
+    return open;
+  }
+  std::vector<int> peers_awaiting_connection() const override {
+    std::vector<int> peers;
+    for (const auto& part : parts_)
+      for (int peer : part->peers_awaiting_connection())
+        peers.push_back(peer);
+    return peers;
+  }
   fabric::Fabric& part(size_t index) { return *parts_[index]; }
 
  private:

@@ -1,0 +1,74 @@
+#include "proxy/fabric_connections.hpp"
+
+#include "common/deadline.hpp"
+#include "common/error.hpp"
+#include "proxy/fabric_channel.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <thread>
+
+namespace proxyep::proxy {
+
+std::vector<int> peers_to_probe(const ArenaLayout& layout) {
+  std::vector<int> peers;
+  for (int peer = layout.rank() + 1; peer < layout.sizes().ranks; ++peer)
+    if (layout.fabric_peer(peer)) peers.push_back(peer);
+  return peers;
+}
+
+std::vector<fabric::Fabric::ConnectionProbe> connection_probes(const RegionTable& regions,
+                                                               const std::vector<int>& peers,
+                                                               std::string_view phase) {
+  std::vector<fabric::Fabric::ConnectionProbe> probes;
+  probes.reserve(peers.size());
+  for (int peer : peers) {
+    fabric::Fabric::ConnectionProbe probe{.peer = peer, .rails = {}};
+    for (int rail = 0; rail < regions.rails(); ++rail) {
+      WriteRequest request{.dst = peer,
+                           .local_region = FabricLink::kStagingRegion,
+                           .remote_region = FabricLink::kArenaRegion,
+                           .op = "connection probe"};
+      fabric::WriteOp op;
+      std::string why;
+      if (regions.translate(request, rail, op, why) != Status::ok)
+        fail(std::string(phase), "opening the connection to rank {}: {}", peer, why);
+      probe.rails.push_back(op.remote);
+    }
+    probes.push_back(std::move(probe));
+  }
+  return probes;
+}
+
+void open_fabric_connections(fabric::Fabric& fabric, const RegionTable& regions,
+                             const std::vector<int>& peers, const control::PeerWatch* peers_watch,
+                             std::chrono::milliseconds timeout, std::string_view phase) {
+  fabric.open_connections(connection_probes(regions, peers, phase));
+  const Deadline deadline(timeout);
+  // Sleep between looks rather than spin: at 256 ranks on two cores, hundreds of ranks wait here
+  // at once, and the CPU they would spin away is what the connections need.
+  constexpr std::chrono::microseconds kNap{1000};
+  try {
+    while (!fabric.connections_open()) {
+      if (peers_watch != nullptr)
+        if (auto failure = peers_watch->failure())
+          fail(std::string(phase), "rank {} left the job while the fabric connections opened: {}",
+               failure->rank, failure->reason);
+      if (deadline.expired()) {
+        std::vector<int> waiting = fabric.peers_awaiting_connection();
+        if (waiting.size() > 16) waiting.resize(16);
+        fail(std::string(phase),
+             "the fabric connections to {} rank(s) did not open within {} ms (still waiting for "
+             "rank(s) {}); are those ranks alive and reachable?",
+             fabric.peers_awaiting_connection().size(), timeout.count(), fmt::join(waiting, ", "));
+      }
+      std::this_thread::sleep_for(kNap);
+    }
+  } catch (const Error& e) {
+    if (e.phase() == phase) throw;
+    fail(std::string(phase), "{}", e.what());  // the fabric's own text names the peer
+  }
+}
+
+}  // namespace proxyep::proxy
