@@ -9,8 +9,35 @@
 # (e.g. --json, --routing skewed, --fp8).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+begin=$SECONDS
 "$root/scripts/install-deps.sh"
-"$root/scripts/build.sh" release >/dev/null
+echo "== dependencies ready after $((SECONDS - begin)) s"
+
+# The build, with a line at every tenth of it (a fresh build is minutes long) and, when it fails,
+# the end of its log and where the whole log is.
+mkdir -p "$root/build"
+log="$root/build/quickstart-build.log"
+echo "== building (release); the whole log: build/quickstart-build.log"
+show_progress() {
+  local line shown=-1 tenth
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >>"$log"
+    if [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]] && ((BASH_REMATCH[2] > 0)); then
+      tenth=$((BASH_REMATCH[1] * 10 / BASH_REMATCH[2]))
+      if ((tenth > shown)); then
+        shown=$tenth
+        echo "== build: ${BASH_REMATCH[1]} of ${BASH_REMATCH[2]} steps after $((SECONDS - begin)) s"
+      fi
+    fi
+  done
+}
+: >"$log"
+if ! "$root/scripts/build.sh" release 2>&1 | show_progress; then
+  echo "== the build failed; its last lines (the whole log: $log):" >&2
+  tail -n 30 "$log" >&2
+  exit 1
+fi
+echo "== built after $((SECONDS - begin)) s"
 proxyep="$root/build/release/tools/proxyep"
 # 1024 tokens of 7168 BF16 per rank, top-8 of 64 experts: about 20 s on a 2-core machine.
 link=()
