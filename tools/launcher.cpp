@@ -6,10 +6,10 @@
 #include "fabric/shm_stale.hpp"
 #include "tools/launch_credentials.hpp"
 #include "tools/launch_signals.hpp"
+#include "tools/spawn_rank.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
-#include <spawn.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -187,42 +187,11 @@ int Session::spawn(Child& child) {
     ::close(out[1]);
     return error;
   }
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  posix_spawn_file_actions_adddup2(&actions, err[1], STDERR_FILENO);
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  // Own process group: stopping a rank reaches its shell and everything the shell started.
-  posix_spawnattr_setpgroup(&attributes, 0);
-  // Dispositions we changed (SIGPIPE ignored, handlers) must not leak into the ranks.
-  sigset_t defaults, empty;
-  sigemptyset(&empty);
-  sigemptyset(&defaults);
-  for (int signal : {SIGPIPE, SIGINT, SIGTERM, SIGHUP, SIGCHLD})
-    sigaddset(&defaults, signal);
-  posix_spawnattr_setsigdefault(&attributes, &defaults);
-  posix_spawnattr_setsigmask(&attributes, &empty);
-  posix_spawnattr_setflags(&attributes,
-                           POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-
-  auto env = environment_for(rank);
-  std::vector<char*> envp, argv;
-  for (auto& entry : env)
-    envp.push_back(entry.data());
-  envp.push_back(nullptr);
   std::vector<std::string> command;
   if (placement_ != nullptr) command = placement_->enter.at(rank / options_.ranks_per_node);
   command.insert(command.end(), options_.command.begin(), options_.command.end());
-  for (auto& arg : command)
-    argv.push_back(arg.data());
-  argv.push_back(nullptr);
-
   pid_t pid = -1;
-  int rc = ::posix_spawnp(&pid, argv[0], &actions, &attributes, argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  posix_spawnattr_destroy(&attributes);
+  int rc = spawn_rank(command, environment_for(rank), out[1], err[1], pid);
   ::close(out[1]);
   ::close(err[1]);
   if (rc != 0) {
