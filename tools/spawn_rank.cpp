@@ -96,6 +96,7 @@ int spawn_rank(const std::vector<std::string>& argv, const std::vector<std::stri
     if (::dup2(null_fd, STDIN_FILENO) < 0 || ::dup2(out_fd, STDOUT_FILENO) < 0 ||
         ::dup2(err_fd, STDERR_FILENO) < 0)
       fail(errno);
+    if (null_fd > STDERR_FILENO) ::close(null_fd);
     // Dispositions the launcher changed (SIGPIPE ignored, handlers) and its mask must not leak
     // into the rank.
     struct sigaction default_action {};
