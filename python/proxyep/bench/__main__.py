@@ -77,15 +77,21 @@ def main(argv=None):
     total = result["proxyep"]["total"]["us"]["p50"]
     if "gloo" in result:
         doc["speedup_vs_gloo"] = result["gloo"]["total"]["us"]["p50"] / total
+    # Each half's own verdict, and the run's: verified only when every half that ran verified (a
+    # C++ bench that was asked for and failed fails the run, it is not just left out).
+    doc["python_verified"] = result["verified"]
     if cpp and "proxyep" in cpp:
         key = "total"
         cpp_total = cpp["proxyep"][key]["us"]["p50"]
         doc["cpp"] = {k: cpp["proxyep"][k]["us"] for k in ("dispatch", "combine", "total")}
         doc["cpp_command"] = cpp["command"]
+        doc["cpp_verified"] = cpp.get("verified") is True
         doc["python_over_cpp"] = total / cpp_total
         doc["python_minus_cpp_us"] = total - cpp_total
     elif cpp:
         doc["cpp_error"] = cpp.get("error")
+        doc["cpp_verified"] = False
+    doc["verified"] = doc["python_verified"] and doc.get("cpp_verified", True)
     if args.json:
         print(json.dumps(doc, indent=1))
     else:
