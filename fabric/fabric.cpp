@@ -144,11 +144,11 @@ class FabricImpl final : public Fabric {
   }
 
   bool connections_open() override {
-    bool open = true;
-    for (RailEntry& entry : rails_)  // every rail, every time: a peer may wait on any of them
-      open = entry.rail->probes_done() && open;
-    progress();  // the shim's own progress, for peers whose probes wait on this rank
-    return open;
+    for (RailEntry& entry : rails_)
+      entry.rail->post_queued_probes();
+    progress();  // every rail, every time: peers' probes may wait on any of this rank's rails
+    return std::all_of(rails_.begin(), rails_.end(),
+                       [](const RailEntry& entry) { return entry.rail->probes_done(); });
   }
 
   std::vector<int> peers_awaiting_connection() const override {

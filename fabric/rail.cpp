@@ -159,6 +159,24 @@ std::optional<std::string> Rail::invalid(const WriteOp& op) const {
                      options_.rank, op.peer, op.cookie, problem);
 }
 
+ssize_t Rail::post_rma(OpSlot& slot, const void* local, void* local_desc, size_t length,
+                       const RemoteTarget& remote, uint64_t cq_data, uint64_t flags) {
+  // A zero-length write still passes one (empty) iov and one rma_iov: providers want them.
+  iovec iov{const_cast<void*>(local), length};
+  void* desc = local_desc;
+  fi_rma_iov rma{remote.address, length, remote.key};
+  fi_msg_rma msg{};
+  msg.msg_iov = &iov;
+  msg.desc = &desc;
+  msg.iov_count = 1;
+  msg.addr = peers_[static_cast<size_t>(slot.peer)];
+  msg.rma_iov = &rma;
+  msg.rma_iov_count = 1;
+  msg.context = &slot;
+  msg.data = cq_data & data_mask_;
+  return fi_writemsg(endpoint_.get(), &msg, flags);
+}
+
 Status Rail::write_raw(const WriteOp& op, uint64_t cq_data) {
   if (auto problem = invalid(op)) return fail_post(Status::error, std::move(*problem));
   OpSlot* slot = writes_->acquire();
@@ -173,21 +191,8 @@ Status Rail::write_raw(const WriteOp& op, uint64_t cq_data) {
   slot->remote_address = op.remote.address;
   slot->remote_key = op.remote.key;
 
-  // A zero-length write still passes one (empty) iov and one rma_iov: providers want them.
-  iovec iov{const_cast<void*>(op.local), op.length};
-  void* desc = op.local_desc;
-  fi_rma_iov rma{op.remote.address, op.length, op.remote.key};
-  fi_msg_rma msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &desc;
-  msg.iov_count = 1;
-  msg.addr = peers_[static_cast<size_t>(op.peer)];
-  msg.rma_iov = &rma;
-  msg.rma_iov_count = 1;
-  msg.context = slot;
-  msg.data = cq_data & data_mask_;
   uint64_t flags = FI_REMOTE_CQ_DATA | FI_COMPLETION | (op.more ? FI_MORE : 0);
-  ssize_t rc = fi_writemsg(endpoint_.get(), &msg, flags);
+  ssize_t rc = post_rma(*slot, op.local, op.local_desc, op.length, op.remote, cq_data, flags);
   if (rc == 0) return Status::ok;
   writes_->release(slot);
   if (rc == -FI_EAGAIN) {

@@ -87,9 +87,11 @@ class Rail final : public Transport {
   // at `remote` (nothing completes at the target), posted now or as soon as a slot frees. Its
   // local completion stays inside the rail: poll() never returns it. rail_probe.cpp.
   void queue_probe(int peer, const RemoteTarget& remote);
-  // Posts queued probes and reads the CQ once; true when every probe completed. Throws
+  // Posts the queued probes the write slots allow (the rest after completions free slots).
+  void post_queued_probes();
+  // Whether every probe completed (progress() reads their completions). Throws
   // proxyep::Error("fabric.connect") naming the peer when a probe failed.
-  bool probes_done();
+  bool probes_done() const;
   // Peers with a probe queued or in flight (for a timeout's message).
   std::vector<int> peers_probed() const;
 
@@ -120,8 +122,11 @@ class Rail final : public Transport {
   template <typename Out, typename Convert>
   Status deliver(std::span<Out> out, size_t& count, Convert convert);
   std::string describe(const OpSlot& slot) const;
+  // fi_writemsg of one iov to `remote` on behalf of `slot` (its peer), CQ data masked.
+  ssize_t post_rma(OpSlot& slot, const void* local, void* local_desc, size_t length,
+                   const RemoteTarget& remote, uint64_t cq_data, uint64_t flags);
   Status post_probe(int peer, const RemoteTarget& remote);
-  bool finish_probe(OpSlot* slot, const std::string* failure);
+  void finish_probe(OpSlot* slot, const std::string* failure);
 
   RailOptions options_;
   std::shared_ptr<DomainContext> domain_;
@@ -148,7 +153,8 @@ class Rail final : public Transport {
     RemoteTarget remote;
   };
   std::deque<Probe> probes_queued_;
-  std::vector<int> probes_posted_;  // per peer: probes in flight
+  std::vector<int> probes_posted_;  // per peer: probes in flight (for peers_probed())
+  size_t probes_in_flight_ = 0;
   std::optional<std::string> probe_failure_;
 };
 

@@ -66,7 +66,10 @@ void Rail::handle_entry(const fi_cq_data_entry& entry) {
       (writes_->owns(entry.op_context) || receives_->owns(entry.op_context)))
     slot = static_cast<OpSlot*>(entry.op_context);
   bool our_write = slot != nullptr && !slot->is_receive;
-  if (our_write && slot->probe && finish_probe(slot, nullptr)) return;
+  if (our_write && slot->probe) {
+    finish_probe(slot, nullptr);
+    return;
+  }
   if (slot != nullptr && slot->is_receive) {
     receives_->release(slot);  // consumed by an incoming CQ-data write: post a fresh one
     ++receives_to_post_;
@@ -116,7 +119,10 @@ void Rail::handle_error_entry() {
   if (slot != nullptr && !slot->is_receive) {
     std::string text = fmt::format("rail {} of rank {}: {} failed: {}", options_.index,
                                    options_.rank, describe(*slot), reason);
-    if (slot->probe && finish_probe(slot, &text)) return;
+    if (slot->probe) {
+      finish_probe(slot, &text);
+      return;
+    }
     uint64_t cookie = slot->cookie;
     writes_->release(slot);
     record_failure(status, std::move(text), cookie);

@@ -28,21 +28,11 @@ Status Rail::post_probe(int peer, const RemoteTarget& remote) {
   slot->peer = peer;
   slot->remote_address = remote.address;
   slot->remote_key = remote.key;
-  iovec iov{nullptr, 0};
-  void* desc = nullptr;
-  fi_rma_iov rma{remote.address, 0, remote.key};
-  fi_msg_rma msg{};
-  msg.msg_iov = &iov;
-  msg.desc = &desc;
-  msg.iov_count = 1;
-  msg.addr = peers_[static_cast<size_t>(peer)];
-  msg.rma_iov = &rma;
-  msg.rma_iov_count = 1;
-  msg.context = slot;
-  ssize_t rc = fi_writemsg(endpoint_.get(), &msg, FI_COMPLETION);
+  ssize_t rc = post_rma(*slot, nullptr, nullptr, 0, remote, 0, FI_COMPLETION);
   if (rc == 0) {
     if (probes_posted_.empty()) probes_posted_.assign(static_cast<size_t>(num_peers()), 0);
     ++probes_posted_[static_cast<size_t>(peer)];
+    ++probes_in_flight_;
     return Status::ok;
   }
   writes_->release(slot);
@@ -52,28 +42,25 @@ Status Rail::post_probe(int peer, const RemoteTarget& remote) {
                           options_.index, options_.rank, peer, fi_error_text(rc)));
 }
 
-bool Rail::finish_probe(OpSlot* slot, const std::string* failure) {
-  const auto peer = static_cast<size_t>(slot->peer);
-  if (peer >= probes_posted_.size() || probes_posted_[peer] == 0) return false;
-  --probes_posted_[peer];
+void Rail::finish_probe(OpSlot* slot, const std::string* failure) {
+  --probes_posted_[static_cast<size_t>(slot->peer)];
+  --probes_in_flight_;
   if (failure != nullptr && !probe_failure_)
     probe_failure_ = fmt::format("opening the connection to rank {}: {}", slot->peer, *failure);
   writes_->release(slot);
-  return true;
 }
 
-bool Rail::probes_done() {
+void Rail::post_queued_probes() {
   while (!probes_queued_.empty()) {
     const Probe& probe = probes_queued_.front();
-    if (post_probe(probe.peer, probe.remote) != Status::ok) break;
+    if (post_probe(probe.peer, probe.remote) != Status::ok) return;  // again: after completions
     probes_queued_.pop_front();
   }
-  progress();
+}
+
+bool Rail::probes_done() const {
   if (probe_failure_) throw Error("fabric.connect", *probe_failure_);
-  if (!probes_queued_.empty()) return false;
-  for (int count : probes_posted_)
-    if (count > 0) return false;
-  return true;
+  return probes_queued_.empty() && probes_in_flight_ == 0;
 }
 
 std::vector<int> Rail::peers_probed() const {

@@ -13,7 +13,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <thread>
 
 namespace proxyep::proxy {
 
@@ -173,21 +172,14 @@ void DaemonSession::open_connections(const Deadline& deadline) {
   const std::vector<int> peers = peers_to_probe(layout());
   daemon_->request({{"proxyep", "open_connections"}, {"peers", peers}}, {}, "connections_opening",
                    deadline, kPhase);
-  for (;;) {
-    const nlohmann::json reply =
-        daemon_->request({{"proxyep", "connections"}}, {}, "connections", deadline, kPhase);
-    if (reply.value("open", false)) return;
-    if (peers_ != nullptr)
-      if (auto failure = peers_->failure())
-        fail(kPhase, "rank {} left the job while the fabric connections opened: {}", failure->rank,
-             failure->reason);
-    if (deadline.expired())
-      fail(kPhase,
-           "the fabric connections did not open before the deadline (still waiting for rank(s) "
-           "{}); are those ranks alive and reachable?",
-           reply.value("waiting", nlohmann::json::array()).dump());
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
+  nlohmann::json reply;
+  wait_for_connections(
+      [&] {
+        reply = daemon_->request({{"proxyep", "connections"}}, {}, "connections", deadline, kPhase);
+        return reply.value("open", false);
+      },
+      [&] { return "rank(s) " + reply.value("waiting", nlohmann::json::array()).dump(); }, peers_,
+      deadline, kPhase);
 }
 
 void DaemonSession::stop() noexcept {

@@ -4,12 +4,14 @@
 // every rank's first data write behind every pair's connection.
 #pragma once
 
+#include "common/deadline.hpp"
 #include "control/peer_watch.hpp"
 #include "fabric/fabric.hpp"
 #include "proxy/arena_layout.hpp"
 #include "proxy/region_table.hpp"
 
-#include <chrono>
+#include <functional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -24,11 +26,18 @@ std::vector<fabric::Fabric::ConnectionProbe> connection_probes(const RegionTable
                                                                const std::vector<int>& peers,
                                                                std::string_view phase);
 
-// Posts the probes and drives the fabric until each completed. Throws Error(phase) naming the
-// peer when a probe failed or a peer left the job (`peers_watch`, may be null), and naming the
-// peers still outstanding after `timeout`.
+// Calls `open` (which drives the connections) every millisecond until it returns true. Throws
+// Error(phase) naming the peer when a peer left the job (`peers_watch`, may be null), and what
+// `waiting` says is outstanding once `deadline` expired. Both session kinds wait through it.
+void wait_for_connections(const std::function<bool()>& open,
+                          const std::function<std::string()>& waiting,
+                          const control::PeerWatch* peers_watch, const Deadline& deadline,
+                          std::string_view phase);
+
+// In process: posts the probes and drives the fabric until each completed (wait_for_connections;
+// a failed probe's error names its peer).
 void open_fabric_connections(fabric::Fabric& fabric, const RegionTable& regions,
                              const std::vector<int>& peers, const control::PeerWatch* peers_watch,
-                             std::chrono::milliseconds timeout, std::string_view phase);
+                             const Deadline& deadline, std::string_view phase);
 
 }  // namespace proxyep::proxy

@@ -139,7 +139,7 @@ void InProcessSession::open_fabric(control::Bootstrap& bootstrap, const SessionC
   }
   mark_step(config.setup_clock, "channels");
   open_fabric_connections(*s.fabric, s.engine->regions(), peers_to_probe(layout()), peers_,
-                          timeout_, kPhase);
+                          Deadline(timeout_), kPhase);
   // Every rank's first write waits for every pair's connection. The Buffer's timeout, not the
   // bootstrap's: the connections of R ranks grow as R^2 on one box (~30 s at 256 ranks here).
   bootstrap.barrier("buffer(fabric ready)", timeout_);

@@ -1,5 +1,7 @@
 #include "tools/spawn_rank.hpp"
 
+#include "tools/bench/subprocess.hpp"
+
 #include <fcntl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -7,38 +9,9 @@
 
 #include <cerrno>
 #include <csignal>
-#include <cstdlib>
 
 namespace proxyep::tools {
 namespace {
-
-// What execvp would run: a name with a slash as it is, else the first executable file of that
-// name in PATH (an empty PATH entry is the current directory). Found before the fork, so the
-// child between fork and exec makes only async-signal-safe calls (the launcher has threads).
-int resolve(const std::string& name, std::string& program) {
-  if (name.empty()) return ENOENT;
-  if (name.find('/') != std::string::npos) {
-    program = name;
-    return 0;
-  }
-  const char* path = std::getenv("PATH");
-  std::string dirs = path != nullptr ? path : "/usr/local/bin:/usr/bin:/bin";
-  int error = ENOENT;
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    std::string dir = dirs.substr(start, end - start);
-    std::string candidate = (dir.empty() ? std::string(".") : dir) + "/" + name;
-    if (::access(candidate.c_str(), X_OK) == 0) {
-      program = candidate;
-      return 0;
-    }
-    if (errno == EACCES) error = EACCES;  // execvp's answer when only unusable files exist
-    start = end + 1;
-  }
-  return error;
-}
 
 // Writes all of `value` (the child's errno) to `fd`, retrying on EINTR; async-signal-safe.
 void report(int fd, int value) {
@@ -58,8 +31,11 @@ void report(int fd, int value) {
 int spawn_rank(const std::vector<std::string>& argv, const std::vector<std::string>& env,
                int out_fd, int err_fd, pid_t& pid) {
   if (argv.empty()) return EINVAL;
-  std::string program;
-  if (int error = resolve(argv[0], program); error != 0) return error;
+  // Found before the fork: between fork and exec the child makes only async-signal-safe calls
+  // (the launcher has threads). A name with a slash is taken as it is, as execvp would.
+  const std::string program =
+      argv[0].find('/') != std::string::npos ? argv[0] : find_in_path(argv[0]);
+  if (program.empty()) return ENOENT;
   std::vector<char*> args, envp;
   for (const auto& arg : argv)
     args.push_back(const_cast<char*>(arg.c_str()));

@@ -11,7 +11,7 @@
 
 namespace proxyep::tools {
 
-// The rank's process: `argv[0]` is found in the launcher's PATH as execvp would (a name with a
+// The rank's process: `argv[0]` is found in the launcher's PATH (find_in_path; a name with a
 // slash is taken as it is); it runs with `env`, in a process group of its own, stdin from
 // /dev/null, stdout onto `out_fd` and stderr onto `err_fd`, every signal at its default and
 // none blocked, and SIGTERM as its parent-death signal (PR_SET_PDEATHSIG). A launcher that died
