@@ -5,7 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libfabric-dev libfabric-bin libhwloc-dev hwloc liburing-dev
+  libfabric-dev libfabric-bin libhwloc-dev hwloc
   libconcurrentqueue-dev doctest-dev libcli11-dev libspdlog-dev libfmt-dev nlohmann-json3-dev
   prometheus-cpp-dev  # the metrics endpoint (metrics/): Prometheus text exposition over HTTP
   libssl-dev  # libcrypto: HMAC-SHA256 and the CSPRNG (bootstrap membership proof, memory keys)
