@@ -3,7 +3,8 @@
 # arguments go to the bench) and requires the top-level "verified": true -- ProxyEP's outputs and,
 # when the MPI baseline was built, the baseline's matched the reference -- and, with the
 # baseline, a speedup_vs_baseline figure and the baseline variant that was asked for
-# (--variant: mpi, the lean program, by default; or mpi-records). With --reorder, the reorder shim
+# (--variant: mpi, the lean program, by default; or mpi-records); across emulated nodes without
+# --link, both MPI brackets (tcp and shared memory between every pair). With --reorder, the reorder shim
 # must have delivered some completions out of order ("completions_out_of_order" above 0), or it
 # tested no reordering.
 # Every run must carry the per-phase times of its calls ("proxyep.phases", which --breakdown
@@ -99,6 +100,26 @@ grep -q '^  "verified": true' <<<"$out" || fail "not verified"
 if [[ $with_baseline -eq 1 ]]; then
   grep -Eq '^  "speedup_vs_baseline": [0-9]' <<<"$out" || fail "no speedup_vs_baseline"
   grep -q "^    \"variant\": \"$variant\"," <<<"$out" || fail "the baseline is not variant $variant"
+  # Off the testbed across emulated nodes, MPI runs twice: tcp between every pair and shared
+  # memory between every pair (the brackets of a cluster's MPI), each verified and named; on one
+  # node, or on the testbed's links, once.
+  on_testbed=0
+  [[ " ${args[*]} " == *" --link "* ]] && on_testbed=1
+  /usr/bin/python3 -c '
+import json, sys
+r, on_testbed = json.load(sys.stdin), int(sys.argv[1])
+base, upper = r["baseline"], r.get("baseline_upper_bracket")
+if r["nodes"] > 1 and not on_testbed:
+    if not upper: sys.exit("check_bench_ep: across emulated nodes without the testbed, no upper MPI bracket")
+    if not upper["verified"] or not r.get("speedup_vs_baseline_upper_bracket"):
+        sys.exit("check_bench_ep: the upper MPI bracket did not verify")
+    if "tcp over loopback between every pair" not in base["transport"]: sys.exit("check_bench_ep: lower bracket " + base["transport"])
+    if "shared memory between every pair" not in upper["transport"]: sys.exit("check_bench_ep: upper bracket " + upper["transport"])
+    if "btl vader,self" not in upper["command"] or "btl tcp,self" not in base["command"]:
+        sys.exit("check_bench_ep: the brackets ran " + base["command"] + " / " + upper["command"])
+elif upper is not None:
+    sys.exit("check_bench_ep: an MPI bracket where the baseline had one transport: " + base["transport"])
+' "$on_testbed" <<<"$out"
 fi
 # A --device run (simulated or cuda) must have taken the device path (writes from the device's
 # stream or into device arenas); a run with host tensors none.

@@ -116,7 +116,7 @@ std::vector<std::string> mpi_baseline_command(const MpiBaselineRequest& request,
   std::vector<std::string> transport;
   if (on_testbed)
     transport = testbed_mpirun_options(request, testbed);
-  else if (request.ranks_per_node < request.ranks)
+  else if (request.ranks_per_node < request.ranks && !request.shared_memory_everywhere)
     transport = {"--mca", "oob_tcp_if_include", "lo", "--mca", "btl", "tcp,self",
                  "--mca", "btl_tcp_if_include", "lo"};
   else
@@ -130,6 +130,19 @@ std::vector<std::string> mpi_baseline_command(const MpiBaselineRequest& request,
   cmd.insert(cmd.end(), args.begin(), args.end());
   cmd.insert(cmd.end(), {"--ranks-per-node", std::to_string(request.ranks_per_node)});
   return cmd;
+}
+
+bool baseline_needs_brackets(const MpiBaselineRequest& request) {
+  return request.testbed_namespaces.empty() && request.ranks_per_node < request.ranks;
+}
+
+std::string baseline_transport(const MpiBaselineRequest& request) {
+  if (!request.testbed_namespaces.empty())
+    return "shared memory inside a node, tcp over the testbed's shaped links between nodes";
+  if (request.ranks_per_node >= request.ranks) return "shared memory (one node)";
+  return request.shared_memory_everywhere
+             ? "shared memory between every pair, nodes ignored (upper bracket)"
+             : "tcp over loopback between every pair, inside a node too (lower bracket)";
 }
 
 void check_mpi_baseline_available() {
@@ -180,6 +193,7 @@ nlohmann::json run_mpi_baseline(const MpiBaselineRequest& request) {
           "`{}` ran variant \"{}\", not the \"{}\" asked for", command_text,
           out.value("variant", ""), request.variant);
   out["command"] = command_text;
+  out["transport"] = baseline_transport(request);
   return out;
 }
 

@@ -7,6 +7,10 @@
 // one, "mpi". Transport, like the ProxyEP side's and loopback only: ranks on one node ->
 // `--mca btl vader,self` (shared memory); ranks spanning nodes -> `--mca btl tcp,self` over lo
 // (every rank of this machine then talks TCP, as the target comparison with tcp;ofi_rxm wants).
+// Without the testbed neither is what a cluster's MPI does across emulated nodes (shared memory
+// inside a node, a link between nodes), so `bench ep` runs both as brackets: tcp between every
+// pair (slower than a cluster's MPI) and, with `shared_memory_everywhere`, vader between every
+// pair (faster: no link at all); a cluster's MPI lies between them.
 // pml ob1 keeps Open MPI on those BTLs (no UCX/OFI MTL), and its runtime's own TCP traffic is
 // pinned to lo too. On the testbed (testbed.namespaces set: docs/TESTBED.md) the baseline gets
 // exactly ProxyEP's links: mpirun runs in node 0's namespace (where rank 0 runs), its daemons
@@ -35,6 +39,8 @@ struct MpiBaselineRequest {
   int ranks_per_node = 2;
   std::chrono::seconds timeout{600};
   std::vector<std::string> extra_mpirun_args;
+  // Off the testbed: vader between every pair, nodes or not (the upper bracket; see above).
+  bool shared_memory_everywhere = false;
   // On the testbed: each node's network namespace, in node order (empty = this host's network).
   std::vector<std::string> testbed_namespaces;
 };
@@ -50,11 +56,18 @@ std::vector<std::string> mpi_baseline_command(const MpiBaselineRequest& request,
                                               const std::string& baseline_binary,
                                               const MpiTestbedFiles& testbed = {});
 
+// How the request's ranks talk, in words for the report ("transport" in the baseline's JSON).
+std::string baseline_transport(const MpiBaselineRequest& request);
+
+// Off the testbed, ranks spanning emulated nodes: the MPI baseline then runs twice, tcp and
+// shared memory between every pair, to bracket a cluster's MPI.
+bool baseline_needs_brackets(const MpiBaselineRequest& request);
+
 // Throws the errors below for a missing baseline binary or mpirun, before anything runs.
 void check_mpi_baseline_available();
 
-// Runs the baseline and returns its JSON, plus "command". Throws proxyep::Error (phase
-// "bench.ep.baseline") naming the cause: proxyep built without MPI (no baseline binary), no
+// Runs the baseline and returns its JSON, plus "command" and "transport". Throws proxyep::Error
+// (phase "bench.ep.baseline") naming the cause: proxyep built without MPI (no baseline binary), no
 // mpirun in PATH, a non-zero exit, a timeout, output that is not the expected JSON.
 nlohmann::json run_mpi_baseline(const MpiBaselineRequest& request);
 

@@ -73,7 +73,7 @@ int run_rank(const EpBenchOptions& options, bool ranks_given, const std::string&
   if (env.rank != 0) return 0;
   results["provider"] = params::fabric_provider.get();
   results["reorder"] = params::fabric_reorder.get();
-  nlohmann::json baseline;
+  nlohmann::json baseline, upper_bracket;
   bool baseline_failed = false;
   if (options.baseline != "none") {
     try {
@@ -87,13 +87,19 @@ int run_rank(const EpBenchOptions& options, bool ranks_given, const std::string&
       // On the testbed the baseline runs in the same namespaces, over the same links.
       request.testbed_namespaces = testbed::node_namespaces();
       baseline = run_mpi_baseline(request);
+      // Off it, tcp everywhere alone would flatter us: shared memory everywhere bounds MPI
+      // from the other side.
+      if (baseline_needs_brackets(request)) {
+        request.shared_memory_everywhere = true;
+        upper_bracket = run_mpi_baseline(request);
+      }
     } catch (const Error& e) {
       // Our figures are still worth printing; the run fails all the same.
       results["baseline_error"] = e.what();
       baseline_failed = true;
     }
   }
-  attach_baseline(results, std::move(baseline));
+  attach_baseline(results, std::move(baseline), std::move(upper_bracket));
   if (!saved.is_null()) results["compare"] = compare_runs(results, saved, compare);
   if (options.json) {
     fmt::print("{}\n", results.dump(2));

@@ -31,7 +31,8 @@ const char* yes_no(bool value) {
 
 }  // namespace
 
-void attach_baseline(nlohmann::json& results, nlohmann::json baseline) {
+void attach_baseline(nlohmann::json& results, nlohmann::json baseline,
+                     nlohmann::json upper_bracket) {
   bool verified = results.at("proxyep").at("verified").get<bool>();
   if (results.contains("per_rank")) {  // bench ep --internode both
     const auto& per_rank = results["per_rank"];
@@ -55,7 +56,35 @@ void attach_baseline(nlohmann::json& results, nlohmann::json baseline) {
     results["speedup_vs_baseline"] = ours > 0 ? theirs / ours : 0.0;
     results["baseline"] = std::move(baseline);
   }
+  if (!upper_bracket.is_null()) {
+    verified = verified && upper_bracket.at("verified").get<bool>();
+    double ours = p50_of(results["proxyep"], "total");
+    results["speedup_vs_baseline_upper_bracket"] =
+        ours > 0 ? p50_of(upper_bracket, "total") / ours : 0.0;
+    results["baseline_upper_bracket"] = std::move(upper_bracket);
+  }
   results["verified"] = verified;
+}
+
+void print_baseline_brackets(const nlohmann::json& r) {
+  if (!r.contains("baseline_upper_bracket")) return;
+  const auto& lower = r["baseline"];
+  const auto& upper = r["baseline_upper_bracket"];
+  const double ours = p50_of(r["proxyep"], "total");
+  fmt::print(
+      "  MPI brackets (no testbed: ProxyEP's nodes share memory inside and a fabric provider "
+      "between; Open MPI on one host sees one node, so it runs both ways):\n");
+  fmt::print("    tcp everywhere:           {:10.1f} us -> proxyep {:.2f}x (flatters proxyep)\n",
+             p50_of(lower, "total"), r["speedup_vs_baseline"].get<double>());
+  fmt::print("    shared memory everywhere: {:10.1f} us -> proxyep {:.2f}x (flatters MPI)\n",
+             p50_of(upper, "total"), r["speedup_vs_baseline_upper_bracket"].get<double>());
+  fmt::print(
+      "    proxyep {:.1f} us; a cluster's MPI lies between the two (--link: the same links "
+      "for both)\n",
+      ours);
+  if (upper.contains("mismatch"))
+    fmt::print("  mpi (shared memory everywhere) mismatch: {}\n",
+               upper["mismatch"].get<std::string>());
 }
 
 void print_ep_report(const nlohmann::json& r) {
@@ -114,18 +143,24 @@ void print_ep_report(const nlohmann::json& r) {
                p50_of(ours, "total"), name, p50_of(base, "total"),
                r["speedup_vs_baseline"].get<double>());
     fmt::print("{}", floor_line);
-    fmt::print("  {}: {}; {} ({})\n", name, base.value("implementation", std::string("?")),
+    fmt::print("  {}: {}; {}; {} ({})\n", name, base.value("implementation", std::string("?")),
+               base.value("transport", std::string("?")),
                base.value("mpi_library", std::string("?")), base.value("command", std::string("")));
+    print_baseline_brackets(r);
   } else {
     fmt::print("{}", floor_line);
   }
   fmt::print(
-      "verified: {} (proxyep {}{}{})\n", yes_no(r["verified"].get<bool>()),
+      "verified: {} (proxyep {}{}{}{})\n", yes_no(r["verified"].get<bool>()),
       yes_no(ours["verified"].get<bool>()),
       r.contains("per_rank")
           ? fmt::format(", per_rank {}", yes_no(r["per_rank"]["verified"].get<bool>()))
           : "",
-      base.is_null() ? "" : fmt::format(", {} {}", name, yes_no(base["verified"].get<bool>())));
+      base.is_null() ? "" : fmt::format(", {} {}", name, yes_no(base["verified"].get<bool>())),
+      r.contains("baseline_upper_bracket")
+          ? fmt::format(", {} (shared memory everywhere) {}", name,
+                        yes_no(r["baseline_upper_bracket"]["verified"].get<bool>()))
+          : "");
   for (const auto& m : ours["mismatches"])
     fmt::print("  proxyep mismatch: {}\n", m.get<std::string>());
   if (!base.is_null() && base.contains("mismatch"))

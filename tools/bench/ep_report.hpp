@@ -11,7 +11,14 @@ namespace proxyep::tools {
 // baseline's outputs matched the reference) and "speedup_vs_baseline" (the baseline's
 // dispatch+combine p50 over ours; null without a baseline). With "normal" (bench ll: normal mode
 // on the same tokens) its verdict counts too, and "speedup_vs_normal" is its p50 over ours.
-void attach_baseline(nlohmann::json& results, nlohmann::json baseline);
+// `upper_bracket` (null unless the baseline ran off the testbed across emulated nodes): the
+// baseline again with shared memory between every pair, kept as "baseline_upper_bracket" with
+// "speedup_vs_baseline_upper_bracket"; its verdict counts too.
+void attach_baseline(nlohmann::json& results, nlohmann::json baseline,
+                     nlohmann::json upper_bracket = nullptr);
+
+// Prints the two MPI brackets' ratios and what they mean, when the run has both (else nothing).
+void print_baseline_brackets(const nlohmann::json& results);
 
 void print_ep_report(const nlohmann::json& results);
 

@@ -1,5 +1,6 @@
 // The table of `proxyep bench ll` (ll_bench.hpp): the low-latency figures, normal mode's and the
 // MPI baseline's on the same tokens, and their p50 over the low-latency one's, phase by phase.
+#include "tools/bench/ep_report.hpp"
 #include "tools/bench/fabric_bytes.hpp"
 #include "tools/bench/ll_bench.hpp"
 #include "tools/bench/setup_report.hpp"
@@ -89,14 +90,19 @@ void print_ll_report(const nlohmann::json& r) {
   const auto& base = r["baseline"];
   if (!base.is_null()) {
     print_side("mpi", base, ll);
-    fmt::print("  mpi: {} ({})\n", base.value("mpi_library", std::string("?")),
-               base.value("command", std::string("")));
+    fmt::print("  mpi: {}; {} ({})\n", base.value("transport", std::string("?")),
+               base.value("mpi_library", std::string("?")), base.value("command", std::string("")));
+    print_baseline_brackets(r);
   }
   fmt::print("  combine calc_diff (max over ranks): {:.3g}\n",
              ll["combine_calc_diff_max"].get<double>());
-  fmt::print("verified: {} (low-latency {}, normal {}{})\n", yes_no(r["verified"].get<bool>()),
+  fmt::print("verified: {} (low-latency {}, normal {}{}{})\n", yes_no(r["verified"].get<bool>()),
              yes_no(ll["verified"].get<bool>()), yes_no(normal["verified"].get<bool>()),
-             base.is_null() ? "" : fmt::format(", mpi {}", yes_no(base["verified"].get<bool>())));
+             base.is_null() ? "" : fmt::format(", mpi {}", yes_no(base["verified"].get<bool>())),
+             r.contains("baseline_upper_bracket")
+                 ? fmt::format(", mpi (shared memory everywhere) {}",
+                               yes_no(r["baseline_upper_bracket"]["verified"].get<bool>()))
+                 : "");
   for (const char* side : {"proxyep", "normal"})
     for (const auto& m : r[side]["mismatches"])
       fmt::print("  {} mismatch: {}\n", side == std::string("proxyep") ? "low-latency" : "normal",
