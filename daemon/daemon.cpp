@@ -6,6 +6,7 @@
 #include "common/log.hpp"
 #include "control/daemon_handshake.hpp"
 #include "daemon/daemon_metrics.hpp"
+#include "fabric/shm_stale.hpp"
 
 #include <malloc.h>
 #include <poll.h>
@@ -66,6 +67,9 @@ void Daemon::request_drain() noexcept {
 void Daemon::run() {
   log::info("proxyepd: serving {} (pid {}; serves {}; protocol version {})", options_.socket_path,
             stats_->pid, options_.access.describe(), control::kProtocolVersion);
+  // The shm regions dead processes left on the node (a daemon killed before this one, ranks of
+  // in-process jobs): before the first job, which may need their RAM or their names.
+  fabric::remove_stale_shm_regions();
   while (!finished())
     poll_once();
   if (!clients_.empty() || !attached_.empty()) {

@@ -90,9 +90,9 @@ void Rail::open_objects() {
   check_fi(fi_ep_bind(endpoint, &av->fid, 0), "fabric.open", what + ": binding the AV");
   check_fi(fi_ep_bind(endpoint, &cq->fid, FI_TRANSMIT | FI_RECV), "fabric.open",
            what + ": binding the CQ");
-  if (info.fabric_attr != nullptr && info.fabric_attr->prov_name != nullptr &&
-      std::strcmp(info.fabric_attr->prov_name, "shm") == 0)
-    remove_stale_shm_regions();  // see shm_stale.hpp: a dead process's leftovers block fi_enable
+  // Whatever the provider (efa opens shm endpoints of its own for peers on the node): dead
+  // processes' regions hold RAM, and one named after this pid blocks fi_enable (shm_stale.hpp).
+  remove_stale_shm_regions();
   check_fi(fi_enable(endpoint), "fabric.open", what + ": fi_enable");
 
   size_t length = 0;

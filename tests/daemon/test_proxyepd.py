@@ -744,6 +744,41 @@ def case_daemon_isolation(c):
             holder.wait()
 
 
+def case_stale_shm_swept(c):
+    """proxyepd sweeps, as it starts, the shm regions dead processes left on the node (libfabric's
+    shm provider names them "<pid>:..." in /dev/shm): one nobody maps goes, one a live process
+    still maps stays (fabric/shm_stale.hpp)."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: no process has this pid now
+    leftover = f"/dev/shm/{gone.pid}:0:0"
+    mapped = f"/dev/shm/{gone.pid}:1:0"
+    # The peer that still maps `mapped`: a child that opens and maps it, says so, and waits.
+    peer = subprocess.Popen(
+        ["/usr/bin/python3", "-c",
+         "import mmap, os, sys\n"
+         "fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)\n"
+         "os.ftruncate(fd, 4096)\n"
+         "m = mmap.mmap(fd, 4096)\n"
+         "os.close(fd)\n"
+         "print('mapped', flush=True)\n"
+         "sys.stdin.read()\n", mapped],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        with open(leftover, "wb") as f:
+            f.write(b"\0" * 4096)
+        check(peer.stdout.readline().strip() == "mapped", "the peer did not map its region")
+        _, log = c.start(c.socket_path())
+        check(not os.path.exists(leftover), f"proxyepd left {leftover} (nobody maps it)")
+        check(f"removed {leftover}" in read(log), f"the daemon's log does not name {leftover}")
+        check(os.path.exists(mapped), f"proxyepd removed {mapped}, which a live process maps")
+    finally:
+        peer.stdin.close()
+        peer.wait(timeout=10)
+        for path in (leftover, mapped):
+            if os.path.exists(path):
+                os.unlink(path)
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
