@@ -12,12 +12,28 @@ naming the key.
 
 Encodings: ``bytes`` parts are stored as given; a value that JSON reproduces exactly (the
 snapshots: dicts of lists, strings, numbers) is stored as JSON; anything else (state_dicts with
-tensors, tuples, int keys) with ``torch.save`` into bytes, loaded back with ``torch.load``. The
-checksums detect corruption, not tampering: load checkpoints only from stores you trust
-(torch.load unpickles).
+tensors, the optimiser's with tuples, floats and int keys) as ``tensors``: its structure as JSON
+(dicts with any keys, OrderedDicts with a state_dict's ``_metadata``, lists, tuples, str, int,
+float, bool, None, bytes) and its tensors (dense ``Tensor``/``Parameter``), both in one
+``torch.save`` of ``{"tree": str, "tensors": [Tensor]}``; any other type is refused on save.
+
+Loading runs no code from the store: torch parts are read with ``torch.load(weights_only=True)``
+(tensors and plain containers only; with a torch that lacks it they are refused, never unpickled;
+a TorchScript archive, which torch 1.13 would hand to torch.jit.load, is refused first), and the
+structure is rebuilt from the JSON. A part holding anything else, e.g. a pickle that would call a
+function, fails with a :class:`CheckpointError` naming its key. The checksums detect corruption,
+not tampering (whoever can write the store can rewrite the manifest): :func:`latest_checkpoint`
+still picks a tampered checkpoint whose checksums match, and loading it fails without running
+code; one that still decodes can hold any values. ``torch``-encoded parts (a plain ``torch.save``
+of the value, written before ``tensors``) are loaded the same safe way; one holding floats
+outside tensors (an optimiser's state) is refused by torch 1.13's weights-only loader.
 """
 
+import base64
+import collections
+import functools
 import hashlib
+import inspect
 import io
 import json
 import logging
@@ -33,7 +49,7 @@ MANIFEST = "manifest.json"
 _STEP_DIGITS = 10
 _DIR = re.compile(r"^ckpt-(\d{%d})/" % _STEP_DIGITS)
 _PART_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
-_EXTENSIONS = {"bytes": "bin", "json": "json", "torch": "pt"}
+_EXTENSIONS = {"bytes": "bin", "json": "json", "tensors": "pt", "torch": "pt"}
 
 log = logging.getLogger("proxyep.rl.checkpoint")
 
@@ -51,6 +67,73 @@ def _check_step(step):
         raise CheckpointError(f"step must be an int in [0, 10^{_STEP_DIGITS}), got {step!r}")
 
 
+def _tree(value, tensors, seen, path):
+    """JSON-able description of ``value``; its tensors are appended to ``tensors`` (each object
+    once: ``seen`` maps id -> index, so a tensor that appears twice comes back as one object)."""
+    import torch
+
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str):
+        return value
+    if kind is bytes:
+        return ["bytes", base64.b64encode(value).decode()]
+    if kind is torch.Tensor or kind is torch.nn.Parameter:
+        if value.layout != torch.strided or value.is_quantized:
+            raise TypeError(f"{path}: only dense tensors can be saved, not {value.layout} "
+                            f"{'quantized ' if value.is_quantized else ''}ones")
+        if id(value) not in seen:
+            seen[id(value)] = len(tensors)
+            tensors.append(value)
+        return ["tensor", seen[id(value)]]
+    if kind is list or kind is tuple:
+        return [kind.__name__, [_tree(v, tensors, seen, f"{path}[{i}]") for i, v in enumerate(value)]]
+    if kind is dict and all(type(k) is str for k in value):
+        return {k: _tree(v, tensors, seen, f"{path}[{k!r}]") for k, v in value.items()}
+    if kind is dict or kind is collections.OrderedDict:
+        items = [[_tree(k, tensors, seen, f"{path} key {k!r}"), _tree(v, tensors, seen, f"{path}[{k!r}]")]
+                 for k, v in value.items()]
+        if kind is dict:
+            return ["dict", items]
+        attrs = vars(value)
+        if set(attrs) - {"_metadata"}:
+            raise TypeError(f"{path}: an OrderedDict's attributes other than _metadata cannot be saved "
+                            f"({sorted(set(attrs) - {'_metadata'})})")
+        if "_metadata" in attrs:
+            return ["odict", items, _tree(attrs["_metadata"], tensors, seen, f"{path}._metadata")]
+        return ["odict", items]
+    raise TypeError(f"{path}: {kind.__module__}.{kind.__qualname__} cannot be saved (tensors, dicts, "
+                    f"OrderedDicts, lists, tuples, str, int, float, bool, None and bytes can)")
+
+
+def _untree(node, tensors):
+    """The value that ``_tree`` described (ValueError for anything it does not write)."""
+    kind = type(node)
+    if node is None or kind in (bool, int, float, str):
+        return node
+    if kind is dict:
+        return {k: _untree(v, tensors) for k, v in node.items()}
+    if kind is list and len(node) in (2, 3) and type(node[0]) is str:
+        tag, body = node[0], node[1]
+        if len(node) == 2 and tag == "tensor" and type(body) is int and 0 <= body < len(tensors):
+            return tensors[body]
+        if len(node) == 2 and tag == "bytes" and type(body) is str:
+            return base64.b64decode(body, validate=True)
+        if len(node) == 2 and tag in ("list", "tuple") and type(body) is list:
+            items = [_untree(v, tensors) for v in body]
+            return items if tag == "list" else tuple(items)
+        if tag in ("dict", "odict") and type(body) is list and (len(node) == 2 or tag == "odict"):
+            if not all(type(item) is list and len(item) == 2 for item in body):
+                raise ValueError(f"malformed {tag} items")
+            pairs = [(_untree(k, tensors), _untree(v, tensors)) for k, v in body]
+            if tag == "dict":
+                return dict(pairs)
+            value = collections.OrderedDict(pairs)
+            if len(node) == 3:
+                value._metadata = _untree(node[2], tensors)
+            return value
+    raise ValueError(f"malformed structure node {json.dumps(node)[:80]}")
+
+
 def encode(value):
     """(encoding, bytes) of a part's value (see the module's docstring)."""
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -62,19 +145,72 @@ def encode(value):
     except (TypeError, ValueError, RecursionError):
         pass
     import torch
+
+    tensors = []
+    tree = json.dumps(_tree(value, tensors, {}, "value"), allow_nan=True)
     buf = io.BytesIO()
-    torch.save(value, buf)
-    return "torch", buf.getvalue()
+    torch.save({"tree": tree, "tensors": tensors}, buf)
+    return "tensors", buf.getvalue()
 
 
-def decode(encoding, data):
+@functools.lru_cache(maxsize=None)
+def _torch_has_weights_only():
+    import torch
+
+    return "weights_only" in inspect.signature(torch.load).parameters
+
+
+def _is_torchscript(data):
+    """Whether torch.load would treat ``data`` as a TorchScript archive (torch's own test)."""
+    import torch
+
+    ser = torch.serialization
+    if not hasattr(ser, "_is_torchscript_zip"):
+        return False
+    buf = io.BytesIO(data)
+    if not ser._is_zipfile(buf):
+        return False
+    with ser._open_zipfile_reader(buf) as reader:
+        return ser._is_torchscript_zip(reader)
+
+
+def _safe_torch_load(data, what, legacy=False):
+    """torch.load(weights_only=True) of ``data``: tensors and plain containers, never code;
+    CheckpointError (naming ``what``) for anything else, or where torch cannot load that way."""
+    import torch
+
+    if not _torch_has_weights_only():
+        raise CheckpointError(f"{what}: torch {torch.__version__} has no torch.load(weights_only=True), and "
+                              f"loading a checkpoint without it would unpickle, which can run code stored in "
+                              f"the checkpoint: refused (use torch >= 1.13)")
+    try:
+        if _is_torchscript(data):
+            raise RuntimeError("a TorchScript archive (torch 1.13's torch.load hands those to torch.jit.load "
+                               "even with weights_only=True)")
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e:
+        detail = str(e).rsplit("WeightsUnpickler error: ", 1)[-1]  # not torch's advice to load unsafely
+        older = " (or a plain torch.save by an older save_checkpoint)" if legacy else ""
+        raise CheckpointError(f"{what} holds objects other than tensors and plain containers ({detail}): "
+                              f"not loaded, as loading it could run code; possibly tampered with{older}") from e
+
+
+def decode(encoding, data, what="part"):
+    """The value of a part stored as (``encoding``, ``data``); ``what`` names it in errors."""
     if encoding == "bytes":
         return data
     if encoding == "json":
         return json.loads(data)
     if encoding == "torch":
+        return _safe_torch_load(data, what, legacy=True)
+    if encoding == "tensors":
         import torch
-        return torch.load(io.BytesIO(data))
+
+        blob = _safe_torch_load(data, what)
+        if not (type(blob) is dict and set(blob) == {"tree", "tensors"} and type(blob["tree"]) is str
+                and type(blob["tensors"]) is list and all(isinstance(t, torch.Tensor) for t in blob["tensors"])):
+            raise ValueError("not a {'tree': str, 'tensors': [Tensor]} dict")
+        return _untree(json.loads(blob["tree"]), blob["tensors"])
     raise ValueError(f"unknown encoding {encoding!r}")
 
 
@@ -172,11 +308,13 @@ def _decoded(store, step, manifest, data):
     parts = {}
     for name, raw in data.items():
         part = manifest["parts"][name]
+        what = f"{store}: checkpoint {step} part {name!r} ({part['key']})"
         try:
-            parts[name] = decode(part["encoding"], raw)
+            parts[name] = decode(part["encoding"], raw, what)
+        except CheckpointError:  # refused as unsafe: already names the part
+            raise
         except Exception as e:
-            raise CheckpointError(f"{store}: checkpoint {step} part {name!r} ({part['key']}) cannot be decoded "
-                                  f"as {part['encoding']}: {e!r}") from e
+            raise CheckpointError(f"{what} cannot be decoded as {part['encoding']}: {e!r}") from e
     return Checkpoint(step, float(manifest["created"]), parts)
 
 

@@ -190,7 +190,7 @@ class Cluster:
             event = self.workers[worker_id].expect(
                 lambda e, r=rank: e["event"] == "committed" and e["rank"] == r and e["version"] == version,
                 what=f"rank {rank} committing v{version}")
-            saved = torch.load(event["path"])
+            saved = torch.load(event["path"], weights_only=True)
             want = local_share(dense, rows, layout, rank)
             assert set(saved) == set(want)
             for name, value in want.items():
@@ -288,7 +288,7 @@ def test_corrupted_chunk_never_visible_receiver_poisoned_and_recovers(cluster):
     seen = [e["version"] for e in c.workers["A"].events if e["event"] == "committed" and e["rank"] == 1]
     assert seen == sorted(set(seen))
     for version in seen:
-        saved = torch.load(os.path.join(c.out, f"A-r1-v{version}.pt"))
+        saved = torch.load(os.path.join(c.out, f"A-r1-v{version}.pt"), weights_only=True)
         want = local_share(*state_for(version), EP2, 1)
         assert all(torch.equal(saved[n], want[n]) for n in want)
     c.check_committed("B", v)
@@ -473,7 +473,7 @@ def test_publisher_killed_leaves_no_torn_or_uncommitted_version(tmp_path, die_at
             assert error["stats"]["chunks_verified"] == 2 * event["stats"]["chunks_verified"]
         assert worker.wait(60) == 4
         assert sorted(os.listdir(tmp_path)) == ["E-r0-v1.pt"]
-        saved = torch.load(event["path"])
+        saved = torch.load(event["path"], weights_only=True)
         want = local_share(*state_for(1), EP1, 0)
         assert all(torch.equal(saved[n], want[n]) for n in want)
     finally:
