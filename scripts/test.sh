@@ -9,8 +9,13 @@
 #   tsan      ThreadSanitizer (preset tsan): the concurrency-heavy unit tests (label tsan)
 # The sanitizer builds build only what their tests run. SKIP_SANITIZERS=1 runs the release part
 # only, for a quick local run; CI runs everything. Exits non-zero when any part failed.
+# After adding or removing tests: PROXYEP_UPDATE_TEST_COUNTS=1 ./scripts/test.sh writes the
+# per-label counts each part ran into tests/expected-test-counts.json (commit it).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Every suite must register and run here: a missing test dependency stops the configure
+# (cmake/TestDependencies.cmake) and a test that would skip for want of one fails instead.
+export PROXYEP_REQUIRE_ALL_TESTS=1
 "$root/scripts/install-deps.sh" || exit 1
 
 failed=()
@@ -26,23 +31,49 @@ part() {
   return $rc
 }
 # One test at a time: the multi-rank tests busy-poll both cores, and the failure tests check
-# deadlines, which a second test running beside them would stretch.
+# deadlines, which a second test running beside them would stretch. Every process the tests
+# start carries a marker in its environment; a process or a /dev/shm entry still there after
+# the tests fails the part (scripts/leftovers.sh), as a leak a user would hit. A full part (no
+# extra arguments) must also have run, per label, at least the tests
+# tests/expected-test-counts.json lists (scripts/check-test-counts.py).
+# run_ctest PART PRESET [ctest arguments...]
 run_ctest() {
-  local preset=$1
-  shift
-  (cd "$root/build/$preset" && ctest --output-on-failure --timeout 600 "$@")
+  local name=$1 preset=$2 rc=0 id snapshot junit
+  shift 2
+  id="$$-$name-$SECONDS-$RANDOM"
+  snapshot=$(mktemp)
+  junit="$root/build/$preset/ctest-$name.xml"
+  "$root/scripts/leftovers.sh" snapshot "$snapshot"
+  (cd "$root/build/$preset" &&
+    PROXYEP_TEST_RUN=$id ctest --output-on-failure --timeout 600 --output-junit "$junit" "$@") ||
+    rc=$?
+  if ! "$root/scripts/leftovers.sh" check "$snapshot" "$id"; then
+    echo "test.sh: the tests above left processes or /dev/shm entries behind (listed above)" >&2
+    [[ $rc -ne 0 ]] || rc=1
+  fi
+  rm -f "$snapshot"
+  local update=()
+  [[ "${PROXYEP_UPDATE_TEST_COUNTS:-0}" == 1 ]] && update=(--update)
+  if [[ $full -eq 1 ]] &&
+    ! "$root/scripts/check-test-counts.py" --build "$root/build/$preset" --junit "$junit" \
+      --part "$name" "${update[@]}"; then
+    [[ $rc -ne 0 ]] || rc=1
+  fi
+  return $rc
 }
+full=1
+[[ $# -eq 0 ]] || full=0  # tests chosen by hand: no counts to hold them to
 
 if part "release build" "$root/scripts/build.sh" release; then
-  part "release tests" run_ctest release "$@"
+  part "release tests" run_ctest release release "$@"
 fi
 if [[ "${SKIP_SANITIZERS:-0}" != 1 ]]; then
   if part "sanitize build" "$root/scripts/build.sh" sanitize proxyep_sanitize_tests; then
-    part "sanitize tests" run_ctest sanitize -L '^(unit|sanitize|sanitizer_report)$'
-    part "fuzz" run_ctest sanitize -L '^fuzz$'
+    part "sanitize tests" run_ctest sanitize sanitize -L '^(unit|sanitize|sanitizer_report)$'
+    part "fuzz" run_ctest fuzz sanitize -L '^fuzz$'
   fi
   if part "tsan build" "$root/scripts/build.sh" tsan proxyep_tsan_tests; then
-    part "tsan tests" run_ctest tsan -L '^(tsan|sanitizer_report)$'
+    part "tsan tests" run_ctest tsan tsan -L '^(tsan|sanitizer_report)$'
   fi
 fi
 

@@ -4,13 +4,13 @@
 # past its deadline fails the benchmark. About 2 minutes here (each run starts a trainer and its
 # workers as `proxyep launch` jobs). Needs the proxyep CLI and matplotlib (python3-matplotlib).
 if(NOT TARGET proxyep)
-  message(STATUS "Python tests: python.rl.bench_rl not registered (the proxyep CLI is not built)")
+  proxyep_test_dependency_missing("Python tests: python.rl.bench_rl not registered (the proxyep CLI is not built)")
   return()
 endif()
 execute_process(COMMAND ${Python_EXECUTABLE} -c "import matplotlib"
                 RESULT_VARIABLE bench_rl_matplotlib OUTPUT_QUIET ERROR_QUIET)
 if(NOT bench_rl_matplotlib EQUAL 0)
-  message(STATUS "Python tests: python.rl.bench_rl not registered (no matplotlib: python3-matplotlib, "
+  proxyep_test_dependency_missing("Python tests: python.rl.bench_rl not registered (no matplotlib: python3-matplotlib, "
                  "scripts/install-deps.sh)")
   return()
 endif()

@@ -8,10 +8,10 @@
 execute_process(COMMAND ${Python_EXECUTABLE} -c "import redis, hypothesis, pytest"
                 RESULT_VARIABLE rl_coordinator_deps OUTPUT_QUIET ERROR_QUIET)
 if(NOT rl_coordinator_deps EQUAL 0)
-  message(STATUS "Python tests: python.rl.coordinator* not registered (${Python_EXECUTABLE} cannot import "
+  proxyep_test_dependency_missing("Python tests: python.rl.coordinator* not registered (${Python_EXECUTABLE} cannot import "
                  "redis, hypothesis and pytest: python3-redis, python3-hypothesis, python3-pytest)")
 elseif(NOT EXISTS /usr/bin/redis-server)
-  message(STATUS "Python tests: python.rl.coordinator* not registered (/usr/bin/redis-server is missing: "
+  proxyep_test_dependency_missing("Python tests: python.rl.coordinator* not registered (/usr/bin/redis-server is missing: "
                  "the Debian package redis-server)")
 else()
   foreach(suite coordinator coordinator_property coordinator_service coordinator_restart)

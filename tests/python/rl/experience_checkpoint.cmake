@@ -12,7 +12,7 @@ if(rl_hypothesis EQUAL 0)
   set_tests_properties(python.rl.experience PROPERTIES TIMEOUT ${timeout} LABELS python
                        ENVIRONMENT "PYTHONPATH=${PROXYEP_PYTHON_DIR};PYTHONDONTWRITEBYTECODE=1")
 else()
-  message(STATUS "Python tests: python.rl.experience not registered (${Python_EXECUTABLE} cannot import "
+  proxyep_test_dependency_missing("Python tests: python.rl.experience not registered (${Python_EXECUTABLE} cannot import "
                  "hypothesis: python3-hypothesis, scripts/install-deps.sh)")
 endif()
 
@@ -26,10 +26,10 @@ if(rl_boto3 EQUAL 0)
   set_tests_properties(python.rl.checkpoint PROPERTIES TIMEOUT ${timeout} LABELS python
                        ENVIRONMENT "PYTHONPATH=${PROXYEP_PYTHON_DIR};PYTHONDONTWRITEBYTECODE=1")
   if(NOT EXISTS ${PROXYEP_RL_TEST_DIR}/s3/node_modules/.bin/s3rver)
-    message(STATUS "Python tests: python.rl.checkpoint skips its S3 cases (s3rver is not installed: run "
+    proxyep_test_dependency_missing("Python tests: python.rl.checkpoint skips its S3 cases (s3rver is not installed: run "
                    "scripts/install-deps.sh, which runs npm ci --prefix tests/python/rl/s3)")
   endif()
 else()
-  message(STATUS "Python tests: python.rl.checkpoint not registered (${Python_EXECUTABLE} cannot import "
+  proxyep_test_dependency_missing("Python tests: python.rl.checkpoint not registered (${Python_EXECUTABLE} cannot import "
                  "boto3: python3-boto3, scripts/install-deps.sh)")
 endif()

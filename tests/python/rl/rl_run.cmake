@@ -12,7 +12,7 @@ if(NOT EXISTS /usr/bin/redis-server)
   list(APPEND rl_run_missing "/usr/bin/redis-server (Debian package redis-server)")
 endif()
 if(rl_run_missing)
-  message(STATUS "Python tests: python.rl.run not registered (missing: ${rl_run_missing})")
+  proxyep_test_dependency_missing("Python tests: python.rl.run not registered (missing: ${rl_run_missing})")
   return()
 endif()
 add_test(NAME python.rl.run

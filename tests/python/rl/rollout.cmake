@@ -26,7 +26,7 @@ set_tests_properties(python.rl.rollout_generation PROPERTIES TIMEOUT ${timeout} 
 # reference, a MemoryCoordinator called directly): stale leases found by the heartbeat and by a
 # refused report are dropped at once; a failing coordinator stops it with an error. About 4 s.
 if(rollout_missing)
-  message(STATUS "Python tests: python.rl.rollout_loop not registered (missing: ${rollout_missing})")
+  proxyep_test_dependency_missing("Python tests: python.rl.rollout_loop not registered (missing: ${rollout_missing})")
 else()
   add_test(NAME python.rl.rollout_loop
            COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider --confcutdir=${PROXYEP_RL_TEST_DIR}
@@ -39,7 +39,7 @@ if(NOT TARGET proxyep)
   list(APPEND rollout_missing "the proxyep CLI target")
 endif()
 if(rollout_missing)
-  message(STATUS "Python tests: python.rl.rollout_worker and python.rl.rollout_spot not registered "
+  proxyep_test_dependency_missing("Python tests: python.rl.rollout_worker and python.rl.rollout_spot not registered "
                  "(missing: ${rollout_missing})")
   return()
 endif()

@@ -11,7 +11,7 @@
 # python.bench_weights.smoke: python3 -m proxyep.bench weights on a tiny shape (EP-1 and EP-2
 #   receivers), JSON checked. About 20 s.
 if(NOT TARGET proxyep)
-  message(STATUS "Python tests: python.rl.weights.* not registered (the proxyep CLI is not built)")
+  proxyep_test_dependency_missing("Python tests: python.rl.weights.* not registered (the proxyep CLI is not built)")
   return()
 endif()
 set(weights_env PYTHONPATH=${PROXYEP_PYTHON_DIR}:${PROXYEP_RL_TEST_DIR} PYTHONDONTWRITEBYTECODE=1
