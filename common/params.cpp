@@ -217,6 +217,14 @@ Param<std::string> ep_async_wait{"ep.async_wait", "host", one_of({"host", "devic
     "setting, or more streams than connections) the call's later kernels queue behind the spin "
     "and the call fails at its deadline"};
 
+// device.* : the devices the front ends open by name (gpu_side/device/open_device.hpp)
+Param<bool> device_simulated_gate{"device.simulated_gate", true,
+    "the simulated device (--device simulated, deep_ep on device=\"simulated\") where the CPU "
+    "has no memory protection keys: keep its memory PROT_NONE while its streams run nothing, so "
+    "host code that touches it faults. Each opening and closing is an mprotect, which takes the "
+    "process's memory-map lock, as libfabric shm's cross-process copies into this process do: "
+    "off only where such timing matters more than the check (with keys, always protected)"};
+
 // metrics/
 Param<int64_t> metrics_port{"metrics.port", -1, in_range(-1, 65535),
     "serve Prometheus metrics over HTTP (GET /metrics) from every Buffer: -1 = off; 0 = any free "

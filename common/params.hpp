@@ -60,6 +60,9 @@ extern Param<std::string> ep_send_from_x;
 extern Param<std::string> ep_internode;
 extern Param<std::string> ep_async_wait;
 
+// device.* : the devices the front ends open by name (gpu_side/device/open_device.hpp)
+extern Param<bool> device_simulated_gate;
+
 // metrics.* : the metrics endpoint (metrics/metrics_exporter.hpp)
 extern Param<int64_t> metrics_port;
 extern Param<std::string> metrics_address;

@@ -113,4 +113,15 @@ JobCredentials JobCredentials::from_environment() {
   return credentials;
 }
 
+std::string daemon_job_tag(const JobCredentials& credentials) {
+  if (!credentials.secret || credentials.secret->empty()) return "";
+  // The label keeps this MAC from standing for any other message the secret signs (the
+  // rendezvous' "hello" and "welcome"); the NUL ends the label, so no job id can extend it.
+  std::string message("proxyepd job");
+  message.push_back('\0');
+  message += credentials.job_id;
+  const auto bytes = std::span(reinterpret_cast<const uint8_t*>(message.data()), message.size());
+  return hex_string(hmac_sha256(credentials.secret->bytes(), bytes));
+}
+
 }  // namespace proxyep::control

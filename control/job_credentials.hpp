@@ -37,4 +37,11 @@ void check_secret(const SecretBytes& secret, std::string_view what);
 // Throws proxyep::Error("bootstrap.env") naming `what` unless `job_id` is acceptable.
 void check_job_id(std::string_view job_id, std::string_view what);
 
+// What binds a rank's place on a node's proxyepd to its job (daemon/attached_client.hpp): the
+// hex of HMAC-SHA256 under the job's secret of "proxyepd job" and the job id. Only holders of
+// the secret can compute it, and it says nothing of the secret; the daemon compares tags and
+// lets a rank's endpoint be named only by clients with its tag. "" without a secret (then the
+// daemon can tell jobs apart only by their address lists: docs/SECURITY.md).
+std::string daemon_job_tag(const JobCredentials& credentials);
+
 }  // namespace proxyep::control

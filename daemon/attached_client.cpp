@@ -1,6 +1,7 @@
 // The attach protocol, daemon side (attached_client.hpp).
 #include "daemon/attached_client.hpp"
 
+#include "common/crypto.hpp"
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "control/daemon_handshake.hpp"
@@ -8,8 +9,10 @@
 #include "daemon/daemon.hpp"
 
 #include <fmt/format.h>
+
 #include <sys/socket.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <array>
 #include <cerrno>
@@ -38,6 +41,13 @@ int integer(const nlohmann::json& message, const char* key) {
   require(value != message.end() && value->is_number_integer(), kPhase, "'{}' must be an integer",
           key);
   return value->get<int>();
+}
+
+// An HMAC-SHA256 in lower-case hex, as control::daemon_job_tag writes it.
+bool is_job_tag(const std::string& tag) {
+  return tag.size() == 2 * kMacBytes && std::all_of(tag.begin(), tag.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
 }
 
 // {"handle": hex, "bytes": n, "fd": bool}: one piece of device memory the client offers.
@@ -134,7 +144,9 @@ void AttachedClient::on_readable() {
       }
       try {
         handle(message);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {
+        // proxyep::Error for what the checks refuse, and anything else a malformed request
+        // raises (a JSON field of the wrong type): the client is refused, the daemon goes on.
         log::warn("proxyepd: {} (rank {}): {}", describe_peer(peer_),
                   served_ ? served_->rank() : -1, e.what());
         send(control::error_message(e.what()));
@@ -204,6 +216,11 @@ void AttachedClient::attach(const nlohmann::json& message) {
   AttachRequest request;
   request.rank = integer(message, "rank");
   request.ranks = integer(message, "ranks");
+  if (const auto tag = message.find("job_tag"); tag != message.end()) {
+    require(tag->is_string() && is_job_tag(tag->get<std::string>()), kPhase,
+            "'job_tag' must be 64 lower-case hex digits (control::daemon_job_tag)");
+    request.job_tag = tag->get<std::string>();
+  }
   request.tolerate_peer_failures = message.value("tolerate_peer_failures", false);
   request.landing_fabric = message.value("landing_fabric", std::string());
   request.device_ring = message.value("device_ring", false);

@@ -65,9 +65,9 @@ class Daemon {
   void admit(control::Socket socket);
   void service(ClientConnection& client, short revents);
   void on_hello(ClientConnection& client, const nlohmann::json& message);
-  // "" when `client` may connect to `group` (isolation between jobs, served_rank.hpp).
-  std::string check_group(const AttachedClient& client,
-                          const std::vector<fabric::Bytes>& group) const;
+  // "" when `client` may connect to `group` (isolation between jobs, served_rank.hpp); ends any
+  // client of another job that named `client`'s endpoint.
+  std::string check_group(const AttachedClient& client, const std::vector<fabric::Bytes>& group);
   // Turns of the loop for attached clients: setup progress, failures, the gauge.
   void tend_attached();
   void return_freed_memory();

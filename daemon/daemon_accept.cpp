@@ -116,23 +116,54 @@ void Daemon::on_hello(ClientConnection& client, const nlohmann::json& message) {
 }
 
 std::string Daemon::check_group(const AttachedClient& client,
-                                const std::vector<fabric::Bytes>& group) const {
-  // Another client of this daemon named in `group` must be of the same job: either it has not
-  // connected yet, or it connected with this very list. And a client that named this one when
-  // it connected must have used this list too. So a job can only ever reach its own ranks here.
-  const fabric::Bytes own = client.served()->addresses();
+                                const std::vector<fabric::Bytes>& group) {
+  // A job's ranks are bound to it from their attach on, by the job's tag (an HMAC under its
+  // secret, control/job_credentials.hpp), which a client of another job cannot compute:
+  // - this client names another client's endpoint: that client must have the same tag (else
+  //   this one is refused);
+  // - another client named this one's endpoint when it connected: it must have the same tag
+  //   (else it is the intruder: it is ended, and this one, the endpoint's owner, goes on; so
+  //   whoever connects first, a job's rank cannot be taken from it);
+  // - same tag: one job, so the lists must be the same.
+  // Jobs without a secret (both tags empty) can be told apart only by their lists: a client
+  // named by a connected one must have connected with this very list (the first to connect
+  // wins there; docs/SECURITY.md).
+  const ServedRank& self = *client.served();
+  const fabric::Bytes own = self.addresses();
   for (const auto& other : attached_) {
     if (other.get() == &client || other->served() == nullptr) continue;
     const ServedRank& rank = *other->served();
     const bool named = std::find(group.begin(), group.end(), rank.addresses()) != group.end();
     const bool names_us =
         std::find(rank.group().begin(), rank.group().end(), own) != rank.group().end();
-    if ((named && !rank.group().empty() && rank.group() != group) ||
-        (names_us && rank.group() != group))
+    if (!named && !names_us) continue;
+    const bool same_tag = rank.job_tag() == self.job_tag();
+    const bool untagged = same_tag && self.job_tag().empty();
+    if (named && !same_tag)
       return fmt::format(
           "the address list names the fabric endpoint of {} (rank {} of another job on this "
-          "daemon): a job may only connect to its own ranks",
+          "daemon: its job credentials differ): a job may only connect to its own ranks",
           describe_peer(other->peer()), rank.rank());
+    if (names_us && !same_tag) {
+      stats_->refused.fetch_add(1, std::memory_order_relaxed);
+      other->end("daemon.attach",
+                 fmt::format("this client's address list names the fabric endpoint of {} (rank "
+                             "{} of another job on this daemon, which has now connected): a job "
+                             "may only connect to its own ranks",
+                             describe_peer(client.peer()), self.rank()));
+      continue;
+    }
+    if ((named && !rank.group().empty() && rank.group() != group) ||
+        (names_us && rank.group() != group))
+      return untagged ? fmt::format(
+                            "the address list names the fabric endpoint of {} (rank {} of "
+                            "another job on this daemon): a job may only connect to its own "
+                            "ranks",
+                            describe_peer(other->peer()), rank.rank())
+                      : fmt::format(
+                            "rank {} of this job ({}) connected with another address list: "
+                            "the job's ranks disagree on its members",
+                            rank.rank(), describe_peer(other->peer()));
   }
   return "";
 }

@@ -274,22 +274,63 @@ void ServedRank::add_arenas(const std::vector<fabric::Bytes>& descriptors,
   require(device_arena_descriptors.empty() || device_arena_descriptors.size() == descriptors.size(),
           kPhase, "{} device arena descriptors for a job of {} ranks",
           device_arena_descriptors.size(), request_.ranks);
+  // Every descriptor is checked before anything is registered, so a refused list leaves the
+  // region table as it was (and the client's connection ends with the reason).
+  const auto arenas = checked_descriptors("arena", descriptors, arena_descriptor(), true);
+  const auto landings =
+      landing ? checked_descriptors("landing", landing_descriptors, landing_descriptor(), false)
+              : std::vector<std::optional<fabric::RegionDescriptor>>{};
+  const auto device_arenas = device_arena_descriptors.empty()
+                                 ? std::vector<std::optional<fabric::RegionDescriptor>>{}
+                                 : checked_descriptors("device arena", device_arena_descriptors,
+                                                       device_arena_descriptor(), false);
   if (landing)
     state_->engine->regions().add_local(proxy::FabricLink::kLandingRegion, *state_->landing_region);
   for (int r = 0; r < request_.ranks; ++r) {
     const auto i = static_cast<size_t>(r);
-    state_->engine->regions().add_remote(r, proxy::FabricLink::kArenaRegion,
-                                         fabric::RegionDescriptor::deserialize(descriptors[i]));
+    state_->engine->regions().add_remote(r, proxy::FabricLink::kArenaRegion, *arenas[i]);
     if (landing)
-      state_->engine->regions().add_remote(
-          r, proxy::FabricLink::kLandingRegion,
-          fabric::RegionDescriptor::deserialize(landing_descriptors[i]));
+      state_->engine->regions().add_remote(r, proxy::FabricLink::kLandingRegion, *landings[i]);
     // Empty: rank r registered no device arena; its client sends it none.
-    if (!device_arena_descriptors.empty() && !device_arena_descriptors[i].empty())
-      state_->engine->regions().add_remote(
-          r, proxy::FabricLink::kDeviceArenaRegion,
-          fabric::RegionDescriptor::deserialize(device_arena_descriptors[i]));
+    if (!device_arenas.empty() && device_arenas[i])
+      state_->engine->regions().add_remote(r, proxy::FabricLink::kDeviceArenaRegion,
+                                           *device_arenas[i]);
   }
+}
+
+std::vector<std::optional<fabric::RegionDescriptor>> ServedRank::checked_descriptors(
+    std::string_view kind, const std::vector<fabric::Bytes>& serialized,
+    const std::optional<fabric::Bytes>& own, bool same_length) const {
+  const auto own_rank = static_cast<size_t>(request_.rank);
+  // This client's own entry must be the region this daemon registered for it, byte for byte:
+  // a client cannot point its own rank's writes at memory it was not given.
+  require(own.has_value() ? serialized[own_rank] == *own : serialized[own_rank].empty(), kPhase,
+          "rank {}'s {} descriptor is not the one this daemon gave it", request_.rank, kind);
+  std::optional<fabric::RegionDescriptor> mine;
+  if (own) mine = fabric::RegionDescriptor::deserialize(*own);
+  std::vector<std::optional<fabric::RegionDescriptor>> out(serialized.size());
+  for (size_t r = 0; r < serialized.size(); ++r) {
+    if (serialized[r].empty()) {
+      // Only a device arena may be missing (a rank that registered none).
+      require(kind == "device arena", kPhase, "rank {}'s {} descriptor is empty", r, kind);
+      continue;
+    }
+    try {
+      out[r] = fabric::RegionDescriptor::deserialize(serialized[r]);
+    } catch (const std::exception& e) {
+      fail(kPhase, "rank {}'s {} descriptor is malformed: {}", r, kind, e.what());
+    }
+    require(!out[r]->rails.empty() && out[r]->length > 0, kPhase,
+            "rank {}'s {} descriptor names no memory ({} bytes on {} rails)", r, kind,
+            out[r]->length, out[r]->rails.size());
+    // Every rank's arena has the one layout the job agreed on (proxy/arena_layout.hpp), so a
+    // longer one is a lie about the peer's memory, and a shorter one a broken launch.
+    if (same_length && mine)
+      require(out[r]->length == mine->length, kPhase,
+              "rank {}'s {} descriptor is {} bytes long; every rank's is {} (this one's)", r, kind,
+              out[r]->length, mine->length);
+  }
+  return out;
 }
 
 void ServedRank::open_connections(const std::vector<int>& peers) {

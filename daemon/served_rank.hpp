@@ -21,8 +21,10 @@
 //
 // Isolation: the engine's region table holds this client's own regions and the descriptors its
 // job exchanged; a descriptor names regions by index, so a client can only write from its own
-// memory into its own job's arenas. Daemon::check_group() (daemon.cpp) refuses an address list
-// that names another job's rank on this daemon.
+// memory into its own job's arenas. Daemon::check_group() (daemon_accept.cpp) refuses an
+// address list that names another job's rank on this daemon, and add_arenas() checks every
+// descriptor before anything is registered (well formed, this rank's own the one it was given,
+// the others as long as its own).
 #pragma once
 
 #include "common/host_memory.hpp"
@@ -47,6 +49,9 @@ namespace proxyep::daemon {
 struct AttachRequest {
   int rank = 0;
   int ranks = 0;
+  // The job's tag (control::daemon_job_tag: an HMAC under the job's secret), 64 hex digits, or
+  // "" for a job without a secret. Ranks with different tags are of different jobs.
+  std::string job_tag;
   bool tolerate_peer_failures = false;
   // ep.landing_fabric of the client, when it passed its landing region (the sixth descriptor):
   // registered as FabricLink::kLandingRegion when registers_landing() says so for this fabric.
@@ -102,6 +107,7 @@ class ServedRank {
   const fabric::Capabilities& capabilities() const { return state_->fabric->capabilities(); }
   // The job's fabric addresses (index = rank), as connect() accepted them; empty before.
   const std::vector<fabric::Bytes>& group() const { return group_; }
+  const std::string& job_tag() const { return request_.job_tag; }
 
   void connect(const std::vector<fabric::Bytes>& group);
   // Every rank's arena descriptor, (when the landing region is registered) every rank's
@@ -147,6 +153,13 @@ class ServedRank {
   uint64_t relayed() const { return state_->relay ? state_->relay->relayed() : 0; }
 
  private:
+  // `serialized` (one per rank) deserialized, after the checks add_arenas() promises: each well
+  // formed and naming memory, this rank's own equal to `own` (what it registered; none: empty),
+  // and with `same_length` every one as long as `own`. nullopt where a rank sent none (device
+  // arenas only). Throws proxyep::Error naming the rank and the kind.
+  std::vector<std::optional<fabric::RegionDescriptor>> checked_descriptors(
+      std::string_view kind, const std::vector<fabric::Bytes>& serialized,
+      const std::optional<fabric::Bytes>& own, bool same_length) const;
   // Opens the client's device memory `offer` (of device `kind`) and registers it (FI_HMEM) into
   // `memory` and `region`, the proxy threads held out of their passes once they run: "" when
   // it is, else why not (the client's host memory then serves).

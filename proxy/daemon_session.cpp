@@ -5,6 +5,7 @@
 #include "common/log.hpp"
 #include "control/daemon_frames.hpp"
 #include "control/imm_layout.hpp"
+#include "control/job_credentials.hpp"
 #include "proxy/daemon_steps.hpp"
 #include "proxy/fabric_connections.hpp"
 #include "proxy/node_channel.hpp"
@@ -84,6 +85,12 @@ void DaemonSession::attach(control::Bootstrap& bootstrap, const SessionConfig& c
                         {"rank", rank()},
                         {"ranks", ranks()},
                         {"tolerate_peer_failures", config.tolerate_peer_failures}};
+  // The job's mark on this rank's place at the daemon: only clients that hold the job's secret
+  // may name this rank's endpoint (control/job_credentials.hpp). The same credentials the
+  // bootstrap proved itself with.
+  if (const auto tag = control::daemon_job_tag(control::JobCredentials::from_environment());
+      !tag.empty())
+    attach["job_tag"] = tag;
   // The landing region is a memfd the node's ranks map already: the daemon maps it too and
   // registers it (when ep.landing_fabric says so for its fabric), so rows from other nodes land
   // in recv_x as in process.

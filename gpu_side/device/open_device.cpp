@@ -2,6 +2,7 @@
 #include "gpu_side/device/open_device.hpp"
 
 #include "common/error.hpp"
+#include "common/params.hpp"
 #include "gpu_side/device/simulated_device.hpp"
 
 #if PROXYEP_HAVE_CUDA
@@ -34,6 +35,7 @@ std::shared_ptr<DeviceRuntime> open_device(std::string_view kind, int local_rank
   if (kind == "simulated") {
     SimulatedDeviceOptions options;
     options.nic_reads_device_memory = true;
+    options.gate_without_keys = params::device_simulated_gate.get();
     return std::make_shared<SimulatedDevice>(options);
   }
   require(kind == "cuda", phase, "device {}: not one of host, simulated, cuda", kind);

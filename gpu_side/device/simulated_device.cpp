@@ -55,10 +55,11 @@ SimulatedDevice::SimulatedDevice(SimulatedDeviceOptions options)
     : SimulatedDevice(std::make_shared<Memory>(), options) {
   if (options.protect_device_memory) {
     core_->memory->key = ThreadAccessKey::allocate();
-    if (!core_->memory->key)
-      log::info(
-          "simulated device: no memory protection keys here; device memory is readable by "
-          "every thread");
+    core_->memory->gated = !core_->memory->key && options.gate_without_keys;
+    if (core_->memory->gated)
+      log::debug(
+          "simulated device: no memory protection keys here; device memory is closed to the "
+          "host while the device runs nothing (mprotect), open to every thread while it runs");
   }
   core_->worker = std::thread([core = core_.get()] { core->run(); });
 }
@@ -107,7 +108,7 @@ SimulatedDevice::~SimulatedDevice() {
 }
 
 bool SimulatedDevice::device_memory_protected() const {
-  return core_->memory->key.has_value();
+  return core_->memory->key.has_value() || core_->memory->gated;
 }
 
 uint64_t SimulatedDevice::device_bytes_in_use() const {
@@ -141,10 +142,12 @@ std::shared_ptr<std::byte[]> SimulatedDevice::allocate_mapped(uint64_t bytes, bo
     fail(std::string(kPhase), "allocate: tagging {} bytes with the protection key failed: {}",
          mapped, std::strerror(errno));
   }
-  {
+  try {
     std::lock_guard lock(shared.mutex);
-    shared.ranges[reinterpret_cast<uintptr_t>(memory)] = {mapped, true};
-    shared.device_bytes += mapped;
+    shared.add_device_range(memory, mapped, tagged);
+  } catch (...) {
+    ::munmap(memory, mapped);
+    throw;
   }
   return std::shared_ptr<std::byte[]>(
       static_cast<std::byte*>(memory),
@@ -183,8 +186,7 @@ std::shared_ptr<std::byte[]> SimulatedDevice::adopt_shared(HostMemory file, bool
           std::strerror(errno));
   {
     std::lock_guard lock(shared.mutex);
-    shared.ranges[reinterpret_cast<uintptr_t>(memory)] = {mapped, true};
-    shared.device_bytes += mapped;
+    shared.add_device_range(memory, mapped, tagged);  // on failure `file` unmaps it
   }
   auto owner = std::make_shared<HostMemory>(std::move(file));
   return std::shared_ptr<std::byte[]>(memory, [core = core_, mapped, owner](std::byte* p) mutable {

@@ -4,8 +4,11 @@
 // What it simulates, and so what a test on it catches:
 // - Device memory is separate: page-aligned mappings tagged with a memory protection key
 //   (thread_access_key.hpp) that only the stream's thread may touch. Host code that reads or
-//   writes a device address faults at once. (Without pkeys, device_memory_protected() is false
-//   and that one check is lost; the others stay.)
+//   writes a device address faults at once. Without pkeys (this project's CI) the memory is
+//   closed in time instead (simulated_device_core.hpp, Memory): PROT_NONE while none of the
+//   device's streams runs an operation, so host code that touches it faults unless the device
+//   happens to be busy at that moment (after a synchronize, always).
+//   device_memory_protected() says whether either holds (protect_device_memory turns both off).
 // - Reachability: every address an operation is given, and every address inside the tables it
 //   points to (sink arrays, combine's per-rank rows), must lie in device memory or registered
 //   host memory, for the whole extent the operation touches. A plain host pointer handed to a
@@ -41,7 +44,8 @@ namespace proxyep::gpu_side::device {
 struct SimulatedDeviceOptions {
   // An event recorded on a deferred stream is reached only when that stream is synchronized.
   bool defer_until_synchronize = false;
-  bool protect_device_memory = true;  // where the CPU and kernel have protection keys
+  bool protect_device_memory = true;  // protection keys where there are, else the gate...
+  bool gate_without_keys = true;      // ... unless this is off
   // Each operation starts this late: a slow stream, so that work another stream does not wait
   // for (with wait_event) visibly races it.
   std::chrono::milliseconds operation_delay{0};

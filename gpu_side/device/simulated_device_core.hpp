@@ -12,8 +12,10 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <condition_variable>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -33,15 +35,58 @@ inline constexpr std::string_view kSimulatedPhase = "simulated device";
 // One reachable range of a simulated device's memory.
 struct SimulatedRange {
   uint64_t bytes = 0;
-  bool device = false;  // device memory (else registered host memory)
+  bool device = false;   // device memory (else registered host memory)
+  bool guarded = false;  // closed to the host (the NIC's view of device memory is not)
 };
 
 // What the streams of one simulated device share: its memory and what the device can reach.
+//
+// Device memory is closed to host code in one of two ways:
+// - with protection keys (`key`), per thread: only the streams' workers may touch it, always;
+// - without (`gated`), in time: its pages are PROT_NONE whenever none of the device's streams is
+//   running operations, and opened (PROT_READ | PROT_WRITE, every guarded range) while one is.
+//   A host thread that touches device memory faults unless it happens to do so while the device
+//   is busy: after a synchronize, or between calls, it always faults.
 struct SimulatedDevice::Memory {
   std::optional<ThreadAccessKey> key;
+  bool gated = false;  // set once, before any memory or stream exists
   mutable std::mutex mutex;
   std::map<uintptr_t, SimulatedRange> ranges;  // reachable memory, by start address
   uint64_t device_bytes = 0;
+  int running = 0;  // operations running on the device's streams (gated: the gate is open)
+  // Guarded ranges freed (unreachable) but not yet unmapped: operations queued before the free
+  // may still touch them, so the gate opens them too until the stream unmaps them.
+  std::map<uintptr_t, uint64_t> retiring;
+
+  // Adds a range of device memory (guarded: closed to the host), in the gate's current state.
+  // Throws where the kernel refuses the protection. Locked by the caller.
+  void add_device_range(void* start, uint64_t bytes, bool guarded) {
+    if (guarded && gated) protect(start, bytes, running > 0);
+    ranges[reinterpret_cast<uintptr_t>(start)] = {bytes, true, guarded};
+    device_bytes += bytes;
+  }
+
+  // Makes the range at `start` unreachable; until forget_retired(start) the gate still opens it.
+  // Locked by the caller.
+  void retire(uintptr_t start) {
+    const auto it = ranges.find(start);
+    if (it == ranges.end()) return;
+    if (it->second.guarded) retiring[start] = it->second.bytes;
+    ranges.erase(it);
+  }
+  void forget_retired(uintptr_t start) { retiring.erase(start); }  // locked by the caller
+
+  // A stream's worker around each spell of operations it runs (gated only).
+  void enter_operation() {
+    if (!gated) return;
+    std::lock_guard lock(mutex);
+    if (running++ == 0) protect_all(true);
+  }
+  void leave_operation() {
+    if (!gated) return;
+    std::lock_guard lock(mutex);
+    if (--running == 0) protect_all(false);
+  }
 
   // Whether [p, p + bytes) lies inside one reachable range. Locks.
   bool reachable(const void* p, uint64_t bytes) const {
@@ -52,6 +97,22 @@ struct SimulatedDevice::Memory {
     if (it == ranges.begin()) return false;
     --it;
     return address - it->first + bytes <= it->second.bytes;
+  }
+
+ private:
+  static void protect(void* start, uint64_t bytes, bool open) {
+    require(::mprotect(start, bytes, open ? PROT_READ | PROT_WRITE : PROT_NONE) == 0,
+            std::string(kSimulatedPhase), "mprotect of {} bytes of device memory at {}: {}", bytes,
+            start, std::strerror(errno));
+  }
+  // Never throws (the workers call it): a range whose protection the kernel will not change
+  // stays as it is, which fails loudly (an operation faults) or checks less (host reads pass).
+  void protect_all(bool open) noexcept {
+    const int protection = open ? PROT_READ | PROT_WRITE : PROT_NONE;
+    for (const auto& [start, range] : ranges)
+      if (range.guarded) (void)::mprotect(reinterpret_cast<void*>(start), range.bytes, protection);
+    for (const auto& [start, bytes] : retiring)
+      (void)::mprotect(reinterpret_cast<void*>(start), bytes, protection);
   }
 };
 
@@ -156,15 +217,27 @@ struct SimulatedDevice::Core {
   }
 
   void run() {
-    if (memory->key) memory->key->allow_this_thread();
+    if (memory->key) memory->key->allow_this_thread();  // else the gate (Memory) opens
+    // Gated: the gate stays open from the first operation of a busy spell to the moment the
+    // stream has nothing it may run, not around each operation (each opening changes the
+    // protection of every range: a spell of hundreds of small operations would crawl, and
+    // change how the work interleaves with the proxies).
+    bool open = false;
     std::unique_lock lock(mutex);
+    auto runnable = [&] {
+      return !queue.empty() && (!options.defer_until_synchronize || finished < run_before);
+    };
     while (true) {
-      wake.wait(lock, [&] {
-        return stopping ||
-               (!queue.empty() && (!options.defer_until_synchronize || finished < run_before));
-      });
+      if (open && !runnable()) {
+        lock.unlock();
+        memory->leave_operation();
+        open = false;
+        lock.lock();
+        continue;  // something may have come meanwhile
+      }
+      wake.wait(lock, [&] { return stopping || runnable(); });
       if (queue.empty()) {
-        if (stopping) return;
+        if (stopping) break;
         continue;
       }
       Op op = std::move(queue.front());
@@ -174,6 +247,11 @@ struct SimulatedDevice::Core {
         continue;  // a failed stream runs nothing more, as a faulted CUDA context
       }
       lock.unlock();
+      // Frees and event marks touch no device memory: they need not open the gate.
+      if (!op.always && !open) {
+        memory->enter_operation();
+        open = true;
+      }
       if (options.operation_delay.count() > 0 && !op.always)
         std::this_thread::sleep_for(options.operation_delay);
       std::optional<std::string> error;
@@ -194,6 +272,8 @@ struct SimulatedDevice::Core {
       if (error && !failure) failure = std::move(error);
       finished_one();
     }
+    lock.unlock();
+    if (open) memory->leave_operation();
   }
 
   // Whether the operation about to run is the one options.fail_operation names. Worker only.
@@ -237,9 +317,14 @@ struct SimulatedDevice::Core {
     }
     {
       std::lock_guard lock(memory->mutex);
-      memory->ranges.erase(reinterpret_cast<uintptr_t>(mapping));
+      memory->retire(reinterpret_cast<uintptr_t>(mapping));
     }
     auto unmap = [shared = memory, mapping, mapped, free_mapping = std::move(free_mapping)] {
+      {
+        // Out of the gate's reach first: a stream of the device may be opening it right now.
+        std::lock_guard inner(shared->mutex);
+        shared->forget_retired(reinterpret_cast<uintptr_t>(mapping));
+      }
       if (free_mapping)
         free_mapping();
       else

@@ -104,14 +104,13 @@ void DispatchStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* slot
   if (!landing_at_.empty() && landing_at_[d] >= 0) rows_in_place_ += rows;  // sent from here
   backend.pack_rows(source_, sink,
                     std::span<const int32_t>(routing_.tokens_to[d]).subspan(first, rows));
-}
-
-void DispatchStreams::filled(int d, uint64_t first, uint64_t rows, const std::byte* slot) {
-  // A device call's rows for a node peer's landing region went into the slot (fill): the host
-  // moves the token bytes on, now that the kernel wrote them.
-  if (!on_device_ || x_to_.empty() || x_to_[d] == nullptr) return;
-  std::memcpy(x_to_[d] + first * format.hidden_bytes, slot + ep::RowAreas::of(rows, format).x,
-              rows * format.hidden_bytes);
+  // A device call's kernels cannot store into a node peer's landing region (host memory the
+  // device does not map), so its rows went into the slot, which may be device memory (the
+  // peer's device arena): the device's stream copies the token bytes on, after the packing and
+  // before the chunk is sent (the send waits for the work queued so far). Never the host: it
+  // cannot read device memory.
+  if (on_device_ && store_at != nullptr)
+    backend.copy_rows(store_at, slot + areas.x, static_cast<int64_t>(rows), format.hidden_bytes);
 }
 
 void DispatchStreams::take(int s, uint64_t, uint64_t first, uint64_t rows, const std::byte* slot) {

@@ -54,7 +54,6 @@ class DispatchStreams : public RowStreams {
   uint64_t rows_in_place() const { return rows_in_place_; }
 
   void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
-  void filled(int destination, uint64_t first, uint64_t rows, const std::byte* slot) override;
   void take(int source, uint64_t chunk, uint64_t first, uint64_t rows,
             const std::byte* slot) override;
   // This rank's rows to itself, straight into the outputs.

@@ -113,9 +113,8 @@ void StreamRun::send(int d) {
   clock_.lap(&PhaseTimes::pack_ns);
   filling_[d] = 1;
   publish_.after_work(
-      [this, d, j, rows, slot] {
+      [this, d, j, rows] {
         clock_.lap(&PhaseTimes::pack_ns);  // waiting for the backend's packing
-        streams_.filled(d, streams_.out[d].first_row(j), rows, slot);
         post(d, j, rows);
       },
       to.posts_in_stream_order());
@@ -267,9 +266,8 @@ void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, Buf
     streams.fill(d, 0, p.rows, slot);
     clock.lap(&PhaseTimes::pack_ns);
     publish.after_work(
-        [&, d, slot] {
+        [&, d] {
           clock.lap(&PhaseTimes::pack_ns);
-          streams.filled(d, 0, streams.out[d].rows, slot);
           session.channel(d).send_eager(
               call, area_bytes(streams.out[d].rows, streams.stream_format(d)), phase);
           clock.lap(&PhaseTimes::post_ns);

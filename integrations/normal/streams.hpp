@@ -40,10 +40,6 @@ class RowStreams {
   // Rows [first, first + rows) of the stream to `destination`, written into `slot` as
   // gpu_side::ep::RowAreas of `rows` rows.
   virtual void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) = 0;
-  // The backend's work for those rows is done; the chunk is sent when this returns.
-  virtual void filled(int destination, uint64_t first, uint64_t rows, const std::byte* slot) {
-    (void)destination, (void)first, (void)rows, (void)slot;
-  }
   // Chunk `chunk` from `source` (its rows [first, first + rows)) has arrived in `slot`; the slot
   // is handed back once the backend's work queued so far is done (combine may still read it:
   // combine_rows.hpp says when).

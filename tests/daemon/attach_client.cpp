@@ -4,10 +4,14 @@
 // per-client life (map, open, register, connect, start, stop, deregister, unmap) in ~10 ms,
 // which is what lets a test run 100 connect/crash cycles.
 //
-//   attach_client --socket PATH [--peer HEX] [--end detach|exit|kill|hold]
-// Prints "address HEX" once the daemon opened its endpoint, "started" once it runs and
-// "attach_ms T" (connect, handshake, mapping, endpoint, registration, start); `hold` then waits
-// for stdin to close. Exit 0 on success; 2 with the error on stderr.
+//   attach_client --socket PATH [--peer HEX] [--end detach|exit|kill|hold] [--job-tag HEX]
+//                 [--pause-after-open] [--descriptors HEX,HEX]
+// Prints "address HEX" and "arena HEX" once the daemon opened its endpoint, "started" once it
+// runs and "attach_ms T" (connect, handshake, mapping, endpoint, registration, start); `hold`
+// then waits for stdin to close. --job-tag: the job's tag in the attach request (as
+// control::daemon_job_tag makes it); --pause-after-open: waits for a line on stdin before it
+// connects; --descriptors: the arena descriptors it sends for ranks 0 and 1, "own" for its own
+// (default: own,own). Exit 0 on success; 2 with the error on stderr.
 #include "common/host_memory.hpp"
 #include "control/daemon_connection.hpp"
 #include "gpu_side/doorbell.hpp"
@@ -23,12 +27,21 @@
 using namespace proxyep;
 
 int main(int argc, char** argv) {
-  std::string socket, peer, end = "detach";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  std::string socket, peer, end = "detach", job_tag, descriptors;
+  bool pause_after_open = false;
+  for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--pause-after-open") {
+      pause_after_open = true;
+      continue;
+    }
+    if (i + 1 >= argc) break;
     if (flag == "--socket") socket = argv[i + 1];
     if (flag == "--peer") peer = argv[i + 1];
     if (flag == "--end") end = argv[i + 1];
+    if (flag == "--job-tag") job_tag = argv[i + 1];
+    if (flag == "--descriptors") descriptors = argv[i + 1];
+    ++i;
   }
   try {
     const auto timeout = std::chrono::milliseconds(5000);
@@ -53,19 +66,35 @@ int main(int argc, char** argv) {
     const int fds[] = {arena.fd(), staging.fd(), ring_memory.fd(), doorbell.fd(),
                        relay_memory.fd()};
     const Deadline deadline(timeout);
-    auto opened = daemon.request({{"proxyep", "attach"}, {"rank", 0}, {"ranks", 2}}, fds, "opened",
-                                 deadline, "attach_client");
+    nlohmann::json attach{{"proxyep", "attach"}, {"rank", 0}, {"ranks", 2}};
+    if (!job_tag.empty()) attach["job_tag"] = job_tag;
+    auto opened = daemon.request(attach, fds, "opened", deadline, "attach_client");
     lap("opened");
     const std::string own = opened["addresses"];
-    std::cout << "address " << own << std::endl;
-    daemon.request({{"proxyep", "connect"}, {"addresses", {own, peer.empty() ? own : peer}}}, {},
-                   "connected", deadline, "attach_client");
-    lap("connected");
     const std::string arena_descriptor = opened["arena"];
-    daemon.request({{"proxyep", "arenas"}, {"descriptors", {arena_descriptor, arena_descriptor}}},
-                   {}, "arenas_added", deadline, "attach_client");
+    std::cout << "address " << own << std::endl << "arena " << arena_descriptor << std::endl;
+    if (pause_after_open) {
+      std::string line;
+      std::getline(std::cin, line);
+    }
+    // The pause may outlast the first deadline.
+    const Deadline connect_deadline(timeout);
+    daemon.request({{"proxyep", "connect"}, {"addresses", {own, peer.empty() ? own : peer}}}, {},
+                   "connected", connect_deadline, "attach_client");
+    lap("connected");
+    nlohmann::json sent = {arena_descriptor, arena_descriptor};
+    if (!descriptors.empty()) {
+      const auto comma = descriptors.find(',');
+      const auto own_if_asked = [&](std::string text) {
+        return text == "own" ? arena_descriptor : text;
+      };
+      sent = {own_if_asked(descriptors.substr(0, comma)),
+              own_if_asked(comma == std::string::npos ? "" : descriptors.substr(comma + 1))};
+    }
+    daemon.request({{"proxyep", "arenas"}, {"descriptors", sent}}, {}, "arenas_added",
+                   connect_deadline, "attach_client");
     lap("arenas_added");
-    daemon.request({{"proxyep", "start"}}, {}, "started", deadline, "attach_client");
+    daemon.request({{"proxyep", "start"}}, {}, "started", connect_deadline, "attach_client");
     lap("started");
     const auto took =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - began);

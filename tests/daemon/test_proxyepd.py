@@ -730,6 +730,7 @@ def case_daemon_isolation(c):
         line = holder.stdout.readline()
         check(line.startswith("address "), f"the first client said {line!r}")
         victim = line.split()[1]
+        check(holder.stdout.readline().startswith("arena "), "the first client printed no arena")
         check(holder.stdout.readline().strip() == "started", "the first client did not start")
         intruder = subprocess.run([c.attach_client, "--socket", path, "--peer", victim],
                                   capture_output=True, text=True, timeout=30)
@@ -738,6 +739,97 @@ def case_daemon_isolation(c):
               f"the refusal does not say why: {intruder.stderr}")
         holder.stdin.close()
         check(holder.wait(timeout=30) == 0, "the first client could not detach after the refusal")
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
+
+
+JOB_A = "a" * 64  # job tags as control::daemon_job_tag writes them (an HMAC in hex)
+JOB_B = "b" * 64
+
+
+def attach_client_run(c, path, *args):
+    """Runs attach_client to the end: (exit code, stdout, stderr)."""
+    done = subprocess.run([c.attach_client, "--socket", path, *args], capture_output=True,
+                          text=True, timeout=30)
+    return done.returncode, done.stdout, done.stderr
+
+
+def served_after_refusal(c, path):
+    """A client of a well-behaved job is served after a refusal: the daemon went on."""
+    code, out, err = attach_client_run(c, path, "--job-tag", JOB_A)
+    check(code == 0 and "started" in out, f"the next client was not served: {err}")
+
+
+def case_daemon_isolation_race(c):
+    """A job's rank is bound to the job from its attach on: another job (another tag) that names
+    the rank's endpoint before the rank has connected is refused, and the rank then runs."""
+    path = c.socket_path()
+    os.environ.update(PROXYEP_FABRIC_PROVIDER="tcp")
+    c.start(path)
+    victim = subprocess.Popen([c.attach_client, "--socket", path, "--job-tag", JOB_A,
+                               "--pause-after-open", "--end", "hold"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        line = victim.stdout.readline()
+        check(line.startswith("address "), f"the victim said {line!r}")
+        address = line.split()[1]
+        # The victim has its endpoint but has not connected: the intruder comes first.
+        code, _, err = attach_client_run(c, path, "--job-tag", JOB_B, "--peer", address)
+        check(code == 2, "a client of another job named a rank before it connected and was served")
+        check("of another job on this daemon" in err and "credentials differ" in err,
+              f"the refusal does not say why: {err}")
+        # A client of no job at all (no tag) is refused as well.
+        code, _, err = attach_client_run(c, path, "--peer", address)
+        check(code == 2 and "of another job on this daemon" in err,
+              f"an untagged client named a tagged job's rank: {code} {err}")
+        victim.stdin.write("go\n")
+        victim.stdin.flush()
+        check(victim.stdout.readline().startswith("arena "), "the victim printed no arena")
+        line = victim.stdout.readline().strip()
+        check(line == "started", f"the victim did not start after the refusal: {line!r}")
+        victim.stdin.close()
+        check(victim.wait(timeout=30) == 0, f"the victim failed: {victim.stderr.read()}")
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+
+
+def case_daemon_bad_descriptors(c):
+    """Malformed requests and region descriptors are refused, naming what is wrong, before
+    anything is registered; the daemon serves the next client."""
+    path = c.socket_path()
+    os.environ.update(PROXYEP_FABRIC_PROVIDER="tcp")
+    c.start(path)
+    # A first client, held: its arena descriptor is what a second one tries to claim.
+    holder = subprocess.Popen([c.attach_client, "--socket", path, "--job-tag", JOB_A,
+                               "--end", "hold"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        check(holder.stdout.readline().startswith("address "), "the holder printed no address")
+        other_arena = holder.stdout.readline().split()[1]
+        check(holder.stdout.readline().strip() == "started", "the holder did not start")
+        cases = [
+            (["--job-tag", "xyz"], "'job_tag' must be 64 lower-case hex digits"),
+            (["--descriptors", "zz,own"], "descriptors"),
+            (["--descriptors", "own,00ff"], "rank 1's arena descriptor is malformed"),
+            (["--descriptors", "00ff,own"],
+             "rank 0's arena descriptor is not the one this daemon gave it"),
+            # Another client's arena as its own: writes aimed at memory it was not given.
+            (["--descriptors", f"{other_arena},own"],
+             "rank 0's arena descriptor is not the one this daemon gave it"),
+            (["--descriptors", "own,"], "rank 1's arena descriptor is empty"),
+        ]
+        for args, expected in cases:
+            code, _, err = attach_client_run(c, path, *args)
+            check(code == 2 and expected in err,
+                  f"attach_client {' '.join(args)}: exit {code}, expected {expected!r} in: {err}")
+            served_after_refusal(c, path)
+        holder.stdin.close()
+        check(holder.wait(timeout=30) == 0, "the holder could not detach after the refusals")
     finally:
         if holder.poll() is None:
             holder.kill()

@@ -144,3 +144,21 @@ TEST_CASE("secret: from the environment only, never echoed, and not both ways") 
   CHECK(contains(error, "11 bytes"));
   CHECK_FALSE(contains(error, "tiny-secret"));
 }
+
+TEST_CASE("daemon job tag: only the secret's holders can make it, one per job") {
+  auto with = [](std::string job_id, std::string secret) {
+    control::JobCredentials credentials;
+    credentials.job_id = std::move(job_id);
+    if (!secret.empty())
+      credentials.secret = std::make_shared<const SecretBytes>(
+          std::span(reinterpret_cast<const uint8_t*>(secret.data()), secret.size()));
+    return control::daemon_job_tag(credentials);
+  };
+  const std::string tag = with("job-1", "0123456789abcdef0123456789abcdef");
+  CHECK(tag.size() == 64);
+  CHECK(tag.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(tag == with("job-1", "0123456789abcdef0123456789abcdef"));  // every rank the same
+  CHECK(tag != with("job-2", "0123456789abcdef0123456789abcdef"));  // another job id
+  CHECK(tag != with("job-1", "fedcba9876543210fedcba9876543210"));  // another secret
+  CHECK(with("job-1", "").empty());  // no secret: no tag (the daemon compares address lists)
+}

@@ -1,8 +1,9 @@
 // unit.gpu_side_device_fault: host code that reads simulated device memory faults, as reading a
-// GPU's memory from the host would. The protection is the CPU's memory protection keys
-// (gpu_side/device/thread_access_key.hpp); where the CPU or the kernel has none, nothing stops
-// the read, and this test exits 77, which ctest reports as skipped, so a run without the check
-// says so instead of counting it as passed.
+// GPU's memory from the host would: by the CPU's memory protection keys where it has them
+// (gpu_side/device/thread_access_key.hpp), else by the gate that keeps device memory PROT_NONE
+// while the device runs nothing (simulated_device_core.hpp), which is what runs on this
+// project's CI. Where neither holds the test exits 77, which ctest reports as skipped, so a run
+// without the check says so instead of counting it as passed.
 // Its own program, not a doctest case: a doctest case cannot end as "skipped" for ctest.
 #include "gpu_side/device/simulated_device.hpp"
 
@@ -21,8 +22,8 @@ int main() {
   SimulatedDevice dev;
   if (!dev.device_memory_protected()) {
     std::printf(
-        "SKIPPED: no memory protection keys on this machine (CPU or kernel): host reads of "
-        "simulated device memory are not stopped here\n");
+        "SKIPPED: the simulated device's memory is not protected here: host reads of it are "
+        "not stopped\n");
     return kSkipped;
   }
   auto memory = dev.allocate(4096);
