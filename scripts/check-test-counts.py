@@ -2,7 +2,9 @@
 """Checks that a test part ran every suite it should: per ctest label, the number of tests that
 ran (passed or failed, not skipped) must be at least what tests/expected-test-counts.json says for
 that part. A suite that stopped registering (a dependency gone, a CMake condition turned false)
-or started skipping then fails the run instead of leaving it green and smaller.
+or started skipping then fails the run instead of leaving it green and smaller. Excused: tests
+that skip because the machine lacks what they need and that no install can give (the testbed's
+without CAP_NET_ADMIN, e.g. in a container; a root-only case for another user).
 
 Usage (scripts/test.sh runs it after each full test part):
   check-test-counts.py --build build/release --junit FILE --part release
@@ -11,6 +13,7 @@ Usage (scripts/test.sh runs it after each full test part):
 """
 import argparse
 import json
+import os
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -31,6 +34,25 @@ def labels_by_test(build):
     return labels
 
 
+def has_net_admin():
+    """Whether this process has CAP_NET_ADMIN (bit 12 of CapEff), which the testbed needs."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> 12 & 1)
+    return False
+
+
+def excused(name, labels):
+    """Why a skipped test may count as run: it needs what this machine lacks and says so by
+    skipping (a container without CAP_NET_ADMIN, a user who is not root). "" when not excused."""
+    if "testbed" in labels and not has_net_admin():
+        return "no CAP_NET_ADMIN"
+    if name == "daemon.other_uid_refused" and os.geteuid() != 0:
+        return "not root"
+    return ""
+
+
 def ran_and_skipped(junit):
     """(names of the tests that ran, names of those that were skipped) in ctest's JUnit file."""
     ran, skipped = [], []
@@ -49,6 +71,12 @@ def main():
 
     labels = labels_by_test(args.build)
     ran, skipped = ran_and_skipped(args.junit)
+    for name in list(skipped):
+        why = excused(name, labels.get(name, []))
+        if why and not args.update:
+            print(f"check-test-counts: {name} skipped ({why} here): counted as run", file=sys.stderr)
+            skipped.remove(name)
+            ran.append(name)
     counts = Counter(label for name in ran for label in labels.get(name, ["(no label)"]))
     manifest = json.loads(MANIFEST.read_text()) if MANIFEST.exists() else {}
     if args.update:
