@@ -105,9 +105,7 @@ class Case:
 
     def close(self):
         for process, _ in self.daemons:
-            if process.poll() is None:
-                process.kill()  # by its pid; only processes this case started
-                process.wait()
+            end_process(process)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def socket_path(self, name="run/proxyepd.sock"):
@@ -139,6 +137,13 @@ class Case:
         start = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True, timeout=60)
         return done, time.monotonic() - start
+
+
+def end_process(process):
+    """Kills `process` (a Popen this case started, by its pid) unless it has ended, and reaps it."""
+    if process.poll() is None:
+        process.kill()
+        process.wait()
 
 
 def read(path):
@@ -740,9 +745,7 @@ def case_daemon_isolation(c):
         holder.stdin.close()
         check(holder.wait(timeout=30) == 0, "the first client could not detach after the refusal")
     finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
+        end_process(holder)
 
 
 JOB_A = "a" * 64  # job tags as control::daemon_job_tag writes them (an HMAC in hex)
@@ -793,9 +796,7 @@ def case_daemon_isolation_race(c):
         victim.stdin.close()
         check(victim.wait(timeout=30) == 0, f"the victim failed: {victim.stderr.read()}")
     finally:
-        if victim.poll() is None:
-            victim.kill()
-            victim.wait()
+        end_process(victim)
 
 
 def case_daemon_bad_descriptors(c):
@@ -831,9 +832,7 @@ def case_daemon_bad_descriptors(c):
         holder.stdin.close()
         check(holder.wait(timeout=30) == 0, "the holder could not detach after the refusals")
     finally:
-        if holder.poll() is None:
-            holder.kill()
-            holder.wait()
+        end_process(holder)
 
 
 def case_stale_shm_swept(c):
