@@ -276,14 +276,15 @@ void ServedRank::add_arenas(const std::vector<fabric::Bytes>& descriptors,
           device_arena_descriptors.size(), request_.ranks);
   // Every descriptor is checked before anything is registered, so a refused list leaves the
   // region table as it was (and the client's connection ends with the reason).
-  const auto arenas = checked_descriptors("arena", descriptors, arena_descriptor(), true);
+  const auto arenas = checked_descriptors(Descriptors::arena, descriptors, arena_descriptor());
   const auto landings =
-      landing ? checked_descriptors("landing", landing_descriptors, landing_descriptor(), false)
+      landing ? checked_descriptors(Descriptors::landing, landing_descriptors, landing_descriptor())
               : std::vector<std::optional<fabric::RegionDescriptor>>{};
-  const auto device_arenas = device_arena_descriptors.empty()
-                                 ? std::vector<std::optional<fabric::RegionDescriptor>>{}
-                                 : checked_descriptors("device arena", device_arena_descriptors,
-                                                       device_arena_descriptor(), false);
+  const auto device_arenas =
+      device_arena_descriptors.empty()
+          ? std::vector<std::optional<fabric::RegionDescriptor>>{}
+          : checked_descriptors(Descriptors::device_arena, device_arena_descriptors,
+                                device_arena_descriptor());
   if (landing)
     state_->engine->regions().add_local(proxy::FabricLink::kLandingRegion, *state_->landing_region);
   for (int r = 0; r < request_.ranks; ++r) {
@@ -299,8 +300,11 @@ void ServedRank::add_arenas(const std::vector<fabric::Bytes>& descriptors,
 }
 
 std::vector<std::optional<fabric::RegionDescriptor>> ServedRank::checked_descriptors(
-    std::string_view kind, const std::vector<fabric::Bytes>& serialized,
-    const std::optional<fabric::Bytes>& own, bool same_length) const {
+    Descriptors which, const std::vector<fabric::Bytes>& serialized,
+    const std::optional<fabric::Bytes>& own) const {
+  const std::string_view kind = which == Descriptors::arena     ? "arena"
+                                : which == Descriptors::landing ? "landing"
+                                                                : "device arena";
   const auto own_rank = static_cast<size_t>(request_.rank);
   // This client's own entry must be the region this daemon registered for it, byte for byte:
   // a client cannot point its own rank's writes at memory it was not given.
@@ -312,7 +316,8 @@ std::vector<std::optional<fabric::RegionDescriptor>> ServedRank::checked_descrip
   for (size_t r = 0; r < serialized.size(); ++r) {
     if (serialized[r].empty()) {
       // Only a device arena may be missing (a rank that registered none).
-      require(kind == "device arena", kPhase, "rank {}'s {} descriptor is empty", r, kind);
+      require(which == Descriptors::device_arena, kPhase, "rank {}'s {} descriptor is empty", r,
+              kind);
       continue;
     }
     try {
@@ -325,7 +330,7 @@ std::vector<std::optional<fabric::RegionDescriptor>> ServedRank::checked_descrip
             out[r]->length, out[r]->rails.size());
     // Every rank's arena has the one layout the job agreed on (proxy/arena_layout.hpp), so a
     // longer one is a lie about the peer's memory, and a shorter one a broken launch.
-    if (same_length && mine)
+    if (which == Descriptors::arena && mine)
       require(out[r]->length == mine->length, kPhase,
               "rank {}'s {} descriptor is {} bytes long; every rank's is {} (this one's)", r, kind,
               out[r]->length, mine->length);

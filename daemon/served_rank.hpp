@@ -153,13 +153,16 @@ class ServedRank {
   uint64_t relayed() const { return state_->relay ? state_->relay->relayed() : 0; }
 
  private:
+  // The descriptor lists of add_arenas(): arenas are all as long as this rank's (one layout per
+  // job); a device arena may be missing (a rank that registered none).
+  enum class Descriptors { arena, landing, device_arena };
   // `serialized` (one per rank) deserialized, after the checks add_arenas() promises: each well
   // formed and naming memory, this rank's own equal to `own` (what it registered; none: empty),
-  // and with `same_length` every one as long as `own`. nullopt where a rank sent none (device
-  // arenas only). Throws proxyep::Error naming the rank and the kind.
+  // and the rules of `which`. nullopt where a rank sent none. Throws proxyep::Error naming the
+  // rank and the list.
   std::vector<std::optional<fabric::RegionDescriptor>> checked_descriptors(
-      std::string_view kind, const std::vector<fabric::Bytes>& serialized,
-      const std::optional<fabric::Bytes>& own, bool same_length) const;
+      Descriptors which, const std::vector<fabric::Bytes>& serialized,
+      const std::optional<fabric::Bytes>& own) const;
   // Opens the client's device memory `offer` (of device `kind`) and registers it (FI_HMEM) into
   // `memory` and `region`, the proxy threads held out of their passes once they run: "" when
   // it is, else why not (the client's host memory then serves).
