@@ -85,11 +85,12 @@ struct PhaseTimes {
 // What this rank's calls moved and how (Buffer::stats()): for tuning num_nvl_bytes,
 // num_rdma_bytes, ep.chunk_bytes and ep.eager_bytes, and for checking that calls streamed.
 struct BufferStats {
-  uint64_t calls = 0;            // normal-mode dispatches and combines completed
-  uint64_t eager_streams = 0;    // (call, destination) pairs sent with the notify record
-  uint64_t chunks_sent = 0;      // chunks of the other pairs, to node peers and other nodes
-  uint64_t chunks_received = 0;  // likewise, received
-  uint64_t credit_stalls = 0;    // times a pair with chunks left waited for a credit or a slot
+  uint64_t calls = 0;             // normal-mode dispatches and combines completed
+  uint64_t eager_streams = 0;     // (call, destination) pairs sent with the notify record
+  uint64_t chunks_sent = 0;       // chunks of the other pairs, to node peers and other nodes
+  uint64_t chunks_received = 0;   // likewise, received
+  uint64_t chunks_to_fabric = 0;  // of chunks_sent, those to other nodes (the Config's RDMA sizes)
+  uint64_t credit_stalls = 0;     // times a pair with chunks left waited for a credit or a slot
   // Combine chunks the reduce read where they landed (streams of several chunks, all within
   // their window) instead of gathering them first.
   uint64_t chunks_reduced_in_place = 0;
@@ -196,7 +197,8 @@ struct DispatchArgs {
   TensorRef topk_weights;                  // f32 [N, K]
   int expert_alignment = 1;
   int num_worst_tokens = 0;
-  std::optional<Config> config;  // accepted for DeepEP callers; chunking ignores it (config.hpp)
+  // Its RDMA chunk sizes chunk the streams to other nodes; the rest is accepted (config.hpp).
+  std::optional<Config> config;
   // Return once the outputs exist (after the notify phase, which sizes them) and move the rows
   // on the Buffer's communication thread; DispatchResult::event joins it. x and the other inputs
   // are read until then: keep them alive and unchanged.
@@ -230,7 +232,7 @@ struct CombineArgs {
   const DispatchHandle* handle = nullptr;
   TensorRef topk_weights;        // f32 [num_recv, K] or None
   TensorRef bias0, bias1;        // bf16 [N, H] or None
-  std::optional<Config> config;  // accepted, ignored (as in DispatchArgs)
+  std::optional<Config> config;  // as in DispatchArgs
   // Return at once (the arguments checked, the outputs allocated) and run the whole call on the
   // Buffer's communication thread; CombineResult::event joins it. The inputs and the handle's
   // tensors are read until then.

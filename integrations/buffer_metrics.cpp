@@ -50,6 +50,8 @@ void collect_calls(MetricsSink& sink, const BufferStats& s) {
                  s.eager_streams},
            Count{"proxyep_chunks_sent_total", "Chunks sent to peers", s.chunks_sent},
            Count{"proxyep_chunks_received_total", "Chunks received from peers", s.chunks_received},
+           Count{"proxyep_chunks_to_fabric_total", "Chunks sent to other nodes",
+                 s.chunks_to_fabric},
            Count{"proxyep_credit_stalls_total",
                  "Times a stream with chunks left waited for a credit or a free slot",
                  s.credit_stalls},

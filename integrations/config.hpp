@@ -1,9 +1,13 @@
 // proxyep::Config: DeepEP V1's deep_ep.Config (DEEPEP_COMPAT 1.5): the chunking knobs, their
 // invariants, the default tables per rank count and the buffer size hints. The tables are
-// DeepEP's, unchanged, so callers that pass configs tuned for DeepEP keep working: dispatch and
-// combine accept a Config but ProxyEP's CPU backend does not read it; its chunks follow from the
-// Buffer's memory, ep.chunk_bytes and ep.eager_bytes (integrations/normal/chunk_plan.hpp). The
-// hints size a Buffer as DeepEP would (smaller than nvl_bytes_hint's whole calls: calls stream).
+// DeepEP's, unchanged, so callers that pass configs tuned for DeepEP keep working. What a call
+// reads of its Config: the RDMA chunk sizes, as DeepEP's internode kernels do, on its streams to
+// other nodes (chunks of at most num_max_rdma_chunked_send_tokens rows, at most
+// num_max_rdma_chunked_recv_tokens rows in flight; the Buffer's slots bound both:
+// integrations/normal/chunk_plan.hpp's FabricChunking). The rest (num_sms, the NVL sizes) is
+// accepted and checked but not read: inside a node, chunks follow from the Buffer's memory,
+// ep.chunk_bytes and ep.eager_bytes. The hints size a Buffer as DeepEP would (smaller than
+// nvl_bytes_hint's whole calls: calls stream).
 #pragma once
 
 #include <cstdint>

@@ -172,10 +172,13 @@ void FabricChannel::begin_streams(uint64_t call, std::string_view phase) {
     fail(std::string(phase), "stream to rank {}: {}", peer(), credits_->last_error());
 }
 
-bool FabricChannel::can_send(uint64_t, const SlotShape&) const {
+bool FabricChannel::can_send(uint64_t, const SlotShape& shape) const {
   // The staging slot this chunk is packed into must have been read by its previous write.
   if (!link_.retired(staged_at_[next_staging_slot()])) return false;
-  return credits_->available() > 0;
+  // At most the stream's window in flight: chunk j lands in slot j % shape.window, and a window
+  // narrower than the credits' (DeepEP's RDMA chunking, chunk_plan.hpp) would otherwise have it
+  // overwrite a chunk not yet read. The receiver credits in the same window.
+  return credits_->available() > 0 && credits_->posted() - credits_->acked() < shape.window;
 }
 
 std::byte* FabricChannel::send_buffer(uint64_t, const SlotShape&) {

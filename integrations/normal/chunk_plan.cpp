@@ -1,6 +1,8 @@
 // Chunk stream arithmetic (chunk_plan.hpp).
 #include "integrations/normal/chunk_plan.hpp"
 
+#include "common/error.hpp"
+
 #include <fmt/format.h>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -40,6 +42,30 @@ ChunkPlan plan_stream(uint64_t rows, const ep::RowFormat& format,
   if (fits_eager(rows, format, eager_bytes))
     return ChunkPlan::whole(rows, eager_bytes, /*eager=*/true);
   return plan_in_slots(rows, format, geometry);
+}
+
+ChunkPlan limit_chunks(ChunkPlan plan, FabricChunking chunking) {
+  if (chunking.none() || plan.eager || plan.rows == 0 || plan.rows_per_chunk == 0) return plan;
+  const uint64_t send = chunking.send_rows;
+  if (plan.rows_per_chunk > send) {
+    plan.rows_per_chunk = send;
+    plan.chunks = (plan.rows + send - 1) / send;
+  }
+  // A whole-stream plan (one chunk, window 1) keeps its window; a slotted one gets DeepEP's.
+  const uint64_t in_flight = std::max<uint64_t>(1, chunking.recv_rows / send);
+  plan.window = static_cast<uint32_t>(std::min<uint64_t>(plan.window, in_flight));
+  return plan;
+}
+
+FabricChunking fabric_chunking_of(const std::optional<Config>& config, std::string_view phase) {
+  if (!config) return {};
+  const int send = config->num_max_rdma_chunked_send_tokens;
+  const int recv = config->num_max_rdma_chunked_recv_tokens;
+  require(send > 0 && recv >= send, phase,
+          "config: num_max_rdma_chunked_send_tokens ({}) must be positive and at most "
+          "num_max_rdma_chunked_recv_tokens ({})",
+          send, recv);
+  return {.send_rows = static_cast<uint32_t>(send), .recv_rows = static_cast<uint32_t>(recv)};
 }
 
 bool fits_one_row(const ep::RowFormat& format, const proxy::SlotGeometry& geometry,

@@ -9,11 +9,14 @@
 #pragma once
 
 #include "gpu_side/ep/row_format.hpp"
+#include "integrations/config.hpp"
 #include "proxy/arena_layout.hpp"
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace proxyep::integrations::normal {
 
@@ -42,6 +45,27 @@ struct ChunkPlan {
     return std::min(rows_per_chunk, rows - first_row(chunk));
   }
 };
+
+// DeepEP's RDMA chunking (Config::num_max_rdma_chunked_send_tokens and _recv_tokens) on a
+// stream between nodes: chunks of at most `send_rows` rows, and at most `recv_rows` rows (so
+// recv_rows / send_rows chunks) in the receiver's slots at once. The slots still bound both: a
+// chunk never outgrows a slot, nor the window the slots' count. 0 and 0: as the slots allow. The
+// sender's travels in its notify record, so the receiver plans the same chunks.
+struct FabricChunking {
+  uint32_t send_rows = 0;
+  uint32_t recv_rows = 0;
+
+  bool operator==(const FabricChunking&) const = default;
+  bool none() const { return send_rows == 0; }
+};
+
+// `plan` in `chunking`'s chunks (an eager plan, an empty one and chunking none(): unchanged).
+ChunkPlan limit_chunks(ChunkPlan plan, FabricChunking chunking);
+
+// A call's chunking of its streams to other nodes from the caller's Config (DeepEP's RDMA chunk
+// sizes; none without a Config). Throws proxyep::Error(phase), before anything is sent, for one
+// that breaks DeepEP's rules on them (a C++ caller may set the fields by hand).
+FabricChunking fabric_chunking_of(const std::optional<Config>& config, std::string_view phase);
 
 // Rows of `format` that fit `slot_bytes` (0 when not even one does).
 uint64_t rows_per_slot(uint64_t slot_bytes, const gpu_side::ep::RowFormat& format);

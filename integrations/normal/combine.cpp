@@ -27,6 +27,7 @@ struct CheckedCombine {
   int64_t hidden = 0;
   int topk = 0;  // 0: no weights travel
   ep::RowFormat format;
+  FabricChunking fabric_chunking;  // the Config's RDMA chunk sizes (chunk_plan.hpp)
 };
 
 // All on the calling rank, before anything is sent.
@@ -35,6 +36,7 @@ CheckedCombine check_combine_args(const CombineArgs& a, bool on_device, uint64_t
   const DispatchHandle& h = *a.handle;
   require(h.buffer_id == buffer_id, kPhase, "the handle was made by another Buffer");
   const int64_t num_recv = h.num_recv_tokens;
+  const FabricChunking chunking = fabric_chunking_of(a.config, kPhase);
   ep::require_dtype(a.x, DType::bf16, kPhase, "x");
   if (on_device)
     require(a.x.device == ep::Device::cuda, kPhase, "x must be device memory; got {}", a.x);
@@ -45,6 +47,7 @@ CheckedCombine check_combine_args(const CombineArgs& a, bool on_device, uint64_t
           a.x);
   ep::require_contiguous(a.x, kPhase, "x");
   CheckedCombine c;
+  c.fabric_chunking = chunking;
   c.hidden = a.x.cols;
   require(c.hidden > 0 && (c.hidden * 2) % ep::kRowUnitBytes == 0, kPhase,
           "hidden * 2 bytes must be a positive multiple of {}; x is {}", ep::kRowUnitBytes, a.x);
@@ -142,6 +145,7 @@ CombineResult NormalMode::combine(const CombineArgs& args, const DeviceCall* dev
     c->streams->out = plan_streams(session_, in.format, c->rows_to);
     c->streams->in = plan_streams(session_, in.format, c->dispatched.sent_by(me));
   }
+  chunk_fabric_out(session_, *c->streams, in.fabric_chunking);
   c->out.combined_x = backend.allocate(DType::bf16, c->handle.num_tokens, in.hidden);
   if (in.topk > 0)
     c->out.combined_topk_weights = backend.allocate(DType::f32, c->handle.num_tokens, in.topk);
@@ -164,6 +168,7 @@ void NormalMode::run_combine(CombineCall& c) {
   header.kind = CallKind::combine;
   header.num_tokens = static_cast<uint32_t>(h.num_tokens);
   header.format = in.format;
+  header.fabric_chunking = in.fabric_chunking;
   const auto records = calls_.step([&] {
     if (!c.hierarchical)
       return exchange_records(session_, call, encoder_, header, c.rows_to, {}, kPhase);
@@ -177,6 +182,7 @@ void NormalMode::run_combine(CombineCall& c) {
                                          kPhase);
   });
   agree_combine(call, session_.rank(), records, c.dispatched);
+  chunk_fabric_in(session_, streams, records);
   clock.lap(&PhaseTimes::notify_ns);
   calls_.step([&] {
     const uint64_t from_caller = stats_.chunks_sent_from_caller;

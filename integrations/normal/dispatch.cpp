@@ -70,12 +70,14 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
                   fits_one_row(s->fabric_format(), session_.channel(r).slots(), &why),
               kPhase, "{}", why);
     s->plan_sends();
+    chunk_fabric_out(session_, *s, in.fabric_chunking);
     hier_streams = s.get();
     d->streams = std::move(s);
   } else {
     d->streams = std::make_unique<DispatchStreams>(*d->backend, d->in, a, d->routing,
                                                    shape_for(in.num_experts), me, d->on_device);
     d->streams->out = plan_streams(session_, in.format, d->routing.rows_to);
+    chunk_fabric_out(session_, *d->streams, in.fabric_chunking);
   }
   DispatchStreams& streams = *d->streams;
   clock.lap(&PhaseTimes::prepare_ns);
@@ -112,8 +114,10 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   streams.receive_into(d->out, std::move(first_row));
   if (hier_streams != nullptr) {
     hier_streams->plan(records);
+    chunk_fabric_in(session_, streams, records);
   } else {
     streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
+    chunk_fabric_in(session_, streams, records);
     plan_in_place(*d, records, counts);
   }
   finish_handle(d->out, in, a, d->routing, counts, records);
@@ -159,6 +163,7 @@ std::vector<NotifyRecord> NormalMode::notify_dispatch(uint64_t call, const Dispa
   header.expert_alignment = static_cast<uint32_t>(a.expert_alignment);
   header.num_worst_tokens = static_cast<uint32_t>(a.num_worst_tokens);
   header.landing = offer;
+  header.fabric_chunking = in.fabric_chunking;
   const int local_experts = in.num_experts / session_.ranks();
   const auto* per_expert = in.cached ? nullptr : a.num_tokens_per_expert.as<int32_t>();
   if (nodes != nullptr)

@@ -147,6 +147,7 @@ void check_node_counts(const DispatchArgs& a, const DispatchInput& in, int R, in
 DispatchInput check_dispatch_args(const DispatchArgs& a, bool on_device, int ranks,
                                   int ranks_per_node, uint64_t buffer_id) {
   DispatchInput in;
+  in.fabric_chunking = fabric_chunking_of(a.config, kPhase);
   check_x(a, on_device, in);
   check_scales(a, on_device, in);
   require(a.expert_alignment >= 1, kPhase, "expert_alignment must be >= 1; got {}",

@@ -6,6 +6,7 @@
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/row_format.hpp"
 #include "integrations/buffer.hpp"
+#include "integrations/normal/chunk_plan.hpp"
 
 #include <cstdint>
 
@@ -19,6 +20,7 @@ struct DispatchInput {
   bool weights = false;
   int num_experts = 0;  // fresh dispatches only
   gpu_side::ep::RowFormat format;
+  FabricChunking fabric_chunking;  // the Config's RDMA chunk sizes (chunk_plan.hpp)
 };
 
 // `ranks`, `ranks_per_node`: the group's; `buffer_id`: the Buffer whose handles are valid;

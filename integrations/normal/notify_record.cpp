@@ -12,8 +12,8 @@ namespace proxyep::integrations::normal {
 namespace {
 
 constexpr uint32_t kRecordMagic = 0x524e5850;  // "PXNR" read as little-endian bytes
-constexpr uint16_t kRecordVersion = 3;
-constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 * 8 + 4 + 4 + 4;
+constexpr uint16_t kRecordVersion = 4;
+constexpr uint64_t kFixedBytes = 4 + 2 + 2 + 4 + 5 * 4 + 3 * 4 + 4 * 8 + 2 * 4 + 4 + 4 + 4;
 
 std::vector<int32_t> read_counts(ByteReader& r, uint32_t at_most, const char* what, int from,
                                  std::string_view phase) {
@@ -57,6 +57,8 @@ void RecordEncoder::begin(const RecordHeader& h, std::span<const int64_t> rows_t
     w.u64(run.offset);
     w.u64(run.bytes);
   }
+  w.u32(h.fabric_chunking.send_rows);
+  w.u32(h.fabric_chunking.recv_rows);
   // Row counts of one call are below 2^24 (proxy::kMaxStreamChunks): they fit an int32.
   w.u32(static_cast<uint32_t>(rows_to.size()));
   for (int64_t rows : rows_to)
@@ -103,6 +105,13 @@ NotifyRecord decode_record(std::span<const std::byte> payload, int ranks, int fr
     run->offset = r.u64("landing offset");
     run->bytes = r.u64("landing bytes");
   }
+  h.fabric_chunking.send_rows = r.u32("fabric send_rows");
+  h.fabric_chunking.recv_rows = r.u32("fabric recv_rows");
+  const FabricChunking& c = h.fabric_chunking;
+  require(c.none() ? c.recv_rows == 0 : c.recv_rows >= c.send_rows, phase,
+          "the record from rank {} chunks its streams to other nodes by {} rows with {} in "
+          "flight",
+          from, c.send_rows, c.recv_rows);
   rec.rows_to = read_counts(r, static_cast<uint32_t>(ranks), "rows_to", from, phase);
   require(rec.rows_to.size() == static_cast<size_t>(ranks), phase,
           "the record from rank {} counts rows for {} ranks, the group has {}", from,

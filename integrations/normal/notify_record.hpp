@@ -8,12 +8,14 @@
 //   u32 hidden_bytes | u32 scale_cols | u32 topk | u32 weights | u32 src_index |
 //   u32 num_experts | u32 expert_alignment | u32 num_worst_tokens |
 //   u64 fitted offset | u64 fitted bytes | u64 largest offset | u64 largest bytes |
+//   u32 fabric send_rows | u32 fabric recv_rows |
 //   u32 ranks R | i32 rows_to[R] | u32 experts n | i32 experts[n] | i32 fabric_rows
 // The slot's capacity (record_payload_bytes) is fixed by the group size: R rows and up to
 // kMaxLocalExperts expert counts.
 #pragma once
 
 #include "gpu_side/ep/row_format.hpp"
+#include "integrations/normal/chunk_plan.hpp"
 #include "integrations/normal/landing_blocks.hpp"
 
 #include <cstddef>
@@ -38,6 +40,9 @@ struct RecordHeader {
   // A dispatch's offer of free runs of the sender's landing region (landing_zone.hpp) for its
   // recv_x; runs of 0 bytes: none.
   LandingBlocks::Offer landing;
+  // The chunks of the sender's streams to other nodes in this call (its Config's RDMA chunk
+  // sizes), which their receivers plan with.
+  FabricChunking fabric_chunking;
 };
 
 struct NotifyRecord {

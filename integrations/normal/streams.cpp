@@ -32,6 +32,7 @@ class StreamRun {
   bool can_send(int d) const;
   void send(int d);
   void post(int d, uint64_t j, uint64_t rows);
+  void count_sent(int d);
   uint64_t arrived(int s) const;
   bool take_arrived(int s);
   bool pending(int r) const;
@@ -104,7 +105,7 @@ void StreamRun::send(int d) {
                          phase_);
       clock_.lap(&PhaseTimes::post_ns);
       ++sent_[d];
-      ++stats_.chunks_sent;
+      count_sent(d);
       ++stats_.chunks_sent_from_caller;
       return;
     }
@@ -136,7 +137,12 @@ void StreamRun::post(int d, uint64_t j, uint64_t rows) {
   clock_.lap(&PhaseTimes::post_ns);
   filling_[d] = 0;
   ++sent_[d];
+  count_sent(d);
+}
+
+void StreamRun::count_sent(int d) {
   ++stats_.chunks_sent;
+  if (session_.layout().fabric_peer(d)) ++stats_.chunks_to_fabric;
 }
 
 uint64_t StreamRun::arrived(int s) const {
@@ -242,6 +248,19 @@ std::vector<ChunkPlan> plan_streams(const proxy::Session& session, const ep::Row
       plans[r] =
           plan_stream(static_cast<uint64_t>(rows[r]), format, session.channel(r).slots(), eager);
   return plans;
+}
+
+void chunk_fabric_out(const proxy::Session& session, RowStreams& streams, FabricChunking mine) {
+  for (int r = 0; r < session.ranks(); ++r)
+    if (session.layout().fabric_peer(r)) streams.out[r] = limit_chunks(streams.out[r], mine);
+}
+
+void chunk_fabric_in(const proxy::Session& session, RowStreams& streams,
+                     const std::vector<NotifyRecord>& records) {
+  for (int r = 0; r < session.ranks(); ++r)
+    if (session.layout().fabric_peer(r))
+      streams.in[r] =
+          limit_chunks(streams.in[r], records[static_cast<size_t>(r)].header.fabric_chunking);
 }
 
 void require_row_fits(const proxy::Session& session, const ep::RowFormat& format,

@@ -17,6 +17,7 @@
 #include "integrations/backend/row_backend.hpp"
 #include "integrations/buffer.hpp"
 #include "integrations/normal/chunk_plan.hpp"
+#include "integrations/normal/notify_record.hpp"
 #include "integrations/phase_clock.hpp"
 #include "proxy/session.hpp"
 
@@ -86,6 +87,12 @@ class RowStreams {
 std::vector<ChunkPlan> plan_streams(const proxy::Session& session,
                                     const gpu_side::ep::RowFormat& format,
                                     std::span<const int64_t> rows);
+// DeepEP's RDMA chunk sizes on the streams between nodes (the channels of fabric peers): this
+// call's own on the streams it sends, before any is sent...
+void chunk_fabric_out(const proxy::Session& session, RowStreams& streams, FabricChunking mine);
+// ...and each sender's, from its record, on the streams it receives, before any is taken.
+void chunk_fabric_in(const proxy::Session& session, RowStreams& streams,
+                     const std::vector<NotifyRecord>& records);
 // Throws proxyep::Error(phase), before anything is sent, when a row of `format` fits no slot
 // of some peer's streams (the Buffer is too small for it).
 void require_row_fits(const proxy::Session& session, const gpu_side::ep::RowFormat& format,

@@ -30,10 +30,6 @@ from proxyep._tensors import FP8_DTYPE, tensor, view
 
 from .utils import EventHandle, EventOverlap, cuda_available
 
-# The dispatch/combine tables' rank counts (DeepEP asserts on others; ProxyEP's CPU backend does
-# not read the config, so config=None is fine for any rank count).
-_TABLE_RANKS = (2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 144, 160)
-
 
 class _Handle(tuple):
     """A DeepEP handle tuple that also carries the native handle (``native``)."""
@@ -164,7 +160,6 @@ class Buffer:
         self.num_nodes = self.group_size // self.ranks_per_node
         self._destroyed = False
         self._inputs_in_flight = None
-        self._configs = {}
 
     # ---- lifecycle ----
 
@@ -314,16 +309,6 @@ class Buffer:
             _event(async_finish),
         )
 
-    def _config(self, config, table):
-        if config is not None or self.group_size not in _TABLE_RANKS:
-            return config
-        # The tables depend on the class-wide SM count only: looked up once per count.
-        key = (table, Buffer.num_sms)
-        cached = self._configs.get(key)
-        if cached is None:
-            cached = self._configs[key] = table(self.group_size)
-        return cached
-
     def dispatch(
         self,
         x,
@@ -366,7 +351,9 @@ class Buffer:
             self._view(topk_weights, "topk_weights"),
             expert_alignment,
             num_worst_tokens,
-            self._config(config, proxyep.get_dispatch_config),
+            # An explicit Config's RDMA chunk sizes chunk the streams to other nodes; None leaves
+            # chunking to the Buffer's slots (DeepEP's default tables suit its kernels' buffers).
+            config,
             async_finish,
             **order,
         )
@@ -438,7 +425,7 @@ class Buffer:
             self._view(topk_weights, "topk_weights"),
             self._view(biases[0], "bias[0]"),
             self._view(biases[1], "bias[1]"),
-            self._config(config, proxyep.get_combine_config),
+            config,
             async_finish,
             **order,
         )

@@ -200,6 +200,7 @@ void bind_buffer(py::module_& m) {
       .def_readonly("eager_streams", &BufferStats::eager_streams)
       .def_readonly("chunks_sent", &BufferStats::chunks_sent)
       .def_readonly("chunks_received", &BufferStats::chunks_received)
+      .def_readonly("chunks_to_fabric", &BufferStats::chunks_to_fabric)
       .def_readonly("credit_stalls", &BufferStats::credit_stalls)
       .def_readonly("chunks_reduced_in_place", &BufferStats::chunks_reduced_in_place)
       .def_readonly("rows_stored_in_place", &BufferStats::rows_stored_in_place)

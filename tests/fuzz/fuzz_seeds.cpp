@@ -191,10 +191,12 @@ void notify_record() {
   const Bytes dispatch_bytes = record(4, dispatch, rows4, experts);
   seed("notify_record", "dispatch_4ranks", dispatch_bytes);
   seed("notify_record", "dispatch_truncated", head(dispatch_bytes, dispatch_bytes.size() - 6));
-  // Hierarchical internode, to a counterpart: its node's expert counts (2 ranks x 16) and the rows
-  // it forwards (fabric_rows).
+  // Hierarchical internode, to a counterpart: its node's expert counts (2 ranks x 16), the rows
+  // it forwards (fabric_rows) and its Config's RDMA chunk sizes.
   const std::vector<int32_t> node_experts(32, 4);
-  seed("notify_record", "dispatch_counterpart_2x2", record(4, dispatch, rows4, node_experts, 77));
+  normal::RecordHeader chunked = dispatch;
+  chunked.fabric_chunking = {.send_rows = 6, .recv_rows = 256};
+  seed("notify_record", "dispatch_counterpart_2x2", record(4, chunked, rows4, node_experts, 77));
   normal::RecordHeader combine;
   combine.kind = normal::CallKind::combine;
   combine.num_tokens = 3;

@@ -12,6 +12,10 @@
 // bit for bit; every rank's expert output is then its received rows scaled by a rank's own
 // factor, so that the order of the sums shows in the bits.
 //
+// --rdma-chunks S,W: every call passes a Config whose RDMA chunk sizes are S rows per chunk (S + 1
+// on odd nodes, so a receiver that planned with its own would misplace rows) and W rows in
+// flight; a hierarchical dispatch must send each other node ceil(rows / S) chunks.
+//
 // --async: every dispatch and combine is made with async_finish and its event waited for later
 // (after the next call, which finishes it first, for some); then a combine must return before
 // the peers even start theirs (they start after a barrier the caller enters after its call).
@@ -39,6 +43,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -51,9 +56,10 @@ namespace {
 
 struct Options : testing::EpTestOptions {
   int die_after_ms = 0;  // with die_rank: it vanishes this long after start, whatever it is doing
-  bool small_buffer = false;  // a Buffer that holds a few rows per peer: every call streams
-  bool small_chunks = false;  // chunks of ~2 rows through a Buffer that holds the whole call
-  bool async = false;         // every call with async_finish
+  bool small_buffer = false;     // a Buffer that holds a few rows per peer: every call streams
+  bool small_chunks = false;     // chunks of ~2 rows through a Buffer that holds the whole call
+  bool async = false;            // every call with async_finish
+  std::vector<int> rdma_chunks;  // {S, W}: Config's RDMA chunk sizes (S + 1 on odd nodes)
   // --kill: every rank loops small dispatch+combine calls; --die-rank dies by SIGKILL after
   // --die-after-ms, writing the moment to --death-stamp; every survivor must fail on its own,
   // naming that rank, within --fail-within-ms of it, and refuse the next call.
@@ -222,10 +228,19 @@ Tensor expert_output(const Tensor& x, int64_t rows, int r) {
   return y;
 }
 
+// --rdma-chunks: this rank's Config (DeepEP's rules round W up to a multiple of S).
+std::optional<Config> rdma_config(const Options& o, const Buffer& buffer) {
+  if (o.rdma_chunks.empty()) return std::nullopt;
+  const int node = buffer.rank() / buffer.ranks_per_node();
+  return Config::make(20, 6, 256, o.rdma_chunks[0] + node % 2, o.rdma_chunks[1]);
+}
+
 void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   const int R = buffer.group_size(), me = buffer.rank();
   const bool hierarchical = buffer.stats().internode == "hierarchical";
   const uint64_t fabric_rows_before = buffer.stats().rows_to_fabric;
+  const uint64_t fabric_chunks_before = buffer.stats().chunks_to_fabric;
+  const std::optional<Config> config = rdma_config(o, buffer);
   ep::WorkloadOptions w;
   // At least top-k experts in all (a single rank may hold fewer than a case's top-k).
   const int experts = std::max(c.experts_per_rank * R, (c.topk + R - 1) / R * R);
@@ -263,6 +278,7 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
                                            mine.topk_idx, mine.topk_weights);
   args.expert_alignment = c.alignment;
   args.async_finish = o.async;
+  args.config = config;
   auto got = buffer.dispatch(args);
   auto want = ep::reference_dispatch(views, w.shape, me, c.alignment);
   {
@@ -285,6 +301,19 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
     const uint64_t sent = buffer.stats().rows_to_fabric - fabric_rows_before;
     check(sent == expected, "{}: {} rows crossed to other nodes, expected {} ({})", at, sent,
           expected, buffer.stats().internode);
+    if (hierarchical && config) {
+      // Every forwarder row crosses in chunks (no eager rows between nodes) of the Config's size.
+      const auto send = static_cast<uint64_t>(config->num_max_rdma_chunked_send_tokens);
+      uint64_t chunks = 0;
+      for (int n = 0; n < w.shape.num_nodes(); ++n)
+        if (n != own_node)
+          chunks += (static_cast<uint64_t>(layout.num_tokens_per_rdma_rank.data<int32_t>()[n]) +
+                     send - 1) /
+                    send;
+      const uint64_t posted = buffer.stats().chunks_to_fabric - fabric_chunks_before;
+      check(posted == chunks, "{}: {} chunks to other nodes, expected {} of at most {} rows", at,
+            posted, chunks, send);
+    }
   }
 
   // num_worst_tokens: same rows first, then -1 indices; no per-expert list.
@@ -321,6 +350,7 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   again.x_scales = args.x_scales;
   again.handle = &got.handle;
   again.async_finish = o.async;
+  again.config = config;
   auto cached = finished(buffer.dispatch(again));
   expect_equal(cached.recv_x, want.recv_x, recv, at + " recv_x (cached)");
   check(!cached.recv_topk_idx.defined(), "{}: cached dispatch returned topk", at);
@@ -363,6 +393,7 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   cargs.bias0 = b0;
   cargs.bias1 = b1;
   cargs.async_finish = o.async;
+  cargs.config = config;
   auto combined = finished(buffer.combine(cargs));
   auto want_c = ep::reference_combine(expert_out, dispatched, weights_in, w.shape, me,
                                       static_cast<int>(tokens), b0, b1, order);
@@ -370,7 +401,8 @@ void run_case(Buffer& buffer, const Case& c, const Options& o, int call_index) {
   expect_equal(combined.combined_topk_weights, want_c.combined_topk_weights, tokens,
                at + " combined_topk_weights");
   // And without weights or biases.
-  auto bare = finished(buffer.combine({.x = y, .handle = &got.handle, .async_finish = o.async}));
+  auto bare = finished(
+      buffer.combine({.x = y, .handle = &got.handle, .config = config, .async_finish = o.async}));
   auto want_bare = ep::reference_combine(expert_out, dispatched, {}, w.shape, me,
                                          static_cast<int>(tokens), {}, {}, order);
   expect_equal(bare.combined_x, want_bare.combined_x, tokens, at + " combined_x (no bias)");
@@ -486,8 +518,19 @@ void run_bad_input(Buffer& buffer, const Options& o) {
   bad.x = wide;
   expect_throw("a row wider than the Buffer was sized for", "does not fit",
                [&] { (void)buffer.dispatch(bad); });
+  // A Config filled by hand whose RDMA chunks are larger than what may be in flight.
+  Config chunks;
+  chunks.num_max_rdma_chunked_send_tokens = 10;
+  chunks.num_max_rdma_chunked_recv_tokens = 4;
+  bad = good;
+  bad.config = chunks;
+  expect_throw("RDMA chunks above the rows in flight", "num_max_rdma_chunked_send_tokens (10)",
+               [&] { (void)buffer.dispatch(bad); });
   // The Buffer is still usable.
   auto ok = buffer.dispatch(good);
+  expect_throw("a combine with the same Config", "num_max_rdma_chunked_recv_tokens (4)", [&] {
+    (void)buffer.combine({.x = ok.recv_x, .handle = &ok.handle, .config = chunks});
+  });
   (void)buffer.combine({.x = ok.recv_x, .handle = &ok.handle});
   if (me == 0) fmt::print("ep_buffer: bad input rejected on the calling rank; Buffer usable: OK\n");
   // More tokens than the Buffer holds at once (it was sized for 64 per rank) stream through it.
@@ -534,7 +577,8 @@ void check_stats(const BufferStats& s, uint64_t group_eager, const Options& o, i
           seen);
   // Streams between nodes of several chunks that all fit their window: combine reduces them in
   // the slots they landed in.
-  if (o.small_chunks && o.ranks_per_node > 0 && o.ranks_per_node < ranks)
+  // (A Config's smaller window takes that away: --rdma-chunks.)
+  if (o.small_chunks && o.rdma_chunks.empty() && o.ranks_per_node > 0 && o.ranks_per_node < ranks)
     check(s.chunks_reduced_in_place > 0, "no combine chunk was reduced in place: {}", seen);
   // Rows from peers land straight in recv_x when the landing region is on and large enough (a
   // small one takes some calls, not others): node peers store them, other nodes write them
@@ -675,5 +719,10 @@ int main(int argc, char** argv) {
   app.add_flag("--small-chunks", o.small_chunks,
                "chunks of ~2 rows between nodes through a Buffer that holds the whole call");
   app.add_flag("--async", o.async, "every call with async_finish, and a combine that overlaps");
+  app.add_option("--rdma-chunks", o.rdma_chunks,
+                 "S,W: every call's Config has RDMA chunks of S rows (S + 1 on odd nodes), W in "
+                 "flight")
+      ->expected(2)
+      ->delimiter(',');
   return testing::run_ep_test("ep_buffer", app, argc, argv, [&] { return run(o); });
 }

@@ -106,6 +106,11 @@ class Workload:
         own = self.rank // self.local
         return int(((self.node_idx >= 0) & (self.node_idx != own)).sum())
 
+    def fabric_chunks(self, rows_per_chunk):
+        """Hierarchical: the chunks of at most rows_per_chunk rows this rank sends other nodes."""
+        own = self.rank // self.local
+        return sum(-(-int(self.per_rdma_rank[n]) // rows_per_chunk) for n in range(self.nodes) if n != own)
+
 
 @pytest.fixture(scope="module")
 def buffer():
@@ -170,12 +175,16 @@ def run_case(buffer, w, name, current_x, is_rand, with_topk, async_mode, previou
         args.update(topk_idx=w.topk_idx, topk_weights=w.topk_weights_pure_rand if is_rand else w.topk_weights)
     if previous_mode:
         args.update(previous_event=buffer.capture())
-    before = buffer.stats().rows_to_fabric
+    before, chunks_before = buffer.stats().rows_to_fabric, buffer.stats().chunks_to_fabric
     recv_x, recv_topk_idx, recv_topk_weights, per_expert_list, handle, event = buffer.dispatch(**args)
     if async_mode:
         event.current_stream_wait()
     # One fabric row per (token, other node it reaches), never one per rank.
     assert buffer.stats().rows_to_fabric - before == w.rows_to_other_nodes()
+    # In chunks of the Config's num_max_rdma_chunked_send_tokens rows, as DeepEP's RDMA sends.
+    if buffer.stats().internode == "hierarchical":
+        chunks = buffer.stats().chunks_to_fabric - chunks_before
+        assert chunks == w.fabric_chunks(config.num_max_rdma_chunked_send_tokens), chunks
     value += hash_output(recv_x)
     recv_x = as_bf16(recv_x)
 

@@ -96,6 +96,7 @@ def test_counters_move_by_what_the_calls_did(buffer):
     assert value(after, "proxyep_calls_total", kind="dispatch") == stats.dispatch_phases.calls
     assert value(after, "proxyep_chunks_sent_total") == stats.chunks_sent
     assert value(after, "proxyep_chunks_received_total") == stats.chunks_received
+    assert value(after, "proxyep_chunks_to_fabric_total") == stats.chunks_to_fabric
     assert value(after, "proxyep_chunks_sent_from_x_total") == stats.chunks_sent_from_caller
     assert delta("proxyep_call_phase_seconds_total", kind="dispatch", phase="notify") > 0
     # Bytes per peer, summed by path, are the Buffer's own totals.

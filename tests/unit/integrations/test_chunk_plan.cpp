@@ -79,6 +79,35 @@ TEST_CASE("between nodes: chunks of the agreed slot size, never one whole-share 
   CHECK(plan_in_slots(1, f, l.remote_slots()).slot_bytes == uint64_t{1} << 20);
 }
 
+TEST_CASE(
+    "DeepEP's RDMA chunk sizes shrink the chunks and the window between nodes, never grow them") {
+  const auto f = bf16_row(1024, 8);  // 2148 bytes per row
+  const auto remote = layout(0, 4, 2, 64 << 20, 32 << 20).remote_slots();
+  const ChunkPlan slots = plan_in_slots(1000, f, remote);
+  REQUIRE(slots.rows_per_chunk > 20);
+  REQUIRE(slots.window >= 2);
+  // Config(rdma_send = 6, rdma_recv = 12): chunks of 6 rows, 2 in flight.
+  const ChunkPlan deep = limit_chunks(slots, {.send_rows = 6, .recv_rows = 12});
+  CHECK(deep.rows == 1000);
+  CHECK(deep.rows_per_chunk == 6);
+  CHECK(deep.chunks == 167);
+  CHECK(deep.window == 2);
+  CHECK(deep.slot_bytes == slots.slot_bytes);  // the receiver's slots do not move
+  CHECK(deep.rows_in(166) == 4);
+  // Larger than the slots allow: the slots win.
+  const ChunkPlan big = limit_chunks(slots, {.send_rows = 1u << 20, .recv_rows = 1u << 30});
+  CHECK(big.rows_per_chunk == slots.rows_per_chunk);
+  CHECK(big.chunks == slots.chunks);
+  CHECK(big.window == slots.window);
+  // Fewer rows in flight than a chunk: still one chunk at a time.
+  CHECK(limit_chunks(slots, {.send_rows = 6, .recv_rows = 6}).window == 1);
+  // None, eager and empty plans are unchanged.
+  CHECK(limit_chunks(slots, {}).rows_per_chunk == slots.rows_per_chunk);
+  const ChunkPlan eager = ChunkPlan::whole(3, 4096, /*eager=*/true);
+  CHECK(limit_chunks(eager, {.send_rows = 1, .recv_rows = 2}).chunks == 1);
+  CHECK(limit_chunks(plan_in_slots(0, f, remote), {.send_rows = 1, .recv_rows = 2}).chunks == 0);
+}
+
 TEST_CASE("rows that fit the eager slot travel with the record") {
   auto l = layout(0, 2, 1, 8 << 20, 8 << 20);
   auto f = bf16_row(256, 2);

@@ -27,6 +27,7 @@ RecordHeader header() {
   h.num_worst_tokens = 9000;
   h.landing.fitted = {.offset = uint64_t{5} << 32, .bytes = 8192};  // beyond 32 bits
   h.landing.largest = {.offset = 4096, .bytes = (uint64_t{3} << 33) + 4096};
+  h.fabric_chunking = {.send_rows = 20, .recv_rows = 128};
   return h;
 }
 
@@ -58,6 +59,7 @@ TEST_CASE("a record decodes to what was encoded, experts per destination") {
     CHECK(r.header.landing.fitted.bytes == 8192);
     CHECK(r.header.landing.largest.offset == 4096);
     CHECK(r.header.landing.largest.bytes == header().landing.largest.bytes);
+    CHECK(r.header.fabric_chunking == FabricChunking{.send_rows = 20, .recv_rows = 128});
     CHECK(r.rows_to == std::vector<int32_t>{3, 0, 17, 4096});
     CHECK(r.experts == std::vector<int32_t>(experts.begin(), experts.begin() + n));
   }
@@ -98,6 +100,15 @@ TEST_CASE("a record of another version, kind or group size is refused naming the
   expect_refused(slot, 2, "unknown call kind");
   expect_refused(slot_with(encoder, {}, 3), 3, "counts rows for 2 ranks");
   expect_refused(slot_with(encoder, {}, 2), 1, "claims 2 rows_to");
+  // RDMA chunks of more rows than may be in flight, or a window without chunks.
+  for (const FabricChunking bad : {FabricChunking{.send_rows = 8, .recv_rows = 4},
+                                   FabricChunking{.send_rows = 0, .recv_rows = 4}}) {
+    RecordHeader h = header();
+    h.fabric_chunking = bad;
+    RecordEncoder chunked;
+    chunked.begin(h, rows_to);
+    expect_refused(slot_with(chunked, {}, 2), 2, "chunks its streams to other nodes");
+  }
   // Torn: the slot ends inside the record.
   std::vector<std::byte> whole(256);
   std::vector<std::byte> torn(encoder.write(whole, {}, "test") - 3);
