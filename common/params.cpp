@@ -204,8 +204,8 @@ Param<std::string> ep_internode{"ep.internode", "hierarchical", one_of({"hierarc
     "once to each node that needs it, to the rank with the sender's local index there, which "
     "forwards it inside its node (combine reduces inside the node first), and a rank talks over "
     "the fabric only to those counterparts; per_rank = a token goes to every rank on another node "
-    "that needs it; hierarchical needs full nodes of more than one rank, host tensors and a "
-    "Buffer without low_latency_mode, and falls back to per_rank otherwise (BufferStats::internode "
+    "that needs it; hierarchical needs full nodes of more than one rank and a Buffer without "
+    "low_latency_mode (host or device tensors alike), and falls back to per_rank otherwise (BufferStats::internode "
     "says which ran); every rank must use the same value"};
 Param<std::string> ep_async_wait{"ep.async_wait", "host", one_of({"host", "device"}),
     "how a caller's stream waits for an async_finish call with device tensors "

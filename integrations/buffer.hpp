@@ -103,7 +103,7 @@ struct BufferStats {
   uint64_t bytes_to_node = 0;    // row bytes stored into node peers' arenas
   uint64_t bytes_to_fabric = 0;  // row bytes posted to other nodes
   // How normal mode crossed nodes (ep.internode as it applies: "per_rank" on one node, on
-  // unequal nodes, for device tensors and low-latency Buffers).
+  // unequal nodes and for low-latency Buffers).
   std::string internode = "per_rank";
   // Dispatch rows this rank sent to other nodes: each token once per node it reaches
   // (hierarchical), or once per rank there (per_rank). Hierarchical internode: rows this rank

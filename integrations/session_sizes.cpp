@@ -60,11 +60,10 @@ proxy::SessionSizes session_sizes(const BufferOptions& opts, int ranks, int rank
   s.data_bytes = static_cast<uint64_t>(opts.num_nvl_bytes);
   s.staging_bytes = static_cast<uint64_t>(opts.num_rdma_bytes);
   s.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
-  // Hierarchical internode for the host protocol's normal-mode calls; low-latency calls write
-  // every rank (and mask ranks), and device calls do not forward yet: those send per rank.
-  s.internode = params::ep_internode.get() == "hierarchical" && !ll && !opts.device
-                    ? proxy::Internode::hierarchical
-                    : proxy::Internode::per_rank;
+  // Hierarchical internode for normal-mode calls, host and device; low-latency calls write every
+  // rank (and mask ranks): a low-latency Buffer sends per rank.
+  s.internode = params::ep_internode.get() == "hierarchical" && !ll ? proxy::Internode::hierarchical
+                                                                    : proxy::Internode::per_rank;
   return s;
 }
 

@@ -311,6 +311,12 @@ void check_row(const SimulatedDevice::Core& c, std::string_view op, const ep::Ro
     c.require_reachable(op, "sink src_index", sink.src_index + r, 4);
     require_aligned(op, "sink src_index", sink.src_index + r, 4);
   }
+  // A forwarder's inputs (hierarchical internode): the source indices it passes on and the heads.
+  if (in.src_index != nullptr) c.require_reachable(op, "src_index", in.src_index + t, 4);
+  if (f.heads > 0) {
+    c.require_reachable(op, "heads", in.heads + t * in.head_stride + in.head_first, 4ull * f.heads);
+    c.require_reachable(op, "sink heads row", sink.heads + r * f.heads, 4ull * f.heads);
+  }
 }
 
 }  // namespace

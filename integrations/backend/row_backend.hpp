@@ -48,7 +48,8 @@ struct RowSource {
   gpu_side::ep::RowFormat format;
   gpu_side::ep::EpShape shape;
   // Hierarchical internode (gpu_side::ep::RowInput): the source token indices rows carry on
-  // (null: their own), and each row's heads (format.heads > 0). Host memory.
+  // (null: their own), and each row's heads (format.heads > 0). In the backend's memory, as x:
+  // the kernels read them.
   const int32_t* src_index = nullptr;
   const int32_t* heads = nullptr;
   int64_t head_stride = 0, head_first = 0;

@@ -135,10 +135,9 @@ CombineResult NormalMode::combine(const CombineArgs& args, const DeviceCall* dev
   const auto* x = static_cast<const std::byte*>(a.x.data);
   c->hierarchical = session_.layout().hierarchical();
   if (c->hierarchical) {
-    require(device == nullptr, kPhase,
-            "ep.internode=hierarchical does not move device tensors yet");
-    c->streams = std::make_unique<HierCombineStreams>(backend, in.format, c->dispatched, c->handle,
-                                                      x, weights, in.topk, session_);
+    c->streams =
+        std::make_unique<HierCombineStreams>(backend, in.format, c->dispatched, c->handle, x,
+                                             weights, in.topk, session_, device != nullptr);
   } else {
     c->streams = std::make_unique<CombineStreams>(backend, in.format, c->dispatched, x, weights,
                                                   in.topk, me, device != nullptr);

@@ -54,15 +54,12 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   d->on_device = device != nullptr;
   d->routing = in.cached ? TokenRouting::cached(*a.handle, me)
                          : TokenRouting::fresh(view.is_token_in_rank, R, me);
-  // Hierarchical internode (hier_dispatch_rows.hpp): host calls only (the session is per rank
-  // for a Buffer with a device).
+  // Hierarchical internode (hier_dispatch_rows.hpp), host and device calls alike.
   const bool hier = session_.layout().hierarchical();
-  require(!hier || device == nullptr, kPhase,
-          "ep.internode=hierarchical does not move device tensors yet");
   HierDispatchStreams* hier_streams = nullptr;
   if (hier) {
-    auto s = std::make_unique<HierDispatchStreams>(*d->backend, d->in, a, d->routing,
-                                                   shape_for(in.num_experts), session_);
+    auto s = std::make_unique<HierDispatchStreams>(
+        *d->backend, d->in, a, d->routing, shape_for(in.num_experts), session_, d->on_device);
     // A forwarder row (with its heads) must fit a counterpart's slot too, before anything is sent.
     std::string why;
     for (int r = 0; r < R; ++r)

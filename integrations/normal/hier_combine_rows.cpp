@@ -17,8 +17,8 @@ constexpr const char* kPhase = "combine";
 HierCombineStreams::HierCombineStreams(RowBackend& backend, const ep::RowFormat& format,
                                        const RowCounts& counts, const DispatchHandle& handle,
                                        const std::byte* x, const float* weights, int topk,
-                                       const proxy::Session& session)
-    : CombineStreams(backend, format, counts, x, weights, topk, session.rank(), false),
+                                       const proxy::Session& session, bool x_on_device)
+    : CombineStreams(backend, format, counts, x, weights, topk, session.rank(), x_on_device),
       layout_(session.layout()),
       handle_(handle),
       hidden_(format.hidden_bytes / 2),
@@ -162,8 +162,10 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
   const int nodes = layout_.nodes(), own = layout_.node();
   const int64_t tokens = handle_.num_tokens;
   // 1. This node's partial, as a forwarder's: its ranks ascending, rounded to bf16.
-  ep::Tensor own_x = backend.allocate(DType::bf16, tokens, hidden_);
-  ep::Tensor own_weights = topk_ > 0 ? backend.allocate(DType::f32, tokens, topk_) : ep::Tensor{};
+  own_x_ = backend.allocate(DType::bf16, tokens, hidden_);
+  if (topk_ > 0) own_weights_ = backend.allocate(DType::f32, tokens, topk_);
+  ep::Tensor& own_x = own_x_;
+  ep::Tensor& own_weights = own_weights_;
   const size_t first = static_cast<size_t>(own) * static_cast<size_t>(rpn);
   NodeBlocks own_node;
   own_node.rows.assign(block_rows_.begin() + first, block_rows_.begin() + first + rpn);

@@ -12,7 +12,8 @@
 //                      tokens that went there.
 // reduce() then sums this rank's own node the same way and adds the nodes' partial rows,
 // nodes ascending, after the biases: the order gpu_side/ep/reference.hpp calls by_node, as
-// DeepEP's internode combine.
+// DeepEP's internode combine. Device calls: the rows, partials and sums are in the device's
+// memory and reduced by its kernel; the host reads only the handle's routing (host memory).
 #pragma once
 
 #include "integrations/normal/combine_rows.hpp"
@@ -24,9 +25,11 @@ namespace proxyep::integrations::normal {
 
 class HierCombineStreams final : public CombineStreams {
  public:
+  // `x_on_device`: as CombineStreams'.
   HierCombineStreams(RowBackend& backend, const gpu_side::ep::RowFormat& format,
                      const RowCounts& counts, const DispatchHandle& handle, const std::byte* x,
-                     const float* weights, int topk, const proxy::Session& session);
+                     const float* weights, int topk, const proxy::Session& session,
+                     bool x_on_device);
 
   bool rows_ready(int destination, uint64_t end) const override;
   void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
@@ -66,6 +69,9 @@ class HierCombineStreams final : public CombineStreams {
   // The final reduce's heads: i32 [tokens, ranks_per_node] (this node's ranks' rows) and
   // [tokens, nodes] (each node's partial row of the token, or -1).
   gpu_side::ep::Tensor own_head_, node_head_;
+  // This node's partial sums (reduce()): members, since a device's stream reads them after
+  // reduce() returns.
+  gpu_side::ep::Tensor own_x_, own_weights_;
 };
 
 }  // namespace proxyep::integrations::normal

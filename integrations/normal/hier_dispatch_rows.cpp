@@ -42,8 +42,9 @@ NodeRouting NodeRouting::of(const TokenRouting& routing, const proxy::ArenaLayou
 
 HierDispatchStreams::HierDispatchStreams(RowBackend& backend, const DispatchInput& input,
                                          const DispatchArgs& args, const TokenRouting& routing,
-                                         const ep::EpShape& shape, const proxy::Session& session)
-    : DispatchStreams(backend, input, args, routing, shape, session.rank(), false),
+                                         const ep::EpShape& shape, const proxy::Session& session,
+                                         bool on_device)
+    : DispatchStreams(backend, input, args, routing, shape, session.rank(), on_device),
       layout_(session.layout()),
       session_(session),
       fabric_format_(input.format),
@@ -51,6 +52,11 @@ HierDispatchStreams::HierDispatchStreams(RowBackend& backend, const DispatchInpu
       arrived_(static_cast<size_t>(session.ranks())),
       lane_rows_(static_cast<size_t>(session.ranks())) {
   fabric_format_.heads = static_cast<uint32_t>(session.ranks_per_node());
+  send_head_ = routing.send_head;
+  if (on_device && send_head_.numel() > 0) {
+    send_head_ = backend.allocate(DType::i32, routing.send_head.rows(), routing.send_head.cols());
+    backend.write(send_head_.raw(), routing.send_head.raw(), routing.send_head.bytes());
+  }
 }
 
 int HierDispatchStreams::lane_source(int x) const {
@@ -90,19 +96,18 @@ void HierDispatchStreams::plan(const std::vector<NotifyRecord>& records) {
           backend.allocate(DType::u8, static_cast<int64_t>(std::max<uint64_t>(1, a.areas.end)));
       a.heads = ep::Tensor::empty(DType::i32, a.rows, rpn);
       std::byte* base = a.area.raw();
+      // Views of the area, where it is (a device call's: device memory); cols 0: absent.
+      auto view = [&](uint64_t offset, DType dtype, uint32_t cols) {
+        if (cols == 0) return ep::TensorRef{};
+        ep::TensorRef ref = ep::TensorRef::matrix(base + offset, dtype, a.rows, cols);
+        ref.device = a.area.device();
+        return ref;
+      };
       a.source = RowSource{
-          .x = ep::TensorRef::matrix(base + a.areas.x, DType::u8, a.rows, format.hidden_bytes),
-          .x_scales = format.scale_cols > 0
-                          ? ep::TensorRef::matrix(base + a.areas.scales, DType::i32, a.rows,
-                                                  format.scale_cols)
-                          : ep::TensorRef{},
-          .topk_idx = format.topk > 0 ? ep::TensorRef::matrix(base + a.areas.topk_idx, DType::i64,
-                                                              a.rows, format.topk)
-                                      : ep::TensorRef{},
-          .topk_weights =
-              format.weights > 0
-                  ? ep::TensorRef::matrix(base + a.areas.weights, DType::f32, a.rows, format.topk)
-                  : ep::TensorRef{},
+          .x = view(a.areas.x, DType::u8, format.hidden_bytes),
+          .x_scales = view(a.areas.scales, DType::i32, format.scale_cols),
+          .topk_idx = view(a.areas.topk_idx, DType::i64, format.topk),
+          .topk_weights = view(a.areas.weights, DType::f32, format.weights > 0 ? format.topk : 0),
           .format = format,
           .shape = source_.shape,
           .src_index = format.src_index > 0
@@ -138,7 +143,7 @@ void HierDispatchStreams::fill_fabric(int c, uint64_t first, uint64_t rows, std:
   const int rpn = layout_.sizes().ranks_per_node, node = c / rpn;
   RowSource fabric = source_;
   fabric.format = fabric_format_;
-  fabric.heads = routing_.send_head.data<int32_t>();
+  fabric.heads = send_head_.data<int32_t>();
   fabric.head_stride = session_.ranks();
   fabric.head_first = static_cast<int64_t>(node) * rpn;
   // A forwarder's row: global expert ids and weights as they are (rank < 0), and the heads.
@@ -178,6 +183,8 @@ void HierDispatchStreams::take(int s, uint64_t chunk, uint64_t first, uint64_t r
   keep(a.areas.src_index, chunk_areas.src_index, 4ull * f.src_index);
   backend.copy_rows(a.heads.raw() + first * 4ull * f.heads, slot + chunk_areas.heads, n,
                     4ull * f.heads);
+  // The heads are read here, on the host: a device's copy of them must have run.
+  backend.complete(kPhase);
 
   // Each row's heads say where it goes on this node: to this rank (straight into the outputs)
   // or into a lane. Positions must come in order: a row out of place, or one that arrives twice,

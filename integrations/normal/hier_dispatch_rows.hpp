@@ -14,6 +14,11 @@
 // A counterpart's forwarder rows are copied out of their slots as they arrive (so the slots go
 // back at once and the two hops never wait for each other's credits): this rank's own rows go
 // to its outputs, the others wait in a buffer until their lane's chunk can be filled.
+//
+// Device calls: the rows, the forwarded rows and the heads the pack rule reads are in the
+// device's memory and every copy and pack runs on its stream, as a direct send's. The host reads
+// one thing: each arriving chunk's heads (where its rows go), which it copies out of the slot
+// and waits for before it routes them (one wait per fabric chunk).
 #pragma once
 
 #include "integrations/normal/dispatch_rows.hpp"
@@ -37,9 +42,10 @@ struct NodeRouting {
 class HierDispatchStreams final : public DispatchStreams {
  public:
   // `records`: every rank's record of the call (hier_notify.hpp).
+  // `on_device`: as DispatchStreams'.
   HierDispatchStreams(RowBackend& backend, const DispatchInput& input, const DispatchArgs& args,
                       const TokenRouting& routing, const gpu_side::ep::EpShape& shape,
-                      const proxy::Session& session);
+                      const proxy::Session& session, bool on_device);
 
   const NodeRouting& nodes() const { return nodes_; }
   // The call's format plus the heads a forwarder reads.
@@ -88,6 +94,9 @@ class HierDispatchStreams final : public DispatchStreams {
   const proxy::ArenaLayout& layout_;
   const proxy::Session& session_;
   gpu_side::ep::RowFormat fabric_format_;
+  // The routing's send_head where the backend's pack reads it (a device call's: a copy in device
+  // memory, made once per call), for the forwarder rows' heads.
+  gpu_side::ep::Tensor send_head_;
   NodeRouting nodes_;
   std::vector<Arrived> arrived_;                 // by rank: counterparts only
   std::vector<std::vector<int32_t>> lane_rows_;  // by lane: rows of its counterpart's Arrived

@@ -435,11 +435,16 @@ def check_served(c, paths, daemons, ranks, per_node):
 
 
 def case_daemon_bench_ep(c):
+    """bench ep through the daemons, 2 nodes x 2 (hierarchical internode), with host tensors and
+    then with device tensors on a simulated device (forwarding and the in-node reduce on its
+    stream)."""
     paths, daemons, env = start_nodes(c)
-    done = bench(c, "ep", env, "--iters", "3")
-    check(done.returncode == 0 and "verified: yes" in done.stdout,
-          f"bench ep through the daemons failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-    check_served(c, paths, daemons, 4, 2)
+    for extra in ((), ("--device", "simulated")):
+        done = bench(c, "ep", env, "--iters", "3", *extra)
+        check(done.returncode == 0 and "verified: yes" in done.stdout
+              and "ep.internode hierarchical" in done.stdout,
+              f"bench ep {extra} through the daemons failed ({done.returncode}):\n{done.stdout}{done.stderr}")
+        check_served(c, paths, daemons, 4, 2)
 
 
 def case_daemon_bench_ll(c):

@@ -154,6 +154,48 @@ TEST_CASE("simulated device: a bad address inside a table fails the stream, stic
   CHECK(back[0] == std::byte{1});
 }
 
+TEST_CASE("simulated device: a forwarder's heads and source indices must be device memory") {
+  // One forwarder row (hierarchical internode): the row, its heads for 2 ranks of a node and the
+  // source index it carries on. Read from the host, either fails the stream naming it.
+  ep::RowFormat format;
+  format.hidden_bytes = 64;
+  format.src_index = 1;
+  format.heads = 2;
+  const ep::RowAreas areas = ep::RowAreas::of(1, format);
+  const std::array<int32_t, 2> host_heads = {5, -1};
+  const int32_t host_src = 9;
+  auto run = [&](bool heads_on_device, bool src_on_device) {
+    SimulatedDevice dev;
+    auto x = dev.allocate(64), tokens = dev.allocate(4), heads = dev.allocate(8),
+         src = dev.allocate(4), sink_area = dev.allocate(areas.end);
+    const int32_t token = 0;
+    dev.copy(tokens.get(), &token, 4);
+    dev.copy(heads.get(), host_heads.data(), 8);
+    dev.copy(src.get(), &host_src, 4);
+    ep::ChunkParams chunk;
+    chunk.input.x = x.get();
+    chunk.input.format = format;
+    chunk.input.shape = ep::EpShape{4, 2, 4};
+    chunk.input.heads =
+        heads_on_device ? reinterpret_cast<const int32_t*>(heads.get()) : host_heads.data();
+    chunk.input.head_stride = 2;
+    chunk.input.src_index = src_on_device ? reinterpret_cast<const int32_t*>(src.get()) : &host_src;
+    chunk.tokens = reinterpret_cast<const int32_t*>(tokens.get());
+    chunk.rows = 1;
+    chunk.sink = ep::RowSink::at(sink_area.get(), areas, 0, -1);
+    dev.dispatch_chunk(chunk);
+    std::array<int32_t, 3> back{};
+    dev.copy(back.data(), sink_area.get() + areas.heads, 8);
+    dev.copy(back.data() + 2, sink_area.get() + areas.src_index, 4);
+    const std::string error = error_of([&] { dev.synchronize("forward", 10s); });
+    if (error.empty()) CHECK(back == std::array<int32_t, 3>{5, -1, 9});
+    return error;
+  };
+  CHECK(run(true, true).empty());
+  CHECK(run(false, true).find("dispatch_chunk: heads") != std::string::npos);
+  CHECK(run(true, false).find("dispatch_chunk: src_index") != std::string::npos);
+}
+
 TEST_CASE("simulated device: a low-latency row table entry in plain host memory fails the stream") {
   SimulatedDevice dev;
   const uint32_t hidden = 128;
