@@ -43,20 +43,20 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   // Chunks only without eager rows (ep.eager_bytes 0).
   const bool device_chunks = nic_device_memory && params::ep_eager_bytes.get() == 0;
   auto boot = control::Bootstrap::connect(std::move(options));
-  const int me = boot->rank();
+  const int me = boot->rank(), ranks = boot->world_size();
   const RankDevice devices = make_device(me);
   const std::shared_ptr<gpu_side::device::DeviceRuntime>& device = devices.buffer;
   gpu_side::device::DeviceRuntime& caller = *devices.caller;
   BufferOptions o;
   o.ranks_per_node = per_node;
-  o.num_nvl_bytes = Buffer::nvl_bytes_hint(sized_for, kHidden * 2, 3, kRanks);
+  o.num_nvl_bytes = Buffer::nvl_bytes_hint(sized_for, kHidden * 2, 3, ranks);
   o.num_rdma_bytes =
-      per_node < kRanks ? Buffer::rdma_bytes_hint(sized_for, kHidden * 2, 3, kRanks, per_node) : 0;
+      per_node < ranks ? Buffer::rdma_bytes_hint(sized_for, kHidden * 2, 3, ranks, per_node) : 0;
   o.device = device;
   Buffer buffer(*boot, o);
 
   ep::WorkloadOptions w;
-  w.shape = {kRanks, per_node, 4 * kRanks};
+  w.shape = {ranks, per_node, 4 * ranks};
   w.num_tokens = kTokens;
   w.hidden = kHidden;
   w.topk = 3;
@@ -64,13 +64,13 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   w.seed = 5;
   std::vector<ep::RankInputs> all;
   std::vector<ep::DispatchInputs> views;
-  for (int r = 0; r < kRanks; ++r)
+  for (int r = 0; r < ranks; ++r)
     all.push_back(ep::make_rank_inputs(w, r));
   for (const auto& in : all)
     views.push_back({in.x, {}, in.topk_idx, in.topk_weights});
   const ep::RankInputs& mine = all[static_cast<size_t>(me)];
   std::vector<ep::ReferenceDispatch> want;
-  for (int r = 0; r < kRanks; ++r)
+  for (int r = 0; r < ranks; ++r)
     want.push_back(ep::reference_dispatch(views, w.shape, r));
   const ep::ReferenceDispatch& wanted = want[static_cast<size_t>(me)];
   const int64_t recv = wanted.recv_src_idx.rows();
@@ -154,8 +154,12 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
     expert_out.push_back(r.recv_x);
     weights.push_back(r.recv_topk_weights);
   }
+  // Across full nodes the combine is hierarchical: each node's rows summed first (by_node).
+  const ep::CombineOrder order = buffer.stats().internode == "hierarchical"
+                                     ? ep::CombineOrder::by_node
+                                     : ep::CombineOrder::by_rank;
   const ep::ReferenceCombine combined_want =
-      ep::reference_combine(expert_out, want, weights, w.shape, me, kTokens);
+      ep::reference_combine(expert_out, want, weights, w.shape, me, kTokens, {}, {}, order);
   const CombineResult c = buffer.combine({.x = d.recv_x,
                                           .handle = &d.handle,
                                           .topk_weights = d.recv_topk_weights,
@@ -199,18 +203,24 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
   same(m.recv_topk_idx, wanted.recv_topk_idx, recv, "recv_topk_idx (mixed)");
   // Without weights: every rank's own rows come back unweighted (the reference with none).
   const ep::ReferenceCombine plain_want =
-      ep::reference_combine(expert_out, want, {}, w.shape, me, kTokens);
+      ep::reference_combine(expert_out, want, {}, w.shape, me, kTokens, {}, {}, order);
   const CombineResult mc = buffer.combine({.x = m.recv_x, .handle = &m.handle});
   same(mc.combined_x, plain_want.combined_x, kTokens, "combined_x (mixed)");
 
   // (A node daemon's shim is its own: its sessions report none.)
-  if (per_node == 1 && params::proxy_mode.get() != "daemon")
+  const bool spans_nodes = per_node < ranks;
+  // Full nodes of several ranks forward (hierarchical internode), device calls as host ones.
+  if (spans_nodes && per_node > 1 && params::ep_internode.get() == "hierarchical")
+    require(buffer.stats().internode == "hierarchical" && buffer.stats().rows_forwarded > 0, "test",
+            "device calls crossed nodes {}, forwarding {} rows", buffer.stats().internode,
+            buffer.stats().rows_forwarded);
+  if (spans_nodes && params::proxy_mode.get() != "daemon")
     require(buffer.stats().reordered_completions.has_value(), "test",
             "the fabric path ran without the reorder shim");
   // Over the fabric the device's stream hands the writes its kernels filled to the proxies
   // (proxy/device_route.hpp); node peers have none.
   const uint64_t from_device = buffer.stats().writes_from_device;
-  require((per_node == 1) == (from_device > 0), "test",
+  require(spans_nodes == (from_device > 0), "test",
           "{} writes went through the device's stream ({} ranks per node)", from_device, per_node);
   // Node peers' rows go into their device arenas (proxy/device_arenas.hpp); every device here
   // shares memory. (A rank's rows to itself go straight into its outputs.) Other nodes' rows
@@ -232,9 +242,10 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
 // with none (chunks through the slots, recv_x in the landing region where a host rank offers
 // it); and with none in a Buffer for 4 tokens (many chunks per stream, each slot reused within
 // a call, so a credit handed back before the device copied the slot out shows). Over
-// `provider`; `nic_device_memory`: as run_device_buffer_rank says.
+// `provider`; `nic_device_memory`: as run_device_buffer_rank says; `ranks` ranks.
 inline void run_device_buffer(int per_node, const DeviceFactory& make_device,
-                              const std::string& provider = "tcp", bool nic_device_memory = false) {
+                              const std::string& provider = "tcp", bool nic_device_memory = false,
+                              int ranks = kRanks) {
   struct Run {
     bool eager;
     int sized_for;
@@ -243,7 +254,7 @@ inline void run_device_buffer(int per_node, const DeviceFactory& make_device,
     INFO("eager rows: " << run.eager << ", Buffer sized for " << run.sized_for << " tokens");
     if (!run.eager) params::ep_eager_bytes.set(0);
     run_buffer_ranks(
-        kRanks, per_node == 1,
+        ranks, per_node < ranks,
         [per_node, make_device, run, nic_device_memory](control::Bootstrap::Options o) {
           run_device_buffer_rank(per_node, std::move(o), make_device, run.sized_for,
                                  nic_device_memory);

@@ -100,6 +100,12 @@ TEST_CASE("device tensors through the Buffer: over the fabric, a slow Buffer str
   integrations::testing::run_device_buffer(1, slow_buffer_stream);
 }
 
+TEST_CASE("device tensors through the Buffer: 2 nodes x 2, hierarchical internode") {
+  // Forwarder rows, lanes and the in-node reduce on the devices' streams; async calls, a cached
+  // dispatch and one call mixing a host rank with device ranks, against the by_node reference.
+  integrations::testing::run_device_buffer(2, simulated, "tcp", false, 4);
+}
+
 TEST_CASE("device tensors through the Buffer: device staging the NIC reads (FI_HMEM)") {
   CHECK_FALSE(registers_device_memory("tcp"));
   integrations::testing::run_device_buffer(1, nic_reads_device_memory, "shm",
