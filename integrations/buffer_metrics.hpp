@@ -5,7 +5,7 @@
 // proxy's atomic counters.
 #pragma once
 
-#include "integrations/buffer.hpp"
+#include "integrations/normal_types.hpp"
 #include "metrics/metrics_sink.hpp"
 #include "proxy/session.hpp"
 

@@ -19,8 +19,8 @@
 
 #include "gpu_side/device/device_runtime.hpp"
 #include "integrations/backend/row_backend.hpp"
-#include "integrations/buffer.hpp"
 #include "integrations/normal/normal_mode.hpp"
+#include "integrations/normal_types.hpp"
 
 #include <initializer_list>
 #include <memory>

@@ -4,7 +4,7 @@
 // thread's) resumes with resume(), which charges the pause to nothing. completed() counts the call.
 #pragma once
 
-#include "integrations/buffer.hpp"
+#include "integrations/normal_types.hpp"
 
 #include <chrono>
 #include <cstdint>

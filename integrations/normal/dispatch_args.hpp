@@ -5,8 +5,8 @@
 
 #include "gpu_side/ep/ep_shape.hpp"
 #include "gpu_side/ep/row_format.hpp"
-#include "integrations/buffer.hpp"
 #include "integrations/normal/chunk_plan.hpp"
+#include "integrations/normal_types.hpp"
 
 #include <cstdint>
 

@@ -3,12 +3,12 @@
 // rank applies alike to find where a rank's recv_x is.
 #pragma once
 
-#include "integrations/buffer.hpp"
 #include "integrations/normal/dispatch_args.hpp"
 #include "integrations/normal/dispatch_rows.hpp"
 #include "integrations/normal/landing_blocks.hpp"
 #include "integrations/normal/notify_record.hpp"
 #include "integrations/normal/row_counts.hpp"
+#include "integrations/normal_types.hpp"
 #include "integrations/phase_clock.hpp"
 
 #include <cstdint>

@@ -4,9 +4,9 @@
 #pragma once
 
 #include "integrations/backend/row_backend.hpp"
-#include "integrations/buffer.hpp"
 #include "integrations/normal/dispatch_args.hpp"
 #include "integrations/normal/streams.hpp"
+#include "integrations/normal_types.hpp"
 
 #include <cstdint>
 #include <vector>

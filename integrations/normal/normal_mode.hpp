@@ -17,11 +17,11 @@
 #pragma once
 
 #include "integrations/backend/row_backend.hpp"
-#include "integrations/buffer.hpp"
 #include "integrations/call_sequence.hpp"
 #include "integrations/comm_stream.hpp"
 #include "integrations/normal/landing_blocks.hpp"
 #include "integrations/normal/notify_record.hpp"
+#include "integrations/normal_types.hpp"
 #include "proxy/session.hpp"
 
 #include <cstdint>

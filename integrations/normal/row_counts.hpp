@@ -3,8 +3,8 @@
 // cached dispatches and the combine that returns the rows.
 #pragma once
 
-#include "integrations/buffer.hpp"
 #include "integrations/normal/notify_record.hpp"
+#include "integrations/normal_types.hpp"
 
 #include <cstdint>
 #include <vector>

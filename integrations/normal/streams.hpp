@@ -15,9 +15,9 @@
 #pragma once
 
 #include "integrations/backend/row_backend.hpp"
-#include "integrations/buffer.hpp"
 #include "integrations/normal/chunk_plan.hpp"
 #include "integrations/normal/notify_record.hpp"
+#include "integrations/normal_types.hpp"
 #include "integrations/phase_clock.hpp"
 #include "proxy/session.hpp"
 
