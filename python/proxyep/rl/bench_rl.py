@@ -291,7 +291,7 @@ def parse(argv):
     p.add_argument("--config", default="{}", help="the base RunConfig (file or inline JSON); exchange, "
                    "workers, iterations and preemption are the benchmark's")
     p.add_argument("--repeats", type=int, default=None, help="runs per configuration (default 5; --quick 2)")
-    p.add_argument("--iterations", type=int, default=None, help="GRPO iterations per run (default 30; --quick 6)")
+    p.add_argument("--iterations", type=int, default=None, help="GRPO iterations per run (default 30; --quick 4)")
     p.add_argument("--workers", type=int, default=None, help="rollout workers of the main comparison "
                    "(default: the base config's)")
     p.add_argument("--scaling", type=_workers_list, default=None,
@@ -305,13 +305,13 @@ def parse(argv):
                    help="Poisson Spot notices per worker per minute instead of one notice per worker")
     p.add_argument("--run-timeout", type=float, default=None, help="seconds one run may take (default: "
                    "120 + 10 per iteration)")
-    p.add_argument("--quick", action="store_true", help="a smoke-sized benchmark (2 repeats of 6 iterations)")
+    p.add_argument("--quick", action="store_true", help="a smoke-sized benchmark (2 repeats of 4 iterations)")
     p.add_argument("--cli", default=None, help="the proxyep CLI (default: PROXYEP_RL_CLI or the build tree's)")
     p.add_argument("--json", action="store_true", help="print the JSON document at the end")
     args = p.parse_args(argv)
     q = args.quick
     args.repeats = args.repeats if args.repeats is not None else (2 if q else 5)
-    args.iterations = args.iterations if args.iterations is not None else (6 if q else 30)
+    args.iterations = args.iterations if args.iterations is not None else (4 if q else 30)
     args.scaling = args.scaling if args.scaling is not None else ([1, 2] if q else [1, 2, 4])
     for name in ("scaling_exchanges", "preempt_exchanges"):
         text = getattr(args, name) or ("proxyep" if q else "proxyep,a2a")

@@ -211,6 +211,12 @@ class Supervisor:
                "--capacity", str(r.capacity), "--report-every", str(r.report_every), "--notice-file", slot.notice,
                "--drain-budget-s", str(r.drain_budget_s), "--seed", str(self.config.seed * 1000 + slot.index),
                "--weights-from", f"{host}:{port}", "--exchange", r.exchange]
+        if self.config.coordinator == "redis":
+            # Every client of the store leases with the run's options (the tcp coordinator's
+            # server holds them itself); else a worker's leases would outlive the run's timeout.
+            cmd += ["--coordinator-options", json.dumps({"lease_timeout_s": r.lease_timeout_s,
+                                                         "lease_tokens": r.lease_tokens,
+                                                         "max_attempts": r.max_attempts})]
         with self._log(f"worker-{slot.index}") as log:
             log.write(f"==== {slot.worker_id} ====\n".encode())
             log.flush()
@@ -250,8 +256,11 @@ class Supervisor:
     def run(self):
         self.started = time.monotonic()
         # What an earlier run (before a --resume) left must not end this one: gone before the
-        # trainer starts, since it writes trainer-done itself.
-        for name in ("trainer-done", "workers-stopped"):
+        # trainer starts, since it writes trainer-done itself, and before the workers start, whose
+        # notice files (the earlier run's stop of its workers) would stop them at once.
+        names = ["trainer-done", "workers-stopped"]
+        names += [n for n in os.listdir(self.run_dir) if n.startswith("notice-")]
+        for name in names:
             if os.path.exists(os.path.join(self.run_dir, name)):
                 os.unlink(os.path.join(self.run_dir, name))
         try:

@@ -6,7 +6,9 @@
         [--notice-file PATH] [--notice-url URL] [--drain-budget-s 30] [--seed S] [--weights FILE]
 
 The coordinator URL is opened with open_coordinator ("tcp://host:port" with the key in
-PROXYEP_RL_AUTHKEY, "redis://..."). The worker serves leases until told to stop: SIGTERM to any
+PROXYEP_RL_AUTHKEY, "redis://..."; ``--coordinator-options`` gives a redis store's own options,
+lease_timeout_s and the rest, which every client of it must share: ``proxyep rl run`` passes the
+run's). The worker serves leases until told to stop: SIGTERM to any
 rank, ``--notice-file`` appearing, or ``--notice-url`` answering 200 (spot.py); it then releases
 what it holds as interrupted and exits 0. Exit 1: an error (the message names the phase and the
 peer: e.g. the coordinator's address); 2: bad arguments. SIGTERM to the launcher reaches every
@@ -26,6 +28,7 @@ a new file and rename it over the old one); each rank takes its own expert rows.
 
 import argparse
 import datetime
+import json
 import logging
 import math
 import os
@@ -93,6 +96,16 @@ class PublisherWeightSource:
         self.subscriber.close()
 
 
+def _json_object(text):
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
 def parse(argv):
     p = argparse.ArgumentParser(prog="python3 -m proxyep.rl.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -108,6 +121,9 @@ def parse(argv):
     p.add_argument("--heartbeat-s", type=float, default=None, help="default: a third of the lease timeout")
     p.add_argument("--lease-poll-s", type=float, default=0.05, help="how often to ask for work when there is room")
     p.add_argument("--coordinator-timeout-s", type=float, default=10.0, help="deadline of each coordinator call")
+    p.add_argument("--coordinator-options", type=_json_object, default={},
+                   help="JSON object of the coordinator's own options where the client holds them "
+                        "(redis://: lease_timeout_s, lease_tokens, max_attempts, prefix), as the run's")
     p.add_argument("--group-timeout-s", type=float, default=60.0, help="deadline of the worker's own collectives")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (with group id, sample index, prefix length)")
     p.add_argument("--weights", help="policy weights file (see above); default: the seeded initial weights, v0")
@@ -138,7 +154,7 @@ def _broadcast(obj):
 def _open_coordinator(args):
     from .open_coordinator import open_coordinator
 
-    return open_coordinator(args.coordinator, timeout_s=args.coordinator_timeout_s)
+    return open_coordinator(args.coordinator, timeout_s=args.coordinator_timeout_s, **args.coordinator_options)
 
 
 def _initial_published(source, generator):
@@ -193,6 +209,8 @@ def main(argv=None):
         try:
             coordinator = _open_coordinator(args)
             coordinator.version()  # reachable and answering, before anything else starts
+            log.info("coordinator %s%s", args.coordinator,
+                     f" with {args.coordinator_options}" if args.coordinator_options else "")
         except Exception as e:  # noqa: BLE001 - the message goes to every rank
             error = f"cannot reach coordinator {args.coordinator}: {type(e).__name__}: {e}"
     error = _broadcast(error)

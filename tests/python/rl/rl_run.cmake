@@ -2,8 +2,11 @@
 # python.rl.run: pytest in one process starting real runs (a supervisor process, the trainer's
 # and the workers' `proxyep launch` jobs over TCP with the reorder shim, a redis-server) on
 # loopback: a seeded run that learns with every metric; a worker preempted and one SIGKILLed; the
-# trainer SIGKILLed and resumed; the redis coordinator's server SIGKILLed and restarted. About
-# 2.5 minutes here.
+# trainer SIGKILLed and resumed; the redis coordinator's server SIGKILLed and restarted. About 2
+# minutes here (2.5 when loaded): 5 runs of ~12 s start-up each (the trainer's and the workers'
+# Python/torch start-ups) plus their replacement workers; the redis case takes 20-50 s, the upper
+# end when workers die holding leases (they expire only after 30 s: a worker's RedisCoordinator
+# leases with its default lease_timeout_s, not the run's rollout.lease_timeout_s).
 set(rl_run_missing "")
 if(NOT TARGET proxyep)
   list(APPEND rl_run_missing "the proxyep CLI target")

@@ -17,6 +17,7 @@ import time
 import pytest
 
 QUICK_NAMES = ["proxyep-w2", "a2a-w2", "proxyep-w2-preempt", "proxyep-w1"]
+QUICK_ITERATIONS = 4  # --quick's; the preempted configuration's notices come after iterations 1 and 3
 
 
 def bench(args, timeout):
@@ -46,14 +47,15 @@ def test_sections_and_accounting(quick):
     for key in ("cpu", "cores", "kernel", "python", "torch", "date"):
         assert doc["machine"][key], key
     st = doc["settings"]
-    assert st["repeats"] == 2 and st["iterations"] == 6 and st["order"] == QUICK_NAMES
+    assert st["repeats"] == 2 and st["iterations"] == QUICK_ITERATIONS and st["order"] == QUICK_NAMES
     assert list(doc["configurations"]) == QUICK_NAMES
     for name, c in doc["configurations"].items():
         s = c["summary"]
         assert s["runs_ok"] == 2 and s["runs_failed"] == 0, name
-        assert set(s["iteration_s"]) >= {"p50", "p95", "p99"} and s["iteration_s"]["n"] == 2 * 5, name
+        assert set(s["iteration_s"]) >= {"p50", "p95", "p99"}, name
+        assert s["iteration_s"]["n"] == 2 * (QUICK_ITERATIONS - 1), name  # each run's first not timed
         assert s["rollout_tokens_per_s"]["median"] > 0 and len(s["rollout_tokens_per_s"]["per_run"]) == 2, name
-        assert len(s["reward_curve"]["mean"]) == 6 and s["weight_sync_s"]["p50"] >= 0, name
+        assert len(s["reward_curve"]["mean"]) == QUICK_ITERATIONS and s["weight_sync_s"]["p50"] >= 0, name
         assert s["lost"] == 0 and s["duplicated"] == 0, name
     cmp_ = doc["comparisons"]
     assert set(cmp_["proxyep_over_a2a"]) == {"w2"} and cmp_["proxyep_over_a2a"]["w2"]["tokens_per_s"] > 0
@@ -71,7 +73,7 @@ def test_figures_come_from_the_runs(quick):
             run_dir = r["run_dir"]
             assert run_dir == os.path.join(out, "runs", name, f"r{r['repeat']}")
             metrics = _jsonl(os.path.join(run_dir, "metrics.jsonl"))
-            assert len(metrics) == 6
+            assert len(metrics) == QUICK_ITERATIONS
             times += [m["iteration_s"] for m in metrics[1:]]  # the first iteration is not timed
             per_run.append(sum(m["rollout_tokens"] for m in metrics[1:]) / sum(m["iteration_s"] for m in metrics[1:]))
             with open(os.path.join(run_dir, "summary.json")) as f:
@@ -81,7 +83,8 @@ def test_figures_come_from_the_runs(quick):
                 config = json.load(f)
             assert config == c["config"], name
             assert config["trainer"]["exchange"] == config["rollout"]["exchange"] == c["variant"]["exchange"]
-            assert config["rollout"]["workers"] == c["variant"]["workers"] and config["grpo"]["iterations"] == 6
+            assert config["rollout"]["workers"] == c["variant"]["workers"]
+            assert config["grpo"]["iterations"] == QUICK_ITERATIONS
             notices = [e for e in _jsonl(os.path.join(run_dir, "events.jsonl"))
                        if e["event"] == "preempt" and e["why"] == "scheduled"]
             assert r["preemptions"] == len(notices)
@@ -117,16 +120,42 @@ def test_report_and_plots(quick):
     assert f"| {p50:.3f} |" in report
 
 
-@pytest.mark.parametrize("args, message", [
+BAD_OPTIONS = [
     (["--iterations", "1"], "--iterations must be at least 2"),
     (["--config", '{"rollout": {"workerz": 3}}'], "unknown keys"),
     (["--scaling", "0,2"], "worker counts must be positive"),
     (["--preempt-exchanges", "nccl"], "--preempt-exchanges"),
-])
-def test_bad_options_refused_before_anything_runs(tmp_path, args, message):
-    out = tmp_path / "out"
-    proc = bench(["--out", str(out), *args], timeout=60)
-    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+]
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    """Every BAD_OPTIONS invocation, started together (each is mostly a Python and torch start-up):
+    (exit code, stderr, its --out) per entry, in order."""
+    base = tmp_path_factory.mktemp("refused")
+    started = []
+    try:
+        for i, (args, _) in enumerate(BAD_OPTIONS):
+            out = base / f"out{i}"
+            proc = subprocess.Popen([sys.executable, "-m", "proxyep.bench", "rl", "--out", str(out), *args],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            started.append((proc, out))
+        results = []
+        for proc, out in started:
+            _, stderr = proc.communicate(timeout=120)
+            results.append((proc.returncode, stderr, out))
+        return results
+    finally:
+        for proc, _ in started:  # only where a wait above failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.mark.parametrize("index", range(len(BAD_OPTIONS)), ids=[m for _, m in BAD_OPTIONS])
+def test_bad_options_refused_before_anything_runs(refused, index):
+    code, stderr, out = refused[index]
+    assert code == 2 and BAD_OPTIONS[index][1] in stderr, stderr
     assert not out.exists()
 
 

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import time
 
 import pytest
 
@@ -86,7 +87,11 @@ def test_preempted_and_killed_workers_are_replaced_nothing_lost(tmp_path):
     after iteration 4 (ranks and launcher: its leases expire after lease_timeout_s and are
     requeued; a replacement joins). Whether either held leases at that instant is up to timing
     (this tiny task's rollouts take a few decode steps); what they held is checked when they did."""
-    config = small_config(grpo={"iterations": 30},
+    # 20 iterations: worker 0 is replaced after its drain and worker 1 after its kill, both around
+    # iteration 4, so the replacements start within about a second of each other; the iterations
+    # left once the first one serves give the second one time to join (checked below) before the
+    # run ends.
+    config = small_config(grpo={"iterations": 20},
                           rollout={"lease_timeout_s": 2.0, "capacity": 4, "drain_budget_s": 10.0},
                           preempt={"schedule": [[2, 0, "notice"], [4, 1, "kill"]], "schedule_unit": "iterations",
                                    "restart_delay_s": 0.5})
@@ -95,7 +100,7 @@ def test_preempted_and_killed_workers_are_replaced_nothing_lost(tmp_path):
     summary = run.summary()
     assert_accounting(summary)
     recs = run.metrics()
-    assert [r["iteration"] for r in recs] == list(range(1, 31))
+    assert [r["iteration"] for r in recs] == list(range(1, 21))
 
     drained = [e for e in run.events("worker_drained") if e["worker"] == "w0.0"]
     assert len(drained) == 1 and drained[0]["code"] == 0 and drained[0]["drain_s"] < 10.0, run.events()
@@ -153,8 +158,13 @@ def test_trainer_killed_then_resumed_finishes_every_iteration(tmp_path):
     before = run.metrics()
     assert not os.path.exists(os.path.join(run.run_dir, "summary.json"))
 
+    resumed_at = time.time()
     resumed = Run(tmp_path, config, "--resume")
     assert resumed.wait(RUN_TIMEOUT_S) == 0, resumed.logs()
+    # The killed run's stop notices were cleared: no resumed worker stopped (nothing preempts here).
+    stops = [e for e in resumed.events() if e["time"] > resumed_at
+             and e["event"] in ("worker_drained", "worker_died")]
+    assert not stops, stops
     with open(os.path.join(run.run_dir, "logs", "trainer.log")) as f:
         step = int(re.findall(r"resume: checkpoint (\d+)", f.read())[-1])
     assert step % 4 == 0 and 4 <= step <= len(before)
@@ -174,7 +184,9 @@ def test_redis_coordinator_survives_a_server_crash(tmp_path):
     """coordinator "redis": the supervisor's own redis-server (append-only, fsync always) is
     SIGKILLed after iteration 3; the supervisor restarts it on the same port and directory, the
     trainer's host retries through the outage, workers that fail on it are replaced."""
-    config = small_config(grpo={"iterations": 24}, rollout={"lease_timeout_s": 3.0}, coordinator="redis",
+    # 16 iterations: 13 more after the kill's trigger (iteration 3), a margin for the kill to land
+    # before the run could end.
+    config = small_config(grpo={"iterations": 16}, rollout={"lease_timeout_s": 3.0}, coordinator="redis",
                           preempt={"restart_delay_s": 0.5})
     run = Run(tmp_path, config)
     wait_for(lambda: len(run.metrics()) >= 3, RUN_TIMEOUT_S, "metrics of iteration 3", run)
@@ -187,5 +199,7 @@ def test_redis_coordinator_survives_a_server_crash(tmp_path):
     assert [e["pid"] for e in run.events("redis_died")] == [first[0]["pid"]]
     assert [e["pid"] for e in run.events("redis_stopped")] == [starts[1]["pid"]]
     assert not alive(starts[1]["pid"])
-    assert [r["iteration"] for r in run.metrics()] == list(range(1, 25))
+    assert [r["iteration"] for r in run.metrics()] == list(range(1, 17))
     assert_accounting(run.summary())
+    # Workers lease with the run's options, as the trainer does (a redis client holds them).
+    assert "'lease_timeout_s': 3.0" in run.worker_log(0), run.worker_log(0)
