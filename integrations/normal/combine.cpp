@@ -36,7 +36,6 @@ CheckedCombine check_combine_args(const CombineArgs& a, bool on_device, uint64_t
   const DispatchHandle& h = *a.handle;
   require(h.buffer_id == buffer_id, kPhase, "the handle was made by another Buffer");
   const int64_t num_recv = h.num_recv_tokens;
-  const FabricChunking chunking = fabric_chunking_of(a.config, kPhase);
   ep::require_dtype(a.x, DType::bf16, kPhase, "x");
   if (on_device)
     require(a.x.device == ep::Device::cuda, kPhase, "x must be device memory; got {}", a.x);
@@ -47,7 +46,7 @@ CheckedCombine check_combine_args(const CombineArgs& a, bool on_device, uint64_t
           a.x);
   ep::require_contiguous(a.x, kPhase, "x");
   CheckedCombine c;
-  c.fabric_chunking = chunking;
+  c.fabric_chunking = fabric_chunking_of(a.config, kPhase);
   c.hidden = a.x.cols;
   require(c.hidden > 0 && (c.hidden * 2) % ep::kRowUnitBytes == 0, kPhase,
           "hidden * 2 bytes must be a positive multiple of {}; x is {}", ep::kRowUnitBytes, a.x);

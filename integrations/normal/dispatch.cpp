@@ -109,14 +109,12 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   for (int s = 0; s < R; ++s)
     first_row[s] = counts.first_from(s, me);
   streams.receive_into(d->out, std::move(first_row));
-  if (hier_streams != nullptr) {
+  if (hier_streams != nullptr)
     hier_streams->plan(records);
-    chunk_fabric_in(session_, streams, records);
-  } else {
+  else
     streams.in = plan_streams(session_, in.format, counts.received_from_each(me));
-    chunk_fabric_in(session_, streams, records);
-    plan_in_place(*d, records, counts);
-  }
+  chunk_fabric_in(session_, streams, records);
+  if (hier_streams == nullptr) plan_in_place(*d, records, counts);
   finish_handle(d->out, in, a, d->routing, counts, records);
   if (hier_streams != nullptr && !in.cached)
     d->out.handle.forward_heads = hier_streams->forward_heads();
