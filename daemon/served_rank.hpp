@@ -2,7 +2,7 @@
 // client's memory mapped here, a fabric endpoint opened for it, its arena and staging registered
 // there, and a proxy engine whose threads drain the client's descriptor ring and relay the
 // immediates that arrive back to the client (proxy/signal_relay.hpp). Built in steps that follow
-// the client's own collective setup (proxy/daemon_session.hpp):
+// the client's own collective setup (proxy/proxy_host_daemon.hpp):
 //
 //   ServedRank rank(request, fds);  // maps, opens the fabric, registers: addresses(), arena()
 //   rank.connect(addresses);        // every rank's fabric address, after the job's allgather
@@ -35,6 +35,7 @@
 #include "gpu_side/doorbell.hpp"
 #include "proxy/health.hpp"
 #include "proxy/proxy_engine.hpp"
+#include "proxy/rank_proxy.hpp"
 #include "proxy/signal_relay.hpp"
 
 #include <memory>
@@ -91,59 +92,65 @@ class ServedRank {
 
   int rank() const { return request_.rank; }
   int ranks() const { return request_.ranks; }
-  fabric::Bytes addresses() const { return state_->fabric->addresses(); }
-  fabric::Bytes arena_descriptor() const;
+  fabric::Bytes addresses() const { return state_->proxy->addresses(); }
+  fabric::Bytes arena_descriptor() const { return state_->proxy->arena_descriptor(); }
   // The landing region's descriptor when it is registered, else nullopt.
-  std::optional<fabric::Bytes> landing_descriptor() const;
+  std::optional<fabric::Bytes> landing_descriptor() const {
+    return state_->proxy->landing_descriptor();
+  }
   // Whether the client's device staging is registered; its device arena's descriptor when that
   // is; why offered device memory is not used ("" when it all is, or none was offered).
-  bool device_staging_registered() const { return state_->device_staging_region != nullptr; }
-  bool device_arena_registered() const { return state_->device_arena_region != nullptr; }
+  bool device_staging_registered() const { return state_->proxy->device_staging_registered(); }
+  bool device_arena_registered() const { return device_arena_descriptor().has_value(); }
+  std::optional<fabric::Bytes> device_arena_descriptor() const {
+    return state_->proxy->device_arena_descriptor();
+  }
   // What the client offered (AttachRequest): none when it has no device memory a NIC reads.
   bool offered_device_staging() const { return request_.device_staging.has_value(); }
   bool offered_device_arena() const { return request_.device_arena.has_value(); }
-  std::optional<fabric::Bytes> device_arena_descriptor() const;
   const std::string& device_memory_note() const { return device_memory_note_; }
-  const fabric::Capabilities& capabilities() const { return state_->fabric->capabilities(); }
+  const fabric::Capabilities& capabilities() const { return state_->proxy->capabilities(); }
   // The job's fabric addresses (index = rank), as connect() accepted them; empty before.
   const std::vector<fabric::Bytes>& group() const { return group_; }
   const std::string& job_tag() const { return request_.job_tag; }
 
+  // The setup steps, as RankProxy's (proxy/rank_proxy.hpp): every rank's fabric address; every
+  // rank's arena, landing and device arena descriptors (checked there before anything is
+  // registered); the connection probes, which the client polls (the daemon never blocks on one
+  // rank while it serves others); the start.
   void connect(const std::vector<fabric::Bytes>& group);
-  // Every rank's arena descriptor, (when the landing region is registered) every rank's
-  // landing descriptor, and every rank's device arena descriptor (empty: that rank has none
-  // registered; the whole list empty: no rank has).
   void add_arenas(const std::vector<fabric::Bytes>& descriptors,
                   const std::vector<fabric::Bytes>& landing_descriptors,
-                  const std::vector<fabric::Bytes>& device_arena_descriptors);
-  // Probes the fabric connection to each of `peers` (proxy/fabric_connections.hpp), after
-  // add_arenas and before start; connections_open() drives them and says whether all completed
-  // (throws naming the peer when one failed). The client polls it: the daemon never blocks on
-  // one rank while it serves others.
-  void open_connections(const std::vector<int>& peers);
-  bool connections_open();
-  std::vector<int> peers_awaiting_connection() const;
-  void start();
-  bool started() const { return started_; }
+                  const std::vector<fabric::Bytes>& device_arena_descriptors) {
+    state_->proxy->add_regions(descriptors, landing_descriptors, device_arena_descriptors);
+  }
+  void open_connections(const std::vector<int>& peers) { state_->proxy->open_connections(peers); }
+  bool connections_open() { return state_->proxy->connections_open(); }
+  std::vector<int> peers_awaiting_connection() const {
+    return state_->proxy->peers_awaiting_connection();
+  }
+  void start() { state_->proxy->start(); }
+  bool started() const { return state_->proxy->started(); }
   // Before start(): the client's collectives wait on its peers, whose fabric needs this side
   // to progress (connection requests, early writes).
-  void progress();
+  void progress() { state_->proxy->progress(); }
 
-  // Captured steps (proxy/step_link.hpp, proxy/daemon_steps.hpp), after start(): the client's
-  // step memory, its memfd `fd` (host memory) or, with `device`, its device memory by handle
-  // (and `fd` where the device has one), registered (replacing one not linked yet). Returns the
-  // region's descriptor; nullopt for device memory this fabric does not register, with why in
-  // `note` (the client's host memory then serves). Throws proxyep::Error("daemon.steps").
+  // Captured steps (proxy/step_link.hpp, proxy/proxy_host_daemon.hpp), after start(): the
+  // client's step memory, its memfd `fd` (host memory) or, with `device`, its device memory by
+  // handle (and `fd` where the device has one), registered (replacing one not linked yet).
+  // Returns the region's descriptor; nullopt for device memory this fabric does not register,
+  // with why in `note` (the client's host memory then serves). Throws
+  // proxyep::Error("daemon.steps").
   std::optional<fabric::Bytes> add_step_memory(
       uint64_t bytes, const std::optional<AttachRequest::DeviceMemory>& device,
       const std::string& device_kind, int fd, std::string& note);
   // Every rank's step region (by rank), and the client's signal words (the memfd `words_fd` of
-  // `words` words), which this rank's router counts from now on; `keep_polling`: the proxy
-  // threads stop sleeping. Once.
+  // `words` words), which the daemon counts from now on; `keep_polling`: the proxy threads stop
+  // sleeping. Once.
   void link_steps(const std::vector<fabric::Bytes>& descriptors, int words_fd, uint32_t words,
                   bool keep_polling);
-  bool steps_linked() const { return state_->step_words != nullptr; }
-  bool step_memory_on_device() const { return state_->step_device_memory.memory != nullptr; }
+  bool steps_linked() const { return state_->proxy->steps_linked(); }
+  bool step_memory_on_device() const { return state_->proxy->step_memory_on_device(); }
 
   std::optional<proxy::Failure> failure() const;
   // Peers given up under tolerate_peer_failures, not reported before (each once).
@@ -153,49 +160,29 @@ class ServedRank {
   uint64_t relayed() const { return state_->relay ? state_->relay->relayed() : 0; }
 
  private:
-  // The descriptor lists of add_arenas(): arenas are all as long as this rank's (one layout per
-  // job); a device arena may be missing (a rank that registered none).
-  enum class Descriptors { arena, landing, device_arena };
-  // `serialized` (one per rank) deserialized, after the checks add_arenas() promises: each well
-  // formed and naming memory, this rank's own equal to `own` (what it registered; none: empty),
-  // and the rules of `which`. nullopt where a rank sent none. Throws proxyep::Error naming the
-  // rank and the list.
-  std::vector<std::optional<fabric::RegionDescriptor>> checked_descriptors(
-      Descriptors which, const std::vector<fabric::Bytes>& serialized,
-      const std::optional<fabric::Bytes>& own) const;
-  // Opens the client's device memory `offer` (of device `kind`) and registers it (FI_HMEM) into
-  // `memory` and `region`, the proxy threads held out of their passes once they run: "" when
-  // it is, else why not (the client's host memory then serves).
-  std::string open_device_memory(const std::string& kind, const AttachRequest::DeviceMemory& offer,
-                                 int fd, gpu_side::device::NicMemory& memory,
-                                 std::unique_ptr<fabric::MemoryRegion>& region);
-  // open_device_memory() for the attach's offers; false, with the reason in
-  // device_memory_note_, where it is not registered.
-  bool register_device_memory(const AttachRequest::DeviceMemory& offer, int fd,
-                              std::string_view what, gpu_side::device::NicMemory& memory,
-                              std::unique_ptr<fabric::MemoryRegion>& region);
+  // Opens the client's device memory `offer` (of device `kind`) and registers it for `use`
+  // (FI_HMEM): "" when it is, else why not (the client's host memory then serves).
+  std::string open_device_memory(proxy::DeviceMemoryUse use, const std::string& kind,
+                                 const AttachRequest::DeviceMemory& offer, int fd);
+  // open_device_memory() for the attach's offers; the reason in device_memory_note_ where it is
+  // not registered.
+  void register_device_memory(proxy::DeviceMemoryUse use, const AttachRequest::DeviceMemory& offer,
+                              int fd);
 
   AttachRequest request_;
   std::vector<fabric::Bytes> group_;
-  bool started_ = false;
   std::vector<bool> peer_failure_reported_;
   std::string device_memory_note_;
   // Everything the proxy threads may touch; leaked whole when stop() had to abandon a thread.
   struct State {
+    // The client's memory, mapped here.
     std::unique_ptr<HostMemory> arena, staging, ring_memory, relay_memory, landing,
-        device_ring_memory, step_ring_memory;
-    gpu_side::device::NicMemory device_staging, device_arena;  // the client's, opened here
-    // Captured steps: the client's step memory (host, or device opened here), its words.
-    std::unique_ptr<HostMemory> step_memory;
-    gpu_side::device::NicMemory step_device_memory;
-    std::unique_ptr<control::SignalWords> step_words;
+        device_ring_memory, step_ring_memory, step_memory;
+    std::unique_ptr<control::SignalWords> step_words;  // the captured steps', counted here
     std::unique_ptr<gpu_side::Doorbell> doorbell;
-    std::unique_ptr<fabric::Fabric> fabric;
-    std::unique_ptr<fabric::MemoryRegion> arena_region, staging_region, landing_region,
-        device_staging_region, device_arena_region, step_region;
     std::unique_ptr<proxy::RelaySender> relay;
-    control::SignalRouter router;
-    std::unique_ptr<proxy::ProxyEngine> engine;
+    control::SignalRouter router;  // relays to the client's, counts only the step words
+    std::unique_ptr<proxy::RankProxy> proxy;
   };
   std::unique_ptr<State> state_ = std::make_unique<State>();
 };

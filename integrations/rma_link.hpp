@@ -1,6 +1,6 @@
 // RMA link: a private point-to-point channel over the fabric layer, for bulk one-way transfers
 // between two processes that share no bootstrap or process group (weight publication from a
-// trainer to rollout workers, python/proxyep/rl/weight_publisher.py). One link = one Fabric of
+// trainer to rollout workers, python/proxyep/rl/weights/publisher.py). One link = one Fabric of
 // two ranks in its own address vector: the sender is rank 0, the receiver rank 1. Each side
 // opens its own (so a receiver that joins late gets a link of its own, and a dead peer breaks
 // only its link), exchanges address() and the receiver's descriptor() over any control channel,

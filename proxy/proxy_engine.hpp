@@ -125,7 +125,7 @@ class ProxyEngine {
   // True once stop() had to detach a thread. Such a thread may still touch the fabric, the
   // router and whatever they reach (registered memory, counter banks, windows) whenever it
   // returns from the provider: their owner must then keep them alive for the rest of the
-  // process (in_process_session.hpp does), never destroy them.
+  // process (session.hpp does), never destroy them.
   bool abandoned() const;
 
   // Waits until every descriptor reserved in any ring before the call has completed locally.

@@ -11,19 +11,31 @@
 //   session->await({.ready = ..., .pending = ..., .phase = "dispatch", .what = "records"});
 //   session->quiet("dispatch");                               // every write completed
 //
-// Kinds: the in-process session (proxy threads of this process, in_process_session.hpp), and
-// the node daemon's client (daemon_session.hpp: the channels post through a ring the daemon
-// drains, and waits route the immediates the daemon relays back). Protocols above do not change.
+// Where the proxy threads run is the one thing that differs, behind a ProxyHost (proxy_host.hpp):
+// in this process (proxy_host_in_process.hpp), or in the node daemon (proxy_host_daemon.hpp: the
+// channels post through a ring the daemon drains, and waits route the immediates the daemon
+// relays back). Protocols above do not change.
 //
 // Threads: one protocol thread per session calls everything here; the proxy threads it runs
 // are its own business.
 #pragma once
 
+#include "common/deadline.hpp"
+#include "common/host_memory.hpp"
 #include "common/step_clock.hpp"
 #include "control/bootstrap.hpp"
+#include "control/counter_bank.hpp"
+#include "control/peer_watch.hpp"
+#include "control/signal_router.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/device/device_runtime.hpp"
+#include "gpu_side/doorbell.hpp"
+#include "gpu_side/ring.hpp"
 #include "proxy/arena_layout.hpp"
+#include "proxy/device_arenas.hpp"
+#include "proxy/device_routing.hpp"
+#include "proxy/fabric_channel.hpp"
+#include "proxy/node_memory.hpp"
 #include "proxy/peer_channel.hpp"
 #include "proxy/proxy_engine.hpp"
 #include "proxy/step_link.hpp"
@@ -64,7 +76,7 @@ struct SessionConfig {
   // registration of a write's source (no FI_MR_LOCAL), whatever this says.
   bool send_from_caller = true;
   // The node daemon's socket when its proxy threads serve this rank (proxy.mode = daemon,
-  // daemon_session.hpp); empty: proxy threads in this process. Only used when the group spans
+  // proxy_host_daemon.hpp); empty: proxy threads in this process. Only used when the group spans
   // nodes. Ranks may differ (each node has its own daemon).
   std::string daemon_socket;
   // The device of a Buffer's device calls (BufferOptions::device), or none. With one, when the
@@ -98,10 +110,8 @@ struct Wait {
   std::function<bool(int, const std::string&)> on_lost;
 };
 
-// Whether the landing region is registered with the fabric: ep.landing_fabric `mode` (on, off,
-// auto) for `provider`. Registration pins memory on efa and verbs (the whole region, however
-// little of it outputs use), so auto is off there; on tcp, shm and the like it costs nothing.
-bool registers_landing(std::string_view mode, std::string_view provider);
+class ProxyHost;
+struct HostOpened;
 
 class Session {
  public:
@@ -109,7 +119,10 @@ class Session {
   // options that differ between ranks, memory that cannot be shared, or a fabric that fails.
   static std::unique_ptr<Session> open(control::Bootstrap& bootstrap, const SessionConfig& config);
 
-  virtual ~Session() = default;
+  // Use open(): `host` is where the proxy threads run (proxy_host.hpp), null on one node.
+  Session(control::Bootstrap& bootstrap, const SessionConfig& config,
+          std::unique_ptr<ProxyHost> host);
+  ~Session();
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
@@ -118,39 +131,39 @@ class Session {
   int ranks_per_node() const { return layout_.sizes().ranks_per_node; }
   const ArenaLayout& layout() const { return layout_; }
   // The channel to `peer`; peer == rank(): to this rank's own arena (records to itself).
-  virtual PeerChannel& channel(int peer) const = 0;
+  PeerChannel& channel(int peer) const { return *state_->channels.at(static_cast<size_t>(peer)); }
 
   // Starts call `call` (0, 1, ...): signals of call - 2 are retired. `rows_device`: the device
   // whose kernels write and read the call's rows (its backend's stream; none for a host call);
   // in a call of SessionConfig::device, node peers' rows go through their device arenas
   // (device_arenas.hpp). Throws proxyep::Error when writes of an earlier call were left over
   // (the ranks are out of step).
-  virtual void begin_call(uint64_t call, const gpu_side::device::DeviceRuntime* rows_device) = 0;
+  void begin_call(uint64_t call, const gpu_side::device::DeviceRuntime* rows_device);
   // Waits as `wait` says; throws proxyep::Error(wait.phase) on timeout naming the pending ranks,
   // when a pending node peer exits, or when the transport failed.
-  virtual void await(const Wait& wait) = 0;
+  void await(const Wait& wait);
   // Waits until every write this rank posted has completed locally (staging may be rewritten).
-  virtual void quiet(std::string_view phase) = 0;
+  void quiet(std::string_view phase);
   // Throws proxyep::Error(phase) if the transport failed earlier (e.g. a proxy thread's peer).
-  virtual void check_health(std::string_view phase) const = 0;
+  void check_health(std::string_view phase) const;
   // Why `rank` is known to be gone (it left the job, its process on this node exited, the proxy
   // gave it up), or nullopt.
-  virtual std::optional<std::string> peer_lost(int rank) const = 0;
+  std::optional<std::string> peer_lost(int rank) const;
   // Rank masking: while ignored, the peer's signals are dropped whatever their call (a masked
   // peer that is only slow must not disturb later calls).
-  virtual void ignore_peer(int rank, bool ignored) = 0;
+  void ignore_peer(int rank, bool ignored);
   // Stops the transport's threads; later calls may only be destruction. Idempotent.
-  virtual void stop() noexcept = 0;
+  void stop() noexcept;
   // This rank's arena data area (sizes().data_bytes: where node peers' rows land) and staging
   // data area (sizes().staging_bytes: rows on their way to other nodes; empty on one node), for
   // callers that want the raw bytes (DeepEP's get_local_buffer_tensor). Both are rewritten by
   // every call.
-  virtual std::span<std::byte> data_area() const = 0;
-  virtual std::span<std::byte> staging_data_area() const = 0;
+  std::span<std::byte> data_area() const;
+  std::span<std::byte> staging_data_area() const;
   // Every region of host memory a call's rows are written to or read from on this rank: its
   // arena, the node peers' arenas mapped here, its staging (when it has one). A device backend
   // registers them so that kernels pack and unpack rows there (integrations/device_regions.hpp).
-  virtual std::vector<std::span<std::byte>> row_memory() const = 0;
+  std::vector<std::span<std::byte>> row_memory() const;
   // Device calls. route_posts(device) hands this rank's later writes to other nodes to
   // `device`'s stream (proxy/device_route.hpp): each is pushed to the proxies by the stream, in
   // order after the work queued on it before, so that the protocol posts a write whose source a
@@ -159,46 +172,83 @@ class Session {
   // Returns whether the writes go through the stream: false without a device ring
   // (SessionConfig::device), on one node, or for a second device (the first one's keeps the
   // ring). Waits (await, quiet) first have the stream push what it was handed.
-  virtual bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                           std::string_view phase) {
-    (void)device, (void)phase;
-    return false;
-  }
+  bool route_posts(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                   std::string_view phase);
   // Queues the pushes of the writes handed to the stream since the last flush (one batch):
   // after a burst of writes, so that they leave as soon as the stream reaches them.
-  virtual void flush_posts() {}
-  // How many writes went through a device's stream (route_posts) so far, and how many of them
-  // were chunks written straight from device memory (the device staging area).
-  virtual uint64_t writes_from_device() const { return 0; }
-  // How many payloads (eager bytes, chunks) this rank stored into node peers' device arenas.
-  virtual uint64_t sends_to_device_arenas() const = 0;
-  virtual uint64_t chunks_from_device_memory() const { return 0; }
+  void flush_posts();
+  // How many writes went through a device's stream (route_posts) so far, how many payloads
+  // (eager bytes, chunks) this rank stored into node peers' device arenas, and how many chunks
+  // were written straight from device memory (the device staging area).
+  uint64_t writes_from_device() const;
+  uint64_t sends_to_device_arenas() const;
+  uint64_t chunks_from_device_memory() const;
 
   // Steps a device's stream runs between nodes by itself (captured graphs: step_link.hpp):
   // collective, once per session, `bytes` of step memory and `words` signal words on every
   // rank, kept while the session lives, registered and counted by whichever proxy threads
-  // serve the session (this process's, or the node daemon's: daemon_steps.hpp). Throws
-  // proxyep::Error(phase): on one node, without a device ring (SessionConfig::device), for a
-  // second open, or when a rank's memory or registration fails.
-  virtual StepLink open_step_link(control::Bootstrap& bootstrap,
-                                  const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
-                                  uint64_t bytes, uint32_t words, std::string_view phase) = 0;
+  // serve the session (the host's). Throws proxyep::Error(phase): on one node, without a
+  // device ring (SessionConfig::device), for a second open, or when a rank's memory or
+  // registration fails.
+  StepLink open_step_link(control::Bootstrap& bootstrap,
+                          const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
+                          uint64_t bytes, uint32_t words, std::string_view phase);
 
   // One line for the debug log: sizes, paths, threads.
-  virtual std::string describe() const = 0;
+  std::string describe() const;
   // What the fabric's reorder shim (fabric.reorder, a testing aid) did, so a test can prove its
-  // writes really were reordered; nullopt without a fabric (one node) or with the shim off.
-  virtual std::optional<fabric::ReorderStats> reorder_stats() const = 0;
-  // Each proxy thread's counters (none without a fabric), and whether the proxy failed: for the
-  // metrics endpoint, from any thread while the session lives.
-  virtual std::vector<ThreadStats> proxy_thread_stats() const = 0;
-  virtual bool proxy_failed() const = 0;
-
- protected:
-  explicit Session(ArenaLayout layout) : layout_(std::move(layout)) {}
+  // writes really were reordered; nullopt without a fabric in this process (one node, or the
+  // daemon's) or with the shim off.
+  std::optional<fabric::ReorderStats> reorder_stats() const;
+  // Each proxy thread's counters (none without a fabric, or when they are the daemon's: its
+  // metrics endpoint reports them), and whether the proxy failed: for the metrics endpoint,
+  // from any thread while the session lives.
+  std::vector<ThreadStats> proxy_thread_stats() const;
+  bool proxy_failed() const;
 
  private:
+  // The fabric path, when the group spans nodes: the host's collective setup (proxy_host.hpp).
+  void open_fabric(control::Bootstrap& bootstrap, const SessionConfig& config);
+  // Every rank's descriptors of what its host registered, to the host.
+  // Returns, by rank, whether its device arena is a write target.
+  std::vector<bool> share_regions(control::Bootstrap& bootstrap, const HostOpened& opened);
+  // Until `ready()`: the host's wait, or (one node) polls; throws Error(phase) at the deadline.
+  void wait_for(const std::function<bool()>& ready, const Deadline& deadline,
+                std::string_view phase, const std::function<std::string()>& describe);
+  // Has the device's stream push what the route was handed, before a wait for what answers it.
+  void drive_route(std::string_view phase);
+  // Stops the proxy threads; when one had to be left inside the provider, leaks the state it
+  // may touch.
+  void stop_and_settle() noexcept;
+
   ArenaLayout layout_;
+  std::chrono::milliseconds timeout_;
+  const control::PeerWatch* peers_;  // the bootstrap's liveness (null: a world of one)
+  // Everything the proxy threads may touch, in construction order. When stop() had to leave a
+  // thread inside the provider (ProxyHost::abandoned), the destructor leaks it whole: the
+  // thread may return at any time and use the fabric, the router, the banks, the windows and
+  // the registered memory.
+  struct State {
+    std::unique_ptr<NodeMemory> node;
+    std::unique_ptr<DeviceArenas> device_arenas;  // SessionConfig::device's, for node peers
+    // Records: key = source; eager bytes: key = R + source (fabric_channel.hpp).
+    std::unique_ptr<control::CounterBank> counters;
+    control::SignalRouter router;  // the rank's one router
+    // The fabric path (only when the group spans nodes), in the host's memory.
+    std::unique_ptr<HostMemory> staging, ring_memory;
+    std::unique_ptr<gpu_side::Doorbell> doorbell;
+    // SessionConfig::device: the ring a device's stream pushes into, and its route; the ring
+    // its captured steps push into (step_link.hpp).
+    std::unique_ptr<DeviceRouting> device_routing;
+    std::unique_ptr<StepTransport> step;
+    std::unique_ptr<ProxyHost> host;  // null on one node
+    std::unique_ptr<gpu_side::RingProducer> producer;
+    std::unique_ptr<FabricLink> link;
+    // By rank: NodeChannel for this node's ranks (this rank included), FabricChannel for
+    // others. The router points into the fabric channels: stop() ends the proxy threads first.
+    std::vector<std::unique_ptr<PeerChannel>> channels;
+  };
+  std::unique_ptr<State> state_;  // made in the constructor, where ProxyHost is complete
 };
 
 }  // namespace proxyep::proxy

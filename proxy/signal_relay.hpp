@@ -64,6 +64,8 @@ class RelayReceiver {
   // (router's last_error() says which and why); the ones behind it stay for the next drain.
   [[nodiscard]] Status drain();
   uint64_t received() const { return received_; }
+  // Why the router refused an immediate (drain() returned Status::error).
+  std::string last_error() const { return router_.last_error(); }
 
  private:
   gpu_side::RingConsumer consumer_;

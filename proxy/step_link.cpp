@@ -1,4 +1,4 @@
-// StepTransport and InProcessSteps (step_link.hpp).
+// StepTransport (step_link.hpp).
 #include "proxy/step_link.hpp"
 
 #include "common/error.hpp"
@@ -11,56 +11,6 @@
 #include <vector>
 
 namespace proxyep::proxy {
-
-HostMemory InProcessSteps::host_memory(uint64_t bytes, std::string_view) {
-  return HostMemory::heap(bytes);
-}
-
-DeviceStepMemory InProcessSteps::register_device_memory(gpu_side::device::DeviceRuntime& device,
-                                                        uint64_t bytes, const Deadline& deadline) {
-  if (!fabric_.capabilities().hmem) return {};
-  gpu_side::device::NicMemory nic = device.allocate_for_nic(bytes);
-  if (!nic.memory) return {};
-  try {
-    engine_.amend(
-        [&] {
-          region_ = fabric_.register_memory(
-              nic.memory.get(), bytes,
-              nic.registers_as_host ? fabric::MemoryKind::host : fabric::MemoryKind::cuda);
-        },
-        deadline);
-  } catch (const Error& e) {
-    log::info("buffer: step memory not registered in device memory ({}); host memory serves",
-              e.what());
-    return {};
-  }
-  return {.memory = nic.memory, .descriptor = region_->descriptor().serialize()};
-}
-
-fabric::Bytes InProcessSteps::register_host_memory(const HostMemory& memory,
-                                                   const Deadline& deadline) {
-  engine_.amend([&] { region_ = fabric_.register_memory(memory.host(), memory.size()); }, deadline);
-  return region_->descriptor().serialize();
-}
-
-void InProcessSteps::link(const std::vector<fabric::Bytes>& descriptors,
-                          control::SignalWords& words, bool keep_polling,
-                          const Deadline& deadline) {
-  engine_.amend(
-      [&] {
-        engine_.regions().add_local(StepTransport::kRegion, *region_);
-        for (size_t r = 0; r < descriptors.size(); ++r)
-          engine_.regions().add_remote(static_cast<int>(r), StepTransport::kRegion,
-                                       fabric::RegionDescriptor::deserialize(descriptors[r]));
-        router_.attach_words(words);
-      },
-      deadline);
-  if (keep_polling) engine_.keep_polling(true);
-}
-
-void InProcessSteps::unregister(const Deadline& deadline) {
-  if (region_) engine_.amend([&] { region_.reset(); }, deadline);  // the fabric's too
-}
 
 StepTransport::StepTransport(HostMemory ring_memory)
     : ring_memory_(std::move(ring_memory)),
@@ -91,10 +41,11 @@ void StepTransport::release() noexcept {
 }
 
 fabric::Bytes StepTransport::make(StepProxy& proxy, uint64_t bytes, uint32_t words,
-                                  const Deadline& deadline) {
+                                  const Deadline& deadline, std::string_view phase) {
   gpu_side::device::DeviceRuntime& device = *device_;
   fabric::Bytes descriptor;
-  if (DeviceStepMemory nic = proxy.register_device_memory(device, bytes, deadline); nic.memory) {
+  if (DeviceStepMemory nic = proxy.register_device_memory(device, bytes, deadline, phase);
+      nic.memory) {
     device_memory_ = nic.memory;
     link_.memory = nic.memory.get();
     link_.device_memory = true;
@@ -103,7 +54,7 @@ fabric::Bytes StepTransport::make(StepProxy& proxy, uint64_t bytes, uint32_t wor
     host_memory_ = std::make_unique<HostMemory>(proxy.host_memory(bytes, "step memory"));
     link_.memory = static_cast<std::byte*>(device.register_host(host_memory_->host(), bytes));
     host_registered_ = true;
-    descriptor = proxy.register_host_memory(*host_memory_, deadline);
+    descriptor = proxy.register_host_memory(*host_memory_, deadline, phase);
   }
   link_.bytes = bytes;
   words_ = std::make_unique<control::SignalWords>(
@@ -137,7 +88,7 @@ StepLink StepTransport::open(control::Bootstrap& bootstrap, StepProxy& proxy,
   std::string failed;
   fabric::Bytes descriptor;
   try {
-    descriptor = make(proxy, bytes, words, Deadline(timeout));
+    descriptor = make(proxy, bytes, words, Deadline(timeout), phase);
   } catch (const std::exception& e) {
     failed = e.what();
   }
@@ -159,7 +110,7 @@ StepLink StepTransport::open(control::Bootstrap& bootstrap, StepProxy& proxy,
   }
   // A graph's pushes and arrivals ring no doorbell: the proxies keep polling from now on, for
   // the session's life (proxy.graph_polling).
-  proxy.link(blobs, *words_, params::proxy_graph_polling.get(), Deadline(timeout));
+  proxy.link(blobs, *words_, params::proxy_graph_polling.get(), Deadline(timeout), phase);
   bootstrap.barrier(fmt::format("{}(step transport ready)", phase));
   log::debug(
       "buffer: rank {}: captured steps reach other nodes through {} bytes of {} ({} signal words)",

@@ -21,12 +21,13 @@
 // them. From then on the proxy threads keep polling instead of sleeping (proxy.graph_polling):
 // nothing rings their doorbells for a graph's writes and arrivals.
 //
-// Whose proxy threads (StepProxy): this process's (InProcessSteps: the fabric registration and
-// the region table changed while the threads are held out of their passes, ProxyEngine::amend,
-// the fabric being FI_THREAD_DOMAIN; the session's router counts the words), or the node
-// daemon's (DaemonSteps, daemon_steps.hpp: ring, words and host step memory in memfds the daemon
-// maps, device step memory offered by its handle; the daemon registers them and counts the
-// words itself, into the pages this process's device waits on).
+// Whose proxy threads (StepProxy, which every proxy host is: proxy_host.hpp): this process's
+// (proxy_host_in_process.hpp: the fabric registration and the region table changed while the
+// threads are held out of their passes, ProxyEngine::amend, the fabric being FI_THREAD_DOMAIN;
+// the rank's router counts the words), or the node daemon's (proxy_host_daemon.hpp: ring, words
+// and host step memory in memfds the daemon maps, device step memory offered by its handle; the
+// daemon registers them and counts the words itself, into the pages this process's device
+// waits on).
 #pragma once
 
 #include "common/deadline.hpp"
@@ -77,37 +78,18 @@ class StepProxy {
   // memory (FI_HMEM) and the device offers such memory; else, or where the provider refuses
   // that memory (a libfabric built without CUDA), none (logged): host memory serves.
   virtual DeviceStepMemory register_device_memory(gpu_side::device::DeviceRuntime& device,
-                                                  uint64_t bytes, const Deadline& deadline) = 0;
+                                                  uint64_t bytes, const Deadline& deadline,
+                                                  std::string_view phase) = 0;
   // host_memory()'s step memory registered: its region's descriptor.
-  virtual fabric::Bytes register_host_memory(const HostMemory& memory,
-                                             const Deadline& deadline) = 0;
+  virtual fabric::Bytes register_host_memory(const HostMemory& memory, const Deadline& deadline,
+                                             std::string_view phase) = 0;
   // Every rank's step memory (descriptors by rank) under StepTransport::kRegion, and `words`
   // counted for every control immediate from now on; `keep_polling`: the proxy threads poll
   // instead of sleeping from now on.
   virtual void link(const std::vector<fabric::Bytes>& descriptors, control::SignalWords& words,
-                    bool keep_polling, const Deadline& deadline) = 0;
+                    bool keep_polling, const Deadline& deadline, std::string_view phase) = 0;
   // After a rank failed to make its step memory: drops what register_*_memory() registered.
   virtual void unregister(const Deadline& deadline) = 0;
-};
-
-// The proxy threads of this process.
-class InProcessSteps final : public StepProxy {
- public:
-  InProcessSteps(fabric::Fabric& fabric, ProxyEngine& engine, control::SignalRouter& router)
-      : fabric_(fabric), engine_(engine), router_(router) {}
-  HostMemory host_memory(uint64_t bytes, std::string_view what) override;
-  DeviceStepMemory register_device_memory(gpu_side::device::DeviceRuntime& device, uint64_t bytes,
-                                          const Deadline& deadline) override;
-  fabric::Bytes register_host_memory(const HostMemory& memory, const Deadline& deadline) override;
-  void link(const std::vector<fabric::Bytes>& descriptors, control::SignalWords& words,
-            bool keep_polling, const Deadline& deadline) override;
-  void unregister(const Deadline& deadline) override;
-
- private:
-  fabric::Fabric& fabric_;
-  ProxyEngine& engine_;
-  control::SignalRouter& router_;
-  std::unique_ptr<fabric::MemoryRegion> region_;  // the step memory's, once registered
 };
 
 class StepTransport {
@@ -139,7 +121,8 @@ class StepTransport {
 
  private:
   // This rank's step memory, words and producer; the step memory's descriptor.
-  fabric::Bytes make(StepProxy& proxy, uint64_t bytes, uint32_t words, const Deadline& deadline);
+  fabric::Bytes make(StepProxy& proxy, uint64_t bytes, uint32_t words, const Deadline& deadline,
+                     std::string_view phase);
   void release() noexcept;
 
   HostMemory ring_memory_;

@@ -20,7 +20,7 @@ packages=(
   python3-mpi4py  # deep_ep.Buffer(comm=...): setup through an mpi4py communicator (test_mpi4py.py)
   redis-server  # proxyep.rl's persistent coordinator store; its tests start a real one on loopback
   python3-redis  # the coordinator's Redis client (redis-py)
-  python3-boto3  # proxyep.rl.object_store.S3Store: checkpoints to any S3-compatible endpoint
+  python3-boto3  # proxyep.rl.train.object_store.S3Store: checkpoints to any S3-compatible endpoint
   python3-hypothesis  # property tests (the experience buffer's staleness bound over random schedules)
   python3-matplotlib  # the PNG plots of `python3 -m proxyep.bench rl` (Agg backend, no display)
   # The testbed (docs/TESTBED.md): ip and tc build the namespaces and shaped links, nsenter and

@@ -1,4 +1,4 @@
-// integrations/rma_link.hpp for Python (python/proxyep/rl/weight_*.py): RmaReceiver and
+// integrations/rma_link.hpp for Python (python/proxyep/rl/weights/*.py): RmaReceiver and
 // RmaSender with the fabric options from the parameter registry (PROXYEP_FABRIC_PROVIDER,
 // PROXYEP_FABRIC_REORDER, ... apply). Every call that waits or drives the fabric releases the
 // GIL, so a worker's weight-service thread can wait for a transfer while its model decodes.

@@ -601,7 +601,7 @@ def run_device_cases(c, env):
 
 
 def check_steps_linked(daemons, memory):
-    """Every daemon linked its client's captured steps (proxy/daemon_steps.hpp: the step ring,
+    """Every daemon linked its client's captured steps (proxy/proxy_host_daemon.hpp: the step ring,
     memory and signal words; the daemon counts the words), with the step memory in `memory`
     ("device memory" or "host memory")."""
     for _, log in daemons:
@@ -823,10 +823,10 @@ def case_daemon_bad_descriptors(c):
             (["--descriptors", "zz,own"], "descriptors"),
             (["--descriptors", "own,00ff"], "rank 1's arena descriptor is malformed"),
             (["--descriptors", "00ff,own"],
-             "rank 0's arena descriptor is not the one this daemon gave it"),
+             "rank 0's arena descriptor is not the one registered for it here"),
             # Another client's arena as its own: writes aimed at memory it was not given.
             (["--descriptors", f"{other_arena},own"],
-             "rank 0's arena descriptor is not the one this daemon gave it"),
+             "rank 0's arena descriptor is not the one registered for it here"),
             (["--descriptors", "own,"], "rank 1's arena descriptor is empty"),
         ]
         for args, expected in cases:

@@ -79,16 +79,15 @@ void check_setup_steps(const Buffer& buffer) {
     names.push_back(step.name);
   }
   const bool spans_nodes = buffer.group_size() > buffer.ranks_per_node();
-  std::vector<std::string> want = {"landing region", "options agreed"};
-  if (spans_nodes && params::proxy_mode.get() == "daemon") {
-    want.insert(want.end(), {"daemon session", "modes"});  // the node daemon's own steps
-  } else {
-    want.push_back("node memory");
-    if (spans_nodes)
-      want.insert(want.end(), {"fabric open", "fabric addresses", "memory registered",
-                               "regions shared", "channels", "connections", "proxy started"});
-    want.insert(want.end(), {"ready barrier", "modes"});
-  }
+  std::vector<std::string> want = {"landing region", "options agreed", "node memory"};
+  if (spans_nodes && params::proxy_mode.get() == "daemon")
+    want.push_back("attached");  // the node daemon opened the fabric and registered
+  else if (spans_nodes)
+    want.insert(want.end(), {"fabric open", "memory registered"});
+  if (spans_nodes)
+    want.insert(want.end(),
+                {"fabric addresses", "regions shared", "channels", "connections", "proxy started"});
+  want.insert(want.end(), {"ready barrier", "modes"});
   require(names == want, "ep_buffer", "setup steps [{}], expected [{}]", fmt::join(names, ", "),
           fmt::join(want, ", "));
 }

@@ -1,6 +1,6 @@
 """``python3 -m proxyep.rl COMMAND``: ``run`` (a GRPO run, run.py). Rollout workers and the
-trainer have their own entry points (``python3 -m proxyep.rl.worker``, ``python3 -m
-proxyep.rl.train_job``), which ``run`` starts."""
+trainer have their own entry points (``python3 -m proxyep.rl.rollout.worker``, ``python3 -m
+proxyep.rl.train.job``), which ``run`` starts."""
 
 import sys
 

@@ -39,7 +39,7 @@ import time
 
 import numpy as np
 
-from .protocol import RLError
+from .coordinator.protocol import RLError
 from .run import Supervisor, default_cli
 from .run_config import RunConfig
 

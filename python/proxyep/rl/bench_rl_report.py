@@ -14,7 +14,7 @@ PLOTS = ("iteration_time.png", "throughput.png", "reward.png", "scaling.png")
 def check_matplotlib():
     """Fails before any run when the plots could not be drawn (python3-matplotlib, Debian)."""
     if importlib.util.find_spec("matplotlib") is None:
-        from .protocol import RLError
+        from .coordinator.protocol import RLError
 
         raise RLError("bench rl: matplotlib is needed for the plots (Debian: python3-matplotlib, "
                       "scripts/install-deps.sh)")

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 
-from .protocol import RLError
+from .coordinator.protocol import RLError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """``python3 -m proxyep.rl run --config FILE`` (and ``proxyep rl run``): a GRPO run as local
 process groups, supervised.
 
-- the trainer: ``proxyep launch -n T -- python3 -m proxyep.rl.train_job`` (train_job.py; its rank 0
+- the trainer: ``proxyep launch -n T -- python3 -m proxyep.rl.train.job`` (train/job.py; its rank 0
   hosts the coordinator, the buffer and the weight publisher, and writes endpoints.json);
 - the rollout pool: W workers, each ``proxyep launch -n R --ranks-per-node P -- python3 -m
-  proxyep.rl.worker`` (its own EP group; never a member of the trainer's), pointed at the
+  proxyep.rl.rollout.worker`` (its own EP group; never a member of the trainer's), pointed at the
   coordinator and at the publisher, from which each rank pulls the latest committed weights;
 - preemption (``--preempt RATE`` per worker per minute, or a schedule): the supervisor writes a
   worker's notice file (the stand-in for the Spot notice); the worker stops leasing, flushes and
@@ -13,9 +13,9 @@ process groups, supervised.
   schedule entry of kind "kill" makes one die that way (SIGKILL to its ranks and launcher: a lost
   machine, whose leases the coordinator requeues when they expire).
 - ``"coordinator": "redis"``: the supervisor runs its own redis-server (append-only, in
-  <run dir>/redis, redis_server.py) and hands its URL to the trainer (PROXYEP_RL_REDIS_URL) and,
-  through endpoints.json, to the workers; if that server dies it is restarted on the same port
-  and directory (it reloads its append-only file) and the run goes on.
+  <run dir>/redis, coordinator/redis_server.py) and hands its URL to the trainer
+  (PROXYEP_RL_REDIS_URL) and, through endpoints.json, to the workers; if that server dies it is
+  restarted on the same port and directory (it reloads its append-only file) and the run goes on.
 - a live progress line per iteration (from the trainer's metrics.jsonl), and at the end a table.
 
 Everything lives in the run directory: config.json, endpoints.json, metrics.jsonl, logs/,
@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 
-from .protocol import RLError
+from .coordinator.protocol import RLError
 from .run_config import RunConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,7 +159,7 @@ class Supervisor:
             f.write(json.dumps({"time": time.time(), "event": kind, **info}) + "\n")
 
     def _start_redis(self):
-        from .redis_server import RedisServer
+        from .coordinator.redis_server import RedisServer
 
         directory = os.path.join(self.run_dir, "redis")
         os.makedirs(directory, exist_ok=True)
@@ -179,7 +179,7 @@ class Supervisor:
     def _start_trainer(self):
         t = self.config.trainer
         cmd = [self.cli, "launch", "-n", str(t.ranks), "--ranks-per-node", str(t.ranks_per_node), "--",
-               self.python, "-m", "proxyep.rl.train_job", "--config", self.config_path, "--run-dir", self.run_dir]
+               self.python, "-m", "proxyep.rl.train.job", "--config", self.config_path, "--run-dir", self.run_dir]
         if self.resume:
             cmd.append("--resume")
         endpoints = os.path.join(self.run_dir, "endpoints.json")
@@ -206,7 +206,7 @@ class Supervisor:
         host, port = self.endpoints["publisher"]
         cmd = [self.cli, "launch", "-n", str(r.ranks), "--ranks-per-node", str(r.ranks_per_node),
                "--grace-ms", str(int((r.drain_budget_s + 10) * 1000)), "--",
-               self.python, "-m", "proxyep.rl.worker", "--coordinator", self.endpoints["coordinator"],
+               self.python, "-m", "proxyep.rl.rollout.worker", "--coordinator", self.endpoints["coordinator"],
                "--model-config", self.config.model.to_json(), "--worker-id", slot.worker_id,
                "--capacity", str(r.capacity), "--report-every", str(r.report_every), "--notice-file", slot.notice,
                "--drain-budget-s", str(r.drain_budget_s), "--seed", str(self.config.seed * 1000 + slot.index),

@@ -9,14 +9,14 @@ import dataclasses
 import json
 from typing import List, Optional
 
-from .grpo import LossConfig
+from .coordinator.protocol import RLError
 from .model_config import ModelConfig, json_argument
-from .protocol import RLError
+from .train.grpo import LossConfig
 
 
 @dataclasses.dataclass
 class TaskConfig:
-    name: str = "add"  # tasks.AdditionTask
+    name: str = "add"  # train.tasks.AdditionTask
     digits: int = 1
     seed: int = 0
 

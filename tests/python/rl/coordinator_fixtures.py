@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from proxyep.rl.coordinator_memory import MemoryCoordinator
-from proxyep.rl.coordinator_service import CoordinatorClient, CoordinatorServer
+from proxyep.rl.coordinator.memory import MemoryCoordinator
+from proxyep.rl.coordinator.service import CoordinatorClient, CoordinatorServer
 
 STORES = ("memory", "redis", "service")
 START = 1_700_000_000.0  # the clock's start (seconds since the epoch, as a real clock)
@@ -25,7 +25,7 @@ def _context():
     # forkserver: children forked from a clean server that imported the package once (not from
     # this process with its threads, and without a fresh interpreter's seconds of imports each).
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["proxyep.rl.coordinator_service", "coordinator_fixtures"])
+    ctx.set_forkserver_preload(["proxyep.rl.coordinator.service", "coordinator_fixtures"])
     return ctx
 
 
@@ -68,7 +68,7 @@ def serve_memory_coordinator(options, clock_value, pipe):
 
 def serve_redis_coordinator(url, prefix, pipe):
     """A coordinator process on Redis (the server's clock) behind a CoordinatorServer."""
-    from proxyep.rl.coordinator_redis import RedisCoordinator
+    from proxyep.rl.coordinator.redis import RedisCoordinator
     coordinator = RedisCoordinator(url, prefix=prefix)
     server = CoordinatorServer(coordinator)
     pipe.send((server.address, server.authkey))
@@ -125,7 +125,7 @@ class Stores:
         if kind == "memory":
             c = MemoryCoordinator(clock=self.clock, **options)
         elif kind == "redis":
-            from proxyep.rl.coordinator_redis import RedisCoordinator
+            from proxyep.rl.coordinator.redis import RedisCoordinator
             c = RedisCoordinator(self.redis_url, prefix=f"test:{uuid.uuid4().hex}", clock=self.clock, **options)
             c.options = options
         elif kind == "service":
@@ -147,7 +147,7 @@ class Stores:
         if isinstance(c, CoordinatorClient):
             other = CoordinatorClient(c.address, c.service.authkey, timeout_s=30)
         else:
-            from proxyep.rl.coordinator_redis import RedisCoordinator
+            from proxyep.rl.coordinator.redis import RedisCoordinator
             other = RedisCoordinator(self.redis_url, prefix=c.prefix, clock=self.clock, **c.options)
         self._opened.append(other)
         return other
@@ -161,7 +161,7 @@ class Stores:
 
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory):
-    from proxyep.rl.redis_server import RedisServer
+    from proxyep.rl.coordinator.redis_server import RedisServer
     server = RedisServer(str(tmp_path_factory.mktemp("redis")), appendonly=False)
     yield server
     server.stop()

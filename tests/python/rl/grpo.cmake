@@ -1,5 +1,5 @@
-# proxyep.rl.grpo (advantages, the clipped surrogate, k3 KL, aggregation) against a direct scalar
-# computation, and the addition task's reward. One process, about 2 s.
+# proxyep.rl.train.grpo (advantages, the clipped surrogate, k3 KL, aggregation) against a direct
+# scalar computation, and the addition task's reward (train/tasks.py). One process, about 2 s.
 add_test(NAME python.rl.grpo
          COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider --confcutdir=${PROXYEP_RL_TEST_DIR}
                  ${PROXYEP_RL_TEST_DIR}/test_grpo.py)

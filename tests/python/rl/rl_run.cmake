@@ -1,4 +1,4 @@
-# python3 -m proxyep.rl run end to end (run.py, trainer_run.py, train_host.py, controller.py):
+# python3 -m proxyep.rl run end to end (run.py, train/loop.py, train/host.py, train/controller.py):
 # python.rl.run: pytest in one process starting real runs (a supervisor process, the trainer's
 # and the workers' `proxyep launch` jobs over TCP with the reorder shim, a redis-server) on
 # loopback: a seeded run that learns with every metric; a worker preempted and one SIGKILLed; the

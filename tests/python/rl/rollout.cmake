@@ -1,13 +1,13 @@
-# proxyep.rl rollout workers (generation.py, rollout_worker.py, spot.py, worker.py).
+# proxyep.rl.rollout: rollout workers (generation.py, loop.py, spot.py, worker.py).
 # python.rl.rollout_generation: BatchGenerator on the dense reference against the model's own
 # full-sequence forward, ModelConfig, StopNotice (file, local HTTP server, SIGTERM). One process,
 # about 2 s.
 # python.rl.rollout_worker / python.rl.rollout_spot: pytest in one process holding a served
 # MemoryCoordinator; the workers are real `proxyep launch -n 2 --ranks-per-node 1` jobs (TCP
 # fabric, reorder shim) started and stopped by pid. About 10 s and 35 s here.
-set(rollout_needs ${PROJECT_SOURCE_DIR}/python/proxyep/rl/coordinator_memory.py
-                  ${PROJECT_SOURCE_DIR}/python/proxyep/rl/coordinator_service.py
-                  ${PROJECT_SOURCE_DIR}/python/proxyep/rl/open_coordinator.py)
+set(rollout_needs ${PROJECT_SOURCE_DIR}/python/proxyep/rl/coordinator/memory.py
+                  ${PROJECT_SOURCE_DIR}/python/proxyep/rl/coordinator/service.py
+                  ${PROJECT_SOURCE_DIR}/python/proxyep/rl/coordinator/open.py)
 set(rollout_missing "")
 foreach(file ${rollout_needs})
   if(NOT EXISTS ${file})

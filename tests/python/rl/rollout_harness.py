@@ -1,8 +1,8 @@
 """What the rollout worker tests share: the coordinator side in the test process (a
 MemoryCoordinator behind an audit that the test can also hold back, served by a real
 CoordinatorServer on loopback), workers as real ``proxyep launch`` jobs of
-``python3 -m proxyep.rl.worker`` (subprocesses, stopped by pid), and the checks of a finished
-sample against the dense reference model.
+``python3 -m proxyep.rl.rollout.worker`` (subprocesses, stopped by pid), and the checks of a
+finished sample against the dense reference model.
 
 The audit (:class:`AuditedCoordinator`) records every call the store *accepted*, in order, with
 its time: the leases issued (with their prefix), and the tokens each report/complete/release
@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from proxyep.rl.coordinator import Coordinator
-from proxyep.rl.coordinator_memory import MemoryCoordinator
-from proxyep.rl.coordinator_service import CoordinatorServer
+from proxyep.rl.coordinator.interface import Coordinator
+from proxyep.rl.coordinator.memory import MemoryCoordinator
+from proxyep.rl.coordinator.service import CoordinatorServer
 from proxyep.rl.model_config import ModelConfig, build_dense_reference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -189,7 +189,7 @@ class WorkerJob:
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PROXYEP_FABRIC_PROVIDER="tcp", PROXYEP_FABRIC_REORDER="1",
                    PROXYEP_EP_TIMEOUT_MS="20000", **side_env)
         cmd = [CLI, "launch", "-n", str(ranks), "--ranks-per-node", str(ranks_per_node), "--grace-ms", "60000",
-               "--", sys.executable, "-m", "proxyep.rl.worker", "--coordinator", url,
+               "--", sys.executable, "-m", "proxyep.rl.rollout.worker", "--coordinator", url,
                "--model-config", config.to_json(), "--worker-id", worker_id, *extra]
         self._log = open(log_path, "wb")
         self.process = subprocess.Popen(cmd, env=env, stdout=self._log, stderr=subprocess.STDOUT,

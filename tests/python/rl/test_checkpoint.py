@@ -1,4 +1,4 @@
-"""proxyep.rl.checkpoint over both object stores: a directory, and S3 through a real s3rver
+"""proxyep.rl.train.checkpoint over both object stores: a directory, and S3 through a real s3rver
 started on loopback for this module (skipped, saying how to install it, when
 tests/python/rl/s3/node_modules is missing). A TinyMoELM-sized policy with its Adam state and the
 buffer/pool snapshots round-trip bit-exactly; a writer SIGKILLed half-way, a missing manifest, a
@@ -29,13 +29,13 @@ import pytest
 import torch
 
 from proxyep.moe import DenseTinyMoELM
-from proxyep.rl import checkpoint
-from proxyep.rl.checkpoint import (CheckpointError, CheckpointWriter, latest_checkpoint, load_checkpoint, prune,
-                                   save_checkpoint, step_prefix)
-from proxyep.rl.experience import ExperienceBuffer, ScoredGroup
-from proxyep.rl.object_store import DirectoryStore, ObjectNotFound, ObjectStoreError, S3Store
-from proxyep.rl.protocol import CompletedGroup, GroupSpec, Lease, Progress, Sample, SamplingParams
-from proxyep.rl.s3_server import S3Server, S3ServerError, default_cli
+from proxyep.rl.coordinator.protocol import CompletedGroup, GroupSpec, Lease, Progress, Sample, SamplingParams
+from proxyep.rl.train import checkpoint
+from proxyep.rl.train.checkpoint import (CheckpointError, CheckpointWriter, latest_checkpoint, load_checkpoint, prune,
+                                         save_checkpoint, step_prefix)
+from proxyep.rl.train.experience import ExperienceBuffer, ScoredGroup
+from proxyep.rl.train.object_store import DirectoryStore, ObjectNotFound, ObjectStoreError, S3Store
+from s3_server import S3Server, S3ServerError, default_cli
 
 torch.set_num_threads(1)
 BUCKET = "proxyep-checkpoints"
@@ -277,8 +277,8 @@ def test_a_torch_without_weights_only_loads_no_torch_part(store, monkeypatch):
 
 CHILD = r"""
 import json, sys
-from proxyep.rl.checkpoint import save_checkpoint
-from proxyep.rl.object_store import DirectoryStore, S3Store
+from proxyep.rl.train.checkpoint import save_checkpoint
+from proxyep.rl.train.object_store import DirectoryStore, S3Store
 import torch
 
 config, step, stop_after = json.loads(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])

@@ -10,9 +10,9 @@ import pytest
 
 from coordinator_fixtures import ServiceProcess, _context, serve_redis_coordinator
 from proxyep.rl import GroupSpec, Progress, RLError, SamplingParams
-from proxyep.rl.coordinator_redis import RedisCoordinator
-from proxyep.rl.coordinator_service import CoordinatorClient
-from proxyep.rl.redis_server import RedisServer
+from proxyep.rl.coordinator.redis import RedisCoordinator
+from proxyep.rl.coordinator.redis_server import RedisServer
+from proxyep.rl.coordinator.service import CoordinatorClient
 
 
 def prog(tokens):

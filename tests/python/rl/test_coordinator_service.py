@@ -14,9 +14,9 @@ import pytest
 
 from coordinator_fixtures import ServiceProcess, SharedClock, _context, redis_server  # noqa: F401
 from proxyep.rl import GroupSpec, GroupState, Progress, ReleaseReason, RLError, SamplingParams, StaleLease
-from proxyep.rl.coordinator_memory import MemoryCoordinator
-from proxyep.rl.coordinator_service import CoordinatorClient, CoordinatorServer
-from proxyep.rl.open_coordinator import open_coordinator
+from proxyep.rl.coordinator.memory import MemoryCoordinator
+from proxyep.rl.coordinator.open import open_coordinator
+from proxyep.rl.coordinator.service import CoordinatorClient, CoordinatorServer
 
 
 @pytest.fixture

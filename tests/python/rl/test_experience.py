@@ -1,5 +1,5 @@
-"""proxyep.rl.experience: admission control (fixed numbers, and the staleness bound as a property
-over random interleavings of submission, rollout completion, failure, training and weight
+"""proxyep.rl.train.experience: admission control (fixed numbers, and the staleness bound as a
+property over random interleavings of submission, rollout completion, failure, training and weight
 publication), pop order, max-age eviction, the DAPO filter, deadlines, threads, refused input
 and snapshot/restore. Single process; no timing assertions (deadlines are generous and only
 bound a failure)."""
@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxyep.rl.experience import AdmissionRefused, BatchTimeout, ExperienceBuffer, ScoredGroup
-from proxyep.rl.protocol import CompletedGroup, GroupSpec, Progress, RLError, Sample
+from proxyep.rl.coordinator.protocol import CompletedGroup, GroupSpec, Progress, RLError, Sample
+from proxyep.rl.train.experience import AdmissionRefused, BatchTimeout, ExperienceBuffer, ScoredGroup
 
 PROMPT = [5, 6, 7]
 

@@ -1,5 +1,5 @@
-"""GRPO's arithmetic (proxyep.rl.grpo) against a direct, scalar computation on fixed data, and the
-addition task's rule-based reward (proxyep.rl.tasks)."""
+"""GRPO's arithmetic (proxyep.rl.train.grpo) against a direct, scalar computation on fixed data,
+and the addition task's rule-based reward (proxyep.rl.train.tasks)."""
 
 import math
 import statistics
@@ -7,8 +7,8 @@ import statistics
 import pytest
 import torch
 
-from proxyep.rl.grpo import LossConfig, group_advantages, grpo_loss, k3_kl, sequence_logprobs
-from proxyep.rl.tasks import BOS, EOS, EQUALS, PLUS, AdditionTask
+from proxyep.rl.train.grpo import LossConfig, group_advantages, grpo_loss, k3_kl, sequence_logprobs
+from proxyep.rl.train.tasks import BOS, EOS, EQUALS, PLUS, AdditionTask
 
 
 def test_group_advantages_match_direct_formula():

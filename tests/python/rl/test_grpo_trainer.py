@@ -1,6 +1,6 @@
-"""The GRPO train step of the expert-parallel TinyMoELM (proxyep.rl.trainer.GRPOTrainer, run on
-every rank of a `proxyep launch` job; MoE exchange through deep_ep) against the dense reference
-computing the same loss over the whole batch in one process.
+"""The GRPO train step of the expert-parallel TinyMoELM (proxyep.rl.train.trainer.GRPOTrainer,
+run on every rank of a `proxyep launch` job; MoE exchange through deep_ep) against the dense
+reference computing the same loss over the whole batch in one process.
 
 Sequences of different prompt and output lengths are dealt to the ranks unevenly, so a trainer
 that averaged per-rank token means instead of taking the global token mean would be off by the
@@ -15,8 +15,8 @@ import torch.distributed as dist
 
 import deep_ep
 from proxyep.moe import DenseTinyMoELM, TinyMoELM
-from proxyep.rl.grpo import LossConfig, grpo_loss, sequence_logprobs
-from proxyep.rl.trainer import GRPOTrainer, TrainSequence, pack
+from proxyep.rl.train.grpo import LossConfig, grpo_loss, sequence_logprobs
+from proxyep.rl.train.trainer import GRPOTrainer, TrainSequence, pack
 
 torch.set_num_threads(1)
 KW = dict(vocab=32, hidden=128, layers=2, heads=4, num_experts=4, topk=2, ffn_hidden=32, seed=5, max_seq=32,

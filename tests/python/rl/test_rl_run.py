@@ -31,8 +31,8 @@ def mean(xs):
 def test_seeded_run_learns_on_policy_with_every_metric(tmp_path):
     """Reward: the mean of the last 5 iterations must be at least 0.3 and 0.1 above the first 3.
     Checked by hand (seed 3, 12 iterations): the real run went 0.28 -> 0.55; with the advantages'
-    sign flipped (proxyep.rl.grpo.group_advantages negated through a sitecustomize) 0.01 -> 0.00;
-    with no learning (lr 0) 0.02 -> 0.04."""
+    sign flipped (proxyep.rl.train.grpo.group_advantages negated through a sitecustomize)
+    0.01 -> 0.00; with no learning (lr 0) 0.02 -> 0.04."""
     run = Run(tmp_path, small_config())
     assert run.wait(RUN_TIMEOUT_S) == 0, run.logs()
     recs = run.metrics()

@@ -1,6 +1,6 @@
-"""proxyep.rl.generation.BatchGenerator on the dense reference (one process, no exchange: the
-same code path as the EP model's, the MoE being the reference's LL-rounded one), plus
-model_config and spot.StopNotice.
+"""proxyep.rl.rollout.generation.BatchGenerator on the dense reference (one process, no exchange:
+the same code path as the EP model's, the MoE being the reference's LL-rounded one), plus
+model_config and rollout.spot.StopNotice.
 
 Checked against an independent computation: the model's own ``forward`` over the whole sequence
 (no KV cache, no cohorts, one batch row), whose log-softmax at the sampling temperature must give
@@ -18,11 +18,11 @@ import threading
 import pytest
 import torch
 
-from proxyep.rl.generation import BatchGenerator, GenRequest, sample_seed
+from proxyep.rl.coordinator.protocol import RLError
 from proxyep.rl.model_config import (ModelConfig, build_dense_reference, expert_parameter_names,
                                      local_expert_state)
-from proxyep.rl.protocol import RLError
-from proxyep.rl.spot import StopNotice
+from proxyep.rl.rollout.generation import BatchGenerator, GenRequest, sample_seed
+from proxyep.rl.rollout.spot import StopNotice
 
 torch.set_num_threads(1)
 
@@ -357,7 +357,7 @@ def test_sigterm_sets_notice_and_restores_handler():
     assert signal.getsignal(signal.SIGTERM) == previous
 
 
-# ---- a worker's first weights (worker._initial_published), its ranks as two processes ----
+# ---- a worker's first weights (rollout.worker._initial_published), its ranks as two processes ----
 
 class _Committed:
     def __init__(self, version):
@@ -410,7 +410,7 @@ class _Generator:
 def _initial_rank(rank, init_file, joined, later, results):
     import torch.distributed as dist
 
-    from proxyep.rl.worker import _initial_published
+    from proxyep.rl.rollout.worker import _initial_published
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         generator = _Generator()

@@ -18,12 +18,12 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from proxyep.rl.coordinator_memory import MemoryCoordinator
-from proxyep.rl.generation import BatchGenerator
+from proxyep.rl.coordinator.memory import MemoryCoordinator
+from proxyep.rl.coordinator.protocol import GroupSpec, GroupState, RLError, SamplingParams
 from proxyep.rl.model_config import build_dense_reference
-from proxyep.rl.protocol import GroupSpec, GroupState, RLError, SamplingParams
-from proxyep.rl.rollout_worker import RolloutWorker, WorkerError
-from proxyep.rl.spot import StopNotice
+from proxyep.rl.rollout.generation import BatchGenerator
+from proxyep.rl.rollout.loop import RolloutWorker, WorkerError
+from proxyep.rl.rollout.spot import StopNotice
 from rollout_harness import CONFIG, AuditedCoordinator, wait_for
 
 torch.set_num_threads(1)

@@ -28,7 +28,7 @@ import time
 import pytest
 import torch
 
-from proxyep.rl.protocol import GroupSpec, GroupState, SamplingParams
+from proxyep.rl.coordinator.protocol import GroupSpec, GroupState, SamplingParams
 from rollout_harness import CoordinatorSide, Reference, WorkerJob, check_concatenation, wait_for
 
 START_S = 120

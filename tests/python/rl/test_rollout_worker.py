@@ -1,6 +1,7 @@
 """Rollout workers as real processes: ``proxyep launch -n 2 --ranks-per-node 1`` (two emulated
 nodes, the EP exchange over the TCP fabric with the reorder shim) of ``python3 -m
-proxyep.rl.worker``, against a MemoryCoordinator served from this process (rollout_harness.py).
+proxyep.rl.rollout.worker``, against a MemoryCoordinator served from this process
+(rollout_harness.py).
 
 test_worker_completes_groups: the worker serves groups with lease_tokens 5 (so samples take
 several leases, each continuing after the prefix the last one left) from weights v3 read from a
@@ -33,7 +34,7 @@ import time
 import pytest
 import torch
 
-from proxyep.rl.protocol import GroupSpec, GroupState, Progress, ReleaseReason, SamplingParams
+from proxyep.rl.coordinator.protocol import GroupSpec, GroupState, Progress, ReleaseReason, SamplingParams
 from rollout_harness import CONFIG, CoordinatorSide, Reference, WorkerJob, check_concatenation, wait_for
 
 LOGPROB_ABS = 2e-3

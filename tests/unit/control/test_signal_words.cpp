@@ -87,7 +87,7 @@ struct KeptRelay final : proxyep::control::ImmRelay {
 }  // namespace
 
 // The node daemon relays a client's immediates, but counts its signal words itself: a captured
-// graph waits on them with no client thread relaying (proxy/daemon_steps.hpp).
+// graph waits on them with no client thread relaying (proxy/proxy_host_daemon.hpp).
 TEST_CASE("signal words: a relaying router still counts them, and relays everything else") {
   const proxyep::HostMemory shared = proxyep::HostMemory::memfd(SignalWords::bytes_for(4), "words");
   // The words in memory another process mapped: counted there, read here.

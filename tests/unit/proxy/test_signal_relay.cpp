@@ -1,5 +1,5 @@
 // The signal relay (proxy/signal_relay.hpp) on its own: a relay ring in a memfd the "client"
-// creates and the "daemon" maps a second time, as proxy/daemon_session.cpp and
+// creates and the "daemon" maps a second time, as proxy/proxy_host_daemon.cpp and
 // daemon/served_rank.cpp do. The daemon's side is a SignalRouter relaying to a RelaySender; the
 // client's is a RelayReceiver draining into its own SignalRouter with a counter bank, a sequence
 // window, sender credits and a control handler attached. Every wait is a poll with a deadline.

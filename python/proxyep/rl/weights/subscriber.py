@@ -1,6 +1,6 @@
 """A rollout worker rank's side of weight publication (docs/RL.md section 5).
 
-:class:`WeightSubscriber` dials the trainer's :class:`~.weight_publisher.WeightPublisher` with
+:class:`WeightSubscriber` dials the trainer's :class:`~.publisher.WeightPublisher` with
 this rank's EP layout and the tensors its model has (names, dtypes, local shapes); a mismatch is
 refused on both sides before any bytes move. It then owns a landing area registered on an RMA
 link of its own and a service thread that follows the publisher's two-phase protocol:
@@ -32,9 +32,9 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import weights_wire as wire
-from .weights_manifest import (ALIGN, DTYPES, Layout, TensorSpec, WeightError, WeightManifest, checksum,
-                               checksums, dtype_name, landing_plan)
+from . import wire
+from .manifest import (ALIGN, DTYPES, Layout, TensorSpec, WeightError, WeightManifest, checksum,
+                       checksums, dtype_name, landing_plan)
 
 log = logging.getLogger("proxyep.rl.weights")
 

@@ -13,7 +13,7 @@ import multiprocessing.connection as mpc
 import socket
 import struct
 
-from .weights_manifest import WeightError
+from .manifest import WeightError
 
 MAX_MESSAGE = 256 << 20  # a manifest of a very large model is still far below this
 

@@ -25,7 +25,7 @@ import threading
 import time
 from multiprocessing.connection import AuthenticationError, Connection, answer_challenge, deliver_challenge
 
-from .coordinator import Coordinator
+from .interface import Coordinator
 from .protocol import CompletedGroup, GroupSpec, GroupState, Lease, Progress, ReleaseReason, RLError, StaleLease, \
     UnknownLease
 

@@ -12,9 +12,9 @@ import inspect
 import os
 import urllib.parse
 
-from .coordinator_memory import MemoryCoordinator
-from .coordinator_service import CoordinatorClient
+from .memory import MemoryCoordinator
 from .protocol import RLError
+from .service import CoordinatorClient
 
 
 def _construct(cls, url, *args, **options):
@@ -47,6 +47,6 @@ def open_coordinator(url, **options):
             options["authkey"] = env
         return _construct(CoordinatorClient, url, (host, port), **options)
     if parts.scheme == "redis":
-        from .coordinator_redis import RedisCoordinator  # redis-py only when asked for
+        from .redis import RedisCoordinator  # redis-py only when asked for
         return _construct(RedisCoordinator, url, url, **options)
     raise RLError(f"coordinator URL {url!r}: unknown scheme (use memory, tcp://host:port or redis://host:port/db)")

@@ -1,7 +1,7 @@
-"""What the trainer's rank 0 hosts in a GRPO run (trainer_run.py): the coordinator (an
+"""What the trainer's rank 0 hosts in a GRPO run (loop.py): the coordinator (an
 embedded MemoryCoordinator served on loopback to the workers, or a Redis one they reach
 directly), the experience buffer, the controller thread (controller.py) and the weight
-publisher (weight_publisher.py). ``start`` publishes the current version (so every worker, early
+publisher (weights/publisher.py). ``start`` publishes the current version (so every worker, early
 or late, gets it on joining) and writes ``endpoints.json`` in the run directory: where workers
 find the coordinator and the publisher.
 
@@ -18,9 +18,9 @@ import logging
 import os
 import time
 
+from ..coordinator.protocol import RLError
 from .controller import Controller
 from .experience import ExperienceBuffer
-from .protocol import RLError
 from .tasks import AdditionTask
 
 log = logging.getLogger("proxyep.rl.train")
@@ -66,7 +66,7 @@ class RetryingCoordinator:
         return call
 
     def _call(self, name, fn, args, kwargs):
-        from .coordinator_memory import duplicate_group
+        from ..coordinator.memory import duplicate_group
 
         deadline = None
         while True:
@@ -94,9 +94,9 @@ class TrainHost:
     """What only rank 0 holds: the coordinator and its server, buffer, controller, publisher."""
 
     def __init__(self, config, run_dir, state, resume_parts):
-        from .coordinator_memory import MemoryCoordinator
-        from .coordinator_service import CoordinatorServer
-        from .open_coordinator import open_coordinator
+        from ..coordinator.memory import MemoryCoordinator
+        from ..coordinator.service import CoordinatorServer
+        from ..coordinator.open import open_coordinator
 
         self.config, self.run_dir = config, run_dir
         r, g = config.rollout, config.grpo
@@ -137,7 +137,7 @@ class TrainHost:
         self.coordinator_url = coordinator_url
 
     def start(self, dense, experts):
-        from .weight_publisher import WeightPublisher
+        from ..weights.publisher import WeightPublisher
 
         self.publisher = WeightPublisher.for_state(dense, experts,
                                                         authkey=bytes.fromhex(os.environ["PROXYEP_RL_AUTHKEY"]))

@@ -21,9 +21,9 @@ import threading
 import time
 from typing import List
 
+from ..coordinator.protocol import GroupSpec, GroupState, RLError, SamplingParams
 from .experience import ExperienceBuffer, ScoredGroup
 from .grpo import group_advantages
-from .protocol import GroupSpec, GroupState, RLError, SamplingParams
 from .trainer import TrainSequence
 
 log = logging.getLogger("proxyep.rl.controller")

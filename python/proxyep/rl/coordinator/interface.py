@@ -1,8 +1,8 @@
 """The rollout coordinator's interface (docs/RL.md section 3): the lease protocol over groups of
 samples. Two stores implement it with the same semantics and pass the same tests:
-``MemoryCoordinator`` (coordinator_memory.py, the embedded default) and ``RedisCoordinator``
-(coordinator_redis.py: streams with a consumer group, persistent across coordinator restarts).
-``CoordinatorClient`` (coordinator_service.py) reaches an embedded one from other processes.
+``MemoryCoordinator`` (memory.py, the embedded default) and ``RedisCoordinator``
+(redis.py: streams with a consumer group, persistent across coordinator restarts).
+``CoordinatorClient`` (service.py) reaches an embedded one from other processes.
 
 Semantics every implementation keeps:
 - Queue order: higher ``priority`` first, then oldest admission (submit time) first. A requeued

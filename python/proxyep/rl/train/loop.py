@@ -1,4 +1,4 @@
-"""The trainer's loop in a GRPO run, on every rank of the trainer group (train_job.py starts it).
+"""The trainer's loop in a GRPO run, on every rank of the trainer group (job.py starts it).
 
 Iteration i takes the policy from version i to i + 1:
 1. rollout: rank 0 pops B scored groups from the experience buffer (the trainer's wait for the
@@ -25,8 +25,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..coordinator.protocol import RLError
 from .checkpoint import CheckpointWriter
-from .protocol import RLError
 from .trainer import GRPOTrainer
 
 log = logging.getLogger("proxyep.rl.train")
@@ -123,7 +123,7 @@ class TrainerRun:
     def run(self):
         from proxyep.moe.training import gather_ep_state
 
-        from .train_host import TrainHost
+        from .host import TrainHost
 
         host = TrainHost(self.config, self.run_dir, self.state, self.resume_parts) if self.rank == 0 else None
         try:

@@ -38,8 +38,8 @@ import time
 
 import torch.distributed as dist
 
+from ..coordinator.protocol import Progress, ReleaseReason, RLError, StaleLease, UnknownLease
 from .generation import BatchGenerator, GenRequest, sample_seed
-from .protocol import Progress, ReleaseReason, RLError, StaleLease, UnknownLease
 
 log = logging.getLogger("proxyep.rl.worker")
 

@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .protocol import RLError
+from ..coordinator.protocol import RLError
 
 FORMAT = "proxyep.weights/1"
 ALIGN = 64  # landing offsets of tensors (cache lines; torch views need only the element size)

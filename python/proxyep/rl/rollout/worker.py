@@ -1,7 +1,7 @@
-"""``python3 -m proxyep.rl.worker``: a rollout worker process, run on every rank of a
+"""``python3 -m proxyep.rl.rollout.worker``: a rollout worker process, run on every rank of a
 ``proxyep launch -n N`` job (N ranks = one EP group, its own gloo process group):
 
-    proxyep launch -n 2 -- python3 -m proxyep.rl.worker --coordinator tcp://10.0.0.5:7000 \\
+    proxyep launch -n 2 -- python3 -m proxyep.rl.rollout.worker --coordinator tcp://10.0.0.5:7000 \\
         --model-config model.json --worker-id spot-17 [--capacity 4] [--report-every 4] \\
         [--notice-file PATH] [--notice-url URL] [--drain-budget-s 30] [--seed S] [--weights FILE]
 
@@ -16,7 +16,7 @@ rank too, but the launcher then exits 143 and SIGKILLs the ranks after its ``--g
 (3 s by default): give it more than ``--drain-budget-s``.
 
 ``--weights-from HOST:PORT``: each rank subscribes to the trainer's weight publisher
-(weight_subscriber.py; key in PROXYEP_RL_AUTHKEY), starts from the version it is sent on joining
+(weights/subscriber.py; key in PROXYEP_RL_AUTHKEY), starts from the version it is sent on joining
 (the latest committed) and applies every later one between decode steps, all ranks at the same
 step. ``--exchange a2a``: the baseline, every MoE exchange through all_to_all_single (gloo)
 instead of deep_ep's low-latency mode.
@@ -37,10 +37,10 @@ import sys
 import torch
 import torch.distributed as dist
 
+from ..coordinator.protocol import RLError
+from ..model_config import ModelConfig, build_a2a_model, build_ep_model, local_expert_state
 from .generation import BatchGenerator, make_ll_buffer
-from .model_config import ModelConfig, build_a2a_model, build_ep_model, local_expert_state
-from .protocol import RLError
-from .rollout_worker import RolloutWorker, WorkerError
+from .loop import RolloutWorker, WorkerError
 from .spot import StopNotice
 
 log = logging.getLogger("proxyep.rl.worker")
@@ -74,8 +74,8 @@ class PublisherWeightSource:
     once per newly committed version, else None (weight_subscriber.WeightSubscriber)."""
 
     def __init__(self, address, worker_id, model, config, rank, world, timeout_s):
-        from .weight_subscriber import WeightSubscriber, expected_tensors
-        from .weights_manifest import Layout
+        from ..weights.subscriber import WeightSubscriber, expected_tensors
+        from ..weights.manifest import Layout
 
         host, _, port = address.rpartition(":")
         authkey = bytes.fromhex(os.environ.get("PROXYEP_RL_AUTHKEY", ""))
@@ -107,7 +107,7 @@ def _json_object(text):
 
 
 def parse(argv):
-    p = argparse.ArgumentParser(prog="python3 -m proxyep.rl.worker", description=__doc__,
+    p = argparse.ArgumentParser(prog="python3 -m proxyep.rl.rollout.worker", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--coordinator", required=True, help="tcp://host:port, redis://..., as open_coordinator takes")
     p.add_argument("--model-config", required=True, help="a JSON file or inline JSON (ModelConfig)")
@@ -152,7 +152,7 @@ def _broadcast(obj):
 
 
 def _open_coordinator(args):
-    from .open_coordinator import open_coordinator
+    from ..coordinator.open import open_coordinator
 
     return open_coordinator(args.coordinator, timeout_s=args.coordinator_timeout_s, **args.coordinator_options)
 

@@ -1,7 +1,7 @@
-"""A real S3-compatible server for tests and local runs: s3rver (the npm package, pinned by
-tests/python/rl/s3/package-lock.json and installed by scripts/install-deps.sh with ``npm ci``)
-run by node as a child process on loopback, so S3Store (object_store.py) is exercised against
-an actual HTTP S3 API rather than a mock.
+"""A real S3-compatible server for the checkpoint tests (test_checkpoint.py): s3rver (the npm
+package, pinned by s3/package-lock.json beside this file and installed by scripts/install-deps.sh
+with ``npm ci``) run by node as a child process on loopback, so S3Store
+(proxyep/rl/train/object_store.py) is exercised against an actual HTTP S3 API rather than a mock.
 
 ``S3Server(directory, port=0, buckets=("proxyep",))`` starts it (port 0: a free port, which
 s3rver reports on its first output line), waits (with a deadline) until it answers HTTP, and
@@ -35,9 +35,8 @@ def default_cli():
     override = os.environ.get("PROXYEP_RL_S3RVER")
     if override:
         return override if os.path.exists(override) else None
-    # This file is python/proxyep/rl/s3_server.py in the source tree (build trees link to it).
-    repo = Path(__file__).resolve().parents[3]
-    cli = repo / "tests" / "python" / "rl" / "s3" / "node_modules" / ".bin" / "s3rver"
+    # This file is tests/python/rl/s3_server.py, beside the npm project s3/.
+    cli = Path(__file__).resolve().parent / "s3" / "node_modules" / ".bin" / "s3rver"
     return str(cli) if cli.exists() else None
 
 

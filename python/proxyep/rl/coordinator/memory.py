@@ -1,6 +1,6 @@
-"""The embedded rollout coordinator: coordinator.py's semantics in plain Python structures under
+"""The embedded rollout coordinator: interface.py's semantics in plain Python structures under
 one lock (thread-safe), the default store, and the reference the Redis store
-(coordinator_redis.py) is tested against. Both share this module's input checks, error texts and
+(redis.py) is tested against. Both share this module's input checks, error texts and
 snapshot format, so a snapshot of either restores into the other and a refused call reads the
 same from both.
 
@@ -35,7 +35,7 @@ import math
 import threading
 import time
 
-from .coordinator import Coordinator
+from .interface import Coordinator
 from .protocol import (CompletedGroup, GroupSpec, GroupState, Lease, Progress, ReleaseReason, RLError, Sample,
                        SamplingParams, StaleLease, UnknownLease)
 

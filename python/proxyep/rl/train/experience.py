@@ -1,10 +1,10 @@
 """The experience buffer between the rollout pool and the trainer (docs/RL.md section 4): scored
 groups wait here until the trainer pops a batch, with staleness bounded by admission control.
 
-Entries are :class:`ScoredGroup`: a protocol.CompletedGroup (tokens, behaviour log-probs, the
-policy version of every token, optionally the routed experts) plus one reward per sample, where
-the rewards came from, and an explicit loss mask per sample over prompt + output (prompt tokens
-0: never trained).
+Entries are :class:`ScoredGroup`: a coordinator.protocol.CompletedGroup (tokens, behaviour
+log-probs, the policy version of every token, optionally the routed experts) plus one reward per
+sample, where the rewards came from, and an explicit loss mask per sample over prompt + output
+(prompt tokens 0: never trained).
 
 Admission control (AReaL): with batch size B groups, staleness bound eta, policy version v (the
 one new rollouts start from: the coordinator's, which may lag the trainer's) and ``running``
@@ -37,7 +37,7 @@ import threading
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .protocol import CompletedGroup, GroupSpec, RLError
+from ..coordinator.protocol import CompletedGroup, GroupSpec, RLError
 
 SNAPSHOT_FORMAT = 1
 

@@ -2,7 +2,7 @@
 runs in ONE process of the trainer, its rank 0, after ``training.gather_ep_state`` has brought
 every expert row there (dense tensors are replicated, so rank 0's are everyone's). Rollout
 workers are separate jobs, never members of the trainer's process group: each of their ranks
-dials the publisher's control listener with a :class:`~.weight_subscriber.WeightSubscriber`.
+dials the publisher's control listener with a :class:`~.subscriber.WeightSubscriber`.
 
 Per receiver rank the publisher holds a session: the control connection and an RMA link of its
 own (``_proxyep.RmaSender``; a private two-endpoint fabric, so a late or replaced receiver gets
@@ -32,6 +32,20 @@ move. Only full versions are published (no deltas yet).
 manifest_json, recover) may return replacement JSON; ``"chunk"`` (session, version, index, recover) may
 return ``"corrupt"`` to send that chunk with one byte flipped (from a private copy: the source
 stays intact); ``"commit"`` (session, version) is called before a receiver is told to commit.
+
+Typical use::
+
+    # trainer, every rank: dense, rows = gather_ep_state(model, group)  (collective)
+    # trainer rank 0:
+    pub = WeightPublisher.for_state(dense, rows, host="0.0.0.0", authkey=key)
+    result = pub.publish(step, dense, rows)          # PublishResult: committed, recovered, dropped
+
+    # rollout worker rank r of an EP-n worker:
+    sub = WeightSubscriber(pub_address, key, "worker-7", r, Layout.contiguous(n, num_experts),
+                           expected_tensors(model.named_parameters()))
+    update = sub.poll()                               # between decode steps
+    if update is not None:
+        version, state = update                       # this rank's tensors, verified and committed
 """
 
 import concurrent.futures
@@ -45,9 +59,9 @@ from typing import Dict, List, Optional
 
 import torch
 
-from . import weights_wire as wire
-from .weights_manifest import (Layout, TensorSpec, WeightError, WeightManifest, dtype_name, landing_plan,
-                               plan_manifest, schema_of, source_offsets, validate_schema)
+from . import wire
+from .manifest import (Layout, TensorSpec, WeightError, WeightManifest, dtype_name, landing_plan,
+                       plan_manifest, schema_of, source_offsets, validate_schema)
 
 log = logging.getLogger("proxyep.rl.weights")
 
@@ -105,7 +119,7 @@ class _Outcome:
 class WeightPublisher:
     """Publishes versions of a model to rollout workers (see the module docstring).
 
-    ``schema``: the model's tensors (:func:`~.weights_manifest.schema_of` of the first state,
+    ``schema``: the model's tensors (:func:`~.manifest.schema_of` of the first state,
     or :meth:`for_state`). ``host``/``port``: where the control listener binds (port 0: a free
     one; ``address`` says which). ``authkey``: bytes every subscriber must present (default: a
     random key, ``authkey`` attribute). ``chunk_bytes``: the bucket size of fabric writes (also

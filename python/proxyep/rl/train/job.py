@@ -1,7 +1,7 @@
-"""``python3 -m proxyep.rl.train_job``: the trainer of a GRPO run, on every rank of a
+"""``python3 -m proxyep.rl.train.job``: the trainer of a GRPO run, on every rank of a
 ``proxyep launch -n T`` job (started by ``proxyep rl run``, run.py). The ranks form the
-expert-parallel trainer group; rank 0 also hosts the loop's state (train_host.py). The loop
-itself is trainer_run.py. Exit 0 when every iteration ran, 1 on an error (logged, naming the
+expert-parallel trainer group; rank 0 also hosts the loop's state (host.py). The loop
+itself is loop.py. Exit 0 when every iteration ran, 1 on an error (logged, naming the
 phase and the peer).
 """
 
@@ -14,20 +14,20 @@ import sys
 import torch
 import torch.distributed as dist
 
-from .protocol import RLError
-from .run_config import RunConfig
+from ..coordinator.protocol import RLError
+from ..run_config import RunConfig
 
 log = logging.getLogger("proxyep.rl.train")
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python3 -m proxyep.rl.train_job")
+    p = argparse.ArgumentParser(prog="python3 -m proxyep.rl.train.job")
     p.add_argument("--config", required=True)
     p.add_argument("--run-dir", required=True)
     p.add_argument("--resume", action="store_true", help="continue from the newest complete checkpoint")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    from .trainer_run import TrainerRun
+    from .loop import TrainerRun
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"proxyep.rl.train rank {os.environ.get('RANK', '0')}: %(message)s")

@@ -40,7 +40,7 @@ from proxyep.moe.functional import route
 from proxyep.moe.layer import MoELayer
 from proxyep.moe.model import causal_attention, rms_norm
 
-from .protocol import RLError
+from ..coordinator.protocol import RLError
 
 
 def sample_seed(*parts):

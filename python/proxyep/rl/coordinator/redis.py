@@ -1,5 +1,5 @@
-"""The rollout coordinator on Redis (redis-server 7, redis-py): coordinator.py's semantics, the
-same as MemoryCoordinator's (coordinator_memory.py: its checks, error texts and snapshot format
+"""The rollout coordinator on Redis (redis-server 7, redis-py): interface.py's semantics, the
+same as MemoryCoordinator's (memory.py: its checks, error texts and snapshot format
 are shared), with the state in Redis so that a coordinator process can be replaced (a new
 RedisCoordinator on the same server and prefix continues where the old one stopped) and, with
 the server's append-only file, a redis-server restart keeps it too.
@@ -32,12 +32,12 @@ import json
 
 import redis
 
-from .coordinator import Coordinator
-from .coordinator_memory import (COUNTERS, RESERVED_WORKER, SNAPSHOT_FORMAT, check_capacity, check_finish_reason,
-                                 check_group, check_group_id, check_lease_id, check_lease_ids, check_max_groups,
-                                 check_options, check_progress, check_reason, check_version, check_worker,
-                                 duplicate_group, lease_number, over_budget, parse_snapshot, routed_mismatch,
-                                 stale_lease, too_many_tokens, unknown_group, unknown_lease, wrong_worker)
+from .interface import Coordinator
+from .memory import (COUNTERS, RESERVED_WORKER, SNAPSHOT_FORMAT, check_capacity, check_finish_reason,
+                     check_group, check_group_id, check_lease_id, check_lease_ids, check_max_groups,
+                     check_options, check_progress, check_reason, check_version, check_worker,
+                     duplicate_group, lease_number, over_budget, parse_snapshot, routed_mismatch,
+                     stale_lease, too_many_tokens, unknown_group, unknown_lease, wrong_worker)
 from .protocol import CompletedGroup, GroupSpec, GroupState, Lease, Progress, ReleaseReason, RLError, Sample
 
 # ARGV[1..5] of every script: prefix, now ('' = the server's TIME), lease timeout, max attempts,
