@@ -70,19 +70,12 @@ void SignalRouter::attach_words(SignalWords& words) {
   words_ = &words;
 }
 
-void SignalRouter::relay_to(ImmRelay& relay) {
-  require(relay_ == nullptr, "control.signal_router", "a relay is already set");
-  relay_ = &relay;
-}
-
 Status SignalRouter::route(uint32_t raw) {
   imm::Decoded d = imm::decode(raw);
   if (words_ != nullptr && d.op() == imm::Op::control) {
     Status status = words_->count(d.payload());
     return status == Status::ok ? status : note(raw, words_->last_error());
   }
-  if (relay_ != nullptr)
-    return relay_->relay(raw) == Status::ok ? Status::ok : note(raw, relay_->last_error());
   switch (d.op()) {
     case imm::Op::counter: {
       if (counters_ == nullptr) return note(raw, "no counter bank attached");

@@ -19,6 +19,7 @@
 #include "common/error_note.hpp"
 #include "control/counter_bank.hpp"
 #include "control/imm_layout.hpp"
+#include "control/imm_sink.hpp"
 #include "control/sequence_window.hpp"
 #include "control/signal_words.hpp"
 
@@ -29,18 +30,7 @@
 
 namespace proxyep::control {
 
-// Where a router hands every immediate undecoded: the node daemon's proxy relays a client's
-// immediates to that client's process, whose own router decodes them (proxy/signal_relay.hpp).
-// relay() is called from any number of proxy threads at once.
-class ImmRelay {
- public:
-  virtual ~ImmRelay() = default;
-  // Status::error when the immediate cannot be passed on; last_error() says why.
-  [[nodiscard]] virtual Status relay(uint32_t imm) = 0;
-  virtual std::string last_error() const = 0;
-};
-
-class SignalRouter {
+class SignalRouter final : public ImmSink {
  public:
   using ControlHandler = std::function<Status(uint32_t epoch_tag, uint32_t payload)>;
 
@@ -52,27 +42,21 @@ class SignalRouter {
   void attach_credits(uint32_t stream, SenderCredits& credits);
   void set_control_handler(ControlHandler handler);
   // Control immediates count these words (signal_words.hpp) instead of reaching the handler.
-  void attach_words(SignalWords& words);
-  // Setup: every immediate goes to `relay` as it is, and nothing attached here is used, except
-  // signal words: control immediates count those here even then (the node daemon counts a
-  // client's words itself, in memory the client's device waits on: no client thread relays
-  // while a captured graph runs). The relay must outlive the router's use.
-  void relay_to(ImmRelay& relay);
+  void attach_words(SignalWords& words) override;
 
   // Dispatches one immediate. Status::error when nothing is attached for it or the target
   // rejects it.
-  [[nodiscard]] Status route(uint32_t imm);
+  [[nodiscard]] Status route(uint32_t imm) override;
   // Records `what` as last_error() and returns Status::error: for a caller that refuses
   // something on the router's behalf (proxy/route_completion.hpp: a completion that is not a
   // signal).
-  [[nodiscard]] Status refuse(std::string what);
+  [[nodiscard]] Status refuse(std::string what) override;
 
-  std::string last_error() const { return error_.last(); }
+  std::string last_error() const override { return error_.last(); }
 
  private:
   Status note(uint32_t imm, const std::string& what);
 
-  ImmRelay* relay_ = nullptr;
   CounterBank* counters_ = nullptr;
   SignalWords* words_ = nullptr;
   std::vector<SequenceWindow*> streams_;  // by stream id, imm::kMaxStreams entries

@@ -85,10 +85,9 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
   s.relay_memory = map_client_fd(fds[AttachRequest::relay], "signal relay ring");
   s.doorbell = std::make_unique<gpu_side::Doorbell>(
       gpu_side::Doorbell::adopt(std::exchange(fds[AttachRequest::doorbell], -1)));
-  // The client's router decodes its immediates: the daemon passes them on undecoded (only the
-  // captured steps' words are counted here, link_steps).
+  // The client's router (the rank's one) decodes its immediates: the daemon passes them on
+  // undecoded (only the captured steps' words are counted here, link_steps).
   s.relay = std::make_unique<proxy::RelaySender>(gpu_side::Ring::attach(s.relay_memory->bytes()));
-  s.router.relay_to(*s.relay);
 
   proxy::EngineOptions engine = proxy::EngineOptions::from_params();
   engine.tolerate_peer_failures = request.tolerate_peer_failures;
@@ -99,7 +98,7 @@ ServedRank::ServedRank(const AttachRequest& request, std::vector<int> fds) : req
                               .engine = engine,
                               .peers = nullptr,
                               .phase = kPhase},
-      s.router);
+      *s.relay);
   proxy::RankProxy& p = *s.proxy;
   p.register_rank_memory(s.arena->bytes(), s.staging->bytes());
   if (with_landing && proxy::registers_landing(request.landing_fabric, p.capabilities().provider)) {

@@ -180,8 +180,8 @@ class ServedRank {
         device_ring_memory, step_ring_memory, step_memory;
     std::unique_ptr<control::SignalWords> step_words;  // the captured steps', counted here
     std::unique_ptr<gpu_side::Doorbell> doorbell;
+    // The proxy's sink: relays to the client's router, counts only the step words.
     std::unique_ptr<proxy::RelaySender> relay;
-    control::SignalRouter router;  // relays to the client's, counts only the step words
     std::unique_ptr<proxy::RankProxy> proxy;
   };
   std::unique_ptr<State> state_ = std::make_unique<State>();

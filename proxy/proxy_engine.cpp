@@ -115,10 +115,10 @@ class ProxyEngine::DriverScope {
   bool driving_;
 };
 
-ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::SignalRouter& router,
+ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::ImmSink& sink,
                          EngineOptions options)
     : fabric_(fabric),
-      router_(router),
+      sink_(sink),
       options_(std::move(options)),
       shared_(std::make_unique<Shared>(ranks, fabric.num_rails())),
       ranks_(ranks) {
@@ -142,7 +142,7 @@ ProxyEngine::ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::S
     config.credits = options_.credits;
     config.peer_timeout = options_.peer_timeout;
     abandoned_.push_back(false);
-    threads_.push_back(std::make_unique<ProxyThread>(config, fabric_, shared_->regions, router_,
+    threads_.push_back(std::make_unique<ProxyThread>(config, fabric_, shared_->regions, sink_,
                                                      shared_->health, shared_->signals));
   }
   if (options_.wait_drive.count() < 0)

@@ -5,7 +5,7 @@
 // ordering layer). Both keep a deadline and report the engine's recorded failure at once, so a
 // dead peer surfaces as an error naming it, never as a hang.
 //
-//   ProxyEngine engine(*fabric, rank, world, router);        // options from the registry
+//   ProxyEngine engine(*fabric, rank, world, router);        // router: the immediates' sink
 //   engine.regions().add_local(0, *send_region);             // ... and add_remote() per peer
 //   engine.add_ring(ring, &doorbell);
 //   engine.start();
@@ -48,8 +48,8 @@
 
 #include "common/deadline.hpp"
 #include "control/counter_bank.hpp"
+#include "control/imm_sink.hpp"
 #include "control/peer_watch.hpp"
-#include "control/signal_router.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
@@ -90,9 +90,10 @@ struct EngineOptions {
 
 class ProxyEngine {
  public:
-  // `rank`/`ranks`: this rank and the world size. The fabric and router must outlive the
+  // `rank`/`ranks`: this rank and the world size. The fabric and the sink (control/imm_sink.hpp:
+  // the rank's SignalRouter, or the daemon's relay to it) must outlive the
   // engine. Throws proxyep::Error("proxy.engine") for bad options.
-  ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::SignalRouter& router,
+  ProxyEngine(fabric::Fabric& fabric, int rank, int ranks, control::ImmSink& sink,
               EngineOptions options = EngineOptions::from_params());
   ~ProxyEngine();
   ProxyEngine(const ProxyEngine&) = delete;
@@ -118,12 +119,12 @@ class ProxyEngine {
   // lock a dead peer held in shared memory) is given kStopTimeout, then reported (log and
   // health) and detached: it and the engine state it uses are leaked, never destroyed, so
   // stop() itself never hangs. Should it ever return from the provider, it touches the fabric
-  // and router once more: keep them alive in that case (the process is normally about to end).
+  // and sink once more: keep them alive in that case (the process is normally about to end).
   void stop() noexcept;
   static constexpr std::chrono::milliseconds kStopTimeout{3000};
   bool running() const { return running_.load(std::memory_order_acquire); }
   // True once stop() had to detach a thread. Such a thread may still touch the fabric, the
-  // router and whatever they reach (registered memory, counter banks, windows) whenever it
+  // sink and whatever they reach (registered memory, counter banks, windows) whenever it
   // returns from the provider: their owner must then keep them alive for the rest of the
   // process (session.hpp does), never destroy them.
   bool abandoned() const;
@@ -191,10 +192,10 @@ class ProxyEngine {
   void note_departed_peer();
 
   fabric::Fabric& fabric_;
-  control::SignalRouter& router_;
+  control::ImmSink& sink_;
   EngineOptions options_;
   // What the proxy threads reference, on the heap so that a thread stop() had to abandon keeps
-  // valid memory: the destructor leaks it then (the fabric and router are the caller's).
+  // valid memory: the destructor leaks it then (the fabric and sink are the caller's).
   struct Shared {
     Shared(int ranks, int rails) : regions(ranks, rails) {}
     RegionTable regions;

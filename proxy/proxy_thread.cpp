@@ -28,11 +28,11 @@ bool is_power_of_two(uint64_t value) {
 }  // namespace
 
 ProxyThread::ProxyThread(ThreadConfig config, fabric::Fabric& fabric, const RegionTable& regions,
-                         control::SignalRouter& router, Health& health, WaiterSignals& signals)
+                         control::ImmSink& sink, Health& health, WaiterSignals& signals)
     : config_(std::move(config)),
       fabric_(fabric),
       regions_(regions),
-      router_(router),
+      sink_(sink),
       health_(health),
       signals_(signals),
       credits_(config_.ranks, config_.credits),

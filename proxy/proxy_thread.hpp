@@ -43,7 +43,7 @@
 #pragma once
 
 #include "common/deadline.hpp"
-#include "control/signal_router.hpp"
+#include "control/imm_sink.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
@@ -118,7 +118,7 @@ struct ThreadStats {
 class ProxyThread {
  public:
   ProxyThread(ThreadConfig config, fabric::Fabric& fabric, const RegionTable& regions,
-              control::SignalRouter& router, Health& health, WaiterSignals& signals);
+              control::ImmSink& sink, Health& health, WaiterSignals& signals);
   ~ProxyThread();  // joins
   ProxyThread(const ProxyThread&) = delete;
   ProxyThread& operator=(const ProxyThread&) = delete;
@@ -197,7 +197,7 @@ class ProxyThread {
   ThreadConfig config_;
   fabric::Fabric& fabric_;
   const RegionTable& regions_;
-  control::SignalRouter& router_;
+  control::ImmSink& sink_;
   Health& health_;
   WaiterSignals& signals_;
   gpu_side::Doorbell wake_;  // engine kicks: stop, waiters

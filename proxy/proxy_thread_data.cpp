@@ -27,13 +27,13 @@ bool ProxyThread::drain_completions() {
         const fabric::Completion& c = completions_[i];
         if (c.kind == fabric::Completion::Kind::local_write) {
           on_local_completion(c);
-        } else if (route_completion(router_, c) == Status::ok) {
+        } else if (route_completion(sink_, c) == Status::ok) {
           progressed_ = true;
           bump(counters_.remote);
         } else {
           fail("proxy.route", -1,
                fmt::format("rank {}: remote completion with immediate {:#010x} on rail {}: {}",
-                           config_.rank, c.imm, rail, router_.last_error()));
+                           config_.rank, c.imm, rail, sink_.last_error()));
         }
       }
       worked |= count > 0;

@@ -91,8 +91,8 @@ bool registers_landing(std::string_view mode, std::string_view provider) {
          provider.find("verbs") == std::string_view::npos;
 }
 
-RankProxy::RankProxy(RankProxyOptions options, control::SignalRouter& router)
-    : options_(std::move(options)), router_(router) {
+RankProxy::RankProxy(RankProxyOptions options, control::ImmSink& sink)
+    : options_(std::move(options)), sink_(sink) {
   require(options_.ranks >= 1 && options_.rank >= 0 && options_.rank < options_.ranks,
           options_.phase, "rank {} of {} ranks", options_.rank, options_.ranks);
   require(static_cast<uint32_t>(options_.ranks) <= control::imm::kMaxStreams, options_.phase,
@@ -102,7 +102,7 @@ RankProxy::RankProxy(RankProxyOptions options, control::SignalRouter& router)
   State& s = *state_;
   s.fabric = fabric::Fabric::open(options_.fabric);
   fabric_ = s.fabric.get();
-  s.engine = std::make_unique<ProxyEngine>(*s.fabric, options_.rank, options_.ranks, router_,
+  s.engine = std::make_unique<ProxyEngine>(*s.fabric, options_.rank, options_.ranks, sink_,
                                            options_.engine);
   s.engine->watch_peers(options_.peers);
   engine_ = s.engine.get();
@@ -222,7 +222,7 @@ void RankProxy::link_steps(const std::vector<fabric::Bytes>& descriptors,
           regions().add_remote(
               r, StepTransport::kRegion,
               fabric::RegionDescriptor::deserialize(descriptors[static_cast<size_t>(r)]));
-        router_.attach_words(words);
+        sink_.attach_words(words);
       },
       Deadline(kAmendTimeout));
   steps_linked_ = true;

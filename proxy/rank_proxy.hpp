@@ -7,7 +7,7 @@
 //    memfds it passed, its immediates relayed back to it.
 // The steps follow the job's collective setup, which the owner drives:
 //
-//   RankProxy proxy(options, router);               // the fabric opens, the engine is made
+//   RankProxy proxy(options, sink);                 // the fabric opens, the engine is made
 //   proxy.register_rank_memory(arena, staging);     // kArenaRegion (target), kStagingRegion
 //   proxy.register_landing(landing, "auto");        // kLandingRegion, where registering pays
 //   proxy.register_device_memory(use, memory);      // FI_HMEM: device staging, arena, steps
@@ -25,11 +25,11 @@
 // Threads: every call from one thread (the owner's setup or protocol thread); the engine's
 // threads run between start() and stop(). After stop(), abandoned() says whether a thread had
 // to be left inside the provider: the owner must then keep alive whatever that thread may touch
-// (this object, the router, and the memory registered here) for the rest of the process.
+// (this object, the sink, and the memory registered here) for the rest of the process.
 #pragma once
 
+#include "control/imm_sink.hpp"
 #include "control/peer_watch.hpp"
-#include "control/signal_router.hpp"
 #include "control/signal_words.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/device/device_runtime.hpp"
@@ -66,9 +66,10 @@ enum class DeviceMemoryUse {
 class RankProxy {
  public:
   // Opens the fabric and makes the engine (not started); the engine routes completions into
-  // `router`, which must outlive this object. Throws proxyep::Error from the fabric or for bad
+  // `sink` (control/imm_sink.hpp: the rank's router in process, the relay to it in the node
+  // daemon), which must outlive this object. Throws proxyep::Error from the fabric or for bad
   // options.
-  RankProxy(RankProxyOptions options, control::SignalRouter& router);
+  RankProxy(RankProxyOptions options, control::ImmSink& sink);
   // Stops the engine; a thread it had to abandon keeps this object's fabric and engine alive.
   ~RankProxy();
   RankProxy(const RankProxy&) = delete;
@@ -97,7 +98,7 @@ class RankProxy {
   // Drops the steps' registration (a rank failed to make its step memory).
   void drop_step_memory();
   // Every rank's step region under StepTransport::kRegion (by rank), and `words` counted by the
-  // router for every control immediate from now on; `keep_polling`: the threads poll instead of
+  // sink for every control immediate from now on; `keep_polling`: the threads poll instead of
   // sleeping from now on. Once, after the step memory was registered.
   void link_steps(const std::vector<fabric::Bytes>& descriptors, control::SignalWords& words,
                   bool keep_polling);
@@ -143,7 +144,7 @@ class RankProxy {
   const fabric::MemoryRegion* region(DeviceMemoryUse use) const;
 
   RankProxyOptions options_;
-  control::SignalRouter& router_;
+  control::ImmSink& sink_;
   bool connected_ = false, started_ = false, steps_linked_ = false;
   // Everything the engine's threads may touch; leaked whole when stop() abandoned a thread.
   struct State {

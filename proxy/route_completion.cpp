@@ -4,11 +4,11 @@
 
 namespace proxyep::proxy {
 
-Status route_completion(control::SignalRouter& router, const fabric::Completion& completion) {
+Status route_completion(control::ImmSink& sink, const fabric::Completion& completion) {
   if (completion.kind != fabric::Completion::Kind::remote_write)
-    return router.refuse(fmt::format("local_write completion (cookie {}, peer {}) is not a signal",
-                                     completion.cookie, completion.peer));
-  return router.route(completion.imm);
+    return sink.refuse(fmt::format("local_write completion (cookie {}, peer {}) is not a signal",
+                                   completion.cookie, completion.peer));
+  return sink.route(completion.imm);
 }
 
 }  // namespace proxyep::proxy

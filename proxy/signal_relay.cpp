@@ -1,6 +1,7 @@
 // The daemon's side and the client's side of the signal relay (signal_relay.hpp).
 #include "proxy/signal_relay.hpp"
 
+#include "control/imm_layout.hpp"
 #include "gpu_side/descriptor.hpp"
 
 #include <fmt/format.h>
@@ -9,16 +10,27 @@
 
 namespace proxyep::proxy {
 
-Status RelaySender::relay(uint32_t imm) {
+void RelaySender::attach_words(control::SignalWords& words) {
+  require(words_ == nullptr, "proxy.signal_relay", "signal words are already attached");
+  words_ = &words;
+}
+
+Status RelaySender::route(uint32_t imm) {
+  if (const control::imm::Decoded decoded = control::imm::decode(imm);
+      words_ != nullptr && decoded.op() == control::imm::Op::control) {
+    if (words_->count(decoded.payload()) == Status::ok) return Status::ok;
+    return error_.note(fmt::format("imm {:#010x} (control, payload {:#x}): {}", imm,
+                                   decoded.payload(), words_->last_error()));
+  }
   gpu_side::Descriptor d;
   d.op = gpu_side::Op::signal;
   d.imm = imm;
   std::lock_guard lock(mutex_);
   if (producer_.try_push(d) != Status::ok)
     return error_.note(fmt::format(
-        "the client's signal relay is full ({} immediates unread): the client stopped draining "
-        "it",
-        capacity_));
+        "imm {:#010x}: the client's signal relay is full ({} immediates unread): the client "
+        "stopped draining it",
+        imm, capacity_));
   ++relayed_;
   return Status::ok;
 }

@@ -4,9 +4,9 @@
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "gpu_side/cuda/cuda_ipc.hpp"
+#include "gpu_side/cuda/cuda_kernels.hpp"
 #include "gpu_side/cuda/current_device.hpp"
 #include "gpu_side/cuda/ep_kernels.hpp"
-#include "gpu_side/cuda/ll_kernels.hpp"
 #include "gpu_side/cuda/ring_push.hpp"
 #include "gpu_side/cuda/stream_signal.hpp"
 #include "gpu_side/device/capture_state.hpp"
@@ -326,93 +326,8 @@ void CudaDevice::fill(void* to, uint8_t value, uint64_t bytes) {
   check_cuda(cudaMemsetAsync(to, value, bytes, state_->stream), kPhase, "cudaMemsetAsync");
 }
 
-void CudaDevice::dispatch_layout(const ep::LayoutParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_dispatch_layout(params, state_->stream), kPhase, "dispatch_layout launch");
-}
-
-void CudaDevice::dispatch_rows(const ep::DispatchParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_dispatch_rows(params, state_->stream), kPhase, "dispatch_rows launch");
-}
-
-void CudaDevice::dispatch_chunk(const ep::ChunkParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_dispatch_chunk(params, state_->stream), kPhase, "dispatch_chunk launch");
-}
-
-void CudaDevice::combine(const ep::CombineParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_combine(params, state_->stream), kPhase, "combine launch");
-}
-
-void CudaDevice::add(const ep::AddParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_add(params, state_->stream), kPhase, "add launch");
-}
-
-void CudaDevice::copy_runs(const ep::CopyRunsParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_copy_runs(params, state_->stream), kPhase, "copy_runs launch");
-}
-
-void CudaDevice::ll_pack(const ep::LlPackParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_pack(params, state_->stream), kPhase, "ll_pack launch");
-}
-
-void CudaDevice::ll_route(const ep::LlRouteParams& params) {
-  const char* error = ep::ll_route_error(params);
-  require(error == nullptr, kPhase, "ll_route: {}", error != nullptr ? error : "");
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_route(params, state_->stream), kPhase, "ll_route launch");
-}
-
-void CudaDevice::ll_pack_routed(const ep::LlPackRoutedParams& params) {
-  const char* error = ep::ll_pack_routed_error(params);
-  require(error == nullptr, kPhase, "ll_pack_routed: {}", error != nullptr ? error : "");
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_pack_routed(params, state_->stream), kPhase, "ll_pack_routed launch");
-}
-
-void CudaDevice::ll_combine_routed(const ep::LlCombineRoutedParams& params) {
-  const char* error = ep::ll_combine_routed_error(params);
-  require(error == nullptr, kPhase, "ll_combine_routed: {}", error != nullptr ? error : "");
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_combine_routed(params, state_->stream), kPhase, "ll_combine_routed launch");
-}
-
-void CudaDevice::ll_unpack_counted(const ep::LlUnpackCountedParams& params) {
-  const char* error = ep::ll_unpack_counted_error(params);
-  require(error == nullptr, kPhase, "ll_unpack_counted: {}", error != nullptr ? error : "");
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_unpack_counted(params, state_->stream), kPhase, "ll_unpack_counted launch");
-}
-
-void CudaDevice::ll_return_counted(const ep::LlReturnCountedParams& params) {
-  const char* error = ep::ll_return_counted_error(params);
-  require(error == nullptr, kPhase, "ll_return_counted: {}", error != nullptr ? error : "");
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_return_counted(params, state_->stream), kPhase, "ll_return_counted launch");
-}
-
-void CudaDevice::count_mismatches(const ep::MismatchParams& params) {
-  const char* error = ep::mismatch_error(params);
-  require(error == nullptr, kPhase, "count_mismatches: {}", error != nullptr ? error : "");
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_count_mismatches(params, state_->stream), kPhase, "count_mismatches launch");
-}
-
-void CudaDevice::ll_write_bytes(const ep::SizeWritesParams& params) {
-  const char* error = ep::ll_write_bytes_error(params);
-  require(error == nullptr, kPhase, "ll_write_bytes: {}", error != nullptr ? error : "");
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_write_bytes(params, state_->stream), kPhase, "ll_write_bytes launch");
-}
-
-void CudaDevice::ll_combine(const ep::LlCombineParams& params) {
-  const CurrentDevice current = state_->select();
-  check_cuda(launch_ll_combine(params, state_->stream), kPhase, "ll_combine launch");
+device::BoundKernels CudaDevice::kernels() {
+  return {cuda_kernels(), *this};
 }
 
 namespace {

@@ -38,21 +38,8 @@ class CudaDevice final : public device::DeviceRuntime {
   void unregister_host(void* host) override;
   void copy(void* to, const void* from, uint64_t bytes) override;
   void fill(void* to, uint8_t value, uint64_t bytes) override;
-  void dispatch_layout(const ep::LayoutParams& params) override;
-  void dispatch_rows(const ep::DispatchParams& params) override;
-  void dispatch_chunk(const ep::ChunkParams& params) override;
-  void combine(const ep::CombineParams& params) override;
-  void add(const ep::AddParams& params) override;
-  void copy_runs(const ep::CopyRunsParams& params) override;
-  void ll_pack(const ep::LlPackParams& params) override;
-  void ll_route(const ep::LlRouteParams& params) override;
-  void ll_pack_routed(const ep::LlPackRoutedParams& params) override;
-  void ll_combine_routed(const ep::LlCombineRoutedParams& params) override;
-  void ll_unpack_counted(const ep::LlUnpackCountedParams& params) override;
-  void ll_return_counted(const ep::LlReturnCountedParams& params) override;
-  void count_mismatches(const ep::MismatchParams& params) override;
-  void ll_write_bytes(const ep::SizeWritesParams& params) override;
-  void ll_combine(const ep::LlCombineParams& params) override;
+  // Its table (cuda_kernels.hpp: the kernels of this folder) with itself.
+  device::BoundKernels kernels() override;
   std::unique_ptr<device::DeviceRingProducer> attach_ring(const Ring& ring) override;
   void ring_push(device::DeviceRingProducer& producer, const Descriptor* descriptors, int64_t count,
                  std::chrono::milliseconds timeout) override;

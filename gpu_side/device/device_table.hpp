@@ -1,5 +1,6 @@
-// What a step that a graph may capture (ll_node_dispatch.hpp) sets up once: the stream it sets up
-// on, and the tables of addresses its kernels read (slots, sinks), uploaded from host vectors.
+// What a step that a graph may capture (integrations/low_latency/ll_node_dispatch.hpp) sets up
+// once: the stream it sets up on, and the tables of addresses its kernels read (slots, sinks),
+// uploaded from host vectors.
 #pragma once
 
 #include "gpu_side/device/device_runtime.hpp"

@@ -1,6 +1,6 @@
 // ll_counted: where a low-latency dispatch's received messages go, from the per-expert counts
 // its sources announced and nothing else (and, for the combine, where their rows go back), on the
-// device (DeviceRuntime::ll_unpack_counted) or on the host (ll_unpack_counted_on_host, the CPU
+// device (EpKernels::ll_unpack_counted) or on the host (ll_unpack_counted_on_host, the CPU
 // twin). The receiving side of ll_route.hpp: a sender groups its messages to a rank by local expert
 // (ll_routed_message), so the counts alone say where each message is in its slot and which row it
 // becomes.

@@ -1,7 +1,7 @@
 // ll_route: a low-latency dispatch's routing computed from topk_idx alone, on the device that
-// holds it (DeviceRuntime::ll_route) or on the host (ll_route_on_host, the CPU twin). It is the
-// part of the routing that needs every selection; what follows from it per message (which rank,
-// which local expert, where in the slot) is arithmetic on one selection.
+// holds it (EpKernels::ll_route, gpu_side/device/ep_kernels.hpp) or on the host (ll_route_on_host,
+// the CPU twin). It is the part of the routing that needs every selection; what follows from it per
+// message (which rank, which local expert, where in the slot) is arithmetic on one selection.
 //
 // The rule, for the selections i = token * topk + k in row-major order:
 //   - counts[e] = the number of selections naming expert e, for every e in [0, num_experts);

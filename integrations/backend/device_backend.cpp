@@ -13,6 +13,8 @@ namespace ep = proxyep::gpu_side::ep;
 
 namespace proxyep::integrations {
 
+using gpu_side::device::EpKernels;
+
 namespace {
 
 void require_on_device(const ep::TensorRef& t, std::string_view phase, std::string_view name) {
@@ -129,16 +131,17 @@ ep::DispatchLayout DeviceBackend::layout(const ep::TensorRef& topk_idx, const ep
   layout.num_tokens_per_expert = allocate(ep::DType::i32, shape.num_experts);
   layout.is_token_in_rank = allocate(ep::DType::boolean, tokens, ranks);
   std::unique_lock lock(mutex_);
-  device_->dispatch_layout({.topk_idx = topk_idx.as<int64_t>(),
-                            .num_tokens = tokens,
-                            .topk = static_cast<int>(topk_idx.cols),
-                            .shape = shape,
-                            .tokens_per_rank = layout.num_tokens_per_rank.data<int32_t>(),
-                            .tokens_per_node = layout.num_tokens_per_rdma_rank.defined()
-                                                   ? layout.num_tokens_per_rdma_rank.data<int32_t>()
-                                                   : nullptr,
-                            .tokens_per_expert = layout.num_tokens_per_expert.data<int32_t>(),
-                            .is_token_in_rank = layout.is_token_in_rank.data<bool>()});
+  queue_kernel(*device_, &EpKernels::dispatch_layout,
+               {.topk_idx = topk_idx.as<int64_t>(),
+                .num_tokens = tokens,
+                .topk = static_cast<int>(topk_idx.cols),
+                .shape = shape,
+                .tokens_per_rank = layout.num_tokens_per_rank.data<int32_t>(),
+                .tokens_per_node = layout.num_tokens_per_rdma_rank.defined()
+                                       ? layout.num_tokens_per_rdma_rank.data<int32_t>()
+                                       : nullptr,
+                .tokens_per_expert = layout.num_tokens_per_expert.data<int32_t>(),
+                .is_token_in_rank = layout.is_token_in_rank.data<bool>()});
   queued();
   lock.unlock();
   // Done on return: the caller may read the layout from any stream of its own.
@@ -151,10 +154,11 @@ void DeviceBackend::pack_rows(const RowSource& source, const ep::RowSink& sink,
   if (tokens.empty()) return;
   require_source_on_device(source, "dispatch");
   std::lock_guard lock(mutex_);
-  device_->dispatch_chunk({.input = row_input(source),
-                           .tokens = upload(tokens.data(), tokens.size()),
-                           .sink = sink,
-                           .rows = static_cast<int64_t>(tokens.size())});
+  queue_kernel(*device_, &EpKernels::dispatch_chunk,
+               {.input = row_input(source),
+                .tokens = upload(tokens.data(), tokens.size()),
+                .sink = sink,
+                .rows = static_cast<int64_t>(tokens.size())});
   queued();
 }
 
@@ -166,7 +170,8 @@ void DeviceBackend::place_routed_rows(const RowSource& source, const ep::RowSink
   std::vector<ep::RowSink> sinks(static_cast<size_t>(routes.ranks));
   sinks[static_cast<size_t>(sink.rank)] = sink;
   std::lock_guard lock(mutex_);
-  device_->dispatch_rows(
+  queue_kernel(
+      *device_, &EpKernels::dispatch_rows,
       {.input = row_input(source),
        .send_head = upload(routes.send_head, static_cast<size_t>(routes.tokens * routes.ranks)),
        .sinks = upload(sinks.data(), sinks.size()),
@@ -186,7 +191,8 @@ void DeviceBackend::copy_runs(std::span<const ep::CopyRun> runs) {
   if (runs.empty()) return;
   if (runs.size() == 1) return copy_rows(runs[0].to, runs[0].from, 1, runs[0].bytes);
   std::lock_guard lock(mutex_);
-  device_->copy_runs(
+  queue_kernel(
+      *device_, &EpKernels::copy_runs,
       {.runs = upload(runs.data(), runs.size()), .num_runs = static_cast<int64_t>(runs.size())});
   queued();
 }
@@ -224,7 +230,7 @@ void DeviceBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
     in.block_chunk_rows = upload(input.block_chunk_rows, n);
     in.block_chunks = upload(chunks.data(), n);
   }
-  device_->combine({.input = in, .num_tokens = num_tokens});
+  queue_kernel(*device_, &EpKernels::combine, {.input = in, .num_tokens = num_tokens});
   queued();
 }
 
@@ -243,7 +249,8 @@ void DeviceBackend::add_values(const ep::TensorRef& to, std::span<const T> value
   require(to.rows >= static_cast<int64_t>(values.size()), "device backend", "{} values added to {}",
           values.size(), to);
   std::lock_guard lock(mutex_);
-  device_->add({.wide = sizeof(T) == 8,
+  queue_kernel(*device_, &EpKernels::add,
+               {.wide = sizeof(T) == 8,
                 .to = const_cast<void*>(to.data),
                 .from = upload(values.data(), values.size()),
                 .count = static_cast<int64_t>(values.size())});
@@ -264,10 +271,11 @@ void DeviceBackend::ll_pack(const ep::LlFormat& format, const ep::TensorRef& x,
   require_on_device(x, "low_latency_dispatch", "x");
   require_ll_tokens(items, x.rows);
   std::lock_guard lock(mutex_);
-  device_->ll_pack({.format = format,
-                    .x = x.as<uint16_t>(),
-                    .items = upload(items.data(), items.size()),
-                    .num_items = static_cast<int64_t>(items.size())});
+  queue_kernel(*device_, &EpKernels::ll_pack,
+               {.format = format,
+                .x = x.as<uint16_t>(),
+                .items = upload(items.data(), items.size()),
+                .num_items = static_cast<int64_t>(items.size())});
   queued();
 }
 
@@ -284,13 +292,14 @@ RowBackend::LlRouting DeviceBackend::ll_route(const ep::TensorRef& topk_idx, int
   copy_rows(routing.topk_idx.raw(), static_cast<const std::byte*>(topk_idx.data), 1,
             routing.topk_idx.bytes());
   std::lock_guard lock(mutex_);
-  device_->ll_route({.topk_idx = routing.topk_idx.data<int64_t>(),
-                     .num_tokens = topk_idx.rows,
-                     .topk = static_cast<int>(topk_idx.cols),
-                     .num_experts = experts,
-                     .counts = routing.counts.data<int32_t>(),
-                     .positions = routing.positions.data<int32_t>(),
-                     .invalid = routing.invalid.data<int32_t>()});
+  queue_kernel(*device_, &EpKernels::ll_route,
+               {.topk_idx = routing.topk_idx.data<int64_t>(),
+                .num_tokens = topk_idx.rows,
+                .topk = static_cast<int>(topk_idx.cols),
+                .num_experts = experts,
+                .counts = routing.counts.data<int32_t>(),
+                .positions = routing.positions.data<int32_t>(),
+                .invalid = routing.invalid.data<int32_t>()});
   queued();
   return routing;
 }
@@ -300,16 +309,17 @@ void DeviceBackend::ll_pack_routed(const ep::LlFormat& format, const ep::TensorR
                                    std::span<std::byte* const> slots) {
   require_on_device(x, "low_latency_dispatch", "x");
   std::lock_guard lock(mutex_);
-  device_->ll_pack_routed({.format = format,
-                           .x = x.as<uint16_t>(),
-                           .topk_idx = routing.topk_idx.data<int64_t>(),
-                           .positions = routing.positions.data<int32_t>(),
-                           .counts = routing.counts.data<int32_t>(),
-                           .slots = upload(slots.data(), slots.size()),
-                           .num_tokens = routing.topk_idx.rows(),
-                           .topk = static_cast<int>(routing.topk_idx.cols()),
-                           .num_experts = routing.experts,
-                           .local_experts = local_experts});
+  queue_kernel(*device_, &EpKernels::ll_pack_routed,
+               {.format = format,
+                .x = x.as<uint16_t>(),
+                .topk_idx = routing.topk_idx.data<int64_t>(),
+                .positions = routing.positions.data<int32_t>(),
+                .counts = routing.counts.data<int32_t>(),
+                .slots = upload(slots.data(), slots.size()),
+                .num_tokens = routing.topk_idx.rows(),
+                .topk = static_cast<int>(routing.topk_idx.cols()),
+                .num_experts = routing.experts,
+                .local_experts = local_experts});
   queued();
 }
 
@@ -319,15 +329,16 @@ void DeviceBackend::ll_unpack_counted(const ep::LlFormat& format, std::span<cons
                                       int64_t rows_per_expert, int32_t* recv_count,
                                       int64_t* layout_range) {
   std::lock_guard lock(mutex_);
-  device_->ll_unpack_counted({.format = format,
-                              .counts = upload(counts.data(), counts.size()),
-                              .from = upload(from.data(), from.size()),
-                              .sinks = upload(sinks.data(), sinks.size()),
-                              .recv_count = recv_count,
-                              .layout_range = layout_range,
-                              .ranks = static_cast<int32_t>(from.size()),
-                              .local_experts = static_cast<int32_t>(sinks.size()),
-                              .rows_per_expert = rows_per_expert});
+  queue_kernel(*device_, &EpKernels::ll_unpack_counted,
+               {.format = format,
+                .counts = upload(counts.data(), counts.size()),
+                .from = upload(from.data(), from.size()),
+                .sinks = upload(sinks.data(), sinks.size()),
+                .recv_count = recv_count,
+                .layout_range = layout_range,
+                .ranks = static_cast<int32_t>(from.size()),
+                .local_experts = static_cast<int32_t>(sinks.size()),
+                .rows_per_expert = rows_per_expert});
   queued();
 }
 
@@ -336,12 +347,13 @@ void DeviceBackend::ll_combine(std::span<const uint16_t* const> rows, const floa
   const int64_t tokens = ll_combine_tokens(rows, topk);
   if (tokens == 0) return;
   std::lock_guard lock(mutex_);
-  device_->ll_combine({.rows = upload(rows.data(), rows.size()),
-                       .weights = weights,
-                       .out = out,
-                       .num_tokens = tokens,
-                       .topk = topk,
-                       .hidden = hidden});
+  queue_kernel(*device_, &EpKernels::ll_combine,
+               {.rows = upload(rows.data(), rows.size()),
+                .weights = weights,
+                .out = out,
+                .num_tokens = tokens,
+                .topk = topk,
+                .hidden = hidden});
   queued();
 }
 
@@ -350,17 +362,18 @@ void DeviceBackend::ll_combine_routed(const LlRouting& routing, int32_t local_ex
                                       uint16_t* out, uint32_t hidden) {
   if (routing.topk_idx.rows() == 0) return;
   std::lock_guard lock(mutex_);
-  device_->ll_combine_routed({.topk_idx = routing.topk_idx.data<int64_t>(),
-                              .positions = routing.positions.data<int32_t>(),
-                              .counts = routing.counts.data<int32_t>(),
-                              .from = upload(from.data(), from.size()),
-                              .weights = weights,
-                              .out = out,
-                              .num_tokens = routing.topk_idx.rows(),
-                              .topk = static_cast<int>(routing.topk_idx.cols()),
-                              .num_experts = routing.experts,
-                              .local_experts = local_experts,
-                              .hidden = hidden});
+  queue_kernel(*device_, &EpKernels::ll_combine_routed,
+               {.topk_idx = routing.topk_idx.data<int64_t>(),
+                .positions = routing.positions.data<int32_t>(),
+                .counts = routing.counts.data<int32_t>(),
+                .from = upload(from.data(), from.size()),
+                .weights = weights,
+                .out = out,
+                .num_tokens = routing.topk_idx.rows(),
+                .topk = static_cast<int>(routing.topk_idx.cols()),
+                .num_experts = routing.experts,
+                .local_experts = local_experts,
+                .hidden = hidden});
   queued();
 }
 
@@ -370,8 +383,8 @@ int64_t DeviceBackend::count_mismatches(const int64_t* a, const int64_t* b, int6
   int32_t mismatches = 0;
   {
     std::lock_guard lock(mutex_);
-    device_->count_mismatches(
-        {.a = a, .b = b, .count = count, .mismatches = counted.data<int32_t>()});
+    queue_kernel(*device_, &EpKernels::count_mismatches,
+                 {.a = a, .b = b, .count = count, .mismatches = counted.data<int32_t>()});
     device_->copy(&mismatches, counted.raw(), sizeof mismatches);
     queued();
   }

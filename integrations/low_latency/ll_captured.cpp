@@ -124,8 +124,8 @@ CapturedLowLatency::Layout CapturedLowLatency::layout_for(const LlShape& shape, 
   widest.fp8 = false;
   const int32_t local = shape.experts / ranks;
   Layout l;
-  l.slot_bytes = device::ll_node_slot_bytes(widest, shape.tokens, local);
-  l.return_bytes = device::ll_node_return_slot_bytes(widest.hidden, shape.tokens, local);
+  l.slot_bytes = ll_node_slot_bytes(widest, shape.tokens, local);
+  l.return_bytes = ll_node_return_slot_bytes(widest.hidden, shape.tokens, local);
   l.returns_at = static_cast<uint64_t>(ranks) * l.slot_bytes;
   l.counts_at = l.returns_at + static_cast<uint64_t>(ranks) * l.return_bytes;
   l.words_at = l.counts_at + round_up(4ull * static_cast<uint64_t>(ranks * local), 64);
@@ -170,10 +170,10 @@ gpu_side::Descriptor CapturedLowLatency::write_to(int to, uint64_t from_offset, 
   return d;
 }
 
-std::vector<device::LlRemotePeer> CapturedLowLatency::remote_peers() const {
+std::vector<LlRemotePeer> CapturedLowLatency::remote_peers() const {
   if (!link_) return {};
   const int R = session_.ranks();
-  std::vector<device::LlRemotePeer> peers(static_cast<size_t>(R));
+  std::vector<LlRemotePeer> peers(static_cast<size_t>(R));
   for (const int r : remote_ranks()) {
     std::byte* base = link_->memory + remote_base(r, session_.rank());
     const uint64_t* words = link_->words;
@@ -188,10 +188,10 @@ std::vector<device::LlRemotePeer> CapturedLowLatency::remote_peers() const {
   return peers;
 }
 
-std::vector<device::LlRemoteReturn> CapturedLowLatency::remote_homes() const {
+std::vector<LlRemoteReturn> CapturedLowLatency::remote_homes() const {
   if (!link_) return {};
   const int R = session_.ranks();
-  std::vector<device::LlRemoteReturn> homes(static_cast<size_t>(R));
+  std::vector<LlRemoteReturn> homes(static_cast<size_t>(R));
   for (const int r : remote_ranks()) {
     std::byte* base = link_->memory + remote_base(r, session_.rank());
     homes[static_cast<size_t>(r)] = {.send_slot = base + layout_.send_return_at,
@@ -204,8 +204,8 @@ std::vector<device::LlRemoteReturn> CapturedLowLatency::remote_homes() const {
 
 // Every write leaves this rank's part for the peer (remote_base(peer, me)) for this rank's part
 // at the peer (remote_base(me, peer)); its immediate names the peer's word that counts it.
-device::LlRemoteSends CapturedLowLatency::dispatch_sends() const {
-  device::LlRemoteSends out;
+LlRemoteSends CapturedLowLatency::dispatch_sends() const {
+  LlRemoteSends out;
   if (!link_) return out;
   const int R = session_.ranks(), me = session_.rank();
   const auto local = static_cast<uint64_t>(shape_->experts / R);
@@ -223,8 +223,8 @@ device::LlRemoteSends CapturedLowLatency::dispatch_sends() const {
   return out;
 }
 
-device::LlRemoteSends CapturedLowLatency::combine_sends() const {
-  device::LlRemoteSends out;
+LlRemoteSends CapturedLowLatency::combine_sends() const {
+  LlRemoteSends out;
   if (!link_) return out;
   const int R = session_.ranks(), me = session_.rank();
   for (const int r : remote_ranks()) {
@@ -237,7 +237,7 @@ device::LlRemoteSends CapturedLowLatency::combine_sends() const {
   return out;
 }
 
-device::LlNodeMemory CapturedLowLatency::dispatch_memory(int rank) const {
+LlNodeMemory CapturedLowLatency::dispatch_memory(int rank) const {
   if (!session_.layout().on_node(rank)) return {};  // remote_peers()
   std::byte* base = memory_->peer(rank);
   auto* words = reinterpret_cast<uint64_t*>(base + layout_.words_at);
@@ -248,7 +248,7 @@ device::LlNodeMemory CapturedLowLatency::dispatch_memory(int rank) const {
           .released = words + R};
 }
 
-device::LlNodeReturnMemory CapturedLowLatency::return_memory(int rank) const {
+LlNodeReturnMemory CapturedLowLatency::return_memory(int rank) const {
   if (!session_.layout().on_node(rank)) return {};  // remote_homes()
   std::byte* base = memory_->peer(rank);
   auto* words = reinterpret_cast<uint64_t*>(base + layout_.words_at);
@@ -352,32 +352,31 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
   ep::Tensor range = static_output(*setup, ep::DType::i64, local, R);
   setup->synchronize(kDispatch, timeout());
 
-  device::LlNodeDispatchPlan plan{
-      .rank = session_.rank(),
-      .ranks = R,
-      .local_experts = local,
-      .slot_bytes = layout_.slot_bytes,
-      .memory = {},
-      .epoch = epoch(0),
-      .timeout = timeout(),
-      .format = f,
-      .max_tokens = in.shape.tokens,
-      .num_tokens = in.tokens,
-      .topk = static_cast<int>(in.topk),
-      .x = static_cast<const uint16_t*>(a.x.data),
-      .topk_idx = static_cast<const int64_t*>(a.topk_idx.data),
-      .recv_x = recv_x.raw(),
-      .recv_x_scales = f.fp8 ? scales.data<uint32_t>() : nullptr,
-      .src_info = src_info.data<int32_t>(),
-      .recv_count = recv_count.data<int32_t>(),
-      .layout_range = range.data<int64_t>(),
-      .recv_stats = written<int32_t>(a.cumulative_local_expert_recv_stats),
-      .wait_stats = written<int64_t>(a.dispatch_wait_recv_cost_stats)};
+  LlNodeDispatchPlan plan{.rank = session_.rank(),
+                          .ranks = R,
+                          .local_experts = local,
+                          .slot_bytes = layout_.slot_bytes,
+                          .memory = {},
+                          .epoch = epoch(0),
+                          .timeout = timeout(),
+                          .format = f,
+                          .max_tokens = in.shape.tokens,
+                          .num_tokens = in.tokens,
+                          .topk = static_cast<int>(in.topk),
+                          .x = static_cast<const uint16_t*>(a.x.data),
+                          .topk_idx = static_cast<const int64_t*>(a.topk_idx.data),
+                          .recv_x = recv_x.raw(),
+                          .recv_x_scales = f.fp8 ? scales.data<uint32_t>() : nullptr,
+                          .src_info = src_info.data<int32_t>(),
+                          .recv_count = recv_count.data<int32_t>(),
+                          .layout_range = range.data<int64_t>(),
+                          .recv_stats = written<int32_t>(a.cumulative_local_expert_recv_stats),
+                          .wait_stats = written<int64_t>(a.dispatch_wait_recv_cost_stats)};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(dispatch_memory(r));
   plan.remote = remote_peers();
   plan.remote_sends = dispatch_sends();
-  captured->step = std::make_unique<device::LlNodeDispatch>(device, std::move(plan), kDispatch);
+  captured->step = std::make_unique<LlNodeDispatch>(device, std::move(plan), kDispatch);
   captured->topk_idx = a.topk_idx;
   join_caller(*device, a.previous_event);
   if (a.return_recv_hook) {
@@ -419,7 +418,7 @@ std::pair<int64_t, int64_t> CapturedLowLatency::combine_buffer_shape(
   require(std::find(dispatches_.begin(), dispatches_.end(), handle.captured) != dispatches_.end(),
           "get_next_low_latency_combine_buffer",
           "the handle was not made by this Buffer's low_latency_dispatch");
-  const device::LlNodeDispatchPlan& p = handle.captured->step->plan();
+  const LlNodeDispatchPlan& p = handle.captured->step->plan();
   return {static_cast<int64_t>(p.local_experts) * p.ranks * p.max_tokens,
           static_cast<int64_t>(p.format.hidden)};
 }
@@ -443,7 +442,7 @@ LowLatencyCombineResult CapturedLowLatency::combine(
           "use_logfmt is not supported: ProxyEP combines in BF16 (pass use_logfmt=False)");
   require(d.combine == nullptr, kCombine,
           "this dispatch's combine was captured already: capture one combine per dispatch");
-  const device::LlNodeDispatchPlan& p = d.step->plan();
+  const LlNodeDispatchPlan& p = d.step->plan();
   const int R = p.ranks;
   const int64_t rows = static_cast<int64_t>(p.local_experts) * R * p.max_tokens;
   const auto H = static_cast<int64_t>(p.format.hidden);
@@ -475,24 +474,24 @@ LowLatencyCombineResult CapturedLowLatency::combine(
     setup->synchronize(kCombine, timeout());
     out = combined.data<uint16_t>();
   }
-  device::LlNodeCombinePlan plan{.slot_bytes = layout_.return_bytes,
-                                 .memory = {},
-                                 .epoch = epoch(1),
-                                 .x = static_cast<const uint16_t*>(x.data),
-                                 .topk_weights = static_cast<const float*>(a.topk_weights.data),
-                                 .out = out,
-                                 .wait_stats = written<int64_t>(a.combine_wait_recv_cost_stats)};
+  LlNodeCombinePlan plan{.slot_bytes = layout_.return_bytes,
+                         .memory = {},
+                         .epoch = epoch(1),
+                         .x = static_cast<const uint16_t*>(x.data),
+                         .topk_weights = static_cast<const float*>(a.topk_weights.data),
+                         .out = out,
+                         .wait_stats = written<int64_t>(a.combine_wait_recv_cost_stats)};
   for (int r = 0; r < R; ++r)
     plan.memory.push_back(return_memory(r));
   plan.remote = remote_homes();
   plan.remote_sends = combine_sends();
-  auto step = std::make_unique<device::LlNodeCombine>(device, *d.step, std::move(plan), kCombine);
+  auto step = std::make_unique<LlNodeCombine>(device, *d.step, std::move(plan), kCombine);
   join_caller(*device, a.previous_event);
   if (a.return_recv_hook)
     step->queue_send(kCombine);
   else
     step->queue(kCombine);
-  device::LlNodeCombine* queued = step.get();
+  LlNodeCombine* queued = step.get();
   d.combine = std::move(step);  // only once queued: a combine that failed may be captured again
   d.combined = combined;
   LowLatencyCombineResult result;

@@ -6,7 +6,7 @@
 // point inside the graph; wait() returns at once) is where the caller's stream joins it back
 // (wait_event on it before ending the capture; Python's deep_ep does both). The host protocol
 // cannot be captured (it reads the counts back and waits for records on the host), so a captured
-// call queues the node's LL step instead (gpu_side/device/ll_node_dispatch.hpp,
+// call queues the node's LL step instead (ll_node_dispatch.hpp,
 // ll_node_combine.hpp): the routing, the sends into every peer's device memory, the epoch-numbered
 // handshakes and the receive, all on the stream. Its outputs are static tensors, as a captured
 // torch call's are: every launch of the graph rewrites them. DeepEP's statistics tensors are added
@@ -28,7 +28,7 @@
 // too: the step packs a remote peer's messages into this rank's send slot for it and pushes the
 // writes (messages, counts row; the rows back in the combine) into the peer's receive slot for
 // this rank, sized on the device from the counts; each write's immediate names the peer's signal
-// word that counts it, and the releases go back as signals (gpu_side/device/ll_node_*.hpp).
+// word that counts it, and the releases go back as signals (ll_node_*.hpp).
 //
 // Refused before anything is queued, naming why: a peer whose device memory this rank cannot
 // open, rank masking (enable_shrink), async_finish (the graph is the asynchrony), a
@@ -45,8 +45,8 @@
 
 #include "control/bootstrap.hpp"
 #include "gpu_side/device/device_runtime.hpp"
-#include "gpu_side/device/ll_node_combine.hpp"
-#include "gpu_side/device/ll_node_dispatch.hpp"
+#include "integrations/low_latency/ll_node_combine.hpp"
+#include "integrations/low_latency/ll_node_dispatch.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency_types.hpp"
 #include "proxy/device_arenas.hpp"
@@ -62,12 +62,12 @@ namespace proxyep::integrations::low_latency {
 
 // A captured dispatch, kept by the Buffer and by its handle (LowLatencyHandle::captured).
 struct CapturedDispatch {
-  std::unique_ptr<gpu_side::device::LlNodeDispatch> step;
+  std::unique_ptr<LlNodeDispatch> step;
   gpu_side::ep::TensorRef topk_idx;  // the tensor it routed (the combine must pass it)
   std::vector<gpu_side::ep::Tensor> outputs;
   bool received = false;  // its receive is queued (at once, or by its hook)
   // Its combine, made by the first captured combine of its handle.
-  std::unique_ptr<gpu_side::device::LlNodeCombine> combine;
+  std::unique_ptr<LlNodeCombine> combine;
   gpu_side::ep::Tensor combined;
 };
 
@@ -99,14 +99,14 @@ class CapturedLowLatency {
     uint64_t recv_counts_at = 0, send_counts_at = 0, remote_stride = 0, remote_bytes = 0;
   };
   static Layout layout_for(const LlShape& shape, int ranks, int remotes);
-  gpu_side::device::LlNodeMemory dispatch_memory(int rank) const;
-  gpu_side::device::LlNodeReturnMemory return_memory(int rank) const;
+  LlNodeMemory dispatch_memory(int rank) const;
+  LlNodeReturnMemory return_memory(int rank) const;
   uint64_t* epoch(int which) const;  // this rank's: 0 the dispatch's, 1 the combine's
   // Between nodes: the peers on other nodes' memory and words, and the writes to them.
-  std::vector<gpu_side::device::LlRemotePeer> remote_peers() const;
-  std::vector<gpu_side::device::LlRemoteReturn> remote_homes() const;
-  gpu_side::device::LlRemoteSends dispatch_sends() const;
-  gpu_side::device::LlRemoteSends combine_sends() const;
+  std::vector<LlRemotePeer> remote_peers() const;
+  std::vector<LlRemoteReturn> remote_homes() const;
+  LlRemoteSends dispatch_sends() const;
+  LlRemoteSends combine_sends() const;
   std::vector<int> remote_ranks() const;  // the ranks on other nodes, ascending
   // Where rank `of`'s memory is among the peers on other nodes of rank `at` (its offset in
   // at's step transport memory), and the descriptor of a write from this rank to `to`.

@@ -9,7 +9,7 @@
 #include "tests/gpu/device_check.hpp"
 #include "tests/unit/gpu_side/device/device_capture_cases.hpp"
 #include "tests/unit/gpu_side/device/device_signal_cases.hpp"
-#include "tests/unit/gpu_side/device/ll_node_cases.hpp"
+#include "tests/unit/integrations/ll_node_cases.hpp"
 
 #include <cstdio>
 #include <memory>

@@ -19,18 +19,6 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// An ImmRelay that records what it is handed and fails with `fail_with` when that is set.
-class RecordingRelay final : public proxyep::control::ImmRelay {
- public:
-  Status relay(uint32_t raw) override {
-    calls.push_back(raw);
-    return fail_with.empty() ? Status::ok : Status::error;
-  }
-  std::string last_error() const override { return fail_with; }
-
-  std::vector<uint32_t> calls;
-  std::string fail_with;
-};
 }  // namespace
 
 TEST_CASE("signal router: each op reaches its target") {
@@ -102,75 +90,4 @@ TEST_CASE("signal router: errors name the immediate and the target's complaint")
   CHECK_THROWS_AS(router.attach_counters(bank), Error);
   CHECK_THROWS_AS(router.attach_stream(2, window), Error);
   CHECK_THROWS_AS(router.attach_stream(imm::kMaxStreams, window), Error);
-}
-
-TEST_CASE("signal router: with a relay set, every immediate goes to it as is, nothing else") {
-  CounterBank bank(16);
-  SequenceWindow window(8);
-  SenderCredits credits(8);
-  SignalRouter router;
-  router.attach_counters(bank);
-  router.attach_stream(3, window);
-  router.attach_credits(5, credits);
-  int control_calls = 0;
-  router.set_control_handler([&](uint32_t, uint32_t) {
-    ++control_calls;
-    return Status::ok;
-  });
-  REQUIRE(bank.set_expected(0, 9, 1) == Status::ok);
-  uint16_t seq = 0;
-  REQUIRE(credits.acquire(seq) == Status::ok);
-  REQUIRE(credits.acquire(seq) == Status::ok);
-  REQUIRE(credits.available() == 6);
-  RecordingRelay relay;
-  router.relay_to(relay);
-
-  // Each of these would change a target without the relay (or fail: stream 77 and key 15 of a
-  // 16-key bank in a stale epoch have nothing to go to); with it, each is handed over undecoded.
-  const std::vector<uint32_t> sent = {
-      imm::encode_counter(0, 9),
-      imm::encode_stream(0, 3, 0),
-      imm::encode_credit(0, 5, 2),
-      imm::encode_control(1, 0x42),
-      imm::encode_stream(0, 77, 1),
-      imm::encode_counter(2, 15),
-      0xffffffffu,
-  };
-  for (uint32_t raw : sent)
-    CHECK(router.route(raw) == Status::ok);
-  CHECK(relay.calls == sent);
-  CHECK_FALSE(bank.ready(0, 9));
-  CHECK(bank.errors() == 0);
-  CHECK(window.tail() == 0);
-  CHECK(credits.available() == 6);
-  CHECK(control_calls == 0);
-  CHECK(router.last_error().empty());
-
-  // One relay per router.
-  RecordingRelay second;
-  CHECK_THROWS_AS(router.relay_to(second), Error);
-  CHECK(router.route(imm::encode_counter(0, 9)) == Status::ok);
-  CHECK(second.calls.empty());
-  CHECK(relay.calls.size() == sent.size() + 1);
-}
-
-TEST_CASE("signal router: a relay that fails makes route fail with the relay's reason") {
-  RecordingRelay relay;
-  relay.fail_with = "the client's signal relay is full (8 immediates unread)";
-  CounterBank bank(16);
-  SignalRouter router;
-  router.attach_counters(bank);
-  router.relay_to(relay);
-  REQUIRE(bank.set_expected(0, 5, 1) == Status::ok);
-
-  CHECK(router.route(imm::encode_counter(0, 5)) == Status::error);
-  CHECK(contains(router.last_error(), "counter, epoch tag 0, key 5"));
-  CHECK(contains(router.last_error(), "the client's signal relay is full (8 immediates unread)"));
-  CHECK_FALSE(bank.ready(0, 5));  // not routed here instead
-  CHECK(relay.calls.size() == 1);
-
-  relay.fail_with.clear();
-  CHECK(router.route(imm::encode_counter(0, 5)) == Status::ok);
-  CHECK(relay.calls.size() == 2);
-  CHECK_FALSE(bank.ready(0, 5));
 }

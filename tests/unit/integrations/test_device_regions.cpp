@@ -50,33 +50,8 @@ class ShiftingDevice final : public DeviceRuntime {
   void unregister_host(void* host) override { inner_->unregister_host(host); }
   void copy(void* to, const void* from, uint64_t bytes) override { inner_->copy(to, from, bytes); }
   void fill(void* to, uint8_t value, uint64_t bytes) override { inner_->fill(to, value, bytes); }
-  void dispatch_layout(const gpu_side::ep::LayoutParams& p) override { inner_->dispatch_layout(p); }
-  void dispatch_rows(const gpu_side::ep::DispatchParams& p) override { inner_->dispatch_rows(p); }
-  void dispatch_chunk(const gpu_side::ep::ChunkParams& p) override { inner_->dispatch_chunk(p); }
-  void combine(const gpu_side::ep::CombineParams& p) override { inner_->combine(p); }
-  void add(const gpu_side::ep::AddParams& p) override { inner_->add(p); }
-  void copy_runs(const gpu_side::ep::CopyRunsParams& p) override { inner_->copy_runs(p); }
-  void ll_pack(const gpu_side::ep::LlPackParams& p) override { inner_->ll_pack(p); }
-  void ll_route(const gpu_side::ep::LlRouteParams& p) override { inner_->ll_route(p); }
-  void ll_pack_routed(const gpu_side::ep::LlPackRoutedParams& p) override {
-    inner_->ll_pack_routed(p);
-  }
-  void ll_combine(const gpu_side::ep::LlCombineParams& p) override { inner_->ll_combine(p); }
-  void ll_combine_routed(const gpu_side::ep::LlCombineRoutedParams& p) override {
-    inner_->ll_combine_routed(p);
-  }
-  void ll_unpack_counted(const gpu_side::ep::LlUnpackCountedParams& p) override {
-    inner_->ll_unpack_counted(p);
-  }
-  void ll_return_counted(const gpu_side::ep::LlReturnCountedParams& p) override {
-    inner_->ll_return_counted(p);
-  }
-  void count_mismatches(const gpu_side::ep::MismatchParams& p) override {
-    inner_->count_mismatches(p);
-  }
-  void ll_write_bytes(const gpu_side::ep::SizeWritesParams& p) override {
-    inner_->ll_write_bytes(p);
-  }
+  // The kernels run on the simulated device's own stream, as every other operation.
+  gpu_side::device::BoundKernels kernels() override { return inner_->kernels(); }
   std::unique_ptr<gpu_side::device::DeviceRingProducer> attach_ring(
       const gpu_side::Ring& ring) override {
     return inner_->attach_ring(ring);

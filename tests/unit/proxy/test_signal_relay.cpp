@@ -1,6 +1,6 @@
 // The signal relay (proxy/signal_relay.hpp) on its own: a relay ring in a memfd the "client"
 // creates and the "daemon" maps a second time, as proxy/proxy_host_daemon.cpp and
-// daemon/served_rank.cpp do. The daemon's side is a SignalRouter relaying to a RelaySender; the
+// daemon/served_rank.cpp do. The daemon's side is a RelaySender (its proxy threads' sink); the
 // client's is a RelayReceiver draining into its own SignalRouter with a counter bank, a sequence
 // window, sender credits and a control handler attached. Every wait is a poll with a deadline.
 #include "common/deadline.hpp"
@@ -9,10 +9,12 @@
 #include "control/imm_layout.hpp"
 #include "control/sequence_window.hpp"
 #include "control/signal_router.hpp"
+#include "control/signal_words.hpp"
 #include "gpu_side/ring.hpp"
 #include "proxy/signal_relay.hpp"
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <atomic>
 #include <chrono>
@@ -28,6 +30,7 @@ using proxyep::control::CounterBank;
 using proxyep::control::SenderCredits;
 using proxyep::control::SequenceWindow;
 using proxyep::control::SignalRouter;
+using proxyep::control::SignalWords;
 namespace imm = proxyep::control::imm;
 
 namespace {
@@ -68,8 +71,7 @@ TEST_CASE("signal relay: the daemon's immediates reach the client's router in or
   });
   RelayReceiver receiver(ring.client, client);
   RelaySender sender(ring.daemon);
-  SignalRouter daemon;
-  daemon.relay_to(sender);
+  RelaySender& daemon = sender;  // the daemon's proxy threads route into it
 
   REQUIRE(bank.set_expected(0, 9, 3) == Status::ok);
   uint16_t seq = 0;
@@ -127,7 +129,7 @@ TEST_CASE("signal relay: one drain routes more than a burst, in relay order") {
   RelaySender sender(ring.daemon);
   constexpr uint32_t kCount = 300;  // several of the receiver's 64-slot bursts
   for (uint32_t i = 0; i < kCount; ++i)
-    REQUIRE(sender.relay(imm::encode_control(0, i)) == Status::ok);
+    REQUIRE(sender.route(imm::encode_control(0, i)) == Status::ok);
   REQUIRE(receiver.drain() == Status::ok);
   CHECK(receiver.received() == kCount);
   REQUIRE(controls.size() == kCount);
@@ -145,23 +147,21 @@ TEST_CASE("signal relay: a full ring refuses the immediate, says the client stop
   client.attach_counters(bank);
   RelayReceiver receiver(ring.client, client);
   RelaySender sender(ring.daemon);
-  SignalRouter daemon;
-  daemon.relay_to(sender);
+  RelaySender& daemon = sender;  // the daemon's proxy threads route into it
   // Key 1 expects exactly kSlots + 1 arrivals: a refused immediate that still landed in the
   // ring would make one too many (an error at the drain), one that was lost would leave the
   // flag down.
   REQUIRE(bank.set_expected(0, 1, kSlots + 1) == Status::ok);
 
   for (uint64_t i = 0; i < kSlots; ++i)
-    REQUIRE(sender.relay(imm::encode_counter(0, 1)) == Status::ok);
+    REQUIRE(sender.route(imm::encode_counter(0, 1)) == Status::ok);
   CHECK(sender.last_error().empty());
-  CHECK(sender.relay(imm::encode_counter(0, 1)) == Status::error);
+  CHECK(sender.route(imm::encode_counter(0, 1)) == Status::error);
   CHECK(contains(sender.last_error(), "the client stopped draining"));
   CHECK(sender.relayed() == kSlots);
-  // Through the daemon's router (how a proxy thread meets it): the route fails naming the
-  // immediate and the relay's reason.
+  // Again: the route fails naming the immediate and the reason.
   CHECK(daemon.route(imm::encode_counter(0, 1)) == Status::error);
-  CHECK(contains(daemon.last_error(), "counter, epoch tag 0, key 1"));
+  CHECK(contains(daemon.last_error(), fmt::format("imm {:#010x}", imm::encode_counter(0, 1))));
   CHECK(contains(daemon.last_error(), "the client stopped draining"));
   CHECK(sender.relayed() == kSlots);
 
@@ -178,8 +178,8 @@ TEST_CASE("signal relay: a full ring refuses the immediate, says the client stop
   CHECK(bank.errors() == 0);
   // And it can be filled to the brim again (the ring's positions stayed exact).
   for (uint64_t i = 0; i < kSlots; ++i)
-    REQUIRE(sender.relay(imm::encode_control(0, 1)) == Status::ok);
-  CHECK(sender.relay(imm::encode_control(0, 1)) == Status::error);
+    REQUIRE(sender.route(imm::encode_control(0, 1)) == Status::ok);
+  CHECK(sender.route(imm::encode_control(0, 1)) == Status::error);
   CHECK(sender.relayed() == 2 * kSlots + 1);
 }
 
@@ -193,15 +193,15 @@ TEST_CASE("signal relay: an immediate the client's router refuses fails the drai
   REQUIRE(bank.set_expected(0, 1, 1) == Status::ok);
   REQUIRE(bank.set_expected(0, 2, 1) == Status::ok);
 
-  REQUIRE(sender.relay(imm::encode_counter(0, 1)) == Status::ok);
-  REQUIRE(sender.relay(imm::encode_stream(0, 7, 4)) == Status::ok);  // no window on stream 7
+  REQUIRE(sender.route(imm::encode_counter(0, 1)) == Status::ok);
+  REQUIRE(sender.route(imm::encode_stream(0, 7, 4)) == Status::ok);  // no window on stream 7
   CHECK(receiver.drain() == Status::error);
   CHECK(contains(client.last_error(), "stream, stream 7, seq 4"));
   CHECK(contains(client.last_error(), "no sequence window attached"));
   CHECK(bank.ready(0, 1));  // routed before the refused one
 
   // The next drain routes what was relayed since.
-  REQUIRE(sender.relay(imm::encode_counter(0, 2)) == Status::ok);
+  REQUIRE(sender.route(imm::encode_counter(0, 2)) == Status::ok);
   REQUIRE_MESSAGE(receiver.drain() == Status::ok, client.last_error());
   CHECK(bank.ready(0, 2));
   CHECK(bank.errors() == 0);
@@ -219,10 +219,10 @@ TEST_CASE("signal relay: the immediates behind a refused one stay for the next d
   REQUIRE(bank.set_expected(0, 1, 1) == Status::ok);
   REQUIRE(bank.set_expected(0, 2, 2) == Status::ok);
 
-  REQUIRE(sender.relay(imm::encode_counter(0, 1)) == Status::ok);
-  REQUIRE(sender.relay(imm::encode_stream(0, 7, 4)) == Status::ok);  // refused
-  REQUIRE(sender.relay(imm::encode_counter(0, 2)) == Status::ok);
-  REQUIRE(sender.relay(imm::encode_counter(0, 2)) == Status::ok);
+  REQUIRE(sender.route(imm::encode_counter(0, 1)) == Status::ok);
+  REQUIRE(sender.route(imm::encode_stream(0, 7, 4)) == Status::ok);  // refused
+  REQUIRE(sender.route(imm::encode_counter(0, 2)) == Status::ok);
+  REQUIRE(sender.route(imm::encode_counter(0, 2)) == Status::ok);
   CHECK(receiver.drain() == Status::error);
   CHECK(contains(client.last_error(), "stream 7"));
   CHECK(bank.ready(0, 1));
@@ -277,8 +277,7 @@ TEST_CASE("signal relay: 4 proxy threads relay 50k immediates each while the cli
     REQUIRE(bank.set_expected(0, key, kCountersPerKey) == Status::ok);
   RelayReceiver receiver(ring.client, client);
   RelaySender sender(ring.daemon);
-  SignalRouter daemon;
-  daemon.relay_to(sender);
+  RelaySender& daemon = sender;  // the daemon's proxy threads route into it
 
   const Deadline deadline(30s);
   std::atomic<uint64_t> gave_up{0};
@@ -328,4 +327,40 @@ TEST_CASE("signal relay: 4 proxy threads relay 50k immediates each while the cli
     raised += bank.ready(0, key) ? 1 : 0;
   CHECK(raised == kThreads * kKeysPerThread);
   CHECK(bank.errors() == 0);
+}
+
+// The node daemon relays a client's immediates, but counts its signal words itself: a captured
+// graph waits on them with no client thread relaying (proxy/proxy_host_daemon.hpp).
+TEST_CASE("signal relay: the sender counts attached words itself and relays everything else") {
+  RelayRing ring(64);
+  CounterBank bank(4);
+  SignalRouter client;
+  client.attach_counters(bank);
+  std::vector<uint32_t> controls;
+  client.set_control_handler([&](uint32_t, uint32_t payload) {
+    controls.push_back(payload);
+    return Status::ok;
+  });
+  RelayReceiver receiver(ring.client, client);
+  RelaySender sender(ring.daemon);
+  const HostMemory shared = HostMemory::memfd(SignalWords::bytes_for(4), "words");
+  // The words in memory another process mapped: counted there, read here.
+  SignalWords words(4, HostMemory::map_fd(shared.fd()));
+  const uint32_t counter = imm::encode_counter(0, 2);
+  REQUIRE(bank.set_expected(0, 2, 2) == Status::ok);
+  REQUIRE(sender.route(counter) == Status::ok);
+  REQUIRE(sender.route(SignalWords::imm_for(2)) == Status::ok);  // no words yet: relayed
+  sender.attach_words(words);
+  CHECK_THROWS_AS(sender.attach_words(words), Error);  // once
+  REQUIRE(sender.route(SignalWords::imm_for(2)) == Status::ok);
+  REQUIRE(sender.route(SignalWords::imm_for(2)) == Status::ok);
+  REQUIRE(sender.route(counter) == Status::ok);
+  CHECK(sender.relayed() == 3);
+  CHECK(static_cast<const uint64_t*>(shared.host())[2] == 2);
+  CHECK(sender.route(SignalWords::imm_for(4)) == Status::error);  // still checked
+  CHECK(contains(sender.last_error(), "control"));
+  REQUIRE_MESSAGE(receiver.drain() == Status::ok, client.last_error());
+  CHECK(receiver.received() == 3);
+  CHECK(bank.ready(0, 2));
+  CHECK(controls.size() == 1);  // the word's immediate sent before the words were attached
 }

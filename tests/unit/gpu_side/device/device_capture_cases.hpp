@@ -229,14 +229,16 @@ inline std::string replayed_handshake_case(const std::shared_ptr<device::DeviceR
   producer->begin_capture("producer step");
   producer->add_value(producer_epoch, 1, "producer epoch");
   producer->wait_value(read, {producer_epoch, -1}, kWait, "the consumer read the last step");
-  producer->add({.wide = true, .to = counter, .from = one, .count = 1});
+  queue_kernel(*producer, &device::EpKernels::add,
+               {.wide = true, .to = counter, .from = one, .count = 1});
   producer->copy(slot, counter, 8);
   producer->write_value(ready, {producer_epoch, 0}, "the step is in the slot");
   const std::unique_ptr<device::DeviceGraph> produce = producer->end_capture("producer step");
   consumer->begin_capture("consumer step");
   consumer->add_value(consumer_epoch, 1, "consumer epoch");
   consumer->wait_value(ready, {consumer_epoch, 0}, kWait, "the step is in the slot");
-  consumer->add({.wide = true, .to = sum, .from = slot, .count = 1});
+  queue_kernel(*consumer, &device::EpKernels::add,
+               {.wide = true, .to = sum, .from = slot, .count = 1});
   consumer->write_value(read, {consumer_epoch, 0}, "the step was read");
   const std::unique_ptr<device::DeviceGraph> consume = consumer->end_capture("consumer step");
 

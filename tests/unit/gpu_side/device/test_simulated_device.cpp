@@ -24,6 +24,7 @@
 
 using namespace proxyep;
 using namespace proxyep::gpu_side;
+using device::EpKernels;
 using device::SimulatedDevice;
 using device::SimulatedDeviceOptions;
 using namespace std::chrono_literals;
@@ -136,14 +137,15 @@ TEST_CASE("simulated device: get_dispatch_layout's kernel twin equals the host l
        per_expert = dev.allocate(64 * 4),
        in_rank = dev.allocate(static_cast<uint64_t>(tokens) * 16);
   dev.copy(topk.get(), inputs.topk_idx.raw(), inputs.topk_idx.bytes());
-  dev.dispatch_layout({.topk_idx = reinterpret_cast<const int64_t*>(topk.get()),
-                       .num_tokens = tokens,
-                       .topk = 6,
-                       .shape = options.shape,
-                       .tokens_per_rank = reinterpret_cast<int32_t*>(per_rank.get()),
-                       .tokens_per_node = reinterpret_cast<int32_t*>(per_node.get()),
-                       .tokens_per_expert = reinterpret_cast<int32_t*>(per_expert.get()),
-                       .is_token_in_rank = reinterpret_cast<bool*>(in_rank.get())});
+  queue_kernel(dev, &EpKernels::dispatch_layout,
+               {.topk_idx = reinterpret_cast<const int64_t*>(topk.get()),
+                .num_tokens = tokens,
+                .topk = 6,
+                .shape = options.shape,
+                .tokens_per_rank = reinterpret_cast<int32_t*>(per_rank.get()),
+                .tokens_per_node = reinterpret_cast<int32_t*>(per_node.get()),
+                .tokens_per_expert = reinterpret_cast<int32_t*>(per_expert.get()),
+                .is_token_in_rank = reinterpret_cast<bool*>(in_rank.get())});
   std::vector<int32_t> got_rank(16), got_node(4), got_expert(64);
   std::vector<uint8_t> got_in_rank(static_cast<size_t>(tokens) * 16);
   dev.copy(got_rank.data(), per_rank.get(), 16 * 4);
@@ -187,7 +189,7 @@ TEST_CASE("simulated device: the low-latency routing runs on device memory, as i
                                  .counts = reinterpret_cast<int32_t*>(counts.get()),
                                  .positions = reinterpret_cast<int32_t*>(positions.get()),
                                  .invalid = reinterpret_cast<int32_t*>(invalid.get())};
-  dev.ll_route(params);
+  queue_kernel(dev, &EpKernels::ll_route, params);
   std::vector<int32_t> got_counts(experts), got_positions(idx.size());
   int32_t got_invalid = -1;
   dev.copy(got_counts.data(), counts.get(), 4ull * experts);
@@ -202,10 +204,12 @@ TEST_CASE("simulated device: the low-latency routing runs on device memory, as i
   std::vector<int32_t> host_positions(idx.size());
   ep::LlRouteParams stray = params;
   stray.positions = host_positions.data();
-  CHECK(error_of([&] { dev.ll_route(stray); }).find("positions") != std::string::npos);
+  CHECK(error_of([&] { queue_kernel(dev, &EpKernels::ll_route, stray); }).find("positions") !=
+        std::string::npos);
   ep::LlRouteParams bad = params;
   bad.topk = 0;
-  CHECK(error_of([&] { dev.ll_route(bad); }).find("ll_route: topk") != std::string::npos);
+  CHECK(error_of([&] { queue_kernel(dev, &EpKernels::ll_route, bad); }).find("ll_route: topk") !=
+        std::string::npos);
   dev.synchronize("test", 10s);  // still healthy
 }
 
@@ -253,7 +257,8 @@ TEST_CASE("simulated device: the routed pack places messages as the host protoco
   const auto* topk_idx = reinterpret_cast<const int64_t*>(topk_d.get());
   auto* counts = reinterpret_cast<int32_t*>(counts_d.get());
   auto* positions = reinterpret_cast<int32_t*>(positions_d.get());
-  dev.ll_route({.topk_idx = topk_idx,
+  queue_kernel(dev, &EpKernels::ll_route,
+               {.topk_idx = topk_idx,
                 .num_tokens = tokens,
                 .topk = topk,
                 .num_experts = experts,
@@ -270,7 +275,7 @@ TEST_CASE("simulated device: the routed pack places messages as the host protoco
                               .topk = topk,
                               .num_experts = experts,
                               .local_experts = local};
-  dev.ll_pack_routed(pack);
+  queue_kernel(dev, &EpKernels::ll_pack_routed, pack);
   std::vector<std::byte> got(total);
   dev.copy(got.data(), slots_d.get(), total);
   dev.synchronize("test", 10s);
@@ -281,7 +286,7 @@ TEST_CASE("simulated device: the routed pack places messages as the host protoco
   std::vector<std::byte> stray(total);
   table[1] = stray.data();
   dev.copy(table_d.get(), table.data(), sizeof(std::byte*) * ranks);
-  dev.ll_pack_routed(pack);
+  queue_kernel(dev, &EpKernels::ll_pack_routed, pack);
   CHECK(error_of([&] { dev.synchronize("test", 10s); }).find("ll_pack_routed: message") !=
         std::string::npos);
 }
@@ -350,7 +355,7 @@ TEST_CASE("simulated device: the routed combine finds every row by the routing, 
       .num_experts = experts,
       .local_experts = local,
       .hidden = hidden};
-  dev.ll_combine_routed(params);
+  queue_kernel(dev, &EpKernels::ll_combine_routed, params);
   std::vector<uint16_t> got(want.size());
   dev.copy(got.data(), out_d.get(), 2 * got.size());
   dev.synchronize("test", 10s);
@@ -366,20 +371,21 @@ TEST_CASE("simulated device: the routed combine finds every row by the routing, 
                                    .b = reinterpret_cast<const int64_t*>(other_d.get()),
                                    .count = static_cast<int64_t>(idx.size()),
                                    .mismatches = reinterpret_cast<int32_t*>(mismatches_d.get())};
-  dev.count_mismatches(compare);
+  queue_kernel(dev, &EpKernels::count_mismatches, compare);
   int32_t mismatches = -1;
   dev.copy(&mismatches, mismatches_d.get(), 4);
   dev.synchronize("test", 10s);
   CHECK(mismatches == 2);
   ep::MismatchParams stray_compare = compare;
   stray_compare.b = other.data();
-  CHECK(error_of([&] { dev.count_mismatches(stray_compare); }).find("count_mismatches: b") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          queue_kernel(dev, &EpKernels::count_mismatches, stray_compare);
+        }).find("count_mismatches: b") != std::string::npos);
 
   // A `from` entry in plain host memory fails the stream, naming the row.
   from[1] = from_host[1];
   dev.copy(from_d.get(), from.data(), sizeof(void*) * ranks);
-  dev.ll_combine_routed(params);
+  queue_kernel(dev, &EpKernels::ll_combine_routed, params);
   CHECK(error_of([&] { dev.synchronize("test", 10s); }).find("ll_combine_routed: row") !=
         std::string::npos);
 }
@@ -523,12 +529,13 @@ TEST_CASE("simulated device: copy_runs reaches only device memory and registered
   const std::vector<ep::CopyRun> runs{{.to = memory.get(), .from = host.data(), .bytes = 64}};
   // The run table itself in plain host memory: refused at once.
   CHECK(error_of([&] {
-          dev.copy_runs({.runs = runs.data(), .num_runs = 1});
+          queue_kernel(dev, &EpKernels::copy_runs, {.runs = runs.data(), .num_runs = 1});
         }).find("copy_runs: runs at") != std::string::npos);
   // A run reading plain host memory: the stream fails, naming it.
   auto table = dev.allocate(sizeof(ep::CopyRun));
   dev.copy(table.get(), runs.data(), sizeof(ep::CopyRun));
-  dev.copy_runs({.runs = reinterpret_cast<const ep::CopyRun*>(table.get()), .num_runs = 1});
+  queue_kernel(dev, &EpKernels::copy_runs,
+               {.runs = reinterpret_cast<const ep::CopyRun*>(table.get()), .num_runs = 1});
   CHECK(error_of([&] { dev.synchronize("test", 5s); }).find("copy_runs: a run's source at") !=
         std::string::npos);
 }

@@ -17,6 +17,7 @@
 
 using namespace proxyep;
 using namespace proxyep::gpu_side;
+using device::EpKernels;
 using device::SimulatedDevice;
 using namespace std::chrono_literals;
 
@@ -69,15 +70,16 @@ std::string run_counted(std::vector<int32_t> counts, int64_t rows, bool from_pla
   dev.copy(counts_d.get(), counts.data(), 16);
   dev.copy(from_d.get(), from.data(), 16);
   dev.copy(sinks_d.get(), sinks.data(), sinks.size() * sizeof(ep::LlExpertSink));
-  dev.ll_unpack_counted({.format = f,
-                         .counts = reinterpret_cast<const int32_t*>(counts_d.get()),
-                         .from = reinterpret_cast<const std::byte* const*>(from_d.get()),
-                         .sinks = reinterpret_cast<const ep::LlExpertSink*>(sinks_d.get()),
-                         .recv_count = reinterpret_cast<int32_t*>(recv.get()),
-                         .layout_range = reinterpret_cast<int64_t*>(range.get()),
-                         .ranks = 2,
-                         .local_experts = 2,
-                         .rows_per_expert = rows});
+  queue_kernel(dev, &EpKernels::ll_unpack_counted,
+               {.format = f,
+                .counts = reinterpret_cast<const int32_t*>(counts_d.get()),
+                .from = reinterpret_cast<const std::byte* const*>(from_d.get()),
+                .sinks = reinterpret_cast<const ep::LlExpertSink*>(sinks_d.get()),
+                .recv_count = reinterpret_cast<int32_t*>(recv.get()),
+                .layout_range = reinterpret_cast<int64_t*>(range.get()),
+                .ranks = 2,
+                .local_experts = 2,
+                .rows_per_expert = rows});
   got.x.resize(x_bytes);
   got.src_info.resize(2 * rows);
   got.recv_count.resize(2);
@@ -140,10 +142,11 @@ TEST_CASE("simulated device: counts no sink holds, or slots it cannot reach, fai
   SimulatedDevice dev;
   std::vector<int32_t> counts(4, 0);
   CHECK(error_of([&] {
-          dev.ll_unpack_counted({.format = {.hidden = 128, .fp8 = false},
-                                 .counts = counts.data(),
-                                 .ranks = 2,
-                                 .local_experts = 2});
+          queue_kernel(dev, &EpKernels::ll_unpack_counted,
+                       {.format = {.hidden = 128, .fp8 = false},
+                        .counts = counts.data(),
+                        .ranks = 2,
+                        .local_experts = 2});
         }).find("ll_unpack_counted: counts at") != std::string::npos);
 }
 
@@ -165,14 +168,15 @@ TEST_CASE(
     dev.copy(x_d.get(), x.data(), 2 * x.size());
     dev.copy(range_d.get(), range.data(), 16);
     dev.copy(to_d.get(), to.data(), 16);
-    dev.ll_return_counted({.layout_range = reinterpret_cast<const int64_t*>(range_d.get()),
-                           .x = reinterpret_cast<const uint16_t*>(x_d.get()),
-                           .to = reinterpret_cast<uint16_t* const*>(to_d.get()),
-                           .ranks = 2,
-                           .local_experts = 1,
-                           .rows_per_expert = 4,
-                           .slot_rows = slot_rows,
-                           .hidden = hidden});
+    queue_kernel(dev, &EpKernels::ll_return_counted,
+                 {.layout_range = reinterpret_cast<const int64_t*>(range_d.get()),
+                  .x = reinterpret_cast<const uint16_t*>(x_d.get()),
+                  .to = reinterpret_cast<uint16_t* const*>(to_d.get()),
+                  .ranks = 2,
+                  .local_experts = 1,
+                  .rows_per_expert = 4,
+                  .slot_rows = slot_rows,
+                  .hidden = hidden});
     got.assign(4 * hidden, 0);
     dev.copy(got.data(), slots.get(), 2 * got.size());
     return error_of([&] { dev.synchronize("test", 5s); });

@@ -19,6 +19,7 @@
 
 using namespace proxyep;
 using namespace proxyep::gpu_side;
+using device::EpKernels;
 using device::SimulatedDevice;
 using namespace std::chrono_literals;
 
@@ -37,7 +38,8 @@ TEST_CASE("simulated device: a plain host address handed to a kernel is refused,
   ep::ChunkParams chunk;
   chunk.tokens = tokens.data();
   chunk.rows = 2;
-  const std::string message = error_of([&] { dev.dispatch_chunk(chunk); });
+  const std::string message =
+      error_of([&] { queue_kernel(dev, &EpKernels::dispatch_chunk, chunk); });
   CHECK(message.find("dispatch_chunk: tokens") != std::string::npos);
   CHECK(message.find("neither device memory nor registered host memory") != std::string::npos);
   // Registered, the same host memory is fine.
@@ -87,7 +89,7 @@ TEST_CASE("simulated device: a bad address inside a table fails the stream, stic
   params.send_head = reinterpret_cast<const int32_t*>(send_head.get());
   params.sinks = reinterpret_cast<const ep::RowSink*>(sinks.get());
   params.num_tokens = 1;
-  dev.dispatch_rows(params);
+  queue_kernel(dev, &EpKernels::dispatch_rows, params);
   // A host waiting for an event after it hears of the failure at once, not at its deadline.
   auto after = dev.record();
   const auto started = std::chrono::steady_clock::now();
@@ -137,7 +139,7 @@ TEST_CASE("simulated device: a forwarder's heads and source indices must be devi
     chunk.tokens = reinterpret_cast<const int32_t*>(tokens.get());
     chunk.rows = 1;
     chunk.sink = ep::RowSink::at(sink_area.get(), areas, 0, -1);
-    dev.dispatch_chunk(chunk);
+    queue_kernel(dev, &EpKernels::dispatch_chunk, chunk);
     std::array<int32_t, 3> back{};
     dev.copy(back.data(), sink_area.get() + areas.heads, 8);
     dev.copy(back.data() + 2, sink_area.get() + areas.src_index, 4);
@@ -161,12 +163,13 @@ TEST_CASE("simulated device: a low-latency row table entry in plain host memory 
   const std::array<const uint16_t*, 2> table = {
       reinterpret_cast<const uint16_t*>(reachable_row.get()), plain.data()};
   dev.copy(rows.get(), table.data(), sizeof(table));
-  dev.ll_combine({.rows = reinterpret_cast<const uint16_t* const*>(rows.get()),
-                  .weights = reinterpret_cast<const float*>(weights.get()),
-                  .out = reinterpret_cast<uint16_t*>(out.get()),
-                  .num_tokens = 1,
-                  .topk = 2,
-                  .hidden = hidden});
+  queue_kernel(dev, &EpKernels::ll_combine,
+               {.rows = reinterpret_cast<const uint16_t* const*>(rows.get()),
+                .weights = reinterpret_cast<const float*>(weights.get()),
+                .out = reinterpret_cast<uint16_t*>(out.get()),
+                .num_tokens = 1,
+                .topk = 2,
+                .hidden = hidden});
   CHECK(error_of([&] {
           dev.synchronize("low_latency_combine", 10s);
         }).find("low_latency_combine: the simulated device failed: ll_combine: row at") !=
@@ -191,11 +194,14 @@ TEST_CASE("simulated device: a row the kernels would read unaligned is refused, 
                              .num_tokens = 1,
                              .topk = 1,
                              .hidden = hidden};
-  CHECK(error_of([&] { dev.ll_combine(params); }).find("ll_combine: out at") != std::string::npos);
-  CHECK(error_of([&] { dev.ll_combine(params); }).find("is not 16-byte aligned") !=
-        std::string::npos);
+  CHECK(error_of([&] {
+          queue_kernel(dev, &EpKernels::ll_combine, params);
+        }).find("ll_combine: out at") != std::string::npos);
+  CHECK(error_of([&] {
+          queue_kernel(dev, &EpKernels::ll_combine, params);
+        }).find("is not 16-byte aligned") != std::string::npos);
   params.out = reinterpret_cast<uint16_t*>(out.get());
-  dev.ll_combine(params);
+  queue_kernel(dev, &EpKernels::ll_combine, params);
   CHECK(error_of([&] { dev.synchronize("low_latency_combine", 10s); }).find("ll_combine: row at") !=
         std::string::npos);
 }

@@ -1,11 +1,12 @@
-// LlNodeDispatch and LlNodeCombine (gpu_side/device/ll_node_dispatch.hpp, ll_node_combine.hpp) on
-// the host-simulated device: a node's ranks as streams of one device, queued and captured, in
-// every format; the plans they refuse, naming what is wrong; a peer that never steps.
+// LlNodeDispatch and LlNodeCombine (integrations/low_latency/ll_node_dispatch.hpp,
+// ll_node_combine.hpp) on the host-simulated device: a node's ranks as streams of one device,
+// queued and captured, in every format; the plans they refuse, naming what is wrong; a peer that
+// never steps.
 #include "common/error.hpp"
-#include "gpu_side/device/ll_node_combine.hpp"
-#include "gpu_side/device/ll_node_dispatch.hpp"
 #include "gpu_side/device/simulated_device.hpp"
-#include "tests/unit/gpu_side/device/ll_node_cases.hpp"
+#include "integrations/low_latency/ll_node_combine.hpp"
+#include "integrations/low_latency/ll_node_dispatch.hpp"
+#include "tests/unit/integrations/ll_node_cases.hpp"
 
 #include <doctest/doctest.h>
 
@@ -17,6 +18,7 @@ using namespace proxyep;
 using namespace proxyep::gpu_side;
 using device::SimulatedDevice;
 using device::SimulatedDeviceOptions;
+namespace node_step = proxyep::integrations::low_latency;
 using namespace std::chrono_literals;
 
 namespace {
@@ -34,9 +36,9 @@ ep::LlFormat format(uint32_t hidden, bool fp8, bool ue8m0) {
 
 // A plan of rank 0 of 2 over one allocation at `base`: BF16 rows of 128, the tensors at fixed
 // offsets; the caller sets the step memory and the epoch.
-device::LlNodeDispatchPlan small_plan(std::byte* base, int32_t local_experts, int64_t max_tokens,
-                                      int64_t num_tokens, int topk) {
-  device::LlNodeDispatchPlan p;
+node_step::LlNodeDispatchPlan small_plan(std::byte* base, int32_t local_experts, int64_t max_tokens,
+                                         int64_t num_tokens, int topk) {
+  node_step::LlNodeDispatchPlan p;
   p.rank = 0;
   p.ranks = 2;
   p.local_experts = local_experts;
@@ -44,7 +46,7 @@ device::LlNodeDispatchPlan small_plan(std::byte* base, int32_t local_experts, in
   p.max_tokens = max_tokens;
   p.num_tokens = num_tokens;
   p.topk = topk;
-  p.slot_bytes = device::ll_node_slot_bytes(p.format, p.max_tokens, p.local_experts);
+  p.slot_bytes = node_step::ll_node_slot_bytes(p.format, p.max_tokens, p.local_experts);
   p.timeout = 1s;
   p.x = reinterpret_cast<const uint16_t*>(base + 20000);
   p.topk_idx = reinterpret_cast<const int64_t*>(base + 30000);
@@ -88,21 +90,21 @@ TEST_CASE("LL node steps: a plan that does not fit is refused, naming what") {
   auto memory = dev->allocate(1 << 16);
   std::byte* base = memory.get();
   auto* words = reinterpret_cast<uint64_t*>(base + 60000);
-  const device::LlNodeMemory mine{.slots = base,
-                                  .counts = reinterpret_cast<int32_t*>(base + 50000),
-                                  .arrived = words,
-                                  .released = words + 2};
+  const node_step::LlNodeMemory mine{.slots = base,
+                                     .counts = reinterpret_cast<int32_t*>(base + 50000),
+                                     .arrived = words,
+                                     .released = words + 2};
   auto plan = [&] {
-    device::LlNodeDispatchPlan p = small_plan(base, 2, 4, 4, 2);
+    node_step::LlNodeDispatchPlan p = small_plan(base, 2, 4, 4, 2);
     p.memory = {mine, mine};
     p.epoch = words + 4;
     return p;
   };
   auto refusal = [&](auto&& change) {
-    device::LlNodeDispatchPlan p = plan();
+    node_step::LlNodeDispatchPlan p = plan();
     change(p);
     try {
-      device::LlNodeDispatch step(dev, std::move(p), "test plan");
+      node_step::LlNodeDispatch step(dev, std::move(p), "test plan");
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -126,11 +128,11 @@ TEST_CASE("LL node steps: a plan that does not fit is refused, naming what") {
   CHECK(refusal([](auto& p) { p.rank = 2; }).find("rank 2 is not in") != std::string::npos);
 
   // The combine's plan, against the dispatch's.
-  device::LlNodeDispatch dispatch(dev, plan(), "test plan");
+  node_step::LlNodeDispatch dispatch(dev, plan(), "test plan");
   auto combine_plan = [&] {
-    device::LlNodeCombinePlan p;
-    p.slot_bytes = device::ll_node_return_slot_bytes(128, 4, 2);
-    const device::LlNodeReturnMemory back{
+    node_step::LlNodeCombinePlan p;
+    p.slot_bytes = node_step::ll_node_return_slot_bytes(128, 4, 2);
+    const node_step::LlNodeReturnMemory back{
         .slots = base + 8192, .arrived = words + 6, .released = words + 8};
     p.memory = {back, back};
     p.epoch = words + 10;
@@ -140,10 +142,10 @@ TEST_CASE("LL node steps: a plan that does not fit is refused, naming what") {
     return p;
   };
   auto combine_refusal = [&](auto&& change) {
-    device::LlNodeCombinePlan p = combine_plan();
+    node_step::LlNodeCombinePlan p = combine_plan();
     change(p);
     try {
-      device::LlNodeCombine step(dev, dispatch, std::move(p), "test plan");
+      node_step::LlNodeCombine step(dev, dispatch, std::move(p), "test plan");
     } catch (const Error& e) {
       return std::string(e.what());
     }
@@ -169,7 +171,7 @@ TEST_CASE("LL node steps: a rank whose peer never steps fails its stream in time
   dev->fill(memory.get(), 0, 1 << 16);
   std::byte* base = memory.get();
   auto words_of = [&](int r) { return reinterpret_cast<uint64_t*>(base + 60000 + 64 * r); };
-  device::LlNodeDispatchPlan p = small_plan(base, 1, 2, 0, 1);
+  node_step::LlNodeDispatchPlan p = small_plan(base, 1, 2, 0, 1);
   for (int r = 0; r < 2; ++r)
     p.memory.push_back({.slots = base + 8192 * r,
                         .counts = reinterpret_cast<int32_t*>(base + 50000 + 64 * r),
@@ -177,7 +179,7 @@ TEST_CASE("LL node steps: a rank whose peer never steps fails its stream in time
                         .released = words_of(r) + 2});
   p.epoch = words_of(0) + 4;
   p.timeout = 200ms;
-  device::LlNodeDispatch step(dev, std::move(p), "test");
+  node_step::LlNodeDispatch step(dev, std::move(p), "test");
   step.queue("lonely step");
   std::string error;
   try {

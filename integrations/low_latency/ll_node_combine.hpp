@@ -22,7 +22,7 @@
 #pragma once
 
 #include "gpu_side/device/device_runtime.hpp"
-#include "gpu_side/device/ll_node_dispatch.hpp"
+#include "integrations/low_latency/ll_node_dispatch.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -30,7 +30,7 @@
 #include <string_view>
 #include <vector>
 
-namespace proxyep::gpu_side::device {
+namespace proxyep::integrations::low_latency {
 
 // One rank's combine memory as a device reaches it. Words start at 0, 8-byte aligned.
 struct LlNodeReturnMemory {
@@ -104,4 +104,4 @@ class LlNodeCombine {
   int64_t remotes_ = 0;
 };
 
-}  // namespace proxyep::gpu_side::device
+}  // namespace proxyep::integrations::low_latency

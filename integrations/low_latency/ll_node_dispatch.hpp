@@ -45,7 +45,12 @@
 #include <string_view>
 #include <vector>
 
-namespace proxyep::gpu_side::device {
+namespace proxyep::integrations::low_latency {
+
+namespace ep = gpu_side::ep;
+using gpu_side::Descriptor;
+using gpu_side::device::DeviceRingProducer;
+using gpu_side::device::DeviceRuntime;
 
 // One rank's step memory as a device reaches it. Words start at 0, 8-byte aligned.
 struct LlNodeMemory {
@@ -163,4 +168,4 @@ class LlNodeDispatch {
   int64_t remotes_ = 0;
 };
 
-}  // namespace proxyep::gpu_side::device
+}  // namespace proxyep::integrations::low_latency

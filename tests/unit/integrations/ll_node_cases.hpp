@@ -1,16 +1,17 @@
-// LlNodeDispatch and LlNodeCombine (gpu_side/device/ll_node_dispatch.hpp, ll_node_combine.hpp)
-// on any DeviceRuntime: the ranks of a node as streams of one device, every rank's step memory in
-// that device's memory. Run on the host-simulated device by test_ll_node_step.cpp and on CUDA by
-// tests/gpu/test_gpu_signal.cpp. Each case returns "" when it held, else what went wrong.
+// LlNodeDispatch and LlNodeCombine (integrations/low_latency/ll_node_dispatch.hpp,
+// ll_node_combine.hpp) on any DeviceRuntime: the ranks of a node as streams of one device, every
+// rank's step memory in that device's memory. Run on the host-simulated device by
+// test_ll_node_step.cpp and on CUDA by tests/gpu/test_gpu_signal.cpp. Each case returns "" when it
+// held, else what went wrong.
 #pragma once
 
 #include "common/error.hpp"
 #include "gpu_side/device/device_runtime.hpp"
-#include "gpu_side/device/ll_node_combine.hpp"
-#include "gpu_side/device/ll_node_dispatch.hpp"
 #include "gpu_side/ep/ll_reference.hpp"
 #include "gpu_side/ep/numeric.hpp"
 #include "gpu_side/ep/tensor.hpp"
+#include "integrations/low_latency/ll_node_combine.hpp"
+#include "integrations/low_latency/ll_node_dispatch.hpp"
 #include "tests/unit/gpu_side/device/device_ring_cases.hpp"
 
 #include <fmt/format.h>
@@ -24,6 +25,8 @@
 #include <vector>
 
 namespace proxyep::gpu_side::testing::ll_node {
+
+namespace node_step = integrations::low_latency;
 
 using device_ring::kWait;
 
@@ -42,8 +45,8 @@ struct NodeRank {
   std::shared_ptr<std::byte[]> memory, x, topk_idx, weights, recv_x, scales, src_info, recv_count,
       range, expert_out, combined;
   int64_t tokens = 0;
-  std::unique_ptr<device::LlNodeDispatch> dispatch;
-  std::unique_ptr<device::LlNodeCombine> combine;
+  std::unique_ptr<node_step::LlNodeDispatch> dispatch;
+  std::unique_ptr<node_step::LlNodeCombine> combine;
   std::unique_ptr<device::DeviceGraph> dispatch_graph, combine_graph;
   ep::Tensor x_host, topk_host, weights_host;  // what was uploaded this round
   ep::Tensor src_info_host, range_host;        // what the dispatch wrote (read back)
@@ -170,8 +173,10 @@ inline std::string node_step_case(const std::shared_ptr<device::DeviceRuntime>& 
                                   const NodeCase& c) {
   const int R = c.ranks;
   const uint32_t H = c.format.hidden;
-  const uint64_t slot_bytes = device::ll_node_slot_bytes(c.format, c.max_tokens, c.local_experts);
-  const uint64_t return_bytes = device::ll_node_return_slot_bytes(H, c.max_tokens, c.local_experts);
+  const uint64_t slot_bytes =
+      node_step::ll_node_slot_bytes(c.format, c.max_tokens, c.local_experts);
+  const uint64_t return_bytes =
+      node_step::ll_node_return_slot_bytes(H, c.max_tokens, c.local_experts);
   // One allocation per rank: dispatch slots, return slots, counts, then the words.
   const uint64_t returns_at = static_cast<uint64_t>(R) * slot_bytes;
   const uint64_t counts_at = returns_at + static_cast<uint64_t>(R) * return_bytes;
@@ -204,30 +209,32 @@ inline std::string node_step_case(const std::shared_ptr<device::DeviceRuntime>& 
   for (int rank = 0; rank < R; ++rank) {
     NodeRank& r = ranks[static_cast<size_t>(rank)];
     uint64_t* words = words_of(rank);
-    device::LlNodeDispatchPlan plan{.rank = rank,
-                                    .ranks = R,
-                                    .local_experts = c.local_experts,
-                                    .slot_bytes = slot_bytes,
-                                    .memory = {},
-                                    .epoch = words + 4 * R,
-                                    .timeout = kWait,
-                                    .format = c.format,
-                                    .max_tokens = c.max_tokens,
-                                    .num_tokens = r.tokens,
-                                    .topk = c.topk,
-                                    .x = reinterpret_cast<const uint16_t*>(r.x.get()),
-                                    .topk_idx = reinterpret_cast<const int64_t*>(r.topk_idx.get()),
-                                    .recv_x = r.recv_x.get(),
-                                    .recv_x_scales = reinterpret_cast<uint32_t*>(r.scales.get()),
-                                    .src_info = reinterpret_cast<int32_t*>(r.src_info.get()),
-                                    .recv_count = reinterpret_cast<int32_t*>(r.recv_count.get()),
-                                    .layout_range = reinterpret_cast<int64_t*>(r.range.get())};
-    device::LlNodeCombinePlan back{.slot_bytes = return_bytes,
-                                   .memory = {},
-                                   .epoch = words + 4 * R + 1,
-                                   .x = reinterpret_cast<const uint16_t*>(r.expert_out.get()),
-                                   .topk_weights = reinterpret_cast<const float*>(r.weights.get()),
-                                   .out = reinterpret_cast<uint16_t*>(r.combined.get())};
+    node_step::LlNodeDispatchPlan plan{
+        .rank = rank,
+        .ranks = R,
+        .local_experts = c.local_experts,
+        .slot_bytes = slot_bytes,
+        .memory = {},
+        .epoch = words + 4 * R,
+        .timeout = kWait,
+        .format = c.format,
+        .max_tokens = c.max_tokens,
+        .num_tokens = r.tokens,
+        .topk = c.topk,
+        .x = reinterpret_cast<const uint16_t*>(r.x.get()),
+        .topk_idx = reinterpret_cast<const int64_t*>(r.topk_idx.get()),
+        .recv_x = r.recv_x.get(),
+        .recv_x_scales = reinterpret_cast<uint32_t*>(r.scales.get()),
+        .src_info = reinterpret_cast<int32_t*>(r.src_info.get()),
+        .recv_count = reinterpret_cast<int32_t*>(r.recv_count.get()),
+        .layout_range = reinterpret_cast<int64_t*>(r.range.get())};
+    node_step::LlNodeCombinePlan back{
+        .slot_bytes = return_bytes,
+        .memory = {},
+        .epoch = words + 4 * R + 1,
+        .x = reinterpret_cast<const uint16_t*>(r.expert_out.get()),
+        .topk_weights = reinterpret_cast<const float*>(r.weights.get()),
+        .out = reinterpret_cast<uint16_t*>(r.combined.get())};
     for (int peer = 0; peer < R; ++peer) {
       std::byte* base = ranks[static_cast<size_t>(peer)].memory.get();
       uint64_t* w = words_of(peer);
@@ -241,14 +248,15 @@ inline std::string node_step_case(const std::shared_ptr<device::DeviceRuntime>& 
     // Captured: each step made inside the capture that queues it (as a Buffer call captured by
     // its caller would make it).
     if (c.capture) r.stream->begin_capture("node dispatch");
-    r.dispatch = std::make_unique<device::LlNodeDispatch>(r.stream, std::move(plan), "node step");
+    r.dispatch =
+        std::make_unique<node_step::LlNodeDispatch>(r.stream, std::move(plan), "node step");
     if (c.capture) {
       r.dispatch->queue("node dispatch");
       r.dispatch_graph = r.stream->end_capture("node dispatch");
       r.stream->begin_capture("node combine");
     }
-    r.combine = std::make_unique<device::LlNodeCombine>(r.stream, *r.dispatch, std::move(back),
-                                                        "node step");
+    r.combine = std::make_unique<node_step::LlNodeCombine>(r.stream, *r.dispatch, std::move(back),
+                                                           "node step");
     if (c.capture) {
       r.combine->queue("node combine");
       r.combine_graph = r.stream->end_capture("node combine");

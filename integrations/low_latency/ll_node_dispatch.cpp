@@ -1,5 +1,5 @@
 // LlNodeDispatch (ll_node_dispatch.hpp).
-#include "gpu_side/device/ll_node_dispatch.hpp"
+#include "integrations/low_latency/ll_node_dispatch.hpp"
 
 #include "common/error.hpp"
 #include "gpu_side/device/device_table.hpp"
@@ -8,7 +8,11 @@
 #include <string>
 #include <utility>
 
-namespace proxyep::gpu_side::device {
+namespace proxyep::integrations::low_latency {
+
+// The step is the device's operations, spelled in its terms.
+using namespace gpu_side;
+using namespace gpu_side::device;
 
 namespace {
 
@@ -141,26 +145,28 @@ void LlNodeDispatch::queue_send(std::string_view phase) {
   auto* counts = reinterpret_cast<int32_t*>(counts_.get());
   auto* positions = reinterpret_cast<int32_t*>(positions_.get());
   d.add_value(p.epoch, 1, phase);  // this step's number: n
-  d.ll_route({.topk_idx = p.topk_idx,
-              .num_tokens = p.num_tokens,
-              .topk = p.topk,
-              .num_experts = p.ranks * p.local_experts,
-              .counts = counts,
-              .positions = positions,
-              .invalid = reinterpret_cast<int32_t*>(invalid_.get())});
+  queue_kernel(d, &EpKernels::ll_route,
+               {.topk_idx = p.topk_idx,
+                .num_tokens = p.num_tokens,
+                .topk = p.topk,
+                .num_experts = p.ranks * p.local_experts,
+                .counts = counts,
+                .positions = positions,
+                .invalid = reinterpret_cast<int32_t*>(invalid_.get())});
   for (int r = 0; r < p.ranks; ++r)  // rank r read my messages of step n - 1
     d.wait_value(remote(r) ? p.remote[static_cast<size_t>(r)].released : mine.released + r,
                  {p.epoch, -1}, p.timeout, phase);
-  d.ll_pack_routed({.format = p.format,
-                    .x = p.x,
-                    .topk_idx = p.topk_idx,
-                    .positions = positions,
-                    .counts = counts,
-                    .slots = reinterpret_cast<std::byte* const*>(to_slots_.get()),
-                    .num_tokens = p.num_tokens,
-                    .topk = p.topk,
-                    .num_experts = p.ranks * p.local_experts,
-                    .local_experts = p.local_experts});
+  queue_kernel(d, &EpKernels::ll_pack_routed,
+               {.format = p.format,
+                .x = p.x,
+                .topk_idx = p.topk_idx,
+                .positions = positions,
+                .counts = counts,
+                .slots = reinterpret_cast<std::byte* const*>(to_slots_.get()),
+                .num_tokens = p.num_tokens,
+                .topk = p.topk,
+                .num_experts = p.ranks * p.local_experts,
+                .local_experts = p.local_experts});
   const uint64_t row_bytes = 4ull * static_cast<uint64_t>(p.local_experts);
   for (int r = 0; r < p.ranks; ++r) {
     if (remote(r)) {  // beside the messages, written with them below
@@ -173,13 +179,14 @@ void LlNodeDispatch::queue_send(std::string_view phase) {
   }
   if (remotes_ > 0) {  // the messages' lengths from the counts, then the writes, in order
     auto* sends = reinterpret_cast<Descriptor*>(sends_.get());
-    d.ll_write_bytes({.writes = sends,
-                      .counts = counts,
-                      .groups = reinterpret_cast<const int32_t*>(send_groups_.get()),
-                      .group_size = p.local_experts,
-                      .unit_bytes = p.format.message_bytes(),
-                      .max_bytes = p.slot_bytes,
-                      .count = remotes_});
+    queue_kernel(d, &EpKernels::ll_write_bytes,
+                 {.writes = sends,
+                  .counts = counts,
+                  .groups = reinterpret_cast<const int32_t*>(send_groups_.get()),
+                  .group_size = p.local_experts,
+                  .unit_bytes = p.format.message_bytes(),
+                  .max_bytes = p.slot_bytes,
+                  .count = remotes_});
     d.ring_push(*p.remote_sends.ring, sends, static_cast<int64_t>(kLlDispatchWrites) * remotes_,
                 p.timeout);
   }
@@ -200,15 +207,16 @@ void LlNodeDispatch::queue_receive(std::string_view phase) {
       d.wait_value(mine.arrived + s, {p.epoch, 0}, p.timeout, phase, waited);
     }
   }
-  d.ll_unpack_counted({.format = p.format,
-                       .counts = mine.counts,
-                       .from = reinterpret_cast<const std::byte* const*>(from_slots_.get()),
-                       .sinks = reinterpret_cast<const ep::LlExpertSink*>(sinks_.get()),
-                       .recv_count = p.recv_count,
-                       .layout_range = p.layout_range,
-                       .ranks = p.ranks,
-                       .local_experts = p.local_experts,
-                       .rows_per_expert = static_cast<int64_t>(p.ranks) * p.max_tokens});
+  queue_kernel(d, &EpKernels::ll_unpack_counted,
+               {.format = p.format,
+                .counts = mine.counts,
+                .from = reinterpret_cast<const std::byte* const*>(from_slots_.get()),
+                .sinks = reinterpret_cast<const ep::LlExpertSink*>(sinks_.get()),
+                .recv_count = p.recv_count,
+                .layout_range = p.layout_range,
+                .ranks = p.ranks,
+                .local_experts = p.local_experts,
+                .rows_per_expert = static_cast<int64_t>(p.ranks) * p.max_tokens});
   for (int s = 0; s < p.ranks; ++s)
     if (!remote(s))
       d.write_value(p.memory[static_cast<size_t>(s)].released + p.rank, {p.epoch, 0}, phase);
@@ -216,7 +224,9 @@ void LlNodeDispatch::queue_receive(std::string_view phase) {
     d.ring_push(*p.remote_sends.ring, reinterpret_cast<const Descriptor*>(releases_.get()),
                 remotes_, p.timeout);
   if (p.recv_stats != nullptr)
-    d.add({.wide = false, .to = p.recv_stats, .from = p.recv_count, .count = p.local_experts});
+    queue_kernel(
+        d, &EpKernels::add,
+        {.wide = false, .to = p.recv_stats, .from = p.recv_count, .count = p.local_experts});
 }
 
-}  // namespace proxyep::gpu_side::device
+}  // namespace proxyep::integrations::low_latency

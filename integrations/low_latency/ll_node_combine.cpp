@@ -1,5 +1,5 @@
 // LlNodeCombine (ll_node_combine.hpp).
-#include "gpu_side/device/ll_node_combine.hpp"
+#include "integrations/low_latency/ll_node_combine.hpp"
 
 #include "common/error.hpp"
 #include "gpu_side/device/device_table.hpp"
@@ -7,7 +7,11 @@
 #include <string>
 #include <utility>
 
-namespace proxyep::gpu_side::device {
+namespace proxyep::integrations::low_latency {
+
+// The step is the device's operations, spelled in its terms.
+using namespace gpu_side;
+using namespace gpu_side::device;
 
 namespace {
 
@@ -113,27 +117,28 @@ void LlNodeCombine::queue_send(std::string_view phase) {
   for (int r = 0; r < d.ranks; ++r)     // home r reduced my rows of step n - 1
     device.wait_value(remote(r) ? p.remote[static_cast<size_t>(r)].released : mine.released + r,
                       {p.epoch, -1}, d.timeout, phase);
-  device.ll_return_counted(
-      {.layout_range = d.layout_range,
-       .x = p.x,
-       .to = reinterpret_cast<uint16_t* const*>(to_slots_.get()),
-       .ranks = d.ranks,
-       .local_experts = d.local_experts,
-       .rows_per_expert = static_cast<int64_t>(d.ranks) * d.max_tokens,
-       .slot_rows = static_cast<int64_t>(p.slot_bytes / (2ull * d.format.hidden)),
-       .hidden = d.format.hidden});
+  queue_kernel(device, &EpKernels::ll_return_counted,
+               {.layout_range = d.layout_range,
+                .x = p.x,
+                .to = reinterpret_cast<uint16_t* const*>(to_slots_.get()),
+                .ranks = d.ranks,
+                .local_experts = d.local_experts,
+                .rows_per_expert = static_cast<int64_t>(d.ranks) * d.max_tokens,
+                .slot_rows = static_cast<int64_t>(p.slot_bytes / (2ull * d.format.hidden)),
+                .hidden = d.format.hidden});
   for (int r = 0; r < d.ranks; ++r)
     if (!remote(r))
       device.write_value(p.memory[static_cast<size_t>(r)].arrived + d.rank, {p.epoch, 0}, phase);
   if (remotes_ > 0) {  // each home's rows: as many as the messages it sent (the counts table)
     auto* sends = reinterpret_cast<Descriptor*>(sends_.get());
-    device.ll_write_bytes({.writes = sends,
-                           .counts = d.memory[static_cast<size_t>(d.rank)].counts,
-                           .groups = reinterpret_cast<const int32_t*>(send_groups_.get()),
-                           .group_size = d.local_experts,
-                           .unit_bytes = 2ull * d.format.hidden,
-                           .max_bytes = p.slot_bytes,
-                           .count = remotes_});
+    queue_kernel(device, &EpKernels::ll_write_bytes,
+                 {.writes = sends,
+                  .counts = d.memory[static_cast<size_t>(d.rank)].counts,
+                  .groups = reinterpret_cast<const int32_t*>(send_groups_.get()),
+                  .group_size = d.local_experts,
+                  .unit_bytes = 2ull * d.format.hidden,
+                  .max_bytes = p.slot_bytes,
+                  .count = remotes_});
     device.ring_push(*p.remote_sends.ring, sends, remotes_, d.timeout);
   }
 }
@@ -147,17 +152,18 @@ void LlNodeCombine::queue_receive(std::string_view phase) {
     device.wait_value(remote(r) ? p.remote[static_cast<size_t>(r)].arrived : mine.arrived + r,
                       {p.epoch, 0}, d.timeout, phase,
                       p.wait_stats != nullptr ? p.wait_stats + r : nullptr);
-  device.ll_combine_routed({.topk_idx = d.topk_idx,
-                            .positions = dispatch_.routed_positions(),
-                            .counts = dispatch_.routed_counts(),
-                            .from = reinterpret_cast<const uint16_t* const*>(from_slots_.get()),
-                            .weights = p.topk_weights,
-                            .out = p.out,
-                            .num_tokens = d.num_tokens,
-                            .topk = d.topk,
-                            .num_experts = d.ranks * d.local_experts,
-                            .local_experts = d.local_experts,
-                            .hidden = d.format.hidden});
+  queue_kernel(device, &EpKernels::ll_combine_routed,
+               {.topk_idx = d.topk_idx,
+                .positions = dispatch_.routed_positions(),
+                .counts = dispatch_.routed_counts(),
+                .from = reinterpret_cast<const uint16_t* const*>(from_slots_.get()),
+                .weights = p.topk_weights,
+                .out = p.out,
+                .num_tokens = d.num_tokens,
+                .topk = d.topk,
+                .num_experts = d.ranks * d.local_experts,
+                .local_experts = d.local_experts,
+                .hidden = d.format.hidden});
   for (int r = 0; r < d.ranks; ++r)
     if (!remote(r))
       device.write_value(p.memory[static_cast<size_t>(r)].released + d.rank, {p.epoch, 0}, phase);
@@ -166,4 +172,4 @@ void LlNodeCombine::queue_receive(std::string_view phase) {
                      remotes_, d.timeout);
 }
 
-}  // namespace proxyep::gpu_side::device
+}  // namespace proxyep::integrations::low_latency

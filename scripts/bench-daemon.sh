@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The proxy in the node daemon against the proxy in process, on the same job: starts one proxyepd
+# per emulated node on sockets in a fresh directory, then runs `proxyep bench KIND` ROUNDS times
+# each way, alternating (in process first), and prints each run's dispatch and combine p50 and
+# the medians' ratio (daemon / in process). Over tcp with the reorder shim, as the suite runs it.
+#
+#   scripts/bench-daemon.sh [KIND] [ROUNDS] [-- extra bench arguments]
+#   scripts/bench-daemon.sh ll 5 -- --ranks 2 --ranks-per-node 1 --tokens 16 --iters 30
+#
+# KIND: ll (default) or ep. Without extra arguments: 4 ranks, 2 per node, 30 iterations. The
+# build is build/release (BUILD_DIR overrides). Stops the daemons it started, by their pids.
+set -euo pipefail
+
+kind=${1:-ll}
+rounds=${2:-5}
+shift $(($# < 2 ? $# : 2))
+[[ ${1:-} == "--" ]] && shift
+extra=("$@")
+[[ ${#extra[@]} -eq 0 ]] && extra=(--ranks 4 --ranks-per-node 2 --iters 30)
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$repo/build/release}
+proxyep=$build/tools/proxyep
+proxyepd=$build/daemon/proxyepd
+for tool in "$proxyep" "$proxyepd"; do
+  [[ -x $tool ]] || { echo "bench-daemon: $tool is missing: run scripts/build.sh release" >&2; exit 2; }
+done
+
+dir=$(mktemp -d /tmp/proxyep-bench-daemon.XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+# As many daemons as nodes: the ranks and ranks per node in the extra arguments decide.
+ranks=4 per_node=2
+for ((i = 0; i < ${#extra[@]}; i++)); do
+  case ${extra[i]} in
+    --ranks) ranks=${extra[i + 1]} ;;
+    --ranks-per-node) per_node=${extra[i + 1]} ;;
+  esac
+done
+nodes=$(((ranks + per_node - 1) / per_node))
+export PROXYEP_FABRIC_PROVIDER=${PROXYEP_FABRIC_PROVIDER:-tcp} PROXYEP_LOG_LEVEL=warn
+for ((n = 0; n < nodes; n++)); do
+  "$proxyepd" --socket "$dir/node$n.sock" > "$dir/proxyepd-$n.log" 2>&1 &
+  pids+=($!)
+done
+for ((n = 0; n < nodes; n++)); do
+  for _ in $(seq 200); do
+    grep -q "proxyepd: serving" "$dir/proxyepd-$n.log" 2> /dev/null && break
+    sleep 0.05
+  done
+  grep -q "proxyepd: serving" "$dir/proxyepd-$n.log" \
+    || { echo "bench-daemon: proxyepd $n did not start:" >&2; cat "$dir/proxyepd-$n.log" >&2; exit 1; }
+done
+
+# One run: prints "dispatch_p50 combine_p50" (microseconds) from the bench's JSON.
+run() {
+  local out
+  out=$("$@" "$proxyep" bench "$kind" --reorder --json "${extra[@]}")
+  /usr/bin/python3 -c '
+import json, sys
+doc = json.loads(sys.stdin.read())
+low = doc.get("low_latency", doc)
+print(low["dispatch"]["us"]["p50"], low["combine"]["us"]["p50"])' <<< "$out"
+}
+
+in_process=() daemon=()
+for ((r = 1; r <= rounds; r++)); do
+  in_process+=("$(run env)")
+  daemon+=("$(run env PROXYEP_PROXY_MODE=daemon "PROXYEP_DAEMON_SOCKET=$dir/node{node}.sock")")
+  echo "round $r: in process ${in_process[-1]} us, daemon ${daemon[-1]} us (dispatch combine p50)"
+done
+/usr/bin/python3 - "${in_process[@]}" -- "${daemon[@]}" << 'EOF'
+import statistics, sys
+args = sys.argv[1:]
+split = args.index("--")
+def medians(runs):
+    pairs = [tuple(map(float, run.split())) for run in runs]
+    return [statistics.median(p[i] for p in pairs) for i in (0, 1)]
+inp, dae = medians(args[:split]), medians(args[split + 1:])
+for name, a, b in (("dispatch", inp[0], dae[0]), ("combine", inp[1], dae[1])):
+    print(f"{name}: median p50 {a:.1f} us in process, {b:.1f} us through the daemons: {b / a:.2f}x")
+EOF
