@@ -21,7 +21,7 @@ extra=("$@")
 repo=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$repo/build/release}
 proxyep=$build/tools/proxyep
-proxyepd=$build/daemon/proxyepd
+proxyepd=$build/tools/proxyepd
 for tool in "$proxyep" "$proxyepd"; do
   [[ -x $tool ]] || { echo "bench-daemon: $tool is missing: run scripts/build.sh release" >&2; exit 2; }
 done
@@ -44,7 +44,7 @@ for ((i = 0; i < ${#extra[@]}; i++)); do
   esac
 done
 nodes=$(((ranks + per_node - 1) / per_node))
-export PROXYEP_FABRIC_PROVIDER=${PROXYEP_FABRIC_PROVIDER:-tcp} PROXYEP_LOG_LEVEL=warn
+export PROXYEP_FABRIC_PROVIDER=${PROXYEP_FABRIC_PROVIDER:-tcp}
 for ((n = 0; n < nodes; n++)); do
   "$proxyepd" --socket "$dir/node$n.sock" > "$dir/proxyepd-$n.log" 2>&1 &
   pids+=($!)
@@ -61,11 +61,13 @@ done
 # One run: prints "dispatch_p50 combine_p50" (microseconds) from the bench's JSON.
 run() {
   local out
-  out=$("$@" "$proxyep" bench "$kind" --reorder --json "${extra[@]}")
+  out=$("$@" PROXYEP_LOG_LEVEL=warn "$proxyep" bench "$kind" --reorder --json "${extra[@]}")
   /usr/bin/python3 -c '
 import json, sys
 doc = json.loads(sys.stdin.read())
-low = doc.get("low_latency", doc)
+if doc.get("verified") is not True:
+    sys.exit("bench-daemon: a run was not verified: " + json.dumps(doc)[:2000])
+low = doc.get("proxyep", doc)
 print(low["dispatch"]["us"]["p50"], low["combine"]["us"]["p50"])' <<< "$out"
 }
 
@@ -75,6 +77,10 @@ for ((r = 1; r <= rounds; r++)); do
   daemon+=("$(run env PROXYEP_PROXY_MODE=daemon "PROXYEP_DAEMON_SOCKET=$dir/node{node}.sock")")
   echo "round $r: in process ${in_process[-1]} us, daemon ${daemon[-1]} us (dispatch combine p50)"
 done
+# Every daemon run really went through the daemons: each served its node's ranks every round.
+served=$(cat "$dir"/proxyepd-*.log | grep -c "serves rank" || true)
+((served >= rounds * ranks)) \
+  || { echo "bench-daemon: the daemons served $served ranks, $((rounds * ranks)) expected" >&2; exit 1; }
 /usr/bin/python3 - "${in_process[@]}" -- "${daemon[@]}" << 'EOF'
 import statistics, sys
 args = sys.argv[1:]

@@ -326,6 +326,35 @@ void CapturedLowLatency::open_memory(const std::shared_ptr<device::DeviceRuntime
   shape_ = shape;
 }
 
+namespace {
+
+// A captured dispatch's outputs: static tensors, as a graph's must be (its replays write them).
+struct DispatchOutputs {
+  ep::Tensor recv_x, scales, recv_count, src_info, range;
+};
+
+DispatchOutputs dispatch_outputs(const std::shared_ptr<device::DeviceRuntime>& device,
+                                 const DispatchInput& in, int ranks,
+                                 std::chrono::milliseconds timeout) {
+  const int32_t local = in.shape.experts / ranks;
+  const int64_t rows = static_cast<int64_t>(ranks) * in.shape.tokens;
+  const ep::LlFormat& f = in.format;
+  const device::SetupStream setup = device::setup_stream(device);
+  DispatchOutputs out;
+  out.recv_x = static_output(*setup, f.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * rows,
+                             in.shape.hidden);
+  if (f.fp8)
+    out.scales = static_output(*setup, f.ue8m0 ? ep::DType::i32 : ep::DType::f32,
+                               local * static_cast<int64_t>(f.scale_words()), rows);
+  out.recv_count = static_output(*setup, ep::DType::i32, local, -1);
+  out.src_info = static_output(*setup, ep::DType::i32, local, rows);
+  out.range = static_output(*setup, ep::DType::i64, local, ranks);
+  setup->synchronize(kDispatch, timeout);
+  return out;
+}
+
+}  // namespace
+
 LowLatencyDispatchResult CapturedLowLatency::dispatch(
     const std::shared_ptr<device::DeviceRuntime>& device, const LowLatencyDispatchArgs& a) {
   // The setup (step memory, static outputs) runs before the Buffer's stream joins a caller's
@@ -337,20 +366,12 @@ LowLatencyDispatchResult CapturedLowLatency::dispatch(
   refuse_host_parts(a.async_finish, a.previous_event, kDispatch);
   open_memory(device, in.shape, kDispatch);
   const int32_t local = in.shape.experts / R;
-  const int64_t rows = static_cast<int64_t>(R) * in.shape.tokens;
-  const device::SetupStream setup = device::setup_stream(device);
   auto captured = std::make_shared<CapturedDispatch>();
   const ep::LlFormat& f = in.format;
-  ep::Tensor recv_x = static_output(*setup, f.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16,
-                                    local * rows, in.shape.hidden);
-  ep::Tensor scales;
-  if (f.fp8)
-    scales = static_output(*setup, f.ue8m0 ? ep::DType::i32 : ep::DType::f32,
-                           local * static_cast<int64_t>(f.scale_words()), rows);
-  ep::Tensor recv_count = static_output(*setup, ep::DType::i32, local, -1);
-  ep::Tensor src_info = static_output(*setup, ep::DType::i32, local, rows);
-  ep::Tensor range = static_output(*setup, ep::DType::i64, local, R);
-  setup->synchronize(kDispatch, timeout());
+  DispatchOutputs outputs = dispatch_outputs(device, in, R, timeout());
+  ep::Tensor &recv_x = outputs.recv_x, &scales = outputs.scales;
+  ep::Tensor &recv_count = outputs.recv_count, &src_info = outputs.src_info;
+  ep::Tensor& range = outputs.range;
 
   LlNodeDispatchPlan plan{.rank = session_.rank(),
                           .ranks = R,

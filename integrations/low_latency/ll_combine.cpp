@@ -22,30 +22,71 @@ struct SendRun {
   uint64_t at;
 };
 
+// Rows of x by home rank, each home's local experts in order: the order in which home packed
+// its messages (ll_dispatch.cpp).
+struct HomeRuns {
+  std::vector<std::vector<SendRun>> runs;  // by home
+  std::vector<uint64_t> bytes_to;          // by home: its slot's bytes
+};
+
+HomeRuns home_runs(const CallState& d, const std::byte* x) {
+  const int R = d.ranks, local = d.shape.experts / R;
+  const uint64_t row_bytes = 2 * static_cast<uint64_t>(d.shape.hidden);
+  HomeRuns out{.runs = std::vector<std::vector<SendRun>>(static_cast<size_t>(R)),
+               .bytes_to = std::vector<uint64_t>(static_cast<size_t>(R), 0)};
+  for (int home = 0; home < R; ++home)
+    for (int e = 0; e < local; ++e) {
+      const int64_t range = d.ranges[static_cast<size_t>(e) * R + home];
+      const int64_t begin = range >> 32, count = range & 0xffffffff;
+      if (count == 0) continue;
+      const int64_t first = static_cast<int64_t>(e) * R * d.shape.tokens + begin;
+      const uint64_t bytes = static_cast<uint64_t>(count) * row_bytes;
+      out.runs[home].push_back(
+          {x + static_cast<uint64_t>(first) * row_bytes, bytes, out.bytes_to[home]});
+      out.bytes_to[home] += bytes;
+    }
+  return out;
+}
+
+// A device call in the background sends from a copy, made on the device before the call returns:
+// the caller's stream may write x (or the combine buffer) next, as DeepEP's send kernel has read
+// it by then. Returns the copy, which `sends` now point into (one run per home).
+ep::Tensor copy_aside(RowBackend& backend, HomeRuns& sends, int hidden) {
+  const uint64_t row_bytes = 2 * static_cast<uint64_t>(hidden);
+  uint64_t total = 0;
+  for (uint64_t bytes : sends.bytes_to)
+    total += bytes;
+  ep::Tensor copy =
+      backend.allocate(ep::DType::bf16, static_cast<int64_t>(total / row_bytes), hidden);
+  std::vector<ep::CopyRun> copies;
+  std::byte* to = copy.raw();
+  for (size_t home = 0; home < sends.runs.size(); ++home) {
+    for (const SendRun& run : sends.runs[home])
+      copies.push_back({.to = to + run.at, .from = run.from, .bytes = run.bytes});
+    if (sends.bytes_to[home] > 0) sends.runs[home] = {{to, sends.bytes_to[home], 0}};
+    to += sends.bytes_to[home];
+  }
+  backend.copy_runs(copies);
+  backend.complete(kPhase);
+  return copy;
+}
+
 }  // namespace
 
-LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
-                                                const LlDeviceCall* device) {
-  calls_.check_usable(kPhase);
-  const std::byte* x = check_combine_args(
-      a, buffer_id_, device != nullptr ? device->combine_buffer : combine_buffer_.ref(),
-      device != nullptr);
-  std::shared_ptr<const CallState> dispatched = a.handle->dispatched;
-  const CallState& d = *dispatched;
-  const int R = d.ranks, local = d.shape.experts / R, H = d.shape.hidden;
-  const int T = d.num_tokens, K = d.topk;
-  calls_.check_can_begin(CallKind::deferred, kPhase);
-
+std::shared_ptr<CallState> LowLatencyMode::combine_state(const LowLatencyCombineArgs& a,
+                                                         const LlDeviceCall* device) {
+  const CallState& d = *a.handle->dispatched;
+  const int T = d.num_tokens, K = d.topk, H = d.shape.hidden;
   auto state = std::make_shared<CallState>();
   CallState& st = *state;
   st.buffer_id = buffer_id_;
   st.kind = LlKind::combine;
   st.shape = d.shape;
   st.format = ep::LlFormat{.hidden = static_cast<uint32_t>(H), .fp8 = false};
-  st.ranks = R;
+  st.ranks = d.ranks;
   st.num_tokens = T;
   st.topk = K;
-  st.dispatched = dispatched;
+  st.dispatched = a.handle->dispatched;
   RowBackend& backend = *(st.backend = device != nullptr ? &device->backend : &backend_);
   if (device != nullptr) {
     // The check the host path makes entry by entry, made where both routings live.
@@ -76,45 +117,24 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
                       : output(outputs_[combines_++ % 2].combined, ep::DType::bf16, T, H);
     st.out = st.combined.data<uint16_t>();
   }
+  return state;
+}
 
-  // Home's rows of each local expert, expert by expert: the order in which home packed its
-  // messages (ll_dispatch.cpp).
-  const uint64_t row_bytes = 2 * static_cast<uint64_t>(H);
-  std::vector<std::vector<SendRun>> runs(static_cast<size_t>(R));
-  std::vector<uint64_t> bytes_to(static_cast<size_t>(R), 0);
-  for (int home = 0; home < R; ++home)
-    for (int e = 0; e < local; ++e) {
-      const int64_t range = d.ranges[static_cast<size_t>(e) * R + home];
-      const int64_t begin = range >> 32, count = range & 0xffffffff;
-      if (count == 0) continue;
-      const int64_t first = static_cast<int64_t>(e) * R * d.shape.tokens + begin;
-      const uint64_t bytes = static_cast<uint64_t>(count) * row_bytes;
-      runs[home].push_back({x + static_cast<uint64_t>(first) * row_bytes, bytes, bytes_to[home]});
-      bytes_to[home] += bytes;
-    }
-  // In the background a device call sends from a copy, made on the device before the call
-  // returns: the caller's stream may write x (or the combine buffer) next, as DeepEP's send
-  // kernel has read it by then. A host call reads x until the hook returns or the event is set.
+LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
+                                                const LlDeviceCall* device) {
+  calls_.check_usable(kPhase);
+  const std::byte* x = check_combine_args(
+      a, buffer_id_, device != nullptr ? device->combine_buffer : combine_buffer_.ref(),
+      device != nullptr);
+  calls_.check_can_begin(CallKind::deferred, kPhase);
+  std::shared_ptr<CallState> state = combine_state(a, device);
+  HomeRuns sends = home_runs(*state->dispatched, x);
+  // A host call in the background reads x until the hook returns or the event is set.
   ep::Tensor x_copy;
-  if (device != nullptr && (a.return_recv_hook || a.async_finish)) {
-    uint64_t total = 0;
-    for (uint64_t bytes : bytes_to)
-      total += bytes;
-    x_copy = backend.allocate(ep::DType::bf16, static_cast<int64_t>(total / row_bytes), H);
-    std::vector<ep::CopyRun> copies;
-    std::byte* to = x_copy.raw();
-    for (int home = 0; home < R; ++home) {
-      for (const SendRun& run : runs[home])
-        copies.push_back({.to = to + run.at, .from = run.from, .bytes = run.bytes});
-      // From now on home's rows go as one run, from the copy.
-      if (bytes_to[home] > 0) runs[home] = {{to, bytes_to[home], 0}};
-      to += bytes_to[home];
-    }
-    backend.copy_runs(copies);
-    backend.complete(kPhase);
-  }
+  if (device != nullptr && (a.return_recv_hook || a.async_finish))
+    x_copy = copy_aside(*state->backend, sends, state->shape.hidden);
 
-  auto send = [this, state, runs = std::move(runs), bytes_to = std::move(bytes_to), x_copy] {
+  auto send = [this, state, sends = std::move(sends), x_copy] {
     (void)x_copy;  // holds the memory the runs point into
     const CallState& st = *state;
     send_phase(
@@ -125,17 +145,17 @@ LowLatencyCombineResult LowLatencyMode::combine(const LowLatencyCombineArgs& a,
                std::vector<ep::CopyRun> copies;
                for (int home : homes) {
                  std::byte* slot = session_.channel(home).eager_buffer(st.call);
-                 for (const SendRun& run : runs[home])
+                 for (const SendRun& run : sends.runs[home])
                    copies.push_back({.to = slot + run.at, .from = run.from, .bytes = run.bytes});
                }
                st.backend->copy_runs(copies);
              },
-         .describe = [&](int home, std::vector<int32_t>&) { return bytes_to[home]; }},
+         .describe = [&](int home, std::vector<int32_t>&) { return sends.bytes_to[home]; }},
         kPhase);
   };
 
   LowLatencyCombineResult out;
-  out.combined_x = st.combined;
+  out.combined_x = state->combined;
   launch(state, send, a.return_recv_hook, a.async_finish, out.hook, out.event);
   return out;
 }

@@ -17,60 +17,58 @@ namespace {
 
 constexpr const char* kPhase = "low_latency_dispatch";
 
+// What the caller gets back: the outputs, and the handle its combine passes.
+LowLatencyDispatchResult dispatch_result(const std::shared_ptr<CallState>& state, bool on_device) {
+  const CallState& st = *state;
+  LowLatencyDispatchResult out;
+  out.recv_x = st.recv_x;
+  out.recv_x_scales = st.recv_x_scales;
+  out.recv_count = st.recv_count;
+  out.handle.src_info = st.src_info;
+  out.handle.layout_range = st.layout_range;
+  out.handle.num_max_dispatch_tokens_per_rank = st.shape.tokens;
+  out.handle.hidden = st.shape.hidden;
+  out.handle.num_experts = st.shape.experts;
+  out.handle.dispatched = state;
+  if (on_device) out.handle.device = ep::Device::cuda;
+  return out;
+}
+
 }  // namespace
 
-LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& a,
-                                                  const LlDeviceCall* device) {
-  calls_.check_usable(kPhase);
-  const int R = session_.ranks();
-  const DispatchInput in = check_dispatch_args(a, R, device != nullptr);
-  const LlShape& shape = in.shape;
-  const ep::LlFormat& format = in.format;
-  const int64_t tokens = in.tokens;
-  const int local = shape.experts / R;
-  check_slot_fits(shape, kPhase);
-  calls_.check_can_begin(CallKind::deferred, kPhase);
-
+std::shared_ptr<CallState> LowLatencyMode::dispatch_state(const LowLatencyDispatchArgs& a,
+                                                          const DispatchInput& in,
+                                                          const LlDeviceCall* device) {
   auto state = std::make_shared<CallState>();
   CallState& st = *state;
   st.buffer_id = buffer_id_;
   st.kind = LlKind::dispatch;
-  st.shape = shape;
-  st.format = format;
-  st.flags = record_flags(format);
-  st.ranks = R;
-  st.num_tokens = static_cast<int>(tokens);
+  st.shape = in.shape;
+  st.format = in.format;
+  st.flags = record_flags(in.format);
+  st.ranks = session_.ranks();
+  st.num_tokens = static_cast<int>(in.tokens);
   st.topk = static_cast<int>(in.topk);
   st.recv_stats = a.cumulative_local_expert_recv_stats;
   st.wait_stats = a.dispatch_wait_recv_cost_stats;
-  RowBackend& backend = *(st.backend = device != nullptr ? &device->backend : &backend_);
-  // Before the agreement: a device call's routing is where its bad values are found.
+  st.backend = device != nullptr ? &device->backend : &backend_;
   if (device != nullptr)
     route_on_device(st, a.topk_idx);
   else
     route(st, a.topk_idx);
-  if (!agreed_ || !(*agreed_ == shape)) agree(shape, kPhase);
-  // In the background the cast reads a copy: the caller may reuse x as soon as the call returns.
-  const bool background = a.return_recv_hook || a.async_finish;
-  ep::TensorRef x = a.x;
-  ep::Tensor x_device_copy;
-  if (background && device != nullptr) {
-    // On the device, done before the call returns: the caller's stream may write x next.
-    x_device_copy = backend.allocate(ep::DType::bf16, tokens, shape.hidden);
-    backend.copy_rows(x_device_copy.raw(), static_cast<const std::byte*>(a.x.data), tokens,
-                      2ull * shape.hidden);
-    backend.complete(kPhase);
-    x = x_device_copy;
-  } else if (background) {
-    x_copy_.assign(a.x.as<uint16_t>(), a.x.as<uint16_t>() + a.x.numel());
-    x = ep::TensorRef::matrix(x_copy_.data(), ep::DType::bf16, tokens, shape.hidden);
-  }
+  return state;
+}
 
+void LowLatencyMode::make_dispatch_outputs(CallState& st, bool on_device) {
+  const LlShape& shape = st.shape;
+  const ep::LlFormat& format = st.format;
+  const int R = st.ranks, local = shape.experts / R;
   const int64_t rows = static_cast<int64_t>(R) * shape.tokens;  // per local expert
   // A device call's outputs are fresh (stream-ordered allocations); the host's come from a pool.
   Outputs& pool = outputs_[dispatches_++ % 2];
+  RowBackend& backend = *st.backend;
   auto make = [&](ep::Tensor& pooled, ep::DType dtype, int64_t n, int64_t cols) {
-    if (device == nullptr) return output(pooled, dtype, n, cols);
+    if (!on_device) return output(pooled, dtype, n, cols);
     return cols < 0 ? backend.allocate(dtype, n) : backend.allocate(dtype, n, cols);
   };
   st.recv_x = make(pool.recv_x, format.fp8 ? ep::DType::fp8_e4m3 : ep::DType::bf16, local * rows,
@@ -81,6 +79,36 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
   st.recv_count = make(pool.recv_count, ep::DType::i32, local, -1);
   st.src_info = make(pool.src_info, ep::DType::i32, local, rows);
   st.layout_range = make(pool.layout_range, ep::DType::i64, local, R);
+}
+
+LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& a,
+                                                  const LlDeviceCall* device) {
+  calls_.check_usable(kPhase);
+  const int R = session_.ranks();
+  const DispatchInput in = check_dispatch_args(a, R, device != nullptr);
+  const int local = in.shape.experts / R;
+  check_slot_fits(in.shape, kPhase);
+  calls_.check_can_begin(CallKind::deferred, kPhase);
+  // Routed before the agreement: a device call's routing is where its bad values are found.
+  std::shared_ptr<CallState> state = dispatch_state(a, in, device);
+  if (!agreed_ || !(*agreed_ == in.shape)) agree(in.shape, kPhase);
+  // In the background the cast reads a copy: the caller may reuse x as soon as the call returns.
+  const bool background = a.return_recv_hook || a.async_finish;
+  ep::TensorRef x = a.x;
+  ep::Tensor x_device_copy;
+  if (background && device != nullptr) {
+    // On the device, done before the call returns: the caller's stream may write x next.
+    RowBackend& backend = *state->backend;
+    x_device_copy = backend.allocate(ep::DType::bf16, in.tokens, in.shape.hidden);
+    backend.copy_rows(x_device_copy.raw(), static_cast<const std::byte*>(a.x.data), in.tokens,
+                      2ull * in.shape.hidden);
+    backend.complete(kPhase);
+    x = x_device_copy;
+  } else if (background) {
+    x_copy_.assign(a.x.as<uint16_t>(), a.x.as<uint16_t>() + a.x.numel());
+    x = ep::TensorRef::matrix(x_copy_.data(), ep::DType::bf16, in.tokens, in.shape.hidden);
+  }
+  make_dispatch_outputs(*state, device != nullptr);
 
   auto send = [this, state, x, x_device_copy, local] {
     (void)x_device_copy;  // holds the memory x points into
@@ -112,17 +140,7 @@ LowLatencyDispatchResult LowLatencyMode::dispatch(const LowLatencyDispatchArgs& 
                kPhase);
   };
 
-  LowLatencyDispatchResult out;
-  out.recv_x = st.recv_x;
-  out.recv_x_scales = st.recv_x_scales;
-  out.recv_count = st.recv_count;
-  out.handle.src_info = st.src_info;
-  out.handle.layout_range = st.layout_range;
-  out.handle.num_max_dispatch_tokens_per_rank = shape.tokens;
-  out.handle.hidden = shape.hidden;
-  out.handle.num_experts = shape.experts;
-  out.handle.dispatched = state;
-  if (device != nullptr) out.handle.device = ep::Device::cuda;
+  LowLatencyDispatchResult out = dispatch_result(state, device != nullptr);
   launch(state, send, a.return_recv_hook, a.async_finish, out.hook, out.event);
   return out;
 }

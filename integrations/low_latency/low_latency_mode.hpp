@@ -38,6 +38,8 @@
 
 namespace proxyep::integrations::low_latency {
 
+struct DispatchInput;  // ll_args.hpp
+
 // A low-latency call whose tensors are device memory (device_ll_calls.hpp): the backend that runs
 // its per-message work (the routing included: topk_idx is not read on the host) and, for a
 // zero_copy combine, the device combine buffer.
@@ -107,6 +109,10 @@ class LowLatencyMode {
   void receive(CallState& state);
 
   // ---- dispatch (ll_dispatch.cpp) ----
+  // The call's state, routed (on the device for a device call); then its output tensors.
+  std::shared_ptr<CallState> dispatch_state(const LowLatencyDispatchArgs& args,
+                                            const DispatchInput& input, const LlDeviceCall* device);
+  void make_dispatch_outputs(CallState& state, bool on_device);
   void route(CallState& state, const gpu_side::ep::TensorRef& topk_idx);
   // A device call's routing: on the device, from a copy of topk_idx the call keeps; only the
   // counts (and how many values named no expert: refused) are read back.
@@ -120,6 +126,9 @@ class LowLatencyMode {
   void receive_dispatch(CallState& state);
 
   // ---- combine (ll_combine.cpp) ----
+  // The call's state: shape, weights and output, after the device call's routing check.
+  std::shared_ptr<CallState> combine_state(const LowLatencyCombineArgs& args,
+                                           const LlDeviceCall* device);
   void receive_combine(CallState& state);
 
   proxy::Session& session_;

@@ -19,6 +19,19 @@ namespace {
 
 constexpr const char* kPhase = "dispatch";
 
+// What the protocol reads on the host: the arguments, with a device call's steering copies in
+// place of its device tensors.
+DispatchArgs host_view(const DispatchArgs& args, const DeviceCall* device) {
+  DispatchArgs view = args;
+  if (device != nullptr && args.handle == nullptr) {
+    view.is_token_in_rank = device->steering.is_token_in_rank;
+    view.num_tokens_per_rank = device->steering.num_tokens_per_rank;
+    view.num_tokens_per_expert = device->steering.num_tokens_per_expert;
+    view.topk_idx = device->steering.topk_idx;
+  }
+  return view;
+}
+
 }  // namespace
 
 NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequence& calls,
@@ -30,18 +43,37 @@ NormalMode::NormalMode(proxy::Session& session, RowBackend& backend, CallSequenc
       stream_(stream),
       landing_(std::move(landing)) {}
 
+HierDispatchStreams* NormalMode::plan_sends(DispatchCall& d) {
+  const DispatchInput& in = d.in;
+  const DispatchArgs& a = d.args;
+  if (!session_.layout().hierarchical()) {
+    d.streams = std::make_unique<DispatchStreams>(
+        *d.backend, in, a, d.routing, shape_for(in.num_experts), session_.rank(), d.on_device);
+    d.streams->out = plan_streams(session_, in.format, d.routing.rows_to);
+    chunk_fabric_out(session_, *d.streams, in.fabric_chunking);
+    return nullptr;
+  }
+  // Hierarchical internode (hier_dispatch_rows.hpp), host and device calls alike.
+  auto s = std::make_unique<HierDispatchStreams>(*d.backend, in, a, d.routing,
+                                                 shape_for(in.num_experts), session_, d.on_device);
+  // A forwarder row (with its heads) must fit a counterpart's slot too, before anything is sent.
+  std::string why;
+  for (int r = 0; r < session_.ranks(); ++r)
+    require(!session_.layout().fabric_peer(r) ||
+                fits_one_row(s->fabric_format(), session_.channel(r).slots(), &why),
+            kPhase, "{}", why);
+  s->plan_sends();
+  chunk_fabric_out(session_, *s, in.fabric_chunking);
+  HierDispatchStreams* hier = s.get();
+  d.streams = std::move(s);
+  return hier;
+}
+
 DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* device) {
   PhaseClock started(stats_.dispatch_phases);
   calls_.check_usable(kPhase);
   const int R = session_.ranks(), me = session_.rank();
-  // What the protocol reads on the host: a device call's steering copies.
-  DispatchArgs view = args;
-  if (device != nullptr && args.handle == nullptr) {
-    view.is_token_in_rank = device->steering.is_token_in_rank;
-    view.num_tokens_per_rank = device->steering.num_tokens_per_rank;
-    view.num_tokens_per_expert = device->steering.num_tokens_per_expert;
-    view.topk_idx = device->steering.topk_idx;
-  }
+  const DispatchArgs view = host_view(args, device);
   const DispatchInput in =
       check_dispatch_args(view, device != nullptr, R, session_.ranks_per_node(), buffer_id_);
   // Rows stream through the slots in chunks: any number of tokens fits if one row fits a slot.
@@ -54,28 +86,8 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   d->on_device = device != nullptr;
   d->routing = in.cached ? TokenRouting::cached(*a.handle, me)
                          : TokenRouting::fresh(view.is_token_in_rank, R, me);
-  // Hierarchical internode (hier_dispatch_rows.hpp), host and device calls alike.
   const bool hier = session_.layout().hierarchical();
-  HierDispatchStreams* hier_streams = nullptr;
-  if (hier) {
-    auto s = std::make_unique<HierDispatchStreams>(
-        *d->backend, d->in, a, d->routing, shape_for(in.num_experts), session_, d->on_device);
-    // A forwarder row (with its heads) must fit a counterpart's slot too, before anything is sent.
-    std::string why;
-    for (int r = 0; r < R; ++r)
-      require(!session_.layout().fabric_peer(r) ||
-                  fits_one_row(s->fabric_format(), session_.channel(r).slots(), &why),
-              kPhase, "{}", why);
-    s->plan_sends();
-    chunk_fabric_out(session_, *s, in.fabric_chunking);
-    hier_streams = s.get();
-    d->streams = std::move(s);
-  } else {
-    d->streams = std::make_unique<DispatchStreams>(*d->backend, d->in, a, d->routing,
-                                                   shape_for(in.num_experts), me, d->on_device);
-    d->streams->out = plan_streams(session_, in.format, d->routing.rows_to);
-    chunk_fabric_out(session_, *d->streams, in.fabric_chunking);
-  }
+  HierDispatchStreams* hier_streams = plan_sends(*d);
   DispatchStreams& streams = *d->streams;
   clock.lap(&PhaseTimes::prepare_ns);
 

@@ -37,7 +37,8 @@ struct NodeRouting;
 class RowCounts;
 class LandingZone;
 struct DispatchCall;  // dispatch.cpp
-struct CombineCall;   // combine.cpp
+class HierDispatchStreams;
+struct CombineCall;  // combine.cpp
 
 // A call whose tensors are in device memory (integrations/device_calls.hpp): `backend` moves its
 // rows, which host code never touches, and `steering` holds host copies of what the protocol
@@ -103,6 +104,9 @@ class NormalMode {
   void finish_handle(DispatchResult& out, const DispatchInput& input, const DispatchArgs& args,
                      const TokenRouting& routing, const RowCounts& counts,
                      const std::vector<NotifyRecord>& records) const;
+  // A dispatch's send streams, planned and chunked (hierarchical internode: the lanes and the
+  // forwarders, returned; else null).
+  HierDispatchStreams* plan_sends(DispatchCall& call);
   // Step 4 and 5 of a dispatch whose outputs exist.
   void move_rows(DispatchCall& call);
 

@@ -53,6 +53,14 @@ struct RelayRing {
   gpu_side::Ring daemon;  // the sender's view
 };
 
+// A control handler that keeps the payloads it is handed, in order.
+void keep_controls(SignalRouter& router, std::vector<uint32_t>& controls) {
+  router.set_control_handler([&controls](uint32_t, uint32_t payload) {
+    controls.push_back(payload);
+    return Status::ok;
+  });
+}
+
 }  // namespace
 
 TEST_CASE("signal relay: the daemon's immediates reach the client's router in order") {
@@ -65,10 +73,7 @@ TEST_CASE("signal relay: the daemon's immediates reach the client's router in or
   client.attach_stream(3, window);
   client.attach_credits(5, credits);
   std::vector<uint32_t> controls;
-  client.set_control_handler([&](uint32_t, uint32_t payload) {
-    controls.push_back(payload);
-    return Status::ok;
-  });
+  keep_controls(client, controls);
   RelayReceiver receiver(ring.client, client);
   RelaySender sender(ring.daemon);
   RelaySender& daemon = sender;  // the daemon's proxy threads route into it
@@ -121,10 +126,7 @@ TEST_CASE("signal relay: one drain routes more than a burst, in relay order") {
   RelayRing ring(512);
   SignalRouter client;
   std::vector<uint32_t> controls;
-  client.set_control_handler([&](uint32_t, uint32_t payload) {
-    controls.push_back(payload);
-    return Status::ok;
-  });
+  keep_controls(client, controls);
   RelayReceiver receiver(ring.client, client);
   RelaySender sender(ring.daemon);
   constexpr uint32_t kCount = 300;  // several of the receiver's 64-slot bursts
@@ -337,10 +339,7 @@ TEST_CASE("signal relay: the sender counts attached words itself and relays ever
   SignalRouter client;
   client.attach_counters(bank);
   std::vector<uint32_t> controls;
-  client.set_control_handler([&](uint32_t, uint32_t payload) {
-    controls.push_back(payload);
-    return Status::ok;
-  });
+  keep_controls(client, controls);
   RelayReceiver receiver(ring.client, client);
   RelaySender sender(ring.daemon);
   const HostMemory shared = HostMemory::memfd(SignalWords::bytes_for(4), "words");
