@@ -143,17 +143,16 @@ class Buffer:
             # nodes are LOCAL_WORLD_SIZE ranks, and rows to other nodes need staging. Calls
             # stream through it in chunks, so the NVL size (at least 1 MiB) is enough.
             staging = max(num_nvl_bytes, 1 << 20)
-        self.runtime = _proxyep.Buffer(
-            rendezvous,
-            num_nvl_bytes,
-            staging,
-            low_latency_mode,
-            num_qps_per_rank,
-            allow_nvlink_for_low_latency_mode,
-            enable_shrink,
-            explicitly_destroy,
-            self.device,
-        )
+        self.runtime = _proxyep.Buffer(rendezvous, _proxyep.BufferOptions(
+            num_nvl_bytes=num_nvl_bytes,
+            num_rdma_bytes=staging,
+            low_latency_mode=low_latency_mode,
+            num_qps_per_rank=num_qps_per_rank,
+            allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode,
+            enable_shrink=enable_shrink,
+            explicitly_destroy=explicitly_destroy,
+            device=self.device,
+        ))
         self.rank = self.runtime.rank
         self.group_size = self.runtime.group_size
         self.ranks_per_node = self.runtime.ranks_per_node
@@ -225,11 +224,12 @@ class Buffer:
         return view(t, name, fp8, self._simulated)
 
     def _order(self, previous_event, async_finish, allocate_on_comm_stream, capturable=False):
-        """What orders the call after the caller's work: the native keyword arguments
-        previous_event (an event of this Buffer's device, or None) and caller_stream (torch's
-        current stream, with CUDA). ``capturable`` (the low-latency calls): while torch's stream
-        captures a CUDA graph the call joins the capture (the native side records the point
-        inside it, the Buffer's stream waits for it, torch's stream waits for the call's end)."""
+        """What orders the call after the caller's work: the pair (previous_event, caller_stream),
+        an event of this Buffer's device or None (the native argument classes' previous_event)
+        and torch's current stream with CUDA, else 0 (the native calls' caller_stream).
+        ``capturable`` (the low-latency calls): while torch's stream captures a CUDA graph the
+        call joins the capture (the native side records the point inside it, the Buffer's stream
+        waits for it, torch's stream waits for the call's end)."""
         if allocate_on_comm_stream:
             assert previous_event is not None and async_finish, (
                 "allocate_on_comm_stream needs previous_event and async_finish (as in DeepEP)"
@@ -246,19 +246,18 @@ class Buffer:
         # An EventOverlap without an event orders nothing (DeepEP passes its .event, None here).
         event = previous_event.event if previous_event is not None else None
         if event is None:
-            return {"previous_event": None, "caller_stream": stream}
+            return None, stream
         if event.torch_event is None or not self._cuda:
             event.current_stream_wait()  # ProxyEP's work in the background: joined on the host
             if event.torch_event is not None:
                 event.torch_event.synchronize()  # a host call reads what that stream made
-            return {"previous_event": None, "caller_stream": stream}
+            return None, stream
         # The Buffer's stream waits for the torch event: through a side stream of torch's that
         # waits for it, whose end the device records (no host wait).
         if self._side_stream is None:
             self._side_stream = torch.cuda.Stream()
         self._side_stream.wait_event(event.torch_event)
-        return {"previous_event": self.device.record_on(self._side_stream.cuda_stream),
-                "caller_stream": stream}
+        return self.device.record_on(self._side_stream.cuda_stream), stream
 
     def get_local_buffer_tensor(self, dtype, size=None, offset=0, use_rdma_buffer=False):
         """A raw view of this rank's NVL buffer (where node peers' rows land, ``num_nvl_bytes``;
@@ -297,9 +296,9 @@ class Buffer:
     def get_dispatch_layout(
         self, topk_idx, num_experts, previous_event=None, async_finish=False, allocate_on_comm_stream=False
     ):
-        order = self._order(previous_event, async_finish, allocate_on_comm_stream)
+        previous, stream = self._order(previous_event, async_finish, allocate_on_comm_stream)
         per_rank, per_rdma_rank, per_expert, in_rank = self.runtime.get_dispatch_layout(
-            self._view(topk_idx, "topk_idx"), num_experts, **order
+            self._view(topk_idx, "topk_idx"), num_experts, previous_event=previous, caller_stream=stream
         )
         return (
             tensor(per_rank),
@@ -326,7 +325,7 @@ class Buffer:
         async_finish=False,
         allocate_on_comm_stream=False,
     ):
-        order = self._order(previous_event, async_finish, allocate_on_comm_stream)
+        previous, stream = self._order(previous_event, async_finish, allocate_on_comm_stream)
         fp8 = isinstance(x, tuple)
         if fp8:
             if len(x) != 2:
@@ -339,24 +338,26 @@ class Buffer:
         native_handle = handle.native if handle is not None else None
         topk_idx, topk_weights = _small(topk_idx), _small(topk_weights)
         inputs = (x_data, x_scales, topk_idx, topk_weights, handle)
-        recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, native_event = self.runtime.dispatch(
-            self._view(x_data, "x", fp8=fp8),
-            self._view(x_scales, "x_scales"),
-            native_handle,
-            self._view(num_tokens_per_rank, "num_tokens_per_rank"),
-            self._view(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank"),
-            self._view(is_token_in_rank, "is_token_in_rank"),
-            self._view(num_tokens_per_expert, "num_tokens_per_expert"),
-            self._view(topk_idx, "topk_idx"),
-            self._view(topk_weights, "topk_weights"),
-            expert_alignment,
-            num_worst_tokens,
+        args = _proxyep.DispatchArgs(
+            x=self._view(x_data, "x", fp8=fp8),
+            x_scales=self._view(x_scales, "x_scales"),
+            handle=native_handle,
+            num_tokens_per_rank=self._view(num_tokens_per_rank, "num_tokens_per_rank"),
+            num_tokens_per_rdma_rank=self._view(num_tokens_per_rdma_rank, "num_tokens_per_rdma_rank"),
+            is_token_in_rank=self._view(is_token_in_rank, "is_token_in_rank"),
+            num_tokens_per_expert=self._view(num_tokens_per_expert, "num_tokens_per_expert"),
+            topk_idx=self._view(topk_idx, "topk_idx"),
+            topk_weights=self._view(topk_weights, "topk_weights"),
+            expert_alignment=expert_alignment,
+            num_worst_tokens=num_worst_tokens,
             # An explicit Config's RDMA chunk sizes chunk the streams to other nodes; None leaves
             # chunking to the Buffer's slots (DeepEP's default tables suit its kernels' buffers).
-            config,
-            async_finish,
-            **order,
+            config=config,
+            async_finish=async_finish,
+            previous_event=previous,
         )
+        recv_x, recv_scales, recv_idx, recv_weights, per_expert, new_handle, native_event = (
+            self.runtime.dispatch(args, caller_stream=stream))
         self._hold_inputs(async_finish, inputs)
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
         event = _event(async_finish, native_event, inputs, self._streams())
@@ -367,7 +368,7 @@ class Buffer:
             tensor(recv_idx),
             tensor(recv_weights),
             per_expert,
-            self._normal_handle(new_handle, is_token_in_rank, order["caller_stream"]),
+            self._normal_handle(new_handle, is_token_in_rank, stream),
             event,
         )
 
@@ -406,7 +407,7 @@ class Buffer:
         async_finish=False,
         allocate_on_comm_stream=False,
     ):
-        order = self._order(previous_event, async_finish, allocate_on_comm_stream)
+        previous, stream = self._order(previous_event, async_finish, allocate_on_comm_stream)
         if not isinstance(handle, _NormalHandle):
             raise TypeError("handle must be the one a dispatch of this Buffer returned")
         if bias is None:
@@ -419,16 +420,17 @@ class Buffer:
                 raise ValueError("bias must be None, a tensor or a tuple of at most two tensors")
         topk_weights = _small(topk_weights)
         inputs = (x, topk_weights, biases, handle)
-        combined, combined_weights, native_event = self.runtime.combine(
-            self._view(x, "x"),
-            handle.native,
-            self._view(topk_weights, "topk_weights"),
-            self._view(biases[0], "bias[0]"),
-            self._view(biases[1], "bias[1]"),
-            config,
-            async_finish,
-            **order,
+        args = _proxyep.CombineArgs(
+            x=self._view(x, "x"),
+            handle=handle.native,
+            topk_weights=self._view(topk_weights, "topk_weights"),
+            bias0=self._view(biases[0], "bias[0]"),
+            bias1=self._view(biases[1], "bias[1]"),
+            config=config,
+            async_finish=async_finish,
+            previous_event=previous,
         )
+        combined, combined_weights, native_event = self.runtime.combine(args, caller_stream=stream)
         self._hold_inputs(async_finish, inputs)
         return (tensor(combined), tensor(combined_weights),
                 _event(async_finish, native_event, inputs, self._streams()))
@@ -472,21 +474,25 @@ class Buffer:
         _refuse(use_nvfp4, "use_nvfp4 (NVFP4 dispatch)")
         _refuse(x_global_scale is not None, "x_global_scale (NVFP4 dispatch)")
         _refuse(use_ue8m0_for_sf, "use_ue8m0_for_sf (NVFP4 dispatch)")
-        order = self._order(None, async_finish, False, capturable=True)
-        recv_x, recv_scales, recv_count, native, event, hook = self.runtime.low_latency_dispatch(
-            self._view(x, "x"),
-            self._view(topk_idx, "topk_idx"),
-            num_max_dispatch_tokens_per_rank,
-            num_experts,
-            self._view(cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats"),
-            self._view(dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats"),
-            use_fp8,
-            round_scale,
-            use_ue8m0,
-            async_finish,
-            return_recv_hook,
-            **order,
+        previous, stream = self._order(None, async_finish, False, capturable=True)
+        args = _proxyep.LowLatencyDispatchArgs(
+            x=self._view(x, "x"),
+            topk_idx=self._view(topk_idx, "topk_idx"),
+            num_max_dispatch_tokens_per_rank=num_max_dispatch_tokens_per_rank,
+            num_experts=num_experts,
+            cumulative_local_expert_recv_stats=self._view(
+                cumulative_local_expert_recv_stats, "cumulative_local_expert_recv_stats"),
+            dispatch_wait_recv_cost_stats=self._view(
+                dispatch_wait_recv_cost_stats, "dispatch_wait_recv_cost_stats"),
+            use_fp8=use_fp8,
+            round_scale=round_scale,
+            use_ue8m0=use_ue8m0,
+            async_finish=async_finish,
+            return_recv_hook=return_recv_hook,
+            previous_event=previous,
         )
+        recv_x, recv_scales, recv_count, native, event, hook = self.runtime.low_latency_dispatch(
+            args, caller_stream=stream)
         local = num_experts // self.group_size
         rows = self.group_size * num_max_dispatch_tokens_per_rank
         packed = tensor(recv_x, FP8_DTYPE if use_fp8 else None).view(local, rows, -1)
@@ -497,7 +503,7 @@ class Buffer:
             scales = scales.as_strided((local, rows, words), (words * rows, 1, rows))
             packed = (packed, scales)
         src_info, layout_range = map(tensor, self.runtime.low_latency_handle_tensors(
-            native, order["caller_stream"]))
+            native, stream))
         handle = _LowLatencyHandle(
             (src_info, layout_range, native.num_max_dispatch_tokens_per_rank, native.hidden, native.num_experts),
             native,
@@ -555,19 +561,22 @@ class Buffer:
         if not isinstance(handle, _LowLatencyHandle):
             raise TypeError("handle must be the one a low_latency_dispatch of this Buffer returned")
         topk_idx, topk_weights = _small(topk_idx), _small(topk_weights)
-        combined, event, hook = self.runtime.low_latency_combine(
-            None if zero_copy else self._view(x, "x"),
-            self._view(topk_idx, "topk_idx"),
-            self._view(topk_weights, "topk_weights"),
-            handle.native,
-            use_logfmt,
-            zero_copy,
-            async_finish,
-            return_recv_hook,
-            self._view(out, "out"),
-            self._view(combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"),
-            **self._order(None, async_finish, False, capturable=True),
+        previous, stream = self._order(None, async_finish, False, capturable=True)
+        args = _proxyep.LowLatencyCombineArgs(
+            x=None if zero_copy else self._view(x, "x"),
+            topk_idx=self._view(topk_idx, "topk_idx"),
+            topk_weights=self._view(topk_weights, "topk_weights"),
+            handle=handle.native,
+            use_logfmt=use_logfmt,
+            zero_copy=zero_copy,
+            async_finish=async_finish,
+            return_recv_hook=return_recv_hook,
+            out=self._view(out, "out"),
+            combine_wait_recv_cost_stats=self._view(
+                combine_wait_recv_cost_stats, "combine_wait_recv_cost_stats"),
+            previous_event=previous,
         )
+        combined, event, hook = self.runtime.low_latency_combine(args, caller_stream=stream)
         keep = (x, topk_idx, topk_weights, out)
         combined_x = out if out is not None else tensor(combined)
         return combined_x, _event(async_finish, event, keep, self._streams()), self._hook(hook, keep)

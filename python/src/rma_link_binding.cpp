@@ -71,9 +71,7 @@ struct PySender {
 // (offset, length, remote_offset, imm) of one write in a batch.
 using WriteSpec = std::tuple<uint64_t, uint64_t, uint64_t, uint32_t>;
 
-}  // namespace
-
-void bind_rma_link(py::module_& m) {
+void bind_receiver(py::module_& m) {
   py::class_<PyReceiver>(m, "RmaReceiver")
       .def(py::init([](size_t bytes, const std::string& peer) {
              GilRelease unlocked;  // opening a fabric queries the providers
@@ -129,8 +127,11 @@ void bind_rma_link(py::module_& m) {
            [](const PyReceiver& r) { return stats_dict(r.get()->reorder_stats()); })
       .def("close", [](PyReceiver& r) { r.link.reset(); })
       .def_property_readonly("closed", [](const PyReceiver& r) { return r.link == nullptr; });
+}
 
-  py::class_<PySender>(m, "RmaSender")
+// The sender's connection and its source regions.
+void bind_sender_setup(py::class_<PySender>& sender) {
+  sender
       .def(py::init([](const std::string& peer) {
              GilRelease unlocked;
              return PySender{std::make_shared<RmaSender>(peer), {}};
@@ -158,7 +159,12 @@ void bind_rma_link(py::module_& m) {
              return s.get()->add_remote(from_bytes(descriptor));
            })
       .def_property_readonly("max_write_bytes",
-                             [](const PySender& s) { return s.get()->max_write_bytes(); })
+                             [](const PySender& s) { return s.get()->max_write_bytes(); });
+}
+
+// Writes and their completion, each waiting with the GIL released.
+void bind_sender_writes(py::class_<PySender>& sender) {
+  sender
       .def(
           "write",
           [](const PySender& s, int region, uint64_t offset, uint64_t length, int remote,
@@ -197,8 +203,12 @@ void bind_rma_link(py::module_& m) {
             GilRelease unlocked;
             return link->flush_some(timeout_ms, phase);
           },
-          py::arg("timeout_ms"), py::arg("phase"))
-      .def_property_readonly("posted", [](const PySender& s) { return s.get()->posted(); })
+          py::arg("timeout_ms"), py::arg("phase"));
+}
+
+// What the sender did, and its end.
+void bind_sender_state(py::class_<PySender>& sender) {
+  sender.def_property_readonly("posted", [](const PySender& s) { return s.get()->posted(); })
       .def_property_readonly("completed", [](const PySender& s) { return s.get()->completed(); })
       .def_property_readonly("bytes_posted",
                              [](const PySender& s) { return s.get()->bytes_posted(); })
@@ -219,6 +229,16 @@ void bind_rma_link(py::module_& m) {
              s.owners.clear();
            })
       .def_property_readonly("closed", [](const PySender& s) { return s.link == nullptr; });
+}
+
+}  // namespace
+
+void bind_rma_link(py::module_& m) {
+  bind_receiver(m);
+  py::class_<PySender> sender(m, "RmaSender");
+  bind_sender_setup(sender);
+  bind_sender_writes(sender);
+  bind_sender_state(sender);
 }
 
 }  // namespace proxyep::python

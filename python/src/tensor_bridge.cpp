@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <string>
+#include <utility>
 
 namespace py = pybind11;
 namespace ep = proxyep::gpu_side::ep;
@@ -17,15 +18,22 @@ namespace {
 
 constexpr const char* kPhase = "python";
 
+// The dtype names of view specs (proxyep/_tensors.py's _NAMES), both ways.
+constexpr std::pair<std::string_view, ep::DType> kDTypeNames[] = {
+    {"bf16", ep::DType::bf16}, {"fp8_e4m3", ep::DType::fp8_e4m3}, {"f32", ep::DType::f32},
+    {"i32", ep::DType::i32},   {"i64", ep::DType::i64},           {"bool", ep::DType::boolean},
+    {"u8", ep::DType::u8}};
+
 ep::DType dtype_named(const std::string& name, std::string_view tensor) {
-  if (name == "bf16") return ep::DType::bf16;
-  if (name == "fp8_e4m3") return ep::DType::fp8_e4m3;
-  if (name == "f32") return ep::DType::f32;
-  if (name == "i32") return ep::DType::i32;
-  if (name == "i64") return ep::DType::i64;
-  if (name == "bool") return ep::DType::boolean;
-  if (name == "u8") return ep::DType::u8;
+  for (const auto& [spelled, dtype] : kDTypeNames)
+    if (name == spelled) return dtype;
   fail(kPhase, "{}: unsupported dtype {}", tensor, name);
+}
+
+std::string_view spec_name(ep::DType dtype) {
+  for (const auto& [spelled, d] : kDTypeNames)
+    if (d == dtype) return spelled;
+  return "u8";
 }
 
 DLDataType dl_type(ep::DType dtype) {
@@ -126,6 +134,15 @@ ep::TensorRef view_of(const py::handle& spec, std::string_view name) {
       ep::TensorRef::strided(data, dtype, shape[0].cast<int64_t>(), shape[1].cast<int64_t>(),
                              strides[0].cast<int64_t>(), strides[1].cast<int64_t>()),
       t[4]);
+}
+
+py::object spec_of(const ep::TensorRef& t) {
+  if (!t.defined()) return py::none();
+  const auto data = reinterpret_cast<uintptr_t>(t.data);
+  const py::tuple shape = t.dims == 1 ? py::make_tuple(t.rows) : py::make_tuple(t.rows, t.cols);
+  const py::tuple strides =
+      t.dims == 1 ? py::make_tuple(1) : py::make_tuple(t.row_stride, t.col_stride);
+  return py::make_tuple(data, spec_name(t.dtype), shape, strides, t.device == ep::Device::cuda);
 }
 
 namespace {

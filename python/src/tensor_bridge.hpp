@@ -44,6 +44,9 @@ struct DeviceRelease {
 };
 
 gpu_side::ep::TensorRef view_of(const pybind11::handle& spec, std::string_view name);
+// The view spec of `t` (None when undefined): what view_of() reads back into the same TensorRef,
+// so that an argument class's tensor attributes read back what they were set to.
+pybind11::object spec_of(const gpu_side::ep::TensorRef& t);
 pybind11::object capsule_of(const gpu_side::ep::Tensor& tensor,
                             const DeviceRelease* release = nullptr);
 // A uint8 capsule over memory the runtime owns elsewhere; `owner` (the Python object whose life

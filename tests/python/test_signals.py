@@ -24,7 +24,8 @@ g.rank, g.world_size, g.ranks_per_node = int(sys.argv[1]), 2, 1
 g.job_id, g.secret = "signals-test", b""
 try:
     print("waiting", flush=True)
-    _proxyep.Buffer(g, 1 << 20, 1 << 20, False, 1, True, False, True)
+    _proxyep.Buffer(g, _proxyep.BufferOptions(num_nvl_bytes=1 << 20, num_rdma_bytes=1 << 20,
+                                              num_qps_per_rank=1, explicitly_destroy=True))
 except KeyboardInterrupt:
     print("KeyboardInterrupt", flush=True)
     sys.exit(5)
