@@ -28,7 +28,6 @@
 #pragma once
 
 #include "common/host_memory.hpp"
-#include "control/signal_router.hpp"
 #include "control/signal_words.hpp"
 #include "fabric/fabric.hpp"
 #include "gpu_side/device/device_runtime.hpp"

@@ -240,14 +240,12 @@ void DaemonHost::wait_until(const std::function<bool()>& ready, const Deadline& 
       if (producer) producer->set_waiting(false);
     }
   } waiting(producer_);
-  Poller poller;
-  for (uint32_t polls = 0;; ++polls) {
-    pump(phase);
-    if (ready()) return;
-    if (polls % kPollsPerClockRead == 0 && deadline.expired())
-      fail(std::string(phase), "{}", describe());
-    poller.pause();
-  }
+  poll_until(
+      [&] {
+        pump(phase);
+        return ready();
+      },
+      deadline, phase, describe);
 }
 
 void DaemonHost::quiet(const FabricLink& link, const DeviceRouting* device_routing,

@@ -337,12 +337,7 @@ void Session::wait_for(const std::function<bool()>& ready, const Deadline& deadl
     return;
   }
   // One node: nothing to sleep on; the peers' stores arrive in shared memory.
-  Poller poller;
-  for (uint32_t polls = 1; !ready(); ++polls) {
-    if (polls % kPollsPerClockRead == 0 && deadline.expired())
-      fail(std::string(phase), "{}", describe());
-    poller.pause();
-  }
+  poll_until(ready, deadline, phase, describe);
 }
 
 void Session::await(const Wait& wait) {

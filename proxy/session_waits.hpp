@@ -52,8 +52,6 @@ class DepartureWatch {
     }
     return false;
   }
-  // True on the polls where departed() just read the clock (a cheap moment for a deadline).
-  bool looked() const { return polls_ == 0; }
   const std::string& departure() const { return departure_; }
 
  private:
@@ -84,12 +82,16 @@ class Poller {
   uint64_t polls_ = 0;
 };
 
+// Polls `ready()` until it holds (a Poller between polls); throws proxyep::Error(phase) with
+// describe_timeout() once `deadline` expired, read every kPollsPerClockRead polls. The waits with
+// no proxy threads to sleep on: one node, and a rank whose proxy is the node daemon.
 template <typename Ready, typename Describe>
-void poll_until(Ready&& ready, const Deadline& deadline, Describe&& describe_timeout,
-                std::string_view phase, const DepartureWatch& watch) {
+void poll_until(Ready&& ready, const Deadline& deadline, std::string_view phase,
+                Describe&& describe_timeout) {
   Poller poller;
-  while (!ready()) {
-    if (watch.looked() && deadline.expired()) fail(std::string(phase), "{}", describe_timeout());
+  for (uint32_t polls = 1; !ready(); ++polls) {
+    if (polls % kPollsPerClockRead == 0 && deadline.expired())
+      fail(std::string(phase), "{}", describe_timeout());
     poller.pause();
   }
 }

@@ -16,12 +16,14 @@ void RelaySender::attach_words(control::SignalWords& words) {
 }
 
 Status RelaySender::route(uint32_t imm) {
-  if (const control::imm::Decoded decoded = control::imm::decode(imm);
-      words_ != nullptr && decoded.op() == control::imm::Op::control) {
-    if (words_->count(decoded.payload()) == Status::ok) return Status::ok;
-    return error_.note(fmt::format("imm {:#010x} (control, payload {:#x}): {}", imm,
-                                   decoded.payload(), words_->last_error()));
-  }
+  // Decoded only once the steps' words are attached: until then every immediate goes on as is.
+  if (words_ != nullptr)
+    if (const control::imm::Decoded decoded = control::imm::decode(imm);
+        decoded.op() == control::imm::Op::control) {
+      if (words_->count(decoded.payload()) == Status::ok) return Status::ok;
+      return error_.note(fmt::format("imm {:#010x} (control, payload {:#x}): {}", imm,
+                                     decoded.payload(), words_->last_error()));
+    }
   gpu_side::Descriptor d;
   d.op = gpu_side::Op::signal;
   d.imm = imm;
