@@ -9,7 +9,7 @@
 # repository root. Folder F gets an include root of its own, ${PROXYEP_INCLUDE_ROOTS}/F, holding
 # one symlink F -> <repo>/F; it is library F's PUBLIC include directory, so a target sees the
 # folders of the libraries it links (transitively) and no other. An include that points up a
-# layer therefore fails to compile ("proxy/proxy_engine.hpp: No such file or directory"), not
+# layer therefore fails to compile ("proxy/engine/proxy_engine.hpp: No such file or directory"), not
 # just to link. (A quoted include is also looked up beside the including file, but from
 # <repo>/control/x.cpp that is <repo>/control/proxy/..., which does not exist; a "../" include
 # would escape, and tests/check_layers.sh rejects those.)

@@ -1,7 +1,7 @@
 // A client's connection to the node daemon (proxyepd): connect, hello, then request/reply
 // frames (control/daemon_frames.hpp), descriptors passed along where a request needs them
 // (control/fd_passing.hpp). Used by `proxyep status` and by a session whose proxy is the daemon
-// (proxy/proxy_host_daemon.hpp). Every wait has a deadline; errors name the socket.
+// (proxy/session/proxy_host_daemon.hpp). Every wait has a deadline; errors name the socket.
 //
 //   auto daemon = DaemonConnection::open(path, ClientKind::attach, timeout, phase);
 //   json reply = daemon.request({{"proxyep", "attach"}, ...}, fds, Deadline(timeout), phase);

@@ -2,7 +2,7 @@
 // one per rank:
 //   SignalRouter (signal_router.hpp)      decodes it into the rank's counters, windows, credits
 //                                         and words: the rank's one router, in its own process
-//   RelaySender (proxy/signal_relay.hpp)  in the node daemon: passes it on undecoded to the
+//   RelaySender (proxy/engine/signal_relay.hpp)  in the node daemon: passes it on undecoded to the
 //                                         rank's process, whose router decodes it; counts only
 //                                         the captured steps' words itself
 // Threads: attach_words() during setup (or while no proxy thread is in a pass:
@@ -23,7 +23,7 @@ class ImmSink {
   // Takes one immediate. Status::error when it cannot; last_error() says which and why.
   [[nodiscard]] virtual Status route(uint32_t imm) = 0;
   // Records `what` as last_error() and returns Status::error: for a caller that refuses something
-  // on the sink's behalf (proxy/route_completion.hpp: a completion that is not a signal).
+  // on the sink's behalf (proxy/engine/route_completion.hpp: a completion that is not a signal).
   [[nodiscard]] virtual Status refuse(std::string what) = 0;
   virtual std::string last_error() const = 0;
   // Control immediates count these words (signal_words.hpp) from now on; once. The words must

@@ -1,5 +1,5 @@
 // SignalRouter: what a proxy thread calls on every remote_write completion (with its immediate:
-// proxy/route_completion.hpp takes the fabric's completion). It decodes the 32-bit immediate
+// proxy/engine/route_completion.hpp takes the fabric's completion). It decodes the 32-bit immediate
 // (control/imm_layout.hpp) and dispatches it:
 //   counter -> CounterBank::arrive(epoch tag, key)
 //   stream  -> the SequenceWindow attached for that stream id: complete(seq)
@@ -48,7 +48,7 @@ class SignalRouter final : public ImmSink {
   // rejects it.
   [[nodiscard]] Status route(uint32_t imm) override;
   // Records `what` as last_error() and returns Status::error: for a caller that refuses
-  // something on the router's behalf (proxy/route_completion.hpp: a completion that is not a
+  // something on the router's behalf (proxy/engine/route_completion.hpp: a completion that is not a
   // signal).
   [[nodiscard]] Status refuse(std::string what) override;
 

@@ -13,9 +13,10 @@
 // write landed is published with it; a device's acquire load pairs with it). The owner reads the
 // words or hands their memory to a device; it must outlive the router that counts into it.
 //
-// Across processes: where the proxy threads are the node daemon's (proxy/proxy_host_daemon.hpp),
-// the words live in a memfd the client creates and its device waits on; the daemon maps it and
-// counts into its own mapping (the same pages: atomics on shared memory work across processes).
+// Across processes: where the proxy threads are the node daemon's
+// (proxy/session/proxy_host_daemon.hpp), the words live in a memfd the client creates and its
+// device waits on; the daemon maps it and counts into its own mapping (the same pages: atomics on
+// shared memory work across processes).
 #pragma once
 
 #include "common/error.hpp"

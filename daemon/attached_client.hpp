@@ -26,7 +26,7 @@
 //   client -> {"proxyep":"start"}
 //   daemon -> {"proxyep":"started"}
 //   ... (a client whose attach passed a "step_ring", at its first captured call:
-//        proxy/proxy_host_daemon.hpp)
+//        proxy/session/proxy_host_daemon.hpp)
 //   client -> {"proxyep":"step_memory","bytes":n,
 //              ["device_memory":{"kind":k,"step":{"handle":hex,"bytes":n,"fd":bool}}]}
 //             + the step memory's memfd, or the device memory's descriptor where "fd" says so
@@ -99,7 +99,7 @@ class AttachedClient {
  private:
   void handle(const nlohmann::json& message);
   void attach(const nlohmann::json& message);
-  // step_memory and step_link: captured steps (proxy/proxy_host_daemon.hpp), after start.
+  // step_memory and step_link: captured steps (proxy/session/proxy_host_daemon.hpp), after start.
   void steps(const std::string& type, const nlohmann::json& message);
   void close_connection();
   void drop_passed_fds();

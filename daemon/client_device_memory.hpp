@@ -1,6 +1,6 @@
 // A client's device memory as this daemon's NIC reaches it. A rank whose Buffer has a device
 // offers proxyepd its device staging (chunks its kernels pack) and its device arena (where node
-// peers' and other nodes' device calls put rows, proxy/device_arenas.hpp) by their
+// peers' and other nodes' device calls put rows, proxy/session/device_arenas.hpp) by their
 // DeviceRuntime::allocate_shared handles; where the daemon's fabric registers device memory
 // (FI_HMEM), the daemon opens them here and registers them, so chunks leave from GPU memory and
 // rows land in it (GPUDirect RDMA) as in process, instead of bouncing through host memory.

@@ -1,6 +1,6 @@
 #include "daemon/daemon_metrics.hpp"
 
-#include "proxy/thread_metrics.hpp"
+#include "proxy/engine/thread_metrics.hpp"
 
 #include <string>
 

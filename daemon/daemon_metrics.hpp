@@ -8,8 +8,8 @@
 //   proxyep_daemon_uptime_seconds                       gauge
 //   proxyep_daemon_device_memory_registered{rank,pid,memory=staging|arena}   gauge, 1 when the
 //     client's device memory is registered for the NIC, 0 when it was offered and declined
-//   proxyep_proxy_* and proxyep_peer_last_completion_age_seconds (proxy/thread_metrics.hpp) for
-//   every rank served, labelled rank and pid (the client's process: ranks of two jobs differ)
+//   proxyep_proxy_* and proxyep_peer_last_completion_age_seconds (proxy/engine/thread_metrics.hpp)
+//   for every rank served, labelled rank and pid (the client's process: ranks of two jobs differ)
 #pragma once
 
 #include "daemon/daemon_stats.hpp"

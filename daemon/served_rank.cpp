@@ -7,7 +7,7 @@
 #include "common/log.hpp"
 #include "control/imm_layout.hpp"
 #include "daemon/client_device_memory.hpp"
-#include "proxy/rank_proxy.hpp"
+#include "proxy/engine/rank_proxy.hpp"
 
 #include <fmt/format.h>
 #include <unistd.h>

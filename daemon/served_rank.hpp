@@ -1,8 +1,8 @@
 // ServedRank: the data path the daemon runs for one attached client (one rank of a job): the
 // client's memory mapped here, a fabric endpoint opened for it, its arena and staging registered
 // there, and a proxy engine whose threads drain the client's descriptor ring and relay the
-// immediates that arrive back to the client (proxy/signal_relay.hpp). Built in steps that follow
-// the client's own collective setup (proxy/proxy_host_daemon.hpp):
+// immediates that arrive back to the client (proxy/engine/signal_relay.hpp). Built in steps that
+// follow the client's own collective setup (proxy/session/proxy_host_daemon.hpp):
 //
 //   ServedRank rank(request, fds);  // maps, opens the fabric, registers: addresses(), arena()
 //   rank.connect(addresses);        // every rank's fabric address, after the job's allgather
@@ -11,7 +11,7 @@
 //
 // Device memory (client_device_memory.hpp): the client's device staging and device arena,
 // opened through their handles where this fabric registers device memory, registered as
-// FabricLink::kDeviceStagingRegion (a local source) and kDeviceArenaRegion (every rank's, a
+// region::kDeviceStaging (a local source) and region::kDeviceArena (every rank's, a
 // remote target), so the NIC reads and writes GPU memory as in process.
 //
 // Memory: each region is this process's own mapping of the client's memfd, so when the client
@@ -32,10 +32,10 @@
 #include "fabric/fabric.hpp"
 #include "gpu_side/device/device_runtime.hpp"
 #include "gpu_side/doorbell.hpp"
-#include "proxy/health.hpp"
-#include "proxy/proxy_engine.hpp"
-#include "proxy/rank_proxy.hpp"
-#include "proxy/signal_relay.hpp"
+#include "proxy/engine/health.hpp"
+#include "proxy/engine/proxy_engine.hpp"
+#include "proxy/engine/rank_proxy.hpp"
+#include "proxy/engine/signal_relay.hpp"
 
 #include <memory>
 #include <optional>
@@ -54,13 +54,14 @@ struct AttachRequest {
   std::string job_tag;
   bool tolerate_peer_failures = false;
   // ep.landing_fabric of the client, when it passed its landing region (the sixth descriptor):
-  // registered as FabricLink::kLandingRegion when registers_landing() says so for this fabric.
+  // registered as region::kLanding when registers_landing() says so for this fabric.
   std::string landing_fabric;
   // Whether the client passed a device ring (after the landing region, when it passed one): a
-  // ring its device's stream pushes into (proxy/device_routing.hpp), drained beside the first.
+  // ring its device's stream pushes into (proxy/session/device_route_ring.hpp), drained beside the
+  // first.
   bool device_ring = false;
   // Whether the client passed the ring its captured steps push into (after the device ring):
-  // proxy/step_link.hpp, drained beside the others; their memory and words come later
+  // proxy/session/step_link.hpp, drained beside the others; their memory and words come later
   // (add_step_memory, link_steps).
   bool step_ring = false;
   // Device memory the client offers for the NIC (client_device_memory.hpp): registered when
@@ -72,8 +73,8 @@ struct AttachRequest {
     bool with_fd = false;
   };
   std::string device_kind;  // "cuda", "simulated"; empty: no device memory offered
-  std::optional<DeviceMemory> device_staging;  // FabricLink::kDeviceStagingRegion, local
-  std::optional<DeviceMemory> device_arena;    // FabricLink::kDeviceArenaRegion, remote target
+  std::optional<DeviceMemory> device_staging;  // region::kDeviceStaging, local
+  std::optional<DeviceMemory> device_arena;    // region::kDeviceArena, remote target
   // The descriptors that came with the frame, in this order: the five always, then landing,
   // device ring, step ring, device staging and device arena where present.
   enum Fd { arena, staging, ring, doorbell, relay, count };
@@ -113,8 +114,8 @@ class ServedRank {
   const std::vector<fabric::Bytes>& group() const { return group_; }
   const std::string& job_tag() const { return request_.job_tag; }
 
-  // The setup steps, as RankProxy's (proxy/rank_proxy.hpp): every rank's fabric address; every
-  // rank's arena, landing and device arena descriptors (checked there before anything is
+  // The setup steps, as RankProxy's (proxy/engine/rank_proxy.hpp): every rank's fabric address;
+  // every rank's arena, landing and device arena descriptors (checked there before anything is
   // registered); the connection probes, which the client polls (the daemon never blocks on one
   // rank while it serves others); the start.
   void connect(const std::vector<fabric::Bytes>& group);
@@ -134,10 +135,10 @@ class ServedRank {
   // to progress (connection requests, early writes).
   void progress() { state_->proxy->progress(); }
 
-  // Captured steps (proxy/step_link.hpp, proxy/proxy_host_daemon.hpp), after start(): the
-  // client's step memory, its memfd `fd` (host memory) or, with `device`, its device memory by
-  // handle (and `fd` where the device has one), registered (replacing one not linked yet).
-  // Returns the region's descriptor; nullopt for device memory this fabric does not register,
+  // Captured steps (proxy/session/step_link.hpp, proxy/session/proxy_host_daemon.hpp), after
+  // start(): the client's step memory, its memfd `fd` (host memory) or, with `device`, its device
+  // memory by handle (and `fd` where the device has one), registered (replacing one not linked
+  // yet). Returns the region's descriptor; nullopt for device memory this fabric does not register,
   // with why in `note` (the client's host memory then serves). Throws
   // proxyep::Error("daemon.steps").
   std::optional<fabric::Bytes> add_step_memory(

@@ -32,7 +32,7 @@
 //   and its seq exactly as in step 3, then stores head = p + 1 with release. No atomic
 //   read-modify-write anywhere on the push path, no overshoot, no owed nops: a push that finds no
 //   room (or times out) has taken nothing. The shared head still says how many are published
-//   (quiet waiters read it, proxy/ring_lane.hpp) and is the producer's half of the doorbell.
+//   (quiet waiters read it, proxy/engine/ring_lane.hpp) and is the producer's half of the doorbell.
 // Consumer: exactly one RingConsumer at a time (claimed in the header). At position c it acts on
 //   a slot only once seq == c + 1 (acquire): a half-written slot, or one from an earlier lap,
 //   never matches. pop_burst copies up to N contiguous ready slots out and then publishes

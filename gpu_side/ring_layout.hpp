@@ -77,8 +77,8 @@ struct alignas(kFalseSharingRange) ConsumerState {
   uint32_t reserved;
   // Every descriptor below this position has finished: its write completed locally (or failed),
   // so the memory it read may be rewritten. Stored (release) by the proxy that drains the ring
-  // (proxy/ring_lane.hpp) as its in-order prefix advances; producers that cannot ask that proxy
-  // directly (another process) load it (acquire).
+  // (proxy/engine/ring_lane.hpp) as its in-order prefix advances; producers that cannot ask that
+  // proxy directly (another process) load it (acquire).
   uint64_t retired;
 };
 

@@ -3,7 +3,7 @@
 // (rank masking), a lost or late rank is offered to it instead (proxy::Wait::on_lost).
 #pragma once
 
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <functional>
 #include <string>

@@ -1,6 +1,7 @@
-// proxyep::Buffer, the facade: checks the options, opens the transport session (proxy/session.hpp)
-// and the host backend, and hands each call to the normal-mode protocol (normal/normal_mode.hpp)
-// or the low-latency one (low_latency/low_latency_mode.hpp), which share one call sequence.
+// proxyep::Buffer, the facade: checks the options, opens the transport session
+// (proxy/session/session.hpp) and the host backend, and hands each call to the normal-mode protocol
+// (normal/normal_mode.hpp) or the low-latency one (low_latency/low_latency_mode.hpp), which share
+// one call sequence.
 #include "integrations/buffer.hpp"
 
 #include "common/log.hpp"
@@ -23,7 +24,7 @@
 #include "integrations/normal/normal_mode.hpp"
 #include "integrations/session_sizes.hpp"
 #include "metrics/metrics_exporter.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <unistd.h>
 

@@ -82,7 +82,7 @@ struct BufferOptions {
   // arriving ones into device outputs; get_dispatch_layout runs on the device. The node's
   // slots for device calls are device memory the node peers open (CUDA IPC: a device arena of
   // the arena's size, num_nvl_bytes plus the slots' bookkeeping, per rank, as DeepEP's NVLink
-  // buffer; proxy/device_arenas.hpp). The
+  // buffer; proxy/session/device_arenas.hpp). The
   // device's stream is the Buffer's own: a call's `previous_event` orders it after the work
   // that made the inputs (else they must be complete before the call). Outputs are complete
   // when the call returns (or its event or hook completes) and are released on the Buffer's

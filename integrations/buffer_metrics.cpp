@@ -1,7 +1,7 @@
 // The Buffer's metric families (buffer_metrics.hpp).
 #include "integrations/buffer_metrics.hpp"
 
-#include "proxy/thread_metrics.hpp"
+#include "proxy/engine/thread_metrics.hpp"
 
 #include <algorithm>
 #include <chrono>

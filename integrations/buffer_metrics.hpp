@@ -7,7 +7,7 @@
 
 #include "integrations/normal_types.hpp"
 #include "metrics/metrics_sink.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 namespace proxyep::integrations {
 

@@ -23,7 +23,7 @@
 #pragma once
 
 #include "common/error.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <array>
 #include <cstdint>

@@ -2,7 +2,7 @@
 //
 // The direct path: the rows of a dispatch or combine with device tensors never pass through
 // host code. The device backend's kernels pack them from the caller's tensors straight into the
-// slots (the node peers' device arenas, opened by CUDA IPC: proxy/device_arenas.hpp; this
+// slots (the node peers' device arenas, opened by CUDA IPC: proxy/session/device_arenas.hpp; this
 // rank's staging, host memory registered with the device: device_regions.hpp, or with FI_HMEM
 // device staging), and copy arriving rows out of the slots into device outputs; the proxies
 // move the slots as for host calls. What the protocol itself reads of the tensors, a dispatch's
@@ -11,9 +11,9 @@
 // the call returns with its device outputs allocated and fills them on the CommStream.
 //
 // Rows from other nodes land in the receiver's device arena where the fabric registers device
-// memory (FI_HMEM, proxy/device_arenas.hpp), else in its host arena (registered with the device),
-// which the kernels copy out across PCIe. The handle's routing tables are host memory and its
-// recv_src_idx device memory: pass it back unchanged. A call mixing host and device tensors is
+// memory (FI_HMEM, proxy/session/device_arenas.hpp), else in its host arena (registered with the
+// device), which the kernels copy out across PCIe. The handle's routing tables are host memory and
+// its recv_src_idx device memory: pass it back unchanged. A call mixing host and device tensors is
 // refused, naming the first tensor on the other side, before anything is sent.
 #pragma once
 

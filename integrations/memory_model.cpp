@@ -4,7 +4,7 @@
 #include "common/params.hpp"
 #include "integrations/buffer.hpp"
 #include "integrations/session_sizes.hpp"
-#include "proxy/arena_layout.hpp"
+#include "proxy/session/arena_layout.hpp"
 
 #include <fmt/format.h>
 

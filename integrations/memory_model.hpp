@@ -1,6 +1,6 @@
 // What a rank's Buffer holds in host memory, item by item, for a job's shape, without opening
 // anything: the sizes the Buffer would open its session with (session_sizes.hpp) laid out as the
-// session lays them out (proxy/arena_layout.hpp). `proxyep info --memory` prints it.
+// session lays them out (proxy/session/arena_layout.hpp). `proxyep info --memory` prints it.
 //
 // Per rank, with R ranks, N per node, T tokens per rank, H bytes per token row:
 //   arena      2R x record + 4R x 64 (words) + 2R x eager (page-aligned) + num_nvl_bytes

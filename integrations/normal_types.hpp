@@ -80,9 +80,9 @@ struct BufferStats {
   // Of them, chunks written straight from device memory the NIC reads (FI_HMEM: the session's
   // device staging area) instead of bouncing through the host staging area.
   uint64_t chunks_from_device_memory = 0;
-  // Payloads (eager bytes, chunks) device calls stored into device arenas (proxy/device_arenas.hpp:
-  // node peers' by CUDA IPC, this rank's own, and with FI_HMEM other nodes' through the NIC)
-  // rather than host arenas.
+  // Payloads (eager bytes, chunks) device calls stored into device arenas
+  // (proxy/session/device_arenas.hpp: node peers' by CUDA IPC, this rank's own, and with FI_HMEM
+  // other nodes' through the NIC) rather than host arenas.
   uint64_t sends_to_device_arenas = 0;
   // With fabric.reorder (a testing aid): completions the reorder shim delivered here after a
   // later write's (writes from other nodes landing, and this rank's writes to them completing);

@@ -5,7 +5,7 @@
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/normal/notify_record.hpp"
-#include "proxy/peer_channel.hpp"
+#include "proxy/session/peer_channel.hpp"
 
 #include <algorithm>
 

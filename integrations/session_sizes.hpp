@@ -1,10 +1,10 @@
-// The transport session's sizes (proxy/arena_layout.hpp) a Buffer of these options opens over a
-// group of `ranks`: from the options and the ep.* parameters. The Buffer opens its session with
-// them, and the memory model (memory_model.hpp) prices them without opening anything.
+// The transport session's sizes (proxy/session/arena_layout.hpp) a Buffer of these options opens
+// over a group of `ranks`: from the options and the ep.* parameters. The Buffer opens its session
+// with them, and the memory model (memory_model.hpp) prices them without opening anything.
 #pragma once
 
 #include "integrations/buffer.hpp"
-#include "proxy/arena_layout.hpp"
+#include "proxy/session/arena_layout.hpp"
 
 namespace proxyep::integrations {
 

@@ -5,7 +5,8 @@
 #             (e.g. -R fabric, -L unit)
 #   sanitize  ASan + UBSan + LSan (preset sanitize, Clang): the unit tests, the integration and
 #             failure tests labelled `sanitize`, and the canaries that prove a rank's report fails
-#   fuzz      each libFuzzer target for PROXYEP_FUZZ_SECONDS (20 s) from the committed seeds
+#   fuzz      each libFuzzer target for PROXYEP_FUZZ_SECONDS (20 s) from the committed seeds,
+#             two at a time
 #   tsan      ThreadSanitizer (preset tsan): the concurrency-heavy unit tests (label tsan)
 # The sanitizer builds build only what their tests run. SKIP_SANITIZERS=1 runs the release part
 # only, for a quick local run; CI runs everything. Exits non-zero when any part failed.
@@ -70,7 +71,9 @@ fi
 if [[ "${SKIP_SANITIZERS:-0}" != 1 ]]; then
   if part "sanitize build" "$root/scripts/build.sh" sanitize proxyep_sanitize_tests; then
     part "sanitize tests" run_ctest sanitize sanitize -L '^(unit|sanitize|sanitizer_report)$'
-    part "fuzz" run_ctest fuzz sanitize -L '^fuzz$'
+    # Two at a time: each fuzzes for a fixed wall time and checks no deadline, so running them
+    # side by side halves the part at the cost of half the executions each.
+    part "fuzz" run_ctest fuzz sanitize -L '^fuzz$' -j 2
   fi
   if part "tsan build" "$root/scripts/build.sh" tsan proxyep_tsan_tests; then
     part "tsan tests" run_ctest tsan tsan -L '^(tsan|sanitizer_report)$'

@@ -82,38 +82,38 @@ sees gpu_side gpu_side/ep/tensor.hpp
 sees gpu_side common/host_memory.hpp
 sees control control/signal_router.hpp
 sees control common/error_note.hpp
-sees proxy proxy/proxy_engine.hpp
+sees proxy proxy/engine/proxy_engine.hpp
 sees proxy control/signal_router.hpp
 sees proxy fabric/fabric.hpp
 sees proxy gpu_side/ring.hpp
 sees metrics metrics/metrics_exporter.hpp
 sees metrics common/error.hpp
 sees integrations integrations/buffer.hpp
-sees integrations proxy/node_memory.hpp
+sees integrations proxy/session/node_memory.hpp
 sees integrations metrics/metrics_sink.hpp
 sees daemon daemon/daemon.hpp
-sees daemon proxy/session.hpp
+sees daemon proxy/session/session.hpp
 sees daemon metrics/metrics_exporter.hpp
 
 # ... and nothing above or beside it.
-for header in fabric/fabric.hpp gpu_side/ring.hpp control/bootstrap.hpp proxy/proxy_engine.hpp \
+for header in fabric/fabric.hpp gpu_side/ring.hpp control/bootstrap.hpp proxy/engine/proxy_engine.hpp \
               metrics/metrics_sink.hpp integrations/buffer.hpp daemon/daemon.hpp \
               tools/commands.hpp tests/unit/fabric/fabric_pair.hpp; do
   blind common "$header"
 done
 blind fabric control/bootstrap.hpp
 blind fabric gpu_side/ring.hpp
-blind fabric proxy/proxy_engine.hpp
+blind fabric proxy/engine/proxy_engine.hpp
 blind gpu_side fabric/fabric.hpp
 blind gpu_side control/imm_layout.hpp
-blind gpu_side proxy/ring_lane.hpp
+blind gpu_side proxy/engine/ring_lane.hpp
 blind control fabric/transport.hpp
 blind control gpu_side/ring.hpp
-blind control proxy/proxy_engine.hpp
-blind control proxy/route_completion.hpp
+blind control proxy/engine/proxy_engine.hpp
+blind control proxy/engine/route_completion.hpp
 blind proxy integrations/buffer.hpp
 blind proxy metrics/metrics_sink.hpp
-blind metrics proxy/proxy_engine.hpp
+blind metrics proxy/engine/proxy_engine.hpp
 blind metrics integrations/buffer.hpp
 blind proxy tests/unit/proxy/proxy_pair.hpp
 blind integrations tools/commands.hpp
@@ -130,6 +130,15 @@ escapes=$(cd "$repo" && grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*
 if [[ -n "$escapes" ]]; then
   fail "includes through ../ escape the include roots:"
   echo "$escapes" | sed 's/^/    /'
+fi
+
+# Inside proxy/, the session stands on the engine, never the other way: one library, so only
+# the includes can say it.
+upward=$(cd "$repo" && grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*"proxy/session/' \
+           proxy/engine || true)
+if [[ -n "$upward" ]]; then
+  fail "proxy/engine includes proxy/session (the session stands on the engine):"
+  echo "$upward" | sed 's/^/    /'
 fi
 
 if [[ $failures -ne 0 ]]; then

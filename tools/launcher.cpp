@@ -105,9 +105,9 @@ void ensure_descriptors(int ranks) {
 }
 
 // One run of the launcher: the children, their pipes, and the stop sequence.
-class Session {
+class LaunchedJob {
  public:
-  Session(const LaunchOptions& options, const NodePlacement* placement, int port)
+  LaunchedJob(const LaunchOptions& options, const NodePlacement* placement, int port)
       : options_(options), placement_(placement), port_(port) {
     for (int rank = 0; rank < options.ranks; ++rank)
       children_.emplace_back(rank);
@@ -146,7 +146,7 @@ class Session {
   bool interrupted_ = false;
 };
 
-std::vector<std::string> Session::environment_for(int rank) const {
+std::vector<std::string> LaunchedJob::environment_for(int rank) const {
   const int per_node = options_.ranks_per_node;
   std::vector<std::pair<std::string, std::string>> ours = options_.extra_env;
   if (placement_ != nullptr)
@@ -176,7 +176,7 @@ std::vector<std::string> Session::environment_for(int rank) const {
   return env;
 }
 
-int Session::spawn(Child& child) {
+int LaunchedJob::spawn(Child& child) {
   const int rank = child.exit.rank;
   int out[2], err[2];
   // Close-on-exec everywhere: a sibling holding our pipe's write end would delay our EOF.
@@ -208,7 +208,7 @@ int Session::spawn(Child& child) {
   return 0;
 }
 
-void Session::spawn_batch() {
+void LaunchedJob::spawn_batch() {
   for (int n = 0; n < kSpawnBatch && spawning(); ++n) {
     // A stop request ends the spawning before the next rank, not after the last one.
     if (SignalScope::pending_stop_signal() != 0) return;
@@ -222,7 +222,7 @@ void Session::spawn_batch() {
   }
 }
 
-void Session::read_pipe(int& fd, LineSplitter& lines) {
+void LaunchedJob::read_pipe(int& fd, LineSplitter& lines) {
   char buffer[16384];
   while (fd >= 0) {
     ssize_t n = ::read(fd, buffer, sizeof buffer);
@@ -239,7 +239,7 @@ void Session::read_pipe(int& fd, LineSplitter& lines) {
   }
 }
 
-void Session::pump_output(std::chrono::milliseconds wait) {
+void LaunchedJob::pump_output(std::chrono::milliseconds wait) {
   std::vector<pollfd> fds;
   std::vector<std::pair<Child*, bool>> owners;  // (child, is stdout) of each entry of fds
   for (auto& child : children_) {
@@ -264,7 +264,7 @@ void Session::pump_output(std::chrono::milliseconds wait) {
   }
 }
 
-void Session::reap() {
+void LaunchedJob::reap() {
   for (auto& child : children_) {
     if (child.reaped) continue;
     // Look without reaping: until waitpid() below, the exited rank is a zombie whose pid no
@@ -281,7 +281,7 @@ void Session::reap() {
   }
 }
 
-void Session::collect(Child& child, int status) {
+void LaunchedJob::collect(Child& child, int status) {
   child.reaped = true;
   RankExit& exit = child.exit;
   exit.signaled = WIFSIGNALED(status);
@@ -303,7 +303,7 @@ void Session::collect(Child& child, int status) {
                        exit.pid));
 }
 
-void Session::begin_stop(std::string why, int exit_code) {
+void LaunchedJob::begin_stop(std::string why, int exit_code) {
   if (stopping_) return;
   stopping_ = true;
   stop_reason_ = std::move(why);
@@ -324,7 +324,7 @@ void Session::begin_stop(std::string why, int exit_code) {
   signal_unreaped(SIGTERM);
 }
 
-void Session::signal_unreaped(int signal) {
+void LaunchedJob::signal_unreaped(int signal) {
   // Only children not yet reaped: until we reap it, a child's pid (and so its process group
   // id) cannot be reused by another process.
   for (auto& child : children_) {
@@ -334,19 +334,19 @@ void Session::signal_unreaped(int signal) {
   }
 }
 
-bool Session::all_reaped() const {
+bool LaunchedJob::all_reaped() const {
   for (const auto& child : children_)
     if (!child.reaped) return false;
   return true;
 }
 
-bool Session::pipes_open() const {
+bool LaunchedJob::pipes_open() const {
   for (const auto& child : children_)
     if (child.out_fd >= 0 || child.err_fd >= 0) return true;
   return false;
 }
 
-void Session::report(const std::string& message) const {
+void LaunchedJob::report(const std::string& message) const {
   if (options_.report) {
     options_.report(message);
   } else {
@@ -354,7 +354,7 @@ void Session::report(const std::string& message) const {
   }
 }
 
-LaunchResult Session::run() {
+LaunchResult LaunchedJob::run() {
   SignalScope signals;
   const auto start = Clock::now();
   std::optional<Clock::time_point> drain_until;
@@ -385,7 +385,7 @@ LaunchResult Session::run() {
   return finish();
 }
 
-LaunchResult Session::finish() {
+LaunchResult LaunchedJob::finish() {
   LaunchResult result;
   result.master_port = port_;
   result.failed_rank = failed_rank_;
@@ -479,8 +479,8 @@ LaunchResult LocalLauncher::run() {
   LaunchOptions options = options_;
   const auto& ours = credentials.environment();
   options.extra_env.insert(options.extra_env.end(), ours.begin(), ours.end());
-  Session session(options, placement_ ? &*placement_ : nullptr, port);
-  return session.run();
+  LaunchedJob job(options, placement_ ? &*placement_ : nullptr, port);
+  return job.run();
 }
 
 void LocalLauncher::place(NodePlacement placement) {

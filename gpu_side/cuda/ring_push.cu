@@ -21,7 +21,7 @@ __global__ void ring_push_kernel(DeviceRing ring, RingPushCounters* counters,
   counters->head = base + static_cast<uint64_t>(count);
   // Every slot of the batch is published (the threads' release stores of seq, ordered before
   // the barrier): the header's head may count them. release (system scope): pairs with the
-  // acquire load of reserved() by quiet() (proxy/ring_lane.hpp).
+  // acquire load of reserved() by quiet() (proxy/engine/ring_lane.hpp).
   ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>(ring.header->producer.head)
       .store(base + static_cast<uint64_t>(count), ::cuda::memory_order_release);
 }

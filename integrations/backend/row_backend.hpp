@@ -197,7 +197,7 @@ class RowBackend {
                           uint16_t* out, int topk, uint32_t hidden) = 0;
 
   // The device whose stream runs this backend's work, in the order it was queued (none: the host
-  // backend). The session may hand writes to that stream (proxy::Session::route_posts).
+  // backend). The session may hand writes to that stream (proxy::Session::open_device_route).
   virtual std::shared_ptr<gpu_side::device::DeviceRuntime> stream() const { return nullptr; }
 
   // ---- completion (above) ----

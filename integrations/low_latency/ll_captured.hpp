@@ -23,7 +23,7 @@
 // Between nodes (a group that spans nodes; the proxy threads in this process or the node
 // daemon's), the node peers are
 // reached as on one node and the ranks on other nodes through the session's step transport
-// (proxy/step_link.hpp: step memory every rank registered with the fabric, signal words the
+// (proxy/session/step_link.hpp: step memory every rank registered with the fabric, signal words the
 // proxies count, a ring the stream pushes into), made collectively at the first captured call
 // too: the step packs a remote peer's messages into this rank's send slot for it and pushes the
 // writes (messages, counts row; the rows back in the combine) into the peer's receive slot for
@@ -49,8 +49,8 @@
 #include "integrations/low_latency/ll_node_dispatch.hpp"
 #include "integrations/low_latency/ll_record.hpp"
 #include "integrations/low_latency_types.hpp"
-#include "proxy/device_arenas.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/device_arenas.hpp"
+#include "proxy/session/session.hpp"
 
 #include <cstdint>
 #include <memory>

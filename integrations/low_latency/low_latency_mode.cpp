@@ -7,7 +7,6 @@
 #include "integrations/await_every.hpp"
 #include "integrations/low_latency/ll_sizes.hpp"
 #include "integrations/low_latency/ll_tensors.hpp"
-#include "integrations/post_route.hpp"
 
 #include <fmt/format.h>
 
@@ -171,9 +170,9 @@ void LowLatencyMode::send_phase(const CallState& state, const Sends& sends,
 
 void LowLatencyMode::send_all(const CallState& state, const Sends& sends, std::string_view phase) {
   const int R = session_.ranks();
-  // A device call's writes to other nodes go through the backend's stream (PostRoute): posted
-  // at once, they leave once the stream has packed their messages.
-  const PostRoute route(session_, *state.backend, phase);
+  // A device call's writes to other nodes go through the backend's stream (DeviceRouteScope):
+  // posted at once, they leave once the stream has packed their messages.
+  const proxy::DeviceRouteScope route(session_, state.backend->stream(), phase);
   // Writes to other nodes complete in the background: start them before the stores.
   for (bool background : {true, false}) {
     std::vector<int> group;
@@ -196,7 +195,7 @@ void LowLatencyMode::send_all(const CallState& state, const Sends& sends, std::s
       to.send_record(state.call, encode_ll_record(record, to.record_buffer(state.call), phase),
                      phase);
     }
-    session_.flush_posts();  // they leave while the node peers' messages are stored
+    session_.flush_device_route();  // they leave while the node peers' messages are stored
   }
 }
 

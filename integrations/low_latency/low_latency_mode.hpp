@@ -26,7 +26,7 @@
 #include "integrations/comm_stream.hpp"
 #include "integrations/low_latency/ll_call.hpp"
 #include "integrations/low_latency_types.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <cstdint>
 #include <functional>

@@ -1,6 +1,6 @@
 // How the rows of one stream of a call travel: as one eager payload with the record, as one
-// chunk, or as chunks through the peer's slots (proxy/arena_layout.hpp says where the slots are,
-// the channel's SlotGeometry how large). Pure arithmetic, computed identically on every rank
+// chunk, or as chunks through the peer's slots (proxy/session/arena_layout.hpp says where the slots
+// are, the channel's SlotGeometry how large). Pure arithmetic, computed identically on every rank
 // from values every rank agrees on (the session's sizes, the call's row counts and row format),
 // so a sender always knows which slot of the receiver a chunk goes to.
 //
@@ -10,7 +10,7 @@
 
 #include "gpu_side/ep/row_format.hpp"
 #include "integrations/config.hpp"
-#include "proxy/arena_layout.hpp"
+#include "proxy/session/arena_layout.hpp"
 
 #include <algorithm>
 #include <cstdint>

@@ -3,7 +3,7 @@
 
 #include "common/error.hpp"
 #include "gpu_side/ep/layout.hpp"
-#include "proxy/peer_channel.hpp"
+#include "proxy/session/peer_channel.hpp"
 
 #include <algorithm>
 

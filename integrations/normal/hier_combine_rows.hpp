@@ -1,5 +1,5 @@
-// The rows of a hierarchical internode combine (proxy/arena_layout.hpp), the dispatch's path
-// backwards, reduced inside each node before the fabric:
+// The rows of a hierarchical internode combine (proxy/session/arena_layout.hpp), the dispatch's
+// path backwards, reduced inside each node before the fabric:
 //   node peer q        out: x's rows from q, to q; in: q's rows for this rank's tokens (as
 //                      per_rank);
 //   relay lane x       out: x's rows from rank x (another node's), to x's forwarder here; in:
@@ -17,7 +17,7 @@
 #pragma once
 
 #include "integrations/normal/combine_rows.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <vector>
 

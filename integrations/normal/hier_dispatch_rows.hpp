@@ -1,5 +1,5 @@
-// The rows of a hierarchical internode dispatch (proxy/arena_layout.hpp), as streams over every
-// channel the session hands out:
+// The rows of a hierarchical internode dispatch (proxy/session/arena_layout.hpp), as streams over
+// every channel the session hands out:
 //   node peer q        this rank's tokens to q, as per_rank (DispatchStreams);
 //   counterpart c      this rank's tokens to c's node, each once, in token order, as forwarder
 //                      rows: the global expert ids and weights as they are, and the token's
@@ -23,7 +23,7 @@
 
 #include "integrations/normal/dispatch_rows.hpp"
 #include "integrations/normal/notify_record.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <cstdint>
 #include <vector>

@@ -1,6 +1,6 @@
-// The notify exchange of a hierarchical internode call (proxy/arena_layout.hpp: counterparts
-// over the fabric, relay lanes inside a node). A rank writes only its node's ranks and its
-// counterparts, yet every rank still ends with every rank's record, so the checks, the counts
+// The notify exchange of a hierarchical internode call (proxy/session/arena_layout.hpp:
+// counterparts over the fabric, relay lanes inside a node). A rank writes only its node's ranks and
+// its counterparts, yet every rank still ends with every rank's record, so the checks, the counts
 // and the barrier above (notify.hpp) are per_rank's:
 //   A. this rank's record to every rank of its node (itself included) and to each counterpart;
 //      a counterpart's carries the expert counts of its whole node and the rows this rank sends
@@ -13,7 +13,7 @@
 #pragma once
 
 #include "integrations/normal/notify_record.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <span>
 #include <string_view>

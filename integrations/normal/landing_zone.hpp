@@ -14,7 +14,7 @@
 #include "control/bootstrap.hpp"
 #include "gpu_side/ep/tensor.hpp"
 #include "integrations/normal/landing_blocks.hpp"
-#include "proxy/node_memory.hpp"
+#include "proxy/session/node_memory.hpp"
 
 #include <cstddef>
 #include <cstdint>

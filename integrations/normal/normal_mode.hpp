@@ -22,7 +22,7 @@
 #include "integrations/normal/landing_blocks.hpp"
 #include "integrations/normal/notify_record.hpp"
 #include "integrations/normal_types.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <cstdint>
 #include <memory>

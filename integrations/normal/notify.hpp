@@ -10,7 +10,7 @@
 #pragma once
 
 #include "integrations/normal/notify_record.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <functional>
 #include <span>

@@ -3,7 +3,6 @@
 
 #include "common/error.hpp"
 #include "integrations/normal/publish_queue.hpp"
-#include "integrations/post_route.hpp"
 
 #include <fmt/format.h>
 
@@ -133,7 +132,7 @@ void StreamRun::post(int d, uint64_t j, uint64_t rows) {
   } else {
     to.send_chunk(j, p.shape(), area_bytes(rows, format), phase_);
   }
-  session_.flush_posts();  // a stream that posts leaves it once its packing ran
+  session_.flush_device_route();  // a stream that posts leaves it once its packing ran
   clock_.lap(&PhaseTimes::post_ns);
   filling_[d] = 0;
   ++sent_[d];
@@ -172,7 +171,7 @@ bool StreamRun::take_arrived(int s) {
       [this, &from, &p, upto] {
         clock_.lap(&PhaseTimes::unpack_ns);  // waiting for the backend's copies out of the slots
         from.consumed(upto, p.chunks, p.shape(), phase_);  // these slots may be written again
-        session_.flush_posts();
+        session_.flush_device_route();
         clock_.lap(&PhaseTimes::post_ns);
       },
       from.posts_in_stream_order());
@@ -273,7 +272,8 @@ void require_row_fits(const proxy::Session& session, const ep::RowFormat& format
 void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
                 PhaseClock& clock, std::string_view phase) {
   const int R = session.ranks(), me = session.rank();
-  const PostRoute route(session, streams.backend, phase);  // flushed as it ends
+  const proxy::DeviceRouteScope route(session, streams.backend.stream(),
+                                      phase);  // flushed as it ends
   PublishQueue publish(streams.backend, phase);
   for (int k = 1; k < R; ++k) {
     const int d = (me + k) % R;
@@ -298,7 +298,7 @@ void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, Buf
 
 void run_streams(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
                  PhaseClock& clock, std::string_view phase) {
-  const PostRoute route(session, streams.backend, phase);
+  const proxy::DeviceRouteScope route(session, streams.backend.stream(), phase);
   StreamRun(session, call, streams, stats, clock, phase).run();
 }
 

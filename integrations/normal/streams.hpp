@@ -1,9 +1,9 @@
 // One call's rows as chunk streams: every ordered pair of ranks (source, destination) is a
 // stream of chunks through the destination's slots (chunk_plan.hpp), moved through the peer
-// channels (proxy/peer_channel.hpp) by one loop per rank that both writes what the receivers'
-// slots allow and consumes what has arrived, until both directions are done. Because the same
-// loop does both, two ranks that wait for each other's credits always also drain each other: no
-// pair can deadlock.
+// channels (proxy/session/peer_channel.hpp) by one loop per rank that both writes what the
+// receivers' slots allow and consumes what has arrived, until both directions are done. Because the
+// same loop does both, two ranks that wait for each other's credits always also drain each other:
+// no pair can deadlock.
 //
 // What the rows are is the call's business (dispatch_rows.hpp, combine_rows.hpp): a RowStreams
 // says how to fill a chunk and what to do with one that arrived, with its backend's work.
@@ -19,7 +19,7 @@
 #include "integrations/normal/notify_record.hpp"
 #include "integrations/normal_types.hpp"
 #include "integrations/phase_clock.hpp"
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -16,7 +16,7 @@
 #include "control/daemon_connection.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "proxy/signal_relay.hpp"
+#include "proxy/engine/signal_relay.hpp"
 
 #include <unistd.h>
 #include <csignal>

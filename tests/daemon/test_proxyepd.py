@@ -601,7 +601,7 @@ def run_device_cases(c, env):
 
 
 def check_steps_linked(daemons, memory):
-    """Every daemon linked its client's captured steps (proxy/proxy_host_daemon.hpp: the step ring,
+    """Every daemon linked its client's captured steps (proxy/session/proxy_host_daemon.hpp: the step ring,
     memory and signal words; the daemon counts the words), with the step memory in `memory`
     ("device memory" or "host memory")."""
     for _, log in daemons:

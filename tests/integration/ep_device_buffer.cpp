@@ -101,7 +101,7 @@ TEST_CASE("low-latency mode with device tensors") {
 
 // Captured into graphs (device_ll_captured_case.hpp), launched three rounds with new inputs
 // and three times back to back; across nodes the steps' writes go through the proxies (the
-// node daemons': proxy/proxy_host_daemon.hpp), counted in signal words. The Buffer's stream
+// node daemons': proxy/session/proxy_host_daemon.hpp), counted in signal words. The Buffer's stream
 // captures; or the caller's, which the Buffer's joins, with hooks and a zero_copy combine.
 TEST_CASE("low-latency calls captured into graphs") {
   integrations::testing::ll::run_captured_ll_rank(launched(), device_of, false, false, false,

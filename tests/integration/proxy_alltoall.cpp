@@ -20,8 +20,8 @@
 #include "fabric/fabric.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "proxy/proxy_engine.hpp"
-#include "proxy/region_exchange.hpp"
+#include "proxy/engine/proxy_engine.hpp"
+#include "proxy/engine/region_exchange.hpp"
 #include "reorder_check.hpp"
 
 #include <fmt/format.h>

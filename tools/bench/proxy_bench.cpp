@@ -7,9 +7,9 @@
 #include "control/signal_router.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "proxy/proxy_engine.hpp"
-#include "proxy/region_exchange.hpp"
-#include "proxy/thread_cpu.hpp"
+#include "proxy/engine/proxy_engine.hpp"
+#include "proxy/engine/region_exchange.hpp"
+#include "proxy/engine/thread_cpu.hpp"
 #include "tools/bench/fabric_bench.hpp"
 #include "tools/bench/stats.hpp"
 

@@ -155,6 +155,6 @@ TEST_CASE("ordering state of a 4096-rank job: every key, window and credit reach
     CHECK(credits[s]->available() == 8);
   }
   // One past the last stream is not representable: a session of more ranks is refused before
-  // any immediate is sent (proxy/session.cpp).
+  // any immediate is sent (proxy/session/session.cpp).
   CHECK_FALSE(imm::StreamField::fits(kRanks));
 }

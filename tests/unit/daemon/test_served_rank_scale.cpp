@@ -33,7 +33,7 @@ namespace {
 constexpr int kWorld = static_cast<int>(control::imm::kMaxStreams);
 constexpr auto kBound = std::chrono::milliseconds(10'000 * PROXYEP_TEST_TIMEOUT_SCALE);
 
-// What a client hands the daemon at attach (proxy/proxy_host_daemon.cpp), small.
+// What a client hands the daemon at attach (proxy/session/proxy_host_daemon.cpp), small.
 struct ClientMemory {
   HostMemory arena = HostMemory::memfd(1 << 20, "test-arena");
   HostMemory staging = HostMemory::memfd(1 << 20, "test-staging");

@@ -218,12 +218,12 @@ inline void run_device_buffer_rank(int per_node, control::Bootstrap::Options opt
     require(buffer.stats().reordered_completions.has_value(), "test",
             "the fabric path ran without the reorder shim");
   // Over the fabric the device's stream hands the writes its kernels filled to the proxies
-  // (proxy/device_route.hpp); node peers have none.
+  // (proxy/session/device_route.hpp); node peers have none.
   const uint64_t from_device = buffer.stats().writes_from_device;
   require(spans_nodes == (from_device > 0), "test",
           "{} writes went through the device's stream ({} ranks per node)", from_device, per_node);
-  // Node peers' rows go into their device arenas (proxy/device_arenas.hpp); every device here
-  // shares memory. (A rank's rows to itself go straight into its outputs.) Other nodes' rows
+  // Node peers' rows go into their device arenas (proxy/session/device_arenas.hpp); every device
+  // here shares memory. (A rank's rows to itself go straight into its outputs.) Other nodes' rows
   // too where the fabric registers device memory (FI_HMEM) and the device offers NIC-readable
   // memory: what nic_device_memory says.
   const uint64_t to_device_arenas = buffer.stats().sends_to_device_arenas;

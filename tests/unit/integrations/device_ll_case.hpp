@@ -215,12 +215,12 @@ inline void run_device_ll_rank(int per_node, control::Bootstrap::Options options
     require(buffer.stats().reordered_completions.has_value(), "test",
             "the fabric path ran without the reorder shim");
   // Over the fabric the device's stream hands the writes its kernels filled to the proxies
-  // (proxy/device_route.hpp); node peers have none.
+  // (proxy/session/device_route.hpp); node peers have none.
   const uint64_t from_device = buffer.stats().writes_from_device;
   require((per_node == 1) == (from_device > 0), "test",
           "{} writes went through the device's stream ({} ranks per node)", from_device, per_node);
   // Node peers' messages, and a rank's to itself, go into device arenas
-  // (proxy/device_arenas.hpp).
+  // (proxy/session/device_arenas.hpp).
   const uint64_t to_device_arenas = buffer.stats().sends_to_device_arenas;
   require(to_device_arenas > 0, "test", "no message went into a device arena");
   // Alone on its node a rank sends itself at most one payload per call; more went to other

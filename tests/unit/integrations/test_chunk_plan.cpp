@@ -2,7 +2,7 @@
 #include "integrations/normal/chunk_plan.hpp"
 
 #include "common/error.hpp"
-#include "proxy/arena_layout.hpp"
+#include "proxy/session/arena_layout.hpp"
 
 #include <doctest/doctest.h>
 

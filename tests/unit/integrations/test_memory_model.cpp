@@ -5,7 +5,7 @@
 #include "integrations/buffer.hpp"
 #include "integrations/memory_model.hpp"
 #include "integrations/session_sizes.hpp"
-#include "proxy/arena_layout.hpp"
+#include "proxy/session/arena_layout.hpp"
 
 #include <doctest/doctest.h>
 

@@ -9,7 +9,7 @@
 #include "control/signal_router.hpp"
 #include "gpu_side/doorbell.hpp"
 #include "gpu_side/ring.hpp"
-#include "proxy/proxy_engine.hpp"
+#include "proxy/engine/proxy_engine.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
 
 #include <doctest/doctest.h>

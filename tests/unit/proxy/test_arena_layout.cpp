@@ -1,5 +1,5 @@
 // ArenaLayout: every rank derives the same offsets, and no two places overlap.
-#include "proxy/arena_layout.hpp"
+#include "proxy/session/arena_layout.hpp"
 
 #include "common/error.hpp"
 

@@ -1,6 +1,6 @@
 // Credit windows: bounded writes and bytes in flight per destination, again when exhausted,
 // credits back on release, and a single oversized write admitted alone.
-#include "proxy/credit_window.hpp"
+#include "proxy/engine/credit_window.hpp"
 
 #include <doctest/doctest.h>
 

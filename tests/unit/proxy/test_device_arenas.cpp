@@ -1,8 +1,8 @@
-// DeviceArenas (proxy/device_arenas.hpp): the node's arenas in device memory, opened through the
-// bootstrap by ranks as threads with host-simulated devices, one rank without a device. Which
-// arenas each rank reaches, that a peer's device writes land in the owner's arena, and which
+// DeviceArenas (proxy/session/device_arenas.hpp): the node's arenas in device memory, opened
+// through the bootstrap by ranks as threads with host-simulated devices, one rank without a device.
+// Which arenas each rank reaches, that a peer's device writes land in the owner's arena, and which
 // calls use them.
-#include "proxy/device_arenas.hpp"
+#include "proxy/session/device_arenas.hpp"
 
 #include "common/error.hpp"
 #include "gpu_side/device/simulated_device.hpp"

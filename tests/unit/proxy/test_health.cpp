@@ -1,6 +1,6 @@
 // Health: the first failure fails the engine; with peer failures tolerated (rank masking), a
 // failure that names a peer gives up that peer only.
-#include "proxy/health.hpp"
+#include "proxy/engine/health.hpp"
 
 #include <doctest/doctest.h>
 

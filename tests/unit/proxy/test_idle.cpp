@@ -2,7 +2,7 @@
 // /proc/self/task/<tid>/stat, and the latency from a push into the ring of a sleeping proxy to
 // the flag at the peer (the producer kicks the ring's doorbell; a flag waiter kicks its own
 // engine).
-#include "proxy/thread_cpu.hpp"
+#include "proxy/engine/thread_cpu.hpp"
 #include "tests/unit/proxy/proxy_pair.hpp"
 
 #include <doctest/doctest.h>

@@ -1,6 +1,6 @@
 // Idle policy: spin, then yield, then sleep; work resets it; a waiter keeps it awake; a driving
 // waiter sends it to sleep.
-#include "proxy/idle_policy.hpp"
+#include "proxy/engine/idle_policy.hpp"
 
 #include <doctest/doctest.h>
 

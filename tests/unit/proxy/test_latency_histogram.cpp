@@ -1,6 +1,6 @@
 // LatencyHistogram: a sample lands in the first power-of-two microsecond bucket that holds it,
 // the last bucket takes what no bound holds, and snapshots add up.
-#include "proxy/latency_histogram.hpp"
+#include "proxy/engine/latency_histogram.hpp"
 
 #include <doctest/doctest.h>
 

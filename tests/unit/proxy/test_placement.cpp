@@ -1,5 +1,5 @@
 // Placement: rails that share a domain share a thread; thread count and CPU lists.
-#include "proxy/placement.hpp"
+#include "proxy/engine/placement.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
 
 #include <doctest/doctest.h>

@@ -115,7 +115,7 @@ TEST_CASE("quiet waits for every descriptor reserved before the call") {
 }
 
 TEST_CASE("the ring header's retired prefix covers every descriptor pushed once quiet returns") {
-  // proxy/ring_lane.hpp publishes the in-order retired prefix in the ring's header on every
+  // proxy/engine/ring_lane.hpp publishes the in-order retired prefix in the ring's header on every
   // finish: what a node daemon's client (another process) waits on instead of quiet().
   ProxyPair pair("shm", true, 256 * 1024);  // reorder: completions come out of order
   auto retired = [&](int r) {

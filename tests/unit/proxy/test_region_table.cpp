@@ -1,6 +1,6 @@
 // RegionTable: descriptor fields become a WriteOp only when every id, rank, offset and length is
 // valid; otherwise an error that names the descriptor and the peer, and nothing is filled.
-#include "proxy/region_table.hpp"
+#include "proxy/engine/region_table.hpp"
 #include "tests/unit/fabric/fabric_pair.hpp"
 
 #include <doctest/doctest.h>

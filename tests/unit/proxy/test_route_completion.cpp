@@ -4,7 +4,7 @@
 #include "control/imm_layout.hpp"
 #include "control/signal_router.hpp"
 #include "fabric/transport.hpp"
-#include "proxy/route_completion.hpp"
+#include "proxy/engine/route_completion.hpp"
 
 #include <doctest/doctest.h>
 

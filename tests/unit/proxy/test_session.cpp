@@ -4,7 +4,7 @@
 // channels, fabric channels and both at once, and check every byte where it lands. A channel
 // that published before its bytes were written, reused a slot too early, or lost a credit fails
 // here by content or by deadline.
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include "common/error.hpp"
 #include "gpu_side/device/simulated_device.hpp"
@@ -35,7 +35,7 @@ struct Scenario {
   std::string provider;
   bool reorder;
   // Writes to other nodes handed to the proxies by a simulated device's stream
-  // (Session::route_posts): rank 0's runs nothing until waited for, the others' are slow.
+  // (Session::open_device_route): rank 0's runs nothing until waited for, the others' are slow.
   bool device_stream = false;
   // Hierarchical internode: counterparts over the fabric, every other rank of another node
   // through a relay lane (arena_layout.hpp).
@@ -222,21 +222,21 @@ void run_rank(const Scenario& sc, control::Bootstrap::Options options) {
           fabric, relay, fabric_peers, others - fabric_peers);
   for (uint64_t call = 0; call < kCalls; ++call) {
     session->begin_call(call, nullptr);
-    if (device) REQUIRE(session->route_posts(device, "test") == spans_nodes);
+    if (device) REQUIRE(session->open_device_route(device, "test") == spans_nodes);
     exchange_records(*session, call, call % 2 == 1);
     exchange_streams(*session, call);
     session->quiet("test");
-    session->route_posts(nullptr, "test");
+    session->close_device_route();
   }
   if (device && spans_nodes) {
     // Writes the stream holds when quiet() begins: it has the stream push them and waits for
     // them, so that every write went to the proxy (and completed) once it returns.
-    REQUIRE(session->route_posts(device, "test"));
+    REQUIRE(session->open_device_route(device, "test"));
     for (int d = 0; d < session->ranks(); ++d)
       if (session->channel(d).path() == proxy::PeerPath::fabric)
         session->channel(d).release(kCalls - 1, "test");
     session->quiet("test");
-    session->route_posts(nullptr, "test");
+    session->close_device_route();
     uint64_t popped = 0;
     for (const proxy::ThreadStats& t : session->proxy_thread_stats())
       popped += t.descriptors;

@@ -1,5 +1,5 @@
-// The signal relay (proxy/signal_relay.hpp) on its own: a relay ring in a memfd the "client"
-// creates and the "daemon" maps a second time, as proxy/proxy_host_daemon.cpp and
+// The signal relay (proxy/engine/signal_relay.hpp) on its own: a relay ring in a memfd the "client"
+// creates and the "daemon" maps a second time, as proxy/session/proxy_host_daemon.cpp and
 // daemon/served_rank.cpp do. The daemon's side is a RelaySender (its proxy threads' sink); the
 // client's is a RelayReceiver draining into its own SignalRouter with a counter bank, a sequence
 // window, sender credits and a control handler attached. Every wait is a poll with a deadline.
@@ -11,7 +11,7 @@
 #include "control/signal_router.hpp"
 #include "control/signal_words.hpp"
 #include "gpu_side/ring.hpp"
-#include "proxy/signal_relay.hpp"
+#include "proxy/engine/signal_relay.hpp"
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -332,7 +332,7 @@ TEST_CASE("signal relay: 4 proxy threads relay 50k immediates each while the cli
 }
 
 // The node daemon relays a client's immediates, but counts its signal words itself: a captured
-// graph waits on them with no client thread relaying (proxy/proxy_host_daemon.hpp).
+// graph waits on them with no client thread relaying (proxy/session/proxy_host_daemon.hpp).
 TEST_CASE("signal relay: the sender counts attached words itself and relays everything else") {
   RelayRing ring(64);
   CounterBank bank(4);

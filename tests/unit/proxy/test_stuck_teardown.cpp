@@ -4,7 +4,7 @@
 // decorator whose poll() blocks until the test lets it go, after the session was destroyed; the
 // rail then checks, without touching its own memory, whether it was destroyed meanwhile (what
 // the real provider would do as a use after free: the SIGSEGV in pthread_spin_lock seen in CI).
-#include "proxy/session.hpp"
+#include "proxy/session/session.hpp"
 
 #include "common/error.hpp"
 #include "tests/unit/control/rank_threads.hpp"
