@@ -1,4 +1,4 @@
-// proxyep::Buffer: DeepEP V1's deep_ep.Buffer (DEEPEP_COMPAT 1.2-1.5, 2.1-2.8) in C++, normal
+// proxyep::Buffer: DeepEP V1's deep_ep.Buffer (DEEPEP_CONTRACT 1.2-1.5, 2.1-2.8) in C++, normal
 // and low-latency modes, CPU backend; device tensors in both modes with BufferOptions::device.
 // Named structs replace DeepEP's tuples (layout, dispatch result, handle).
 //
@@ -126,7 +126,7 @@ class Buffer {
   DispatchResult dispatch(const DispatchArgs& args);
   CombineResult combine(const CombineArgs& args);
 
-  // ---- low-latency mode (DEEPEP_COMPAT 1.4 items 5-8, 2.8; integrations/low_latency/) ----
+  // ---- low-latency mode (DEEPEP_CONTRACT 1.4 items 5-8, 2.8; integrations/low_latency/) ----
   // Bytes of num_rdma_bytes that hold LL calls of these sizes (BF16 or FP8, two calls in flight).
   static int64_t get_low_latency_rdma_size_hint(int num_max_dispatch_tokens_per_rank, int hidden,
                                                 int num_ranks, int num_experts);

@@ -1,4 +1,4 @@
-// DeepEP's Config: invariants, default tables and size hints (DEEPEP_COMPAT 1.5, 3.4). The
+// DeepEP's Config: invariants, default tables and size hints (DEEPEP_CONTRACT 1.5, 3.4). The
 // tables are data, one row per supported rank count, and the hints are written term by term
 // after the buffer regions they reserve so a reader can check them against the document.
 #include "integrations/config.hpp"
@@ -35,7 +35,7 @@ struct TableRow {
   Chunking dispatch, combine;
 };
 
-// DEEPEP_COMPAT 1.5, "pre-V2 main & HEAD" columns.
+// DEEPEP_CONTRACT 1.5, "pre-V2 main & HEAD" columns.
 constexpr std::array<TableRow, 12> kDefaults{{
     {2, {24, 256, 6, 128}, {10, 256, 6, 128}},
     {4, {6, 256, 6, 128}, {9, 256, 6, 128}},

@@ -1,4 +1,4 @@
-// proxyep::Config: DeepEP V1's deep_ep.Config (DEEPEP_COMPAT 1.5): the chunking knobs, their
+// proxyep::Config: DeepEP V1's deep_ep.Config (DEEPEP_CONTRACT 1.5): the chunking knobs, their
 // invariants, the default tables per rank count and the buffer size hints. The tables are
 // DeepEP's, unchanged, so callers that pass configs tuned for DeepEP keep working. What a call
 // reads of its Config: the RDMA chunk sizes, as DeepEP's internode kernels do, on its streams to
@@ -37,7 +37,7 @@ struct Config {
 int get_num_sms();
 void set_num_sms(int num_sms);
 
-// The default tables (DEEPEP_COMPAT 1.5, pre-V2 main values), with num_sms = get_num_sms().
+// The default tables (DEEPEP_CONTRACT 1.5, pre-V2 main values), with num_sms = get_num_sms().
 // Throws proxyep::Error("config") for a rank count not in the table.
 Config get_dispatch_config(int num_ranks);
 Config get_combine_config(int num_ranks);

@@ -1,4 +1,4 @@
-// The low-latency mode's arguments and results (DEEPEP_COMPAT 1.4 items 5-8, 2.7, 2.8):
+// The low-latency mode's arguments and results (DEEPEP_CONTRACT 1.4 items 5-8, 2.7, 2.8):
 // DeepEP's tuples as named structs. Buffer::low_latency_dispatch / low_latency_combine take and
 // return these (buffer.hpp); the protocol is integrations/low_latency/.
 //

@@ -1,4 +1,4 @@
-// The value types of normal-mode calls (DEEPEP_COMPAT 1.3, 2.3-2.6): what dispatch and combine
+// The value types of normal-mode calls (DEEPEP_CONTRACT 1.3, 2.3-2.6): what dispatch and combine
 // take and return, the handle, and the statistics a Buffer keeps of them. Buffer::dispatch and
 // Buffer::combine use these (buffer.hpp); the protocol is integrations/normal/, which includes
 // this header, never the facade. The low-latency mode's are beside it (low_latency_types.hpp).

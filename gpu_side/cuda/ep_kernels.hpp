@@ -1,4 +1,4 @@
-// Host-side entry points of the normal-mode EP kernels (DEEPEP_COMPAT 2.2, 2.3, 2.5). Each runs
+// Host-side entry points of the normal-mode EP kernels (DEEPEP_CONTRACT 2.2, 2.3, 2.5). Each runs
 // the same per-token rule as its CPU twin, from the same header:
 //   launch_dispatch_layout  layout_rules.hpp   (twin: ep::compute_dispatch_layout)
 //   launch_dispatch_rows    row_rules.hpp dispatch_row   (twin: write_row in buffer_rows.hpp)

@@ -1,4 +1,4 @@
-// Host-side entry points of the low-latency (LL) EP kernels (DEEPEP_COMPAT 2.7, 2.8), with the
+// Host-side entry points of the low-latency (LL) EP kernels (DEEPEP_CONTRACT 2.7, 2.8), with the
 // parameters of gpu_side/ep/ll_kernel_params.hpp. Each runs one rule of gpu_side/ep/ll_rules.hpp
 // over many items, one thread block per item at a time (BlockLanes), so a kernel's output equals
 // the CPU twin's (the same rule on HostLanes) bit for bit (tests/gpu/test_gpu_ll.cpp). Launches are

@@ -1,6 +1,6 @@
 // The arithmetic every EP component agrees on (host code, CPU twins, CUDA kernels): which rank
 // owns an expert, which node a rank sits on, how wide a token row is. DeepEP's assumptions
-// (DEEPEP_COMPAT 1.4, 2.1): experts are laid out contiguously, rank r owns experts
+// (DEEPEP_CONTRACT 1.4, 2.1): experts are laid out contiguously, rank r owns experts
 // [r * E/R, (r+1) * E/R); ranks of a node are consecutive. DeepEP fixes 8 ranks per node;
 // ProxyEP takes `ranks_per_node` as configuration so one machine can emulate several nodes.
 #pragma once
@@ -11,7 +11,7 @@
 
 namespace proxyep::gpu_side::ep {
 
-// FP8 scales: one float32 per 128 channels of a token (DEEPEP_COMPAT 2.7).
+// FP8 scales: one float32 per 128 channels of a token (DEEPEP_CONTRACT 2.7).
 inline constexpr int kScaleBlock = 128;
 // Token rows move in 16-byte units (DeepEP's int4 copies): hidden * element size must divide.
 inline constexpr int kRowUnitBytes = 16;

@@ -1,4 +1,4 @@
-// The parameters of the normal-mode EP kernels (DEEPEP_COMPAT 2.2, 2.3, 2.5), apart from how they
+// The parameters of the normal-mode EP kernels (DEEPEP_CONTRACT 2.2, 2.3, 2.5), apart from how they
 // are launched: plain structs of pointers and sizes that the CUDA entry points
 // (gpu_side/cuda/ep_kernels.hpp) and the host-simulated device (gpu_side/device/) both take, so a
 // backend hands the same parameters to either.

@@ -1,4 +1,4 @@
-// get_dispatch_layout (DEEPEP_COMPAT 1.4, 2.2), CPU twin: from topk_idx [N, K] (int64, -1 = no
+// get_dispatch_layout (DEEPEP_CONTRACT 1.4, 2.2), CPU twin: from topk_idx [N, K] (int64, -1 = no
 // selection) count tokens per rank (deduplicated), per node (deduplicated), per expert ((token,
 // expert) pairs) and mark is_token_in_rank. The per-token rule lives in layout_rules.hpp
 // (PROXYEP_HOST_DEVICE) and is shared with the CUDA kernel.

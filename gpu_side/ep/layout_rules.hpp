@@ -1,4 +1,4 @@
-// The per-token rule of get_dispatch_layout (DEEPEP_COMPAT 2.2), written once for the CPU twin
+// The per-token rule of get_dispatch_layout (DEEPEP_CONTRACT 2.2), written once for the CPU twin
 // (layout.cpp) and the CUDA kernel: pure functions over one token's row of topk_idx, no scratch
 // memory, no allocation. A row has at most kMaxTopk (32) entries, so the O(K^2) "did an earlier
 // slot already pick this rank / node" scans cost less than any shared-memory bitmap would.

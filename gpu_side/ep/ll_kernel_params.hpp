@@ -1,4 +1,4 @@
-// The parameters of the low-latency (LL) EP kernels (DEEPEP_COMPAT 2.7, 2.8), apart from how they
+// The parameters of the low-latency (LL) EP kernels (DEEPEP_CONTRACT 2.7, 2.8), apart from how they
 // are launched: plain structs that the CUDA entry points (gpu_side/cuda/ll_kernels.hpp) and the
 // host-simulated device (gpu_side/device/) both take, as kernel_params.hpp is for normal mode.
 // Each kernel runs one rule of ll_rules.hpp over many items, one thread block per item at a time:

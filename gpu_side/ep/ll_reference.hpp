@@ -1,4 +1,4 @@
-// The straightforward reference of low-latency (LL) dispatch and combine (DEEPEP_COMPAT 2.7,
+// The straightforward reference of low-latency (LL) dispatch and combine (DEEPEP_CONTRACT 2.7,
 // 2.8, 4.3), which tests and `proxyep bench` compare the Buffer's LL outputs with. It is written
 // apart from ll_rules.hpp (plain loops, double arithmetic rounded to float, frexp/ldexp, a
 // nearest-value search for e4m3) so that a test compares two implementations, not one with

@@ -1,4 +1,4 @@
-// The per-message and per-token rules of low-latency (LL) dispatch and combine (DEEPEP_COMPAT
+// The per-message and per-token rules of low-latency (LL) dispatch and combine (DEEPEP_CONTRACT
 // 2.7, 2.8), written once for the CPU twins (integrations/low_latency/) and the CUDA kernels
 // (gpu_side/cuda/ll_kernels.cu), so the two produce the same bytes:
 //

@@ -2,7 +2,7 @@
 // code, the CPU twins and CUDA kernels share one definition without CUDA's types:
 // - bf16: the upper half of an IEEE float32. float -> bf16 rounds to nearest, ties to even (what
 //   PyTorch's .to(torch.bfloat16) and __float2bfloat16_rn do); NaN stays NaN, made quiet.
-// - float8_e4m3fn (DEEPEP_COMPAT 2.7): sign, 4 exponent bits (bias 7), 3 mantissa bits, no
+// - float8_e4m3fn (DEEPEP_CONTRACT 2.7): sign, 4 exponent bits (bias 7), 3 mantissa bits, no
 //   infinities, NaN = S.1111.111, largest finite 448, subnormals down to 2^-9. float -> e4m3
 //   rounds to nearest even and saturates to +-448 (also for +-inf), like CUDA's
 //   __NV_SATFINITE conversion; DeepEP's casts scale values into [-448, 448] first, so saturation

@@ -1,6 +1,6 @@
 // The straightforward reference of normal-mode dispatch and combine, computed in one process from
 // every rank's inputs. Tests and `proxyep bench ep` compare Buffer's outputs with it for exact
-// equality. It encodes ProxyEP's (= DeepEP V1's) semantics, DEEPEP_COMPAT 2.3-2.5:
+// equality. It encodes ProxyEP's (= DeepEP V1's) semantics, DEEPEP_CONTRACT 2.3-2.5:
 // - A token goes once to every rank that owns one of its experts.
 // - Receive order: source rank ascending, then source token index ascending.
 // - recv_topk_idx: the expert as a local id on the receiving rank, -1 elsewhere; recv_topk_weights

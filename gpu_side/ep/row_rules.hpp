@@ -1,4 +1,4 @@
-// The per-row rules of normal-mode dispatch and combine (DEEPEP_COMPAT 2.3, 2.5), written once
+// The per-row rules of normal-mode dispatch and combine (DEEPEP_CONTRACT 2.3, 2.5), written once
 // for the CPU twins (integrations/buffer_rows.cpp, buffer_combine.cpp) and the CUDA kernels
 // (gpu_side/cuda/ep_dispatch.cu, ep_combine.cu), so the two produce the same bytes:
 //

@@ -69,7 +69,7 @@ void cast_to_fp8(const Tensor& x_bf16, Tensor& x_fp8, Tensor& scales);
 // Channels covered by one int32 of packed UE8M0 scales: four 128-channel groups.
 inline constexpr int kUe8m0PackBlock = 4 * kScaleBlock;
 
-// The UE8M0 form of the cast (DEEPEP_COMPAT 2.7; DeepEP's LL `round_scale` + `use_ue8m0`
+// The UE8M0 form of the cast (DEEPEP_CONTRACT 2.7; DeepEP's LL `round_scale` + `use_ue8m0`
 // arithmetic): per 128 channels, amax clamped to 1e-4, the scale is rounded up to a power of two,
 // 2^ceil(log2(amax * (1/448))), and the payload is value / scale cast to e4m3. The scale is stored
 // as its biased exponent byte (exponent + 127, the float32 exponent field); int32 j of a row holds

@@ -1,5 +1,5 @@
 // What low-latency calls of one shape need from the session, and the size hint DeepEP callers
-// pass as num_rdma_bytes (DEEPEP_COMPAT 3.4).
+// pass as num_rdma_bytes (DEEPEP_CONTRACT 3.4).
 //
 // LL calls travel in the session's eager slots (2 parities x R sources per rank, arena_layout.hpp):
 // in call k, rank s's messages for rank d sit in d's eager slot [k % 2][s]. One slot holds the

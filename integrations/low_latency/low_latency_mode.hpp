@@ -1,4 +1,4 @@
-// LowLatencyMode: DeepEP's low-latency dispatch and combine (DEEPEP_COMPAT 2.7-2.8) as a protocol
+// LowLatencyMode: DeepEP's low-latency dispatch and combine (DEEPEP_CONTRACT 2.7-2.8) as a protocol
 // over a Session's peer channels. One message per (token, destination expert); every call
 // sends to every rank, and the sizes are agreed once (clean_low_latency_buffer, or the first
 // call of a new shape) so no call needs a notify round trip:

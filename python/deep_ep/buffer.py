@@ -1,4 +1,4 @@
-"""deep_ep.Buffer: DeepEP V1's Buffer (docs/DEEPEP_COMPAT.md sections 1-2) over ProxyEP's native
+"""deep_ep.Buffer: DeepEP V1's Buffer (docs/DEEPEP_CONTRACT.md sections 1-2) over ProxyEP's native
 Buffer, with DeepEP's argument names, order, defaults and return tuples.
 
 Tensors: CUDA tensors where this ProxyEP was built with CUDA and torch sees a GPU (the Buffer then

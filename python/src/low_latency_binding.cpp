@@ -1,4 +1,4 @@
-// Low-latency mode for Python (DEEPEP_COMPAT 2.7, 2.8): LowLatencyHandle, the argument classes
+// Low-latency mode for Python (DEEPEP_CONTRACT 2.7, 2.8): LowLatencyHandle, the argument classes
 // LowLatencyDispatchArgs and LowLatencyCombineArgs (keyword construction, read/write
 // attributes), and the Buffer's low-latency calls: dispatch and combine (capturable into a CUDA
 // graph: they join the caller's capture and back), the zero-copy combine buffer, and rank masks.

@@ -1,4 +1,4 @@
-// Normal mode for Python (DEEPEP_COMPAT 2.3-2.6): DispatchHandle, the argument classes
+// Normal mode for Python (DEEPEP_CONTRACT 2.3-2.6): DispatchHandle, the argument classes
 // DispatchArgs and CombineArgs (keyword construction, read/write attributes: python/deep_ep
 // builds them by name), and Buffer.get_dispatch_layout / dispatch / combine, which return
 // DeepEP's tuples with DLPack capsules for the tensors.

@@ -1,5 +1,5 @@
 """The framework adapters (python/proxyep/adapters, docs/ADAPTERS.md), each driven with its
-framework's sequence of calls (docs/DEEPEP_COMPAT.md section 7):
+framework's sequence of calls (docs/DEEPEP_CONTRACT.md section 7):
 
 * Megatron-LM (``proxyep.adapters.megatron``): the flex dispatcher's DeepEP manager: router top-k
   with capacity-dropped slots (-1) -> ``fused_dispatch`` (Megatron-core 0.17's

@@ -1,4 +1,4 @@
-"""The call sequences of the frameworks that drive DeepEP (docs/DEEPEP_COMPAT.md section 7),
+"""The call sequences of the frameworks that drive DeepEP (docs/DEEPEP_CONTRACT.md section 7),
 replayed through `deep_ep`: Megatron-LM's fused dispatch/combine autograd functions (backward
 through combine and cached dispatch, gradients checked), SGLang's normal <-> low-latency switching
 on one Buffer with Config(**json), and vLLM's gloo CPU group with explicitly_destroy, async

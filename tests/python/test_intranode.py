@@ -1,4 +1,4 @@
-"""DeepEP's test_intranode.py invariants (docs/DEEPEP_COMPAT.md 4.1) through `deep_ep` on CPU
+"""DeepEP's test_intranode.py invariants (docs/DEEPEP_CONTRACT.md 4.1) through `deep_ep` on CPU
 tensors: layout against a torch recomputation; dispatch with and without top-k, BF16 and FP8 (with
 column-major scales), previous_event and async_finish; received rows carry their source's value;
 recv_topk_idx and the per-expert list; num_worst_tokens; cached dispatch; combine and its weights.

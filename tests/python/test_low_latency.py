@@ -1,4 +1,4 @@
-"""DeepEP's test_low_latency.py invariants (docs/DEEPEP_COMPAT.md 4.3) through `deep_ep` on CPU
+"""DeepEP's test_low_latency.py invariants (docs/DEEPEP_CONTRACT.md 4.3) through `deep_ep` on CPU
 tensors: per-expert counts against every rank's routing, cumulative stats, per-source blocks
 from layout_range carrying their source's value, src_info against the token index in the last
 128 channels, FP8 bytes and scales bit-exact against an independent cast (DeepEP's rule), round_scale

@@ -1,5 +1,5 @@
 // `proxyep bench ep`: expert-parallel dispatch and combine through proxyep::Buffer, with DeepEP's
-// test parameters (DEEPEP_COMPAT 4.1, 4.2), on N ranks with M per node (both the intranode path
+// test parameters (DEEPEP_CONTRACT 4.1, 4.2), on N ranks with M per node (both the intranode path
 // and, when the ranks span nodes, the fabric path run), against an MPI baseline in the same run.
 //
 // Per rank: bootstrap; deterministic inputs (gpu_side/ep/workload.hpp); a Buffer sized by its

@@ -23,7 +23,7 @@ double max_over_mean(const std::vector<int64_t>& values) {
 }
 
 // (token, destination node) pairs of source rank `source`: every node (DeepEP's RDMA byte count,
-// DEEPEP_COMPAT 4.2, counts the own node too) and other nodes only (what must cross the fabric).
+// DEEPEP_CONTRACT 4.2, counts the own node too) and other nodes only (what must cross the fabric).
 std::pair<int64_t, int64_t> count_node_pairs(const ep::Tensor& is_token_in_rank,
                                              const ep::EpShape& shape, int source) {
   const auto* in_rank = is_token_in_rank.data<uint8_t>();

@@ -30,7 +30,7 @@ namespace proxyep::tools {
 gpu_side::ep::Tensor expert_output(const gpu_side::ep::Tensor& recv_x,
                                    const gpu_side::ep::Tensor& recv_x_scales);
 
-// Bytes of DeepEP's bandwidth conventions (DEEPEP_COMPAT 4.1, 4.2), per rank, and the load.
+// Bytes of DeepEP's bandwidth conventions (DEEPEP_CONTRACT 4.1, 4.2), per rank, and the load.
 struct EpTraffic {
   std::vector<int64_t> recv_rows;          // [R] rows (tokens) each rank receives, its own included
   std::vector<int64_t> node_pairs;         // [R] (token, destination node) pairs each rank sends

@@ -64,7 +64,7 @@ void validate(const EpWorkloadCli& cli, const ep::EpShape& shape) {
   require(cli.warmup >= 0, phase, "--warmup must be >= 0, got {}", cli.warmup);
   require(cli.tokens >= 1, phase, "--tokens must be at least 1, got {}", cli.tokens);
   if (cli.low_latency) {
-    // DeepEP's LL limits (DEEPEP_COMPAT 2.7, 2.8); the test data marks the last 128 channels.
+    // DeepEP's LL limits (DEEPEP_CONTRACT 2.7, 2.8); the test data marks the last 128 channels.
     require(cli.topk <= ep::kLlMaxTopk, phase,
             "--topk {} exceeds the low-latency limit of {} (DeepEP's num_topk <= 11)", cli.topk,
             ep::kLlMaxTopk);

@@ -1,5 +1,5 @@
 // The workload and timing options `proxyep bench ep` / `bench ll` and `proxyep-mpi-baseline`
-// share: DeepEP's test parameters (--tokens --hidden --topk --experts, DEEPEP_COMPAT 4.1-4.3),
+// share: DeepEP's test parameters (--tokens --hidden --topk --experts, DEEPEP_CONTRACT 4.1-4.3),
 // the routing, FP8, warm-up and timed iterations and the seed. Both programs parse them with the
 // same code, and the bench hands them to the baseline as the same flags (to_args), so both run on
 // the same data.
@@ -38,7 +38,7 @@ struct EpWorkloadCli {
   bool low_latency = false;  // the `bench ll` form (see above)
 };
 
-// DeepEP's low-latency defaults (DEEPEP_COMPAT 4.3; 64 experts: the two-rank target).
+// DeepEP's low-latency defaults (DEEPEP_CONTRACT 4.3; 64 experts: the two-rank target).
 EpWorkloadCli low_latency_workload_defaults();
 
 // Adds --tokens --hidden --topk --experts --warmup --iters (alias --iterations) --seed to `cmd`,

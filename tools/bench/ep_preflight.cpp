@@ -63,7 +63,7 @@ std::optional<std::string> provider_to_check(const EpBenchOptions& options, bool
 }
 
 // The low-latency phase of `bench ll`: every rank's inputs (the reference regenerates them), the
-// Buffer's LL area by DeepEP's LowLatencyLayout (DEEPEP_COMPAT 3.4: two halves of send + receive
+// Buffer's LL area by DeepEP's LowLatencyLayout (DEEPEP_CONTRACT 3.4: two halves of send + receive
 // buffers), and the [E_local, R*T, H] outputs kept at once: the last iteration's dispatch and the
 // current one's, and the BF16 expert output.
 double ll_phase_memory_floor(const EpWorkloadCli& w, const ep::EpShape& shape) {

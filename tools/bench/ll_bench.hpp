@@ -1,4 +1,4 @@
-// `proxyep bench ll`: DeepEP's test_low_latency.py as a benchmark (DEEPEP_COMPAT 2.8, 4.3).
+// `proxyep bench ll`: DeepEP's test_low_latency.py as a benchmark (DEEPEP_CONTRACT 2.8, 4.3).
 // Buffer::low_latency_dispatch / low_latency_combine on DeepEP's test data (ll_check.hpp), on N
 // ranks with M per node, beside normal mode (Buffer::dispatch + combine, run_normal_mode) on the
 // same tokens and routing, and an MPI baseline of the same semantics

@@ -1,5 +1,5 @@
-// DeepEP's test_low_latency.py as data and checks (DEEPEP_COMPAT 2.8, 4.3), for `proxyep bench ll`
-// and its MPI baseline: the inputs, the byte and message counts of DeepEP's LL conventions, the
+// DeepEP's test_low_latency.py as data and checks (DEEPEP_CONTRACT 2.8, 4.3), for `proxyep bench
+// ll` and its MPI baseline: the inputs, the byte and message counts of DeepEP's LL conventions, the
 // expert output fed to combine, and the checks of dispatch and combine outputs.
 //
 // Inputs of rank r (make_ll_inputs): x bf16 [T, H] = r - 128 everywhere except the last 128

@@ -1,5 +1,5 @@
 // The baseline of `proxyep bench ll --baseline mpi`: DeepEP's low-latency dispatch and combine
-// (DEEPEP_COMPAT 2.8) the way a user writes them with MPI and no EP library.
+// (DEEPEP_CONTRACT 2.8) the way a user writes them with MPI and no EP library.
 //
 // dispatch: make each token's message once with the shared LL rules (gpu_side/ep/ll_rules.hpp:
 //   ll_pack_message -- a 16-byte header with the token index, then DeepEP LL's FP8 cast of the

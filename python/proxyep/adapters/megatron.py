@@ -7,7 +7,7 @@ in ``megatron/core/transformer/moe/token_dispatcher.py`` becomes
 
     from proxyep.adapters.megatron import (fused_combine, fused_dispatch, ...)
 
-(docs/ADAPTERS.md; docs/DEEPEP_COMPAT.md 7.1 for the calls Megatron makes).
+(docs/ADAPTERS.md; docs/DEEPEP_CONTRACT.md 7.1 for the calls Megatron makes).
 
 * ``fused_dispatch(x, token_indices, token_probs, num_experts, group, async_finish=False,
   allocate_on_comm_stream=False)`` -> ``(recv_x, recv_token_indices, recv_token_probs,

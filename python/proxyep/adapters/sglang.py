@@ -1,5 +1,5 @@
 """An SGLang-shaped DeepEP token dispatcher on ProxyEP (SGLang's
-``python/sglang/srt/layers/moe/token_dispatcher/deepep.py``; docs/DEEPEP_COMPAT.md 7.2,
+``python/sglang/srt/layers/moe/token_dispatcher/deepep.py``; docs/DEEPEP_CONTRACT.md 7.2,
 docs/ADAPTERS.md).
 
 * :class:`DeepEPDispatcher` (``group, router_topk, permute_fusion, num_experts,

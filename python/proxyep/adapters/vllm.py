@@ -1,6 +1,6 @@
 """vLLM-shaped DeepEP prepare/finalize on ProxyEP (vLLM's
 ``fused_moe/deepep_ht_prepare_finalize.py``, ``deepep_ll_prepare_finalize.py`` and the Buffer
-arguments of ``device_communicators/all2all.py``; docs/DEEPEP_COMPAT.md 7.3, docs/ADAPTERS.md).
+arguments of ``device_communicators/all2all.py``; docs/DEEPEP_CONTRACT.md 7.3, docs/ADAPTERS.md).
 
 * :func:`make_ht_buffer` / :func:`make_ll_buffer`: the Buffers vLLM's ``DeepEPHTAll2AllManager``
   / ``DeepEPLLAll2AllManager`` build on the (gloo) CPU group, ``explicitly_destroy=True`` (call

@@ -1,6 +1,6 @@
 """The token exchange of an expert-parallel MoE layer as autograd functions over a
 ``deep_ep.Buffer``, the way Megatron-LM's flex dispatcher drives DeepEP (fused_a2a.py,
-docs/DEEPEP_COMPAT.md 7.1):
+docs/DEEPEP_CONTRACT.md 7.1):
 
 * :class:`DispatchFunction`: forward = layout + dispatch of the (bf16) tokens with their top-k
   indices and float32 weights; backward = combine of the gradient of ``recv_x`` with the gradient
@@ -12,7 +12,7 @@ docs/DEEPEP_COMPAT.md 7.1):
 What the runtime accepts (deep_ep/buffer.py and the native checks): dispatch ``x`` is bf16 (or
 the FP8 tuple, not used here), ``topk_weights`` float32; combine ``x`` is bf16 and
 ``topk_weights`` float32 with one row per received token. Combine is an *unweighted* sum over the
-ranks a token went to (float32 accumulation in rank order, rounded once to bf16; DEEPEP_COMPAT
+ranks a token went to (float32 accumulation in rank order, rounded once to bf16; DEEPEP_CONTRACT
 section 9 item 4): the expert side applies the top-k weights. Dispatch zeroes the weights of the
 slots whose expert lives on another rank (their ``recv_topk_idx`` is -1), so combining the weight
 gradients (zero at those slots, since those slots take no part in the expert computation) gives

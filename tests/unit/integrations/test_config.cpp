@@ -98,7 +98,7 @@ TEST_CASE("config: default tables") {
 TEST_CASE("config: size hints reproduce DeepEP's worked values") {
   NumSmsGuard guard;
   // Hidden 7168 bf16, num_sms 20, the larger of the dispatch and combine defaults
-  // (DEEPEP_COMPAT 3.4: EP8 ~336 MB / 0, EP16 ~378 / ~92, EP32 ~378 / ~168, EP64 ~378 / ~336).
+  // (DEEPEP_CONTRACT 3.4: EP8 ~336 MB / 0, EP16 ~378 / ~92, EP32 ~378 / ~168, EP64 ~378 / ~336).
   CHECK(nvl_hint(8) == 335709824);
   CHECK(rdma_hint(8) == 0);
   CHECK(nvl_hint(16) == 377673984);

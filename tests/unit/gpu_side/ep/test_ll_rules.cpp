@@ -161,7 +161,7 @@ TEST_CASE("LlFormat: sizes and the hidden sizes each format accepts") {
   const LlFormat bf16 = make_format(7168, false);
   CHECK(fp8.scale_words() == 56);
   CHECK(fp8.payload_bytes() == 7168);
-  CHECK(fp8.message_bytes() == 16 + 7168 + 4 * 56);  // DEEPEP_COMPAT 4.3's H + H/128*4 + 16
+  CHECK(fp8.message_bytes() == 16 + 7168 + 4 * 56);  // DEEPEP_CONTRACT 4.3's H + H/128*4 + 16
   CHECK(ue8m0.scale_words() == 14);
   CHECK(ue8m0.message_bytes() == 7248);  // 16 + 7168 + 4 * 14 = 7240, rounded up to 16
   CHECK(bf16.scale_words() == 0);
