@@ -5,10 +5,10 @@
 #   scripts/bench-current.sh [ROW...]     ROW: a row's name below (default: all of them)
 #   scripts/bench-current.sh --list
 #
-# Each row's output (stdout and stderr) goes to build/release/bench-current/<time>/<row>.log,
-# and one line per row to the terminal: its name, exit code and seconds. The rows that need the
-# testbed need root (docs/TESTBED.md), the MPI baselines Open MPI; a row that fails does not stop
-# the rest. Repeats are fewer than the table's sources used where a row takes minutes (the soaks,
+# Each row runs in build/release/bench-current/<time>/, its output (stdout and stderr) in
+# <row>.log there, and prints one line to the terminal: its name, exit code and seconds. The
+# rows that need the testbed need root (docs/TESTBED.md), the MPI baselines Open MPI; a row that
+# fails does not stop the rest. Repeats are fewer than the table's sources used where a row takes minutes (the soaks,
 # the RL run); the row names say so. Read medians and ratios from the logs.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -67,9 +67,10 @@ for row in "${rows[@]}"; do
   name=${row%%|*}
   if [[ $# -gt 0 ]] && ! printf '%s\n' "$@" | grep -qx "$name"; then continue; fi
   start=$SECONDS
-  # The row's command sees the arrays as words (bash -c cannot inherit arrays).
-  timeout 1800 bash -c "pep='$pep'; py=(${py[*]}); ll_shape=(${ll_shape[*]}); small=(${small[*]}); ${row#*|}" \
-    >"$out/$name.log" 2>&1
+  # The row's command sees the arrays as words (bash -c cannot inherit arrays); it runs in the
+  # log folder, so what a bench writes beside itself (bench rl's runs/) stays with the logs.
+  (cd "$out" && timeout 1800 bash -c "pep='$pep'; py=(${py[*]}); ll_shape=(${ll_shape[*]}); small=(${small[*]}); ${row#*|}" \
+    >"$out/$name.log" 2>&1)
   rc=$?
   ((rc == 0)) || failed=$((failed + 1))
   printf '%-24s rc %-3d %5d s  %s\n' "$name" "$rc" $((SECONDS - start)) "$out/$name.log"
