@@ -79,9 +79,9 @@ PROXYEP_PROXY_MODE=daemon PROXYEP_DAEMON_SOCKET="$run_dir/node{node}.sock" PROXY
   echo "gpu-check: bench ep --device cuda through proxyepd failed: $(tail -3 "$out/bench-ep-daemon-cuda.err")"
   rc=1
 }
-# LL calls captured into CUDA graphs between nodes through the same daemons
-# (proxy/daemon_steps.hpp): the step ring drained by the daemons, the step memory opened by CUDA
-# IPC where shm registers device memory, the signal words counted by the daemons.
+# LL calls captured into CUDA graphs between nodes through the same daemons (the daemon host,
+# proxy/session/proxy_host_daemon.hpp): the step ring drained by the daemons, the step memory
+# opened by CUDA IPC where shm registers device memory, the signal words counted by the daemons.
 PROXYEP_PROXY_MODE=daemon PROXYEP_DAEMON_SOCKET="$run_dir/node{node}.sock" PROXYEP_LOG_LEVEL=info \
   timeout 240 "$proxyep" launch -n 2 --timeout 200 -- env PROXYEP_TEST_RANKS_PER_NODE=1 \
   "$root/build/release/tests/gpu/ep_gpu_device_buffer" "-tc=low-latency calls captured into graphs*" \
