@@ -272,8 +272,8 @@ void require_row_fits(const proxy::Session& session, const ep::RowFormat& format
 void send_eager(proxy::Session& session, uint64_t call, RowStreams& streams, BufferStats& stats,
                 PhaseClock& clock, std::string_view phase) {
   const int R = session.ranks(), me = session.rank();
-  const proxy::DeviceRouteScope route(session, streams.backend.stream(),
-                                      phase);  // flushed as it ends
+  // Flushed as it ends.
+  const proxy::DeviceRouteScope route(session, streams.backend.stream(), phase);
   PublishQueue publish(streams.backend, phase);
   for (int k = 1; k < R; ++k) {
     const int d = (me + k) % R;

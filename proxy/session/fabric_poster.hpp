@@ -8,7 +8,6 @@
 // poster knows no peer's protocol.
 #pragma once
 
-#include "common/host_memory.hpp"
 #include "control/counter_bank.hpp"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/device/device_runtime.hpp"

@@ -170,8 +170,9 @@ class Session {
   // source a kernel is still filling without waiting for the kernel
   // (PeerChannel::posts_in_stream_order). close_device_route() ends that; the writes already handed
   // on stay the stream's. Returns whether the writes go through the stream: false without a device
-  // ring (SessionConfig::device), on one node, or for a second device (the first one's keeps the
-  // ring). Waits (await, quiet) first have the stream push what it was handed.
+  // ring (SessionConfig::device), on one node, for a null device (host tensors), or for a second
+  // device (the first one's keeps the ring). Waits (await, quiet) first have the stream push what
+  // it was handed.
   bool open_device_route(const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                          std::string_view phase);
   void close_device_route() noexcept;
@@ -264,7 +265,7 @@ class DeviceRouteScope {
  public:
   DeviceRouteScope(Session& session, const std::shared_ptr<gpu_side::device::DeviceRuntime>& device,
                    std::string_view phase)
-      : session_(session), on_(device != nullptr && session.open_device_route(device, phase)) {}
+      : session_(session), on_(session.open_device_route(device, phase)) {}
   ~DeviceRouteScope();
   DeviceRouteScope(const DeviceRouteScope&) = delete;
   DeviceRouteScope& operator=(const DeviceRouteScope&) = delete;
