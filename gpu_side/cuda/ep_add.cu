@@ -1,4 +1,5 @@
 // AddParams on the GPU (kernel_params.hpp): one thread per element, grid-stride.
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_kernels.hpp"
 #include "gpu_side/cuda/ep_launch.hpp"
 
@@ -25,11 +26,11 @@ cudaError_t launch_add(const AddParams& p, cudaStream_t stream) {
   if (p.to == nullptr || p.from == nullptr) return cudaErrorInvalidValue;
   const int blocks = grid_blocks((p.count + kThreads - 1) / kThreads, 0);
   if (p.wide)
-    add_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<int64_t*>(p.to),
-                                                static_cast<const int64_t*>(p.from), p.count);
+    PROXYEP_LAUNCH(add_kernel, blocks, kThreads, 0, stream)
+    (static_cast<int64_t*>(p.to), static_cast<const int64_t*>(p.from), p.count);
   else
-    add_kernel<<<blocks, kThreads, 0, stream>>>(static_cast<int32_t*>(p.to),
-                                                static_cast<const int32_t*>(p.from), p.count);
+    PROXYEP_LAUNCH(add_kernel, blocks, kThreads, 0, stream)
+    (static_cast<int32_t*>(p.to), static_cast<const int32_t*>(p.from), p.count);
   return cudaGetLastError();
 }
 

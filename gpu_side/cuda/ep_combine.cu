@@ -1,6 +1,7 @@
 // Combine's reduce on the GPU: one thread block per token (grid-stride over tokens), each thread
 // reducing 16-byte chunks of the row (row_rules.hpp combine_token with BlockLanes). The rule
 // fixes each element's order of additions, so the result equals the CPU twin's bit for bit.
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_kernels.hpp"
 #include "gpu_side/cuda/ep_launch.hpp"
@@ -35,7 +36,8 @@ cudaError_t launch_combine(const CombineParams& p, cudaStream_t stream) {
       !aligned16(in.bias0) || !aligned16(in.bias1) ||
       (in.topk > 0 && (in.block_weights == nullptr || in.out_weights == nullptr)))
     return cudaErrorInvalidValue;
-  combine_kernel<<<grid_blocks(p.num_tokens, p.blocks), p.threads, 0, stream>>>(in, p.num_tokens);
+  PROXYEP_LAUNCH(combine_kernel, grid_blocks(p.num_tokens, p.blocks), p.threads, 0, stream)
+  (in, p.num_tokens);
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 // CopyRunsParams on the GPU (kernel_params.hpp): one block per run, grid-stride over the runs;
 // 16-byte words where both ends and the length allow (rows are), else bytes.
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_kernels.hpp"
 
 #include <cuda_runtime.h>
@@ -36,7 +37,7 @@ cudaError_t launch_copy_runs(const CopyRunsParams& p, cudaStream_t stream) {
   if (p.num_runs == 0) return cudaSuccess;
   if (p.runs == nullptr) return cudaErrorInvalidValue;
   const int blocks = static_cast<int>(p.num_runs < kMaxBlocks ? p.num_runs : kMaxBlocks);
-  copy_runs_kernel<<<blocks, kThreads, 0, stream>>>(p.runs, p.num_runs);
+  PROXYEP_LAUNCH(copy_runs_kernel, blocks, kThreads, 0, stream)(p.runs, p.num_runs);
   return cudaGetLastError();
 }
 

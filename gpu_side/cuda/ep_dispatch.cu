@@ -5,6 +5,7 @@
 // destinations' arenas, so there is no ordering between blocks to keep: every (token,
 // destination) pair owns its row. The chunk kernel does the same for one chunk of a Buffer
 // stream: rows [0, rows) of one slot, row i being the token the sender listed i-th.
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_kernels.hpp"
 #include "gpu_side/cuda/ep_launch.hpp"
@@ -64,8 +65,8 @@ cudaError_t launch_dispatch_chunk(const ChunkParams& p, cudaStream_t stream) {
   const int blocks = grid_blocks(p.rows, p.blocks);
   const int64_t per_block = (p.rows + blocks - 1) / blocks;
   const int used = static_cast<int>((p.rows + per_block - 1) / per_block);
-  dispatch_chunk_kernel<<<used, p.threads, 0, stream>>>(p.input, p.tokens, p.sink, p.rows,
-                                                        per_block);
+  PROXYEP_LAUNCH(dispatch_chunk_kernel, used, p.threads, 0, stream)
+  (p.input, p.tokens, p.sink, p.rows, per_block);
   return cudaGetLastError();
 }
 
@@ -78,8 +79,8 @@ cudaError_t launch_dispatch_rows(const DispatchParams& p, cudaStream_t stream) {
   const int blocks = grid_blocks(p.num_tokens, p.blocks);
   const int64_t per_block = (p.num_tokens + blocks - 1) / blocks;
   const int used = static_cast<int>((p.num_tokens + per_block - 1) / per_block);
-  dispatch_rows_kernel<<<used, p.threads, 0, stream>>>(in, p.send_head, p.sinks, p.num_tokens,
-                                                       per_block);
+  PROXYEP_LAUNCH(dispatch_rows_kernel, used, p.threads, 0, stream)
+  (in, p.send_head, p.sinks, p.num_tokens, per_block);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@
 // Each block counts into shared memory when [ranks | nodes | experts] fits, and adds its
 // non-zero counters to the global ones once at the end, so hot experts cost a shared-memory
 // atomic per pair instead of a contended global one.
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_kernels.hpp"
 #include "gpu_side/cuda/ep_launch.hpp"
 #include "gpu_side/ep/layout_rules.hpp"
@@ -18,7 +19,7 @@ constexpr int kThreads = 256;
 constexpr int64_t kMaxSharedCounters = 48 * 1024 / sizeof(int);
 
 __global__ void dispatch_layout_kernel(LayoutParams p, int num_nodes, bool shared_counters) {
-  extern __shared__ int shared[];
+  PROXYEP_DYNAMIC_SHARED(int, shared);
   const int ranks = p.shape.num_ranks;
   const int width = ranks + num_nodes + p.shape.num_experts;
   int* per_rank = p.tokens_per_rank;
@@ -91,7 +92,8 @@ cudaError_t launch_dispatch_layout(const LayoutParams& p, cudaStream_t stream) {
   const int64_t needed = (p.num_tokens + kThreads - 1) / kThreads;
   const int blocks = grid_blocks(needed, 0);
   const size_t shared_bytes = shared_counters ? static_cast<size_t>(width) * sizeof(int) : 0;
-  dispatch_layout_kernel<<<blocks, kThreads, shared_bytes, stream>>>(p, num_nodes, shared_counters);
+  PROXYEP_LAUNCH(dispatch_layout_kernel, blocks, kThreads, shared_bytes, stream)
+  (p, num_nodes, shared_counters);
   return cudaGetLastError();
 }
 

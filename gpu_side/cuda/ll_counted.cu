@@ -4,6 +4,7 @@
 // one after another with all its threads, so the kernel needs no item list from the host and no
 // ordering between blocks (pairs own disjoint rows). Pair q = e * R + s is also layout_range's
 // index.
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_launch.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
@@ -41,7 +42,7 @@ __global__ void ll_write_bytes_kernel(ep::SizeWritesParams p) {
 cudaError_t launch_ll_write_bytes(const SizeWritesParams& p, cudaStream_t stream) {
   if (ep::ll_write_bytes_error(p) != nullptr) return cudaErrorInvalidValue;
   if (p.count == 0) return cudaSuccess;
-  ll_write_bytes_kernel<<<grid_blocks(p.count, p.blocks), p.threads, 0, stream>>>(p);
+  PROXYEP_LAUNCH(ll_write_bytes_kernel, grid_blocks(p.count, p.blocks), p.threads, 0, stream)(p);
   return cudaGetLastError();
 }
 
@@ -51,7 +52,7 @@ cudaError_t launch_ll_unpack_counted(const LlUnpackCountedParams& p, cudaStream_
       p.layout_range == nullptr)
     return cudaErrorInvalidValue;
   const int64_t pairs = static_cast<int64_t>(p.local_experts) * p.ranks;
-  ll_unpack_counted_kernel<<<grid_blocks(pairs, p.blocks), p.threads, 0, stream>>>(p);
+  PROXYEP_LAUNCH(ll_unpack_counted_kernel, grid_blocks(pairs, p.blocks), p.threads, 0, stream)(p);
   return cudaGetLastError();
 }
 
@@ -59,7 +60,7 @@ cudaError_t launch_ll_return_counted(const LlReturnCountedParams& p, cudaStream_
   if (ep::ll_return_counted_error(p) != nullptr) return cudaErrorInvalidValue;
   if (p.layout_range == nullptr || p.x == nullptr || p.to == nullptr) return cudaErrorInvalidValue;
   const int64_t pairs = static_cast<int64_t>(p.local_experts) * p.ranks;
-  ll_return_counted_kernel<<<grid_blocks(pairs, p.blocks), p.threads, 0, stream>>>(p);
+  PROXYEP_LAUNCH(ll_return_counted_kernel, grid_blocks(pairs, p.blocks), p.threads, 0, stream)(p);
   return cudaGetLastError();
 }
 

@@ -1,6 +1,7 @@
 // The low-latency kernels: each thread block takes items grid-stride and runs one ll_rules.hpp
 // rule per item with all its threads (BlockLanes), the same code the CPU twins run on one lane.
 // Items own disjoint outputs (a message, a row, a token), so blocks need no ordering.
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_launch.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
@@ -43,8 +44,8 @@ cudaError_t launch_ll_pack(const LlPackParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   if (p.num_items == 0) return cudaSuccess;
   if (p.x == nullptr || p.items == nullptr || !aligned16(p.x)) return cudaErrorInvalidValue;
-  ll_pack_kernel<<<grid_blocks(p.num_items, p.blocks), p.threads, 0, stream>>>(
-      p.format, p.x, p.items, p.num_items);
+  PROXYEP_LAUNCH(ll_pack_kernel, grid_blocks(p.num_items, p.blocks), p.threads, 0, stream)
+  (p.format, p.x, p.items, p.num_items);
   return cudaGetLastError();
 }
 
@@ -55,8 +56,8 @@ cudaError_t launch_ll_combine(const LlCombineParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
   if (p.rows == nullptr || p.weights == nullptr || p.out == nullptr || !aligned16(p.out))
     return cudaErrorInvalidValue;
-  ll_combine_kernel<<<grid_blocks(p.num_tokens, p.blocks), p.threads, 0, stream>>>(
-      p.rows, p.weights, p.out, p.num_tokens, p.topk, p.hidden);
+  PROXYEP_LAUNCH(ll_combine_kernel, grid_blocks(p.num_tokens, p.blocks), p.threads, 0, stream)
+  (p.rows, p.weights, p.out, p.num_tokens, p.topk, p.hidden);
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 // reads topk_idx once per expert: LL dispatches hold at most a few thousand selections, and the
 // reads hit L2 after the first expert. The routed pack then places every message by it, and the
 // routed combine finds every row the ranks sent back by it.
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_launch.hpp"
 #include "gpu_side/cuda/ll_kernels.hpp"
@@ -19,7 +20,7 @@ namespace {
 constexpr int kMaxWarps = 1024 / 32;
 
 __global__ void ll_route_kernel(ep::LlRouteParams p) {
-  __shared__ int32_t warp_totals[kMaxWarps];
+  PROXYEP_SHARED_ARRAY(int32_t, warp_totals, kMaxWarps);
   const int64_t selections = p.num_tokens * p.topk;
   const int warp = static_cast<int>(threadIdx.x / 32), lane = static_cast<int>(threadIdx.x % 32);
   const int warps = static_cast<int>(blockDim.x / 32);
@@ -71,7 +72,7 @@ __global__ void ll_pack_routed_kernel(ep::LlPackRoutedParams p) {
 // A block per token (grid-stride): its rows found by the routing into shared memory, then every
 // thread of the block reduces its lanes of the token.
 __global__ void ll_combine_routed_kernel(ep::LlCombineRoutedParams p) {
-  __shared__ const uint16_t* rows[ep::kLlMaxTopk];
+  PROXYEP_SHARED_ARRAY(const uint16_t*, rows, ep::kLlMaxTopk);
   const BlockLanes lanes;
   for (int64_t t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
     if (threadIdx.x < p.topk) rows[threadIdx.x] = ep::ll_routed_row(p, t * p.topk + threadIdx.x);
@@ -100,7 +101,9 @@ cudaError_t launch_ll_combine_routed(const ep::LlCombineRoutedParams& p, cudaStr
   if (p.topk_idx == nullptr || p.positions == nullptr || p.counts == nullptr || p.from == nullptr ||
       p.weights == nullptr || p.out == nullptr || (reinterpret_cast<uintptr_t>(p.out) & 15u) != 0)
     return cudaErrorInvalidValue;
-  ll_combine_routed_kernel<<<grid_blocks(p.num_tokens, p.blocks), p.threads, 0, stream>>>(p);
+  PROXYEP_LAUNCH(ll_combine_routed_kernel, grid_blocks(p.num_tokens, p.blocks), p.threads, 0,
+                 stream)
+  (p);
   return cudaGetLastError();
 }
 
@@ -110,7 +113,7 @@ cudaError_t launch_count_mismatches(const ep::MismatchParams& p, cudaStream_t st
     return cudaErrorInvalidValue;
   cudaError_t status = cudaMemsetAsync(p.mismatches, 0, sizeof(int32_t), stream);
   if (status != cudaSuccess || p.count == 0) return status;
-  count_mismatches_kernel<<<grid_blocks(p.count, p.blocks), p.threads, 0, stream>>>(p);
+  PROXYEP_LAUNCH(count_mismatches_kernel, grid_blocks(p.count, p.blocks), p.threads, 0, stream)(p);
   return cudaGetLastError();
 }
 
@@ -121,7 +124,7 @@ cudaError_t launch_ll_pack_routed(const ep::LlPackRoutedParams& p, cudaStream_t 
   if (p.x == nullptr || p.topk_idx == nullptr || p.positions == nullptr || p.counts == nullptr ||
       p.slots == nullptr || (reinterpret_cast<uintptr_t>(p.x) & 15u) != 0)
     return cudaErrorInvalidValue;
-  ll_pack_routed_kernel<<<grid_blocks(selections, p.blocks), p.threads, 0, stream>>>(p);
+  PROXYEP_LAUNCH(ll_pack_routed_kernel, grid_blocks(selections, p.blocks), p.threads, 0, stream)(p);
   return cudaGetLastError();
 }
 
@@ -131,7 +134,7 @@ cudaError_t launch_ll_route(const ep::LlRouteParams& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   cudaError_t status = cudaMemsetAsync(p.invalid, 0, sizeof(int32_t), stream);
   if (status != cudaSuccess) return status;
-  ll_route_kernel<<<grid_blocks(p.num_experts, p.blocks), p.threads, 0, stream>>>(p);
+  PROXYEP_LAUNCH(ll_route_kernel, grid_blocks(p.num_experts, p.blocks), p.threads, 0, stream)(p);
   return cudaGetLastError();
 }
 

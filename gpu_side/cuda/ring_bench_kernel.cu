@@ -1,3 +1,4 @@
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ring_bench_kernel.hpp"
 #include "gpu_side/cuda/ring_producer.cuh"
 
@@ -48,7 +49,7 @@ __device__ void arrive(RingBenchControl* control) {
 
 __global__ void throughput_kernel(DeviceRing ring, RingBenchControl* control, uint64_t ops,
                                   uint64_t timeout_ns, unsigned long long* gave_up) {
-  __shared__ bool started;
+  PROXYEP_SHARED(bool, started);
   if (threadIdx.x == 0) {
     arrive(control);
     const Wait wait =
@@ -163,17 +164,17 @@ uint32_t RingBenchKernel::max_resident_blocks() const {
 
 void RingBenchKernel::launch_throughput(uint64_t ops) {
   const RingBenchKernelConfig& c = state_->config;
-  throughput_kernel<<<c.blocks, c.threads_per_block, 0, state_->stream>>>(
-      state_->ring, state_->control, ops, c.timeout_ns,
-      reinterpret_cast<unsigned long long*>(&state_->counters[2]));
+  PROXYEP_LAUNCH(throughput_kernel, c.blocks, c.threads_per_block, 0, state_->stream)
+  (state_->ring, state_->control, ops, c.timeout_ns,
+   reinterpret_cast<unsigned long long*>(&state_->counters[2]));
   check(cudaGetLastError(), "throughput_kernel launch");
   state_->running = true;
 }
 
 void RingBenchKernel::launch_latency(uint64_t samples) {
-  latency_kernel<<<1, 1, 0, state_->stream>>>(
-      state_->ring, state_->control, samples, state_->config.timeout_ns,
-      reinterpret_cast<unsigned long long*>(&state_->counters[2]));
+  PROXYEP_LAUNCH(latency_kernel, 1, 1, 0, state_->stream)
+  (state_->ring, state_->control, samples, state_->config.timeout_ns,
+   reinterpret_cast<unsigned long long*>(&state_->counters[2]));
   check(cudaGetLastError(), "latency_kernel launch");
   state_->running = true;
 }

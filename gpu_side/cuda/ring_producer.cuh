@@ -19,6 +19,7 @@
 // (RingWaiter without a doorbell).
 #pragma once
 
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/descriptor.hpp"
 #include "gpu_side/ring_layout.hpp"
 
@@ -36,12 +37,6 @@ struct DeviceRing {
   uint64_t* head;         // reservation counter (device memory, or &header->producer.head)
   uint64_t* cached_tail;  // device-memory copy of header->consumer.tail
 };
-
-__device__ inline uint64_t global_timer_ns() {
-  uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  return now;
-}
 
 __device__ inline bool device_slot_free(const DeviceRing& ring, uint64_t position) {
   const auto capacity = static_cast<int64_t>(ring.capacity);

@@ -1,4 +1,5 @@
 // The stream-ordered descriptor push (ring_push.hpp).
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ring_producer.cuh"
 #include "gpu_side/cuda/ring_push.hpp"
 
@@ -35,7 +36,8 @@ cudaError_t launch_ring_push(RingHeader* header, uint64_t capacity, RingPushCoun
   const DeviceRing ring{header, ring_slots(header), capacity, &counters->head,
                         &counters->cached_tail};
   const int threads = count < kThreads ? static_cast<int>(count) : kThreads;
-  ring_push_kernel<<<1, threads, 0, stream>>>(ring, counters, descriptors, count, timeout_ns);
+  PROXYEP_LAUNCH(ring_push_kernel, 1, threads, 0, stream)
+  (ring, counters, descriptors, count, timeout_ns);
   return cudaGetLastError();
 }
 

@@ -1,3 +1,4 @@
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ring_producer.cuh"
 #include "gpu_side/cuda/ring_selftest.hpp"
 
@@ -54,9 +55,9 @@ RingSelftest::~RingSelftest() {
 
 void RingSelftest::launch() {
   const SelftestConfig& c = state_->config;
-  ring_selftest_kernel<<<c.blocks, c.threads_per_block, 0, state_->stream>>>(
-      state_->ring, c.per_block, c.timeout_ns,
-      reinterpret_cast<unsigned long long*>(&state_->counters[2]));
+  PROXYEP_LAUNCH(ring_selftest_kernel, c.blocks, c.threads_per_block, 0, state_->stream)
+  (state_->ring, c.per_block, c.timeout_ns,
+   reinterpret_cast<unsigned long long*>(&state_->counters[2]));
   check(cudaGetLastError(), "ring_selftest_kernel launch");
 }
 

@@ -1,4 +1,5 @@
 // The stream-side signal words (stream_signal.hpp).
+#include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/stream_signal.hpp"
 
 #include <cuda/atomic>
@@ -6,12 +7,6 @@
 namespace proxyep::gpu_side::cuda {
 
 namespace {
-
-__device__ inline uint64_t now_ns() {
-  uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  return now;
-}
 
 using SystemWord = ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system>;
 
@@ -36,10 +31,10 @@ __global__ void wait_value_kernel(const uint64_t* word, device::SignalValue awai
   // acquire (system scope): pairs with the writer's release store or fetch_add, so the
   // operations after this one read what the writer published before raising the word.
   ::cuda::atomic_ref<uint64_t, ::cuda::thread_scope_system> signal(*const_cast<uint64_t*>(word));
-  const uint64_t start = now_ns();
+  const uint64_t start = global_timer_ns();
   uint64_t seen;
   while ((seen = signal.load(::cuda::memory_order_acquire)) < value) {
-    if (now_ns() - start > timeout_ns) {
+    if (global_timer_ns() - start > timeout_ns) {
       uint64_t none = 0;
       if (claimed.compare_exchange_strong(none, wait_number, ::cuda::memory_order_relaxed)) {
         fault->word = reinterpret_cast<uint64_t>(word);
@@ -52,7 +47,7 @@ __global__ void wait_value_kernel(const uint64_t* word, device::SignalValue awai
     __nanosleep(1000);
   }
   // One thread, stream order: the stream's later operations see the sum (no atomic needed).
-  if (waited_ns != nullptr) *waited_ns += static_cast<int64_t>(now_ns() - start);
+  if (waited_ns != nullptr) *waited_ns += static_cast<int64_t>(global_timer_ns() - start);
 }
 
 __global__ void write_value_kernel(uint64_t* word, device::SignalValue value,
@@ -76,19 +71,20 @@ __global__ void add_value_kernel(uint64_t* word, uint64_t delta, const WaitFault
 cudaError_t launch_wait_value(const uint64_t* word, device::SignalValue value, uint64_t timeout_ns,
                               WaitFault* fault, uint64_t wait_number, int64_t* waited_ns,
                               cudaStream_t stream) {
-  wait_value_kernel<<<1, 1, 0, stream>>>(word, value, timeout_ns, fault, wait_number, waited_ns);
+  PROXYEP_LAUNCH(wait_value_kernel, 1, 1, 0, stream)
+  (word, value, timeout_ns, fault, wait_number, waited_ns);
   return cudaGetLastError();
 }
 
 cudaError_t launch_write_value(uint64_t* word, device::SignalValue value, const WaitFault* fault,
                                cudaStream_t stream) {
-  write_value_kernel<<<1, 1, 0, stream>>>(word, value, fault);
+  PROXYEP_LAUNCH(write_value_kernel, 1, 1, 0, stream)(word, value, fault);
   return cudaGetLastError();
 }
 
 cudaError_t launch_add_value(uint64_t* word, uint64_t delta, const WaitFault* fault,
                              cudaStream_t stream) {
-  add_value_kernel<<<1, 1, 0, stream>>>(word, delta, fault);
+  PROXYEP_LAUNCH(add_value_kernel, 1, 1, 0, stream)(word, delta, fault);
   return cudaGetLastError();
 }
 
