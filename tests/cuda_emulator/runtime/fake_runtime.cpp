@@ -7,6 +7,7 @@
 #include "runtime/scheduler.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <condition_variable>
@@ -109,7 +110,8 @@ void note_kernel_ran(const LaunchSite& site) {
     if (!state().kernels_ran.insert(site.kernel).second) return;
   }
   const char* dir = std::getenv("CUEMU_RAN_DIR");
-  if (dir == nullptr) return;
+  if (dir == nullptr || *dir == '\0') return;
+  (void)::mkdir(dir, 0755);  // the first test after the record was emptied makes it
   const std::string path = std::string(dir) + "/kernels.txt";
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   if (fd < 0) return;

@@ -6,8 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuemu/device.hpp"
-
-#include <ucontext.h>
+#include "runtime/context_switch.hpp"
 
 #include <cstddef>
 #include <cstdint>
@@ -23,7 +22,7 @@ struct Grid;
 struct Fiber {
   enum class State { runnable, at_barrier, at_ballot, done };
 
-  ucontext_t context{};
+  Context context;
   void* stack = nullptr;
   ThreadIndex index{};
   Block* block = nullptr;

@@ -1,4 +1,4 @@
-// The fiber scheduler (scheduler.hpp). Fibers are ucontext contexts on pooled stacks with a guard
+// The fiber scheduler (scheduler.hpp). Fibers are contexts (context_switch.hpp) on pooled stacks with a guard
 // page; the scheduler's own context is the stream worker's stack.
 #include "runtime/scheduler.hpp"
 
@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
-#include <random>
 #include <string>
 #include <thread>
 
@@ -57,6 +56,30 @@ StackPool& stacks() {
   static StackPool pool;
   return pool;
 }
+
+// A small fast generator (xorshift64*, seeded through splitmix64): the scheduler draws one number
+// per switch, where mt19937_64's state refills showed in profiles.
+class Random {
+ public:
+  using result_type = uint64_t;
+  explicit Random(uint64_t seed) {
+    seed += 0x9e3779b97f4a7c15ull;
+    seed = (seed ^ (seed >> 30)) * 0xbf58476d1ce4e5b9ull;
+    seed = (seed ^ (seed >> 27)) * 0x94d049bb133111ebull;
+    state_ = (seed ^ (seed >> 31)) | 1u;
+  }
+  static constexpr uint64_t min() { return 0; }
+  static constexpr uint64_t max() { return ~uint64_t{0}; }
+  uint64_t operator()() {
+    state_ ^= state_ >> 12;
+    state_ ^= state_ << 25;
+    state_ ^= state_ >> 27;
+    return state_ * 0x2545f4914f6cdd1dull;
+  }
+
+ private:
+  uint64_t state_;
+};
 
 class Scheduler;
 thread_local Scheduler* t_scheduler = nullptr;
@@ -119,7 +142,7 @@ class Scheduler {
 
   void yield() {
     Fiber* f = t_running;
-    swapcontext(&f->context, &home_);
+    switch_context(f->context, home_);
   }
 
   void park(Fiber* f) {
@@ -230,7 +253,7 @@ class Scheduler {
  private:
   void switch_to(Fiber* f) {
     t_running = f;
-    swapcontext(&home_, &f->context);
+    switch_context(home_, f->context);
     t_running = nullptr;
   }
 
@@ -294,11 +317,7 @@ class Scheduler {
       f->index.block_dim = grid_.block;
       f->index.grid_dim = grid_.grid;
       f->stack = stacks().take();
-      getcontext(&f->context);
-      f->context.uc_stack.ss_sp = f->stack;
-      f->context.uc_stack.ss_size = kStackBytes;
-      f->context.uc_link = nullptr;
-      makecontext(&f->context, &Scheduler::fiber_main, 0);
+      make_context(f->context, f->stack, kStackBytes, &Scheduler::fiber_main);
       b->fibers.push_back(f);
       add_runnable(f);
     }
@@ -343,12 +362,12 @@ class Scheduler {
   }
 
   const Grid& grid_;
-  std::mt19937_64 random_;
+  Random random_;
   std::vector<uint3> pending_;
   size_t next_pending_ = 0;
   std::vector<Block*> resident_;
   std::vector<Fiber*> runnable_;
-  ucontext_t home_{};
+  Context home_;
   size_t sleepers_in_a_row_ = 0;
   bool stopped_ = false;
 };
