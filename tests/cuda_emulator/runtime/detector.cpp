@@ -3,17 +3,23 @@
 
 #include "runtime/scheduler.hpp"
 
+#include "cuemu/testing.hpp"
+
 #include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 namespace cuemu {
 namespace {
 
 std::atomic<bool> g_faulted{false};
 std::atomic<int> g_reports{0};
+std::mutex g_kinds_mutex;
+std::vector<std::string> g_kinds;  // for cuemu::testing::take_faults()
 constexpr int kMaxReports = 20;
 
 // Host-mapped ranges: a fixed table read without a lock by every hooked store; an entry is
@@ -127,6 +133,10 @@ bool acquires(Order order) {
 
 void report_fault(const char* kind, const std::string& detail) {
   g_faulted.store(true);
+  {
+    std::lock_guard lock(g_kinds_mutex);
+    g_kinds.emplace_back(kind);
+  }
   if (g_reports.fetch_add(1) >= kMaxReports) return;
   const Grid* grid = running_grid();
   std::fprintf(stderr, "cuemu: %s: %s [kernel %s launched at %s:%d, launch %llu, seed %llu]\n",
@@ -135,6 +145,13 @@ void report_fault(const char* kind, const std::string& detail) {
                grid != nullptr ? grid->site.line : 0,
                grid != nullptr ? static_cast<unsigned long long>(grid->launch_number) : 0ull,
                grid != nullptr ? static_cast<unsigned long long>(grid->seed) : 0ull);
+}
+
+std::vector<std::string> testing::take_faults() {
+  std::lock_guard lock(g_kinds_mutex);
+  g_faulted.store(false);
+  g_reports.store(0);
+  return std::exchange(g_kinds, {});
 }
 
 cudaError_t sticky_error() {

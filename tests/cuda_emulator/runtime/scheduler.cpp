@@ -1,5 +1,5 @@
-// The fiber scheduler (scheduler.hpp). Fibers are contexts (context_switch.hpp) on pooled stacks with a guard
-// page; the scheduler's own context is the stream worker's stack.
+// The fiber scheduler (scheduler.hpp). Fibers are contexts (context_switch.hpp) on pooled stacks
+// with a guard page; the scheduler's own context is the stream worker's stack.
 #include "runtime/scheduler.hpp"
 
 #include "runtime/detector.hpp"
@@ -81,6 +81,16 @@ class Random {
   uint64_t state_;
 };
 
+// CUEMU_WATCHDOG_S (default 60): a launch still running after this long is a hang, reported
+// and abandoned, as a GPU's watchdog would end it.
+std::chrono::seconds watchdog() {
+  static const std::chrono::seconds limit{[] {
+    const char* text = std::getenv("CUEMU_WATCHDOG_S");
+    return text != nullptr && *text != '\0' ? std::atoll(text) : 60ll;
+  }()};
+  return limit;
+}
+
 class Scheduler;
 thread_local Scheduler* t_scheduler = nullptr;
 thread_local Fiber* t_running = nullptr;
@@ -111,7 +121,16 @@ class Scheduler {
   void run() {
     while (next_pending_ < pending_.size() && resident_.size() < kMaxResident)
       admit();
+    const auto started = std::chrono::steady_clock::now();
+    uint64_t switches = 0;
     while (!resident_.empty() && !stopped_) {
+      if ((++switches & 4095u) == 0 && std::chrono::steady_clock::now() - started > watchdog()) {
+        report_fault("watchdog", "the launch ran longer than CUEMU_WATCHDOG_S (" +
+                                     std::to_string(watchdog().count()) +
+                                     " s): a thread waits for something that never comes");
+        stopped_ = true;
+        break;
+      }
       if (runnable_.empty()) {
         deadlock();
         break;
