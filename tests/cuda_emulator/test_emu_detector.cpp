@@ -52,17 +52,17 @@ bool reported(const std::vector<std::string>& faults, const std::string& kind) {
 
 TEST_CASE("a barrier between the writes and the reads: clean and right") {
   take_faults();
-  Device<int> out(64);
+  Device<int> out(128);
   CHECK(run_neighbours(out.data, true) == cudaSuccess);
   CHECK(take_faults().empty());
-  const std::vector<int> got = out.download(64);
-  for (int i = 0; i < 64; ++i)
-    CHECK(got[static_cast<size_t>(i)] == (i + 1) % 64);
+  const std::vector<int> got = out.download(128);
+  for (int i = 0; i < 128; ++i)
+    CHECK(got[static_cast<size_t>(i)] == (i % 64 + 1) % 64);
 }
 
 TEST_CASE("a missing barrier is a race, and the error is sticky until taken") {
   take_faults();
-  Device<int> out(64);
+  Device<int> out(128);
   CHECK(run_neighbours(out.data, false) == cudaErrorLaunchFailure);
   CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
   CHECK(reported(take_faults(), "race"));
@@ -116,7 +116,7 @@ TEST_CASE("a barrier and a ballot waiting for each other: a deadlock, reported, 
   CHECK(run_deadlock() == cudaErrorLaunchFailure);
   CHECK(reported(take_faults(), "deadlock"));
   // The emulator goes on: the next launch runs.
-  Device<int> out(64);
+  Device<int> out(128);
   CHECK(run_neighbours(out.data, true) == cudaSuccess);
 }
 

@@ -19,7 +19,7 @@ __global__ void neighbour_kernel(int* out, bool barrier) {
   PROXYEP_SHARED_ARRAY(int, words, kThreads);
   words[threadIdx.x] = static_cast<int>(threadIdx.x);
   if (barrier) __syncthreads();
-  out[threadIdx.x] = words[(threadIdx.x + 1) % kThreads];
+  out[blockIdx.x * kThreads + threadIdx.x] = words[(threadIdx.x + 1) % kThreads];
 }
 
 // Thread 0 writes one word past the array.

@@ -10,7 +10,7 @@ namespace cuemu_cases {
 
 enum class PublishMode { fenced, unfenced, late_payload, device_scope };
 
-cudaError_t run_neighbours(int* out, bool barrier);  // 2 blocks x 64 threads
+cudaError_t run_neighbours(int* out, bool barrier);  // 2 blocks x 64 threads; out: 128
 cudaError_t run_past_end();
 cudaError_t run_unwritten(int* out);           // 64 threads
 cudaError_t run_unequal_masks(unsigned* out);  // 32 threads

@@ -1,6 +1,7 @@
 // The access checks (detector.hpp).
 #include "runtime/detector.hpp"
 
+#include "runtime/global_shadow.hpp"
 #include "runtime/scheduler.hpp"
 
 #include "cuemu/testing.hpp"
@@ -9,6 +10,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -122,6 +124,22 @@ void shared_access(Fiber& f, Block& b, size_t offset, size_t bytes, bool write, 
   }
 }
 
+// Device memory (anything but the block's arena, host-mapped memory and the thread's own stack).
+void global_access(Fiber& f, const void* address, size_t bytes, bool write, bool atomic) {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  const auto stack = reinterpret_cast<uintptr_t>(f.stack);
+  GlobalShadow* shadow = global_shadow();
+  if (shadow == nullptr || (a >= stack && a < stack + kFiberStackBytes)) return;
+  const char* conflict = shadow->access(f, a, bytes, write, atomic);
+  if (conflict == nullptr) return;
+  char where[128];
+  std::snprintf(where, sizeof(where), "device memory at %p (%zu bytes, %s)", address, bytes,
+                write ? "written" : "read");
+  report_fault(
+      "race", std::string(where) + ": " + conflict + ": " + fiber_name(f) +
+                  (std::strstr(conflict, "block") == nullptr ? " (no __syncthreads between)" : ""));
+}
+
 bool releases(Order order) {
   return order == Order::release || order == Order::acq_rel || order == Order::seq_cst;
 }
@@ -132,6 +150,7 @@ bool acquires(Order order) {
 }  // namespace
 
 void report_fault(const char* kind, const std::string& detail) {
+  const RuntimeSection section;
   g_faulted.store(true);
   {
     std::lock_guard lock(g_kinds_mutex);
@@ -193,12 +212,15 @@ bool is_host_mapped(const void* address) {
 
 void on_access(const void* address, size_t bytes, bool write) {
   Fiber* f = running_fiber();
-  if (f == nullptr || bytes == 0) return;
+  if (f == nullptr || f->in_runtime || bytes == 0) return;
+  const RuntimeSection section;  // the checks' own string and vector work is not the kernel's
   Block& b = *f->block;
   const size_t offset = static_cast<size_t>(static_cast<const unsigned char*>(address) - b.arena);
   if (offset < b.arena_bytes) {
     shared_access(*f, b, offset, bytes, write, false);
-  } else if (write && is_host_mapped(address)) {
+  } else if (!is_host_mapped(address)) {
+    global_access(*f, address, bytes, write, false);
+  } else if (write) {
     f->unfenced_host_store = true;
     const uintptr_t line = reinterpret_cast<uintptr_t>(address) & ~uintptr_t{63};
     for (uintptr_t released : f->released_lines)
@@ -211,12 +233,16 @@ void on_access(const void* address, size_t bytes, bool write) {
   }
   // Now and then a plain access is a scheduling point too, so interleavings are not only those
   // the atomics and barriers allow.
-  if ((scheduler_random() & 127u) == 0) yield_to_scheduler();
+  if (--f->accesses_to_preemption == 0) {
+    f->accesses_to_preemption = 1 + static_cast<uint32_t>(scheduler_random() % 256);
+    yield_to_scheduler();
+  }
 }
 
 void on_atomic(const void* address, size_t bytes, Order order, bool writes) {
   Fiber* f = running_fiber();
-  if (f == nullptr) return;
+  if (f == nullptr || f->in_runtime) return;
+  const RuntimeSection section;
   yield_to_scheduler();  // every atomic is a scheduling point
   Block& b = *f->block;
   const size_t offset = static_cast<size_t>(static_cast<const unsigned char*>(address) - b.arena);
@@ -224,6 +250,7 @@ void on_atomic(const void* address, size_t bytes, Order order, bool writes) {
     shared_access(*f, b, offset, bytes, writes, true);
     return;
   }
+  if (!is_host_mapped(address)) global_access(*f, address, bytes, true, true);
   if (acquires(order)) f->released_lines.clear();
   if (!writes || !releases(order) || !is_host_mapped(address)) return;
   if (f->unfenced_host_store)
@@ -244,6 +271,7 @@ void on_fence() {
 
 void check_atomic_scope(const void* word, bool system_scope) {
   if (system_scope || running_fiber() == nullptr || !is_host_mapped(word)) return;
+  const RuntimeSection section;
   report_fault("scope", fiber_name(*running_fiber()) +
                             " uses a device-scope atomic on host-mapped memory (the CPU is " +
                             "outside its scope)");

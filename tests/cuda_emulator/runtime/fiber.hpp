@@ -30,6 +30,11 @@ struct Fiber {
   State state = State::runnable;
   int runnable_slot = -1;  // its place in the scheduler's runnable list, -1 when parked or done
   bool slept = false;      // its last yield was a __nanosleep
+  uint32_t accesses_to_preemption = 1;  // plain accesses until it yields (runtime/detector.cpp)
+  // Inside the emulator's own code (a barrier, a ballot, a report): the std library code it calls
+  // may be the kernels' instrumented copies (the linker keeps one copy of each inline function),
+  // whose accesses are the emulator's, not the kernel's, and go unchecked.
+  bool in_runtime = false;
   unsigned ballot_result = 0;
   // Publication rules (runtime/detector.cpp): a plain store to host-mapped memory since the last
   // __threadfence_system, and the 64-byte lines this thread released at system scope since its
@@ -62,8 +67,11 @@ struct SharedVariable {
   size_t offset, bytes;
 };
 
+inline constexpr size_t kFiberStackBytes = 256 * 1024;
+
 struct Block {
   uint3 index{};
+  int32_t linear = 0;  // index.x + index.y * grid.x + index.z * grid.x * grid.y
   int threads = 0, live = 0;
   std::vector<Fiber*> fibers;
   // __syncthreads: arrivals of this generation and where the first arrival waits.
@@ -92,6 +100,19 @@ struct Grid {
 // The fiber running on this OS thread, or null outside emulated device code.
 Fiber* running_fiber();
 const Grid* running_grid();
+
+// Marks the running fiber as inside the emulator for its lifetime (see Fiber::in_runtime).
+class RuntimeSection {
+ public:
+  RuntimeSection();
+  ~RuntimeSection();
+  RuntimeSection(const RuntimeSection&) = delete;
+  RuntimeSection& operator=(const RuntimeSection&) = delete;
+
+ private:
+  Fiber* fiber_;
+  bool was_;
+};
 
 // Parks the running fiber and returns to the scheduler (a scheduling point).
 void yield_to_scheduler();

@@ -3,6 +3,7 @@
 #include "runtime/scheduler.hpp"
 
 #include "runtime/detector.hpp"
+#include "runtime/global_shadow.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -15,14 +16,17 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace cuemu {
 namespace {
 
-constexpr size_t kStackBytes = 256 * 1024;
 constexpr size_t kRedzone = 64;
-constexpr size_t kStaticShared = 48 * 1024;  // static __shared__ bytes a block may declare
-constexpr size_t kMaxResident = 8;           // blocks resident before any waits
+// Static __shared__ bytes a block may declare here (the kernels declare a few hundred; a GPU allows
+// 48 KiB, and a kernel that needs more is told so, not miscompared): the arena and its shadow are
+// filled for every block, so their size is most of a block's start-up cost.
+constexpr size_t kStaticShared = 8 * 1024;
+constexpr size_t kMaxResident = 8;  // blocks resident before any waits
 
 // Fiber stacks, kept for the next launch: a launch of 100k threads maps them once.
 class StackPool {
@@ -37,7 +41,7 @@ class StackPool {
       }
     }
     const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-    void* base = mmap(nullptr, kStackBytes + page, PROT_READ | PROT_WRITE,
+    void* base = mmap(nullptr, kFiberStackBytes + page, PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (base == MAP_FAILED) return nullptr;
     mprotect(base, page, PROT_NONE);  // the guard page: an overflow faults instead of corrupting
@@ -116,6 +120,8 @@ class Scheduler {
   ~Scheduler() {
     for (Block* b : resident_)
       free_block(b);
+    for (unsigned char* arena : spare_arenas_)
+      std::free(arena);
   }
 
   void run() {
@@ -200,12 +206,12 @@ class Scheduler {
     Warp& w = b.warps[static_cast<size_t>(f->tid / 32)];
     const int lanes = std::min(32, b.threads - f->tid / 32 * 32);
     const unsigned present = lanes == 32 ? ~0u : (1u << lanes) - 1u;
-    const std::string site = std::string(file) + ":" + std::to_string(line);
+    const auto site = [&] { return std::string(file) + ":" + std::to_string(line); };
     if ((mask >> lane & 1u) == 0)
-      report_fault("ballot", where(*f) + " calls __ballot_sync at " + site +
+      report_fault("ballot", where(*f) + " calls __ballot_sync at " + site() +
                                  " with a mask that leaves out its own lane");
     if ((mask & ~present) != 0) {
-      report_fault("ballot", where(*f) + " calls __ballot_sync at " + site +
+      report_fault("ballot", where(*f) + " calls __ballot_sync at " + site() +
                                  " with a mask naming lanes its warp does not have");
       mask &= present;
     }
@@ -214,7 +220,7 @@ class Scheduler {
       w.file = file;
       w.line = line;
     } else if (w.mask != mask) {
-      report_fault("ballot", where(*f) + " calls __ballot_sync at " + site +
+      report_fault("ballot", where(*f) + " calls __ballot_sync at " + site() +
                                  " with another mask than its warp's other lanes");
     }
     w.arrived |= 1u << lane;
@@ -300,7 +306,7 @@ class Scheduler {
   static void fiber_main() {
     Scheduler* s = t_scheduler;
     try {
-      s->grid_.body();
+      s->grid_.body();  // the kernel: its accesses are checked
     } catch (const std::exception& e) {
       report_fault("exception", where(*t_running) + " threw: " + e.what());
     }
@@ -311,6 +317,8 @@ class Scheduler {
   void admit() {
     auto* b = new Block;
     b->index = pending_[next_pending_++];
+    b->linear = static_cast<int32_t>(b->index.x + b->index.y * grid_.grid.x +
+                                     b->index.z * grid_.grid.x * grid_.grid.y);
     const dim3& d = grid_.block;
     b->threads = static_cast<int>(d.x * d.y * d.z);
     b->live = b->threads;
@@ -318,7 +326,12 @@ class Scheduler {
     // [red zone][dynamic shared][red zone][static variables, each followed by a red zone]
     const size_t dynamic = (grid_.shared_bytes + 15) / 16 * 16;
     b->arena_bytes = kRedzone + dynamic + kRedzone + kStaticShared + kRedzone;
-    b->arena = static_cast<unsigned char*>(std::aligned_alloc(64, b->arena_bytes));
+    if (spare_arenas_.empty()) {
+      b->arena = static_cast<unsigned char*>(std::aligned_alloc(64, b->arena_bytes));
+    } else {  // a retired block's: every block of a launch has the same size
+      b->arena = spare_arenas_.back();
+      spare_arenas_.pop_back();
+    }
     std::memset(b->arena, 0xcd, b->arena_bytes);  // what an unwritten shared word reads
     b->shadow.assign(b->arena_bytes / 4, SharedWord{});
     for (SharedWord& w : b->shadow)
@@ -336,7 +349,7 @@ class Scheduler {
       f->index.block_dim = grid_.block;
       f->index.grid_dim = grid_.grid;
       f->stack = stacks().take();
-      make_context(f->context, f->stack, kStackBytes, &Scheduler::fiber_main);
+      make_context(f->context, f->stack, kFiberStackBytes, &Scheduler::fiber_main);
       b->fibers.push_back(f);
       add_runnable(f);
     }
@@ -354,12 +367,12 @@ class Scheduler {
     if (next_pending_ < pending_.size()) admit();
   }
 
-  static void free_block(Block* b) {
+  void free_block(Block* b) {
     for (Fiber* f : b->fibers) {
       stacks().give(f->stack);
       delete f;
     }
-    std::free(b->arena);
+    spare_arenas_.push_back(b->arena);
     delete b;
   }
 
@@ -385,6 +398,7 @@ class Scheduler {
   std::vector<uint3> pending_;
   size_t next_pending_ = 0;
   std::vector<Block*> resident_;
+  std::vector<unsigned char*> spare_arenas_;
   std::vector<Fiber*> runnable_;
   Context home_;
   size_t sleepers_in_a_row_ = 0;
@@ -395,6 +409,13 @@ class Scheduler {
 
 Fiber* running_fiber() {
   return t_running;
+}
+
+RuntimeSection::RuntimeSection() : fiber_(t_running), was_(false) {
+  if (fiber_ != nullptr) was_ = std::exchange(fiber_->in_runtime, true);
+}
+RuntimeSection::~RuntimeSection() {
+  if (fiber_ != nullptr) fiber_->in_runtime = was_;
 }
 const Grid* running_grid() {
   return t_scheduler != nullptr ? &t_scheduler->grid() : nullptr;
@@ -412,10 +433,19 @@ uint64_t base_seed() {
   return seed;
 }
 
+thread_local GlobalShadow* t_global_shadow = nullptr;
+
+GlobalShadow* global_shadow() {
+  return t_global_shadow;
+}
+
 void run_grid(const Grid& grid) {
+  GlobalShadow shadow;
   Scheduler scheduler(grid);
   t_scheduler = &scheduler;
+  t_global_shadow = &shadow;
   scheduler.run();
+  t_global_shadow = nullptr;
   t_scheduler = nullptr;
 }
 
@@ -424,11 +454,13 @@ const ThreadIndex& current() {
 }
 
 void syncthreads(const char* file, int line) {
+  const RuntimeSection section;
   if (t_running != nullptr) t_scheduler->barrier(t_running, file, line);
 }
 
 unsigned ballot_sync(unsigned mask, bool predicate, const char* file, int line) {
   if (t_running == nullptr) return 0;
+  const RuntimeSection section;
   return t_scheduler->ballot(t_running, mask, predicate, file, line);
 }
 
@@ -439,10 +471,12 @@ void nanosleep(unsigned) {
 }
 
 void* block_shared(size_t bytes, size_t align, const char* name, const char* file, int line) {
+  const RuntimeSection section;
   return t_scheduler->shared(t_running, bytes, align, name, file, line);
 }
 
 void* dynamic_shared(const char* name, const char* file, int line) {
+  const RuntimeSection section;
   return t_scheduler->dynamic(t_running, name, file, line);
 }
 
