@@ -86,7 +86,9 @@ bool selftest(uint64_t capacity, const gpu::SelftestConfig& config) {
       ++received;
     }
   }
-  const uint64_t gave_up = test.finish();  // throws on a fault the detector reported
+  // Bounded without a deadline of ours: a thread waits timeout_ns at most for a slot, and once one
+  // gave up the others return at once (the ring is marked abandoned). Throws on a fault.
+  const uint64_t gave_up = test.finish();
   const double seconds = std::chrono::duration<double>(Deadline::Clock::now() - start).count();
   char text[256];
   std::snprintf(text, sizeof(text),
