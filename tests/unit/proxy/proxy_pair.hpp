@@ -34,6 +34,14 @@ inline EngineOptions test_options() {
   return options;
 }
 
+// Ranks whose ring a device kernel fills (gpu_side/cuda/ring_producer.cuh, the CUDA emulator's
+// tests) instead of a host RingProducer: the ring is added without a doorbell (a GPU rings none),
+// no producer is made for it, and its engine keeps polling (an idle proxy thread would otherwise
+// look at a doorbell-less ring only every proxy.idle_sleep_us).
+struct DeviceRings {
+  bool rank[2] = {false, false};
+};
+
 struct ProxyRank {
   HostMemory memory = HostMemory::heap(gpu_side::Ring::bytes_for(kRingSlots));
   gpu_side::Ring ring = gpu_side::Ring::create(memory.bytes(), kRingSlots);
@@ -47,13 +55,13 @@ struct ProxyRank {
 class ProxyPair {
  public:
   ProxyPair(const std::string& provider, bool reorder, size_t bytes,
-            EngineOptions options = test_options())
+            EngineOptions options = test_options(), DeviceRings device = {})
       : ProxyPair([&](int r) { return fabric::testing::options_for(provider, r, 1, reorder); },
-                  bytes, options) {}
+                  bytes, options, true, device) {}
   // Each rank's fabric opened with `fabric_options(rank)`. With start = false the engines wait
   // for start(), so descriptors pushed before then are popped as one burst.
   ProxyPair(const std::function<fabric::FabricOptions(int)>& fabric_options, size_t bytes,
-            EngineOptions options, bool start = true)
+            EngineOptions options, bool start = true, DeviceRings device = {})
       : fabrics_(fabric_options, bytes) {
     for (int r = 0; r < 2; ++r) {
       ProxyRank& rank = ranks_[r];
@@ -65,6 +73,11 @@ class ProxyPair {
       for (int peer = 0; peer < 2; ++peer) {
         table.add_remote(peer, kSendRegion, fabrics_.rank(peer).send_region->descriptor());
         table.add_remote(peer, kRecvRegion, fabrics_.rank(peer).recv_region->descriptor());
+      }
+      if (device.rank[r]) {
+        rank.engine->add_ring(rank.ring, nullptr);
+        rank.engine->keep_polling(true);
+        continue;
       }
       rank.engine->add_ring(rank.ring, &rank.doorbell);
       rank.producer = std::make_unique<gpu_side::RingProducer>(
@@ -92,6 +105,7 @@ class ProxyPair {
   }
 
   void push(int from, const gpu_side::Descriptor& d) {
+    REQUIRE(ranks_[from].producer != nullptr);  // a device ring's rank pushes from its kernels
     Status status = ranks_[from].producer->push(d, Deadline::after_ms(fabric::testing::kWaitMs));
     REQUIRE(status == Status::ok);
   }
