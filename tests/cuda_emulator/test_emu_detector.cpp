@@ -60,12 +60,14 @@ TEST_CASE("a barrier between the writes and the reads: clean and right") {
     CHECK(got[static_cast<size_t>(i)] == (i % 64 + 1) % 64);
 }
 
-TEST_CASE("a missing barrier is a race, and the error is sticky until taken") {
+TEST_CASE("a missing barrier: a race (or a read of a word not yet written), the error sticky") {
   take_faults();
   Device<int> out(128);
   CHECK(run_neighbours(out.data, false) == cudaErrorLaunchFailure);
   CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
-  CHECK(reported(take_faults(), "race"));
+  // The first fault ends the launch; which comes first depends on the order the threads ran.
+  const std::vector<std::string> faults = take_faults();
+  CHECK((reported(faults, "race") || reported(faults, "uninit")));
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
 }
 

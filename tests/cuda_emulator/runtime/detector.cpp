@@ -34,16 +34,6 @@ std::array<Range, kMaxRanges> g_ranges;
 std::atomic<size_t> g_range_count{0};
 std::mutex g_range_mutex;
 
-// A source path as the repository names it (the build sees the sources under its include roots).
-std::string short_path(const char* file) {
-  if (file == nullptr) return "?";
-  const std::string path = file;
-  const size_t at = path.rfind("gpu_side/");
-  if (at != std::string::npos) return path.substr(at);
-  const size_t slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 std::string fiber_name(const Fiber& f) {
   char text[120];
   std::snprintf(text, sizeof(text), "thread %d (%u,%u,%u) of block (%u,%u,%u)", f.tid,
@@ -149,9 +139,19 @@ bool acquires(Order order) {
 
 }  // namespace
 
+std::string short_path(const char* file) {
+  if (file == nullptr) return "?";
+  const std::string path = file;
+  const size_t at = path.rfind("gpu_side/");
+  if (at != std::string::npos) return path.substr(at);
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 void report_fault(const char* kind, const std::string& detail) {
   const RuntimeSection section;
   g_faulted.store(true);
+  end_running_launch();
   {
     std::lock_guard lock(g_kinds_mutex);
     g_kinds.emplace_back(kind);

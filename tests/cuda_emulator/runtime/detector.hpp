@@ -32,6 +32,8 @@ void on_atomic(const void* address, size_t bytes, Order order, bool writes);
 void on_fence();
 
 void report_fault(const char* kind, const std::string& detail);
+// A source path as the repository names it (gpu_side/cuda/x.cu), else its file name.
+std::string short_path(const char* file);
 // cudaSuccess, or cudaErrorLaunchFailure once any fault was reported.
 cudaError_t sticky_error();
 

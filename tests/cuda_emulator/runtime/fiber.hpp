@@ -114,6 +114,11 @@ class RuntimeSection {
   bool was_;
 };
 
+// Ends the launch running on this OS thread at the next scheduling point, as a trap ends a
+// kernel on a GPU: its threads never run again (the first fault decides the outcome, and a
+// kernel broken mid-protocol would otherwise leave its host side waiting).
+void end_running_launch();
+
 // Parks the running fiber and returns to the scheduler (a scheduling point).
 void yield_to_scheduler();
 

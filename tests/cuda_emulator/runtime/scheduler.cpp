@@ -185,9 +185,10 @@ class Scheduler {
       b.barrier_file = file;
       b.barrier_line = line;
     } else if (line != b.barrier_line || std::strcmp(file, b.barrier_file) != 0) {
-      report_fault("barrier", where(*f) + " waits at __syncthreads " + file + ":" +
-                                  std::to_string(line) + " while others wait at " + b.barrier_file +
-                                  ":" + std::to_string(b.barrier_line));
+      report_fault("barrier", where(*f) + " waits at __syncthreads " + short_path(file) + ":" +
+                                  std::to_string(line) + " while others wait at " +
+                                  short_path(b.barrier_file) + ":" +
+                                  std::to_string(b.barrier_line));
     }
     ++b.arrived;
     if (b.arrived == b.live) {
@@ -206,7 +207,7 @@ class Scheduler {
     Warp& w = b.warps[static_cast<size_t>(f->tid / 32)];
     const int lanes = std::min(32, b.threads - f->tid / 32 * 32);
     const unsigned present = lanes == 32 ? ~0u : (1u << lanes) - 1u;
-    const auto site = [&] { return std::string(file) + ":" + std::to_string(line); };
+    const auto site = [&] { return short_path(file) + ":" + std::to_string(line); };
     if ((mask >> lane & 1u) == 0)
       report_fault("ballot", where(*f) + " calls __ballot_sync at " + site() +
                                  " with a mask that leaves out its own lane");
@@ -273,6 +274,7 @@ class Scheduler {
   }
 
   const Grid& grid() const { return grid_; }
+  void stop() { stopped_ = true; }
   uint64_t next_random() { return random_(); }
 
  private:
@@ -384,7 +386,7 @@ class Scheduler {
         if (f->state == Fiber::State::done || listed++ >= 8) continue;
         detail += " " + where(*f) +
                   (f->state == Fiber::State::at_barrier
-                       ? std::string(" at __syncthreads ") + b->barrier_file + ":" +
+                       ? std::string(" at __syncthreads ") + short_path(b->barrier_file) + ":" +
                              std::to_string(b->barrier_line)
                        : std::string(" at __ballot_sync"));
         detail += ";";
@@ -419,6 +421,10 @@ RuntimeSection::~RuntimeSection() {
 }
 const Grid* running_grid() {
   return t_scheduler != nullptr ? &t_scheduler->grid() : nullptr;
+}
+
+void end_running_launch() {
+  if (t_scheduler != nullptr) t_scheduler->stop();
 }
 
 void yield_to_scheduler() {
