@@ -10,9 +10,11 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace proxyep::cuemu_testing {
 
@@ -59,6 +61,11 @@ class DeviceArray {
     check(cudaMalloc(&data_, count * sizeof(T)), "cudaMalloc");
     check(cudaMemset(data_, 0, count * sizeof(T)), "cudaMemset");
   }
+  // A device copy of `host`.
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
+    check(cudaMemcpy(data_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice),
+          "cudaMemcpy(upload)");
+  }
   ~DeviceArray() { (void)cudaFree(data_); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
@@ -70,6 +77,23 @@ class DeviceArray {
   T* data_ = nullptr;
   size_t count_;
 };
+
+// The whole main() of a test program of cases: runs `cases()` (true = pass), prints PASS or FAIL
+// with the time taken, and turns an exception into a FAIL line. The process's exit code.
+template <typename Cases>
+int run_program(Cases&& cases) {
+  try {
+    const auto start = std::chrono::steady_clock::now();
+    const bool ok = cases();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("%s (%.1f s)\n", ok ? "PASS" : "FAIL", seconds);
+    return ok ? 0 : 1;
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    return 1;
+  }
+}
 
 // Waits for `stream` until `deadline`; false when it is still busy then. The kernels' own waits
 // all have timeouts, so a stream that does not settle is a hang the caller reports.

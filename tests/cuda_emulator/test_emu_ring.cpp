@@ -120,10 +120,7 @@ bool ring_push_batches() {
   std::vector<Descriptor> host(kTotal);
   for (int64_t i = 0; i < kTotal; ++i)
     host[static_cast<size_t>(i)] = gpu::selftest_descriptor(3, static_cast<uint64_t>(i), kTotal);
-  DeviceArray<Descriptor> descriptors(kTotal);
-  check(cudaMemcpy(descriptors.get(), host.data(), kTotal * sizeof(Descriptor),
-                   cudaMemcpyHostToDevice),
-        "cudaMemcpy(descriptors)");
+  const DeviceArray<Descriptor> descriptors(host);
   DeviceArray<gpu::RingPushCounters> counters(1);
   Stream stream;
   auto* header = static_cast<RingHeader*>(memory.device());
@@ -175,10 +172,7 @@ bool ring_push_laps() {
   std::vector<Descriptor> host(kCount);
   for (int64_t i = 0; i < kCount; ++i)
     host[static_cast<size_t>(i)] = gpu::selftest_descriptor(5, static_cast<uint64_t>(i), kCount);
-  DeviceArray<Descriptor> descriptors(kCount);
-  check(cudaMemcpy(descriptors.get(), host.data(), kCount * sizeof(Descriptor),
-                   cudaMemcpyHostToDevice),
-        "cudaMemcpy(descriptors)");
+  const DeviceArray<Descriptor> descriptors(host);
   DeviceArray<gpu::RingPushCounters> counters(1);
   Stream stream;
   check(gpu::launch_ring_push(static_cast<RingHeader*>(memory.device()), kCapacity, counters.get(),
@@ -313,8 +307,7 @@ bool bench() {
 }  // namespace
 
 int main() {
-  try {
-    const auto start = std::chrono::steady_clock::now();
+  return proxyep::cuemu_testing::run_program([] {
     // Many laps of a small ring (threads wait for slots), then a larger one.
     bool ok = selftest(
         256,
@@ -326,12 +319,6 @@ int main() {
     ok &= ring_push_batches();
     ok &= ring_push_laps();
     ok &= bench();
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s (%.1f s)\n", ok ? "PASS" : "FAIL", seconds);
-    return ok ? 0 : 1;
-  } catch (const std::exception& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
-  }
+    return ok;
+  });
 }

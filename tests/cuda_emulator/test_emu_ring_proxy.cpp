@@ -124,10 +124,7 @@ TEST_CASE("launch_ring_push's batches become the proxy's writes, each once, ever
     CAPTURE(link.provider);
     CAPTURE(link.reorder);
     DeviceRingPair fixture(link, writes.size());
-    DeviceArray<gpu_side::Descriptor> descriptors(writes.size());
-    check(cudaMemcpy(descriptors.get(), writes.data(), writes.size() * sizeof(writes[0]),
-                     cudaMemcpyHostToDevice),
-          "cudaMemcpy(descriptors)");
+    const DeviceArray<gpu_side::Descriptor> descriptors(writes);
     DeviceArray<gpu_side::cuda::RingPushCounters> counters(1);
     Stream stream;
     int64_t first = 0;
@@ -153,10 +150,7 @@ TEST_CASE("4 blocks x 64 threads device_push concurrently into the ring the prox
     CAPTURE(link.provider);
     CAPTURE(link.reorder);
     DeviceRingPair fixture(link, writes.size());
-    DeviceArray<gpu_side::Descriptor> descriptors(writes.size());
-    check(cudaMemcpy(descriptors.get(), writes.data(), writes.size() * sizeof(writes[0]),
-                     cudaMemcpyHostToDevice),
-          "cudaMemcpy(descriptors)");
+    const DeviceArray<gpu_side::Descriptor> descriptors(writes);
     DeviceArray<uint64_t> cached_tail(1);
     DeviceArray<unsigned long long> gave_up(1);
     Stream stream;

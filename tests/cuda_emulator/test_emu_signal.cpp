@@ -155,8 +155,7 @@ bool timed_out(Fixture& f) {
 }  // namespace
 
 int main() {
-  try {
-    const auto start = std::chrono::steady_clock::now();
+  return proxyep::cuemu_testing::run_program([] {
     Fixture fixture;
     DeviceArray<int64_t> waited(1);
     const auto case_start = std::chrono::steady_clock::now();
@@ -174,12 +173,6 @@ int main() {
     ok &= released_by_host(fixture);
     ok &= epoch_values(fixture);
     ok &= timed_out(fixture);
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("%s (%.1f s)\n", ok ? "PASS" : "FAIL", seconds);
-    return ok ? 0 : 1;
-  } catch (const std::exception& e) {
-    std::printf("FAIL: %s\n", e.what());
-    return 1;
-  }
+    return ok;
+  });
 }
