@@ -110,6 +110,18 @@ void capture_mode_cases(CudaDevice& device) {
   const std::string restored = error_of([&] { (void)device.allocate_for_nic(64); });
   (void)error_of([&] { (void)device.end_capture("restored"); });
   check(!restored.empty(), "relax_capture's guard restores the thread's mode");
+
+  // A stream that joined the capture and goes before it ends: the capture lost work it recorded.
+  // (Opened first: its cudaHostAlloc inside the capture would fail it, as the first case's.)
+  auto worker = device.open_stream();
+  const auto scratch = device.allocate(64);
+  device.begin_capture("losing a stream");
+  worker->wait_event(device.record(), kWait);
+  worker->fill(scratch.get(), 1, 64);
+  worker.reset();
+  const std::string lost = error_of([&] { (void)device.end_capture("losing a stream"); });
+  check(lost.find("the capture is invalid") != std::string::npos,
+        "a joined stream destroyed inside the capture invalidates it", lost);
 }
 
 // An event of one stream orders another (cudaStreamWaitEvent queues the wait); reached() follows

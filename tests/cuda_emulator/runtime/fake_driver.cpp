@@ -125,6 +125,29 @@ cudaError_t refuse_if_capturing(CUstream_st& stream) {
   return fail(cudaErrorStreamCaptureUnsupported);
 }
 
+void detach_from_capture(CUstream_st& stream) {
+  std::lock_guard lock(capture_mutex());
+  if (stream.capture != nullptr) {
+    Capture& capture = *stream.capture;
+    invalidate(capture, cudaErrorStreamCaptureInvalidated);
+    capture.streams.erase(std::find(capture.streams.begin(), capture.streams.end(), &stream));
+    if (capture.origin == &stream) {  // nobody can end it now: it is over
+      for (CUstream_st* joined : capture.streams) {
+        joined->capture.reset();
+        joined->capture_tail = 0;
+        joined->ordered_after.clear();
+      }
+      capture.ended = true;
+      auto& active = captures().active;
+      active.erase(std::find(active.begin(), active.end(), stream.capture));
+    }
+    stream.capture.reset();
+  }
+  for (const auto& capture : captures().active)
+    for (CUstream_st* member : capture->streams)
+      member->ordered_after.erase(&stream);
+}
+
 namespace drv {
 
 cudaError_t event_create(cudaEvent_t* event, unsigned int flags) {

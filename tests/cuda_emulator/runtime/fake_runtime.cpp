@@ -392,6 +392,7 @@ cudaError_t stream_destroy(cudaStream_t stream) {
     if (state().streams.erase(stream) == 0) return fail(cudaErrorInvalidResourceHandle);
   }
   stream->drain();  // CUDA lets queued work finish; so does this
+  detach_from_capture(*stream);
   delete stream;
   return cudaSuccess;
 }

@@ -170,5 +170,8 @@ cudaError_t unsafe_call_in_capture();
 // cudaErrorStreamCaptureUnsupported for a call that must not act on a capturing stream
 // (cudaStreamQuery, cudaStreamSynchronize), after invalidating its capture; else cudaSuccess.
 cudaError_t refuse_if_capturing(CUstream_st& stream);
+// Before a stream is destroyed: it leaves its capture, which CUDA then invalidates (the capture
+// loses work it recorded), and no capture or stream keeps its address.
+void detach_from_capture(CUstream_st& stream);
 
 }  // namespace cuemu
