@@ -11,6 +11,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -145,9 +147,20 @@ void launch(const LaunchSite& site, dim3 grid, dim3 block, size_t shared_bytes, 
   }
   g->seed = base_seed() * 0x9e3779b97f4a7c15ull + g->launch_number;
   g->body = std::move(body);
-  // A launch into an invalidated capture fails as CUDA's does; a recorded one runs at every
-  // launch of the graph with this grid's seed.
-  const cudaError_t queued = resolve(stream).push([g] { run_grid(*g); });
+  // A launch into an invalidated capture fails as CUDA's does. A recorded one runs at every
+  // launch of the graph: each run after the first as a launch of its own (its own number and
+  // seed), so replays try other interleavings.
+  auto runs = std::make_shared<std::atomic<uint64_t>>(0);
+  const cudaError_t queued = resolve(stream).push([g, runs] {
+    if (runs->fetch_add(1) == 0) return run_grid(*g);
+    Grid replay = *g;
+    {
+      std::lock_guard lock(state().mutex);
+      replay.launch_number = ++state().launches;
+    }
+    replay.seed = base_seed() * 0x9e3779b97f4a7c15ull + replay.launch_number;
+    run_grid(replay);
+  });
   if (queued != cudaSuccess) t_last_error = queued;
 }
 
