@@ -2,14 +2,18 @@
 // memory is host memory, streams that are worker threads running their queues in order, and the
 // launch that queues a grid for the scheduler. Errors follow CUDA: a launch's configuration error
 // waits for cudaGetLastError(); a fault inside a kernel is sticky and every later
-// synchronisation returns cudaErrorLaunchFailure.
+// synchronisation returns cudaErrorLaunchFailure. The stream type and what fake_driver.cpp (events,
+// capture, graphs, IPC) shares with this file are in fake_stream.hpp.
 #include "runtime/detector.hpp"
+#include "runtime/fake_stream.hpp"
 #include "runtime/scheduler.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -21,58 +25,6 @@
 #include <string>
 #include <thread>
 
-struct CUstream_st {
-  std::mutex mutex;
-  std::condition_variable changed;
-  std::deque<std::function<void()>> queue;
-  size_t unfinished = 0;  // queued or running
-  bool stopping = false;
-  std::thread worker;
-
-  CUstream_st() : worker([this] { serve(); }) {}
-  ~CUstream_st() {
-    {
-      std::lock_guard lock(mutex);
-      stopping = true;
-    }
-    changed.notify_all();
-    worker.join();
-  }
-
-  void push(std::function<void()> work) {
-    {
-      std::lock_guard lock(mutex);
-      queue.push_back(std::move(work));
-      ++unfinished;
-    }
-    changed.notify_all();
-  }
-  void drain() {
-    std::unique_lock lock(mutex);
-    changed.wait(lock, [this] { return unfinished == 0; });
-  }
-  bool idle() {
-    std::lock_guard lock(mutex);
-    return unfinished == 0;
-  }
-
- private:
-  void serve() {
-    std::unique_lock lock(mutex);
-    for (;;) {
-      changed.wait(lock, [this] { return stopping || !queue.empty(); });
-      if (queue.empty()) return;
-      std::function<void()> work = std::move(queue.front());
-      queue.pop_front();
-      lock.unlock();
-      work();
-      lock.lock();
-      --unfinished;
-      changed.notify_all();
-    }
-  }
-};
-
 namespace cuemu {
 namespace {
 
@@ -80,7 +32,7 @@ thread_local cudaError_t t_last_error = cudaSuccess;
 
 struct State {
   std::mutex mutex;
-  std::map<uintptr_t, size_t> device_allocations;
+  std::map<uintptr_t, DeviceAllocation> device_allocations;
   std::set<CUstream_st*> streams;
   std::set<std::string> kernels_ran;
   uint64_t launches = 0;
@@ -92,9 +44,6 @@ State& state() {
 CUstream_st& legacy_stream() {
   static CUstream_st* s = new CUstream_st;  // never destroyed: its worker outlives static teardown
   return *s;
-}
-CUstream_st& resolve(cudaStream_t stream) {
-  return stream != nullptr ? *stream : legacy_stream();
 }
 
 int env_int(const char* name, int fallback) {
@@ -122,12 +71,62 @@ void note_kernel_ran(const LaunchSite& site) {
   ::close(fd);
 }
 
+}  // namespace
+
+CUstream_st& resolve(cudaStream_t stream) {
+  return stream != nullptr ? *stream : legacy_stream();
+}
+
 cudaError_t fail(cudaError_t status) {
   t_last_error = status;
   return status;
 }
 
-}  // namespace
+void drain_all_streams() {
+  legacy_stream().drain();
+  std::set<CUstream_st*> streams;
+  {
+    std::lock_guard lock(state().mutex);
+    streams = state().streams;
+  }
+  for (CUstream_st* s : streams)
+    s->drain();
+}
+
+bool find_device_allocation(const void* address, DeviceAllocation* found) {
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  std::lock_guard lock(state().mutex);
+  auto it = state().device_allocations.upper_bound(a);
+  if (it == state().device_allocations.begin()) return false;
+  --it;
+  // An allocation of 0 bytes still owns its first byte's address.
+  if (a >= it->first + std::max<size_t>(it->second.bytes, 1)) return false;
+  if (found != nullptr) *found = it->second;
+  return true;
+}
+
+cudaError_t allocate_device(void** pointer, size_t bytes, bool pooled) {
+  if (pointer == nullptr) return fail(cudaErrorInvalidValue);
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
+  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
+  std::memset(p, 0, rounded == 0 ? 256 : rounded);
+  {
+    std::lock_guard lock(state().mutex);
+    state().device_allocations[reinterpret_cast<uintptr_t>(p)] = {p, bytes, pooled};
+  }
+  *pointer = p;
+  return cudaSuccess;
+}
+
+bool release_device(void* pointer) {
+  {
+    std::lock_guard lock(state().mutex);
+    if (state().device_allocations.erase(reinterpret_cast<uintptr_t>(pointer)) == 0) return false;
+  }
+  std::free(pointer);
+  return true;
+}
 
 void launch(const LaunchSite& site, dim3 grid, dim3 block, size_t shared_bytes, cudaStream_t stream,
             std::function<void()> body) {
@@ -150,7 +149,21 @@ void launch(const LaunchSite& site, dim3 grid, dim3 block, size_t shared_bytes, 
   }
   g->seed = base_seed() * 0x9e3779b97f4a7c15ull + g->launch_number;
   g->body = std::move(body);
-  resolve(stream).push([g] { run_grid(*g); });
+  // A launch into an invalidated capture fails as CUDA's does. A recorded one runs at every
+  // launch of the graph: each run after the first as a launch of its own (its own number and
+  // seed), so replays try other interleavings.
+  auto runs = std::make_shared<std::atomic<uint64_t>>(0);
+  const cudaError_t queued = resolve(stream).push([g, runs] {
+    if (runs->fetch_add(1) == 0) return run_grid(*g);
+    Grid replay = *g;
+    {
+      std::lock_guard lock(state().mutex);
+      replay.launch_number = ++state().launches;
+    }
+    replay.seed = base_seed() * 0x9e3779b97f4a7c15ull + replay.launch_number;
+    run_grid(replay);
+  });
+  if (queued != cudaSuccess) t_last_error = queued;
 }
 
 namespace rt {
@@ -185,6 +198,30 @@ const char* error_name(cudaError_t status) {
       return "cudaErrorNotSupported";
     case cudaErrorStreamCaptureUnsupported:
       return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorInvalidDevicePointer:
+      return "cudaErrorInvalidDevicePointer";
+    case cudaErrorInvalidMemcpyDirection:
+      return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    case cudaErrorSymbolNotFound:
+      return "cudaErrorSymbolNotFound";
+    case cudaErrorPeerAccessAlreadyEnabled:
+      return "cudaErrorPeerAccessAlreadyEnabled";
+    case cudaErrorPeerAccessNotEnabled:
+      return "cudaErrorPeerAccessNotEnabled";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureMerge:
+      return "cudaErrorStreamCaptureMerge";
+    case cudaErrorStreamCaptureUnmatched:
+      return "cudaErrorStreamCaptureUnmatched";
+    case cudaErrorStreamCaptureUnjoined:
+      return "cudaErrorStreamCaptureUnjoined";
+    case cudaErrorStreamCaptureIsolation:
+      return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureWrongThread:
+      return "cudaErrorStreamCaptureWrongThread";
     default:
       return "cudaErrorUnknown";
   }
@@ -204,39 +241,38 @@ const char* error_string(cudaError_t status) {
       return "device not ready";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure (the CUDA emulator reported a fault: see its cuemu: line)";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureUnjoined:
+      return "capture sequence contains a fork that was not joined to the primary stream";
+    case cudaErrorStreamCaptureIsolation:
+      return "dependency created on uncaptured work in another stream";
+    case cudaErrorStreamCaptureUnmatched:
+      return "the capture was not initiated in this stream";
     default:
       return error_name(status);
   }
 }
 
 cudaError_t malloc_device(void** pointer, size_t bytes) {
-  if (pointer == nullptr) return fail(cudaErrorInvalidValue);
-  const size_t rounded = (bytes + 255) / 256 * 256;
-  void* p = std::aligned_alloc(256, rounded == 0 ? 256 : rounded);
-  if (p == nullptr) return fail(cudaErrorMemoryAllocation);
-  std::memset(p, 0, rounded == 0 ? 256 : rounded);
-  {
-    std::lock_guard lock(state().mutex);
-    state().device_allocations[reinterpret_cast<uintptr_t>(p)] = bytes;
-  }
-  *pointer = p;
-  return cudaSuccess;
+  if (const cudaError_t refused = unsafe_call_in_capture(); refused != cudaSuccess) return refused;
+  return allocate_device(pointer, bytes, false);
 }
 
 cudaError_t free_device(void* pointer) {
   if (pointer == nullptr) return cudaSuccess;
-  (void)device_synchronize();  // cudaFree waits for the device, as CUDA's does
-  {
-    std::lock_guard lock(state().mutex);
-    if (state().device_allocations.erase(reinterpret_cast<uintptr_t>(pointer)) == 0)
-      return fail(cudaErrorInvalidValue);
-  }
-  std::free(pointer);
+  if (const cudaError_t refused = unsafe_call_in_capture(); refused != cudaSuccess) return refused;
+  drain_all_streams();  // cudaFree waits for the device, as CUDA's does
+  if (!find_device_allocation(pointer, nullptr)) return fail(cudaErrorInvalidValue);
+  if (!release_device(pointer)) return fail(cudaErrorInvalidValue);
   return cudaSuccess;
 }
 
 cudaError_t malloc_host(void** pointer, size_t bytes) {
   if (pointer == nullptr) return fail(cudaErrorInvalidValue);
+  if (const cudaError_t refused = unsafe_call_in_capture(); refused != cudaSuccess) return refused;
   const size_t rounded = (bytes + 4095) / 4096 * 4096;
   void* p = std::aligned_alloc(4096, rounded == 0 ? 4096 : rounded);
   if (p == nullptr) return fail(cudaErrorMemoryAllocation);
@@ -248,6 +284,7 @@ cudaError_t malloc_host(void** pointer, size_t bytes) {
 
 cudaError_t free_host(void* pointer) {
   if (pointer == nullptr) return cudaSuccess;
+  if (const cudaError_t refused = unsafe_call_in_capture(); refused != cudaSuccess) return refused;
   remove_host_mapped(pointer);
   std::free(pointer);
   return cudaSuccess;
@@ -255,11 +292,13 @@ cudaError_t free_host(void* pointer) {
 
 cudaError_t host_register(void* pointer, size_t bytes) {
   if (pointer == nullptr || bytes == 0) return fail(cudaErrorInvalidValue);
+  if (const cudaError_t refused = unsafe_call_in_capture(); refused != cudaSuccess) return refused;
   add_host_mapped(pointer, bytes);
   return cudaSuccess;
 }
 
 cudaError_t host_unregister(void* pointer) {
+  if (const cudaError_t refused = unsafe_call_in_capture(); refused != cudaSuccess) return refused;
   remove_host_mapped(pointer);
   return cudaSuccess;
 }
@@ -270,15 +309,24 @@ cudaError_t host_device_pointer(void** device, void* host) {
   return cudaSuccess;
 }
 
-cudaError_t memcpy_sync(void* to, const void* from, size_t bytes) {
+cudaError_t memcpy_sync(void* to, const void* from, size_t bytes, cudaMemcpyKind kind) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault)
+    return fail(cudaErrorInvalidMemcpyDirection);
   const cudaError_t status = device_synchronize();
   if (status != cudaSuccess) return status;
   if (bytes > 0) std::memmove(to, from, bytes);
   return cudaSuccess;
 }
 
-cudaError_t memcpy_async(void* to, const void* from, size_t bytes, cudaStream_t stream) {
-  if (bytes > 0) resolve(stream).push([=] { std::memmove(to, from, bytes); });
+// One address space (unified addressing): every kind is the same copy; a kind CUDA does not know
+// is refused as CUDA refuses it.
+cudaError_t memcpy_async(void* to, const void* from, size_t bytes, cudaMemcpyKind kind,
+                         cudaStream_t stream) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault)
+    return fail(cudaErrorInvalidMemcpyDirection);
+  if (bytes > 0)
+    if (const cudaError_t s = resolve(stream).push([=] { std::memmove(to, from, bytes); }); s)
+      return fail(s);
   return sticky_error();
 }
 
@@ -291,7 +339,9 @@ cudaError_t memset_sync(void* to, int value, size_t bytes) {
 
 cudaError_t memset_async(void* to, int value, size_t bytes, cudaStream_t stream) {
   if (to == nullptr && bytes > 0) return fail(cudaErrorInvalidValue);
-  if (bytes > 0) resolve(stream).push([=] { std::memset(to, value, bytes); });
+  if (bytes > 0)
+    if (const cudaError_t s = resolve(stream).push([=] { std::memset(to, value, bytes); }); s)
+      return fail(s);
   return sticky_error();
 }
 
@@ -337,14 +387,8 @@ cudaError_t device_properties(cudaDeviceProp* properties, int device) {
 }
 
 cudaError_t device_synchronize() {
-  legacy_stream().drain();
-  std::set<CUstream_st*> streams;
-  {
-    std::lock_guard lock(state().mutex);
-    streams = state().streams;
-  }
-  for (CUstream_st* s : streams)
-    s->drain();
+  if (const cudaError_t refused = unsafe_call_in_capture(); refused != cudaSuccess) return refused;
+  drain_all_streams();
   return sticky_error();
 }
 
@@ -363,16 +407,21 @@ cudaError_t stream_destroy(cudaStream_t stream) {
     if (state().streams.erase(stream) == 0) return fail(cudaErrorInvalidResourceHandle);
   }
   stream->drain();  // CUDA lets queued work finish; so does this
+  detach_from_capture(*stream);
   delete stream;
   return cudaSuccess;
 }
 
 cudaError_t stream_synchronize(cudaStream_t stream) {
+  if (const cudaError_t refused = refuse_if_capturing(resolve(stream)); refused != cudaSuccess)
+    return refused;
   resolve(stream).drain();
   return sticky_error();
 }
 
 cudaError_t stream_query(cudaStream_t stream) {
+  if (const cudaError_t refused = refuse_if_capturing(resolve(stream)); refused != cudaSuccess)
+    return refused;
   if (sticky_error() != cudaSuccess) return sticky_error();
   return resolve(stream).idle() ? cudaSuccess : cudaErrorNotReady;
 }
