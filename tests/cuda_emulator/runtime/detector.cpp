@@ -213,7 +213,12 @@ bool is_host_mapped(const void* address) {
 void on_access(const void* address, size_t bytes, bool write) {
   Fiber* f = running_fiber();
   if (f == nullptr || f->in_runtime || bytes == 0) return;
-  const RuntimeSection section;  // the checks' own string and vector work is not the kernel's
+  // The checks' own string and vector work is not the kernel's (Fiber::in_runtime).
+  f->in_runtime = true;
+  struct Leave {
+    Fiber* f;
+    ~Leave() { f->in_runtime = false; }
+  } leave{f};
   Block& b = *f->block;
   const size_t offset = static_cast<size_t>(static_cast<const unsigned char*>(address) - b.arena);
   if (offset < b.arena_bytes) {
@@ -242,7 +247,11 @@ void on_access(const void* address, size_t bytes, bool write) {
 void on_atomic(const void* address, size_t bytes, Order order, bool writes) {
   Fiber* f = running_fiber();
   if (f == nullptr || f->in_runtime) return;
-  const RuntimeSection section;
+  f->in_runtime = true;
+  struct Leave {
+    Fiber* f;
+    ~Leave() { f->in_runtime = false; }
+  } leave{f};
   yield_to_scheduler();  // every atomic is a scheduling point
   Block& b = *f->block;
   const size_t offset = static_cast<size_t>(static_cast<const unsigned char*>(address) - b.arena);

@@ -5,13 +5,14 @@ namespace cuemu {
 
 GlobalShadow::Word& GlobalShadow::Pages::operator[](uintptr_t unit) {
   const uintptr_t page = unit / kPageWords;
-  if (page != last_page) {
+  const size_t line = page % kCached;
+  if (cached_page[line] != page) {
     std::unique_ptr<Page>& slot = pages[page];
     if (!slot) slot = std::make_unique<Page>();
-    last_page = page;
-    last = slot.get();
+    cached_page[line] = page;
+    cached[line] = slot.get();
   }
-  return last->words[unit % kPageWords];
+  return cached[line]->words[unit % kPageWords];
 }
 
 const char* GlobalShadow::access(const Fiber& f, uintptr_t address, size_t bytes, bool write,

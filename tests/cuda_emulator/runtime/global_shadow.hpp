@@ -35,12 +35,20 @@ class GlobalShadow {
     Word words[kPageWords];
   };
 
-  // The pages of one granularity, with the last one used cached.
+  // The pages of one granularity, found through a small direct-mapped cache first (a copy
+  // alternates between its source's and its destination's pages).
   struct Pages {
     Word& operator[](uintptr_t unit);
     std::unordered_map<uintptr_t, std::unique_ptr<Page>> pages;
-    uintptr_t last_page = ~uintptr_t{0};
-    Page* last = nullptr;
+    static constexpr size_t kCached = 64;
+    uintptr_t cached_page[kCached];
+    Page* cached[kCached];
+    Pages() {
+      for (size_t i = 0; i < kCached; ++i) {
+        cached_page[i] = ~uintptr_t{0};
+        cached[i] = nullptr;
+      }
+    }
   };
 
   const char* check(Word& s, const Fiber& f, bool write, bool atomic);
