@@ -25,12 +25,13 @@ cudaError_t launch_add(const AddParams& p, cudaStream_t stream) {
   if (p.count == 0) return cudaSuccess;
   if (p.to == nullptr || p.from == nullptr) return cudaErrorInvalidValue;
   const int blocks = grid_blocks((p.count + kThreads - 1) / kThreads, 0);
-  if (p.wide)
+  if (p.wide) {
     PROXYEP_LAUNCH(add_kernel, blocks, kThreads, 0, stream)
     (static_cast<int64_t*>(p.to), static_cast<const int64_t*>(p.from), p.count);
-  else
+  } else {
     PROXYEP_LAUNCH(add_kernel, blocks, kThreads, 0, stream)
     (static_cast<int32_t*>(p.to), static_cast<const int32_t*>(p.from), p.count);
+  }
   return cudaGetLastError();
 }
 
