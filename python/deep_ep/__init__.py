@@ -1,6 +1,7 @@
-"""DeepEP V1's Python API on ProxyEP: ``import deep_ep`` runs DeepEP code unchanged.
+"""DeepEP's Python API on ProxyEP: ``import deep_ep`` runs DeepEP code unchanged.
 
-See the repository's docs/PYTHON.md for what is supported and how it differs (CPU tensors, and CUDA
+``Buffer`` is DeepEP V1's (``deep_ep.buffers.legacy``), laid out as DeepEP 2.1 lays it out. See the
+repository's docs/PYTHON.md for what is supported and how it differs (CPU tensors, and CUDA
 tensors in a build with CUDA; FP8 as uint8 on torch without float8 dtypes).
 """
 
@@ -9,11 +10,16 @@ import torch
 from proxyep import Config, ProxyEPError  # noqa: F401
 from proxyep import get_low_latency_rdma_size_hint as _ll_hint
 
-from .buffer import Buffer  # noqa: F401
-from .utils import EventHandle, EventOverlap  # noqa: F401
+from .buffers.legacy import Buffer  # noqa: F401
+from .utils.envs import get_logical_domain_size, get_physical_domain_size  # noqa: F401
+from .utils.event import EventHandle, EventOverlap  # noqa: F401
 
 #: DeepEP's top-k index dtype.
 topk_idx_t = torch.int64
+
+# DeepEP 2.1 sets __version__ = '2.1.0'. Code checks it to pick the V2 API, so it is set here only
+# once ElasticBuffer exists and matches DeepEP's numerics and layouts (the expanded layout and V2's combine
+# order; docs/plans/ELASTIC_BUFFER.md, section 8, step 7), not while parts are refused.
 
 
 def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):
@@ -31,7 +37,9 @@ __all__ = [
     "EventHandle",
     "EventOverlap",
     "ProxyEPError",
+    "get_logical_domain_size",
     "get_low_latency_rdma_size_hint",
+    "get_physical_domain_size",
     "is_sm90_compiled",
     "topk_idx_t",
 ]

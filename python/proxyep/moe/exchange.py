@@ -9,7 +9,7 @@ docs/DEEPEP_CONTRACT.md 7.1):
 * :class:`CombineFunction`: forward = combine with the dispatch's handle; backward = cached
   dispatch (``handle=...``) of the gradient.
 
-What the runtime accepts (deep_ep/buffer.py and the native checks): dispatch ``x`` is bf16 (or
+What the runtime accepts (deep_ep/buffers/legacy.py and the native checks): dispatch ``x`` is bf16 (or
 the FP8 tuple, not used here), ``topk_weights`` float32; combine ``x`` is bf16 and
 ``topk_weights`` float32 with one row per received token. Combine is an *unweighted* sum over the
 ranks a token went to (float32 accumulation in rank order, rounded once to bf16; DEEPEP_CONTRACT

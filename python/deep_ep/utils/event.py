@@ -1,5 +1,5 @@
-"""DeepEP's event helpers (``from deep_ep.utils import EventHandle, EventOverlap``, as Megatron
-imports them).
+"""DeepEP's event helpers (``deep_ep.utils.event``; ``from deep_ep.utils import EventHandle,
+EventOverlap`` as Megatron imports them).
 
 With CUDA, an ``EventHandle()`` marks the current end of torch's current stream (a
 ``torch.cuda.Event`` recorded there, as DeepEP's does), and ``current_stream_wait()`` makes the
@@ -58,19 +58,39 @@ class EventHandle:
 
 class EventOverlap:
     """DeepEP's EventOverlap: an optional event plus tensors to keep alive until it is waited
-    for; usable as a context manager (leaving it waits)."""
+    for; usable as a context manager (leaving it waits). As in DeepEP 2.x, a hook registered with
+    ``register_hook_after_wait`` runs once, right after the wait (ElasticBuffer finishes a
+    dispatch's handle there), and ``with event(release_handle=True):`` drops the event after
+    waiting."""
 
     def __init__(self, event=None, extra_tensors=None):
         self.event = event
         self.extra_tensors = extra_tensors
+        self.hook_after_wait = None
+        self._release_handle_by_call = False
 
-    def current_stream_wait(self):
+    def current_stream_wait(self, release_handle=False):
         assert self.event is not None
         self.event.current_stream_wait()
+        hook, self.hook_after_wait = self.hook_after_wait, None
+        if hook is not None:
+            hook()
+        if release_handle:
+            self.event = None
+
+    def register_hook_after_wait(self, hook_after_wait):
+        assert self.hook_after_wait is None, "A hook is already registered on this `EventOverlap`"
+        self.hook_after_wait = hook_after_wait
+
+    def __call__(self, release_handle=False):
+        """``with event(release_handle=True):``: the same object, set to drop its event on exit."""
+        self._release_handle_by_call = release_handle
+        return self
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc_value, traceback):
         if self.event is not None:
-            self.event.current_stream_wait()
+            self.current_stream_wait(release_handle=self._release_handle_by_call)
+        self._release_handle_by_call = False
