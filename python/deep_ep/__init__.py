@@ -1,6 +1,7 @@
 """DeepEP's Python API on ProxyEP: ``import deep_ep`` runs DeepEP code unchanged.
 
-``Buffer`` is DeepEP V1's (``deep_ep.buffers.legacy``), laid out as DeepEP 2.1 lays it out. See the
+``Buffer`` is DeepEP V1's (``deep_ep.buffers.legacy``); ``ElasticBuffer`` and ``EPHandle`` are
+DeepEP 2.1's V2 API (``deep_ep.buffers.elastic``), built over the V1 Buffer for now. See the
 repository's docs/PYTHON.md for what is supported and how it differs (CPU tensors, and CUDA
 tensors in a build with CUDA; FP8 as uint8 on torch without float8 dtypes).
 """
@@ -10,6 +11,7 @@ import torch
 from proxyep import Config, ProxyEPError  # noqa: F401
 from proxyep import get_low_latency_rdma_size_hint as _ll_hint
 
+from .buffers.elastic import ElasticBuffer, EPHandle  # noqa: F401
 from .buffers.legacy import Buffer  # noqa: F401
 from .utils.envs import get_logical_domain_size, get_physical_domain_size  # noqa: F401
 from .utils.event import EventHandle, EventOverlap  # noqa: F401
@@ -18,7 +20,7 @@ from .utils.event import EventHandle, EventOverlap  # noqa: F401
 topk_idx_t = torch.int64
 
 # DeepEP 2.1 sets __version__ = '2.1.0'. Code checks it to pick the V2 API, so it is set here only
-# once ElasticBuffer exists and matches DeepEP's numerics and layouts (the expanded layout and V2's combine
+# once ElasticBuffer matches DeepEP's numerics and layouts (the expanded layout and V2's combine
 # order; docs/plans/ELASTIC_BUFFER.md, section 8, step 7), not while parts are refused.
 
 
@@ -34,6 +36,8 @@ def is_sm90_compiled():
 __all__ = [
     "Buffer",
     "Config",
+    "EPHandle",
+    "ElasticBuffer",
     "EventHandle",
     "EventOverlap",
     "ProxyEPError",

@@ -24,7 +24,8 @@ def _group_ranks(group):
     return dist.get_process_group_ranks(group)
 
 
-def _ranks_per_node_of(group):
+def ranks_per_node_of_group(group):
+    """Ranks per node of ``group`` by the rule above (1 when its ranks are not in node blocks)."""
     ranks = _group_ranks(group)
     local = os.environ.get("LOCAL_WORLD_SIZE")
     if not local:
@@ -45,12 +46,12 @@ def logical_domain_size(num_ranks, ranks_per_node, allow_hybrid_mode):
 
 def get_physical_domain_size(group):
     """``(num_rdma_ranks, num_nvlink_ranks)`` of ``group``: (nodes, ranks per node)."""
-    return physical_domain_size(len(_group_ranks(group)), _ranks_per_node_of(group))
+    return physical_domain_size(len(_group_ranks(group)), ranks_per_node_of_group(group))
 
 
 def get_logical_domain_size(group, allow_hybrid_mode=True):
     """``(num_scaleout_ranks, num_scaleup_ranks)`` of ``group``."""
-    return logical_domain_size(len(_group_ranks(group)), _ranks_per_node_of(group), allow_hybrid_mode)
+    return logical_domain_size(len(_group_ranks(group)), ranks_per_node_of_group(group), allow_hybrid_mode)
 
 
 def check_torch_deterministic():

@@ -1,0 +1,518 @@
+"""deep_ep.ElasticBuffer: DeepEP 2.1's V2 Buffer, with its constructor, attributes, methods,
+argument lists and return tuples, over ProxyEP's V1 Buffer (``buffers/legacy.py``).
+
+What runs: dispatch and combine in the non-expanded layout, fresh and cached, BF16 or FP8 with
+scales (row- or column-major received scales), worst-case outputs without CPU sync, cumulative
+expert statistics, async calls; the size hints, domain sizes, barrier, capture, comm stream and
+destroy. Numerics are V1's: combine reduces in V1's order (DeepEP V2's order, biases first then
+ranks by top-k lane, comes with the C++ of docs/plans/ELASTIC_BUFFER.md section 3.2).
+
+Refused with ``ProxyEPError`` naming the argument or method, before anything is sent (the Buffer
+stays usable): the expanded layout (``do_expand=True``, 1-D combine weights), combine ``bias``,
+``allow_multiple_reduction=False``, a cached dispatch with ``topk_weights``, Engram
+(``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive and AG-RS, and the
+host-simulated device (the handle's fields are computed by torch on the host here).
+
+Stand-ins for DeepEP's hardware knobs (section 4 of the plan): SM and QP counts are computed as
+DeepEP's interface promises and recorded, never used (ProxyEP's fabric has no per-call QPs);
+``sl_idx`` is validated and stored; ``deterministic`` is accepted (rows already arrive sorted by
+source); ``num_cpu_timeout_secs`` and ``num_gpu_timeout_secs`` are stored, waits being bounded by
+ProxyEP's ``ep.timeout_ms``.
+"""
+
+import contextlib
+import os
+
+import torch
+
+import proxyep
+
+from ..utils.envs import (
+    check_torch_deterministic,
+    logical_domain_size,
+    physical_domain_size,
+    ranks_per_node_of_group,
+)
+from ..utils.event import EventHandle, EventOverlap
+from ..utils.math import align
+from . import elastic_handle as fields
+from . import elastic_sizes as sizes
+from .elastic_handle import EPHandle
+from .legacy import Buffer
+
+__all__ = ["ElasticBuffer", "EPHandle"]
+
+#: QPs DeepEP allocates when ``num_allocated_qps=0``: direct mode, and hybrid mode on NICs
+#: without fast atomics (no NIC to probe here).
+_DIRECT_QPS, _HYBRID_QPS = 17, 129
+#: Received FP8 scales in DeepEP's TMA-aligned column-major layout: rows padded to 4 packs.
+_TMA_ALIGNED_SF_ROWS = 4
+#: DeepEP's SM floor when the caller does not prefer overlapping with compute.
+_MIN_SMS_WITHOUT_OVERLAP = 64
+
+
+def _unsupported(what, why="not yet supported by ProxyEP"):
+    return proxyep.ProxyEPError(f"{what} is {why}")
+
+
+def _event_handle(event, name):
+    """V2 passes events as EventHandle (``capture()``); an EventOverlap is taken too."""
+    if event is None or isinstance(event, EventHandle):
+        return event
+    if isinstance(event, EventOverlap):
+        return event.event
+    raise TypeError(f"{name} must be an EventHandle (ElasticBuffer.capture()) or None, "
+                    f"got {type(event).__name__}")
+
+
+def _wait_before_call(event):
+    """``previous_event_before_epilogue``: our call has no epilogue of its own, so the event is
+    waited for before the call, on the host (conservative)."""
+    if event is None:
+        return
+    event.current_stream_wait()
+    if event.torch_event is not None:
+        event.torch_event.synchronize()
+
+
+class ElasticBuffer:
+    """DeepEP 2.1's ElasticBuffer: expert-parallel dispatch and combine over ``group``."""
+
+    def __init__(self, group, num_bytes=None, num_cpu_bytes=0, num_max_tokens_per_rank=0, hidden=0,
+                 num_topk=0, use_fp8_dispatch=False, deterministic=False, allow_hybrid_mode=True,
+                 allow_multiple_reduction=True, prefer_overlap_with_compute=True, sl_idx=3,
+                 num_allocated_qps=0, num_cpu_timeout_secs=300, num_gpu_timeout_secs=100,
+                 explicitly_destroy=False, *, ranks_per_node=None, device=None):
+        """Collective over ``group`` (any torch.distributed group, gloo included). ProxyEP only:
+        ``ranks_per_node`` and ``device`` as ``deep_ep.Buffer``'s. Refusals come before any
+        collective, on every rank alike."""
+        self.runtime = None  # for __del__ and destroy() if the checks below refuse
+        if num_cpu_bytes:
+            raise _unsupported("num_cpu_bytes > 0 (Engram's CPU storage)", "not supported by ProxyEP")
+        if not allow_multiple_reduction:
+            raise _unsupported("allow_multiple_reduction=False (one reduction per expert slot)")
+        if device == "simulated" or getattr(device, "kind", "cuda") != "cuda":
+            raise _unsupported("device='simulated' for ElasticBuffer (its handle fields are "
+                               "computed by torch on the host)")
+        if "EP_OVERRIDE_RDMA_SL" in os.environ:
+            sl_idx = int(os.environ["EP_OVERRIDE_RDMA_SL"])
+        if not 0 <= sl_idx <= 15:
+            raise ValueError(f"sl_idx must be an RDMA service level in 0..15, got {sl_idx}")
+        if num_bytes is not None and (not isinstance(num_bytes, int) or num_bytes < 0):
+            raise ValueError(f"num_bytes must be None or a non-negative int, got {num_bytes!r}")
+        if num_max_tokens_per_rank < 0:
+            raise ValueError(f"num_max_tokens_per_rank must be >= 0, got {num_max_tokens_per_rank}")
+
+        group_size = (group.size() if group is not None else torch.distributed.get_world_size())
+        layout_rpn = ranks_per_node if ranks_per_node is not None else ranks_per_node_of_group(group)
+        if num_bytes is None:
+            num_bytes = sizes.buffer_size_hint(group_size, layout_rpn, num_max_tokens_per_rank,
+                                               hidden, num_topk, use_fp8_dispatch)
+        num_bytes = align(max(num_bytes, 1), sizes.BUFFER_ALIGNMENT)
+        nvl_bytes, rdma_bytes = sizes.split_bytes(num_bytes, group_size // layout_rpn)
+
+        if num_allocated_qps == 0:
+            num_allocated_qps = _HYBRID_QPS if allow_hybrid_mode else _DIRECT_QPS
+
+        self._legacy = Buffer(group, num_nvl_bytes=nvl_bytes, num_rdma_bytes=rdma_bytes,
+                              explicitly_destroy=explicitly_destroy, ranks_per_node=ranks_per_node,
+                              device=device)
+        self.runtime = self._legacy.runtime
+        self.nccl_comm_handle = None  # no NCCL underneath
+        self.group = group
+        self.rank_idx = self._legacy.rank
+        self.num_ranks = self._legacy.group_size
+        self.allow_hybrid_mode = allow_hybrid_mode
+        self.allow_multiple_reduction = allow_multiple_reduction
+        self.prefer_overlap_with_compute = prefer_overlap_with_compute
+        self.deterministic = deterministic
+        self.num_bytes = num_bytes
+        self.num_max_tokens_per_rank = num_max_tokens_per_rank
+        self.num_allocated_qps = num_allocated_qps
+        self.sl_idx = sl_idx
+        self.num_cpu_timeout_secs = num_cpu_timeout_secs
+        self.num_gpu_timeout_secs = num_gpu_timeout_secs
+        self.explicitly_destroy = explicitly_destroy
+
+        rpn = self._legacy.ranks_per_node  # what the ranks agreed on
+        self.num_rdma_ranks, self.num_nvlink_ranks = physical_domain_size(self.num_ranks, rpn)
+        self.num_scaleout_ranks, self.num_scaleup_ranks = logical_domain_size(
+            self.num_ranks, rpn, allow_hybrid_mode)
+        self.scaleout_rank_idx = self.rank_idx // self.num_scaleup_ranks
+        self.scaleup_rank_idx = self.rank_idx % self.num_scaleup_ranks
+        self._num_sms_cache = {}
+
+    # ---- lifecycle ----
+
+    def destroy(self):
+        """Collective; needs ``explicitly_destroy=True`` (as DeepEP). Every later call raises."""
+        assert self.explicitly_destroy, "`explicitly_destroy` flag must be set"
+        if self.runtime is not None:
+            self._legacy.destroy()
+            self.runtime = None
+
+    def _usable(self, call):
+        if self.runtime is None:
+            raise proxyep.ProxyEPError(f"{call}: this ElasticBuffer was destroyed")
+
+    # ---- sizes and domains ----
+
+    @staticmethod
+    def get_buffer_size_hint(group, num_max_tokens_per_rank, hidden, num_topk=0,
+                             use_fp8_dispatch=False, allow_hybrid_mode=True,
+                             allow_multiple_reduction=True):
+        """Bytes (2 MiB aligned) that hold a whole dispatch of these settings. The two modes
+        do not change ProxyEP's sizes."""
+        group_size = group.size() if group is not None else torch.distributed.get_world_size()
+        return sizes.buffer_size_hint(group_size, ranks_per_node_of_group(group),
+                                      num_max_tokens_per_rank, hidden, num_topk, use_fp8_dispatch)
+
+    @staticmethod
+    def get_engram_storage_size_hint(num_entries, hidden, num_max_tokens_per_rank,
+                                     dtype=torch.bfloat16):
+        element_size = torch.empty((), dtype=dtype).element_size()
+        return sizes.engram_storage_size_hint(num_entries, hidden, num_max_tokens_per_rank, element_size)
+
+    @staticmethod
+    def get_pp_buffer_size_hint(num_max_tensor_bytes, num_max_inflight_tensors):
+        return sizes.pp_buffer_size_hint(num_max_tensor_bytes, num_max_inflight_tensors)
+
+    @staticmethod
+    def get_agrs_num_max_session_bytes(group, shapes, dtype):
+        element_size = torch.empty((), dtype=dtype).element_size()
+        return sizes.agrs_num_max_session_bytes(group.size(), shapes, element_size)
+
+    @staticmethod
+    def get_agrs_buffer_size_hint(group, num_max_session_bytes):
+        return sizes.agrs_buffer_size_hint(num_max_session_bytes)
+
+    def get_physical_domain_size(self):
+        """``(num_rdma_ranks, num_nvlink_ranks)``: (nodes, ranks per node)."""
+        return self.num_rdma_ranks, self.num_nvlink_ranks
+
+    def get_logical_domain_size(self):
+        """``(num_scaleout_ranks, num_scaleup_ranks)``: the physical domains with hybrid mode
+        across nodes, else one domain of every rank."""
+        return self.num_scaleout_ranks, self.num_scaleup_ranks
+
+    def get_theoretical_num_sms(self, num_experts, num_topk, num_scaleout_topk=0, rdma_gbs=0,
+                                nvlink_gbs=0, sm_read_gbs=200, sm_write_gbs=50):
+        """DeepEP models SMs from NVLink and NIC bandwidth; ProxyEP has neither to model, so this
+        is ``deep_ep.Buffer.num_sms`` (``set_num_sms``), at least 64 without the overlap
+        preference, even, and at most the GPU's SMs with CUDA. Cached per arguments, as DeepEP's."""
+        assert num_scaleout_topk == 0, "num_scaleout_topk is reserved (must be 0)"
+        key = (num_experts, num_topk, num_scaleout_topk, rdma_gbs, nvlink_gbs, sm_read_gbs, sm_write_gbs)
+        cached = self._num_sms_cache.get(key)
+        if cached is not None:
+            return cached
+        num_sms = Buffer.num_sms
+        if not self.prefer_overlap_with_compute:
+            num_sms = max(num_sms, _MIN_SMS_WITHOUT_OVERLAP)
+        num_sms = align(max(4, num_sms), 2)
+        if self._legacy._cuda:
+            num_sms = min(num_sms, torch.cuda.get_device_properties(
+                torch.cuda.current_device()).multi_processor_count)
+        self._num_sms_cache[key] = num_sms
+        return num_sms
+
+    def get_theoretical_num_qps(self, num_sms):
+        """DeepEP's arithmetic (direct: at most 9; hybrid: a QP per channel plus one), capped by
+        ``num_allocated_qps``. Recorded only: the fabric has no per-call QP count."""
+        num_qps = num_sms * 16 + 1 if self.allow_hybrid_mode else min(num_sms, 8 + 1)
+        return min(num_qps, self.num_allocated_qps)
+
+    def _resolve_sms_qps(self, num_sms, num_qps, num_experts, num_topk):
+        if num_sms == 0:
+            num_sms = self.get_theoretical_num_sms(num_experts, num_topk)
+        if num_qps == 0:
+            num_qps = self.get_theoretical_num_qps(num_sms)
+        if num_qps > self.num_allocated_qps:
+            raise ValueError(f"num_qps={num_qps} exceeds num_allocated_qps={self.num_allocated_qps}")
+        return num_sms, num_qps
+
+    # ---- streams and barriers ----
+
+    def barrier(self, use_comm_stream=True, with_cpu_sync=False, sequential=True):
+        """Every rank of the group reaches it (the native bootstrap's barrier, on the host). With
+        CUDA and ``with_cpu_sync``, the device is synchronised before and after, as DeepEP's."""
+        self._usable("barrier")
+        sync = with_cpu_sync and self._legacy._cuda
+        if sync:
+            torch.cuda.synchronize()
+        self.runtime.barrier()
+        if sync:
+            torch.cuda.synchronize()
+
+    @staticmethod
+    def capture():
+        """An EventHandle at the current end of torch's current stream (complete on the CPU)."""
+        return EventHandle()
+
+    def get_comm_stream(self):
+        """The Buffer's stream as a torch stream with CUDA; None on the CPU (no streams)."""
+        return self._legacy.get_comm_stream()
+
+    # ---- refused: Engram, pipeline parallelism, AG-RS ----
+
+    def engram_write(self, storage, sf=None):
+        raise _unsupported("engram_write (Engram)", "not supported by ProxyEP")
+
+    def engram_fetch(self, indices, num_qps=0, use_tma_aligned_col_major_sf=False):
+        raise _unsupported("engram_fetch (Engram)", "not supported by ProxyEP")
+
+    def pp_set_config(self, num_max_tensor_bytes, num_max_inflight_tensors):
+        raise _unsupported("pp_set_config (pipeline-parallel send/recv)", "not supported by ProxyEP")
+
+    def pp_send(self, t, dst_rank_idx, num_sms=0):
+        raise _unsupported("pp_send (pipeline-parallel send/recv)", "not supported by ProxyEP")
+
+    def pp_recv(self, t, src_rank_idx, num_sms=0):
+        raise _unsupported("pp_recv (pipeline-parallel send/recv)", "not supported by ProxyEP")
+
+    def create_agrs_session(self):
+        raise _unsupported("create_agrs_session (AG-RS)", "not supported by ProxyEP")
+
+    def destroy_agrs_session(self):
+        raise _unsupported("destroy_agrs_session (AG-RS)", "not supported by ProxyEP")
+
+    def agrs_new_session(self, enabled=True):
+        """A context manager; ``enabled=False`` is a no-op, as in DeepEP. Raised at the call,
+        not at ``with``, so the refusal is where the session is asked for."""
+        if enabled:
+            raise _unsupported("agrs_new_session (AG-RS)", "not supported by ProxyEP")
+        return contextlib.nullcontext()
+
+    def agrs_set_config(self, num_max_session_bytes, num_max_all_gathers_per_session):
+        raise _unsupported("agrs_set_config (AG-RS)", "not supported by ProxyEP")
+
+    def agrs_get_inplace_tensor(self, shapes, dtype):
+        raise _unsupported("agrs_get_inplace_tensor (AG-RS)", "not supported by ProxyEP")
+
+    def all_gather(self, t):
+        raise _unsupported("all_gather (AG-RS)", "not supported by ProxyEP")
+
+    # ---- dispatch ----
+
+    def _check_order(self, previous_event, previous_event_before_epilogue, allocate_on_comm_stream):
+        previous = _event_handle(previous_event, "previous_event")
+        before_epilogue = _event_handle(previous_event_before_epilogue, "previous_event_before_epilogue")
+        if previous is not None and not allocate_on_comm_stream:
+            raise ValueError("previous_event needs allocate_on_comm_stream=True (as in DeepEP V2)")
+        return previous, before_epilogue
+
+    def dispatch(self, x, topk_idx=None, topk_weights=None, cumulative_local_expert_recv_stats=None,
+                 num_experts=None, num_max_tokens_per_rank=None, expert_alignment=None, num_sms=0,
+                 num_qps=0, previous_event=None, previous_event_before_epilogue=None,
+                 async_with_compute_stream=False, allocate_on_comm_stream=False, handle=None,
+                 do_handle_copy=True, do_cpu_sync=None, do_expand=False, do_zero_padding=False,
+                 use_tma_aligned_col_major_sf=False):
+        """DeepEP V2's dispatch, non-expanded layout. Returns ``(recv_x, recv_topk_idx,
+        recv_topk_weights, handle, event)``; ``recv_x`` is ``(data, scales)`` for FP8 input."""
+        self._usable("dispatch")
+        check_torch_deterministic()
+        if do_zero_padding and not do_expand:
+            raise ValueError("do_zero_padding needs do_expand=True (it zeroes the expanded layout's gaps)")
+        if do_expand:
+            raise _unsupported("do_expand=True (the expanded layout)")
+        previous, before_epilogue = self._check_order(
+            previous_event, previous_event_before_epilogue, allocate_on_comm_stream)
+        fp8 = isinstance(x, tuple)
+        if fp8 and len(x) != 2:
+            raise ValueError("an FP8 x must be the tuple (x_e4m3, x_scales)")
+        x_data = x[0] if fp8 else x
+        if not isinstance(x_data, torch.Tensor) or x_data.dim() != 2:
+            raise ValueError("x must be a 2-D tensor [num_tokens, hidden] (or an FP8 tuple of one)")
+        if handle is not None:
+            args = self._cached_args(handle, topk_idx, topk_weights, cumulative_local_expert_recv_stats,
+                                     num_experts, num_max_tokens_per_rank, expert_alignment, do_cpu_sync)
+        else:
+            args = self._fresh_args(x_data, topk_idx, topk_weights, cumulative_local_expert_recv_stats,
+                                    num_experts, num_max_tokens_per_rank, expert_alignment, do_cpu_sync)
+        num_experts, num_max_tokens_per_rank, expert_alignment, do_cpu_sync = args
+        if x_data.shape[0] > num_max_tokens_per_rank:
+            raise ValueError(f"x has {x_data.shape[0]} tokens, more than num_max_tokens_per_rank="
+                             f"{num_max_tokens_per_rank}")
+        num_topk = (handle.topk_idx if handle is not None else topk_idx).shape[1]
+        num_sms, num_qps = self._resolve_sms_qps(num_sms, num_qps, num_experts, num_topk)
+        _wait_before_call(before_epilogue)
+        order = dict(previous_event=EventOverlap(previous) if previous is not None else None,
+                     async_finish=async_with_compute_stream)
+        if handle is not None:
+            return self._cached_dispatch(x, fp8, handle, order, use_tma_aligned_col_major_sf)
+        return self._fresh_dispatch(
+            x, fp8, topk_idx, topk_weights, cumulative_local_expert_recv_stats, num_experts,
+            num_max_tokens_per_rank, expert_alignment, num_sms, do_cpu_sync, do_handle_copy, order,
+            use_tma_aligned_col_major_sf)
+
+    def _fresh_args(self, x_data, topk_idx, topk_weights, stats, num_experts,
+                    num_max_tokens_per_rank, expert_alignment, do_cpu_sync):
+        if topk_idx is None:
+            raise ValueError("a dispatch without a handle needs topk_idx")
+        if num_experts is None:
+            raise ValueError("a dispatch without a handle needs num_experts")
+        if num_experts % self.num_ranks:
+            raise ValueError(f"num_experts={num_experts} must be a multiple of the {self.num_ranks} ranks")
+        if not isinstance(topk_idx, torch.Tensor) or topk_idx.dim() != 2 or topk_idx.shape[0] != x_data.shape[0]:
+            raise ValueError(f"topk_idx must be [num_tokens = {x_data.shape[0]}, num_topk]")
+        if stats is not None:
+            local = num_experts // self.num_ranks
+            if (not isinstance(stats, torch.Tensor) or stats.dtype != torch.int32
+                    or tuple(stats.shape) != (local,)):
+                raise ValueError(f"cumulative_local_expert_recv_stats must be int32 [{local}] "
+                                 "(one count per local expert)")
+        if num_max_tokens_per_rank is None:
+            num_max_tokens_per_rank = self.num_max_tokens_per_rank
+        if num_max_tokens_per_rank <= 0:
+            raise ValueError("num_max_tokens_per_rank must be given (here or to the constructor)")
+        expert_alignment = 1 if expert_alignment is None else expert_alignment
+        if expert_alignment < 1:
+            raise ValueError(f"expert_alignment must be >= 1, got {expert_alignment}")
+        return num_experts, num_max_tokens_per_rank, expert_alignment, (
+            True if do_cpu_sync is None else bool(do_cpu_sync))
+
+    def _cached_args(self, handle, topk_idx, topk_weights, stats, num_experts,
+                     num_max_tokens_per_rank, expert_alignment, do_cpu_sync):
+        if not isinstance(handle, EPHandle) or handle._owner is not self:
+            raise TypeError("handle must be an EPHandle a dispatch of this ElasticBuffer returned")
+        if topk_idx is not None:
+            raise ValueError("a cached dispatch (handle given) takes no topk_idx: the handle's routing is used")
+        if stats is not None:
+            raise ValueError("cumulative_local_expert_recv_stats is not taken with a handle (as in DeepEP)")
+        if do_cpu_sync:
+            raise ValueError("do_cpu_sync=True cannot be used with a handle (as in DeepEP)")
+        if topk_weights is not None:
+            raise _unsupported("topk_weights with a handle (cached dispatch of weights)")
+        given = (num_experts, num_max_tokens_per_rank, expert_alignment)
+        recorded = (handle.num_experts, handle.num_max_tokens_per_rank, handle.expert_alignment)
+        for name, value, theirs in zip(("num_experts", "num_max_tokens_per_rank", "expert_alignment"),
+                                       given, recorded):
+            if value is not None and value != theirs:
+                raise ValueError(f"{name}={value} differs from the handle's {theirs}")
+        return recorded + (False,)  # the order _fresh_args returns, without CPU sync
+
+    def _fresh_dispatch(self, x, fp8, topk_idx, topk_weights, stats, num_experts,
+                        num_max_tokens_per_rank, expert_alignment, num_sms, do_cpu_sync,
+                        do_handle_copy, order, col_major_sf):
+        legacy = self._legacy
+        local = num_experts // self.num_ranks
+        worst = fields.worst_case_tokens(self.num_ranks, num_max_tokens_per_rank)
+        per_rank, per_rdma_rank, per_expert, in_rank, _ = legacy.get_dispatch_layout(topk_idx, num_experts)
+        recv, recv_idx, recv_weights, per_expert_list, v1_handle, event = legacy.dispatch(
+            x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma_rank,
+            is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=topk_idx,
+            topk_weights=topk_weights, expert_alignment=expert_alignment,
+            num_worst_tokens=0 if do_cpu_sync else worst, **order)
+
+        # What V1 knows once the call returns: the rows from each source rank (its handle's
+        # received-rows prefix over sources: a column of the intranode prefix matrix, [-4] of
+        # the internode tuple), the send heads ([-1]) and the per-expert list.
+        v1 = v1_handle.native
+        prefix = v1_handle[0][:, self.rank_idx] if legacy.num_nodes == 1 else v1_handle[-4]
+        per_source = fields.received_per_source(prefix)
+        send_head = v1_handle[-1]
+        num_recv = int(v1.num_recv_tokens)
+        rows = num_recv if do_cpu_sync else worst
+        topk_in_handle = topk_idx.clone() if do_handle_copy else topk_idx
+        handle = EPHandle(
+            do_expand=False, num_experts=num_experts, expert_alignment=expert_alignment,
+            num_max_tokens_per_rank=num_max_tokens_per_rank, num_sms=num_sms,
+            topk_idx=topk_in_handle, num_recv_tokens=rows,
+            num_expanded_tokens=sum(per_expert_list) if do_cpu_sync else fields.worst_case_expanded_tokens(
+                self.num_ranks, num_max_tokens_per_rank, topk_idx.shape[1], local, expert_alignment),
+            num_recv_tokens_per_expert_list=list(per_expert_list) if do_cpu_sync else [],
+            psum_num_recv_tokens_per_scaleup_rank=fields.psum_per_scaleup_rank(
+                per_source, self.num_scaleup_ranks),
+            psum_num_recv_tokens_per_expert=None, num_unaligned_recv_tokens_per_expert=None,
+            recv_src_metadata=None,
+            dst_buffer_slot_idx=fields.send_slots(topk_in_handle, send_head, local),
+            token_metadata_at_forward=None, channel_linked_list=None)
+        handle._v1_handle = v1_handle
+        handle._owner = self
+        handle._recv_topk_idx = recv_idx
+
+        def complete():
+            """The fields that need the received rows (module docstring of elastic_handle)."""
+            if event.event is not None:
+                event.event.current_stream_wait()
+            src_idx = proxyep.tensor(v1.recv_src_idx)
+            unaligned = fields.unaligned_per_expert(recv_idx, num_recv, local)
+            handle.num_unaligned_recv_tokens_per_expert = unaligned
+            handle.psum_num_recv_tokens_per_expert = fields.aligned_psum(unaligned, expert_alignment)
+            handle.recv_src_metadata = fields.source_metadata(
+                rows, per_source, src_idx, recv_idx, num_max_tokens_per_rank)
+            if stats is not None:
+                stats.add_(unaligned.to(stats.device))
+
+        handle._pending = complete
+        # Statistics and a column-major copy of the scales need the rows at once: those calls
+        # finish before returning even with async_with_compute_stream.
+        if event.event is None or stats is not None or (fp8 and col_major_sf):
+            handle._complete()
+        else:
+            event.register_hook_after_wait(handle._complete)
+        if fp8 and col_major_sf:
+            recv = (recv[0], self._column_major(recv[1]))
+        return recv, recv_idx, recv_weights, handle, event
+
+    def _cached_dispatch(self, x, fp8, handle, order, col_major_sf):
+        handle._complete()  # its recv_topk_idx is returned again, complete
+        recv, _, _, _, _, event = self._legacy.dispatch(x, handle=handle._v1_handle, **order)
+        recv_idx = handle._recv_topk_idx.clone()
+        pad = handle.num_recv_tokens - handle._v1_handle.native.num_recv_tokens
+        if pad > 0 or (fp8 and col_major_sf):
+            # Rows past the received ones (a handle of a dispatch without CPU sync) and
+            # column-major scales are made here from the complete rows.
+            if event.event is not None:
+                event.current_stream_wait()
+            if pad > 0:
+                recv = tuple(self._pad_rows(t, pad) for t in recv) if fp8 else self._pad_rows(recv, pad)
+            if fp8 and col_major_sf:
+                recv = (recv[0], self._column_major(recv[1]))
+        return recv, recv_idx, None, handle, event
+
+    @staticmethod
+    def _pad_rows(t, pad):
+        """``t`` with ``pad`` zero rows after it (worst-case outputs, as V1's padding)."""
+        out = torch.zeros((t.shape[0] + pad,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
+        out[:t.shape[0]] = t
+        return out
+
+    @staticmethod
+    def _column_major(scales):
+        """DeepEP's TMA-aligned column-major scales: strides ``(1, align(rows, 4))``."""
+        rows, packs = scales.shape
+        out = torch.empty_strided((rows, packs), (1, align(rows, _TMA_ALIGNED_SF_ROWS)),
+                                  dtype=scales.dtype, device=scales.device)
+        out.copy_(scales)
+        return out
+
+    # ---- combine ----
+
+    def combine(self, x, handle, topk_weights=None, bias=None, num_sms=0, num_qps=0,
+                previous_event=None, previous_event_before_epilogue=None,
+                async_with_compute_stream=False, allocate_on_comm_stream=False):
+        """DeepEP V2's combine, non-expanded layout: ``x`` has the dispatch's received rows
+        (only the first ``psum_num_recv_tokens_per_scaleup_rank[-1]`` are read). Returns
+        ``(combined_x, combined_topk_weights, event)``. V1's reduce order."""
+        self._usable("combine")
+        check_torch_deterministic()
+        if not isinstance(handle, EPHandle) or handle._owner is not self:
+            raise TypeError("handle must be an EPHandle a dispatch of this ElasticBuffer returned")
+        if bias is not None:
+            raise _unsupported("combine bias (V2 adds biases before the ranks' partials; that "
+                               "order is not built yet)")
+        if isinstance(topk_weights, torch.Tensor) and topk_weights.dim() == 1:
+            raise _unsupported("1-D topk_weights in combine (the expanded layout's)")
+        if not self.allow_multiple_reduction:
+            raise _unsupported("allow_multiple_reduction=False (one reduction per expert slot)")
+        previous, before_epilogue = self._check_order(
+            previous_event, previous_event_before_epilogue, allocate_on_comm_stream)
+        self._resolve_sms_qps(num_sms or handle.num_sms, num_qps, handle.num_experts,
+                              handle.topk_idx.shape[1])
+        _wait_before_call(before_epilogue)
+        combined, combined_weights, event = self._legacy.combine(
+            x, handle._v1_handle, topk_weights=topk_weights,
+            previous_event=EventOverlap(previous) if previous is not None else None,
+            async_finish=async_with_compute_stream)
+        return combined, combined_weights, event
+

@@ -1,0 +1,164 @@
+"""EPHandle: DeepEP 2.1's dispatch handle, with its fields computed from the V1 dispatch that
+ElasticBuffer runs underneath (non-expanded layout).
+
+What each field holds, and where ours comes from (docs/plans/ELASTIC_BUFFER.md, section 1.7):
+
+- ``psum_num_recv_tokens_per_scaleup_rank`` (i32 ``[num_scaleup_ranks]``): inclusive prefix sum
+  of the tokens received from the source ranks congruent to each scale-up peer, a token once per
+  rank; from V1's rank prefix matrix. Our rows stay in source-rank order, not grouped by peer.
+- ``num_unaligned_recv_tokens_per_expert`` (i32 ``[E_local]``) and
+  ``psum_num_recv_tokens_per_expert`` (inclusive prefix sum of the counts aligned to
+  ``expert_alignment``): counted from the received ``recv_topk_idx``.
+- ``recv_src_metadata`` (i32 ``[num_recv_tokens, K + 2]``): column 0 the row's global source id
+  ``src_rank * num_max_tokens_per_rank + src_token`` (V1's source index on the rank prefix);
+  column 1 ``src_rank * K + its first local lane`` (DeepEP's column is internal: a stable
+  stand-in); columns 2.. the expanded slots, -1 in the non-expanded layout. Rows past the
+  received ones (worst-case outputs) are -1.
+- ``dst_buffer_slot_idx`` (i32 ``[N, K]``): the row lane k's token takes among those sent to the
+  rank owning lane k's expert (V1's send head), -1 for -1 lanes and for a rank repeated by a later
+  lane (DeepEP's is internal too).
+
+Those three depend on rows that an ``async_with_compute_stream`` dispatch is still receiving when
+it returns: they are computed when its event is waited for (a hook after the wait), or when first
+read, whichever comes first (reading waits for the call). Either way they are complete before any
+use that DeepEP allows (after the event's wait).
+"""
+
+import torch
+
+from ..utils.math import align
+
+
+class EPHandle:
+    """DeepEP's EPHandle: a dispatch's routing, for combine and cached dispatch. Plain, writable
+    attributes, as DeepEP's (its test overwrites ``recv_src_metadata``)."""
+
+    def __init__(self, do_expand, num_experts, expert_alignment, num_max_tokens_per_rank, num_sms,
+                 topk_idx, num_recv_tokens, num_expanded_tokens, num_recv_tokens_per_expert_list,
+                 psum_num_recv_tokens_per_scaleup_rank, psum_num_recv_tokens_per_expert,
+                 num_unaligned_recv_tokens_per_expert, recv_src_metadata, dst_buffer_slot_idx,
+                 token_metadata_at_forward, channel_linked_list):
+        assert topk_idx is not None
+        self.do_expand = do_expand
+        self.num_experts = num_experts
+        self.expert_alignment = expert_alignment
+        self.num_max_tokens_per_rank = num_max_tokens_per_rank
+        self.num_sms = num_sms
+        self.topk_idx = topk_idx
+        self.num_recv_tokens = num_recv_tokens
+        self.num_expanded_tokens = num_expanded_tokens
+        self.num_recv_tokens_per_expert_list = num_recv_tokens_per_expert_list
+        self.psum_num_recv_tokens_per_scaleup_rank = psum_num_recv_tokens_per_scaleup_rank
+        self._pending = None  # set before the row-dependent fields below, which read it
+        self.psum_num_recv_tokens_per_expert = psum_num_recv_tokens_per_expert
+        self.num_unaligned_recv_tokens_per_expert = num_unaligned_recv_tokens_per_expert
+        self.recv_src_metadata = recv_src_metadata
+        self.dst_buffer_slot_idx = dst_buffer_slot_idx
+        self.token_metadata_at_forward = token_metadata_at_forward  # hybrid channels: none here
+        self.channel_linked_list = channel_linked_list
+        self.cached_recv_src_metadata_before_sort = None
+        # ProxyEP's: the V1 handle (combine and cached dispatch run on it), the Buffer that made
+        # it, and the received top-k indices a cached dispatch returns again.
+        self._v1_handle = None
+        self._owner = None
+        self._recv_topk_idx = None
+
+    def deterministic_sort(self, do_cpu_sync, is_cached_dispatch, recv_x, recv_sf, recv_topk_idx,
+                           recv_topk_weights, channel_linked_list):
+        """DeepEP sorts received rows by source id here. ProxyEP receives them in that order
+        already (source rank, then source token), so there is nothing to do."""
+
+    def _complete(self):
+        """Compute the row-dependent fields now, if a dispatch still owes them (idempotent)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending()
+
+
+def _row_dependent(name):
+    """A field that an async dispatch fills once its rows are in: reading it completes them."""
+    private = "_" + name
+
+    def get(handle):
+        handle._complete()
+        return getattr(handle, private)
+
+    def set_(handle, value):
+        setattr(handle, private, value)
+
+    return property(get, set_, doc=f"{name} (complete once the dispatch's rows are in)")
+
+
+for _name in ("psum_num_recv_tokens_per_expert", "num_unaligned_recv_tokens_per_expert",
+              "recv_src_metadata"):
+    setattr(EPHandle, _name, _row_dependent(_name))
+
+
+def received_per_source(prefix):
+    """i64 [R]: rows this rank received from each source rank, from V1's inclusive prefix of
+    them over source ranks."""
+    prefix = prefix.long()
+    return torch.diff(prefix, prepend=prefix.new_zeros(1))
+
+
+def psum_per_scaleup_rank(per_source, num_scaleup_ranks):
+    """i32 [num_scaleup_ranks]: inclusive prefix sum over scale-up peers of the rows from the
+    source ranks congruent to each (source % num_scaleup_ranks)."""
+    per_peer = per_source.view(-1, num_scaleup_ranks).sum(dim=0)
+    return torch.cumsum(per_peer, 0).int()
+
+
+def send_slots(topk_idx, send_head, num_local_experts):
+    """i32 [N, K]: for each lane, the token's row among those sent to the lane's rank (the send
+    head), or -1 for a -1 lane and for a rank an earlier lane already named."""
+    valid = topk_idx >= 0
+    ranks = torch.where(valid, topk_idx // num_local_experts, torch.full_like(topk_idx, -1))
+    slots = torch.gather(send_head.long(), 1, ranks.clamp(min=0))
+    num_topk = topk_idx.shape[1]
+    # earlier[k, j]: lane j comes before lane k.
+    earlier = torch.ones(num_topk, num_topk, dtype=torch.bool, device=topk_idx.device).tril(-1)
+    repeated = ((ranks.unsqueeze(2) == ranks.unsqueeze(1)) & earlier).any(dim=2)
+    return torch.where(valid & ~repeated, slots, torch.full_like(slots, -1)).int()
+
+
+def unaligned_per_expert(recv_topk_idx, num_recv_tokens, num_local_experts):
+    """i32 [E_local]: received (token, local expert) pairs per local expert."""
+    local = recv_topk_idx[:num_recv_tokens].reshape(-1)
+    local = local[local >= 0]
+    return torch.bincount(local, minlength=num_local_experts).int()
+
+
+def aligned_psum(unaligned, expert_alignment):
+    """The non-expanded layout's ``psum_num_recv_tokens_per_expert``: inclusive prefix sum of the
+    counts rounded up to ``expert_alignment``."""
+    aligned = (unaligned + expert_alignment - 1) // expert_alignment * expert_alignment
+    return torch.cumsum(aligned, 0).int()
+
+
+def source_metadata(rows, per_source, recv_src_idx, recv_topk_idx, num_max_tokens_per_rank):
+    """i32 [rows, K + 2] (the section above): the received rows' source ids and first local
+    lanes, -1 elsewhere."""
+    num_recv = int(recv_src_idx.shape[0])
+    num_topk = recv_topk_idx.shape[1]
+    device = recv_src_idx.device
+    metadata = torch.full((rows, num_topk + 2), -1, dtype=torch.int32, device=device)
+    src_rank = torch.repeat_interleave(torch.arange(per_source.shape[0], device=device), per_source)
+    metadata[:num_recv, 0] = (src_rank * num_max_tokens_per_rank + recv_src_idx.long()).int()
+    local = recv_topk_idx[:num_recv] >= 0
+    # argmax of a bool row is its first True: every received row has a local lane.
+    first_lane = local.int().argmax(dim=1)
+    metadata[:num_recv, 1] = (src_rank * num_topk + first_lane).int()
+    return metadata
+
+
+def worst_case_tokens(num_ranks, num_max_tokens_per_rank):
+    """Rows of a dispatch's outputs without CPU sync: every rank's every token."""
+    return num_ranks * num_max_tokens_per_rank
+
+
+def worst_case_expanded_tokens(num_ranks, num_max_tokens_per_rank, num_topk, num_local_experts,
+                               expert_alignment):
+    """DeepEP's expanded-layout bound without CPU sync (each token in min(K, E_local) local
+    slots, plus each expert's alignment gap), recorded in the handle."""
+    slots = num_ranks * num_max_tokens_per_rank * min(num_topk, num_local_experts)
+    return align(slots + (expert_alignment - 1) * num_local_experts, expert_alignment)
