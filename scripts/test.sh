@@ -21,6 +21,9 @@ export PROXYEP_REQUIRE_ALL_TESTS=1
 
 failed=()
 summary=()
+# Why each failed test failed, printed after the summary (scripts/failed-test-digest.py).
+digest=$(mktemp)
+trap 'rm -f "$digest"' EXIT
 # part NAME COMMAND...: runs COMMAND, notes its time and whether it failed; returns its status.
 part() {
   local name=$1 start=$SECONDS rc=0
@@ -48,6 +51,7 @@ run_ctest() {
   (cd "$root/build/$preset" &&
     PROXYEP_TEST_RUN=$id ctest --output-on-failure --timeout 600 --output-junit "$junit" "$@") ||
     rc=$?
+  [[ $rc -eq 0 ]] || "$root/scripts/failed-test-digest.py" "$name" "$junit" >>"$digest"
   if ! "$root/scripts/leftovers.sh" check "$snapshot" "$id"; then
     echo "test.sh: the tests above left processes or /dev/shm entries behind (listed above)" >&2
     [[ $rc -ne 0 ]] || rc=1
@@ -82,6 +86,10 @@ fi
 
 echo "=== test.sh: summary" >&2
 printf '  %s\n' "${summary[@]}" >&2
+if [[ -s "$digest" ]]; then
+  echo "=== test.sh: why the failed tests failed" >&2
+  cat "$digest" >&2
+fi
 if [[ ${#failed[@]} -ne 0 ]]; then
   echo "test.sh: FAILED: ${failed[*]}" >&2
   exit 1

@@ -39,7 +39,7 @@ if [[ -x "$baseline" ]] && command -v mpirun >/dev/null; then
 else
   echo "check_bench_ep: no MPI baseline built (or no mpirun); checking ProxyEP's side only" >&2
 fi
-fail() { echo "check_bench_ep: $*" >&2; exit 1; }
+fail() { echo "check_bench_ep: FAIL: $*" >&2; exit 1; }
 
 # Runs the bench with the arguments given and the baseline variant $1 (when there is a baseline);
 # fails unless it exits 0.
