@@ -8,8 +8,11 @@
 #   fuzz      each libFuzzer target for PROXYEP_FUZZ_SECONDS (20 s) from the committed seeds,
 #             two at a time
 #   tsan      ThreadSanitizer (preset tsan): the concurrency-heavy unit tests (label tsan)
-# The sanitizer builds build only what their tests run. SKIP_SANITIZERS=1 runs the release part
-# only, for a quick local run; CI runs everything. Exits non-zero when any part failed.
+# The sanitizer builds build only what their tests run, and they run beside the release tests
+# at the lowest CPU priority (the summary's "sanitizer builds" time is what was left of them
+# after the release tests). SKIP_SANITIZERS=1 runs the release part only, for a quick local run;
+# CI runs everything. Exits non-zero when any part failed; after the summary it prints, for each
+# failed test, the lines that say why (scripts/failed-test-digest.py).
 # After adding or removing tests: PROXYEP_UPDATE_TEST_COUNTS=1 ./scripts/test.sh writes the
 # per-label counts each part ran into tests/expected-test-counts.json (commit it).
 set -uo pipefail
@@ -23,7 +26,6 @@ failed=()
 summary=()
 # Why each failed test failed, printed after the summary (scripts/failed-test-digest.py).
 digest=$(mktemp)
-trap 'rm -f "$digest"' EXIT
 # part NAME COMMAND...: runs COMMAND, notes its time and whether it failed; returns its status.
 part() {
   local name=$1 start=$SECONDS rc=0
@@ -69,17 +71,57 @@ run_ctest() {
 full=1
 [[ $# -eq 0 ]] || full=0  # tests chosen by hand: no counts to hold them to
 
+# sanitizer_builds: the sanitize and tsan builds, one after the other; the tsan part is noted as
+# failed in $1 when its build failed (the sanitize part's status is the function's).
+sanitizer_builds() {
+  local tsan_status=$1 rc=0
+  "$root/scripts/build.sh" sanitize proxyep_sanitize_tests || rc=$?
+  "$root/scripts/build.sh" tsan proxyep_tsan_tests || echo failed >"$tsan_status"
+  return $rc
+}
+
+sanitizers=1
+[[ "${SKIP_SANITIZERS:-0}" != 1 ]] || sanitizers=0
+background_pid=""
+background_log=$(mktemp)
+tsan_status=$(mktemp)
+trap 'rm -f "$digest" "$background_log" "$tsan_status"' EXIT
 if part "release build" "$root/scripts/build.sh" release; then
+  # The sanitizer builds run beside the release tests at the lowest CPU priority (nice 19): the
+  # tests run one at a time and leave a core idle much of the time (start-ups, waits, deadline
+  # cases), which the builds take, while a test that wants both cores still gets them (a nice-19
+  # process gets about 1.5% of a core against a busy nice-0 one). Their output is printed after
+  # the tests, so the log stays readable.
+  if [[ $sanitizers -eq 1 ]]; then
+    (nice -n 19 bash -c "$(declare -f sanitizer_builds); root='$root'; sanitizer_builds '$tsan_status'") \
+      >"$background_log" 2>&1 &
+    background_pid=$!
+  fi
   part "release tests" run_ctest release release "$@"
 fi
-if [[ "${SKIP_SANITIZERS:-0}" != 1 ]]; then
-  if part "sanitize build" "$root/scripts/build.sh" sanitize proxyep_sanitize_tests; then
+if [[ $sanitizers -eq 1 ]]; then
+  # join_sanitizer_builds: waits for the background builds (or runs them, when the release build
+  # failed and none started) and prints their output.
+  join_sanitizer_builds() {
+    local rc=0
+    if [[ -n "$background_pid" ]]; then
+      wait "$background_pid" || rc=$?
+      cat "$background_log" >&2
+    else
+      sanitizer_builds "$tsan_status" || rc=$?
+    fi
+    return $rc
+  }
+  if part "sanitizer builds" join_sanitizer_builds; then
     part "sanitize tests" run_ctest sanitize sanitize -L '^(unit|sanitize|sanitizer_report)$'
     # Two at a time: each fuzzes for a fixed wall time and checks no deadline, so running them
     # side by side halves the part at the cost of half the executions each.
     part "fuzz" run_ctest fuzz sanitize -L '^fuzz$' -j 2
   fi
-  if part "tsan build" "$root/scripts/build.sh" tsan proxyep_tsan_tests; then
+  if [[ -s "$tsan_status" ]]; then
+    summary+=("$(printf '%-22s %5s    %s' "tsan build" "" "FAILED (output above)")")
+    failed+=("tsan build")
+  else
     part "tsan tests" run_ctest tsan tsan -L '^(tsan|sanitizer_report)$'
   fi
 fi

@@ -1,10 +1,10 @@
-# python3 -m proxyep.bench rl (proxyep/rl/bench_rl.py): --quick end to end (8 real GRPO runs of 4
-# iterations: ProxyEP and the a2a baseline, a preempted configuration, 1 and 2 workers), its JSON
-# recomputed from the runs' own files, the report and the PNGs checked; bad options refused (the
-# four invocations started together); a run past its deadline fails the benchmark. About 2 minutes
-# here: the quick runs ~1.5 (each run starts a trainer and its workers as `proxyep launch` jobs,
-# ~11 s, mostly their Python/torch start-ups), the deadline case ~20 s. Needs the proxyep CLI and
-# matplotlib (python3-matplotlib).
+# python3 -m proxyep.bench rl (proxyep/rl/bench_rl.py): --quick end to end with one repeat (4 real
+# GRPO runs of 4 iterations: ProxyEP and the a2a baseline, a preempted configuration, 1 and 2
+# workers), its JSON recomputed from the runs' own files, the report and the PNGs checked; the
+# figures over several repeats on made-up runs; bad options refused (the four invocations started
+# together); a run past its deadline fails the benchmark. About 75 s here: each quick run starts a
+# trainer and its workers as `proxyep launch` jobs (~11 s, mostly their Python/torch start-ups),
+# the deadline case ~20 s. Needs the proxyep CLI and matplotlib (python3-matplotlib).
 if(NOT TARGET proxyep)
   proxyep_test_dependency_missing("Python tests: python.rl.bench_rl not registered (the proxyep CLI is not built)")
   return()

@@ -18,6 +18,9 @@ import pytest
 
 QUICK_NAMES = ["proxyep-w2", "a2a-w2", "proxyep-w2-preempt", "proxyep-w1"]
 QUICK_ITERATIONS = 4  # --quick's; the preempted configuration's notices come after iterations 1 and 3
+# One run per configuration, not --quick's 2: each run is ~11 s of start-ups, and the figures
+# over several repeats are checked on made-up runs (test_summary_over_repeats) instead.
+REPEATS = 1
 
 
 def bench(args, timeout):
@@ -28,7 +31,7 @@ def bench(args, timeout):
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("bench") / "out")
-    proc = bench(["--quick", "--out", out, "--json"], timeout=900)
+    proc = bench(["--quick", "--repeats", str(REPEATS), "--out", out, "--json"], timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(proc.stdout)
     with open(os.path.join(out, "bench_rl.json")) as f:
@@ -47,14 +50,14 @@ def test_sections_and_accounting(quick):
     for key in ("cpu", "cores", "kernel", "python", "torch", "date"):
         assert doc["machine"][key], key
     st = doc["settings"]
-    assert st["repeats"] == 2 and st["iterations"] == QUICK_ITERATIONS and st["order"] == QUICK_NAMES
+    assert st["repeats"] == REPEATS and st["iterations"] == QUICK_ITERATIONS and st["order"] == QUICK_NAMES
     assert list(doc["configurations"]) == QUICK_NAMES
     for name, c in doc["configurations"].items():
         s = c["summary"]
-        assert s["runs_ok"] == 2 and s["runs_failed"] == 0, name
+        assert s["runs_ok"] == REPEATS and s["runs_failed"] == 0, name
         assert set(s["iteration_s"]) >= {"p50", "p95", "p99"}, name
-        assert s["iteration_s"]["n"] == 2 * (QUICK_ITERATIONS - 1), name  # each run's first not timed
-        assert s["rollout_tokens_per_s"]["median"] > 0 and len(s["rollout_tokens_per_s"]["per_run"]) == 2, name
+        assert s["iteration_s"]["n"] == REPEATS * (QUICK_ITERATIONS - 1), name  # each run's first not timed
+        assert s["rollout_tokens_per_s"]["median"] > 0 and len(s["rollout_tokens_per_s"]["per_run"]) == REPEATS, name
         assert len(s["reward_curve"]["mean"]) == QUICK_ITERATIONS and s["weight_sync_s"]["p50"] >= 0, name
         assert s["lost"] == 0 and s["duplicated"] == 0, name
     cmp_ = doc["comparisons"]
@@ -118,6 +121,31 @@ def test_report_and_plots(quick):
     assert doc["machine"]["cpu"] in report and '"group_size"' in report  # the machine, the base RunConfig
     p50 = doc["configurations"]["a2a-w2"]["summary"]["iteration_s"]["p50"]
     assert f"| {p50:.3f} |" in report
+
+
+def _made_up_run(iteration_s, tokens_per_s, reward, error=None):
+    return {"error": error, "iteration_s": iteration_s, "rollout_s": iteration_s, "train_s": iteration_s,
+            "sync_s": iteration_s, "weight_sync_bytes": [64], "tokens_per_s": tokens_per_s,
+            "reward_mean": reward, "lost": 0, "duplicated": 0, "preemptions": 1,
+            "pool": {"requeued": 2, "interrupted": 1}}
+
+
+def test_summary_over_repeats():
+    """summarize() over three runs and a failed one: every run's timed iterations pooled (the
+    first of each left out), tokens/s as a median over runs, the reward curve per iteration."""
+    from proxyep.rl.bench_rl import summarize
+    runs = [_made_up_run([9.0, 1.0, 2.0], 10.0, [0.1, 0.2, 0.3]),
+            _made_up_run([9.0, 3.0, 4.0], 30.0, [0.3, 0.4, 0.5]),
+            _made_up_run([9.0, 5.0, 6.0], 20.0, [0.2, 0.6, 0.1]),
+            _made_up_run([], None, [], error="did not finish")]
+    s = summarize(runs)
+    assert s["runs_ok"] == 3 and s["runs_failed"] == 1
+    assert s["iteration_s"]["n"] == 6 and s["iteration_s"]["p50"] == pytest.approx(3.5)
+    assert s["iteration_s"]["max"] == 6.0 and s["iteration_s"]["min"] == 1.0
+    assert s["rollout_tokens_per_s"]["median"] == 20.0 and s["rollout_tokens_per_s"]["per_run"] == [10.0, 30.0, 20.0]
+    assert s["reward_curve"]["mean"] == pytest.approx([0.2, 0.4, 0.3])
+    assert s["reward_curve"]["min"] == [0.1, 0.2, 0.1] and s["reward_curve"]["max"] == [0.3, 0.6, 0.5]
+    assert (s["preemptions"], s["requeued"], s["interrupted"]) == (4, 8, 4)
 
 
 BAD_OPTIONS = [
