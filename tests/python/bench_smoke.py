@@ -1,7 +1,8 @@
 """python.bench_{ep,ll}*.smoke: runs ``python3 -m proxyep.bench`` with the arguments given and
 checks what the test's name claims: exit code 0, a JSON document whose Python half and C++ half
 (``--cpp-bench``) each verified, no ``cpp_error``, and figures for both halves. Matching the text
-``"verified": true`` let a failed C++ half pass."""
+``"verified": true`` let a failed C++ half pass. With ``--api v2``: V2's calls and the V1 calls
+they are compared with timed, and their ratio reported."""
 
 import json
 import subprocess
@@ -19,3 +20,9 @@ assert doc.get("cpp_verified") is True, "the C++ half did not run or did not ver
 assert doc["verified"] is True, doc
 assert doc["python"]["total"]["us"]["p50"] > 0 and doc["cpp"]["total"]["p50"] > 0, doc
 print(f"ok: both halves verified; python/c++ total p50 {doc['python_over_cpp']:.2f}x")
+if "--api" in sys.argv and sys.argv[sys.argv.index("--api") + 1] == "v2":
+    assert doc["api"] == "v2" and doc["v2"]["total"]["us"]["p50"] > 0, doc
+    assert doc["v1_with_layout"]["total"]["us"]["p50"] > 0, doc
+    assert set(doc["v2_over_v1"]) == {"dispatch", "combine", "total"}, doc
+    assert all(v > 0 for v in doc["v2_over_v1"].values()), doc
+    print(f"ok: v2 / v1 total p50 {doc['v2_over_v1']['total']:.2f}x")

@@ -30,10 +30,17 @@ def parse(argv):
     p.add_argument("--device", choices=["host", "simulated", "cuda"], default="host",
                    help="ep: where the tensors live (deep_ep.Buffer's device=; the C++ bench gets the same); "
                         "simulated runs the device path checked, its times are not a GPU's")
+    p.add_argument("--api", choices=["v1", "v2"], default="v1",
+                   help="ep: v2 also times deep_ep.ElasticBuffer (DeepEP V2) against V1 calls of the same "
+                        "shape that compute their layout inside the loop, as V2's dispatch does (v2_over_v1)")
     p.add_argument("--json", action="store_true", help="print one JSON document")
     args = p.parse_args(argv)
     if args.device != "host" and args.kind != "ep":
         p.error("--device: ep only")
+    if args.api != "v1" and args.kind != "ep":
+        p.error("--api: ep only")
+    if args.api == "v2" and args.device == "simulated":
+        p.error("--api v2: deep_ep.ElasticBuffer does not run on the simulated device yet")
     if args.tokens is None:
         args.tokens = 4096 if args.kind == "ep" else 128
     for name in ("ranks", "tokens", "hidden", "topk", "experts", "iters"):
@@ -72,6 +79,10 @@ def main(argv=None):
            "python": result.get("proxyep"), "gloo": result.get("gloo"), "verified": result["verified"]}
     if "device" in result:
         doc["device"] = {"kind": result["device"], "device_writes": result["device_writes"]}
+    if "v2_over_v1" in result:
+        doc["api"] = "v2"
+        doc["v2"], doc["v1_with_layout"] = result["v2"], result["v1_with_layout"]
+        doc["v2_over_v1"] = result["v2_over_v1"]
     if args.kind == "ll":
         doc["workload"]["fp8"] = not args.bf16
     total = result["proxyep"]["total"]["us"]["p50"]
@@ -98,6 +109,9 @@ def main(argv=None):
         rows = {f"python {k}": v for k, v in result["proxyep"].items()}
         if cpp and "proxyep" in cpp:
             rows.update({f"c++ {k}": {"us": v} for k, v in doc["cpp"].items()})
+        for path in ("v1_with_layout", "v2"):
+            if path in result:
+                rows.update({f"{path} {k}": v for k, v in result[path].items()})
         if "gloo" in result:
             rows.update({f"gloo all_to_all_single {k}": v for k, v in result["gloo"].items()})
         print_table(f"proxyep.bench {args.kind}: {args.ranks} ranks, {doc['ranks_per_node']} per node, "
@@ -105,6 +119,9 @@ def main(argv=None):
                     f"iteration, {args.iters} iterations", rows, "python total")
         if "python_over_cpp" in doc:
             print(f"python / c++ total p50: {doc['python_over_cpp']:.3f}x ({doc['python_minus_cpp_us']:+.1f} us)")
+        if "v2_over_v1" in doc:
+            print("v2 / v1 (layout in the loop), p50: " +
+                  ", ".join(f"{k} {v:.3f}x" for k, v in doc["v2_over_v1"].items()))
         if "speedup_vs_gloo" in doc:
             print(f"speedup over gloo all_to_all_single (total p50): {doc['speedup_vs_gloo']:.2f}x")
         print(f"verified: {'yes' if doc['verified'] else 'NO'}")

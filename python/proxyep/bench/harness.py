@@ -42,11 +42,13 @@ def timed_pair(dispatch, combine, warmup, iters, barrier=None):
             for i, name in enumerate(("dispatch", "combine", "total"))}
 
 
-def time_paths(args, barrier, proxyep_calls, gloo_calls):
-    """timed_pair of ProxyEP's (dispatch, combine) and, with --baseline gloo, gloo's; each
-    called once first (untimed), both timed from `barrier`."""
+def time_paths(args, barrier, proxyep_calls, gloo_calls, extra=None):
+    """timed_pair of ProxyEP's (dispatch, combine), of each of `extra` (name -> (dispatch,
+    combine)) and, with --baseline gloo, gloo's; each called once first (untimed), all timed
+    from `barrier`."""
     result = {}
-    for name, (dispatch, combine) in (("proxyep", proxyep_calls), ("gloo", gloo_calls)):
+    paths = [("proxyep", proxyep_calls), *(extra or {}).items(), ("gloo", gloo_calls)]
+    for name, (dispatch, combine) in paths:
         if name == "gloo" and args.baseline != "gloo":
             continue
         dispatch()
