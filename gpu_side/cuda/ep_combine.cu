@@ -1,6 +1,7 @@
 // Combine's reduce on the GPU: one thread block per token (grid-stride over tokens), each thread
 // reducing 16-byte chunks of the row (row_rules.hpp combine_token with BlockLanes). The rule
-// fixes each element's order of additions, so the result equals the CPU twin's bit for bit.
+// fixes each element's order of additions, so the result equals the CPU twin's bit for bit;
+// V2's order and weight owners come in the same CombineInput, so the kernel follows them too.
 #include "gpu_side/cuda/device_compat.cuh"
 #include "gpu_side/cuda/ep_block_lanes.cuh"
 #include "gpu_side/cuda/ep_kernels.hpp"

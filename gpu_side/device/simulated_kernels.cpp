@@ -171,9 +171,26 @@ void combine(DeviceRuntime& stream, const ep::CombineParams& p) {
     c.require_reachable("combine", "block_chunk_rows", in.block_chunk_rows, ranks * 8);
     c.require_reachable("combine", "block_chunks", in.block_chunks, ranks * sizeof(void*));
   }
+  // V2's tables (row_rules.hpp): device addresses like send_head.
+  if (in.order != nullptr) c.require_reachable("combine", "order", in.order, tokens * ranks * 4);
+  if (in.weight_owner != nullptr && in.topk > 0)
+    c.require_reachable("combine", "weight_owner", in.weight_owner, tokens * in.topk * 4);
   core.enqueue("combine", [p, core = &core, row_bytes] {
     const ep::CombineInput& in = p.input;
     for (int64_t t = 0; t < p.num_tokens; ++t) {
+      // A GPU would read past the per-rank tables on a group out of range; refuse it here.
+      for (int i = 0; in.order != nullptr && i < in.num_ranks; ++i) {
+        const int32_t g = in.order[t * in.num_ranks + i];
+        if (g < 0) break;
+        require(g < in.num_ranks, kPhase, "combine: order[{}][{}] = {} is not a group below {}", t,
+                i, g, in.num_ranks);
+      }
+      for (int k = 0; in.weight_owner != nullptr && k < in.topk; ++k) {
+        const int32_t g = in.weight_owner[t * in.topk + k];
+        require(g >= -1 && g < in.num_ranks, kPhase,
+                "combine: weight_owner[{}][{}] = {} is not -1 or a group below {}", t, k, g,
+                in.num_ranks);
+      }
       for (int r = 0; r < in.num_ranks; ++r) {
         const int32_t pos = in.send_head[t * in.num_ranks + r];
         if (pos < 0) continue;

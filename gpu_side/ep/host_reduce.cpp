@@ -26,21 +26,26 @@ namespace {
 // epilogue) vectorise the loops.
 constexpr int kBlock = 64;
 
-// Collects the rows token `t` sums, in combine_token's order: ranks ascending (those that
-// received t), then bias0, then bias1; with bias_first the two biases lead (a missing one is
-// `zeros`, a row of +0), and reduce_row adds them as a pair. Returns how many.
+// Collects the rows token `t` sums, in combine_token's order: the groups combine_group walks
+// (ranks ascending, or V2's order) that received t, then bias0, then bias1; when the biases lead
+// (bias_first, or an order) the two come first (a missing one is `zeros`, a row of +0), and
+// reduce_row adds them as a pair. Returns how many.
 PROXYEP_REDUCE_INLINE int token_sources(const CombineInput& in, int64_t t, const uint16_t** src,
                                         const uint16_t* zeros) {
   const int32_t* head = in.send_head + t * in.num_ranks;
+  const bool biases_lead = combine_biases_lead(in);
   int n = 0;
-  if (in.bias_first) {
+  if (biases_lead) {
     src[n++] = in.bias0 != nullptr ? in.bias0 + t * in.hidden : zeros;
     src[n++] = in.bias1 != nullptr ? in.bias1 + t * in.hidden : zeros;
   }
-  for (int r = 0; r < in.num_ranks; ++r)
+  for (int i = 0; i < in.num_ranks; ++i) {
+    const int r = combine_group(in, t, i);
+    if (r < 0) break;
     if (head[r] >= 0) src[n++] = block_row(in, r, head[r]);
-  if (!in.bias_first && in.bias0 != nullptr) src[n++] = in.bias0 + t * in.hidden;
-  if (!in.bias_first && in.bias1 != nullptr) src[n++] = in.bias1 + t * in.hidden;
+  }
+  if (!biases_lead && in.bias0 != nullptr) src[n++] = in.bias0 + t * in.hidden;
+  if (!biases_lead && in.bias1 != nullptr) src[n++] = in.bias1 + t * in.hidden;
   return n;
 }
 
@@ -117,13 +122,15 @@ PROXYEP_REDUCE_CLONES
 void reduce_tokens_host(const CombineInput& in, int64_t begin, int64_t end) {
   // One list for the whole range: at most every rank plus the two biases.
   std::vector<const uint16_t*> src(static_cast<size_t>(in.num_ranks) + 2);
+  const bool biases_lead = combine_biases_lead(in);
   std::vector<uint16_t> zeros;  // a missing bias when the biases lead
-  if (in.bias_first && (in.bias0 == nullptr || in.bias1 == nullptr))
+  if (biases_lead && (in.bias0 == nullptr || in.bias1 == nullptr))
     zeros.assign(static_cast<size_t>(in.hidden), 0);
   for (int64_t t = begin; t < end; ++t) {
     const int n = token_sources(in, t, src.data(), zeros.data());
-    reduce_row(src.data(), n, in.out + t * in.hidden, in.hidden, in.bias_first);
-    // A few floats per token, not worth vectorising: combine_token's own loop.
+    reduce_row(src.data(), n, in.out + t * in.hidden, in.hidden, biases_lead);
+    // A few floats per token, not worth vectorising: combine_token's own loop (weight selection
+    // included).
     combine_token_weights(in, t, HostLanes{});
   }
 }

@@ -6,8 +6,9 @@
 // where the CPU has it.
 //
 // Bit identity holds because every output element still sees the float operations
-// 0 + row_r0 + row_r1 + ... + bias0 + bias1 in that order, rounded once with float_to_bf16:
-// only the grouping of elements into vectors changes, and adds have no multiply to fuse with.
+// 0 + row_r0 + row_r1 + ... + bias0 + bias1 in that order (or the one bias_first or V2's
+// CombineInput::order gives, row_rules.hpp), rounded once with float_to_bf16: only the grouping
+// of elements into vectors changes, and adds have no multiply to fuse with.
 // The one thing those operations leave to the compiler is which NaN an add of two NaNs returns
 // (it depends on operand order, so combine_token's own bits there change between -O0, -O2 and
 // -O3 builds); the reduce pins the answer GCC's -O2 build of combine_token gives on x86

@@ -5,7 +5,7 @@
 //
 // Every pointer is a device address (device memory, CUDA-IPC-mapped peer memory or mapped
 // pinned host memory), including the arrays a parameter points to (DispatchParams::sinks,
-// ChunkParams::tokens, CombineInput's per-rank tables).
+// ChunkParams::tokens, CombineInput's per-rank tables and V2's order and weight_owner).
 #pragma once
 
 #include "gpu_side/ep/ep_shape.hpp"

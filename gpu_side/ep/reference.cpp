@@ -131,6 +131,72 @@ void check_combine_inputs(std::span<const TensorRef> expert_out,
   }
 }
 
+float bias_at(const TensorRef& bias, int64_t t, int64_t c) {
+  return bias.defined() ? bf16_to_float(bias.at<uint16_t>(t, c)) : 0.0f;
+}
+
+// CombineOrder::by_topk, from its definition (top of reference.hpp): each token's returned rows,
+// sorted by the last lane each rank owns, added to bias0 + bias1; weights picked by owner.
+ReferenceCombine combine_by_topk(std::span<const TensorRef> expert_out,
+                                 std::span<const ReferenceDispatch> dispatched,
+                                 std::span<const TensorRef> weights_in, int rank, int num_tokens,
+                                 const TensorRef& bias0, const TensorRef& bias1) {
+  const int64_t hidden = expert_out[0].cols;
+  const bool weights = !weights_in.empty();
+  const int64_t topk = weights ? weights_in[0].cols : 0;
+  struct Returned {
+    int last_lane;
+    int rank;
+    int64_t row;
+  };
+  std::vector<std::vector<Returned>> returned(static_cast<size_t>(num_tokens));
+  for (int r = 0; r < static_cast<int>(dispatched.size()); ++r) {
+    const ReferenceDispatch& d = dispatched[r];
+    require(d.recv_topk_idx.defined() && d.recv_topk_idx.rows() == d.recv_src_idx.rows() &&
+                (!weights || d.recv_topk_idx.cols() == topk),
+            kPhase, "by_topk needs dispatched[{}].recv_topk_idx, one row per received token{}", r,
+            weights ? " and as many lanes as weights_in" : "");
+    const int64_t lanes = d.recv_topk_idx.cols();
+    int64_t first = 0;  // rows of r's receive order that came from `rank`
+    for (int s = 0; s < rank; ++s)
+      first += d.recv_from[s];
+    const int64_t count = d.recv_from[rank];
+    require(first + count <= d.recv_src_idx.rows(), kPhase,
+            "dispatched[{}].recv_from sums past its {} received rows", r, d.recv_src_idx.rows());
+    for (int64_t i = first; i < first + count; ++i) {
+      const int64_t t = d.recv_src_idx.data<int32_t>()[i];
+      require(t >= 0 && t < num_tokens, kPhase,
+              "dispatched[{}] row {} names token {} outside [0, {})", r, i, t, num_tokens);
+      int last = -1;
+      for (int64_t k = 0; k < lanes; ++k)
+        if (d.recv_topk_idx.data<int64_t>()[i * lanes + k] >= 0) last = static_cast<int>(k);
+      require(last >= 0, kPhase, "dispatched[{}] row {} has no local lane to order it by", r, i);
+      returned[static_cast<size_t>(t)].push_back({last, r, i});
+    }
+  }
+
+  ReferenceCombine out;
+  out.combined_x = Tensor::empty(DType::bf16, num_tokens, hidden);
+  if (weights) out.combined_topk_weights = Tensor::zeros(DType::f32, num_tokens, topk);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    std::vector<Returned>& parts = returned[static_cast<size_t>(t)];
+    std::sort(parts.begin(), parts.end(),
+              [](const Returned& a, const Returned& b) { return a.last_lane < b.last_lane; });
+    for (int64_t c = 0; c < hidden; ++c) {
+      float acc = bias_at(bias0, t, c) + bias_at(bias1, t, c);
+      for (const Returned& p : parts)
+        acc += bf16_to_float(expert_out[p.rank].at<uint16_t>(p.row, c));
+      out.combined_x.data<uint16_t>()[t * hidden + c] = float_to_bf16(acc);
+    }
+    for (int64_t k = 0; k < topk; ++k)
+      for (const Returned& p : parts)
+        if (dispatched[p.rank].recv_topk_idx.data<int64_t>()[p.row * topk + k] >= 0)
+          out.combined_topk_weights.data<float>()[t * topk + k] =
+              weights_in[p.rank].at<float>(p.row, k);
+  }
+  return out;
+}
+
 }  // namespace
 
 ReferenceReceiver::ReferenceReceiver(const EpShape& shape, int rank, int expert_alignment)
@@ -222,6 +288,8 @@ ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
                                    int rank, int num_tokens, const TensorRef& bias0,
                                    const TensorRef& bias1, CombineOrder order) {
   check_combine_inputs(expert_out, dispatched, weights_in, shape, rank, num_tokens, bias0, bias1);
+  if (order == CombineOrder::by_topk)
+    return combine_by_topk(expert_out, dispatched, weights_in, rank, num_tokens, bias0, bias1);
   const int ranks = shape.num_ranks;
   const int64_t hidden = expert_out[0].cols;
   const bool weights = !weights_in.empty();
@@ -234,9 +302,6 @@ ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
   // ascending), whose sum is rounded to bf16 and added, nodes ascending, to a total that starts
   // as bias0 + bias1.
   const bool by_node = order == CombineOrder::by_node;
-  auto bias_at = [](const TensorRef& bias, int64_t t, int64_t c) {
-    return bias.defined() ? bf16_to_float(bias.at<uint16_t>(t, c)) : 0.0f;
-  };
   std::vector<float> sum(cells, 0.0f), weight_sum(weight_cells, 0.0f);
   if (by_node)
     for (int64_t t = 0; t < num_tokens; ++t)

@@ -18,6 +18,13 @@
 //   ascending, the biases first (a missing one is 0) as DeepEP's final receiver does. So a value
 //   is rounded to bf16 twice: once per node, once at the end. Weights: W_n = 0 + sum over n's
 //   ranks ascending (float32, never rounded), combined = 0 + sum over nodes ascending of W_n.
+// - Combine (CombineOrder::by_topk: DeepEP V2's ElasticBuffer, docs/plans/ELASTIC_BUFFER.md
+//   section 2, per-rank groups): out[t] = bf16( (float(bias0[t]) + float(bias1[t])) +
+//   float(x_a[row]) + float(x_b[row]) + ... ), a missing bias 0, over the ranks that received t
+//   ordered by the last lane of t's topk_idx row whose expert each owns; combined weight lane k
+//   = lane k of the row returned by the rank owning lane k's expert (copied, not summed), 0 for a
+//   -1 lane. Read from the dispatched rows' recv_topk_idx (lane k is local on exactly its
+//   owner), not from the CombineInput tables combine_order.hpp computes, so it checks them.
 #pragma once
 
 #include "gpu_side/ep/ep_shape.hpp"
@@ -95,7 +102,7 @@ ReferenceDispatch reference_dispatch(std::span<const DispatchInputs> all, const 
                                      int rank, int expert_alignment = 1);
 
 // The order (and so the roundings) of combine's reduction; see the top of this file.
-enum class CombineOrder { by_rank, by_node };
+enum class CombineOrder { by_rank, by_node, by_topk };
 
 struct ReferenceCombine {
   Tensor combined_x;             // bf16 [N_rank, H]
@@ -105,7 +112,8 @@ struct ReferenceCombine {
 // Combine as seen by source `rank`: `expert_out[r]` is rank r's combine input (bf16
 // [num_recv_r, H], in r's receive order) and `dispatched[r]` r's reference dispatch result;
 // `weights_in[r]` (optional, f32 [num_recv_r, K]); biases optional (bf16 [N_rank, H]). Nodes
-// (CombineOrder::by_node) are shape.ranks_per_node consecutive ranks.
+// (CombineOrder::by_node) are shape.ranks_per_node consecutive ranks. by_topk needs each
+// dispatched[r].recv_topk_idx.
 ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
                                    std::span<const ReferenceDispatch> dispatched,
                                    std::span<const TensorRef> weights_in, const EpShape& shape,

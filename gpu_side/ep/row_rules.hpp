@@ -18,6 +18,13 @@
 //   bit. With CombineInput::bias_first (hierarchical internode's last step, where the "ranks"
 //   are nodes, as DeepEP's internode combine orders it) the order is (bias0 + bias1) + row_r0 +
 //   row_r1 + ..., a missing bias read as +0.
+// - V2's order (DeepEP's ElasticBuffer, docs/plans/ELASTIC_BUFFER.md section 2): with
+//   CombineInput::order the groups ("ranks": ranks or nodes) are added in the order that table
+//   lists for the token, not ascending, and the biases always lead, (bias0 + bias1) + row_g0 +
+//   row_g1 + ..., because that is the one sum V2's test compares bit for bit; with
+//   CombineInput::weight_owner weight lane k is *selected* from the row of the group that owns
+//   lane k's expert (a copy, no add) instead of summed over groups. combine_order.hpp computes
+//   both tables from topk_idx. Null tables: V1, unchanged.
 //
 // Who does the work is a policy type `Lanes` (the CPU twin's "thread block"):
 //   uint32_t lane() const, uint32_t count() const   this lane and the number of lanes; element
@@ -152,8 +159,19 @@ struct CombineInput {
   const uint16_t* bias0 = nullptr;     // bf16 [num_tokens, hidden] or null
   const uint16_t* bias1 = nullptr;     // bf16 [num_tokens, hidden] or null
   bool bias_first = false;             // the biases start the sum (see the top of this file)
-  uint16_t* out = nullptr;             // bf16 [num_tokens, hidden]
-  float* out_weights = nullptr;        // f32 [num_tokens, topk] (topk > 0)
+  // V2's reduce order, or null (V1: ranks ascending). [num_tokens, num_ranks]: token t's groups
+  // (block indices) in the order their rows are added, ending at the first -1 or after
+  // num_ranks entries; a listed group with send_head -1 adds nothing. Setting it implies
+  // bias_first (combine_biases_lead): V2 has no biases-last order. Entries are < num_ranks and
+  // name each group at most once (a repeat would add its row twice); combine_order.hpp's
+  // tables are.
+  const int32_t* order = nullptr;
+  // V2's weight selection, or null (V1: weights summed over groups). [num_tokens, topk]: the
+  // group whose returned row supplies weight lane k of token t, its value copied; -1 (a lane
+  // with no expert) or a group that did not receive t gives +0.0f.
+  const int32_t* weight_owner = nullptr;
+  uint16_t* out = nullptr;       // bf16 [num_tokens, hidden]
+  float* out_weights = nullptr;  // f32 [num_tokens, topk] (topk > 0)
   int num_ranks = 0;
   int64_t hidden = 0;  // a multiple of kCombineChunk
   int topk = 0;        // 0: no weights
@@ -165,6 +183,18 @@ PROXYEP_HOST_DEVICE inline const uint16_t* block_row(const CombineInput& in, int
     return in.block_rows[r] + pos * in.hidden;
   const int64_t per = in.block_chunk_rows[r];
   return in.block_chunks[r][pos / per] + (pos % per) * in.hidden;
+}
+
+// Whether the biases start token sums: asked for, or implied by V2's order.
+PROXYEP_HOST_DEVICE inline bool combine_biases_lead(const CombineInput& in) {
+  return in.bias_first || in.order != nullptr;
+}
+
+// The i-th group (0 <= i < num_ranks) token t adds: V2's order[t][i] (< 0: the list has ended),
+// or i (V1: ranks ascending). The reduce of combine_token and of the host twin both walk it, so
+// they add the same rows in the same order.
+PROXYEP_HOST_DEVICE inline int combine_group(const CombineInput& in, int64_t t, int i) {
+  return in.order != nullptr ? in.order[t * in.num_ranks + i] : i;
 }
 
 namespace detail {
@@ -218,12 +248,21 @@ PROXYEP_HOST_DEVICE inline void bias_pair(float (&acc)[kCombineChunk], const Com
 }  // namespace detail
 
 // Token `t`'s top-k weights: out_weights[t][k] = sum_r row_weights[r][k], ranks ascending, the
-// lanes splitting k. (Part of combine_token; the host reduce calls it too.)
+// lanes splitting k; with weight_owner, row_weights[owner][k] itself (V2 selects, so a foreign
+// lane's value never leaks into another's sum). (Part of combine_token; the host reduce calls it
+// too.)
 template <typename Lanes>
 PROXYEP_HOST_DEVICE inline void combine_token_weights(const CombineInput& in, int64_t t,
                                                       const Lanes& lanes) {
   const int32_t* head = in.send_head + t * in.num_ranks;
   for (int64_t k = lanes.lane(); k < in.topk; k += lanes.count()) {
+    if (in.weight_owner != nullptr) {
+      const int32_t owner = in.weight_owner[t * in.topk + k];
+      const int32_t pos = owner >= 0 ? head[owner] : -1;
+      in.out_weights[t * in.topk + k] =
+          pos >= 0 ? in.block_weights[owner][int64_t{pos} * in.topk + k] : 0.0f;
+      continue;
+    }
     float acc = 0.0f;
     for (int r = 0; r < in.num_ranks; ++r) {
       const int32_t pos = head[r];
@@ -234,27 +273,29 @@ PROXYEP_HOST_DEVICE inline void combine_token_weights(const CombineInput& in, in
 }
 
 // Reduces token `t` of `in`: out[t] = bf16(sum_r rows[r] + bias0[t] + bias1[t]) in float32,
-// ranks ascending; out_weights[t] = sum_r row_weights[r]. Every lane of `lanes` calls it with
-// the same arguments; together they write the token once.
+// ranks ascending (or as bias_first / order say, top of this file); out_weights[t] as
+// combine_token_weights. Every lane of `lanes` calls it with the same arguments; together they
+// write the token once.
 template <typename Lanes>
 PROXYEP_HOST_DEVICE inline void combine_token(const CombineInput& in, int64_t t,
                                               const Lanes& lanes) {
   const int32_t* head = in.send_head + t * in.num_ranks;
+  const bool biases_lead = combine_biases_lead(in);
   const int64_t lane = lanes.lane(), lanes_n = lanes.count();
   for (int64_t c0 = lane * kCombineChunk; c0 < in.hidden; c0 += lanes_n * kCombineChunk) {
     float acc[kCombineChunk];
     for (int j = 0; j < kCombineChunk; ++j)
       acc[j] = 0.0f;
-    if (in.bias_first) detail::bias_pair(acc, in, t * in.hidden + c0);
-    for (int r = 0; r < in.num_ranks; ++r) {
+    if (biases_lead) detail::bias_pair(acc, in, t * in.hidden + c0);
+    for (int i = 0; i < in.num_ranks; ++i) {
+      const int r = combine_group(in, t, i);
+      if (r < 0) break;
       const int32_t pos = head[r];
       if (pos < 0) continue;
       detail::add_chunk(acc, block_row(in, r, pos) + c0);
     }
-    if (!in.bias_first && in.bias0 != nullptr)
-      detail::add_chunk(acc, in.bias0 + t * in.hidden + c0);
-    if (!in.bias_first && in.bias1 != nullptr)
-      detail::add_chunk(acc, in.bias1 + t * in.hidden + c0);
+    if (!biases_lead && in.bias0 != nullptr) detail::add_chunk(acc, in.bias0 + t * in.hidden + c0);
+    if (!biases_lead && in.bias1 != nullptr) detail::add_chunk(acc, in.bias1 + t * in.hidden + c0);
     uint16_t v[kCombineChunk];
     for (int j = 0; j < kCombineChunk; ++j)
       v[j] = float_to_bf16(acc[j]);

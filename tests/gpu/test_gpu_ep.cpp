@@ -5,10 +5,12 @@
 //   - dispatch rows: every destination's arena (every byte, padding and untouched filler
 //     included) equals the one the CPU twin (dispatch_row on host lanes) fills;
 //   - dispatch chunks: every chunk slot of every Buffer stream, likewise;
-//   - combine: the kernel's combined rows and weights equal combine_tokens' on the host.
+//   - combine: the kernel's combined rows and weights equal combine_tokens' on the host, in V1's
+//     order and with V2's order and weight owners (combine_order.hpp).
 // Exits 77 (ctest SKIP_RETURN_CODE) with a clear message when no CUDA device is usable.
 #include "common/error.hpp"
 #include "gpu_side/cuda/ep_kernels.hpp"
+#include "gpu_side/ep/combine_order.hpp"
 #include "gpu_side/ep/host_reduce.hpp"
 #include "gpu_side/ep/layout.hpp"
 #include "gpu_side/ep/numeric.hpp"
@@ -382,6 +384,25 @@ bool check_combine(const Case& c, const std::vector<Source>& sources) {
                host_out.size() * 2);
     if (topk > 0)
       ok &= same("combined_topk_weights", c, s, host_w.data(),
+                 dout_w.download<float>(host_w.size()).data(), host_w.size() * 4);
+
+    // DeepEP V2's order and weight selection (combine_order.hpp) over the same rows: the
+    // kernel reads the tables from device memory and must add what the twin adds.
+    const CombineOrderTables v2 =
+        compute_combine_order(src.inputs.topk_idx, c.shape, CombineGroups::rank);
+    in.order = v2.order.data<int32_t>();
+    in.weight_owner = v2.weight_owner.data<int32_t>();
+    reduce_tokens_host(in, 0, n);
+    DeviceMemory dorder(v2.order.raw(), v2.order.bytes());
+    DeviceMemory downer(v2.weight_owner.raw(), v2.weight_owner.bytes());
+    p.input.order = dorder.as<int32_t>();
+    p.input.weight_owner = downer.as<int32_t>();
+    check(gpu_side::cuda::launch_combine(p, nullptr), "launch_combine (V2 order)");
+    check(cudaDeviceSynchronize(), "combine_kernel (V2 order)");
+    ok &= same("combined_x (V2 order)", c, s, host_out.data(),
+               dout.download<uint16_t>(host_out.size()).data(), host_out.size() * 2);
+    if (topk > 0)
+      ok &= same("combined_topk_weights (V2 owners)", c, s, host_w.data(),
                  dout_w.download<float>(host_w.size()).data(), host_w.size() * 4);
   }
   return ok;

@@ -6,6 +6,7 @@
 #include "gpu_side/device/simulated_device.hpp"
 #include "gpu_side/ep/kernel_params.hpp"
 #include "gpu_side/ep/ll_kernel_params.hpp"
+#include "gpu_side/ep/numeric.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 #include "tests/unit/gpu_side/device/device_signal_cases.hpp"
 
@@ -203,5 +204,80 @@ TEST_CASE("simulated device: a row the kernels would read unaligned is refused, 
   params.out = reinterpret_cast<uint16_t*>(out.get());
   queue_kernel(dev, &EpKernels::ll_combine, params);
   CHECK(error_of([&] { dev.synchronize("low_latency_combine", 10s); }).find("ll_combine: row at") !=
+        std::string::npos);
+}
+
+// V2's combine tables (row_rules.hpp CombineInput::order, weight_owner) are read by the kernel
+// like send_head: host memory is refused when queued, and a group out of range (which a GPU
+// would take as an index into the per-rank tables) fails the stream.
+TEST_CASE("simulated device: V2's order tables must be device memory, their groups in range") {
+  SimulatedDevice dev;
+  constexpr int64_t kHidden = ep::kCombineChunk;
+  auto block = dev.allocate(2 * 2 * kHidden);  // rank r's one row at r * kHidden
+  auto table = dev.allocate(2 * sizeof(void*));
+  auto weights = dev.allocate(2 * 4);
+  auto weight_table = dev.allocate(2 * sizeof(void*));
+  auto head = dev.allocate(2 * 4);
+  auto order = dev.allocate(2 * 4);
+  auto owner = dev.allocate(4);
+  auto out = dev.allocate(2 * kHidden);
+  auto out_weights = dev.allocate(4);
+  std::vector<uint16_t> values(2 * kHidden);
+  for (int64_t j = 0; j < kHidden; ++j) {
+    values[j] = ep::float_to_bf16(1.0f);
+    values[kHidden + j] = ep::float_to_bf16(2.0f);
+  }
+  dev.copy(block.get(), values.data(), values.size() * 2);
+  const auto* rows = reinterpret_cast<const uint16_t*>(block.get());
+  const std::array<const uint16_t*, 2> row_ptrs = {rows, rows + kHidden};
+  dev.copy(table.get(), row_ptrs.data(), sizeof row_ptrs);
+  const auto* w = reinterpret_cast<const float*>(weights.get());
+  const std::array<const float*, 2> weight_ptrs = {w, w + 1};
+  dev.copy(weight_table.get(), weight_ptrs.data(), sizeof weight_ptrs);
+  const std::array<float, 2> weight_values = {0.25f, 0.5f};
+  dev.copy(weights.get(), weight_values.data(), sizeof weight_values);
+  const std::array<int32_t, 2> heads = {0, 0}, groups = {1, 0};
+  const std::array<int32_t, 1> owners = {1};
+  dev.copy(head.get(), heads.data(), sizeof heads);
+  dev.copy(order.get(), groups.data(), sizeof groups);
+  dev.copy(owner.get(), owners.data(), sizeof owners);
+  ep::CombineParams p;
+  p.input =
+      ep::CombineInput{.block_rows = reinterpret_cast<const uint16_t* const*>(table.get()),
+                       .block_weights = reinterpret_cast<const float* const*>(weight_table.get()),
+                       .send_head = reinterpret_cast<const int32_t*>(head.get()),
+                       .order = reinterpret_cast<const int32_t*>(order.get()),
+                       .weight_owner = reinterpret_cast<const int32_t*>(owner.get()),
+                       .out = reinterpret_cast<uint16_t*>(out.get()),
+                       .out_weights = reinterpret_cast<float*>(out_weights.get()),
+                       .num_ranks = 2,
+                       .hidden = kHidden,
+                       .topk = 1};
+  p.num_tokens = 1;
+
+  // Reachable: the reduce runs, the weight is rank 1's, selected.
+  queue_kernel(dev, &EpKernels::combine, p);
+  std::array<uint16_t, kHidden> got{};
+  float got_weight = 0;
+  dev.copy(got.data(), out.get(), sizeof got);
+  dev.copy(&got_weight, out_weights.get(), 4);
+  dev.synchronize("combine", 10s);
+  CHECK(ep::bf16_to_float(got[0]) == 3.0f);
+  CHECK(got_weight == 0.5f);
+
+  ep::CombineParams plain = p;
+  plain.input.order = groups.data();
+  CHECK(error_of([&] { queue_kernel(dev, &EpKernels::combine, plain); }).find("combine: order") !=
+        std::string::npos);
+  plain = p;
+  plain.input.weight_owner = owners.data();
+  CHECK(error_of([&] {
+          queue_kernel(dev, &EpKernels::combine, plain);
+        }).find("combine: weight_owner") != std::string::npos);
+
+  const std::array<int32_t, 2> bad = {5, -1};
+  dev.copy(order.get(), bad.data(), sizeof bad);
+  queue_kernel(dev, &EpKernels::combine, p);
+  CHECK(error_of([&] { dev.synchronize("combine", 10s); }).find("combine: order[0][0] = 5") !=
         std::string::npos);
 }

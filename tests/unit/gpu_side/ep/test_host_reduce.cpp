@@ -506,3 +506,91 @@ TEST_CASE("host reduce: biases first (hierarchical's last step) gives combine_to
   }
   CHECK(differs_from_biases_last > 20);  // the order matters, and is tested
 }
+
+TEST_CASE("host reduce: V2's order and weight owners give combine_token's bits") {
+  // Arbitrary tables, not only combine_order.hpp's: each token's ranks shuffled, the list cut
+  // short at random (-1 after it), some listed ranks not having received the token (head -1,
+  // skipped), owners anywhere in [-1, ranks). NaNs left out of the rows, as above; weights keep
+  // theirs: a selection copies bits, NaN or not.
+  uint64_t seed = 12000;
+  int64_t differs_from_v1 = 0;
+  for (int64_t hidden : {8, 200, 7168}) {
+    for (int ranks = 1; ranks <= 6; ++ranks) {
+      for (int bias = 0; bias < 4; ++bias) {
+        const Case c = sized_case(hidden, ranks, bias, 1 + ranks % 4, seed++);
+        CAPTURE(ranks);
+        CAPTURE(hidden);
+        CAPTURE(bias);
+        World w(c);
+        auto no_nan = [](std::vector<uint16_t>& v) {
+          for (auto& x : v)
+            if (is_nan_bf16(x)) x = float_to_bf16(1.0f);
+        };
+        for (auto& r : w.rows)
+          no_nan(r);
+        no_nan(w.bias0);
+        no_nan(w.bias1);
+        Random rng{seed * 31};
+        std::vector<int32_t> order(static_cast<size_t>(c.tokens * ranks), -1);
+        std::vector<int32_t> owner(static_cast<size_t>(c.tokens * c.topk));
+        for (int64_t t = 0; t < c.tokens; ++t) {
+          int32_t* list = order.data() + t * ranks;
+          for (int i = 0; i < ranks; ++i)
+            list[i] = i;
+          for (int i = ranks; i > 1; --i)
+            std::swap(list[i - 1], list[rng.below(static_cast<uint32_t>(i))]);
+          for (int i = static_cast<int>(rng.below(static_cast<uint32_t>(ranks) + 2)); i < ranks;
+               ++i)
+            list[i] = -1;  // usually the whole list, sometimes cut short
+          for (int k = 0; k < c.topk; ++k)
+            owner[static_cast<size_t>(t * c.topk + k)] =
+                static_cast<int32_t>(rng.below(static_cast<uint32_t>(ranks) + 1)) - 1;
+        }
+        Result v1(c), expected(c), got(c);
+        CombineInput in = w.input(v1.x.data(), v1.weights.data());
+        for (int64_t t = 0; t < c.tokens; ++t)
+          combine_token(in, t, HostLanes{});
+        in.order = order.data();
+        in.weight_owner = owner.data();
+        in.out = expected.x.data();
+        in.out_weights = expected.weights.data();
+        for (int64_t t = 0; t < c.tokens; ++t)
+          combine_token(in, t, HostLanes{});
+        in.out = got.x.data();
+        in.out_weights = got.weights.data();
+        reduce_tokens_host(in, 0, c.tokens / 2);
+        reduce_tokens_host(in, c.tokens / 2, c.tokens);
+        REQUIRE(got.x == expected.x);
+        for (size_t i = 0; i < got.weights.size(); ++i)
+          REQUIRE(float_to_bits(got.weights[i]) == float_to_bits(expected.weights[i]));
+        // And the rule itself: the biases' sum, then the listed ranks that received the token.
+        for (int64_t t = 0; t < c.tokens; ++t) {
+          const int32_t* head = w.send_head.data() + t * ranks;
+          for (int64_t j = 0; j < hidden; ++j) {
+            const auto at = static_cast<size_t>(t * hidden + j);
+            float acc = (c.bias0 ? bf16_to_float(w.bias0[at]) : 0.0f) +
+                        (c.bias1 ? bf16_to_float(w.bias1[at]) : 0.0f);
+            for (int i = 0; i < ranks && order[static_cast<size_t>(t * ranks + i)] >= 0; ++i) {
+              const int32_t r = order[static_cast<size_t>(t * ranks + i)];
+              if (head[r] >= 0)
+                acc += bf16_to_float(
+                    w.rows[static_cast<size_t>(r)][static_cast<size_t>(head[r] * hidden + j)]);
+            }
+            REQUIRE(got.x[at] == float_to_bf16(acc));
+            differs_from_v1 += got.x[at] != v1.x[at] ? 1 : 0;
+          }
+          for (int k = 0; k < c.topk; ++k) {
+            const int32_t g = owner[static_cast<size_t>(t * c.topk + k)];
+            const float want =
+                g >= 0 && head[g] >= 0
+                    ? w.weights[static_cast<size_t>(g)][static_cast<size_t>(head[g] * c.topk + k)]
+                    : 0.0f;
+            REQUIRE(float_to_bits(got.weights[static_cast<size_t>(t * c.topk + k)]) ==
+                    float_to_bits(want));
+          }
+        }
+      }
+    }
+  }
+  CHECK(differs_from_v1 > 100);  // the order matters, and is tested
+}
