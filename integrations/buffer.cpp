@@ -53,7 +53,10 @@ proxy::SessionConfig session_config(const control::Bootstrap& boot, const Buffer
   proxy::SessionConfig config;
   config.device = opts.device;  // its stream hands on the writes it fills
   config.sizes = integrations::session_sizes(opts, boot.world_size(), ranks_per_node);
-  config.timeout = std::chrono::milliseconds(params::ep_timeout_ms.get());
+  require(opts.timeout_ms >= 0, kPhase, "timeout_ms must be >= 0 (0: ep.timeout_ms); got {}",
+          opts.timeout_ms);
+  config.timeout = std::chrono::milliseconds(opts.timeout_ms > 0 ? opts.timeout_ms
+                                                                 : params::ep_timeout_ms.get());
   config.tolerate_peer_failures = opts.enable_shrink;
   if (params::proxy_mode.get() == "daemon")
     config.daemon_socket = node_socket(params::daemon_socket.get(), boot.rank() / ranks_per_node);

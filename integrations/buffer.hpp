@@ -47,6 +47,7 @@
 #include "integrations/config.hpp"
 #include "integrations/low_latency_types.hpp"
 #include "integrations/normal_types.hpp"
+#include "proxy/session/arena_layout.hpp"
 
 #include <cstdint>
 #include <memory>
@@ -74,6 +75,14 @@ struct BufferOptions {
   bool enable_shrink = false;
   bool explicitly_destroy = false;
   int ranks_per_node = 0;  // 0: the bootstrap's LOCAL_WORLD_SIZE
+  // How normal-mode calls cross nodes for this Buffer; unset: ep.internode. Per Buffer because
+  // DeepEP V2 chooses it per Buffer (ElasticBuffer's allow_hybrid_mode); every rank must pass
+  // the same (checked when the session's sizes are agreed).
+  std::optional<proxy::Internode> internode;
+  // The deadline of this Buffer's host waits (the session's: every call's waits for peers and
+  // for the proxy), in ms; 0: ep.timeout_ms. Device waits keep ep.timeout_ms. Per Buffer for
+  // DeepEP V2's num_cpu_timeout_secs.
+  int64_t timeout_ms = 0;
   // The device this rank's device tensors live on (gpu_side/device/device_runtime.hpp): a
   // CudaDevice on a GPU, a SimulatedDevice in tests. Without one, calls take host tensors only.
   // Calls with device tensors, normal and low-latency, run on the device backend, whose kernels

@@ -62,8 +62,10 @@ proxy::SessionSizes session_sizes(const BufferOptions& opts, int ranks, int rank
   s.chunk_bytes = static_cast<uint64_t>(std::max<int64_t>(4096, params::ep_chunk_bytes.get()));
   // Hierarchical internode for normal-mode calls, host and device; low-latency calls write every
   // rank (and mask ranks): a low-latency Buffer sends per rank.
-  s.internode = params::ep_internode.get() == "hierarchical" && !ll ? proxy::Internode::hierarchical
-                                                                    : proxy::Internode::per_rank;
+  const proxy::Internode asked = opts.internode.value_or(
+      params::ep_internode.get() == "hierarchical" ? proxy::Internode::hierarchical
+                                                   : proxy::Internode::per_rank);
+  s.internode = ll ? proxy::Internode::per_rank : asked;
   return s;
 }
 

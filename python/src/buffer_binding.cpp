@@ -16,6 +16,7 @@
 #include <pybind11/stl.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace py = pybind11;
@@ -50,10 +51,27 @@ void bind_group_rendezvous(py::module_& m) {
           [](GroupRendezvous& g, const py::bytes& b) { g.secret = std::string(b); });
 }
 
+// "per_rank" or "hierarchical", as ep.internode spells them; None: ep.internode.
+std::optional<proxy::Internode> parse_internode(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  if (*name == "per_rank") return proxy::Internode::per_rank;
+  if (*name == "hierarchical") return proxy::Internode::hierarchical;
+  throw py::value_error(
+      "BufferOptions: internode must be 'per_rank', 'hierarchical' or None; got '" + *name + "'");
+}
+
+std::optional<std::string> internode_name(const std::optional<proxy::Internode>& internode) {
+  if (!internode) return std::nullopt;
+  return *internode == proxy::Internode::hierarchical ? "hierarchical" : "per_rank";
+}
+
 BufferOptions make_options(int64_t num_nvl_bytes, int64_t num_rdma_bytes, bool low_latency_mode,
                            int num_qps_per_rank, bool allow_nvlink_for_low_latency_mode,
-                           bool enable_shrink, bool explicitly_destroy, DevicePtr device) {
+                           bool enable_shrink, bool explicitly_destroy, DevicePtr device,
+                           const std::optional<std::string>& internode, int64_t timeout_ms) {
   BufferOptions o;
+  o.internode = parse_internode(internode);
+  o.timeout_ms = timeout_ms;
   o.num_nvl_bytes = num_nvl_bytes;
   o.num_rdma_bytes = num_rdma_bytes;
   o.low_latency_mode = low_latency_mode;
@@ -77,7 +95,8 @@ void bind_buffer_options(py::module_& m) {
           py::arg("num_qps_per_rank") = defaults.num_qps_per_rank,
           py::arg("allow_nvlink_for_low_latency_mode") = defaults.allow_nvlink_for_low_latency_mode,
           py::arg("enable_shrink") = defaults.enable_shrink,
-          py::arg("explicitly_destroy") = defaults.explicitly_destroy, py::arg("device") = nullptr)
+          py::arg("explicitly_destroy") = defaults.explicitly_destroy, py::arg("device") = nullptr,
+          py::arg("internode") = py::none(), py::arg("timeout_ms") = defaults.timeout_ms)
       .def_readwrite("num_nvl_bytes", &BufferOptions::num_nvl_bytes)
       .def_readwrite("num_rdma_bytes", &BufferOptions::num_rdma_bytes)
       .def_readwrite("low_latency_mode", &BufferOptions::low_latency_mode)
@@ -86,7 +105,13 @@ void bind_buffer_options(py::module_& m) {
                      &BufferOptions::allow_nvlink_for_low_latency_mode)
       .def_readwrite("enable_shrink", &BufferOptions::enable_shrink)
       .def_readwrite("explicitly_destroy", &BufferOptions::explicitly_destroy)
-      .def_readwrite("device", &BufferOptions::device);
+      .def_readwrite("device", &BufferOptions::device)
+      .def_property(
+          "internode", [](const BufferOptions& o) { return internode_name(o.internode); },
+          [](BufferOptions& o, const std::optional<std::string>& name) {
+            o.internode = parse_internode(name);
+          })
+      .def_readwrite("timeout_ms", &BufferOptions::timeout_ms);
 }
 
 void bind_phase_times(py::module_& m) {

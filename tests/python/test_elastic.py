@@ -215,8 +215,14 @@ def test_construction_from_settings_and_bytes(buffer):
         recv_x, _, _, handle, _ = other.dispatch(x, topk_idx=topk_idx, num_experts=E, num_max_tokens_per_rank=T)
         assert torch.equal(recv_x, reference_for((x,), topk_idx, weights).rows[0])
         assert handle.psum_num_recv_tokens_per_scaleup_rank.shape == (dist.get_world_size(),)
+        # DeepEP's direct mode is our per_rank internode, whatever ep.internode says.
+        assert other.runtime.stats().internode == "per_rank"
     finally:
         other.destroy()
+    # Hybrid mode (the default) is hierarchical internode where there are several nodes of
+    # several ranks (2 nodes x 2 here), per_rank elsewhere.
+    R, rpn = dist.get_world_size(), int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    assert buffer.runtime.stats().internode == ("hierarchical" if 1 < rpn < R else "per_rank")
     with pytest.raises(deep_ep.ProxyEPError, match="destroyed"):
         other.dispatch(x, topk_idx=topk_idx, num_experts=E)
     with pytest.raises(deep_ep.ProxyEPError, match="destroyed"):
@@ -551,3 +557,23 @@ def test_env_overrides_service_level():
         assert buf.sl_idx == 5
     finally:
         buf.destroy()
+
+
+def test_cpu_timeout_bounds_this_buffer_waits():
+    """num_cpu_timeout_secs is this Buffer's host wait deadline, not ep.timeout_ms (20 s in these
+    tests): rank 0 dispatches alone and fails within about a second, naming the phase; rank 1
+    waits for it without calling."""
+    import time
+    buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
+                                num_cpu_timeout_secs=1)
+    x, topk_idx, _ = make_inputs(3)
+    failed_after = None
+    if dist.get_rank() == 0:
+        start = time.monotonic()
+        with pytest.raises(deep_ep.ProxyEPError, match="dispatch"):
+            buf.dispatch(x, topk_idx=topk_idx, num_experts=E)
+        failed_after = time.monotonic() - start
+    dist.barrier()
+    del buf
+    if failed_after is not None:
+        assert failed_after < 10, f"the call gave up after {failed_after:.1f} s, not about 1 s"

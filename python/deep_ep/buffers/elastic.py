@@ -16,8 +16,9 @@ host-simulated device (the handle's fields are computed by torch on the host her
 Stand-ins for DeepEP's hardware knobs (section 4 of the plan): SM and QP counts are computed as
 DeepEP's interface promises and recorded, never used (ProxyEP's fabric has no per-call QPs);
 ``sl_idx`` is validated and stored; ``deterministic`` is accepted (rows already arrive sorted by
-source); ``num_cpu_timeout_secs`` and ``num_gpu_timeout_secs`` are stored, waits being bounded by
-ProxyEP's ``ep.timeout_ms``.
+source); ``num_cpu_timeout_secs`` bounds this Buffer's host waits (``num_gpu_timeout_secs`` is
+stored, device waits keeping ProxyEP's ``ep.timeout_ms``); ``allow_hybrid_mode`` picks hierarchical
+internode (DeepEP's hybrid mode) or per_rank (its direct mode) for this Buffer.
 """
 
 import contextlib
@@ -53,6 +54,14 @@ _MIN_SMS_WITHOUT_OVERLAP = 64
 
 def _unsupported(what, why="not yet supported by ProxyEP"):
     return proxyep.ProxyEPError(f"{what} is {why}")
+
+
+def _internode(ranks, ranks_per_node, allow_hybrid_mode):
+    """How this Buffer's calls cross nodes: DeepEP's hybrid mode (a token once per node, forwarded
+    and reduced inside the node) is our hierarchical internode; its direct mode our per_rank.
+    Hybrid needs several nodes of several ranks each, all equal."""
+    hybrid = (allow_hybrid_mode and 1 < ranks_per_node < ranks and ranks % ranks_per_node == 0)
+    return "hierarchical" if hybrid else "per_rank"
 
 
 def _event_handle(event, name):
@@ -114,9 +123,13 @@ class ElasticBuffer:
         if num_allocated_qps == 0:
             num_allocated_qps = _HYBRID_QPS if allow_hybrid_mode else _DIRECT_QPS
 
+        if num_cpu_timeout_secs <= 0:
+            raise ValueError(f"num_cpu_timeout_secs must be positive, got {num_cpu_timeout_secs}")
         self._legacy = Buffer(group, num_nvl_bytes=nvl_bytes, num_rdma_bytes=rdma_bytes,
                               explicitly_destroy=explicitly_destroy, ranks_per_node=ranks_per_node,
-                              device=device)
+                              device=device,
+                              internode=_internode(group_size, layout_rpn, allow_hybrid_mode),
+                              timeout_ms=int(num_cpu_timeout_secs * 1000))
         self.runtime = self._legacy.runtime
         self.nccl_comm_handle = None  # no NCCL underneath
         self.group = group

@@ -111,11 +111,15 @@ class Buffer:
         *,
         ranks_per_node=None,
         device=None,
+        internode=None,
+        timeout_ms=0,
     ):
         """Collective over ``group`` (any torch.distributed group, gloo included; None = the
         default group) or the mpi4py ``comm``. ProxyEP only: ``ranks_per_node`` overrides the node
         layout taken from LOCAL_WORLD_SIZE; ``device`` says where tensors live (the module's
-        docstring)."""
+        docstring); ``internode`` ('per_rank' or 'hierarchical') overrides ep.internode for this
+        Buffer, and ``timeout_ms`` (> 0) ep.timeout_ms for its host waits (device waits keep
+        ep.timeout_ms). ElasticBuffer sets both from its own arguments."""
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
@@ -152,6 +156,8 @@ class Buffer:
             enable_shrink=enable_shrink,
             explicitly_destroy=explicitly_destroy,
             device=self.device,
+            internode=internode,
+            timeout_ms=timeout_ms,
         ))
         self.rank = self.runtime.rank
         self.group_size = self.runtime.group_size
