@@ -131,6 +131,30 @@ void check_combine_inputs(std::span<const TensorRef> expert_out,
   }
 }
 
+// The rows [first, end) of dispatched[r]'s receive order that came from `rank` (its receive
+// order groups rows by source rank).
+struct RowsFrom {
+  int64_t first = 0;
+  int64_t end = 0;
+};
+RowsFrom rows_from(const ReferenceDispatch& d, int r, int rank) {
+  RowsFrom rows;
+  for (int s = 0; s < rank; ++s)
+    rows.first += d.recv_from[s];
+  rows.end = rows.first + d.recv_from[rank];
+  require(rows.end <= d.recv_src_idx.rows(), kPhase,
+          "dispatched[{}].recv_from sums past its {} received rows", r, d.recv_src_idx.rows());
+  return rows;
+}
+
+// The source token of dispatched[r]'s received row i, checked against the source's tokens.
+int64_t source_token(const ReferenceDispatch& d, int r, int64_t i, int64_t num_tokens) {
+  const int64_t t = d.recv_src_idx.data<int32_t>()[i];
+  require(t >= 0 && t < num_tokens, kPhase, "dispatched[{}] row {} names token {} outside [0, {})",
+          r, i, t, num_tokens);
+  return t;
+}
+
 float bias_at(const TensorRef& bias, int64_t t, int64_t c) {
   return bias.defined() ? bf16_to_float(bias.at<uint16_t>(t, c)) : 0.0f;
 }
@@ -157,16 +181,9 @@ ReferenceCombine combine_by_topk(std::span<const TensorRef> expert_out,
             kPhase, "by_topk needs dispatched[{}].recv_topk_idx, one row per received token{}", r,
             weights ? " and as many lanes as weights_in" : "");
     const int64_t lanes = d.recv_topk_idx.cols();
-    int64_t first = 0;  // rows of r's receive order that came from `rank`
-    for (int s = 0; s < rank; ++s)
-      first += d.recv_from[s];
-    const int64_t count = d.recv_from[rank];
-    require(first + count <= d.recv_src_idx.rows(), kPhase,
-            "dispatched[{}].recv_from sums past its {} received rows", r, d.recv_src_idx.rows());
-    for (int64_t i = first; i < first + count; ++i) {
-      const int64_t t = d.recv_src_idx.data<int32_t>()[i];
-      require(t >= 0 && t < num_tokens, kPhase,
-              "dispatched[{}] row {} names token {} outside [0, {})", r, i, t, num_tokens);
+    const RowsFrom rows = rows_from(d, r, rank);
+    for (int64_t i = rows.first; i < rows.end; ++i) {
+      const int64_t t = source_token(d, r, i, num_tokens);
       int last = -1;
       for (int64_t k = 0; k < lanes; ++k)
         if (d.recv_topk_idx.data<int64_t>()[i * lanes + k] >= 0) last = static_cast<int>(k);
@@ -329,16 +346,9 @@ ReferenceCombine reference_combine(std::span<const TensorRef> expert_out,
   };
   for (int r = 0; r < ranks; ++r) {
     const ReferenceDispatch& d = dispatched[r];
-    int64_t first = 0;  // rows of r's receive order that came from `rank`
-    for (int s = 0; s < rank; ++s)
-      first += d.recv_from[s];
-    const int64_t count = d.recv_from[rank];
-    require(first + count <= d.recv_src_idx.rows(), kPhase,
-            "dispatched[{}].recv_from sums past its {} received rows", r, d.recv_src_idx.rows());
-    for (int64_t i = first; i < first + count; ++i) {
-      const int64_t t = d.recv_src_idx.data<int32_t>()[i];
-      require(t >= 0 && t < num_tokens, kPhase,
-              "dispatched[{}] row {} names token {} outside [0, {})", r, i, t, num_tokens);
+    const RowsFrom rows = rows_from(d, r, rank);
+    for (int64_t i = rows.first; i < rows.end; ++i) {
+      const int64_t t = source_token(d, r, i, num_tokens);
       node_hit[static_cast<size_t>(t)] = 1;
       for (int64_t c = 0; c < hidden; ++c)
         node_sum[static_cast<size_t>(t * hidden + c)] +=

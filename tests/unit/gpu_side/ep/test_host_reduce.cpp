@@ -76,6 +76,10 @@ struct Case {
 
 // A combine's inputs: per-rank blocks whose rows come back in shuffled order, tokens that some
 // ranks did not receive (head -1), optional biases and weights.
+bool is_nan_bf16(uint16_t b) {
+  return (b & 0x7fff) > 0x7f80;
+}
+
 struct World {
   Case c;
   std::vector<std::vector<uint16_t>> rows;
@@ -121,6 +125,18 @@ struct World {
     weights[static_cast<size_t>(r)].resize(static_cast<size_t>(n * c.topk));
     for (auto& w : weights[static_cast<size_t>(r)])
       w = random_weight(rng);
+  }
+
+  // Rows and biases without NaNs (each becomes 1.0): results can then be compared by value.
+  void replace_nans() {
+    auto no_nan = [](std::vector<uint16_t>& v) {
+      for (auto& x : v)
+        if (is_nan_bf16(x)) x = float_to_bf16(1.0f);
+    };
+    for (auto& r : rows)
+      no_nan(r);
+    no_nan(bias0);
+    no_nan(bias1);
   }
 
   CombineInput input(uint16_t* out, float* out_weights) const {
@@ -207,10 +223,6 @@ std::vector<float> weight_addends(const World& w, int64_t t, int k) {
 
 bool is_nan(float f) {
   return f != f;
-}
-
-bool is_nan_bf16(uint16_t b) {
-  return (b & 0x7fff) > 0x7f80;
 }
 
 // Whether summing `a` from 0 meets an add whose operands are both NaN (the result's bits are
@@ -460,14 +472,7 @@ TEST_CASE("host reduce: biases first (hierarchical's last step) gives combine_to
         CAPTURE(hidden);
         CAPTURE(bias);
         World w(c);
-        auto no_nan = [](std::vector<uint16_t>& v) {
-          for (auto& x : v)
-            if (is_nan_bf16(x)) x = float_to_bf16(1.0f);
-        };
-        for (auto& r : w.rows)
-          no_nan(r);
-        no_nan(w.bias0);
-        no_nan(w.bias1);
+        w.replace_nans();
         Result last(c), expected(c), got(c);
         CombineInput in = w.input(last.x.data(), last.weights.data());
         for (int64_t t = 0; t < c.tokens; ++t)
@@ -522,14 +527,7 @@ TEST_CASE("host reduce: V2's order and weight owners give combine_token's bits")
         CAPTURE(hidden);
         CAPTURE(bias);
         World w(c);
-        auto no_nan = [](std::vector<uint16_t>& v) {
-          for (auto& x : v)
-            if (is_nan_bf16(x)) x = float_to_bf16(1.0f);
-        };
-        for (auto& r : w.rows)
-          no_nan(r);
-        no_nan(w.bias0);
-        no_nan(w.bias1);
+        w.replace_nans();
         Random rng{seed * 31};
         std::vector<int32_t> order(static_cast<size_t>(c.tokens * ranks), -1);
         std::vector<int32_t> owner(static_cast<size_t>(c.tokens * c.topk));
