@@ -74,12 +74,12 @@ struct Case {
   uint64_t seed = 1;
 };
 
-// A combine's inputs: per-rank blocks whose rows come back in shuffled order, tokens that some
-// ranks did not receive (head -1), optional biases and weights.
 bool is_nan_bf16(uint16_t b) {
   return (b & 0x7fff) > 0x7f80;
 }
 
+// A combine's inputs: per-rank blocks whose rows come back in shuffled order, tokens that some
+// ranks did not receive (head -1), optional biases and weights.
 struct World {
   Case c;
   std::vector<std::vector<uint16_t>> rows;
