@@ -8,9 +8,9 @@
 #   fuzz      each libFuzzer target for PROXYEP_FUZZ_SECONDS (20 s) from the committed seeds,
 #             two at a time
 #   tsan      ThreadSanitizer (preset tsan): the concurrency-heavy unit tests (label tsan)
-# The sanitizer builds build only what their tests run, and they run beside the release tests
-# at the lowest CPU priority (the summary's "sanitizer builds" time is what was left of them
-# after the release tests). SKIP_SANITIZERS=1 runs the release part only, for a quick local run;
+# The sanitizer builds build only what their tests run, and they run in the background at the
+# lowest CPU priority beside the release tests and the sanitize tests (the summary's "build
+# (rest)" times are what was left of them when their tests were due). SKIP_SANITIZERS=1 runs the release part only, for a quick local run;
 # CI runs everything. Exits non-zero when any part failed; after the summary it prints, for each
 # failed test, the lines that say why (scripts/failed-test-digest.py).
 # After adding or removing tests: PROXYEP_UPDATE_TEST_COUNTS=1 ./scripts/test.sh writes the
@@ -26,6 +26,7 @@ failed=()
 summary=()
 # Why each failed test failed, printed after the summary (scripts/failed-test-digest.py).
 digest=$(mktemp)
+background_pid=""
 # part NAME COMMAND...: runs COMMAND, notes its time and whether it failed; returns its status.
 part() {
   local name=$1 start=$SECONDS rc=0
@@ -71,57 +72,57 @@ run_ctest() {
 full=1
 [[ $# -eq 0 ]] || full=0  # tests chosen by hand: no counts to hold them to
 
-# sanitizer_builds: the sanitize and tsan builds, one after the other; the tsan part is noted as
-# failed in $1 when its build failed (the sanitize part's status is the function's).
+# The sanitizer builds, each noting its exit status in $work/<preset>.status and its output in
+# $work/<preset>.log (read by join_build).
+work=$(mktemp -d)
+trap 'rm -rf "$digest" "$work"' EXIT
 sanitizer_builds() {
-  local tsan_status=$1 rc=0
-  "$root/scripts/build.sh" sanitize proxyep_sanitize_tests || rc=$?
-  "$root/scripts/build.sh" tsan proxyep_tsan_tests || echo failed >"$tsan_status"
-  return $rc
+  local preset rc
+  for preset in sanitize tsan; do
+    rc=0
+    "$root/scripts/build.sh" "$preset" "proxyep_${preset}_tests" >"$work/$preset.log" 2>&1 || rc=$?
+    echo "$rc" >"$work/$preset.status"
+  done
+}
+
+# join_build PRESET: waits for PRESET's build (the background builds' process gone without a
+# status counts as a failure), prints its output, returns its status.
+join_build() {
+  local preset=$1
+  until [[ -s "$work/$preset.status" ]] || ! kill -0 "$background_pid" 2>/dev/null; do
+    sleep 1
+  done
+  cat "$work/$preset.log" >&2 2>/dev/null
+  [[ -s "$work/$preset.status" ]] || { echo "test.sh: the $preset build ended without a status" >&2; return 1; }
+  return "$(cat "$work/$preset.status")"
 }
 
 sanitizers=1
 [[ "${SKIP_SANITIZERS:-0}" != 1 ]] || sanitizers=0
-background_pid=""
-background_log=$(mktemp)
-tsan_status=$(mktemp)
-trap 'rm -f "$digest" "$background_log" "$tsan_status"' EXIT
-if part "release build" "$root/scripts/build.sh" release; then
-  # The sanitizer builds run beside the release tests at the lowest CPU priority (nice 19): the
-  # tests run one at a time and leave a core idle much of the time (start-ups, waits, deadline
-  # cases), which the builds take, while a test that wants both cores still gets them (a nice-19
-  # process gets about 1.5% of a core against a busy nice-0 one). Their output is printed after
-  # the tests, so the log stays readable.
-  if [[ $sanitizers -eq 1 ]]; then
-    (nice -n 19 bash -c "$(declare -f sanitizer_builds); root='$root'; sanitizer_builds '$tsan_status'") \
-      >"$background_log" 2>&1 &
-    background_pid=$!
-  fi
+if [[ $sanitizers -eq 1 ]] && part "release build" "$root/scripts/build.sh" release; then
+  # The sanitizer builds (sanitize, then tsan) run in the background at the lowest CPU priority
+  # (nice 19), beside the release tests, then the sanitize tests and fuzzing: the tests run one
+  # at a time and leave a core idle much of the time (start-ups, waits, deadline cases), which
+  # the builds take, while a test that wants both cores still gets them (a nice-19 process gets
+  # about 1.5% of a core against a busy nice-0 one). A build's output is printed when its tests
+  # are about to run, so the log stays readable.
+  (nice -n 19 bash -c "$(declare -f sanitizer_builds); root='$root' work='$work' sanitizer_builds") &
+  background_pid=$!
   part "release tests" run_ctest release release "$@"
+elif [[ $sanitizers -eq 0 ]] && part "release build" "$root/scripts/build.sh" release; then
+  part "release tests" run_ctest release release "$@"
+elif [[ $sanitizers -eq 1 ]]; then
+  # No release build, so nothing beside which to build: the sanitizer builds run here.
+  part "sanitizer builds" sanitizer_builds
 fi
 if [[ $sanitizers -eq 1 ]]; then
-  # join_sanitizer_builds: waits for the background builds (or runs them, when the release build
-  # failed and none started) and prints their output.
-  join_sanitizer_builds() {
-    local rc=0
-    if [[ -n "$background_pid" ]]; then
-      wait "$background_pid" || rc=$?
-      cat "$background_log" >&2
-    else
-      sanitizer_builds "$tsan_status" || rc=$?
-    fi
-    return $rc
-  }
-  if part "sanitizer builds" join_sanitizer_builds; then
+  if part "sanitize build (rest)" join_build sanitize; then
     part "sanitize tests" run_ctest sanitize sanitize -L '^(unit|sanitize|sanitizer_report)$'
     # Two at a time: each fuzzes for a fixed wall time and checks no deadline, so running them
     # side by side halves the part at the cost of half the executions each.
     part "fuzz" run_ctest fuzz sanitize -L '^fuzz$' -j 2
   fi
-  if [[ -s "$tsan_status" ]]; then
-    summary+=("$(printf '%-22s %5s    %s' "tsan build" "" "FAILED (output above)")")
-    failed+=("tsan build")
-  else
+  if part "tsan build (rest)" join_build tsan; then
     part "tsan tests" run_ctest tsan tsan -L '^(tsan|sanitizer_report)$'
   fi
 fi
