@@ -6,6 +6,7 @@ sync, async, alignments 1 and 128) with their EPHandle fields, against a referen
 from every rank's inputs gathered over gloo. Run on 2 ranks, 2 nodes of 2, and 2 nodes of 1."""
 
 import os
+import time
 
 import pytest
 import torch
@@ -563,7 +564,6 @@ def test_cpu_timeout_bounds_this_buffer_waits():
     """num_cpu_timeout_secs is this Buffer's host wait deadline, not ep.timeout_ms (20 s in these
     tests): rank 0 dispatches alone and fails within about a second, naming the phase; rank 1
     waits for it without calling."""
-    import time
     buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
                                 num_cpu_timeout_secs=1)
     x, topk_idx, _ = make_inputs(3)
