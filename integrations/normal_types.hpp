@@ -123,6 +123,9 @@ struct DispatchArgs {
   TensorRef num_tokens_per_expert;         // i32 [E]
   TensorRef topk_idx;                      // i64 [N, K]
   TensorRef topk_weights;                  // f32 [N, K]
+  // DeepEP V2's cumulative_local_expert_recv_stats: i32 or i64 [num_experts / R], where x is;
+  // += the (token, local expert) pairs this rank receives, unaligned. Fresh dispatches only.
+  TensorRef recv_stats;
   int expert_alignment = 1;
   int num_worst_tokens = 0;
   // Its RDMA chunk sizes chunk the streams to other nodes; the rest is accepted (config.hpp).
@@ -151,6 +154,9 @@ struct DispatchResult {
   Tensor recv_topk_idx;      // i64 [rows, K], local expert ids, -1 elsewhere (fresh mode)
   Tensor recv_topk_weights;  // f32 [rows, K], 0 where the index is -1 (fresh mode)
   std::vector<int> num_recv_tokens_per_expert;  // aligned; empty with num_worst_tokens / cached
+  // The (token, local expert) pairs received per local expert, unaligned (DeepEP V2's
+  // num_unaligned_recv_tokens_per_expert); fresh dispatches, with num_worst_tokens too.
+  std::vector<int> unaligned_recv_tokens_per_expert;
   DispatchHandle handle;  // complete at once, but for recv_src_idx's contents (with async_finish)
   CallEvent event;        // with async_finish: the rows are in the outputs once it is set
 };

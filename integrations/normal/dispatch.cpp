@@ -128,6 +128,9 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   chunk_fabric_in(session_, streams, records);
   if (hier_streams == nullptr) plan_in_place(*d, records, counts);
   finish_handle(d->out, in, a, d->routing, counts, records);
+  // Counted now, from the records: the rows are not needed (nor awaited by an async call).
+  if (a.recv_stats.defined())
+    d->backend->add(a.recv_stats, d->out.unaligned_recv_tokens_per_expert);
   if (hier_streams != nullptr && !in.cached)
     d->out.handle.forward_heads = hier_streams->forward_heads();
   clock.lap(&PhaseTimes::prepare_ns);
@@ -277,12 +280,14 @@ void NormalMode::finish_handle(DispatchResult& out, const DispatchInput& in, con
   h.num_recv_tokens = static_cast<int>(counts.received_by(me));
   h.hidden = static_cast<int>(in.hidden);
   h.buffer_id = buffer_id_;
-  if (a.num_worst_tokens > 0) return;
   const int local_experts = in.num_experts / R;
-  out.num_recv_tokens_per_expert.assign(static_cast<size_t>(local_experts), 0);
+  std::vector<int>& unaligned = out.unaligned_recv_tokens_per_expert;
+  unaligned.assign(static_cast<size_t>(local_experts), 0);
   for (int s = 0; s < R; ++s)
     for (int e = 0; e < local_experts; ++e)
-      out.num_recv_tokens_per_expert[e] += records[s].experts[static_cast<size_t>(e)];
+      unaligned[static_cast<size_t>(e)] += records[s].experts[static_cast<size_t>(e)];
+  if (a.num_worst_tokens > 0) return;
+  out.num_recv_tokens_per_expert = unaligned;
   for (int& n : out.num_recv_tokens_per_expert)
     n = (n + a.expert_alignment - 1) / a.expert_alignment * a.expert_alignment;
 }

@@ -68,6 +68,20 @@ void check_cached(const DispatchArgs& a, const DispatchInput& in, uint64_t buffe
   require(h.num_tokens == in.tokens, kPhase, "x has {} tokens but the handle was made for {}",
           in.tokens, h.num_tokens);
   require(a.num_worst_tokens == 0, kPhase, "num_worst_tokens is not used with a handle");
+  require(!a.recv_stats.defined(), kPhase,
+          "cumulative_local_expert_recv_stats is counted by fresh dispatches only (as in DeepEP)");
+}
+
+// DeepEP V2's cumulative_local_expert_recv_stats: one counter per local expert, where x is.
+void check_recv_stats(const DispatchArgs& a, const DispatchInput& in, bool on_device, int R) {
+  if (!a.recv_stats.defined()) return;
+  const std::string_view name = "cumulative_local_expert_recv_stats";
+  require_place(a.recv_stats, on_device, name);
+  require((a.recv_stats.dtype == DType::i32 || a.recv_stats.dtype == DType::i64) &&
+              a.recv_stats.dims == 1 && a.recv_stats.rows == in.num_experts / R,
+          kPhase, "{} must be int32 or int64 [num_experts / R = {}]; got {}", name,
+          in.num_experts / R, a.recv_stats);
+  if (on_device) ep::require_contiguous(a.recv_stats, kPhase, name);
 }
 
 void check_topk(const DispatchArgs& a, DispatchInput& in, const ep::EpShape& shape) {
@@ -162,6 +176,7 @@ DispatchInput check_dispatch_args(const DispatchArgs& a, bool on_device, int ran
   check_layout(a, in, ranks);
   if (!on_device) check_node_counts(a, in, ranks, ranks_per_node);
   check_topk(a, in, {ranks, ranks_per_node, in.num_experts});
+  check_recv_stats(a, in, on_device, ranks);
   in.format.src_index = 1;
   return in;
 }

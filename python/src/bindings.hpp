@@ -17,6 +17,8 @@ void bind_buffer(pybind11::module_& m);
 // normal_binding.cpp: DispatchHandle, DispatchArgs, CombineArgs; layout, dispatch, combine.
 void bind_normal_types(pybind11::module_& m);
 void bind_normal_calls(BufferClass& buffer);
+// elastic_binding.cpp: DeepEP V2's dispatch as one call, and its handle's source metadata.
+void bind_elastic_calls(BufferClass& buffer);
 // low_latency_binding.cpp: LowLatencyHandle, LowLatency{Dispatch,Combine}Args; the LL calls.
 void bind_low_latency_types(pybind11::module_& m);
 void bind_low_latency_calls(BufferClass& buffer);

@@ -227,6 +227,7 @@ void bind_buffer(py::module_& m) {
   BufferClass buffer(m, "Buffer");
   bind_buffer_lifecycle(buffer);
   bind_normal_calls(buffer);
+  bind_elastic_calls(buffer);
   bind_low_latency_calls(buffer);
 }
 

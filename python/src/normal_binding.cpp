@@ -25,9 +25,10 @@ DispatchArgs make_dispatch_args(const py::handle& x, const py::handle& x_scales,
                                 const py::handle& num_tokens_per_rdma_rank,
                                 const py::handle& is_token_in_rank,
                                 const py::handle& num_tokens_per_expert, const py::handle& topk_idx,
-                                const py::handle& topk_weights, int expert_alignment,
-                                int num_worst_tokens, std::optional<Config> config,
-                                bool async_finish, DeviceEventPtr previous_event) {
+                                const py::handle& topk_weights, const py::handle& recv_stats,
+                                int expert_alignment, int num_worst_tokens,
+                                std::optional<Config> config, bool async_finish,
+                                DeviceEventPtr previous_event) {
   DispatchArgs a;
   a.x = view_of(x, "x");
   a.x_scales = view_of(x_scales, "x_scales");
@@ -38,6 +39,7 @@ DispatchArgs make_dispatch_args(const py::handle& x, const py::handle& x_scales,
   a.num_tokens_per_expert = view_of(num_tokens_per_expert, "num_tokens_per_expert");
   a.topk_idx = view_of(topk_idx, "topk_idx");
   a.topk_weights = view_of(topk_weights, "topk_weights");
+  a.recv_stats = view_of(recv_stats, "cumulative_local_expert_recv_stats");
   a.expert_alignment = expert_alignment;
   a.num_worst_tokens = num_worst_tokens;
   a.config = config;
@@ -52,16 +54,16 @@ void bind_dispatch_args(py::module_& m) {
                                "a normal-mode dispatch's arguments (integrations/normal_types.hpp)"
                                "; tensors as views (proxyep.view), None where absent");
   // Keyword-only: 14 fields are too many to pass by position without mixing two up.
-  cls.def(py::init(&make_dispatch_args), py::kw_only(), py::arg("x") = py::none(),
-          py::arg("x_scales") = py::none(), py::arg("handle") = nullptr,
-          py::arg("num_tokens_per_rank") = py::none(),
-          py::arg("num_tokens_per_rdma_rank") = py::none(),
-          py::arg("is_token_in_rank") = py::none(), py::arg("num_tokens_per_expert") = py::none(),
-          py::arg("topk_idx") = py::none(), py::arg("topk_weights") = py::none(),
-          py::arg("expert_alignment") = defaults.expert_alignment,
-          py::arg("num_worst_tokens") = defaults.num_worst_tokens, py::arg("config") = py::none(),
-          py::arg("async_finish") = defaults.async_finish, py::arg("previous_event") = nullptr,
-          py::keep_alive<1, 4>());  // the handle (argument 3 after self), held by address
+  cls.def(
+      py::init(&make_dispatch_args), py::kw_only(), py::arg("x") = py::none(),
+      py::arg("x_scales") = py::none(), py::arg("handle") = nullptr,
+      py::arg("num_tokens_per_rank") = py::none(), py::arg("num_tokens_per_rdma_rank") = py::none(),
+      py::arg("is_token_in_rank") = py::none(), py::arg("num_tokens_per_expert") = py::none(),
+      py::arg("topk_idx") = py::none(), py::arg("topk_weights") = py::none(),
+      py::arg("recv_stats") = py::none(), py::arg("expert_alignment") = defaults.expert_alignment,
+      py::arg("num_worst_tokens") = defaults.num_worst_tokens, py::arg("config") = py::none(),
+      py::arg("async_finish") = defaults.async_finish, py::arg("previous_event") = nullptr,
+      py::keep_alive<1, 4>());  // the handle (argument 3 after self), held by address
   def_tensor_field(cls, "x", &DispatchArgs::x);
   def_tensor_field(cls, "x_scales", &DispatchArgs::x_scales);
   def_handle_field(cls, "handle", &DispatchArgs::handle);
@@ -71,6 +73,8 @@ void bind_dispatch_args(py::module_& m) {
   def_tensor_field(cls, "num_tokens_per_expert", &DispatchArgs::num_tokens_per_expert);
   def_tensor_field(cls, "topk_idx", &DispatchArgs::topk_idx);
   def_tensor_field(cls, "topk_weights", &DispatchArgs::topk_weights);
+  def_tensor_field(cls, "recv_stats", &DispatchArgs::recv_stats,
+                   "cumulative_local_expert_recv_stats");
   cls.def_readwrite("expert_alignment", &DispatchArgs::expert_alignment)
       .def_readwrite("num_worst_tokens", &DispatchArgs::num_worst_tokens)
       .def_readwrite("config", &DispatchArgs::config)
@@ -152,8 +156,9 @@ py::tuple get_dispatch_layout(NativeBuffer& b, const py::handle& topk_idx, int n
 // handle, event or None). `a` is the Python object's copy: its previous_event is replaced by
 // the one the call orders after.
 py::tuple dispatch(NativeBuffer& b, DispatchArgs a, uintptr_t caller_stream) {
-  a.previous_event = b.previous_event("dispatch", {a.x, a.topk_idx, a.is_token_in_rank},
-                                      std::move(a.previous_event), caller_stream);
+  a.previous_event =
+      b.previous_event("dispatch", {a.x, a.topk_idx, a.is_token_in_rank, a.recv_stats},
+                       std::move(a.previous_event), caller_stream);
   DispatchResult r = without_gil([&] { return b.get().dispatch(a); });
   const DeviceRelease release = b.release(caller_stream);
   return py::make_tuple(capsule_of(r.recv_x, &release), capsule_of(r.recv_x_scales, &release),

@@ -1,17 +1,22 @@
 """deep_ep.ElasticBuffer: DeepEP 2.1's V2 Buffer, with its constructor, attributes, methods,
-argument lists and return tuples, over ProxyEP's V1 Buffer (``buffers/legacy.py``).
+argument lists and return tuples, over ProxyEP's native Buffer (the one ``buffers/legacy.py``'s
+V1 Buffer opens).
 
 What runs: dispatch and combine in the non-expanded layout, fresh and cached, BF16 or FP8 with
 scales (row- or column-major received scales), worst-case outputs without CPU sync, cumulative
 expert statistics, async calls; the size hints, domain sizes, barrier, capture, comm stream and
-destroy. Numerics are V1's: combine reduces in V1's order (DeepEP V2's order, biases first then
-ranks by top-k lane, comes with the C++ of docs/plans/ELASTIC_BUFFER.md section 3.2).
+destroy. A fresh dispatch is one native call (``Buffer.elastic_dispatch``: the layout, the
+dispatch and the handle's fields in C++, integrations/elastic/), a combine V1's native combine,
+so V2 costs what V1 does (``python3 -m proxyep.bench ep --api v2``). Numerics are V1's: combine
+reduces in V1's order (DeepEP V2's order, biases first then ranks by top-k lane, is built in
+gpu_side but not wired yet: docs/plans/ELASTIC_BUFFER.md section 3.2).
 
 Refused with ``ProxyEPError`` naming the argument or method, before anything is sent (the Buffer
 stays usable): the expanded layout (``do_expand=True``, 1-D combine weights), combine ``bias``,
 ``allow_multiple_reduction=False``, a cached dispatch with ``topk_weights``, Engram
 (``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive and AG-RS, and the
-host-simulated device (the handle's fields are computed by torch on the host here).
+host-simulated device (the column-major scales, worst-case padding of cached outputs and, with
+device tensors, two handle fields are still made by torch, which cannot read its memory).
 
 Stand-ins for DeepEP's hardware knobs (section 4 of the plan): SM and QP counts are computed as
 DeepEP's interface promises and recorded, never used (ProxyEP's fabric has no per-call QPs);
@@ -27,6 +32,8 @@ import os
 import torch
 
 import proxyep
+from proxyep import _proxyep
+from proxyep._tensors import FP8_DTYPE, tensor, view
 
 from ..utils.envs import (
     check_torch_deterministic,
@@ -39,7 +46,7 @@ from ..utils.math import align
 from . import elastic_handle as fields
 from . import elastic_sizes as sizes
 from .elastic_handle import EPHandle
-from .legacy import Buffer
+from .legacy import Buffer, _event, _small
 
 __all__ = ["ElasticBuffer", "EPHandle"]
 
@@ -403,29 +410,48 @@ class ElasticBuffer:
                 raise ValueError(f"{name}={value} differs from the handle's {theirs}")
         return recorded + (False,)  # the order _fresh_args returns, without CPU sync
 
+    def _native_args(self, x, fp8, topk_idx=None, topk_weights=None, stats=None, handle=None,
+                     expert_alignment=1, num_worst_tokens=0, order=None):
+        """(DispatchArgs, caller_stream, inputs to hold) of one native dispatch."""
+        legacy = self._legacy
+        previous, stream = legacy._order(order["previous_event"], order["async_finish"], False)
+        x_data, x_scales = x if fp8 else (x, None)
+        topk_idx, topk_weights = _small(topk_idx), _small(topk_weights)
+        args = _proxyep.DispatchArgs(
+            x=legacy._view(x_data, "x", fp8=fp8), x_scales=legacy._view(x_scales, "x_scales"),
+            handle=handle, topk_idx=legacy._view(topk_idx, "topk_idx"),
+            topk_weights=legacy._view(topk_weights, "topk_weights"),
+            recv_stats=legacy._view(stats, "cumulative_local_expert_recv_stats"),
+            expert_alignment=expert_alignment, num_worst_tokens=num_worst_tokens,
+            async_finish=order["async_finish"], previous_event=previous)
+        return args, stream, (x_data, x_scales, topk_idx, topk_weights, stats)
+
     def _fresh_dispatch(self, x, fp8, topk_idx, topk_weights, stats, num_experts,
                         num_max_tokens_per_rank, expert_alignment, num_sms, do_cpu_sync,
                         do_handle_copy, order, col_major_sf):
+        """One native call: layout, dispatch and the handle's fields (host tensors; with device
+        tensors the two fields that read them are computed by torch, section 3.4 of the plan)."""
         legacy = self._legacy
         local = num_experts // self.num_ranks
         worst = fields.worst_case_tokens(self.num_ranks, num_max_tokens_per_rank)
-        per_rank, per_rdma_rank, per_expert, in_rank, _ = legacy.get_dispatch_layout(topk_idx, num_experts)
-        recv, recv_idx, recv_weights, per_expert_list, v1_handle, event = legacy.dispatch(
-            x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_rdma_rank,
-            is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, topk_idx=topk_idx,
-            topk_weights=topk_weights, expert_alignment=expert_alignment,
-            num_worst_tokens=0 if do_cpu_sync else worst, **order)
-
-        # What V1 knows once the call returns: the rows from each source rank (its handle's
-        # received-rows prefix over sources: a column of the intranode prefix matrix, [-4] of
-        # the internode tuple), the send heads ([-1]) and the per-expert list.
-        v1 = v1_handle.native
-        prefix = v1_handle[0][:, self.rank_idx] if legacy.num_nodes == 1 else v1_handle[-4]
-        per_source = fields.received_per_source(prefix)
-        send_head = v1_handle[-1]
-        num_recv = int(v1.num_recv_tokens)
-        rows = num_recv if do_cpu_sync else worst
+        args, stream, inputs = self._native_args(
+            x, fp8, topk_idx, topk_weights, stats, expert_alignment=expert_alignment,
+            num_worst_tokens=0 if do_cpu_sync else worst, order=order)
+        (recv_x, recv_scales, recv_idx, recv_weights, per_expert_list, native, native_event,
+         psum_scaleup, psum_expert, unaligned, slots, metadata, layout) = self.runtime.elastic_dispatch(
+            args, num_experts, num_max_tokens_per_rank, self.num_scaleup_ranks, caller_stream=stream)
+        legacy._hold_inputs(order["async_finish"], inputs + (layout,))
+        event = _event(order["async_finish"], native_event, inputs + (layout,), legacy._streams())
+        recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
+        recv_idx, recv_weights = tensor(recv_idx), tensor(recv_weights)
+        device = recv_idx.device
         topk_in_handle = topk_idx.clone() if do_handle_copy else topk_idx
+        if slots is not None:
+            slots = tensor(slots)
+        else:  # device tensors: from the handle's send head, on the device
+            slots = fields.send_slots(topk_in_handle, tensor(native.send_head).to(device), local)
+        num_recv = native.num_recv_tokens
+        rows = num_recv if do_cpu_sync else worst
         handle = EPHandle(
             do_expand=False, num_experts=num_experts, expert_alignment=expert_alignment,
             num_max_tokens_per_rank=num_max_tokens_per_rank, num_sms=num_sms,
@@ -433,45 +459,58 @@ class ElasticBuffer:
             num_expanded_tokens=sum(per_expert_list) if do_cpu_sync else fields.worst_case_expanded_tokens(
                 self.num_ranks, num_max_tokens_per_rank, topk_idx.shape[1], local, expert_alignment),
             num_recv_tokens_per_expert_list=list(per_expert_list) if do_cpu_sync else [],
-            psum_num_recv_tokens_per_scaleup_rank=fields.psum_per_scaleup_rank(
-                per_source, self.num_scaleup_ranks),
-            psum_num_recv_tokens_per_expert=None, num_unaligned_recv_tokens_per_expert=None,
-            recv_src_metadata=None,
-            dst_buffer_slot_idx=fields.send_slots(topk_in_handle, send_head, local),
-            token_metadata_at_forward=None, channel_linked_list=None)
-        handle._v1_handle = v1_handle
+            psum_num_recv_tokens_per_scaleup_rank=tensor(psum_scaleup).to(device),
+            psum_num_recv_tokens_per_expert=tensor(psum_expert).to(device),
+            num_unaligned_recv_tokens_per_expert=tensor(unaligned).to(device),
+            recv_src_metadata=None if metadata is None else tensor(metadata),
+            dst_buffer_slot_idx=slots, token_metadata_at_forward=None, channel_linked_list=None)
+        handle._native = native
         handle._owner = self
         handle._recv_topk_idx = recv_idx
-
-        def complete():
-            """The fields that need the received rows (module docstring of elastic_handle)."""
-            if event.event is not None:
-                event.event.current_stream_wait()
-            src_idx = proxyep.tensor(v1.recv_src_idx)
-            unaligned = fields.unaligned_per_expert(recv_idx, num_recv, local)
-            handle.num_unaligned_recv_tokens_per_expert = unaligned
-            handle.psum_num_recv_tokens_per_expert = fields.aligned_psum(unaligned, expert_alignment)
-            handle.recv_src_metadata = fields.source_metadata(
-                rows, per_source, src_idx, recv_idx, num_max_tokens_per_rank)
-            if stats is not None:
-                stats.add_(unaligned.to(stats.device))
-
-        handle._pending = complete
-        # Statistics and a column-major copy of the scales need the rows at once: those calls
-        # finish before returning even with async_with_compute_stream.
-        if event.event is None or stats is not None or (fp8 and col_major_sf):
-            handle._complete()
-        else:
-            event.register_hook_after_wait(handle._complete)
+        if metadata is None:
+            handle._pending = self._metadata_later(handle, event, native, recv_idx, num_experts,
+                                                   num_max_tokens_per_rank, rows)
+            # A column-major copy of the scales needs the rows at once: such calls finish before
+            # returning even with async_with_compute_stream.
+            if event.event is None or (fp8 and col_major_sf):
+                handle._complete()
+            else:
+                event.register_hook_after_wait(handle._complete)
         if fp8 and col_major_sf:
+            if event.event is not None:
+                event.current_stream_wait()
             recv = (recv[0], self._column_major(recv[1]))
         return recv, recv_idx, recv_weights, handle, event
 
+    def _metadata_later(self, handle, event, native, recv_idx, num_experts, num_max_tokens_per_rank,
+                        rows):
+        """recv_src_metadata, which needs the received rows: computed once the call's event is
+        waited for (a hook after the wait) or when first read, whichever comes first."""
+
+        def complete():
+            if event.event is not None:
+                event.event.current_stream_wait()
+            if recv_idx.device.type == "cpu":
+                handle.recv_src_metadata = tensor(self.runtime.elastic_source_metadata(
+                    native, view(recv_idx, "recv_topk_idx"), num_experts, num_max_tokens_per_rank))
+                return
+            per_source = fields.received_per_source(
+                tensor(native.rank_prefix_matrix)[:, self.rank_idx])
+            handle.recv_src_metadata = fields.source_metadata(
+                rows, per_source.to(recv_idx.device), tensor(native.recv_src_idx).to(recv_idx.device),
+                recv_idx, num_max_tokens_per_rank)
+
+        return complete
+
     def _cached_dispatch(self, x, fp8, handle, order, col_major_sf):
-        handle._complete()  # its recv_topk_idx is returned again, complete
-        recv, _, _, _, _, event = self._legacy.dispatch(x, handle=handle._v1_handle, **order)
+        legacy = self._legacy
+        args, stream, inputs = self._native_args(x, fp8, handle=handle._native, order=order)
+        recv_x, recv_scales, *_, native_event = self.runtime.dispatch(args, caller_stream=stream)
+        legacy._hold_inputs(order["async_finish"], inputs)
+        event = _event(order["async_finish"], native_event, inputs, legacy._streams())
+        recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
         recv_idx = handle._recv_topk_idx.clone()
-        pad = handle.num_recv_tokens - handle._v1_handle.native.num_recv_tokens
+        pad = handle.num_recv_tokens - handle._native.num_recv_tokens
         if pad > 0 or (fp8 and col_major_sf):
             # Rows past the received ones (a handle of a dispatch without CPU sync) and
             # column-major scales are made here from the complete rows.
@@ -523,9 +562,18 @@ class ElasticBuffer:
         self._resolve_sms_qps(num_sms or handle.num_sms, num_qps, handle.num_experts,
                               handle.topk_idx.shape[1])
         _wait_before_call(before_epilogue)
-        combined, combined_weights, event = self._legacy.combine(
-            x, handle._v1_handle, topk_weights=topk_weights,
-            previous_event=EventOverlap(previous) if previous is not None else None,
-            async_finish=async_with_compute_stream)
+        legacy = self._legacy
+        previous, stream = legacy._order(
+            EventOverlap(previous) if previous is not None else None, async_with_compute_stream, False)
+        topk_weights = _small(topk_weights)
+        inputs = (x, topk_weights, handle)
+        args = _proxyep.CombineArgs(
+            x=legacy._view(x, "x"), handle=handle._native,
+            topk_weights=legacy._view(topk_weights, "topk_weights"),
+            async_finish=async_with_compute_stream, previous_event=previous)
+        combined, combined_weights, native_event = self.runtime.combine(args, caller_stream=stream)
+        legacy._hold_inputs(async_with_compute_stream, inputs)
+        event = _event(async_with_compute_stream, native_event, inputs, legacy._streams())
+        combined, combined_weights = tensor(combined), tensor(combined_weights)
         return combined, combined_weights, event
 

@@ -1,27 +1,26 @@
-"""EPHandle: DeepEP 2.1's dispatch handle, with its fields computed from the V1 dispatch that
-ElasticBuffer runs underneath (non-expanded layout).
-
-What each field holds, and where ours comes from (docs/plans/ELASTIC_BUFFER.md, section 1.7):
+"""EPHandle: DeepEP 2.1's dispatch handle (non-expanded layout). Its fields come with the native
+dispatch (``Buffer.elastic_dispatch``, integrations/elastic/elastic_dispatch.hpp), computed in C++
+from what the normal-mode dispatch knows; what each holds (docs/plans/ELASTIC_BUFFER.md, 1.7):
 
 - ``psum_num_recv_tokens_per_scaleup_rank`` (i32 ``[num_scaleup_ranks]``): inclusive prefix sum
   of the tokens received from the source ranks congruent to each scale-up peer, a token once per
-  rank; from V1's rank prefix matrix. Our rows stay in source-rank order, not grouped by peer.
+  rank. Our rows stay in source-rank order, not grouped by peer.
 - ``num_unaligned_recv_tokens_per_expert`` (i32 ``[E_local]``) and
   ``psum_num_recv_tokens_per_expert`` (inclusive prefix sum of the counts aligned to
-  ``expert_alignment``): counted from the received ``recv_topk_idx``.
-- ``recv_src_metadata`` (i32 ``[num_recv_tokens, K + 2]``): column 0 the row's global source id
-  ``src_rank * num_max_tokens_per_rank + src_token`` (V1's source index on the rank prefix);
-  column 1 ``src_rank * K + its first local lane`` (DeepEP's column is internal: a stable
-  stand-in); columns 2.. the expanded slots, -1 in the non-expanded layout. Rows past the
-  received ones (worst-case outputs) are -1.
+  ``expert_alignment``): from the notify phase's per-expert counts.
+- ``recv_src_metadata`` (i32 ``[rows, K + 2]``): column 0 the row's global source id
+  ``src_rank * num_max_tokens_per_rank + src_token``; column 1 ``src_rank * K + its first local
+  lane`` (DeepEP's column is internal: a stable stand-in); columns 2.. the expanded slots, -1 in
+  the non-expanded layout. Rows past the received ones (worst-case outputs) are -1.
 - ``dst_buffer_slot_idx`` (i32 ``[N, K]``): the row lane k's token takes among those sent to the
-  rank owning lane k's expert (V1's send head), -1 for -1 lanes and for a rank repeated by a later
+  rank owning lane k's expert (the send head), -1 for -1 lanes and for a rank repeated by a later
   lane (DeepEP's is internal too).
 
-Those three depend on rows that an ``async_with_compute_stream`` dispatch is still receiving when
-it returns: they are computed when its event is waited for (a hook after the wait), or when first
-read, whichever comes first (reading waits for the call). Either way they are complete before any
-use that DeepEP allows (after the event's wait).
+``recv_src_metadata`` depends on rows that an ``async_with_compute_stream`` dispatch is still
+receiving when it returns: it is computed when the event is waited for (a hook after the wait),
+or when first read, whichever comes first (reading waits for the call). Either way it is complete
+before any use that DeepEP allows (after the event's wait). With device tensors (CUDA), the two
+fields that read tensors are computed by torch on the device (the functions below).
 """
 
 import torch
@@ -57,9 +56,9 @@ class EPHandle:
         self.token_metadata_at_forward = token_metadata_at_forward  # hybrid channels: none here
         self.channel_linked_list = channel_linked_list
         self.cached_recv_src_metadata_before_sort = None
-        # ProxyEP's: the V1 handle (combine and cached dispatch run on it), the Buffer that made
-        # it, and the received top-k indices a cached dispatch returns again.
-        self._v1_handle = None
+        # ProxyEP's: the native normal-mode handle (combine and cached dispatch run on it), the
+        # Buffer that made it, and the received top-k indices a cached dispatch returns again.
+        self._native = None
         self._owner = None
         self._recv_topk_idx = None
 
@@ -89,9 +88,7 @@ def _row_dependent(name):
     return property(get, set_, doc=f"{name} (complete once the dispatch's rows are in)")
 
 
-for _name in ("psum_num_recv_tokens_per_expert", "num_unaligned_recv_tokens_per_expert",
-              "recv_src_metadata"):
-    setattr(EPHandle, _name, _row_dependent(_name))
+EPHandle.recv_src_metadata = _row_dependent("recv_src_metadata")
 
 
 def received_per_source(prefix):
@@ -99,13 +96,6 @@ def received_per_source(prefix):
     them over source ranks."""
     prefix = prefix.long()
     return torch.diff(prefix, prepend=prefix.new_zeros(1))
-
-
-def psum_per_scaleup_rank(per_source, num_scaleup_ranks):
-    """i32 [num_scaleup_ranks]: inclusive prefix sum over scale-up peers of the rows from the
-    source ranks congruent to each (source % num_scaleup_ranks)."""
-    per_peer = per_source.view(-1, num_scaleup_ranks).sum(dim=0)
-    return torch.cumsum(per_peer, 0).int()
 
 
 def send_slots(topk_idx, send_head, num_local_experts):
@@ -119,20 +109,6 @@ def send_slots(topk_idx, send_head, num_local_experts):
     earlier = torch.ones(num_topk, num_topk, dtype=torch.bool, device=topk_idx.device).tril(-1)
     repeated = ((ranks.unsqueeze(2) == ranks.unsqueeze(1)) & earlier).any(dim=2)
     return torch.where(valid & ~repeated, slots, torch.full_like(slots, -1)).int()
-
-
-def unaligned_per_expert(recv_topk_idx, num_recv_tokens, num_local_experts):
-    """i32 [E_local]: received (token, local expert) pairs per local expert."""
-    local = recv_topk_idx[:num_recv_tokens].reshape(-1)
-    local = local[local >= 0]
-    return torch.bincount(local, minlength=num_local_experts).int()
-
-
-def aligned_psum(unaligned, expert_alignment):
-    """The non-expanded layout's ``psum_num_recv_tokens_per_expert``: inclusive prefix sum of the
-    counts rounded up to ``expert_alignment``."""
-    aligned = (unaligned + expert_alignment - 1) // expert_alignment * expert_alignment
-    return torch.cumsum(aligned, 0).int()
 
 
 def source_metadata(rows, per_source, recv_src_idx, recv_topk_idx, num_max_tokens_per_rank):

@@ -26,33 +26,51 @@ def timed_pair(dispatch, combine, warmup, iters, barrier=None):
     """The C++ benches' protocol: per iteration a barrier (`barrier`, else gloo's), then
     dispatch and combine back to back; microseconds of each and of both, the slowest rank's per
     iteration."""
-    samples = []
+    return timed_pairs_interleaved({"only": (dispatch, combine)}, warmup, iters, barrier)["only"]
+
+
+def timed_pairs_interleaved(pairs, warmup, iters, barrier=None):
+    """timed_pair of every (dispatch, combine) in `pairs` (name -> pair), their iterations
+    interleaved, the order rotating each iteration: a drift of this shared machine's speed then
+    falls on every path alike, so their ratios compare like with like."""
+    names = list(pairs)
+    samples = {name: [] for name in names}
     for i in range(warmup + iters):
-        (barrier or dist.barrier)()
-        t0 = time.perf_counter()
-        dispatch()
-        t1 = time.perf_counter()
-        combine()
-        t2 = time.perf_counter()
-        if i >= warmup:
-            samples.append([(t1 - t0) * 1e6, (t2 - t1) * 1e6, (t2 - t0) * 1e6])
-    mine = torch.tensor(samples, dtype=torch.float64)
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    return {name: {"us": percentiles(mine[:, i].tolist()), "samples_us": mine[:, i].tolist()}
-            for i, name in enumerate(("dispatch", "combine", "total"))}
+        for j in range(len(names)):
+            name = names[(i + j) % len(names)]
+            dispatch, combine = pairs[name]
+            (barrier or dist.barrier)()
+            t0 = time.perf_counter()
+            dispatch()
+            t1 = time.perf_counter()
+            combine()
+            t2 = time.perf_counter()
+            if i >= warmup:
+                samples[name].append([(t1 - t0) * 1e6, (t2 - t1) * 1e6, (t2 - t0) * 1e6])
+    result = {}
+    for name in names:
+        mine = torch.tensor(samples[name], dtype=torch.float64)
+        dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+        result[name] = {kind: {"us": percentiles(mine[:, i].tolist()), "samples_us": mine[:, i].tolist()}
+                        for i, kind in enumerate(("dispatch", "combine", "total"))}
+    return result
 
 
 def time_paths(args, barrier, proxyep_calls, gloo_calls, extra=None):
-    """timed_pair of ProxyEP's (dispatch, combine), of each of `extra` (name -> (dispatch,
-    combine)) and, with --baseline gloo, gloo's; each called once first (untimed), all timed
-    from `barrier`."""
+    """timed_pair of ProxyEP's (dispatch, combine) and, with --baseline gloo, gloo's; the paths of
+    `extra` (name -> (dispatch, combine): a comparison, as V2 against V1) timed together,
+    interleaved. Each path called once first (untimed), all timed from `barrier`."""
     result = {}
-    paths = [("proxyep", proxyep_calls), *(extra or {}).items(), ("gloo", gloo_calls)]
+    paths = [("proxyep", proxyep_calls), ("gloo", gloo_calls)]
     for name, (dispatch, combine) in paths:
         if name == "gloo" and args.baseline != "gloo":
             continue
         dispatch()
         result[name] = timed_pair(dispatch, combine, args.warmup, args.iters, barrier)
+    if extra:
+        for dispatch, _ in extra.values():
+            dispatch()
+        result.update(timed_pairs_interleaved(extra, args.warmup, args.iters, barrier))
     return result
 
 

@@ -1,0 +1,59 @@
+// DeepEP V2's dispatch (ElasticBuffer.dispatch, non-expanded layout) as one call over a Buffer:
+// the layout of topk_idx, the normal-mode dispatch, and the EPHandle fields V1 does not return
+// (elastic_fields.hpp). Python's ElasticBuffer makes this one native call, so that a V2 dispatch
+// costs what V1's layout + dispatch do (docs/plans/ELASTIC_BUFFER.md, sections 3.4 and 7).
+//
+//   ElasticDispatchResult r = elastic_dispatch(buffer, {.v1 = {.x = x, .topk_idx = idx},
+//                                                       .num_experts = E, .num_max_tokens_per_rank
+//                                                       = T});
+//   CombineResult c = buffer.combine({.x = expert_out, .handle = &r.v1.handle});
+#pragma once
+
+#include "integrations/buffer.hpp"
+#include "integrations/normal_types.hpp"
+
+#include <cstdint>
+
+namespace proxyep::integrations::elastic {
+
+struct ElasticDispatchArgs {
+  // x, x_scales, topk_idx, topk_weights, recv_stats, expert_alignment, num_worst_tokens (the
+  // worst case without CPU sync), async_finish, previous_event; or x and a handle (cached). A
+  // fresh dispatch's layout tensors are computed here from topk_idx: leave them unset.
+  DispatchArgs v1;
+  int num_experts = 0;                  // fresh dispatches
+  int64_t num_max_tokens_per_rank = 0;  // the source id base of recv_src_metadata
+  int num_scaleup_ranks = 1;            // DeepEP's logical scale-up domain (a divisor of R)
+};
+
+// The EPHandle fields of a fresh dispatch, host memory (i32). Undefined with a handle.
+struct ElasticFields {
+  Tensor psum_per_scaleup_rank;  // [num_scaleup_ranks]
+  Tensor psum_per_expert;        // [E_local], aligned counts' inclusive prefix
+  Tensor unaligned_per_expert;   // [E_local]
+  // [N, K]: computed here when topk_idx is host memory (a device call's stays undefined).
+  Tensor dst_buffer_slot_idx;
+  // [rows of recv_x, K + 2]: computed here when the rows are in at return (host tensors, no
+  // async_finish); else source_metadata() once the call's event is set.
+  Tensor recv_src_metadata;
+};
+
+struct ElasticDispatchResult {
+  DispatchResult v1;
+  ElasticFields fields;
+  // The layout the dispatch was routed by: an async_finish call reads it until its event is
+  // set, so the caller keeps it until then.
+  DispatchLayout layout;
+};
+
+// Throws proxyep::Error("dispatch") as Buffer::dispatch does, before anything is sent for bad
+// arguments (the Buffer stays usable).
+ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args);
+
+// recv_src_metadata of a fresh dispatch of host tensors (its handle, its recv_topk_idx), once
+// its rows are in.
+Tensor source_metadata(const Buffer& buffer, const DispatchHandle& handle,
+                       const TensorRef& recv_topk_idx, int num_experts,
+                       int64_t num_max_tokens_per_rank);
+
+}  // namespace proxyep::integrations::elastic

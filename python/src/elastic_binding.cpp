@@ -1,0 +1,72 @@
+// DeepEP V2's dispatch for Python (python/deep_ep/buffers/elastic.py): Buffer.elastic_dispatch,
+// the layout, the normal-mode dispatch and the EPHandle fields in one native call
+// (integrations/elastic/elastic_dispatch.hpp), and Buffer.elastic_source_metadata, which an async
+// call's handle computes once its rows are in. V2's combine is V1's (normal_binding.cpp).
+#include "binding_helpers.hpp"
+#include "bindings.hpp"
+#include "native_buffer.hpp"
+#include "tensor_bridge.hpp"
+
+#include "integrations/elastic/elastic_dispatch.hpp"
+
+#include <pybind11/stl.h>
+
+namespace py = pybind11;
+namespace ep = proxyep::gpu_side::ep;
+namespace elastic = proxyep::integrations::elastic;
+
+namespace proxyep::python {
+namespace {
+
+// (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert (aligned,
+// a list), handle, event or None, psum_per_scaleup_rank, psum_per_expert, unaligned_per_expert,
+// dst_buffer_slot_idx, recv_src_metadata, layout); None for what is undefined (every field of a
+// cached dispatch). `layout`, the tensors the call was routed by, is the caller's to keep until
+// an async call's event is set.
+py::tuple elastic_dispatch(NativeBuffer& b, DispatchArgs a, int num_experts,
+                           int64_t num_max_tokens_per_rank, int num_scaleup_ranks,
+                           uintptr_t caller_stream) {
+  a.previous_event = b.previous_event("dispatch", {a.x, a.topk_idx, a.recv_stats},
+                                      std::move(a.previous_event), caller_stream);
+  elastic::ElasticDispatchResult r = without_gil([&] {
+    return elastic::elastic_dispatch(b.get(), {.v1 = std::move(a),
+                                               .num_experts = num_experts,
+                                               .num_max_tokens_per_rank = num_max_tokens_per_rank,
+                                               .num_scaleup_ranks = num_scaleup_ranks});
+  });
+  const DeviceRelease release = b.release(caller_stream);
+  const DispatchLayout& l = r.layout;
+  const elastic::ElasticFields& f = r.fields;
+  return py::make_tuple(capsule_of(r.v1.recv_x, &release), capsule_of(r.v1.recv_x_scales, &release),
+                        capsule_of(r.v1.recv_topk_idx, &release),
+                        capsule_of(r.v1.recv_topk_weights, &release),
+                        py::cast(r.v1.num_recv_tokens_per_expert), py::cast(std::move(r.v1.handle)),
+                        defined_or_none(r.v1.event), capsule_of(f.psum_per_scaleup_rank),
+                        capsule_of(f.psum_per_expert), capsule_of(f.unaligned_per_expert),
+                        capsule_of(f.dst_buffer_slot_idx), capsule_of(f.recv_src_metadata),
+                        py::make_tuple(capsule_of(l.num_tokens_per_rank, &release),
+                                       capsule_of(l.num_tokens_per_rdma_rank, &release),
+                                       capsule_of(l.num_tokens_per_expert, &release),
+                                       capsule_of(l.is_token_in_rank, &release)));
+}
+
+py::object elastic_source_metadata(NativeBuffer& b, const DispatchHandle& handle,
+                                   const py::handle& recv_topk_idx, int num_experts,
+                                   int64_t num_max_tokens_per_rank) {
+  const ep::TensorRef idx = view_of(recv_topk_idx, "recv_topk_idx");
+  return capsule_of(
+      elastic::source_metadata(b.get(), handle, idx, num_experts, num_max_tokens_per_rank));
+}
+
+}  // namespace
+
+void bind_elastic_calls(BufferClass& buffer) {
+  buffer
+      .def("elastic_dispatch", &elastic_dispatch, py::arg("args"), py::arg("num_experts"),
+           py::arg("num_max_tokens_per_rank"), py::arg("num_scaleup_ranks"),
+           py::arg("caller_stream") = 0)
+      .def("elastic_source_metadata", &elastic_source_metadata, py::arg("handle"),
+           py::arg("recv_topk_idx"), py::arg("num_experts"), py::arg("num_max_tokens_per_rank"));
+}
+
+}  // namespace proxyep::python

@@ -1,0 +1,56 @@
+// DeepEP V2's EPHandle fields (integrations/elastic/elastic_fields.hpp) on hand-made routings:
+// the values DeepEP's test reads back (psums, source ids) and our stand-ins (slots, column 1).
+#include "integrations/elastic/elastic_fields.hpp"
+
+#include "common/error.hpp"
+
+#include <doctest/doctest.h>
+
+#include <vector>
+
+using namespace proxyep::integrations::elastic;
+
+TEST_CASE("psum_per_scaleup_rank folds source ranks onto their scale-up peer") {
+  const std::vector<int64_t> from = {3, 1, 4, 2};
+  CHECK(psum_per_scaleup_rank(from, 2) == std::vector<int32_t>{7, 10});  // {3 + 4, 1 + 2}
+  CHECK(psum_per_scaleup_rank(from, 4) == std::vector<int32_t>{3, 4, 8, 10});
+  CHECK(psum_per_scaleup_rank(from, 1) == std::vector<int32_t>{10});
+  CHECK_THROWS_AS(psum_per_scaleup_rank(from, 3), proxyep::Error);
+}
+
+TEST_CASE("aligned_psum rounds each expert up before summing") {
+  const std::vector<int> counts = {0, 3, 5, 4};
+  CHECK(aligned_psum(counts, 1) == std::vector<int32_t>{0, 3, 8, 12});
+  CHECK(aligned_psum(counts, 4) == std::vector<int32_t>{0, 4, 12, 16});
+  CHECK_THROWS_AS(aligned_psum(counts, 0), proxyep::Error);
+}
+
+TEST_CASE("send_slots: the send head of each lane's rank, once per rank") {
+  // 2 ranks of 2 experts, top-3; send_head [tokens, ranks].
+  const Routing routing{.ranks = 2, .local_experts = 2, .topk = 3};
+  const std::vector<int64_t> topk = {1,  2,  0,    // ranks 0, 1, 0 again
+                                     -1, 3,  2,    // none, rank 1, rank 1 again
+                                     -1, -1, -1};  // goes nowhere
+  const std::vector<int32_t> head = {5, 6, -1, 7, -1, -1};
+  std::vector<int32_t> out(9, 99);
+  send_slots(routing, topk.data(), head.data(), 3, out.data());
+  CHECK(out == std::vector<int32_t>{5, 6, -1, -1, 7, -1, -1, -1, -1});
+}
+
+TEST_CASE("source_metadata: global source ids and first local lanes by source rank") {
+  // Rows from rank 0 (2) then rank 1 (1), one worst-case row after them; top-2, T = 10.
+  const Routing routing{.ranks = 2, .local_experts = 2, .topk = 2};
+  const std::vector<int64_t> from = {2, 1};
+  const std::vector<int32_t> src_idx = {5, 7, 3};
+  const std::vector<int64_t> recv_topk = {-1, 0, 1, -1, 0, 1, -1, -1};
+  std::vector<int32_t> out(4 * 4, 99);
+  source_metadata(routing, from, src_idx.data(), recv_topk.data(), 10, 4, out.data());
+  CHECK(out == std::vector<int32_t>{5, 1, -1, -1,      // rank 0, token 5, lane 1
+                                    7, 0, -1, -1,      // rank 0, token 7, lane 0
+                                    13, 2, -1, -1,     // rank 1 (id 10 + 3), 1 * K + lane 0
+                                    -1, -1, -1, -1});  // past the received rows
+  std::vector<int32_t> small(2 * 4);
+  CHECK_THROWS_AS(
+      source_metadata(routing, from, src_idx.data(), recv_topk.data(), 10, 2, small.data()),
+      proxyep::Error);
+}
