@@ -171,6 +171,10 @@ struct SimulatedDevice::Core {
   std::optional<std::string> failure;  // sticky, like a CUDA context's
   std::shared_ptr<Capture> capture;    // begun here, or joined
   uint64_t ops_run = 0;
+  // Gated: this stream's worker holds the gate open (it ran an operation and has not closed it
+  // yet). Locked. A synchronize that found the queue empty returns only once it is false, so
+  // that a host read after it faults as on a GPU, not just after the worker gets round to it.
+  bool holding_gate = false;
   uint64_t fail_candidates = 0;  // operations named options.fail_operation so far
   std::thread worker;
 
@@ -233,7 +237,9 @@ struct SimulatedDevice::Core {
         memory->leave_operation();
         open = false;
         lock.lock();
-        continue;  // something may have come meanwhile
+        holding_gate = false;
+        idle.notify_all();  // a synchronize waits for the gate to close too
+        continue;           // something may have come meanwhile
       }
       wake.wait(lock, [&] { return stopping || runnable(); });
       if (queue.empty()) {
@@ -269,6 +275,7 @@ struct SimulatedDevice::Core {
       op.body = nullptr;  // drop what it captured (maybe the last owner of some memory) unlocked
       lock.lock();
       ++ops_run;
+      holding_gate = open;
       if (error && !failure) failure = std::move(error);
       finished_one();
     }

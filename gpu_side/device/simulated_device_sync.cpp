@@ -234,8 +234,10 @@ void SimulatedDevice::synchronize(std::string_view phase, std::chrono::milliseco
   std::unique_lock lock(core_->mutex);
   core_->refuse_in_capture("synchronize: the host waits for the stream", phase);
   const uint64_t until = core_->flush();
-  const bool drained =
-      core_->idle.wait_for(lock, timeout, [&] { return core_->finished >= until; });
+  const bool drained = core_->idle.wait_for(lock, timeout, [&] {
+    // Work queued after `until` may keep the gate open (as another stream's would).
+    return core_->finished >= until && (!core_->holding_gate || !core_->queue.empty());
+  });
   if (!drained)
     fail(std::string(phase),
          "the simulated device's stream is still busy after {} ms ({} "
