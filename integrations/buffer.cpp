@@ -244,6 +244,9 @@ int Buffer::metrics_port() const {
 int Buffer::ranks_per_node() const {
   return impl_->ranks_per_node;
 }
+bool Buffer::hierarchical_internode() const {
+  return impl_->session->layout().hierarchical();
+}
 int64_t Buffer::num_nvl_bytes() const {
   return impl_->options.num_nvl_bytes;
 }

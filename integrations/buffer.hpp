@@ -113,6 +113,9 @@ class Buffer {
   int rank() const;
   int group_size() const;
   int ranks_per_node() const;
+  // Whether normal-mode calls cross nodes hierarchically (a token once per node, forwarded and
+  // reduced inside it): then a combine's last step reduces nodes' partials, not ranks' rows.
+  bool hierarchical_internode() const;
   // The port this rank's metrics endpoint listens on (metrics.port), or -1 without one.
   int metrics_port() const;
   int64_t num_nvl_bytes() const;

@@ -164,8 +164,16 @@ struct DispatchResult {
 struct CombineArgs {
   TensorRef x;  // bf16 [num_recv, H], one row per received token, receive order
   const DispatchHandle* handle = nullptr;
-  TensorRef topk_weights;        // f32 [num_recv, K] or None
-  TensorRef bias0, bias1;        // bf16 [N, H] or None
+  TensorRef topk_weights;  // f32 [num_recv, K] or None
+  TensorRef bias0, bias1;  // bf16 [N, H] or None
+  // DeepEP V2's reduce order, or None for V1's (ranks ascending, then the biases): host i32
+  // tables of gpu_side/ep/combine_order.hpp computed from the dispatch's topk_idx, over ranks
+  // (CombineGroups::rank), or nodes when the Buffer crosses them hierarchically. order
+  // [N, groups]; weight_owner [N, K], with topk_weights (V2 selects lane k from its owner's row
+  // where V1 sums the rows). Hierarchical: the nodes' partials are added in this order after the
+  // biases; inside a node the ranks' rows keep rank order (the same sums for up to 2 ranks per
+  // node, as addition of two terms commutes).
+  TensorRef order, weight_owner;
   std::optional<Config> config;  // as in DispatchArgs
   // Return at once (the arguments checked, the outputs allocated) and run the whole call on the
   // Buffer's communication thread; CombineResult::event joins it. The inputs and the handle's

@@ -211,6 +211,10 @@ void DeviceBackend::reduce(const ep::CombineInput& input, int64_t num_tokens) {
   std::lock_guard lock(mutex_);
   ep::CombineInput in = input;
   in.send_head = upload(input.send_head, static_cast<size_t>(num_tokens) * n);
+  // DeepEP V2's tables, host memory like send_head (CombineInput).
+  if (input.order != nullptr) in.order = upload(input.order, static_cast<size_t>(num_tokens) * n);
+  if (input.weight_owner != nullptr && input.topk > 0)
+    in.weight_owner = upload(input.weight_owner, static_cast<size_t>(num_tokens * input.topk));
   in.block_rows = upload(input.block_rows, n);
   if (input.topk > 0) in.block_weights = upload(input.block_weights, n);
   if (input.block_chunk_rows != nullptr) {

@@ -2,6 +2,7 @@
 #include "integrations/elastic/elastic_dispatch.hpp"
 
 #include "common/error.hpp"
+#include "gpu_side/ep/combine_order.hpp"
 #include "integrations/elastic/elastic_fields.hpp"
 
 #include <vector>
@@ -94,6 +95,13 @@ ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args)
     f.dst_buffer_slot_idx = Tensor::empty(ep::DType::i32, a.topk_idx.rows, a.topk_idx.cols);
     send_slots(routing, a.topk_idx.as<int64_t>(), h.send_head.data<int32_t>(), a.topk_idx.rows,
                f.dst_buffer_slot_idx.data<int32_t>());
+    const gpu_side::ep::EpShape shape{buffer.group_size(), buffer.ranks_per_node(),
+                                      args.num_experts};
+    auto tables = ep::compute_combine_order(
+        a.topk_idx, shape,
+        buffer.hierarchical_internode() ? ep::CombineGroups::node : ep::CombineGroups::rank);
+    f.combine_order = std::move(tables.order);
+    f.weight_owner = std::move(tables.weight_owner);
     if (!a.async_finish)
       f.recv_src_metadata = source_metadata(buffer, h, r.v1.recv_topk_idx, args.num_experts,
                                             args.num_max_tokens_per_rank);

@@ -36,6 +36,9 @@ struct ElasticFields {
   // [rows of recv_x, K + 2]: computed here when the rows are in at return (host tensors, no
   // async_finish); else source_metadata() once the call's event is set.
   Tensor recv_src_metadata;
+  // V2's combine order for every combine of this dispatch (CombineArgs::order and
+  // ::weight_owner): over ranks, or nodes when the Buffer is hierarchical. Host topk_idx only.
+  Tensor combine_order, weight_owner;
 };
 
 struct ElasticDispatchResult {

@@ -1,7 +1,7 @@
 // NormalMode::combine: check, return every received row to its source, agree, stream, reduce
 // each token over the ranks that received it (float32, ascending rank order, then the biases:
-// the order gpu_side/ep/reference.hpp defines), quiet; all but the checks on the CommStream with
-// async_finish.
+// the order gpu_side/ep/reference.hpp defines; or DeepEP V2's, CombineArgs::order), quiet; all
+// but the checks on the CommStream with async_finish.
 #include "common/error.hpp"
 #include "common/log.hpp"
 #include "integrations/normal/combine_rows.hpp"
@@ -30,8 +30,43 @@ struct CheckedCombine {
   FabricChunking fabric_chunking;  // the Config's RDMA chunk sizes (chunk_plan.hpp)
 };
 
-// All on the calling rank, before anything is sent.
-CheckedCombine check_combine_args(const CombineArgs& a, bool on_device, uint64_t buffer_id) {
+// DeepEP V2's order tables (CombineArgs::order, ::weight_owner) over `groups` (ranks, or nodes
+// when the Buffer is hierarchical): the reduce indexes blocks by them, so a wrong entry would
+// read another block's rows or add one twice.
+void check_order(const CombineArgs& a, const CheckedCombine& c, int64_t tokens, int groups) {
+  if (!a.order.defined()) {
+    require(!a.weight_owner.defined(), kPhase, "weight_owner is given with an order only");
+    return;
+  }
+  ep::require_host(a.order, kPhase, "order");
+  ep::require_dtype(a.order, DType::i32, kPhase, "order");
+  ep::require_shape(a.order, tokens, groups, kPhase, "order");
+  ep::require_contiguous(a.order, kPhase, "order");
+  std::vector<int64_t> listed_by(static_cast<size_t>(groups), -1);  // the token listing it last
+  const int32_t* order = a.order.as<int32_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int i = 0; i < groups && order[t * groups + i] >= 0; ++i) {
+      const int32_t g = order[t * groups + i];
+      require(g < groups && listed_by[static_cast<size_t>(g)] != t, kPhase,
+              "order[{}] lists group {} {} ({} groups: one entry each, < {})", t, g,
+              g < groups ? "twice" : "out of range", groups, groups);
+      listed_by[static_cast<size_t>(g)] = t;
+    }
+  if (!a.weight_owner.defined()) return;
+  require(c.topk > 0, kPhase, "weight_owner is given without topk_weights");
+  ep::require_host(a.weight_owner, kPhase, "weight_owner");
+  ep::require_dtype(a.weight_owner, DType::i32, kPhase, "weight_owner");
+  ep::require_shape(a.weight_owner, tokens, c.topk, kPhase, "weight_owner");
+  ep::require_contiguous(a.weight_owner, kPhase, "weight_owner");
+  const int32_t* owner = a.weight_owner.as<int32_t>();
+  for (int64_t i = 0; i < tokens * c.topk; ++i)
+    require(owner[i] >= -1 && owner[i] < groups, kPhase,
+            "weight_owner entry {} is {}: a group in [-1, {})", i, owner[i], groups);
+}
+
+// All on the calling rank, before anything is sent. `groups`: the blocks of the last reduce.
+CheckedCombine check_combine_args(const CombineArgs& a, bool on_device, uint64_t buffer_id,
+                                  int groups) {
   require(a.handle != nullptr, kPhase, "combine needs the handle of a dispatch");
   const DispatchHandle& h = *a.handle;
   require(h.buffer_id == buffer_id, kPhase, "the handle was made by another Buffer");
@@ -65,6 +100,7 @@ CheckedCombine check_combine_args(const CombineArgs& a, bool on_device, uint64_t
     ep::require_shape(*biases[b], h.num_tokens, c.hidden, kPhase, name);
     ep::require_contiguous(*biases[b], kPhase, name);
   }
+  check_order(a, c, h.num_tokens, groups);
   c.format.hidden_bytes = static_cast<uint32_t>(c.hidden * 2);
   c.format.weights = static_cast<uint32_t>(c.topk);
   return c;
@@ -124,7 +160,9 @@ struct CombineCall {
 CombineResult NormalMode::combine(const CombineArgs& args, const DeviceCall* device) {
   PhaseClock started(stats_.combine_phases);
   calls_.check_usable(kPhase);
-  const CheckedCombine in = check_combine_args(args, device != nullptr, buffer_id_);
+  const int groups =
+      session_.layout().hierarchical() ? session_.layout().nodes() : session_.ranks();
+  const CheckedCombine in = check_combine_args(args, device != nullptr, buffer_id_, groups);
   const int me = session_.rank();
   require_row_fits(session_, in.format, kPhase);
   auto c = std::make_shared<CombineCall>(args, in, me, started);
@@ -194,11 +232,15 @@ void NormalMode::run_combine(CombineCall& c) {
   });
 
   const CombineArgs& a = c.args;
+  const int32_t* order = a.order.defined() ? a.order.as<int32_t>() : nullptr;
+  const int32_t* weight_owner = a.weight_owner.defined() ? a.weight_owner.as<int32_t>() : nullptr;
   if (c.hierarchical) {
     static_cast<HierCombineStreams&>(streams).reduce(
         c.out.combined_x, c.out.combined_topk_weights,
-        a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
-        a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr);
+        {.bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
+         .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
+         .order = order,
+         .weight_owner = weight_owner});
   } else {
     c.backend->reduce(
         ep::CombineInput{
@@ -209,6 +251,8 @@ void NormalMode::run_combine(CombineCall& c) {
             .send_head = h.send_head.data<int32_t>(),
             .bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
             .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
+            .order = order,
+            .weight_owner = weight_owner,
             .out = c.out.combined_x.data<uint16_t>(),
             .out_weights = in.topk > 0 ? c.out.combined_topk_weights.data<float>() : nullptr,
             .num_ranks = session_.ranks(),

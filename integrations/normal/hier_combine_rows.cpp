@@ -157,7 +157,7 @@ const std::byte* HierCombineStreams::caller_rows(int d, uint64_t first, uint64_t
 }
 
 void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& combined_weights,
-                                const uint16_t* bias0, const uint16_t* bias1) {
+                                ep::CombineInput last_step) {
   const int rpn = layout_.sizes().ranks_per_node;
   const int nodes = layout_.nodes(), own = layout_.node();
   const int64_t tokens = handle_.num_tokens;
@@ -175,7 +175,8 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
                              block_chunk_rows_.begin() + first + rpn);
   reduce_blocks(own_node, own_head_.data<int32_t>(), tokens, own_x.data<uint16_t>(),
                 topk_ > 0 ? own_weights.data<float>() : nullptr);
-  // 2. The nodes' partials, ascending, after the biases.
+  // 2. The nodes' partials, after the biases: ascending, or in last_step.order.
+  last_step.bias_first = true;
   NodeBlocks b;
   for (int n = 0; n < nodes; ++n) {
     const auto c = static_cast<size_t>(layout_.counterpart(n));
@@ -186,10 +187,9 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
     b.chunks.push_back(mine ? nullptr : block_chunks_[c]);
     b.chunk_rows.push_back(mine ? 0 : block_chunk_rows_[c]);
   }
-  reduce_blocks(b, node_head_.data<int32_t>(), tokens,
-                const_cast<uint16_t*>(combined_x.data<uint16_t>()),
-                topk_ > 0 ? const_cast<float*>(combined_weights.data<float>()) : nullptr,
-                {.bias0 = bias0, .bias1 = bias1, .bias_first = true});
+  reduce_blocks(
+      b, node_head_.data<int32_t>(), tokens, const_cast<uint16_t*>(combined_x.data<uint16_t>()),
+      topk_ > 0 ? const_cast<float*>(combined_weights.data<float>()) : nullptr, last_step);
 }
 
 }  // namespace proxyep::integrations::normal

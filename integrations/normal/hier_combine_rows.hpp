@@ -38,9 +38,11 @@ class HierCombineStreams final : public CombineStreams {
   const std::byte* caller_rows(int destination, uint64_t first, uint64_t rows) const override;
 
   // This rank's tokens, once every stream is done: combined_x (bf16 [num_tokens, hidden]) and
-  // combined weights (f32 [num_tokens, topk], with topk > 0), biases optional.
+  // combined weights (f32 [num_tokens, topk], with topk > 0). `last_step`: the biases and, for
+  // DeepEP V2, the order and weight owners over nodes of the reduce of the nodes' partials
+  // (which always puts the biases first); its other fields are set here.
   void reduce(const gpu_side::ep::Tensor& combined_x, const gpu_side::ep::Tensor& combined_weights,
-              const uint16_t* bias0, const uint16_t* bias1);
+              gpu_side::ep::CombineInput last_step);
 
  private:
   bool counterpart(int r) const { return layout_.fabric_peer(r); }

@@ -20,7 +20,8 @@ namespace {
 
 // (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert (aligned,
 // a list), handle, event or None, psum_per_scaleup_rank, psum_per_expert, unaligned_per_expert,
-// dst_buffer_slot_idx, recv_src_metadata, layout); None for what is undefined (every field of a
+// dst_buffer_slot_idx, recv_src_metadata, (combine_order, weight_owner), layout); None for what
+// is undefined (every field of a
 // cached dispatch). `layout`, the tensors the call was routed by, is the caller's to keep until
 // an async call's event is set.
 py::tuple elastic_dispatch(NativeBuffer& b, DispatchArgs a, int num_experts,
@@ -44,6 +45,7 @@ py::tuple elastic_dispatch(NativeBuffer& b, DispatchArgs a, int num_experts,
                         defined_or_none(r.v1.event), capsule_of(f.psum_per_scaleup_rank),
                         capsule_of(f.psum_per_expert), capsule_of(f.unaligned_per_expert),
                         capsule_of(f.dst_buffer_slot_idx), capsule_of(f.recv_src_metadata),
+                        py::make_tuple(capsule_of(f.combine_order), capsule_of(f.weight_owner)),
                         py::make_tuple(capsule_of(l.num_tokens_per_rank, &release),
                                        capsule_of(l.num_tokens_per_rdma_rank, &release),
                                        capsule_of(l.num_tokens_per_expert, &release),

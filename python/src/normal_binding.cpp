@@ -84,7 +84,8 @@ void bind_dispatch_args(py::module_& m) {
 
 CombineArgs make_combine_args(const py::handle& x, const DispatchHandle* handle,
                               const py::handle& topk_weights, const py::handle& bias0,
-                              const py::handle& bias1, std::optional<Config> config,
+                              const py::handle& bias1, const py::handle& order,
+                              const py::handle& weight_owner, std::optional<Config> config,
                               bool async_finish, DeviceEventPtr previous_event) {
   CombineArgs a;
   a.x = view_of(x, "x");
@@ -92,6 +93,8 @@ CombineArgs make_combine_args(const py::handle& x, const DispatchHandle* handle,
   a.topk_weights = view_of(topk_weights, "topk_weights");
   a.bias0 = view_of(bias0, "bias[0]");
   a.bias1 = view_of(bias1, "bias[1]");
+  a.order = view_of(order, "order");
+  a.weight_owner = view_of(weight_owner, "weight_owner");
   a.config = config;
   a.async_finish = async_finish;
   a.previous_event = std::move(previous_event);
@@ -106,6 +109,7 @@ void bind_combine_args(py::module_& m) {
   cls.def(py::init(&make_combine_args), py::kw_only(), py::arg("x") = py::none(),
           py::arg("handle") = nullptr, py::arg("topk_weights") = py::none(),
           py::arg("bias0") = py::none(), py::arg("bias1") = py::none(),
+          py::arg("order") = py::none(), py::arg("weight_owner") = py::none(),
           py::arg("config") = py::none(), py::arg("async_finish") = defaults.async_finish,
           py::arg("previous_event") = nullptr,
           py::keep_alive<1, 3>());  // the handle (argument 2 after self), held by address
@@ -114,6 +118,8 @@ void bind_combine_args(py::module_& m) {
   def_tensor_field(cls, "topk_weights", &CombineArgs::topk_weights);
   def_tensor_field(cls, "bias0", &CombineArgs::bias0, "bias[0]");
   def_tensor_field(cls, "bias1", &CombineArgs::bias1, "bias[1]");
+  def_tensor_field(cls, "order", &CombineArgs::order);
+  def_tensor_field(cls, "weight_owner", &CombineArgs::weight_owner);
   cls.def_readwrite("config", &CombineArgs::config)
       .def_readwrite("async_finish", &CombineArgs::async_finish)
       .def_readwrite("previous_event", &CombineArgs::previous_event);

@@ -1,9 +1,10 @@
-"""deep_ep.ElasticBuffer (DeepEP 2.1's V2 API, built over the V1 Buffer; docs/plans/ELASTIC_BUFFER.md
-steps 1-2) on CPU tensors: the module layout, construction, size hints, domain sizes, stand-ins,
-capture/barrier/stream/destroy, every refusal leaving the Buffer usable, a V1 Buffer beside it,
-and the non-expanded dispatch and combine (fresh and cached, BF16 and FP8, with and without CPU
-sync, async, alignments 1 and 128) with their EPHandle fields, against a reference computed here
-from every rank's inputs gathered over gloo. Run on 2 ranks, 2 nodes of 2, and 2 nodes of 1."""
+"""deep_ep.ElasticBuffer (DeepEP 2.1's V2 API; docs/plans/ELASTIC_BUFFER.md) on CPU tensors: the
+module layout, construction, size hints, domain sizes, stand-ins, capture/barrier/stream/destroy,
+every refusal leaving the Buffer usable, a V1 Buffer beside it, the non-expanded dispatch and
+combine (fresh and cached, BF16 and FP8, with and without CPU sync, async, alignments 1 and 128)
+with their EPHandle fields, and combine in V2's order (biases first, groups by last top-k lane,
+weights from their owner) in hybrid and direct mode, against a reference computed here from every
+rank's inputs gathered over gloo. Run on 2 ranks, 2 nodes of 2, and 2 nodes of 1."""
 
 import os
 import time
@@ -354,7 +355,7 @@ def test_refused_arguments_leave_buffer_usable(buffer):
     ref = reference_for((x,), topk_idx, weights)
     y = combine_row(ref.src_ids, rank)
     combine_refusals = [
-        (dict(bias=torch.zeros(x.shape[0], H, dtype=torch.bfloat16)), deep_ep.ProxyEPError, "bias"),
+        (dict(bias=(y, y, y)), ValueError, "at most two"),
         (dict(topk_weights=torch.zeros(recv_x.shape[0])), deep_ep.ProxyEPError, "1-D topk_weights"),
         (dict(previous_event=buffer.capture()), ValueError, "allocate_on_comm_stream"),
         (dict(num_qps=1000), ValueError, "num_allocated_qps"),
@@ -503,6 +504,124 @@ def test_dispatch_combine(buffer, fp8, expert_alignment, do_cpu_sync, asynchrono
     assert torch.equal(combined_w, torch.where(topk_idx >= 0, weights, torch.zeros(())))
     combined, combined_w, _ = launch(buffer.combine, x=y, handle=handle)
     assert torch.equal(combined, expected) and combined_w is None
+
+
+def noisy_row(src_ids, rank):
+    """bf16 [n, H] a rank returns for these source ids: values whose float32 sums depend on the
+    order of adding them (unlike combine_row's small integers), the same on every rank."""
+    channels = torch.arange(H, dtype=torch.float64)
+    phase = src_ids.double().unsqueeze(1) * 12.9898 + rank * 78.233 + channels * 0.37
+    return (torch.sin(phase) * 1000.0 * torch.cos(phase * 3.1)).to(torch.bfloat16)
+
+
+def returned_weights(src_ids, rank):
+    """f32 [n, K] a rank returns: non-zero in every lane, so a sum over ranks and a selection of
+    the owner's lane differ."""
+    return src_ids.float().unsqueeze(1) * 0.5 + rank * 100.0 + torch.arange(K).float()
+
+
+def v2_expected(topk_idx, biases, groups_of_rank):
+    """DeepEP V2's combine of this rank's tokens (docs/plans/ELASTIC_BUFFER.md, section 2): in
+    float32, the biases, then each group's partial in the order of the group's last top-k lane;
+    a group is a rank, or a node whose partial is its ranks' rows summed (rank order, rounded to
+    bf16: the same as DeepEP's lane order for up to 2 ranks per node). Weights: lane k as the
+    group owning its expert returned it. Returns (combined bf16 [N, H], weights f32 [N, K])."""
+    rank, R = world()
+    local = E // R
+    ids = rank * T + torch.arange(topk_idx.shape[0])
+    rows = [noisy_row(ids, r).float() for r in range(R)]
+    weights = [returned_weights(ids, r) for r in range(R)]
+    out = torch.empty(topk_idx.shape[0], H, dtype=torch.bfloat16)
+    out_w = torch.zeros(topk_idx.shape[0], K)
+    for t, lanes in enumerate(topk_idx.tolist()):
+        acc = torch.zeros(H)
+        for b in biases:
+            acc = acc + b[t].float()
+        reached = sorted({e // local for e in lanes if e >= 0})
+        last = {}
+        for k, e in enumerate(lanes):
+            if e >= 0:
+                last[groups_of_rank(e // local)] = k
+        group_w = {}
+        for g in sorted(last, key=last.get):
+            members = [r for r in reached if groups_of_rank(r) == g]
+            partial, partial_w = torch.zeros(H), torch.zeros(K)
+            for r in members:
+                partial, partial_w = partial + rows[r][t], partial_w + weights[r][t]
+            if len(members) > 1 or groups_of_rank(members[0]) != members[0]:
+                partial = partial.to(torch.bfloat16).float()  # a node's partial travels as bf16
+            acc = acc + partial
+            group_w[g] = partial_w
+        out[t] = acc.to(torch.bfloat16)
+        for k, e in enumerate(lanes):
+            if e >= 0:
+                out_w[t, k] = group_w[groups_of_rank(e // local)][k]
+    return out, out_w
+
+
+@pytest.fixture(scope="module")
+def direct_buffer():
+    """An ElasticBuffer in DeepEP's direct mode (no hybrid): every rank is a group of the reduce,
+    so 4 ranks give tokens 3 and 4 groups, whose order matters."""
+    buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
+                                allow_hybrid_mode=False, explicitly_destroy=True)
+    yield buf
+    buf.destroy()
+
+
+@pytest.mark.parametrize("num_biases", [0, 1, 2])
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_combine_in_v2_order(buffer, direct_buffer, hybrid, num_biases):
+    """Bit for bit DeepEP V2's combine: biases first, then the groups by each token's last lane,
+    and each weight lane selected from its owner."""
+    rank, R = world()
+    buf = buffer if hybrid else direct_buffer
+    by_node = buf.get_logical_domain_size()[0] > 1
+    rpn = buf.num_scaleup_ranks
+
+    def groups_of_rank(r):
+        return r // rpn if by_node else r
+
+    x, topk_idx, weights = make_inputs(50 + num_biases)
+    g = torch.Generator().manual_seed(77 + rank)
+    biases = [(torch.randn(x.shape[0], H, generator=g) * 300).to(torch.bfloat16) for _ in range(num_biases)]
+    _, _, recv_w, handle, _ = buf.dispatch(x, topk_idx=topk_idx, topk_weights=weights, num_experts=E)
+    ref = reference_for((x,), topk_idx, weights)
+    y = noisy_row(ref.src_ids, rank)
+    w = returned_weights(ref.src_ids, rank)
+    bias = None if not biases else (biases[0] if num_biases == 1 else tuple(biases))
+    combined, combined_w, _ = buf.combine(y, handle, topk_weights=w, bias=bias)
+    expected, expected_w = v2_expected(topk_idx, biases, groups_of_rank)
+    assert torch.equal(combined, expected)
+    assert torch.equal(combined_w, expected_w)
+
+
+def test_bad_order_tables_refused(buffer):
+    """The native combine checks V2's tables before anything is sent (a wrong entry would read
+    another block or add one twice); the Buffer stays usable."""
+    from proxyep import _proxyep, view
+    rank, _ = world()
+    x, topk_idx, weights = make_inputs(60)
+    _, _, _, handle, _ = buffer.dispatch(x, topk_idx=topk_idx, topk_weights=weights, num_experts=E)
+    y = combine_row(reference_for((x,), topk_idx, weights).src_ids, rank)
+    order, owner = handle._order_tables
+    out_of_range = order.clone()
+    out_of_range[:, 0] = order.shape[1]
+    twice = order.clone()
+    twice[:, 1] = torch.where(order[:, 0] >= 0, order[:, 0], order[:, 1])
+    bad_owner = owner.clone()
+    bad_owner[:, 0] = -2
+    w = torch.zeros(y.shape[0], K)
+    cases = [(dict(order=out_of_range), "out of range"), (dict(order=twice), "twice"),
+             (dict(order=order[:1]), "order must"),
+             (dict(order=order, weight_owner=bad_owner), "weight_owner entry"),
+             (dict(weight_owner=owner), "with an order only")]
+    for tables, message in cases:
+        views = {k: view(v.contiguous(), k) for k, v in tables.items()}
+        with pytest.raises(deep_ep.ProxyEPError, match=message):
+            buffer.runtime.combine(_proxyep.CombineArgs(x=view(y, "x"), handle=handle._native,
+                                                        topk_weights=view(w, "topk_weights"), **views))
+    round_trip(buffer)
 
 
 def test_previous_events(buffer):

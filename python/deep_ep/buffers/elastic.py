@@ -7,13 +7,14 @@ scales (row- or column-major received scales), worst-case outputs without CPU sy
 expert statistics, async calls; the size hints, domain sizes, barrier, capture, comm stream and
 destroy. A fresh dispatch is one native call (``Buffer.elastic_dispatch``: the layout, the
 dispatch and the handle's fields in C++, integrations/elastic/), a combine V1's native combine,
-so V2 costs what V1 does (``python3 -m proxyep.bench ep --api v2``). Numerics are V1's: combine
-reduces in V1's order (DeepEP V2's order, biases first then ranks by top-k lane, is built in
-gpu_side but not wired yet: docs/plans/ELASTIC_BUFFER.md section 3.2).
+so V2 costs what V1 does (``python3 -m proxyep.bench ep --api v2``). Combine reduces in DeepEP
+V2's order (biases first, then ranks' rows or nodes' partials by each token's last top-k lane;
+weight lane k from its owner), from tables the dispatch computes once (CPU tensors; device
+tensors keep V1's order, docs/plans/ELASTIC_BUFFER.md section 3.2).
 
 Refused with ``ProxyEPError`` naming the argument or method, before anything is sent (the Buffer
-stays usable): the expanded layout (``do_expand=True``, 1-D combine weights), combine ``bias``,
-``allow_multiple_reduction=False``, a cached dispatch with ``topk_weights``, Engram
+stays usable): the expanded layout (``do_expand=True``, 1-D combine weights), combine ``bias``
+with device tensors, ``allow_multiple_reduction=False``, a cached dispatch with ``topk_weights``, Engram
 (``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive and AG-RS, and the
 host-simulated device (the column-major scales, worst-case padding of cached outputs and, with
 device tensors, two handle fields are still made by torch, which cannot read its memory).
@@ -46,7 +47,7 @@ from ..utils.math import align
 from . import elastic_handle as fields
 from . import elastic_sizes as sizes
 from .elastic_handle import EPHandle
-from .legacy import Buffer, _event, _small
+from .legacy import Buffer, _biases, _event, _small
 
 __all__ = ["ElasticBuffer", "EPHandle"]
 
@@ -438,7 +439,8 @@ class ElasticBuffer:
             x, fp8, topk_idx, topk_weights, stats, expert_alignment=expert_alignment,
             num_worst_tokens=0 if do_cpu_sync else worst, order=order)
         (recv_x, recv_scales, recv_idx, recv_weights, per_expert_list, native, native_event,
-         psum_scaleup, psum_expert, unaligned, slots, metadata, layout) = self.runtime.elastic_dispatch(
+         psum_scaleup, psum_expert, unaligned, slots, metadata, order_tables,
+         layout) = self.runtime.elastic_dispatch(
             args, num_experts, num_max_tokens_per_rank, self.num_scaleup_ranks, caller_stream=stream)
         legacy._hold_inputs(order["async_finish"], inputs + (layout,))
         event = _event(order["async_finish"], native_event, inputs + (layout,), legacy._streams())
@@ -465,6 +467,7 @@ class ElasticBuffer:
             recv_src_metadata=None if metadata is None else tensor(metadata),
             dst_buffer_slot_idx=slots, token_metadata_at_forward=None, channel_linked_list=None)
         handle._native = native
+        handle._order_tables = tuple(map(tensor, order_tables))  # (None, None) with device tensors
         handle._owner = self
         handle._recv_topk_idx = recv_idx
         if metadata is None:
@@ -545,14 +548,18 @@ class ElasticBuffer:
                 async_with_compute_stream=False, allocate_on_comm_stream=False):
         """DeepEP V2's combine, non-expanded layout: ``x`` has the dispatch's received rows
         (only the first ``psum_num_recv_tokens_per_scaleup_rank[-1]`` are read). Returns
-        ``(combined_x, combined_topk_weights, event)``. V1's reduce order."""
+        ``(combined_x, combined_topk_weights, event)``. V2's reduce order (biases first, then
+        the ranks' rows, or nodes' partials, by each token's last top-k lane) and V2's weights
+        (lane k as its expert's rank returned it); V1's order with device tensors."""
         self._usable("combine")
         check_torch_deterministic()
         if not isinstance(handle, EPHandle) or handle._owner is not self:
             raise TypeError("handle must be an EPHandle a dispatch of this ElasticBuffer returned")
-        if bias is not None:
-            raise _unsupported("combine bias (V2 adds biases before the ranks' partials; that "
-                               "order is not built yet)")
+        order, weight_owner = handle._order_tables
+        if bias is not None and order is None:
+            raise _unsupported("combine bias with device tensors (V2's order, biases first, is "
+                               "computed from a host topk_idx)")
+        biases = _biases(bias)
         if isinstance(topk_weights, torch.Tensor) and topk_weights.dim() == 1:
             raise _unsupported("1-D topk_weights in combine (the expanded layout's)")
         if not self.allow_multiple_reduction:
@@ -566,10 +573,14 @@ class ElasticBuffer:
         previous, stream = legacy._order(
             EventOverlap(previous) if previous is not None else None, async_with_compute_stream, False)
         topk_weights = _small(topk_weights)
-        inputs = (x, topk_weights, handle)
+        inputs = (x, topk_weights, biases, handle)
         args = _proxyep.CombineArgs(
             x=legacy._view(x, "x"), handle=handle._native,
             topk_weights=legacy._view(topk_weights, "topk_weights"),
+            bias0=legacy._view(biases[0], "bias[0]"), bias1=legacy._view(biases[1], "bias[1]"),
+            order=view(order, "order") if order is not None else None,
+            weight_owner=(view(weight_owner, "weight_owner")
+                          if weight_owner is not None and topk_weights is not None else None),
             async_finish=async_with_compute_stream, previous_event=previous)
         combined, combined_weights, native_event = self.runtime.combine(args, caller_stream=stream)
         legacy._hold_inputs(async_with_compute_stream, inputs)

@@ -84,6 +84,18 @@ def _small(t):
     return t.contiguous() if isinstance(t, torch.Tensor) else t
 
 
+def _biases(bias):
+    """(bias0, bias1) of a combine's ``bias``: None, a tensor, or a tuple of at most two."""
+    if bias is None:
+        return None, None
+    if isinstance(bias, torch.Tensor):
+        return bias, None
+    biases = tuple(bias) + (None,) * (2 - len(bias))
+    if len(biases) != 2:
+        raise ValueError("bias must be None, a tensor or a tuple of at most two tensors")
+    return biases
+
+
 def _refuse(flag, what):
     if flag:
         raise proxyep.ProxyEPError(f"{what} is not supported by ProxyEP")
@@ -416,14 +428,7 @@ class Buffer:
         previous, stream = self._order(previous_event, async_finish, allocate_on_comm_stream)
         if not isinstance(handle, _NormalHandle):
             raise TypeError("handle must be the one a dispatch of this Buffer returned")
-        if bias is None:
-            biases = (None, None)
-        elif isinstance(bias, torch.Tensor):
-            biases = (bias, None)
-        else:
-            biases = tuple(bias) + (None,) * (2 - len(bias))
-            if len(biases) != 2:
-                raise ValueError("bias must be None, a tensor or a tuple of at most two tensors")
+        biases = _biases(bias)
         topk_weights = _small(topk_weights)
         inputs = (x, topk_weights, biases, handle)
         args = _proxyep.CombineArgs(
