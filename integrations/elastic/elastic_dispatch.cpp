@@ -5,6 +5,8 @@
 #include "gpu_side/ep/combine_order.hpp"
 #include "integrations/elastic/elastic_fields.hpp"
 
+#include <algorithm>
+#include <string_view>
 #include <vector>
 
 namespace ep = proxyep::gpu_side::ep;
@@ -35,7 +37,69 @@ bool on_host(const TensorRef& t) {
   return t.defined() && t.device == ep::Device::host;
 }
 
+// DeepEP's worst case of the expanded layout without CPU sync: every rank's every token in
+// min(K, E_local) local slots, plus each expert's alignment gap.
+int64_t worst_case_slots(int ranks, int64_t tokens_per_rank, int topk, int local_experts,
+                         int alignment) {
+  const int64_t slots = ranks * tokens_per_rank * std::min(topk, local_experts) +
+                        int64_t{alignment - 1} * local_experts;
+  return (slots + alignment - 1) / alignment * alignment;
+}
+
+// The slot columns of a handle's recv_src_metadata (the caller's to change, as DeepEP's): host
+// i32 [>= num_recv, K + 2], every slot in [-1, slots), before any row is copied by them.
+void check_slots(const TensorRef& metadata, int64_t num_recv, int64_t slots,
+                 std::string_view phase) {
+  require(on_host(metadata) && metadata.dtype == ep::DType::i32 && metadata.dims == 2 &&
+              metadata.contiguous() && metadata.cols >= 2 && metadata.rows >= num_recv,
+          phase, "recv_src_metadata must be host int32 [>= {}, K + 2]; got {}", num_recv, metadata);
+  const int32_t* m = metadata.as<int32_t>();
+  for (int64_t i = 0; i < num_recv; ++i)
+    for (int64_t c = 2; c < metadata.cols; ++c)
+      require(m[i * metadata.cols + c] >= -1 && m[i * metadata.cols + c] < slots, phase,
+              "recv_src_metadata[{}, {}] is {}: a slot in [-1, {})", i, c, m[i * metadata.cols + c],
+              slots);
+}
+
+// The received rows (v1's outputs) copied into `slots` expanded slots by the metadata.
+ExpandedRows expand_outputs(const DispatchResult& v1, const TensorRef& metadata, int64_t num_recv,
+                            int64_t slots, bool zero_gaps) {
+  const int K = static_cast<int>(metadata.cols) - 2;
+  const int32_t* m = metadata.as<int32_t>();
+  auto expand = [&](const Tensor& from, Tensor to, bool per_lane) {
+    const uint64_t unit = to.bytes() / static_cast<uint64_t>(std::max<int64_t>(slots, 1));
+    expand_rows(from.raw(), to.raw(), unit, per_lane, m, num_recv, K, slots, zero_gaps);
+    return to;
+  };
+  ExpandedRows out;
+  out.slots = slots;
+  const Tensor& x = v1.recv_x;
+  out.x = expand(x, Tensor::empty(x.dtype(), slots, x.cols()), false);
+  if (v1.recv_x_scales.defined())
+    out.scales =
+        expand(v1.recv_x_scales,
+               Tensor::empty(v1.recv_x_scales.dtype(), slots, v1.recv_x_scales.cols()), false);
+  if (v1.recv_topk_weights.defined())
+    out.weights = expand(v1.recv_topk_weights, Tensor::empty(ep::DType::f32, slots), true);
+  return out;
+}
+
 }  // namespace
+
+Folded fold_expanded_rows(const TensorRef& x, const TensorRef& weights, const TensorRef& metadata,
+                          int64_t num_recv) {
+  constexpr const char* phase = "combine";
+  require(on_host(x) && x.dtype == ep::DType::bf16 && x.dims == 2 && x.contiguous(), phase,
+          "an expanded combine's x must be host bf16 [slots, hidden]; got {}", x);
+  check_slots(metadata, num_recv, x.rows, phase);
+  if (weights.defined())
+    require(on_host(weights) && weights.dtype == ep::DType::f32 && weights.dims == 1 &&
+                weights.rows >= x.rows,
+            phase,
+            "an expanded combine's topk_weights must be host f32 [{}] (one per slot); got {}",
+            x.rows, weights);
+  return fold_expanded(x, weights, metadata, num_recv);
+}
 
 Tensor source_metadata(const Buffer& buffer, const DispatchHandle& handle,
                        const TensorRef& recv_topk_idx, int num_experts,
@@ -77,8 +141,21 @@ ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args)
     a.is_token_in_rank = r.layout.is_token_in_rank;
     a.num_tokens_per_expert = r.layout.num_tokens_per_expert;
   }
+  if (args.expand)
+    require(on_host(a.x), kPhase,
+            "do_expand needs host tensors (the expanded layout is made on the host); got x {}",
+            a.x);
+  if (args.expand && cached)
+    check_slots(args.cached_metadata, a.handle->num_recv_tokens, args.cached_slots, kPhase);
   r.v1 = buffer.dispatch(a);
-  if (cached) return r;
+  // The rows are copied into their slots below: they must be in first.
+  if (args.expand && r.v1.event.defined()) r.v1.event.wait();
+  if (cached) {
+    if (args.expand)
+      r.expanded = expand_outputs(r.v1, args.cached_metadata, a.handle->num_recv_tokens,
+                                  args.cached_slots, args.zero_padding);
+    return r;
+  }
 
   const DispatchHandle& h = r.v1.handle;
   ElasticFields& f = r.fields;
@@ -102,9 +179,22 @@ ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args)
         buffer.hierarchical_internode() ? ep::CombineGroups::node : ep::CombineGroups::rank);
     f.combine_order = std::move(tables.order);
     f.weight_owner = std::move(tables.weight_owner);
-    if (!a.async_finish)
+    if (!a.async_finish || args.expand)
       f.recv_src_metadata = source_metadata(buffer, h, r.v1.recv_topk_idx, args.num_experts,
                                             args.num_max_tokens_per_rank);
+  }
+  if (args.expand) {
+    const ExpandPlan plan = plan_expand(r.v1.unaligned_recv_tokens_per_expert, a.expert_alignment);
+    f.psum_per_expert = host_i32(plan.psum);
+    assign_slots(plan, r.v1.recv_topk_idx, h.num_recv_tokens, f.recv_src_metadata.data<int32_t>());
+    const int64_t slots =
+        a.num_worst_tokens > 0
+            ? worst_case_slots(buffer.group_size(), args.num_max_tokens_per_rank,
+                               static_cast<int>(a.topk_idx.cols),
+                               args.num_experts / buffer.group_size(), a.expert_alignment)
+            : plan.slots;
+    r.expanded =
+        expand_outputs(r.v1, f.recv_src_metadata, h.num_recv_tokens, slots, args.zero_padding);
   }
   return r;
 }

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "integrations/buffer.hpp"
+#include "integrations/elastic/expand.hpp"
 #include "integrations/normal_types.hpp"
 
 #include <cstdint>
@@ -24,6 +25,21 @@ struct ElasticDispatchArgs {
   int num_experts = 0;                  // fresh dispatches
   int64_t num_max_tokens_per_rank = 0;  // the source id base of recv_src_metadata
   int num_scaleup_ranks = 1;            // DeepEP's logical scale-up domain (a divisor of R)
+  // DeepEP's do_expand (expand.hpp): the outputs in the expanded layout, host tensors only. The
+  // rows are copied into their slots once they are in, so an async_finish call returns then,
+  // its event already set. `zero_padding`: slots no pair takes are zeroed (x, scales, weights).
+  bool expand = false;
+  bool zero_padding = false;
+  // A cached expand: the fresh dispatch's recv_src_metadata (its slot columns) and slot count.
+  TensorRef cached_metadata;
+  int64_t cached_slots = 0;
+};
+
+// The expanded outputs (ElasticDispatchArgs::expand): [slots, hidden], [slots, scale columns]
+// (FP8), [slots] f32 lane weights (with topk_weights).
+struct ExpandedRows {
+  Tensor x, scales, weights;
+  int64_t slots = 0;  // M: the received pairs' slots, or the worst case without CPU sync
 };
 
 // The EPHandle fields of a fresh dispatch, host memory (i32). Undefined with a handle.
@@ -44,6 +60,7 @@ struct ElasticFields {
 struct ElasticDispatchResult {
   DispatchResult v1;
   ElasticFields fields;
+  ExpandedRows expanded;  // with expand
   // The layout the dispatch was routed by: an async_finish call reads it until its event is
   // set, so the caller keeps it until then.
   DispatchLayout layout;
@@ -52,6 +69,12 @@ struct ElasticDispatchResult {
 // Throws proxyep::Error("dispatch") as Buffer::dispatch does, before anything is sent for bad
 // arguments (the Buffer stays usable).
 ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args);
+
+// Combine's side of the expanded layout (expand.hpp): each received token's slots of x (bf16
+// [>= slots, H]) folded into one row, and 1-D weights (f32 [>= slots] or undefined) into
+// [num_recv, K], by the slot columns of `metadata` (i32 [>= num_recv, K + 2]). Host tensors.
+Folded fold_expanded_rows(const TensorRef& x, const TensorRef& weights, const TensorRef& metadata,
+                          int64_t num_recv);
 
 // recv_src_metadata of a fresh dispatch of host tensors (its handle, its recv_topk_idx), once
 // its rows are in.

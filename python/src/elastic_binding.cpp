@@ -20,20 +20,26 @@ namespace {
 
 // (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert (aligned,
 // a list), handle, event or None, psum_per_scaleup_rank, psum_per_expert, unaligned_per_expert,
-// dst_buffer_slot_idx, recv_src_metadata, (combine_order, weight_owner), layout); None for what
-// is undefined (every field of a
+// dst_buffer_slot_idx, recv_src_metadata, (combine_order, weight_owner), (expanded x, scales,
+// weights, slots), layout); None for what is undefined (every field of a
 // cached dispatch). `layout`, the tensors the call was routed by, is the caller's to keep until
 // an async call's event is set.
 py::tuple elastic_dispatch(NativeBuffer& b, DispatchArgs a, int num_experts,
-                           int64_t num_max_tokens_per_rank, int num_scaleup_ranks,
-                           uintptr_t caller_stream) {
+                           int64_t num_max_tokens_per_rank, int num_scaleup_ranks, bool expand,
+                           bool zero_padding, const py::handle& cached_metadata,
+                           int64_t cached_slots, uintptr_t caller_stream) {
+  const ep::TensorRef metadata = view_of(cached_metadata, "recv_src_metadata");
   a.previous_event = b.previous_event("dispatch", {a.x, a.topk_idx, a.recv_stats},
                                       std::move(a.previous_event), caller_stream);
   elastic::ElasticDispatchResult r = without_gil([&] {
     return elastic::elastic_dispatch(b.get(), {.v1 = std::move(a),
                                                .num_experts = num_experts,
                                                .num_max_tokens_per_rank = num_max_tokens_per_rank,
-                                               .num_scaleup_ranks = num_scaleup_ranks});
+                                               .num_scaleup_ranks = num_scaleup_ranks,
+                                               .expand = expand,
+                                               .zero_padding = zero_padding,
+                                               .cached_metadata = metadata,
+                                               .cached_slots = cached_slots});
   });
   const DeviceRelease release = b.release(caller_stream);
   const DispatchLayout& l = r.layout;
@@ -46,10 +52,22 @@ py::tuple elastic_dispatch(NativeBuffer& b, DispatchArgs a, int num_experts,
                         capsule_of(f.psum_per_expert), capsule_of(f.unaligned_per_expert),
                         capsule_of(f.dst_buffer_slot_idx), capsule_of(f.recv_src_metadata),
                         py::make_tuple(capsule_of(f.combine_order), capsule_of(f.weight_owner)),
+                        py::make_tuple(capsule_of(r.expanded.x), capsule_of(r.expanded.scales),
+                                       capsule_of(r.expanded.weights), r.expanded.slots),
                         py::make_tuple(capsule_of(l.num_tokens_per_rank, &release),
                                        capsule_of(l.num_tokens_per_rdma_rank, &release),
                                        capsule_of(l.num_tokens_per_expert, &release),
                                        capsule_of(l.is_token_in_rank, &release)));
+}
+
+// (x, weights or None): an expanded combine's input folded to one row per received token.
+py::tuple elastic_fold(const py::handle& x, const py::handle& weights, const py::handle& metadata,
+                       int64_t num_recv) {
+  const ep::TensorRef xs = view_of(x, "x"), w = view_of(weights, "topk_weights"),
+                      m = view_of(metadata, "recv_src_metadata");
+  const elastic::Folded f =
+      without_gil([&] { return elastic::fold_expanded_rows(xs, w, m, num_recv); });
+  return py::make_tuple(capsule_of(f.x), capsule_of(f.weights));
 }
 
 py::object elastic_source_metadata(NativeBuffer& b, const DispatchHandle& handle,
@@ -66,7 +84,11 @@ void bind_elastic_calls(BufferClass& buffer) {
   buffer
       .def("elastic_dispatch", &elastic_dispatch, py::arg("args"), py::arg("num_experts"),
            py::arg("num_max_tokens_per_rank"), py::arg("num_scaleup_ranks"),
+           py::arg("expand") = false, py::arg("zero_padding") = false,
+           py::arg("cached_metadata") = py::none(), py::arg("cached_slots") = 0,
            py::arg("caller_stream") = 0)
+      .def_static("elastic_fold", &elastic_fold, py::arg("x"), py::arg("topk_weights"),
+                  py::arg("recv_src_metadata"), py::arg("num_recv"))
       .def("elastic_source_metadata", &elastic_source_metadata, py::arg("handle"),
            py::arg("recv_topk_idx"), py::arg("num_experts"), py::arg("num_max_tokens_per_rank"));
 }

@@ -2,9 +2,10 @@
 argument lists and return tuples, over ProxyEP's native Buffer (the one ``buffers/legacy.py``'s
 V1 Buffer opens).
 
-What runs: dispatch and combine in the non-expanded layout, fresh and cached, BF16 or FP8 with
-scales (row- or column-major received scales), worst-case outputs without CPU sync, cumulative
-expert statistics, async calls; the size hints, domain sizes, barrier, capture, comm stream and
+What runs: dispatch and combine in the non-expanded and the expanded layout (``do_expand``, with
+``do_zero_padding``, host tensors: the rows are copied into their slots and folded back on the
+host), fresh and cached, BF16 or FP8 with scales (row- or column-major received scales),
+worst-case outputs without CPU sync, cumulative expert statistics, async calls; the size hints, domain sizes, barrier, capture, comm stream and
 destroy. A fresh dispatch is one native call (``Buffer.elastic_dispatch``: the layout, the
 dispatch and the handle's fields in C++, integrations/elastic/), a combine V1's native combine,
 so V2 costs what V1 does (``python3 -m proxyep.bench ep --api v2``). Combine reduces in DeepEP
@@ -13,8 +14,8 @@ weight lane k from its owner), from tables the dispatch computes once (CPU tenso
 tensors keep V1's order, docs/plans/ELASTIC_BUFFER.md section 3.2).
 
 Refused with ``ProxyEPError`` naming the argument or method, before anything is sent (the Buffer
-stays usable): the expanded layout (``do_expand=True``, 1-D combine weights), combine ``bias``
-with device tensors, ``allow_multiple_reduction=False``, a cached dispatch with ``topk_weights``, Engram
+stays usable): the expanded layout and combine ``bias`` with device tensors,
+``allow_multiple_reduction=False``, a cached dispatch with ``topk_weights``, Engram
 (``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive and AG-RS, and the
 host-simulated device (the column-major scales, worst-case padding of cached outputs and, with
 device tensors, two handle fields are still made by torch, which cannot read its memory).
@@ -333,8 +334,6 @@ class ElasticBuffer:
         check_torch_deterministic()
         if do_zero_padding and not do_expand:
             raise ValueError("do_zero_padding needs do_expand=True (it zeroes the expanded layout's gaps)")
-        if do_expand:
-            raise _unsupported("do_expand=True (the expanded layout)")
         previous, before_epilogue = self._check_order(
             previous_event, previous_event_before_epilogue, allocate_on_comm_stream)
         fp8 = isinstance(x, tuple)
@@ -359,11 +358,14 @@ class ElasticBuffer:
         order = dict(previous_event=EventOverlap(previous) if previous is not None else None,
                      async_finish=async_with_compute_stream)
         if handle is not None:
-            return self._cached_dispatch(x, fp8, handle, order, use_tma_aligned_col_major_sf)
+            if do_expand != handle.do_expand:
+                raise ValueError(f"do_expand={do_expand} differs from the handle's {handle.do_expand}")
+            return self._cached_dispatch(x, fp8, handle, order, use_tma_aligned_col_major_sf,
+                                         do_zero_padding)
         return self._fresh_dispatch(
             x, fp8, topk_idx, topk_weights, cumulative_local_expert_recv_stats, num_experts,
             num_max_tokens_per_rank, expert_alignment, num_sms, do_cpu_sync, do_handle_copy, order,
-            use_tma_aligned_col_major_sf)
+            use_tma_aligned_col_major_sf, do_expand, do_zero_padding)
 
     def _fresh_args(self, x_data, topk_idx, topk_weights, stats, num_experts,
                     num_max_tokens_per_rank, expert_alignment, do_cpu_sync):
@@ -429,9 +431,10 @@ class ElasticBuffer:
 
     def _fresh_dispatch(self, x, fp8, topk_idx, topk_weights, stats, num_experts,
                         num_max_tokens_per_rank, expert_alignment, num_sms, do_cpu_sync,
-                        do_handle_copy, order, col_major_sf):
+                        do_handle_copy, order, col_major_sf, do_expand, do_zero_padding):
         """One native call: layout, dispatch and the handle's fields (host tensors; with device
-        tensors the two fields that read them are computed by torch, section 3.4 of the plan)."""
+        tensors the two fields that read them are computed by torch, section 3.4 of the plan);
+        with ``do_expand`` the rows are copied into their expanded slots in it too (host)."""
         legacy = self._legacy
         local = num_experts // self.num_ranks
         worst = fields.worst_case_tokens(self.num_ranks, num_max_tokens_per_rank)
@@ -439,9 +442,10 @@ class ElasticBuffer:
             x, fp8, topk_idx, topk_weights, stats, expert_alignment=expert_alignment,
             num_worst_tokens=0 if do_cpu_sync else worst, order=order)
         (recv_x, recv_scales, recv_idx, recv_weights, per_expert_list, native, native_event,
-         psum_scaleup, psum_expert, unaligned, slots, metadata, order_tables,
+         psum_scaleup, psum_expert, unaligned, slots, metadata, order_tables, expanded,
          layout) = self.runtime.elastic_dispatch(
-            args, num_experts, num_max_tokens_per_rank, self.num_scaleup_ranks, caller_stream=stream)
+            args, num_experts, num_max_tokens_per_rank, self.num_scaleup_ranks, expand=do_expand,
+            zero_padding=do_zero_padding, caller_stream=stream)
         legacy._hold_inputs(order["async_finish"], inputs + (layout,))
         event = _event(order["async_finish"], native_event, inputs + (layout,), legacy._streams())
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
@@ -454,12 +458,17 @@ class ElasticBuffer:
             slots = fields.send_slots(topk_in_handle, tensor(native.send_head).to(device), local)
         num_recv = native.num_recv_tokens
         rows = num_recv if do_cpu_sync else worst
+        if do_expand:
+            num_expanded = expanded[3]
+        elif do_cpu_sync:
+            num_expanded = sum(per_expert_list)
+        else:
+            num_expanded = fields.worst_case_expanded_tokens(
+                self.num_ranks, num_max_tokens_per_rank, topk_idx.shape[1], local, expert_alignment)
         handle = EPHandle(
-            do_expand=False, num_experts=num_experts, expert_alignment=expert_alignment,
+            do_expand=do_expand, num_experts=num_experts, expert_alignment=expert_alignment,
             num_max_tokens_per_rank=num_max_tokens_per_rank, num_sms=num_sms,
-            topk_idx=topk_in_handle, num_recv_tokens=rows,
-            num_expanded_tokens=sum(per_expert_list) if do_cpu_sync else fields.worst_case_expanded_tokens(
-                self.num_ranks, num_max_tokens_per_rank, topk_idx.shape[1], local, expert_alignment),
+            topk_idx=topk_in_handle, num_recv_tokens=rows, num_expanded_tokens=num_expanded,
             num_recv_tokens_per_expert_list=list(per_expert_list) if do_cpu_sync else [],
             psum_num_recv_tokens_per_scaleup_rank=tensor(psum_scaleup).to(device),
             psum_num_recv_tokens_per_expert=tensor(psum_expert).to(device),
@@ -479,11 +488,18 @@ class ElasticBuffer:
                 handle._complete()
             else:
                 event.register_hook_after_wait(handle._complete)
+        if do_expand:  # the rows in their slots; the call waited for them (its event is set)
+            recv, recv_idx, recv_weights = self._expanded(expanded, fp8), None, tensor(expanded[2])
         if fp8 and col_major_sf:
             if event.event is not None:
                 event.current_stream_wait()
             recv = (recv[0], self._column_major(recv[1]))
         return recv, recv_idx, recv_weights, handle, event
+
+    @staticmethod
+    def _expanded(expanded, fp8):
+        """recv_x of the expanded layout from the native (x, scales, weights, slots)."""
+        return (tensor(expanded[0], FP8_DTYPE), tensor(expanded[1])) if fp8 else tensor(expanded[0])
 
     def _metadata_later(self, handle, event, native, recv_idx, num_experts, num_max_tokens_per_rank,
                         rows):
@@ -505,12 +521,27 @@ class ElasticBuffer:
 
         return complete
 
-    def _cached_dispatch(self, x, fp8, handle, order, col_major_sf):
+    def _cached_dispatch(self, x, fp8, handle, order, col_major_sf, do_zero_padding):
+        """The handle's routing again: the same rows in the same places (the expanded layout's
+        slots by the handle's ``recv_src_metadata``, as DeepEP's)."""
         legacy = self._legacy
         args, stream, inputs = self._native_args(x, fp8, handle=handle._native, order=order)
-        recv_x, recv_scales, *_, native_event = self.runtime.dispatch(args, caller_stream=stream)
+        metadata = _small(handle.recv_src_metadata) if handle.do_expand else None
+        out = self.runtime.elastic_dispatch(
+            args, handle.num_experts, handle.num_max_tokens_per_rank, self.num_scaleup_ranks,
+            expand=handle.do_expand, zero_padding=do_zero_padding,
+            cached_metadata=legacy._view(metadata, "recv_src_metadata"),
+            cached_slots=handle.num_expanded_tokens, caller_stream=stream)
+        # (recv_x, scales, ..., event at 6, ..., expanded at 13, layout): a cached call's fields
+        # are None.
+        recv_x, recv_scales, native_event, expanded = out[0], out[1], out[6], out[13]
         legacy._hold_inputs(order["async_finish"], inputs)
         event = _event(order["async_finish"], native_event, inputs, legacy._streams())
+        if handle.do_expand:
+            recv = self._expanded(expanded, fp8)
+            if fp8 and col_major_sf:
+                recv = (recv[0], self._column_major(recv[1]))
+            return recv, None, None, handle, event
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
         recv_idx = handle._recv_topk_idx.clone()
         pad = handle.num_recv_tokens - handle._native.num_recv_tokens
@@ -560,8 +591,9 @@ class ElasticBuffer:
             raise _unsupported("combine bias with device tensors (V2's order, biases first, is "
                                "computed from a host topk_idx)")
         biases = _biases(bias)
-        if isinstance(topk_weights, torch.Tensor) and topk_weights.dim() == 1:
-            raise _unsupported("1-D topk_weights in combine (the expanded layout's)")
+        if isinstance(topk_weights, torch.Tensor) and (topk_weights.dim() == 1) != handle.do_expand:
+            raise ValueError("topk_weights must be 1-D [num_expanded_tokens] for a handle of the "
+                             "expanded layout, 2-D [rows, num_topk] otherwise")
         if not self.allow_multiple_reduction:
             raise _unsupported("allow_multiple_reduction=False (one reduction per expert slot)")
         previous, before_epilogue = self._check_order(
@@ -573,6 +605,11 @@ class ElasticBuffer:
         previous, stream = legacy._order(
             EventOverlap(previous) if previous is not None else None, async_with_compute_stream, False)
         topk_weights = _small(topk_weights)
+        if handle.do_expand:  # each token's slots summed (lane order) into one row, on the host
+            x, metadata = _small(x), _small(handle.recv_src_metadata)  # held: views don't hold
+            x, topk_weights = map(tensor, self.runtime.elastic_fold(
+                legacy._view(x, "x"), legacy._view(topk_weights, "topk_weights"),
+                legacy._view(metadata, "recv_src_metadata"), handle._native.num_recv_tokens))
         inputs = (x, topk_weights, biases, handle)
         args = _proxyep.CombineArgs(
             x=legacy._view(x, "x"), handle=handle._native,

@@ -1,0 +1,53 @@
+// DeepEP V2's expanded layout (do_expand; docs/plans/ELASTIC_BUFFER.md, section 3.1), on the
+// host: one slot per (received token, local expert) instead of one row per received token.
+// Expert e's slots start at the aligned end of expert e - 1's, in source order within it:
+//   base[e] = align(psum[e - 1], A),  psum[e] = base[e] + count[e],  M = align(psum[last], A)
+// (psum is the handle's psum_num_recv_tokens_per_expert in this layout). A dispatch first
+// receives its rows as the non-expanded layout does, then copies each into its slots; a combine
+// folds each token's slots back into one row (their sum in lane order, rounded to bf16: DeepEP's
+// "multiple reduction") before the usual combine.
+#pragma once
+
+#include "gpu_side/ep/tensor.hpp"
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace proxyep::integrations::elastic {
+
+using gpu_side::ep::Tensor;
+using gpu_side::ep::TensorRef;
+
+struct ExpandPlan {
+  std::vector<int32_t> base, psum;  // [E_local], as above
+  int64_t slots = 0;                // M
+};
+
+// The plan of `counts` (received (token, local expert) pairs per local expert) aligned to A.
+ExpandPlan plan_expand(std::span<const int> counts, int alignment);
+
+// Each received row's slot per lane into metadata columns 2.. (i32 [rows, K + 2], rows >=
+// num_recv; -1 for lanes whose expert is elsewhere): from recv_topk_idx (i64 [rows, K], local
+// ids), rows in receive order. Throws proxyep::Error when the rows name other numbers of pairs
+// of an expert than `plan` counted (the notify phase's counts and the rows must agree).
+void assign_slots(const ExpandPlan& plan, const TensorRef& recv_topk_idx, int64_t num_recv,
+                  int32_t* metadata);
+
+// Rows (of `unit` bytes: a row of x, of scales, or one f32 weight per lane with `per_lane`)
+// copied from the non-expanded `from` into their slots of `to` by the metadata's slot columns.
+// `zero_gaps`: every slot no pair takes (alignment gaps, worst-case tail) is zeroed.
+void expand_rows(const std::byte* from, std::byte* to, uint64_t unit, bool per_lane,
+                 const int32_t* metadata, int64_t num_recv, int topk, int64_t slots,
+                 bool zero_gaps);
+
+// Combine's fold: bf16 [num_recv, hidden] rows, row i the sum (float32, lanes in order, rounded
+// once) of token i's slots of x_expanded (bf16 [>= M, hidden]); and, with weights (f32 [>= M]),
+// f32 [num_recv, K] lane weights (0 where the lane has no slot).
+struct Folded {
+  Tensor x, weights;
+};
+Folded fold_expanded(const TensorRef& x_expanded, const TensorRef& weights,
+                     const TensorRef& metadata, int64_t num_recv);
+
+}  // namespace proxyep::integrations::elastic
