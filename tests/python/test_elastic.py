@@ -311,8 +311,6 @@ def test_refused_features(buffer):
         pass
     with pytest.raises(deep_ep.ProxyEPError, match="num_cpu_bytes"):
         deep_ep.ElasticBuffer(dist.group.WORLD, num_bytes=4 << 20, num_cpu_bytes=2 << 20)
-    with pytest.raises(deep_ep.ProxyEPError, match="allow_multiple_reduction=False"):
-        deep_ep.ElasticBuffer(dist.group.WORLD, num_bytes=4 << 20, allow_multiple_reduction=False)
     with pytest.raises(deep_ep.ProxyEPError, match="device='simulated'"):
         deep_ep.ElasticBuffer(dist.group.WORLD, num_bytes=4 << 20, device="simulated")
     with pytest.raises(ValueError, match="sl_idx"):
@@ -365,10 +363,17 @@ def test_refused_arguments_leave_buffer_usable(buffer):
             buffer.combine(y, handle, **kwargs)
     with pytest.raises(TypeError, match="EPHandle"):
         buffer.combine(y, object())
+    expanded, _, expanded_w, expanded_handle, _ = buffer.dispatch(
+        x, topk_idx=topk_idx, topk_weights=weights, num_experts=E, do_expand=True)
     buffer.allow_multiple_reduction = False
     try:
-        with pytest.raises(deep_ep.ProxyEPError, match="allow_multiple_reduction"):
-            buffer.combine(y, handle)
+        with pytest.raises(deep_ep.ProxyEPError, match="allow_multiple_reduction=False with the expanded"):
+            buffer.combine(expanded, expanded_handle, topk_weights=expanded_w)
+        with pytest.raises(deep_ep.ProxyEPError, match="do_expand=True with allow_multiple_reduction"):
+            buffer.dispatch(x, topk_idx=topk_idx, num_experts=E, do_expand=True)
+        if buffer._reduces_by_node:
+            with pytest.raises(deep_ep.ProxyEPError, match="reduces inside each node"):
+                buffer.combine(y, handle)
     finally:
         buffer.allow_multiple_reduction = True
     # The handle still combines, and the Buffer still dispatches.
@@ -560,6 +565,16 @@ def v2_expected(topk_idx, biases, groups_of_rank):
 
 
 @pytest.fixture(scope="module")
+def single_reduction_buffer():
+    """allow_multiple_reduction=False: a token's rows reduced once, at home (no node stage),
+    whatever the hybrid mode."""
+    buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
+                                allow_multiple_reduction=False, explicitly_destroy=True)
+    yield buf
+    buf.destroy()
+
+
+@pytest.fixture(scope="module")
 def direct_buffer():
     """An ElasticBuffer in DeepEP's direct mode (no hybrid): every rank is a group of the reduce,
     so 4 ranks give tokens 3 and 4 groups, whose order matters."""
@@ -570,13 +585,15 @@ def direct_buffer():
 
 
 @pytest.mark.parametrize("num_biases", [0, 1, 2])
-@pytest.mark.parametrize("hybrid", [True, False])
-def test_combine_in_v2_order(buffer, direct_buffer, hybrid, num_biases):
+@pytest.mark.parametrize("mode", ["hybrid", "direct", "single_reduction"])
+def test_combine_in_v2_order(buffer, direct_buffer, single_reduction_buffer, mode, num_biases):
     """Bit for bit DeepEP V2's combine: biases first, then the groups by each token's last lane,
     and each weight lane selected from its owner."""
     rank, R = world()
-    buf = buffer if hybrid else direct_buffer
-    by_node = buf.get_logical_domain_size()[0] > 1
+    buf = {"hybrid": buffer, "direct": direct_buffer, "single_reduction": single_reduction_buffer}[mode]
+    by_node = buf._reduces_by_node
+    if mode == "single_reduction":
+        assert not by_node and buf.runtime.stats().internode == "per_rank"
     rpn = buf.num_scaleup_ranks
 
     def groups_of_rank(r):

@@ -15,7 +15,8 @@ tensors keep V1's order, docs/plans/ELASTIC_BUFFER.md section 3.2).
 
 Refused with ``ProxyEPError`` naming the argument or method, before anything is sent (the Buffer
 stays usable): the expanded layout and combine ``bias`` with device tensors,
-``allow_multiple_reduction=False``, a cached dispatch with ``topk_weights``, Engram
+the expanded layout with ``allow_multiple_reduction=False``, a cached dispatch with
+``topk_weights``, Engram
 (``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive and AG-RS, and the
 host-simulated device (the column-major scales, worst-case padding of cached outputs and, with
 device tensors, two handle fields are still made by torch, which cannot read its memory).
@@ -107,8 +108,6 @@ class ElasticBuffer:
         self.runtime = None  # for __del__ and destroy() if the checks below refuse
         if num_cpu_bytes:
             raise _unsupported("num_cpu_bytes > 0 (Engram's CPU storage)", "not supported by ProxyEP")
-        if not allow_multiple_reduction:
-            raise _unsupported("allow_multiple_reduction=False (one reduction per expert slot)")
         if device == "simulated" or getattr(device, "kind", "cuda") != "cuda":
             raise _unsupported("device='simulated' for ElasticBuffer (its handle fields are "
                                "computed by torch on the host)")
@@ -132,12 +131,15 @@ class ElasticBuffer:
         if num_allocated_qps == 0:
             num_allocated_qps = _HYBRID_QPS if allow_hybrid_mode else _DIRECT_QPS
 
+        # Without multiple reduction a token's rows are reduced once, at home: no node stage.
+        internode = _internode(group_size, layout_rpn, allow_hybrid_mode and allow_multiple_reduction)
+        self._reduces_by_node = internode == "hierarchical"
         if num_cpu_timeout_secs <= 0:
             raise ValueError(f"num_cpu_timeout_secs must be positive, got {num_cpu_timeout_secs}")
         self._legacy = Buffer(group, num_nvl_bytes=nvl_bytes, num_rdma_bytes=rdma_bytes,
                               explicitly_destroy=explicitly_destroy, ranks_per_node=ranks_per_node,
                               device=device,
-                              internode=_internode(group_size, layout_rpn, allow_hybrid_mode),
+                              internode=internode,
                               timeout_ms=int(num_cpu_timeout_secs * 1000))
         self.runtime = self._legacy.runtime
         self.nccl_comm_handle = None  # no NCCL underneath
@@ -332,6 +334,9 @@ class ElasticBuffer:
         recv_topk_weights, handle, event)``; ``recv_x`` is ``(data, scales)`` for FP8 input."""
         self._usable("dispatch")
         check_torch_deterministic()
+        if do_expand and not self.allow_multiple_reduction:
+            raise _unsupported("do_expand=True with allow_multiple_reduction=False (each slot "
+                               "reduced once, at home)")
         if do_zero_padding and not do_expand:
             raise ValueError("do_zero_padding needs do_expand=True (it zeroes the expanded layout's gaps)")
         previous, before_epilogue = self._check_order(
@@ -595,7 +600,12 @@ class ElasticBuffer:
             raise ValueError("topk_weights must be 1-D [num_expanded_tokens] for a handle of the "
                              "expanded layout, 2-D [rows, num_topk] otherwise")
         if not self.allow_multiple_reduction:
-            raise _unsupported("allow_multiple_reduction=False (one reduction per expert slot)")
+            if handle.do_expand:
+                raise _unsupported("allow_multiple_reduction=False with the expanded layout (each "
+                                   "slot reduced once, at home)")
+            if self._reduces_by_node:
+                raise _unsupported("allow_multiple_reduction=False on an ElasticBuffer made with it "
+                                   "across nodes (its combine reduces inside each node first)")
         previous, before_epilogue = self._check_order(
             previous_event, previous_event_before_epilogue, allocate_on_comm_stream)
         self._resolve_sms_qps(num_sms or handle.num_sms, num_qps, handle.num_experts,
