@@ -105,6 +105,7 @@ struct DispatchHandle {
   Tensor is_token_in_rank;    // bool [N, R]
   Tensor send_head;           // i32 [N, R]: token's position among the rows sent to rank r, or -1
   int num_tokens = 0;         // N, this rank's tokens at dispatch
+  int num_experts = 0;        // the dispatch's (a cached dispatch may carry top-k again)
   int num_recv_tokens = 0;    // rows really received (recv_x may have num_worst_tokens rows)
   int hidden = 0;
   uint64_t buffer_id = 0;  // the Buffer that made it
@@ -116,7 +117,9 @@ struct DispatchHandle {
 struct DispatchArgs {
   TensorRef x;         // bf16 [N, H], or fp8_e4m3 [N, H] with x_scales
   TensorRef x_scales;  // f32 or i32 (packed UE8M0) [N, H / 128], strides honoured
-  const DispatchHandle* handle = nullptr;  // cached mode: reuse its routing, no top-k
+  // Cached mode: reuse its routing. Top-k travels only if given again (DeepEP V2: a cached
+  // dispatch of weights), host tensors: the handle's dispatch's topk_idx, with topk_weights.
+  const DispatchHandle* handle = nullptr;
   TensorRef num_tokens_per_rank;           // i32 [R]
   TensorRef num_tokens_per_rdma_rank;      // i32 [nodes] or None; checked when given (host)
   TensorRef is_token_in_rank;              // bool [N, R]

@@ -277,6 +277,7 @@ void NormalMode::finish_handle(DispatchResult& out, const DispatchInput& in, con
   h.is_token_in_rank = routing.in_rank;
   h.send_head = routing.send_head;
   h.num_tokens = static_cast<int>(in.tokens);
+  h.num_experts = in.num_experts;
   h.num_recv_tokens = static_cast<int>(counts.received_by(me));
   h.hidden = static_cast<int>(in.hidden);
   h.buffer_id = buffer_id_;

@@ -63,8 +63,6 @@ void check_scales(const DispatchArgs& a, bool on_device, DispatchInput& in) {
 void check_cached(const DispatchArgs& a, const DispatchInput& in, uint64_t buffer_id) {
   const DispatchHandle& h = *a.handle;
   require(h.buffer_id == buffer_id, kPhase, "the handle was made by another Buffer");
-  require(!a.topk_idx.defined() && !a.topk_weights.defined(), kPhase,
-          "cached dispatch (handle given) takes no topk_idx/topk_weights");
   require(h.num_tokens == in.tokens, kPhase, "x has {} tokens but the handle was made for {}",
           in.tokens, h.num_tokens);
   require(a.num_worst_tokens == 0, kPhase, "num_worst_tokens is not used with a handle");
@@ -171,6 +169,15 @@ DispatchInput check_dispatch_args(const DispatchArgs& a, bool on_device, int ran
   if (a.handle != nullptr) {
     in.cached = true;
     check_cached(a, in, buffer_id);
+    if (a.topk_idx.defined() || a.topk_weights.defined()) {
+      // The rows carry their top-k again (DeepEP V2's cached dispatch of weights). The values
+      // are read here, so host tensors only.
+      require(!on_device, kPhase,
+              "a cached dispatch carries topk_idx/topk_weights with host tensors only");
+      in.num_experts = a.handle->num_experts;
+      require(in.num_experts > 0, kPhase, "the handle's dispatch recorded no experts");
+      check_topk(a, in, {ranks, ranks_per_node, in.num_experts});
+    }
     return in;  // the handle already holds recv_src_idx: rows carry no source index
   }
   check_layout(a, in, ranks);

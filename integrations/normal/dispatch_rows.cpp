@@ -66,8 +66,8 @@ DispatchStreams::DispatchStreams(RowBackend& backend, const DispatchInput& input
       routing_(routing),
       source_{.x = args.x,
               .x_scales = args.x_scales,
-              .topk_idx = input.cached ? TensorRef{} : args.topk_idx,
-              .topk_weights = input.cached ? TensorRef{} : args.topk_weights,
+              .topk_idx = args.topk_idx,  // a cached dispatch's only when given again
+              .topk_weights = args.topk_weights,
               .format = input.format,
               .shape = shape},
       me_(me),

@@ -335,7 +335,6 @@ def dispatch_refusals(buffer, x, topk_idx, weights, handle):
                                                                                   dtype=torch.int32)),
          ValueError, "cumulative_local_expert_recv_stats"),
         (dict(x=x, handle=handle, do_cpu_sync=True), ValueError, "do_cpu_sync=True"),
-        (dict(x=x, handle=handle, topk_weights=weights), deep_ep.ProxyEPError, "topk_weights with a handle"),
         (dict(x=x, handle=handle, num_experts=2 * E), ValueError, "differs from the handle"),
         (dict(x=x, handle=object()), TypeError, "EPHandle"),
         (dict(x=x, cumulative_local_expert_recv_stats=torch.zeros(3, dtype=torch.int64), **base),
@@ -499,6 +498,9 @@ def test_dispatch_combine(buffer, fp8, expert_alignment, do_cpu_sync, asynchrono
     if col_major:
         assert cached[1].stride() == (1, align(rows, 4))
     assert torch.equal(cached_idx, recv_idx)
+    # Weights travel with a cached dispatch too (the handle's top-k again), masked as fresh ones.
+    with_w = launch(buffer.dispatch, x=data, handle=handle, topk_weights=weights * 2)
+    assert torch.equal(with_w[2], recv_w * 2)
 
     y = torch.zeros(rows, H, dtype=torch.bfloat16)
     y[:n] = combine_row(ref.src_ids, rank)

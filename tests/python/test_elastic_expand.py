@@ -104,6 +104,10 @@ def test_expanded_dispatch(buffer, fp8, expert_alignment, do_cpu_sync, do_zero_p
     cached, cached_idx, cached_w, same, _ = buffer.dispatch(data, handle=handle, do_expand=True,
                                                             do_zero_padding=do_zero_padding)
     assert same is handle and cached_idx is None and cached_w is None
+    # With weights (the backward of an expanded combine's weights): one per slot, as fresh.
+    _, _, cached_w, _, _ = buffer.dispatch(data, handle=handle, topk_weights=weights, do_expand=True,
+                                           do_zero_padding=do_zero_padding)
+    assert torch.equal(cached_w[exp.taken[:rows]], recv_w[exp.taken[:rows]])
     for got, want in zip(cached if fp8 else (cached,), recv_parts):
         taken = exp.taken[:rows]
         assert torch.equal(got[taken].view(torch.uint8), want[taken].view(torch.uint8))

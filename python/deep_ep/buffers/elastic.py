@@ -365,8 +365,8 @@ class ElasticBuffer:
         if handle is not None:
             if do_expand != handle.do_expand:
                 raise ValueError(f"do_expand={do_expand} differs from the handle's {handle.do_expand}")
-            return self._cached_dispatch(x, fp8, handle, order, use_tma_aligned_col_major_sf,
-                                         do_zero_padding)
+            return self._cached_dispatch(x, fp8, handle, topk_weights, order,
+                                         use_tma_aligned_col_major_sf, do_zero_padding)
         return self._fresh_dispatch(
             x, fp8, topk_idx, topk_weights, cumulative_local_expert_recv_stats, num_experts,
             num_max_tokens_per_rank, expert_alignment, num_sms, do_cpu_sync, do_handle_copy, order,
@@ -408,8 +408,6 @@ class ElasticBuffer:
             raise ValueError("cumulative_local_expert_recv_stats is not taken with a handle (as in DeepEP)")
         if do_cpu_sync:
             raise ValueError("do_cpu_sync=True cannot be used with a handle (as in DeepEP)")
-        if topk_weights is not None:
-            raise _unsupported("topk_weights with a handle (cached dispatch of weights)")
         given = (num_experts, num_max_tokens_per_rank, expert_alignment)
         recorded = (handle.num_experts, handle.num_max_tokens_per_rank, handle.expert_alignment)
         for name, value, theirs in zip(("num_experts", "num_max_tokens_per_rank", "expert_alignment"),
@@ -526,11 +524,14 @@ class ElasticBuffer:
 
         return complete
 
-    def _cached_dispatch(self, x, fp8, handle, order, col_major_sf, do_zero_padding):
+    def _cached_dispatch(self, x, fp8, handle, topk_weights, order, col_major_sf, do_zero_padding):
         """The handle's routing again: the same rows in the same places (the expanded layout's
-        slots by the handle's ``recv_src_metadata``, as DeepEP's)."""
+        slots by the handle's ``recv_src_metadata``, as DeepEP's); ``topk_weights`` travel with
+        the handle's ``topk_idx`` again (zeroed where a lane's expert is elsewhere, as fresh)."""
         legacy = self._legacy
-        args, stream, inputs = self._native_args(x, fp8, handle=handle._native, order=order)
+        args, stream, inputs = self._native_args(
+            x, fp8, topk_idx=handle.topk_idx if topk_weights is not None else None,
+            topk_weights=topk_weights, handle=handle._native, order=order)
         metadata = _small(handle.recv_src_metadata) if handle.do_expand else None
         out = self.runtime.elastic_dispatch(
             args, handle.num_experts, handle.num_max_tokens_per_rank, self.num_scaleup_ranks,
@@ -539,14 +540,15 @@ class ElasticBuffer:
             cached_slots=handle.num_expanded_tokens, caller_stream=stream)
         # (recv_x, scales, ..., event at 6, ..., expanded at 13, layout): a cached call's fields
         # are None.
-        recv_x, recv_scales, native_event, expanded = out[0], out[1], out[6], out[13]
+        recv_x, recv_scales, recv_w, native_event, expanded = out[0], out[1], out[3], out[6], out[13]
         legacy._hold_inputs(order["async_finish"], inputs)
         event = _event(order["async_finish"], native_event, inputs, legacy._streams())
         if handle.do_expand:
             recv = self._expanded(expanded, fp8)
             if fp8 and col_major_sf:
                 recv = (recv[0], self._column_major(recv[1]))
-            return recv, None, None, handle, event
+            return recv, None, tensor(expanded[2]), handle, event
+        recv_w = tensor(recv_w)
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
         recv_idx = handle._recv_topk_idx.clone()
         pad = handle.num_recv_tokens - handle._native.num_recv_tokens
@@ -557,9 +559,10 @@ class ElasticBuffer:
                 event.current_stream_wait()
             if pad > 0:
                 recv = tuple(self._pad_rows(t, pad) for t in recv) if fp8 else self._pad_rows(recv, pad)
+                recv_w = self._pad_rows(recv_w, pad) if recv_w is not None else None
             if fp8 and col_major_sf:
                 recv = (recv[0], self._column_major(recv[1]))
-        return recv, recv_idx, None, handle, event
+        return recv, recv_idx, recv_w, handle, event
 
     @staticmethod
     def _pad_rows(t, pad):
