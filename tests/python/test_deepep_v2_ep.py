@@ -28,9 +28,7 @@ Each mode is four tests, so that what ProxyEP lacks is marked where it is, not o
 
 What ElasticBuffer refuses today is a strict xfail that names ``proxyep.ProxyEPError`` and the
 plan step (an unexpected pass fails the run, so marks come off as features land; any other
-failure still fails): a cached dispatch with ``topk_weights`` (plan step 3: ``test_expand_cached``
-and ``test_cached_dispatch_with_weights``) and the expanded layout without multiple reduction
-(step 9). The rest must pass, ``allow_multiple_reduction=False`` non-expanded included.
+failure still fails): the expanded layout without multiple reduction (step 9). The rest must pass, ``allow_multiple_reduction=False`` non-expanded included.
 
 Adaptations: events are ProxyEP's (CPU: complete); ``num_cpu_timeout_secs`` is 20, not DeepEP's
 100, so a hang fails inside the launch timeout; every rank's verdict is gathered before raising
@@ -114,9 +112,6 @@ def cases(marks_of=lambda hybrid, mode: ()):
 
 def refused(reason):
     return pytest.mark.xfail(strict=True, raises=proxyep.ProxyEPError, reason=reason)
-
-
-CACHED_WEIGHTS = refused("a cached dispatch with topk_weights is refused: plan step 3")
 
 
 # ---- helpers ----
@@ -504,7 +499,7 @@ def test_expand(buffers, hybrid, mode):
     check_expand(buffers(hybrid, mode.deterministic), hybrid, mode)
 
 
-@pytest.mark.parametrize("hybrid,mode", cases(lambda hybrid, mode: [CACHED_WEIGHTS]))
+@pytest.mark.parametrize("hybrid,mode", cases())
 def test_expand_cached(buffers, hybrid, mode):
     check_expand(buffers(hybrid, mode.deterministic), hybrid, mode, cached=True)
 
@@ -522,8 +517,7 @@ def test_without_multiple_reduction(buffers, hybrid):
     check_combine(buf, hybrid, mode, multiple_reduction=False)
 
 
-@pytest.mark.xfail(strict=True, raises=proxyep.ProxyEPError,
-                   reason="the expanded layout without multiple reduction is refused: plan step 9")
+@refused("the expanded layout without multiple reduction is refused: plan step 9")
 @pytest.mark.parametrize("hybrid", (1, 0))
 def test_expand_without_multiple_reduction(buffers, hybrid):
     """Expanded, combine recipe (False, False): each slot is its own partial, no weights."""
@@ -532,7 +526,6 @@ def test_expand_without_multiple_reduction(buffers, hybrid):
                  multiple_reduction=False)
 
 
-@CACHED_WEIGHTS
 def test_cached_dispatch_with_weights(buffers):
     """DeepEP allows weights with a handle (its cached expanded dispatch passes them): the cached
     non-expanded weights equal the fresh dispatch's."""
