@@ -26,14 +26,22 @@ namespace {
 // epilogue) vectorise the loops.
 constexpr int kBlock = 64;
 
+// Whether the biases start the sums here: they lead (bias_first, or an order) and there is one.
+// Leading biases that are both missing add +0 + +0 = +0 first, which changes no bit of a sum
+// that starts from +0 anyway, so the rows alone are summed then (V2's order without biases
+// would otherwise add two rows of zeros to every token).
+PROXYEP_REDUCE_INLINE bool biases_start(const CombineInput& in) {
+  return combine_biases_lead(in) && (in.bias0 != nullptr || in.bias1 != nullptr);
+}
+
 // Collects the rows token `t` sums, in combine_token's order: the groups combine_group walks
-// (ranks ascending, or V2's order) that received t, then bias0, then bias1; when the biases lead
-// (bias_first, or an order) the two come first (a missing one is `zeros`, a row of +0), and
+// (ranks ascending, or V2's order) that received t, then bias0, then bias1; when the biases
+// start the sum (biases_start) the two come first (a missing one is `zeros`, a row of +0), and
 // reduce_row adds them as a pair. Returns how many.
 PROXYEP_REDUCE_INLINE int token_sources(const CombineInput& in, int64_t t, const uint16_t** src,
                                         const uint16_t* zeros) {
   const int32_t* head = in.send_head + t * in.num_ranks;
-  const bool biases_lead = combine_biases_lead(in);
+  const bool biases_lead = biases_start(in);
   int n = 0;
   if (biases_lead) {
     src[n++] = in.bias0 != nullptr ? in.bias0 + t * in.hidden : zeros;
@@ -122,7 +130,7 @@ PROXYEP_REDUCE_CLONES
 void reduce_tokens_host(const CombineInput& in, int64_t begin, int64_t end) {
   // One list for the whole range: at most every rank plus the two biases.
   std::vector<const uint16_t*> src(static_cast<size_t>(in.num_ranks) + 2);
-  const bool biases_lead = combine_biases_lead(in);
+  const bool biases_lead = biases_start(in);
   std::vector<uint16_t> zeros;  // a missing bias when the biases lead
   if (biases_lead && (in.bias0 == nullptr || in.bias1 == nullptr))
     zeros.assign(static_cast<size_t>(in.hidden), 0);

@@ -623,7 +623,7 @@ def test_bad_order_tables_refused(buffer):
     x, topk_idx, weights = make_inputs(60)
     _, _, _, handle, _ = buffer.dispatch(x, topk_idx=topk_idx, topk_weights=weights, num_experts=E)
     y = combine_row(reference_for((x,), topk_idx, weights).src_ids, rank)
-    order, owner = handle._order_tables
+    order, owner = handle._combine_tables()
     out_of_range = order.clone()
     out_of_range[:, 0] = order.shape[1]
     twice = order.clone()

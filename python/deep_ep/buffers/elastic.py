@@ -456,7 +456,7 @@ class ElasticBuffer:
         device = recv_idx.device
         topk_in_handle = topk_idx.clone() if do_handle_copy else topk_idx
         if slots is not None:
-            slots = tensor(slots)
+            slots = fields.Native(slots, device)
         else:  # device tensors: from the handle's send head, on the device
             slots = fields.send_slots(topk_in_handle, tensor(native.send_head).to(device), local)
         num_recv = native.num_recv_tokens
@@ -473,13 +473,15 @@ class ElasticBuffer:
             num_max_tokens_per_rank=num_max_tokens_per_rank, num_sms=num_sms,
             topk_idx=topk_in_handle, num_recv_tokens=rows, num_expanded_tokens=num_expanded,
             num_recv_tokens_per_expert_list=list(per_expert_list) if do_cpu_sync else [],
-            psum_num_recv_tokens_per_scaleup_rank=tensor(psum_scaleup).to(device),
-            psum_num_recv_tokens_per_expert=tensor(psum_expert).to(device),
-            num_unaligned_recv_tokens_per_expert=tensor(unaligned).to(device),
-            recv_src_metadata=None if metadata is None else tensor(metadata),
+            psum_num_recv_tokens_per_scaleup_rank=fields.Native(psum_scaleup, device),
+            psum_num_recv_tokens_per_expert=fields.Native(psum_expert, device),
+            num_unaligned_recv_tokens_per_expert=fields.Native(unaligned, device),
+            recv_src_metadata=None if metadata is None else fields.Native(metadata, device),
             dst_buffer_slot_idx=slots, token_metadata_at_forward=None, channel_linked_list=None)
         handle._native = native
-        handle._order_tables = tuple(map(tensor, order_tables))  # (None, None) with device tensors
+        # (None, None) with device tensors: V1's order.
+        handle._order_tables = tuple(fields.Native(t, device) if t is not None else None
+                                     for t in order_tables)
         handle._owner = self
         handle._recv_topk_idx = recv_idx
         if metadata is None:
@@ -594,7 +596,7 @@ class ElasticBuffer:
         check_torch_deterministic()
         if not isinstance(handle, EPHandle) or handle._owner is not self:
             raise TypeError("handle must be an EPHandle a dispatch of this ElasticBuffer returned")
-        order, weight_owner = handle._order_tables
+        order, weight_owner = handle._combine_tables()
         if bias is not None and order is None:
             raise _unsupported("combine bias with device tensors (V2's order, biases first, is "
                                "computed from a host topk_idx)")

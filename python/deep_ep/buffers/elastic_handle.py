@@ -25,7 +25,23 @@ fields that read tensors are computed by torch on the device (the functions belo
 
 import torch
 
+from proxyep._tensors import tensor
+
 from ..utils.math import align
+
+
+class Native:
+    """A field as the native call returned it (a DLPack capsule), made a torch tensor on
+    ``device`` when first read: a dispatch then costs no conversion of fields nobody reads."""
+
+    __slots__ = ("capsule", "device")
+
+    def __init__(self, capsule, device):
+        self.capsule, self.device = capsule, device
+
+    def tensor(self):
+        t = tensor(self.capsule)
+        return t if t.device == self.device else t.to(self.device)
 
 
 class EPHandle:
@@ -47,8 +63,8 @@ class EPHandle:
         self.num_recv_tokens = num_recv_tokens
         self.num_expanded_tokens = num_expanded_tokens
         self.num_recv_tokens_per_expert_list = num_recv_tokens_per_expert_list
+        self._pending = None  # set before the fields below, whose properties read it
         self.psum_num_recv_tokens_per_scaleup_rank = psum_num_recv_tokens_per_scaleup_rank
-        self._pending = None  # set before the row-dependent fields below, which read it
         self.psum_num_recv_tokens_per_expert = psum_num_recv_tokens_per_expert
         self.num_unaligned_recv_tokens_per_expert = num_unaligned_recv_tokens_per_expert
         self.recv_src_metadata = recv_src_metadata
@@ -73,22 +89,36 @@ class EPHandle:
         if pending is not None:
             pending()
 
+    def _combine_tables(self):
+        """(order, weight_owner) of V2's combine (None, None: V1's order), as tensors."""
+        self._order_tables = tuple(t.tensor() if isinstance(t, Native) else t for t in self._order_tables)
+        return self._order_tables
 
-def _row_dependent(name):
-    """A field that an async dispatch fills once its rows are in: reading it completes them."""
+
+def _field(name, row_dependent=False):
+    """A field held as the native call returned it until read (Native); a row-dependent one
+    (which an async dispatch fills once its rows are in) is completed first."""
     private = "_" + name
 
     def get(handle):
-        handle._complete()
-        return getattr(handle, private)
+        if row_dependent:
+            handle._complete()
+        value = getattr(handle, private)
+        if isinstance(value, Native):
+            value = value.tensor()
+            setattr(handle, private, value)
+        return value
 
     def set_(handle, value):
         setattr(handle, private, value)
 
-    return property(get, set_, doc=f"{name} (complete once the dispatch's rows are in)")
+    return property(get, set_, doc=f"{name} (made a tensor when first read)")
 
 
-EPHandle.recv_src_metadata = _row_dependent("recv_src_metadata")
+for _name in ("psum_num_recv_tokens_per_scaleup_rank", "psum_num_recv_tokens_per_expert",
+              "num_unaligned_recv_tokens_per_expert", "dst_buffer_slot_idx"):
+    setattr(EPHandle, _name, _field(_name))
+EPHandle.recv_src_metadata = _field("recv_src_metadata", row_dependent=True)
 
 
 def received_per_source(prefix):
