@@ -50,7 +50,7 @@ rows=(
   "daemon-ll|$root/scripts/bench-daemon.sh ll 3 -- --ranks 2 --ranks-per-node 1 --tokens 16 --iters 30"
   "daemon-testbed|$root/scripts/bench-daemon.sh ep 3 -- --ranks 4 --ranks-per-node 2 --tokens 1024 --iters 10 --no-floor --link preset:p5en && $root/scripts/bench-daemon.sh ll 3 -- --ranks 4 --ranks-per-node 2 --iters 20 --link preset:p5en"
   "python-ep-ll|\${py[*]} ep && \${py[*]} ll"
-  "python-ep-v2|\${py[*]} ep --api v2 --tokens 64 --iters 20 --no-cpp --baseline none && \${py[*]} ep --api v2 --iters 20 --no-cpp --baseline none && \${py[*]} ep --api v2 --ranks 4 --ranks-per-node 2 --tokens 1024 --iters 20 --no-cpp --baseline none"
+  "python-ep-v2|\${py[*]} ep --api v2 --tokens 64 --iters 100 --no-cpp --baseline none && \${py[*]} ep --api v2 --tokens 4096 --iters 30 --no-cpp --baseline none && \${py[*]} ep --api v2 --ranks 4 --ranks-per-node 2 --tokens 1024 --iters 20 --no-cpp --baseline none"
   "python-moe|\${py[*]} moe"
   "python-weights|\${py[*]} weights && \${py[*]} weights --layout ep2 --hidden 512 --ffn-hidden 512 --vocab 1024 --iters 10"
   "rl-x1|\$pep bench rl --repeats 1 --iterations 30 --scaling 2 --scaling-exchanges proxyep"
