@@ -2,6 +2,7 @@
 collective, in the same order on every rank. The default process group is gloo over the launch's
 rendezvous variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE)."""
 
+import contextlib
 import os
 
 import pytest
@@ -18,6 +19,19 @@ def pytest_configure(config):
 @pytest.fixture
 def world():
     return dist.get_rank(), dist.get_world_size()
+
+
+@contextlib.contextmanager
+def elastic_buffer(**kwargs):
+    """A deep_ep.ElasticBuffer over the world group (``kwargs`` its settings), destroyed on exit:
+    what the module-scoped fixtures of the ElasticBuffer tests yield."""
+    import deep_ep
+
+    buf = deep_ep.ElasticBuffer(dist.group.WORLD, explicitly_destroy=True, **kwargs)
+    try:
+        yield buf
+    finally:
+        buf.destroy()
 
 
 def ranks_per_node():

@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import deep_ep
 from conftest import per_token_cast_to_fp8 as reference_cast_to_fp8
-from conftest import ranks_per_node
+from conftest import elastic_buffer, ranks_per_node
 
 T, H, K, E = 64, 256, 4, 16  # T: num_max_tokens_per_rank; a rank has T - rank tokens
 
@@ -112,10 +112,8 @@ def expected_combined(topk_idx):
 
 @pytest.fixture(scope="module")
 def buffer():
-    buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
-                                explicitly_destroy=True)
-    yield buf
-    buf.destroy()
+    with elastic_buffer(num_max_tokens_per_rank=T, hidden=H, num_topk=K) as buf:
+        yield buf
 
 
 def round_trip(buf, seed=9):
@@ -570,20 +568,18 @@ def v2_expected(topk_idx, biases, groups_of_rank):
 def single_reduction_buffer():
     """allow_multiple_reduction=False: a token's rows reduced once, at home (no node stage),
     whatever the hybrid mode."""
-    buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
-                                allow_multiple_reduction=False, explicitly_destroy=True)
-    yield buf
-    buf.destroy()
+    with elastic_buffer(num_max_tokens_per_rank=T, hidden=H, num_topk=K,
+                        allow_multiple_reduction=False) as buf:
+        yield buf
 
 
 @pytest.fixture(scope="module")
 def direct_buffer():
     """An ElasticBuffer in DeepEP's direct mode (no hybrid): every rank is a group of the reduce,
     so 4 ranks give tokens 3 and 4 groups, whose order matters."""
-    buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
-                                allow_hybrid_mode=False, explicitly_destroy=True)
-    yield buf
-    buf.destroy()
+    with elastic_buffer(num_max_tokens_per_rank=T, hidden=H, num_topk=K,
+                        allow_hybrid_mode=False) as buf:
+        yield buf
 
 
 @pytest.mark.parametrize("num_biases", [0, 1, 2])

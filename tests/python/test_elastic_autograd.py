@@ -8,37 +8,26 @@ import pytest
 import torch
 import torch.distributed as dist
 
-import deep_ep
-from proxyep.moe import ElasticCombineFunction, ElasticDispatchFunction, ElasticExchange, MoELayer
-from test_moe import GRAD_REL, SEED, F, H, K, T, check_against_reference, grad_or_zeros, inputs, num_experts, rel_err
+from proxyep.moe import ElasticCombineFunction, ElasticDispatchFunction, ElasticExchange
+from conftest import elastic_buffer
+from test_moe import GRAD_REL, H, K, T, check_against_reference, num_experts, rel_err, run_layer
 
 
 @pytest.fixture(scope="module")
 def buffer():
-    buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
-                                explicitly_destroy=True)
-    yield buf
-    buf.destroy()
+    with elastic_buffer(num_max_tokens_per_rank=T, hidden=H, num_topk=K) as buf:
+        yield buf
 
 
 @pytest.mark.parametrize("aux_coef", [0.0, 1.0])
 @pytest.mark.parametrize("score", ["softmax", "sigmoid"])
 def test_layer_over_v2_matches_dense_reference(buffer, score, aux_coef):
-    rank = dist.get_rank()
-    layer = MoELayer(H, F, num_experts(), K, dist.group.WORLD, None, score=score, aux_loss_coef=aux_coef,
-                     seed=SEED, exchange=ElasticExchange(buffer))
-    x, g = inputs(rank)
-    x.requires_grad_()
-    out, aux = layer(x)
-    ((out * g).sum() + aux).backward()
-    router_grad = grad_or_zeros(layer.router_weight).clone()
-    dist.all_reduce(router_grad)
-    grads = dict(x=x.grad, router=router_grad, fc1=grad_or_zeros(layer.fc1), fc2=grad_or_zeros(layer.fc2))
-    errors = check_against_reference(layer, out.detach(), aux.detach(), grads, score, aux_coef)
+    layer, out, aux, grads = run_layer(None, score, aux_coef, exchange=ElasticExchange(buffer))
+    errors = check_against_reference(layer, out, aux, grads, score, aux_coef)
     bad = {k: v for k, v in errors.items() if not v <= GRAD_REL}
     assert not bad, f"gradients off (relative error in norm, bound {GRAD_REL}): {errors}"
     # Not vacuous: the router's gradient comes only through the combined weights with aux 0.
-    assert float(router_grad.abs().sum()) > 0
+    assert float(grads["router"].abs().sum()) > 0
 
 
 def expert_scale(num_local):

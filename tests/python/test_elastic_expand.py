@@ -7,18 +7,9 @@ inputs gathered over gloo. Run on 2 ranks and 2 nodes of 2 (the reorder shim acr
 
 import pytest
 import torch
-import torch.distributed as dist
 
 import deep_ep
-from test_elastic import E, H, K, T, align, make_inputs, reference_for, world
-
-
-@pytest.fixture(scope="module")
-def buffer():
-    buf = deep_ep.ElasticBuffer(dist.group.WORLD, num_max_tokens_per_rank=T, hidden=H, num_topk=K,
-                                explicitly_destroy=True)
-    yield buf
-    buf.destroy()
+from test_elastic import E, H, K, T, align, buffer, make_inputs, reference_for, world  # noqa: F401 (fixture)
 
 
 class Expanded:

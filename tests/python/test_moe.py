@@ -59,10 +59,12 @@ def inputs(rank):
     return torch.randn(T, H, generator=g), torch.randn(T, H, generator=g)
 
 
-def run_layer(buffer, score, aux_coef):
+def run_layer(buffer, score, aux_coef, exchange=None):
+    """The layer over ``buffer`` (or ``exchange``, with buffer None) on this rank's inputs:
+    (layer, output, aux loss, gradients with the router's summed over ranks)."""
     rank = dist.get_rank()
     layer = MoELayer(H, F, num_experts(), K, dist.group.WORLD, buffer, score=score,
-                     aux_loss_coef=aux_coef, seed=SEED)
+                     aux_loss_coef=aux_coef, seed=SEED, exchange=exchange)
     x, g = inputs(rank)
     x.requires_grad_()
     out, aux = layer(x)
