@@ -18,6 +18,8 @@ Synchronous calls only: on the CPU there is no stream to overlap with.
 
 import torch
 
+from .exchange import CombineFunction
+
 
 class ElasticDispatchFunction(torch.autograd.Function):
     @staticmethod
@@ -43,14 +45,9 @@ class ElasticDispatchFunction(torch.autograd.Function):
         return grad_x, None, grad_w, None, None, None
 
 
-class ElasticCombineFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, buffer, handle):
-        if x.dtype != torch.bfloat16:
-            raise TypeError(f"combine sums bf16 rows; x is {x.dtype}")
-        combined, _, _ = buffer.combine(x.contiguous(), handle)
-        ctx.buffer, ctx.handle = buffer, handle
-        return combined
+class ElasticCombineFunction(CombineFunction):
+    """V1's CombineFunction forward (V2's combine takes and returns the same); its backward is
+    V2's cached dispatch."""
 
     @staticmethod
     def backward(ctx, grad_out):
