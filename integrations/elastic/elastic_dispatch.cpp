@@ -4,6 +4,7 @@
 #include "common/error.hpp"
 #include "gpu_side/ep/combine_order.hpp"
 #include "integrations/elastic/elastic_fields.hpp"
+#include "integrations/normal/row_counts.hpp"
 
 #include <algorithm>
 #include <string_view>
@@ -17,14 +18,9 @@ namespace {
 
 constexpr const char* kPhase = "dispatch";
 
-// Rows this rank received from each source rank: column `me` of the inclusive prefix matrix.
+// Rows this rank received from each source rank (the handle's rank prefix matrix).
 std::vector<int64_t> received_from_each(const DispatchHandle& h, int me) {
-  const auto R = static_cast<int>(h.rank_prefix_matrix.rows());
-  const auto* prefix = h.rank_prefix_matrix.data<int32_t>();
-  std::vector<int64_t> from(static_cast<size_t>(R));
-  for (int s = 0; s < R; ++s)
-    from[static_cast<size_t>(s)] = prefix[s * R + me] - (s > 0 ? prefix[(s - 1) * R + me] : 0);
-  return from;
+  return normal::RowCounts::from_handle(h).received_from_each(me);
 }
 
 Tensor host_i32(const std::vector<int32_t>& values) {
