@@ -247,6 +247,14 @@ int Buffer::ranks_per_node() const {
 bool Buffer::hierarchical_internode() const {
   return impl_->session->layout().hierarchical();
 }
+integrations::RowBackend& Buffer::row_backend(bool on_device, std::string_view phase) {
+  impl_->check_usable(phase);
+  if (on_device) impl_->device(phase);  // refuses a Buffer without a device
+  // An async call's work runs on the CommStream, with the same backend.
+  impl_->stream.settle();
+  if (on_device) return *impl_->device_backend;
+  return impl_->backend;
+}
 int64_t Buffer::num_nvl_bytes() const {
   return impl_->options.num_nvl_bytes;
 }

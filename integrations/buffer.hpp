@@ -54,9 +54,14 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace proxyep {
+
+namespace integrations {
+class RowBackend;
+}
 
 struct BufferOptions {
   int64_t num_nvl_bytes = 0;   // receive arena, shared with the node's ranks and registered
@@ -123,6 +128,12 @@ class Buffer {
   bool low_latency_mode() const;
   bool explicitly_destroy() const;
   BufferStats stats() const;
+
+  // The per-row work of layers built over these calls (DeepEP V2's expanded layout,
+  // integrations/elastic/), on the backend the Buffer's calls use for tensors in host memory
+  // (on_device false) or on its device (the device's stream: RowBackend::stream()), once every
+  // earlier call has finished. Throws proxyep::Error(phase) for device work without a device.
+  integrations::RowBackend& row_backend(bool on_device, std::string_view phase);
 
   // Bytes that hold a whole call (no streaming): every rank sends up to max_tokens_per_rank
   // tokens of hidden_bytes (plus FP8 scales) with up to num_topk selections.

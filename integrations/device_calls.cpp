@@ -46,8 +46,9 @@ DispatchResult dispatch_on_device(const std::shared_ptr<gpu_side::device::Device
     call.steering.is_token_in_rank = steering.to_host(args.is_token_in_rank);
     call.steering.num_tokens_per_rank = steering.to_host(args.num_tokens_per_rank);
     call.steering.num_tokens_per_expert = steering.to_host(args.num_tokens_per_expert);
-    call.steering.topk_idx = steering.to_host(args.topk_idx);
   }
+  // Fresh, or a cached dispatch carrying top-k again (DeepEP V2's): the values are checked.
+  call.steering.topk_idx = steering.to_host(args.topk_idx);
   steering.wait();
   return mode.dispatch(args, &call);
 }

@@ -118,7 +118,7 @@ struct DispatchArgs {
   TensorRef x;         // bf16 [N, H], or fp8_e4m3 [N, H] with x_scales
   TensorRef x_scales;  // f32 or i32 (packed UE8M0) [N, H / 128], strides honoured
   // Cached mode: reuse its routing. Top-k travels only if given again (DeepEP V2: a cached
-  // dispatch of weights), host tensors: the handle's dispatch's topk_idx, with topk_weights.
+  // dispatch of weights): the handle's dispatch's topk_idx, with topk_weights.
   const DispatchHandle* handle = nullptr;
   TensorRef num_tokens_per_rank;           // i32 [R]
   TensorRef num_tokens_per_rdma_rank;      // i32 [nodes] or None; checked when given (host)

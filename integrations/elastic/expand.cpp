@@ -2,10 +2,9 @@
 #include "integrations/elastic/expand.hpp"
 
 #include "common/error.hpp"
-#include "gpu_side/ep/host_reduce.hpp"
 #include "gpu_side/ep/row_rules.hpp"
 
-#include <cstring>
+#include <vector>
 
 namespace ep = proxyep::gpu_side::ep;
 
@@ -66,44 +65,56 @@ void assign_slots(const ExpandPlan& plan, const TensorRef& recv_topk_idx, int64_
             plan.psum[static_cast<size_t>(e)] - plan.base[static_cast<size_t>(e)]);
 }
 
-void expand_rows(const std::byte* from, std::byte* to, uint64_t unit, bool per_lane,
-                 const int32_t* metadata, int64_t num_recv, int topk, int64_t slots,
-                 bool zero_gaps) {
-  if (zero_gaps) std::memset(to, 0, static_cast<size_t>(slots) * unit);
+std::vector<ep::CopyRun> expand_runs(const std::byte* from, std::byte* to, uint64_t unit,
+                                     bool per_lane, const int32_t* metadata, int64_t num_recv,
+                                     int topk) {
+  std::vector<ep::CopyRun> runs;
+  runs.reserve(static_cast<size_t>(num_recv * topk));
   for (int64_t i = 0; i < num_recv; ++i)
     for (int k = 0; k < topk; ++k) {
       const int32_t slot = slot_of(metadata, topk, i, k);
       if (slot < 0) continue;
-      const std::byte* row = from + (per_lane ? (i * topk + k) * unit : i * unit);
-      std::memcpy(to + static_cast<uint64_t>(slot) * unit, row, unit);
+      const uint64_t row =
+          per_lane ? static_cast<uint64_t>(i * topk + k) : static_cast<uint64_t>(i);
+      runs.push_back({.to = to + static_cast<uint64_t>(slot) * unit,
+                      .from = from + row * unit,
+                      .bytes = unit});
     }
+  return runs;
 }
 
-Folded fold_expanded(const TensorRef& x_expanded, const TensorRef& weights,
+Folded fold_expanded(RowBackend& rows, const TensorRef& x_expanded, const TensorRef& weights,
                      const TensorRef& metadata, int64_t num_recv) {
   const int K = static_cast<int>(metadata.cols) - 2;
   const int64_t hidden = x_expanded.cols;
-  Folded out{Tensor::empty(ep::DType::bf16, num_recv, hidden), {}};
+  Folded out{rows.allocate(ep::DType::bf16, num_recv, hidden), {}};
   // The reduce of combine with the K lanes as its "ranks": every lane's block is x_expanded,
   // token i's row in lane k's block is its slot. Lanes ascending: DeepEP's order of the slots.
   std::vector<int32_t> heads(static_cast<size_t>(num_recv * K));
   for (int64_t i = 0; i < num_recv; ++i)
     for (int k = 0; k < K; ++k)
       heads[static_cast<size_t>(i * K + k)] = slot_of(metadata.as<int32_t>(), K, i, k);
-  const auto* rows = static_cast<const uint16_t*>(x_expanded.data);
-  const std::vector<const uint16_t*> blocks(static_cast<size_t>(K), rows);
-  ep::reduce_tokens_host({.block_rows = blocks.data(),
-                          .send_head = heads.data(),
-                          .out = out.x.data<uint16_t>(),
-                          .num_ranks = K,
-                          .hidden = hidden},
-                         0, num_recv);
+  const std::vector<const uint16_t*> blocks(static_cast<size_t>(K), x_expanded.as<uint16_t>());
+  rows.reduce({.block_rows = blocks.data(),
+               .send_head = heads.data(),
+               .out = out.x.data<uint16_t>(),
+               .num_ranks = K,
+               .hidden = hidden},
+              num_recv);
   if (!weights.defined()) return out;
-  out.weights = Tensor::empty(ep::DType::f32, num_recv, K);
-  const float* w = weights.as<float>();
-  float* lanes = out.weights.data<float>();
-  for (int64_t i = 0; i < num_recv * K; ++i)
-    lanes[i] = heads[static_cast<size_t>(i)] >= 0 ? w[heads[static_cast<size_t>(i)]] : 0.0f;
+  // Lane k's weight is its slot's; lanes without a slot stay 0.
+  out.weights = rows.allocate(ep::DType::f32, num_recv, K);
+  rows.fill(out.weights.raw(), 0, out.weights.bytes());
+  std::vector<ep::CopyRun> runs;
+  const auto* w = static_cast<const std::byte*>(weights.data);
+  for (int64_t i = 0; i < num_recv * K; ++i) {
+    const int32_t slot = heads[static_cast<size_t>(i)];
+    if (slot >= 0)
+      runs.push_back({.to = out.weights.raw() + static_cast<uint64_t>(i) * sizeof(float),
+                      .from = w + static_cast<uint64_t>(slot) * sizeof(float),
+                      .bytes = sizeof(float)});
+  }
+  rows.copy_runs(runs);
   return out;
 }
 

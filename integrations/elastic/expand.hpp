@@ -8,7 +8,9 @@
 // "multiple reduction") before the usual combine.
 #pragma once
 
+#include "gpu_side/ep/kernel_params.hpp"
 #include "gpu_side/ep/tensor.hpp"
+#include "integrations/backend/row_backend.hpp"
 
 #include <cstdint>
 #include <span>
@@ -34,20 +36,23 @@ ExpandPlan plan_expand(std::span<const int> counts, int alignment);
 void assign_slots(const ExpandPlan& plan, const TensorRef& recv_topk_idx, int64_t num_recv,
                   int32_t* metadata);
 
-// Rows (of `unit` bytes: a row of x, of scales, or one f32 weight per lane with `per_lane`)
-// copied from the non-expanded `from` into their slots of `to` by the metadata's slot columns.
-// `zero_gaps`: every slot no pair takes (alignment gaps, worst-case tail) is zeroed.
-void expand_rows(const std::byte* from, std::byte* to, uint64_t unit, bool per_lane,
-                 const int32_t* metadata, int64_t num_recv, int topk, int64_t slots,
-                 bool zero_gaps);
+// The copies that put rows (of `unit` bytes: a row of x, of scales, or one f32 weight per lane
+// with `per_lane`) of the non-expanded `from` into their slots of `to`, by the metadata's slot
+// columns: one run per taken slot, for RowBackend::copy_runs (host or device memory alike).
+std::vector<gpu_side::ep::CopyRun> expand_runs(const std::byte* from, std::byte* to, uint64_t unit,
+                                               bool per_lane, const int32_t* metadata,
+                                               int64_t num_recv, int topk);
 
 // Combine's fold: bf16 [num_recv, hidden] rows, row i the sum (float32, lanes in order, rounded
 // once) of token i's slots of x_expanded (bf16 [>= M, hidden]); and, with weights (f32 [>= M]),
-// f32 [num_recv, K] lane weights (0 where the lane has no slot).
+// f32 [num_recv, K] lane weights (0 where the lane has no slot). `rows` is the backend of the
+// memory x_expanded and weights are in: it allocates the outputs there and does the work (the
+// combine's reduce with the K lanes as its ranks, and copies); the metadata (i32 [>= num_recv,
+// K + 2]) is host memory. Queued work: complete it before reading the outputs.
 struct Folded {
   Tensor x, weights;
 };
-Folded fold_expanded(const TensorRef& x_expanded, const TensorRef& weights,
+Folded fold_expanded(RowBackend& rows, const TensorRef& x_expanded, const TensorRef& weights,
                      const TensorRef& metadata, int64_t num_recv);
 
 }  // namespace proxyep::integrations::elastic

@@ -23,11 +23,13 @@ constexpr const char* kPhase = "dispatch";
 // place of its device tensors.
 DispatchArgs host_view(const DispatchArgs& args, const DeviceCall* device) {
   DispatchArgs view = args;
-  if (device != nullptr && args.handle == nullptr) {
+  if (device == nullptr) return view;
+  // A cached dispatch's top-k, when it carries them again, too.
+  view.topk_idx = device->steering.topk_idx;
+  if (args.handle == nullptr) {
     view.is_token_in_rank = device->steering.is_token_in_rank;
     view.num_tokens_per_rank = device->steering.num_tokens_per_rank;
     view.num_tokens_per_expert = device->steering.num_tokens_per_expert;
-    view.topk_idx = device->steering.topk_idx;
   }
   return view;
 }

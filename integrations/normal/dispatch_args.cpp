@@ -170,10 +170,8 @@ DispatchInput check_dispatch_args(const DispatchArgs& a, bool on_device, int ran
     in.cached = true;
     check_cached(a, in, buffer_id);
     if (a.topk_idx.defined() || a.topk_weights.defined()) {
-      // The rows carry their top-k again (DeepEP V2's cached dispatch of weights). The values
-      // are read here, so host tensors only.
-      require(!on_device, kPhase,
-              "a cached dispatch carries topk_idx/topk_weights with host tensors only");
+      // The rows carry their top-k again (DeepEP V2's cached dispatch of weights); a device
+      // call's values are checked in their steering copy.
       in.num_experts = a.handle->num_experts;
       require(in.num_experts > 0, kPhase, "the handle's dispatch recorded no experts");
       check_topk(a, in, {ranks, ranks_per_node, in.num_experts});

@@ -19,9 +19,10 @@ from .utils.event import EventHandle, EventOverlap  # noqa: F401
 #: DeepEP's top-k index dtype.
 topk_idx_t = torch.int64
 
-# DeepEP 2.1 sets __version__ = '2.1.0'. Code checks it to pick the V2 API, so it is set here only
-# once ElasticBuffer matches DeepEP's numerics and layouts (the expanded layout and V2's combine
-# order; docs/plans/ELASTIC_BUFFER.md, section 8, step 7), not while parts are refused.
+#: DeepEP 2.1's. Code checks it to pick the V2 API: ElasticBuffer matches DeepEP's numerics and
+#: layouts with CPU and device tensors (docs/plans/ELASTIC_BUFFER.md); what it refuses it refuses
+#: by name, on every device alike.
+__version__ = "2.1.0"
 
 
 def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts):

@@ -44,38 +44,41 @@ py::tuple elastic_dispatch(NativeBuffer& b, DispatchArgs a, int num_experts,
   const DeviceRelease release = b.release(caller_stream);
   const DispatchLayout& l = r.layout;
   const elastic::ElasticFields& f = r.fields;
-  return py::make_tuple(capsule_of(r.v1.recv_x, &release), capsule_of(r.v1.recv_x_scales, &release),
-                        capsule_of(r.v1.recv_topk_idx, &release),
-                        capsule_of(r.v1.recv_topk_weights, &release),
-                        py::cast(r.v1.num_recv_tokens_per_expert), py::cast(std::move(r.v1.handle)),
-                        defined_or_none(r.v1.event), capsule_of(f.psum_per_scaleup_rank),
-                        capsule_of(f.psum_per_expert), capsule_of(f.unaligned_per_expert),
-                        capsule_of(f.dst_buffer_slot_idx), capsule_of(f.recv_src_metadata),
-                        py::make_tuple(capsule_of(f.combine_order), capsule_of(f.weight_owner)),
-                        py::make_tuple(capsule_of(r.expanded.x), capsule_of(r.expanded.scales),
-                                       capsule_of(r.expanded.weights), r.expanded.slots),
-                        py::make_tuple(capsule_of(l.num_tokens_per_rank, &release),
-                                       capsule_of(l.num_tokens_per_rdma_rank, &release),
-                                       capsule_of(l.num_tokens_per_expert, &release),
-                                       capsule_of(l.is_token_in_rank, &release)));
+  return py::make_tuple(
+      capsule_of(r.v1.recv_x, &release), capsule_of(r.v1.recv_x_scales, &release),
+      capsule_of(r.v1.recv_topk_idx, &release), capsule_of(r.v1.recv_topk_weights, &release),
+      py::cast(r.v1.num_recv_tokens_per_expert), py::cast(std::move(r.v1.handle)),
+      defined_or_none(r.v1.event), capsule_of(f.psum_per_scaleup_rank),
+      capsule_of(f.psum_per_expert), capsule_of(f.unaligned_per_expert),
+      capsule_of(f.dst_buffer_slot_idx), capsule_of(f.recv_src_metadata),
+      py::make_tuple(capsule_of(f.combine_order), capsule_of(f.weight_owner)),
+      py::make_tuple(capsule_of(r.expanded.x, &release), capsule_of(r.expanded.scales, &release),
+                     capsule_of(r.expanded.weights, &release), r.expanded.slots),
+      py::make_tuple(capsule_of(l.num_tokens_per_rank, &release),
+                     capsule_of(l.num_tokens_per_rdma_rank, &release),
+                     capsule_of(l.num_tokens_per_expert, &release),
+                     capsule_of(l.is_token_in_rank, &release)));
 }
 
-// (x, weights or None): an expanded combine's input folded to one row per received token.
-py::tuple elastic_fold(const py::handle& x, const py::handle& weights, const py::handle& metadata,
-                       int64_t num_recv) {
+// (x, weights or None): an expanded combine's input folded to one row per received token, in the
+// memory x is in (device outputs released after `caller_stream`'s reads, as a call's).
+py::tuple elastic_fold(NativeBuffer& b, const py::handle& x, const py::handle& weights,
+                       const py::handle& metadata, int64_t num_recv, uintptr_t caller_stream) {
   const ep::TensorRef xs = view_of(x, "x"), w = view_of(weights, "topk_weights"),
                       m = view_of(metadata, "recv_src_metadata");
   const elastic::Folded f =
-      without_gil([&] { return elastic::fold_expanded_rows(xs, w, m, num_recv); });
-  return py::make_tuple(capsule_of(f.x), capsule_of(f.weights));
+      without_gil([&] { return elastic::fold_expanded_rows(b.get(), xs, w, m, num_recv); });
+  const DeviceRelease release = b.release(caller_stream);
+  return py::make_tuple(capsule_of(f.x, &release), capsule_of(f.weights, &release));
 }
 
 py::object elastic_source_metadata(NativeBuffer& b, const DispatchHandle& handle,
                                    const py::handle& recv_topk_idx, int num_experts,
                                    int64_t num_max_tokens_per_rank) {
   const ep::TensorRef idx = view_of(recv_topk_idx, "recv_topk_idx");
-  return capsule_of(
-      elastic::source_metadata(b.get(), handle, idx, num_experts, num_max_tokens_per_rank));
+  return capsule_of(without_gil([&] {
+    return elastic::source_metadata(b.get(), handle, idx, num_experts, num_max_tokens_per_rank);
+  }));
 }
 
 }  // namespace
@@ -87,8 +90,8 @@ void bind_elastic_calls(BufferClass& buffer) {
            py::arg("expand") = false, py::arg("zero_padding") = false,
            py::arg("cached_metadata") = py::none(), py::arg("cached_slots") = 0,
            py::arg("caller_stream") = 0)
-      .def_static("elastic_fold", &elastic_fold, py::arg("x"), py::arg("topk_weights"),
-                  py::arg("recv_src_metadata"), py::arg("num_recv"))
+      .def("elastic_fold", &elastic_fold, py::arg("x"), py::arg("topk_weights"),
+           py::arg("recv_src_metadata"), py::arg("num_recv"), py::arg("caller_stream") = 0)
       .def("elastic_source_metadata", &elastic_source_metadata, py::arg("handle"),
            py::arg("recv_topk_idx"), py::arg("num_experts"), py::arg("num_max_tokens_per_rank"));
 }

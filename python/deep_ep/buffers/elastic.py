@@ -2,24 +2,22 @@
 argument lists and return tuples, over ProxyEP's native Buffer (the one ``buffers/legacy.py``'s
 V1 Buffer opens).
 
-What runs: dispatch and combine in the non-expanded and the expanded layout (``do_expand``, with
-``do_zero_padding``, host tensors: the rows are copied into their slots and folded back on the
-host), fresh and cached, BF16 or FP8 with scales (row- or column-major received scales),
-worst-case outputs without CPU sync, cumulative expert statistics, async calls; the size hints, domain sizes, barrier, capture, comm stream and
-destroy. A fresh dispatch is one native call (``Buffer.elastic_dispatch``: the layout, the
-dispatch and the handle's fields in C++, integrations/elastic/), a combine V1's native combine,
-so V2 costs what V1 does (``python3 -m proxyep.bench ep --api v2``). Combine reduces in DeepEP
-V2's order (biases first, then ranks' rows or nodes' partials by each token's last top-k lane;
-weight lane k from its owner), from tables the dispatch computes once (CPU tensors; device
-tensors keep V1's order, docs/plans/ELASTIC_BUFFER.md section 3.2).
+What runs, with CPU tensors, device tensors (CUDA) and the host-simulated device alike:
+dispatch and combine in the non-expanded and the expanded layout (``do_expand``, with
+``do_zero_padding``: the rows are copied into their slots and folded back by the Buffer's backend
+for the memory they are in), fresh and cached (``topk_weights`` again included), BF16 or FP8 with
+scales (row- or column-major received scales), worst-case outputs without CPU sync, cumulative
+expert statistics, combine biases, async calls; the size hints, domain sizes, barrier, capture,
+comm stream and destroy. A fresh dispatch is one native call (``Buffer.elastic_dispatch``: the
+layout, the dispatch and the handle's fields in C++, integrations/elastic/; with device tensors
+the fields are computed from host copies of what they read), a combine V1's native combine, so
+V2 costs what V1 does (``python3 -m proxyep.bench ep --api v2``). Combine reduces in DeepEP V2's
+order (biases first, then ranks' rows or nodes' partials by each token's last top-k lane; weight
+lane k from its owner), from host tables the dispatch computes once.
 
 Refused with ``ProxyEPError`` naming the argument or method, before anything is sent (the Buffer
-stays usable): the expanded layout and combine ``bias`` with device tensors,
-the expanded layout with ``allow_multiple_reduction=False``, a cached dispatch with
-``topk_weights``, Engram
-(``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive and AG-RS, and the
-host-simulated device (the column-major scales, worst-case padding of cached outputs and, with
-device tensors, two handle fields are still made by torch, which cannot read its memory).
+stays usable): the expanded layout with ``allow_multiple_reduction=False``, Engram
+(``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive and AG-RS.
 
 Stand-ins for DeepEP's hardware knobs (section 4 of the plan): SM and QP counts are computed as
 DeepEP's interface promises and recorded, never used (ProxyEP's fabric has no per-call QPs);
@@ -60,6 +58,8 @@ _DIRECT_QPS, _HYBRID_QPS = 17, 129
 _TMA_ALIGNED_SF_ROWS = 4
 #: DeepEP's SM floor when the caller does not prefer overlapping with compute.
 _MIN_SMS_WITHOUT_OVERLAP = 64
+#: Where the combine order tables live, whichever memory the calls' tensors are in.
+_HOST = torch.device("cpu")
 
 
 def _unsupported(what, why="not yet supported by ProxyEP"):
@@ -108,9 +108,6 @@ class ElasticBuffer:
         self.runtime = None  # for __del__ and destroy() if the checks below refuse
         if num_cpu_bytes:
             raise _unsupported("num_cpu_bytes > 0 (Engram's CPU storage)", "not supported by ProxyEP")
-        if device == "simulated" or getattr(device, "kind", "cuda") != "cuda":
-            raise _unsupported("device='simulated' for ElasticBuffer (its handle fields are "
-                               "computed by torch on the host)")
         if "EP_OVERRIDE_RDMA_SL" in os.environ:
             sl_idx = int(os.environ["EP_OVERRIDE_RDMA_SL"])
         if not 0 <= sl_idx <= 15:
@@ -435,9 +432,9 @@ class ElasticBuffer:
     def _fresh_dispatch(self, x, fp8, topk_idx, topk_weights, stats, num_experts,
                         num_max_tokens_per_rank, expert_alignment, num_sms, do_cpu_sync,
                         do_handle_copy, order, col_major_sf, do_expand, do_zero_padding):
-        """One native call: layout, dispatch and the handle's fields (host tensors; with device
-        tensors the two fields that read them are computed by torch, section 3.4 of the plan);
-        with ``do_expand`` the rows are copied into their expanded slots in it too (host)."""
+        """One native call: layout, dispatch and the handle's fields (computed on the host; with
+        device tensors from host copies of what they read); with ``do_expand`` the rows are
+        copied into their expanded slots in it too, where they are."""
         legacy = self._legacy
         local = num_experts // self.num_ranks
         worst = fields.worst_case_tokens(self.num_ranks, num_max_tokens_per_rank)
@@ -454,11 +451,8 @@ class ElasticBuffer:
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
         recv_idx, recv_weights = tensor(recv_idx), tensor(recv_weights)
         device = recv_idx.device
-        topk_in_handle = topk_idx.clone() if do_handle_copy else topk_idx
-        if slots is not None:
-            slots = fields.Native(slots, device)
-        else:  # device tensors: from the handle's send head, on the device
-            slots = fields.send_slots(topk_in_handle, tensor(native.send_head).to(device), local)
+        topk_in_handle = self._clone(topk_idx) if do_handle_copy else topk_idx
+        slots = fields.Native(slots, device)
         num_recv = native.num_recv_tokens
         rows = num_recv if do_cpu_sync else worst
         if do_expand:
@@ -479,14 +473,13 @@ class ElasticBuffer:
             recv_src_metadata=None if metadata is None else fields.Native(metadata, device),
             dst_buffer_slot_idx=slots, token_metadata_at_forward=None, channel_linked_list=None)
         handle._native = native
-        # (None, None) with device tensors: V1's order.
-        handle._order_tables = tuple(fields.Native(t, device) if t is not None else None
-                                     for t in order_tables)
+        # Host tables, whichever memory the tensors are in (CombineArgs::order).
+        handle._order_tables = tuple(fields.Native(t, _HOST) for t in order_tables)
         handle._owner = self
         handle._recv_topk_idx = recv_idx
         if metadata is None:
             handle._pending = self._metadata_later(handle, event, native, recv_idx, num_experts,
-                                                   num_max_tokens_per_rank, rows)
+                                                   num_max_tokens_per_rank)
             # A column-major copy of the scales needs the rows at once: such calls finish before
             # returning even with async_with_compute_stream.
             if event.event is None or (fp8 and col_major_sf):
@@ -506,23 +499,17 @@ class ElasticBuffer:
         """recv_x of the expanded layout from the native (x, scales, weights, slots)."""
         return (tensor(expanded[0], FP8_DTYPE), tensor(expanded[1])) if fp8 else tensor(expanded[0])
 
-    def _metadata_later(self, handle, event, native, recv_idx, num_experts, num_max_tokens_per_rank,
-                        rows):
+    def _metadata_later(self, handle, event, native, recv_idx, num_experts, num_max_tokens_per_rank):
         """recv_src_metadata, which needs the received rows: computed once the call's event is
         waited for (a hook after the wait) or when first read, whichever comes first."""
 
         def complete():
             if event.event is not None:
                 event.event.current_stream_wait()
-            if recv_idx.device.type == "cpu":
-                handle.recv_src_metadata = tensor(self.runtime.elastic_source_metadata(
-                    native, view(recv_idx, "recv_topk_idx"), num_experts, num_max_tokens_per_rank))
-                return
-            per_source = fields.received_per_source(
-                tensor(native.rank_prefix_matrix)[:, self.rank_idx])
-            handle.recv_src_metadata = fields.source_metadata(
-                rows, per_source.to(recv_idx.device), tensor(native.recv_src_idx).to(recv_idx.device),
-                recv_idx, num_max_tokens_per_rank)
+            metadata = tensor(self.runtime.elastic_source_metadata(
+                native, self._legacy._view(recv_idx, "recv_topk_idx"), num_experts,
+                num_max_tokens_per_rank))
+            handle.recv_src_metadata = metadata.to(recv_idx.device)
 
         return complete
 
@@ -538,7 +525,7 @@ class ElasticBuffer:
         out = self.runtime.elastic_dispatch(
             args, handle.num_experts, handle.num_max_tokens_per_rank, self.num_scaleup_ranks,
             expand=handle.do_expand, zero_padding=do_zero_padding,
-            cached_metadata=legacy._view(metadata, "recv_src_metadata"),
+            cached_metadata=view(metadata, "recv_src_metadata"),
             cached_slots=handle.num_expanded_tokens, caller_stream=stream)
         # (recv_x, scales, ..., event at 6, ..., expanded at 13, layout): a cached call's fields
         # are None.
@@ -552,7 +539,7 @@ class ElasticBuffer:
             return recv, None, tensor(expanded[2]), handle, event
         recv_w = tensor(recv_w)
         recv = (tensor(recv_x, FP8_DTYPE), tensor(recv_scales)) if fp8 else tensor(recv_x)
-        recv_idx = handle._recv_topk_idx.clone()
+        recv_idx = self._clone(handle._recv_topk_idx)
         pad = handle.num_recv_tokens - handle._native.num_recv_tokens
         if pad > 0 or (fp8 and col_major_sf):
             # Rows past the received ones (a handle of a dispatch without CPU sync) and
@@ -566,21 +553,37 @@ class ElasticBuffer:
                 recv = (recv[0], self._column_major(recv[1]))
         return recv, recv_idx, recv_w, handle, event
 
-    @staticmethod
-    def _pad_rows(t, pad):
-        """``t`` with ``pad`` zero rows after it (worst-case outputs, as V1's padding)."""
-        out = torch.zeros((t.shape[0] + pad,) + tuple(t.shape[1:]), dtype=t.dtype, device=t.device)
-        out[:t.shape[0]] = t
-        return out
+    def _pad_rows(self, t, pad):
+        """``t`` with ``pad`` zero rows after it (worst-case outputs, as V1's padding), in
+        ``t``'s memory."""
+        host = self._host_copy(t)
+        out = torch.zeros((t.shape[0] + pad,) + tuple(t.shape[1:]), dtype=t.dtype, device=host.device)
+        out[:t.shape[0]] = host
+        return self._device_copy(out)
 
-    @staticmethod
-    def _column_major(scales):
-        """DeepEP's TMA-aligned column-major scales: strides ``(1, align(rows, 4))``."""
+    def _column_major(self, scales):
+        """DeepEP's TMA-aligned column-major scales: strides ``(1, align(rows, 4))``, in the
+        memory ``scales`` is in."""
         rows, packs = scales.shape
-        out = torch.empty_strided((rows, packs), (1, align(rows, _TMA_ALIGNED_SF_ROWS)),
-                                  dtype=scales.dtype, device=scales.device)
-        out.copy_(scales)
-        return out
+        padded = align(rows, _TMA_ALIGNED_SF_ROWS)
+        host = self._host_copy(scales)
+        # Row-major [packs, padded] is column-major [rows, packs] with those strides.
+        transposed = torch.empty((packs, padded), dtype=scales.dtype, device=host.device)
+        transposed[:, :rows] = host.t()
+        return self._device_copy(transposed)[:, :rows].t()
+
+    def _host_copy(self, t):
+        """``t`` where torch may compute on it: itself (CPU or CUDA tensors), or a host copy of
+        the simulated device's memory, which only the device may touch."""
+        return proxyep.to_host(self._legacy.device, t) if self._legacy._simulated else t
+
+    def _clone(self, t):
+        """A copy of ``t`` in its memory."""
+        return self._device_copy(self._host_copy(t)) if self._legacy._simulated else t.clone()
+
+    def _device_copy(self, t):
+        """``t`` (as ``_host_copy`` gave, contiguous) in the calls' memory again."""
+        return proxyep.to_device(self._legacy.device, t) if self._legacy._simulated else t
 
     # ---- combine ----
 
@@ -591,15 +594,12 @@ class ElasticBuffer:
         (only the first ``psum_num_recv_tokens_per_scaleup_rank[-1]`` are read). Returns
         ``(combined_x, combined_topk_weights, event)``. V2's reduce order (biases first, then
         the ranks' rows, or nodes' partials, by each token's last top-k lane) and V2's weights
-        (lane k as its expert's rank returned it); V1's order with device tensors."""
+        (lane k as its expert's rank returned it), host and device tensors alike."""
         self._usable("combine")
         check_torch_deterministic()
         if not isinstance(handle, EPHandle) or handle._owner is not self:
             raise TypeError("handle must be an EPHandle a dispatch of this ElasticBuffer returned")
         order, weight_owner = handle._combine_tables()
-        if bias is not None and order is None:
-            raise _unsupported("combine bias with device tensors (V2's order, biases first, is "
-                               "computed from a host topk_idx)")
         biases = _biases(bias)
         if isinstance(topk_weights, torch.Tensor) and (topk_weights.dim() == 1) != handle.do_expand:
             raise ValueError("topk_weights must be 1-D [num_expanded_tokens] for a handle of the "
@@ -620,12 +620,18 @@ class ElasticBuffer:
         previous, stream = legacy._order(
             EventOverlap(previous) if previous is not None else None, async_with_compute_stream, False)
         topk_weights = _small(topk_weights)
-        if handle.do_expand:  # each token's slots summed (lane order) into one row, on the host
-            x, metadata = _small(x), _small(handle.recv_src_metadata)  # held: views don't hold
+        expanded = None
+        if handle.do_expand:
+            # Each token's slots summed (lane order) into one row, where the rows are: work the
+            # device queues before the combine's, reading the expanded inputs, held until then.
+            x = _small(x)
+            expanded = (x, topk_weights)
+            metadata = _small(handle.recv_src_metadata)  # held: views don't hold
             x, topk_weights = map(tensor, self.runtime.elastic_fold(
                 legacy._view(x, "x"), legacy._view(topk_weights, "topk_weights"),
-                legacy._view(metadata, "recv_src_metadata"), handle._native.num_recv_tokens))
-        inputs = (x, topk_weights, biases, handle)
+                view(metadata, "recv_src_metadata"), handle._native.num_recv_tokens,
+                caller_stream=stream))
+        inputs = (x, topk_weights, biases, handle, expanded)
         args = _proxyep.CombineArgs(
             x=legacy._view(x, "x"), handle=handle._native,
             topk_weights=legacy._view(topk_weights, "topk_weights"),

@@ -19,11 +19,10 @@ from what the normal-mode dispatch knows; what each holds (docs/plans/ELASTIC_BU
 ``recv_src_metadata`` depends on rows that an ``async_with_compute_stream`` dispatch is still
 receiving when it returns: it is computed when the event is waited for (a hook after the wait),
 or when first read, whichever comes first (reading waits for the call). Either way it is complete
-before any use that DeepEP allows (after the event's wait). With device tensors (CUDA), the two
-fields that read tensors are computed by torch on the device (the functions below).
+before any use that DeepEP allows (after the event's wait). Every field is computed on the host
+(with device tensors, from host copies of what it reads) and moved to the tensors' device when
+first read.
 """
-
-import torch
 
 from proxyep._tensors import tensor
 
@@ -119,42 +118,6 @@ for _name in ("psum_num_recv_tokens_per_scaleup_rank", "psum_num_recv_tokens_per
               "num_unaligned_recv_tokens_per_expert", "dst_buffer_slot_idx"):
     setattr(EPHandle, _name, _field(_name))
 EPHandle.recv_src_metadata = _field("recv_src_metadata", row_dependent=True)
-
-
-def received_per_source(prefix):
-    """i64 [R]: rows this rank received from each source rank, from V1's inclusive prefix of
-    them over source ranks."""
-    prefix = prefix.long()
-    return torch.diff(prefix, prepend=prefix.new_zeros(1))
-
-
-def send_slots(topk_idx, send_head, num_local_experts):
-    """i32 [N, K]: for each lane, the token's row among those sent to the lane's rank (the send
-    head), or -1 for a -1 lane and for a rank an earlier lane already named."""
-    valid = topk_idx >= 0
-    ranks = torch.where(valid, topk_idx // num_local_experts, torch.full_like(topk_idx, -1))
-    slots = torch.gather(send_head.long(), 1, ranks.clamp(min=0))
-    num_topk = topk_idx.shape[1]
-    # earlier[k, j]: lane j comes before lane k.
-    earlier = torch.ones(num_topk, num_topk, dtype=torch.bool, device=topk_idx.device).tril(-1)
-    repeated = ((ranks.unsqueeze(2) == ranks.unsqueeze(1)) & earlier).any(dim=2)
-    return torch.where(valid & ~repeated, slots, torch.full_like(slots, -1)).int()
-
-
-def source_metadata(rows, per_source, recv_src_idx, recv_topk_idx, num_max_tokens_per_rank):
-    """i32 [rows, K + 2] (the section above): the received rows' source ids and first local
-    lanes, -1 elsewhere."""
-    num_recv = int(recv_src_idx.shape[0])
-    num_topk = recv_topk_idx.shape[1]
-    device = recv_src_idx.device
-    metadata = torch.full((rows, num_topk + 2), -1, dtype=torch.int32, device=device)
-    src_rank = torch.repeat_interleave(torch.arange(per_source.shape[0], device=device), per_source)
-    metadata[:num_recv, 0] = (src_rank * num_max_tokens_per_rank + recv_src_idx.long()).int()
-    local = recv_topk_idx[:num_recv] >= 0
-    # argmax of a bool row is its first True: every received row has a local lane.
-    first_lane = local.int().argmax(dim=1)
-    metadata[:num_recv, 1] = (src_rank * num_topk + first_lane).int()
-    return metadata
 
 
 def worst_case_tokens(num_ranks, num_max_tokens_per_rank):

@@ -4,6 +4,7 @@
 #include "integrations/elastic/expand.hpp"
 
 #include "common/error.hpp"
+#include "integrations/backend/host_backend.hpp"
 
 #include <doctest/doctest.h>
 
@@ -91,7 +92,8 @@ TEST_CASE("fold_expanded: a token's slots summed in lane order, weights gathered
   std::fill(x.begin() + 16, x.end(), three);
   const std::vector<float> w = {0.5f, 0.25f, 0.125f};
   namespace ep = proxyep::gpu_side::ep;
-  const Folded f = fold_expanded(ep::TensorRef::matrix(x.data(), ep::DType::bf16, 3, 8),
+  proxyep::integrations::HostBackend host(1);
+  const Folded f = fold_expanded(host, ep::TensorRef::matrix(x.data(), ep::DType::bf16, 3, 8),
                                  ep::TensorRef::vector(w.data(), ep::DType::f32, 3),
                                  ep::TensorRef::matrix(meta.data(), ep::DType::i32, 2, 4), 2);
   const uint16_t four = 0x4080;  // 3 + 1
@@ -101,4 +103,23 @@ TEST_CASE("fold_expanded: a token's slots summed in lane order, weights gathered
   }
   CHECK(std::vector<float>(f.weights.data<float>(), f.weights.data<float>() + 4) ==
         std::vector<float>{0.125f, 0.5f, 0.0f, 0.25f});
+}
+
+TEST_CASE("expand_runs: one copy per taken slot, a row per token or a weight per lane") {
+  // 2 rows, top-2: row 0 in slots 2 and 0, row 1 in slot 1 (lane 1).
+  const std::vector<int32_t> meta = {7, 0, 2, 0, 9, 1, -1, 1};
+  std::vector<std::byte> from(64), to(64);
+  const auto rows = expand_runs(from.data(), to.data(), 8, false, meta.data(), 2, 2);
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].from == from.data());
+  CHECK(rows[0].to == to.data() + 16);  // slot 2
+  CHECK(rows[1].to == to.data());       // slot 0, the same row
+  CHECK(rows[1].from == from.data());
+  CHECK(rows[2].from == from.data() + 8);  // row 1
+  CHECK(rows[2].to == to.data() + 8);      // slot 1
+  const auto lanes = expand_runs(from.data(), to.data(), 4, true, meta.data(), 2, 2);
+  REQUIRE(lanes.size() == 3);
+  CHECK(lanes[1].from == from.data() + 4);   // row 0, lane 1
+  CHECK(lanes[2].from == from.data() + 12);  // row 1, lane 1
+  CHECK(lanes[2].bytes == 4);
 }
