@@ -112,6 +112,12 @@ struct DispatchHandle {
   // Hierarchical internode: the heads of the rows this rank forwarded for each counterpart
   // (rank order; i32 [rows, ranks_per_node]), which its combine reduces by.
   std::vector<Tensor> forward_heads;
+  // DeepEP V2's order inside a node (gpu_side/ep/combine_order.hpp's node_order_rows), which a
+  // hierarchical combine given CombineArgs::order adds the node's ranks' rows in: this rank's
+  // tokens over its own node's ranks (i32 [N, ranks_per_node]) and, by counterpart as
+  // forward_heads, the forwarded rows' over this node's. Fresh dispatches with topk_idx.
+  Tensor own_node_order;
+  std::vector<Tensor> forward_orders;
 };
 
 struct DispatchArgs {
@@ -120,12 +126,12 @@ struct DispatchArgs {
   // Cached mode: reuse its routing. Top-k travels only if given again (DeepEP V2: a cached
   // dispatch of weights): the handle's dispatch's topk_idx, with topk_weights.
   const DispatchHandle* handle = nullptr;
-  TensorRef num_tokens_per_rank;           // i32 [R]
-  TensorRef num_tokens_per_rdma_rank;      // i32 [nodes] or None; checked when given (host)
-  TensorRef is_token_in_rank;              // bool [N, R]
-  TensorRef num_tokens_per_expert;         // i32 [E]
-  TensorRef topk_idx;                      // i64 [N, K]
-  TensorRef topk_weights;                  // f32 [N, K]
+  TensorRef num_tokens_per_rank;       // i32 [R]
+  TensorRef num_tokens_per_rdma_rank;  // i32 [nodes] or None; checked when given (host)
+  TensorRef is_token_in_rank;          // bool [N, R]
+  TensorRef num_tokens_per_expert;     // i32 [E]
+  TensorRef topk_idx;                  // i64 [N, K]
+  TensorRef topk_weights;              // f32 [N, K]
   // DeepEP V2's cumulative_local_expert_recv_stats: i32 or i64 [num_experts / R], where x is;
   // += the (token, local expert) pairs this rank receives, unaligned. Fresh dispatches only.
   TensorRef recv_stats;

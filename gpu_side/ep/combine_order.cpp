@@ -50,4 +50,31 @@ CombineOrderTables compute_combine_order(const TensorRef& topk_idx, const EpShap
   return out;
 }
 
+void node_order_rows(const int64_t* topk_idx, int64_t tokens, int topk, const EpShape& shape,
+                     int node, int32_t* out) {
+  const int rpn = shape.ranks_per_node;
+  std::vector<int> last(static_cast<size_t>(rpn), -1);  // reset after each token
+  std::vector<int32_t> lanes(static_cast<size_t>(topk));
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int64_t* row = topk_idx + t * topk;
+    for (int k = 0; k < topk; ++k) {
+      const int rank = row[k] < 0 ? -1 : shape.rank_of_expert(row[k]);
+      lanes[static_cast<size_t>(k)] =
+          rank < 0 || shape.node_of_rank(rank) != node ? -1 : rank % rpn;
+      if (lanes[static_cast<size_t>(k)] >= 0)
+        last[static_cast<size_t>(lanes[static_cast<size_t>(k)])] = k;
+    }
+    int32_t* list = out + t * rpn;
+    int n = 0;
+    for (int k = 0; k < topk; ++k) {
+      const int32_t g = lanes[static_cast<size_t>(k)];
+      if (g < 0 || last[static_cast<size_t>(g)] != k) continue;
+      list[n++] = g;
+      last[static_cast<size_t>(g)] = -1;
+    }
+    for (; n < rpn; ++n)
+      list[n] = -1;
+  }
+}
+
 }  // namespace proxyep::gpu_side::ep

@@ -34,4 +34,12 @@ int combine_group_count(const EpShape& shape, CombineGroups groups);
 CombineOrderTables compute_combine_order(const TensorRef& topk_idx, const EpShape& shape,
                                          CombineGroups groups);
 
+// V2's order inside node `node` (a hierarchical combine's node partials, each DeepEP's
+// bf16(0 + its ranks' rows by their last lane)): for each of `tokens` rows of topk_idx (i64
+// [tokens, topk], global expert ids, entries in [-1, E), checked by the caller), the ranks of
+// `node` its lanes reach, as indices within the node (rank % ranks_per_node), each once, by last
+// lane, then -1: i32 [tokens, ranks_per_node] into `out`.
+void node_order_rows(const int64_t* topk_idx, int64_t tokens, int topk, const EpShape& shape,
+                     int node, int32_t* out);
+
 }  // namespace proxyep::gpu_side::ep

@@ -172,9 +172,9 @@ CombineResult NormalMode::combine(const CombineArgs& args, const DeviceCall* dev
   const auto* x = static_cast<const std::byte*>(a.x.data);
   c->hierarchical = session_.layout().hierarchical();
   if (c->hierarchical) {
-    c->streams =
-        std::make_unique<HierCombineStreams>(backend, in.format, c->dispatched, c->handle, x,
-                                             weights, in.topk, session_, device != nullptr);
+    c->streams = std::make_unique<HierCombineStreams>(backend, in.format, c->dispatched, c->handle,
+                                                      x, weights, in.topk, session_,
+                                                      device != nullptr, a.order.defined());
   } else {
     c->streams = std::make_unique<CombineStreams>(backend, in.format, c->dispatched, x, weights,
                                                   in.topk, me, device != nullptr);

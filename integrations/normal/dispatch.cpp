@@ -1,6 +1,7 @@
 // NormalMode::dispatch: check, route, notify, agree, finish the handle, stream the rows into the
 // outputs (the steps in normal_mode.hpp), here or on the CommStream (async_finish).
 #include "common/error.hpp"
+#include "gpu_side/ep/combine_order.hpp"
 #include "integrations/normal/dispatch_call.hpp"
 #include "integrations/normal/hier_dispatch_rows.hpp"
 #include "integrations/normal/hier_notify.hpp"
@@ -133,8 +134,18 @@ DispatchResult NormalMode::dispatch(const DispatchArgs& args, const DeviceCall* 
   // Counted now, from the records: the rows are not needed (nor awaited by an async call).
   if (a.recv_stats.defined())
     d->backend->add(a.recv_stats, d->out.unaligned_recv_tokens_per_expert);
-  if (hier_streams != nullptr && !in.cached)
-    d->out.handle.forward_heads = hier_streams->forward_heads();
+  if (hier_streams != nullptr && !in.cached) {
+    DispatchHandle& h = d->out.handle;
+    h.forward_heads = hier_streams->forward_heads();
+    h.forward_orders = hier_streams->forward_orders();
+    if (in.topk > 0) {
+      h.own_node_order =
+          gpu_side::ep::Tensor::empty(DType::i32, in.tokens, session_.ranks_per_node());
+      gpu_side::ep::node_order_rows(view.topk_idx.as<int64_t>(), in.tokens, in.topk,
+                                    shape_for(in.num_experts), session_.layout().node(),
+                                    h.own_node_order.data<int32_t>());
+    }
+  }
   clock.lap(&PhaseTimes::prepare_ns);
   return finish_call(d, a.async_finish, &NormalMode::move_rows, kPhase);
 }

@@ -17,13 +17,15 @@ constexpr const char* kPhase = "combine";
 HierCombineStreams::HierCombineStreams(RowBackend& backend, const ep::RowFormat& format,
                                        const RowCounts& counts, const DispatchHandle& handle,
                                        const std::byte* x, const float* weights, int topk,
-                                       const proxy::Session& session, bool x_on_device)
+                                       const proxy::Session& session, bool x_on_device,
+                                       bool v2_order)
     : CombineStreams(backend, format, counts, x, weights, topk, session.rank(), x_on_device),
       layout_(session.layout()),
       handle_(handle),
       hidden_(format.hidden_bytes / 2),
       taken_rows_(static_cast<size_t>(session.ranks()), 0),
       heads_(static_cast<size_t>(session.ranks()), nullptr),
+      orders_(static_cast<size_t>(session.ranks()), nullptr),
       need_(static_cast<size_t>(session.ranks())) {
   const int R = session.ranks(), rpn = layout_.sizes().ranks_per_node;
   const int nodes = layout_.nodes(), own = layout_.node();
@@ -52,6 +54,17 @@ HierCombineStreams::HierCombineStreams(RowBackend& backend, const ep::RowFormat&
   require(handle.forward_heads.size() == static_cast<size_t>(layout_.nodes() - 1), kPhase,
           "the handle holds no forwarding of a hierarchical dispatch (made by another Buffer, or "
           "a cached dispatch's)");
+  if (v2_order) {
+    require(handle.own_node_order.defined() &&
+                handle.forward_orders.size() == handle.forward_heads.size(),
+            kPhase,
+            "DeepEP V2's order inside nodes needs a fresh dispatch's handle with topk_idx (its "
+            "in-node orders)");
+    require(handle.own_node_order.rows() == tokens && handle.own_node_order.cols() == rpn, kPhase,
+            "the handle's own_node_order is {} x {}; expected {} x {}",
+            handle.own_node_order.rows(), handle.own_node_order.cols(), tokens, rpn);
+    own_order_ = handle.own_node_order.data<int32_t>();
+  }
   size_t forwarded = 0;
   for (int r = 0; r < R; ++r) {
     if (r == me_) continue;
@@ -60,11 +73,19 @@ HierCombineStreams::HierCombineStreams(RowBackend& backend, const ep::RowFormat&
       out[r] = plan_stream(static_cast<uint64_t>(counts.at(r, me_)), format, slots, eager);
       in[r] = plan_stream(static_cast<uint64_t>(counts.at(me_, r)), format, slots, eager);
     } else if (counterpart(r)) {
-      const ep::Tensor& heads = handle.forward_heads[forwarded++];
+      const ep::Tensor& heads = handle.forward_heads[forwarded];
       require(heads.dims() == 2 && heads.cols() == rpn, kPhase,
               "the handle's forwarding for rank {} is {} rows of {} heads; the node has {} ranks",
               r, heads.rows(), heads.cols(), rpn);
       heads_[r] = &heads;
+      if (v2_order) {
+        const ep::Tensor& order = handle.forward_orders[forwarded];
+        require(order.rows() == heads.rows() && order.cols() == rpn, kPhase,
+                "the handle's in-node order for rank {} is {} x {}; expected {} x {}", r,
+                order.rows(), order.cols(), heads.rows(), rpn);
+        orders_[r] = order.data<int32_t>();
+      }
+      ++forwarded;
       out[r] = plan_stream(static_cast<uint64_t>(heads.rows()), format, slots, 0);
       in[r] = plan_stream(static_cast<uint64_t>(to_node[static_cast<size_t>(node_of(r))]), format,
                           slots, 0);
@@ -140,9 +161,12 @@ void HierCombineStreams::fill(int d, uint64_t first, uint64_t rows, std::byte* s
   // The node's partial rows [first, first + rows) for d's tokens, straight into the slot.
   const int rpn = layout_.sizes().ranks_per_node;
   const auto areas = ep::RowAreas::of(rows, format);
+  ep::CombineInput input;
+  if (const int32_t* order = orders_[static_cast<size_t>(d)]; order != nullptr)
+    input.order = order + first * rpn;
   reduce_blocks(forwarded_blocks(d), heads_[static_cast<size_t>(d)]->data<int32_t>() + first * rpn,
                 static_cast<int64_t>(rows), reinterpret_cast<uint16_t*>(slot + areas.x),
-                reinterpret_cast<float*>(slot + areas.weights));
+                reinterpret_cast<float*>(slot + areas.weights), input);
 }
 
 void HierCombineStreams::take(int s, uint64_t chunk, uint64_t first, uint64_t rows,
@@ -161,7 +185,8 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
   const int rpn = layout_.sizes().ranks_per_node;
   const int nodes = layout_.nodes(), own = layout_.node();
   const int64_t tokens = handle_.num_tokens;
-  // 1. This node's partial, as a forwarder's: its ranks ascending, rounded to bf16.
+  // 1. This node's partial, as a forwarder's: its ranks ascending (V2: by last lane), rounded to
+  // bf16.
   own_x_ = backend.allocate(DType::bf16, tokens, hidden_);
   if (topk_ > 0) own_weights_ = backend.allocate(DType::f32, tokens, topk_);
   ep::Tensor& own_x = own_x_;
@@ -173,8 +198,10 @@ void HierCombineStreams::reduce(const ep::Tensor& combined_x, const ep::Tensor& 
   own_node.chunks.assign(block_chunks_.begin() + first, block_chunks_.begin() + first + rpn);
   own_node.chunk_rows.assign(block_chunk_rows_.begin() + first,
                              block_chunk_rows_.begin() + first + rpn);
+  ep::CombineInput own_input;
+  own_input.order = own_order_;
   reduce_blocks(own_node, own_head_.data<int32_t>(), tokens, own_x.data<uint16_t>(),
-                topk_ > 0 ? own_weights.data<float>() : nullptr);
+                topk_ > 0 ? own_weights.data<float>() : nullptr, own_input);
   // 2. The nodes' partials, after the biases: ascending, or in last_step.order.
   last_step.bias_first = true;
   NodeBlocks b;

@@ -25,11 +25,13 @@ namespace proxyep::integrations::normal {
 
 class HierCombineStreams final : public CombineStreams {
  public:
-  // `x_on_device`: as CombineStreams'.
+  // `x_on_device`: as CombineStreams'. `v2_order`: DeepEP V2's combine (CombineArgs::order
+  // given): each node partial adds its ranks' rows by their last lane (the handle's
+  // own_node_order and forward_orders), not in rank order.
   HierCombineStreams(RowBackend& backend, const gpu_side::ep::RowFormat& format,
                      const RowCounts& counts, const DispatchHandle& handle, const std::byte* x,
                      const float* weights, int topk, const proxy::Session& session,
-                     bool x_on_device);
+                     bool x_on_device, bool v2_order);
 
   bool rows_ready(int destination, uint64_t end) const override;
   void fill(int destination, uint64_t first, uint64_t rows, std::byte* slot) override;
@@ -47,7 +49,7 @@ class HierCombineStreams final : public CombineStreams {
  private:
   bool counterpart(int r) const { return layout_.fabric_peer(r); }
   int node_of(int r) const { return r / layout_.sizes().ranks_per_node; }
-  // The blocks a forwarder's partial for counterpart c sums: this node's ranks, in order.
+  // The blocks a forwarder's partial for counterpart c sums: this node's ranks, in rank order.
   struct NodeBlocks {
     std::vector<const uint16_t*> rows;
     std::vector<const float*> weights;
@@ -67,6 +69,10 @@ class HierCombineStreams final : public CombineStreams {
   // By counterpart: the forwarded rows' heads (the handle's), and for each rank k of this node
   // need[k][i] = the rows of k's lane that rows [0, i) need (1 + their largest head there).
   std::vector<const gpu_side::ep::Tensor*> heads_;
+  // By counterpart, with v2_order: the forwarded rows' order of this node's ranks (the
+  // handle's); null otherwise.
+  std::vector<const int32_t*> orders_;
+  const int32_t* own_order_ = nullptr;  // the handle's own_node_order, with v2_order
   std::vector<std::vector<std::vector<uint64_t>>> need_;
   // The final reduce's heads: i32 [tokens, ranks_per_node] (this node's ranks' rows) and
   // [tokens, nodes] (each node's partial row of the token, or -1).

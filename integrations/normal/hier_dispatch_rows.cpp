@@ -2,6 +2,7 @@
 #include "integrations/normal/hier_dispatch_rows.hpp"
 
 #include "common/error.hpp"
+#include "gpu_side/ep/combine_order.hpp"
 #include "integrations/normal/chunk_plan.hpp"
 
 #include <span>
@@ -95,6 +96,10 @@ void HierDispatchStreams::plan(const std::vector<NotifyRecord>& records) {
       a.area =
           backend.allocate(DType::u8, static_cast<int64_t>(std::max<uint64_t>(1, a.areas.end)));
       a.heads = ep::Tensor::empty(DType::i32, a.rows, rpn);
+      if (format.topk > 0) {
+        a.topk = ep::Tensor::empty(DType::i64, a.rows, format.topk);
+        a.orders = ep::Tensor::empty(DType::i32, a.rows, rpn);
+      }
       std::byte* base = a.area.raw();
       // Views of the area, where it is (a device call's: device memory); cols 0: absent.
       auto view = [&](uint64_t offset, DType dtype, uint32_t cols) {
@@ -183,8 +188,15 @@ void HierDispatchStreams::take(int s, uint64_t chunk, uint64_t first, uint64_t r
   keep(a.areas.src_index, chunk_areas.src_index, 4ull * f.src_index);
   backend.copy_rows(a.heads.raw() + first * 4ull * f.heads, slot + chunk_areas.heads, n,
                     4ull * f.heads);
-  // The heads are read here, on the host: a device's copy of them must have run.
+  if (f.topk > 0)
+    backend.copy_rows(a.topk.raw() + first * 8ull * f.topk, slot + chunk_areas.topk_idx, n,
+                      8ull * f.topk);
+  // The heads (and expert ids) are read here, on the host: a device's copy of them must have run.
   backend.complete(kPhase);
+  if (f.topk > 0)
+    ep::node_order_rows(a.topk.data<int64_t>() + first * f.topk, n, static_cast<int>(f.topk),
+                        source_.shape, layout_.node(),
+                        a.orders.data<int32_t>() + first * layout_.sizes().ranks_per_node);
 
   // Each row's heads say where it goes on this node: to this rank (straight into the outputs)
   // or into a lane. Positions must come in order: a row out of place, or one that arrives twice,
@@ -223,6 +235,14 @@ std::vector<ep::Tensor> HierDispatchStreams::forward_heads() const {
   for (int c = 0; c < session_.ranks(); ++c)
     if (counterpart(c)) heads.push_back(arrived_[static_cast<size_t>(c)].heads);
   return heads;
+}
+
+std::vector<ep::Tensor> HierDispatchStreams::forward_orders() const {
+  std::vector<ep::Tensor> orders;
+  for (int c = 0; c < session_.ranks(); ++c)
+    if (counterpart(c) && arrived_[static_cast<size_t>(c)].orders.defined())
+      orders.push_back(arrived_[static_cast<size_t>(c)].orders);
+  return orders;
 }
 
 uint64_t HierDispatchStreams::rows_to_fabric() const {

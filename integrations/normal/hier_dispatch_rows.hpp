@@ -68,6 +68,9 @@ class HierDispatchStreams final : public DispatchStreams {
   // forwarder rows' heads (i32 [rows, ranks_per_node] each, in arrival order), filled as the
   // rows arrive (after plan()).
   std::vector<gpu_side::ep::Tensor> forward_heads() const;
+  // Likewise the forwarded rows' order of this node's ranks (DispatchHandle::forward_orders);
+  // empty without top-k.
+  std::vector<gpu_side::ep::Tensor> forward_orders() const;
   // Rows this rank sent to other nodes (each token once per node) and forwarded inside its own.
   uint64_t rows_to_fabric() const;
   uint64_t rows_forwarded() const { return rows_forwarded_; }
@@ -77,6 +80,9 @@ class HierDispatchStreams final : public DispatchStreams {
   struct Arrived {
     gpu_side::ep::Tensor area;   // u8: the rows as RowAreas of the call's format
     gpu_side::ep::Tensor heads;  // i32 [rows, ranks_per_node] (the handle keeps it)
+    // With top-k: the rows' global expert ids, host copies (i64 [rows, topk]), and V2's order
+    // of this node's ranks for each row (i32 [rows, ranks_per_node]: the handle keeps it).
+    gpu_side::ep::Tensor topk, orders;
     gpu_side::ep::RowAreas areas;
     int64_t rows = 0;
     int64_t own = 0;  // of them, rows for this rank placed so far

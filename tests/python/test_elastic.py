@@ -510,11 +510,15 @@ def test_dispatch_combine(buffer, fp8, expert_alignment, do_cpu_sync, asynchrono
 
 
 def noisy_row(src_ids, rank):
-    """bf16 [n, H] a rank returns for these source ids: values whose float32 sums depend on the
-    order of adding them (unlike combine_row's small integers), the same on every rank."""
-    channels = torch.arange(H, dtype=torch.float64)
-    phase = src_ids.double().unsqueeze(1) * 12.9898 + rank * 78.233 + channels * 0.37
-    return (torch.sin(phase) * 1000.0 * torch.cos(phase * 3.1)).to(torch.bfloat16)
+    """bf16 [n, H] a rank returns for these source ids, the same on every rank: +-2^24, -2^23 and
+    small values by (source id, rank, channel), so that float32 sums of three or more terms keep
+    or lose the small ones by the order of adding them (2^24 + 1 is 2^24), and a wrong order
+    changes whole units, not a last bit the bf16 rounding hides."""
+    channels = torch.arange(H)
+    big = 2.0 ** 24
+    values = torch.tensor([big, -big, 1.0, 0.75, -big / 2, 3.0, -1.5])
+    pick = (src_ids.unsqueeze(1) * 5 + rank * 3 + channels) % values.numel()
+    return values[pick].to(torch.bfloat16)
 
 
 def returned_weights(src_ids, rank):
@@ -526,9 +530,9 @@ def returned_weights(src_ids, rank):
 def v2_expected(topk_idx, biases, groups_of_rank):
     """DeepEP V2's combine of this rank's tokens (docs/plans/ELASTIC_BUFFER.md, section 2): in
     float32, the biases, then each group's partial in the order of the group's last top-k lane;
-    a group is a rank, or a node whose partial is its ranks' rows summed (rank order, rounded to
-    bf16: the same as DeepEP's lane order for up to 2 ranks per node). Weights: lane k as the
-    group owning its expert returned it. Returns (combined bf16 [N, H], weights f32 [N, K])."""
+    a group is a rank, or a node whose partial is its ranks' rows summed in the order of each
+    rank's last lane too, rounded to bf16. Weights: lane k as the group owning its expert
+    returned it. Returns (combined bf16 [N, H], weights f32 [N, K])."""
     rank, R = world()
     local = E // R
     ids = rank * T + torch.arange(topk_idx.shape[0])
@@ -540,11 +544,12 @@ def v2_expected(topk_idx, biases, groups_of_rank):
         acc = torch.zeros(H)
         for b in biases:
             acc = acc + b[t].float()
-        reached = sorted({e // local for e in lanes if e >= 0})
-        last = {}
+        last, last_of_rank = {}, {}
         for k, e in enumerate(lanes):
             if e >= 0:
                 last[groups_of_rank(e // local)] = k
+                last_of_rank[e // local] = k
+        reached = sorted(last_of_rank, key=last_of_rank.get)
         group_w = {}
         for g in sorted(last, key=last.get):
             members = [r for r in reached if groups_of_rank(r) == g]

@@ -81,6 +81,21 @@ TEST_CASE("combine order: groups by last lane, each once, -1 lanes ignored") {
   CHECK(row_of(by_node.weight_owner, 4) == std::vector<int32_t>{0, 1, 1, 0});
 }
 
+TEST_CASE("node order: a node's ranks by last lane, as indices within the node") {
+  // 8 ranks of 1 expert, 4 ranks per node: node 1 holds ranks (experts) 4..7, indices 0..3.
+  const EpShape shape{8, 4, 8};
+  const std::vector<int64_t> idx = {
+      6,  5, 1,  6,   // node 1's ranks 6 5 6: rank 5 (index 1) first, rank 6 (2) by lane 3
+      7,  4, 5,  -1,  // 7 4 5: indices 3 0 1
+      0,  1, 2,  3,   // no rank of node 1
+      -1, 4, -1, 4};  // rank 4 twice: once
+  std::vector<int32_t> out(16, 99);
+  node_order_rows(idx.data(), 4, 4, shape, 1, out.data());
+  CHECK(out == std::vector<int32_t>{1, 2, -1, -1, 3, 0, 1, -1, -1, -1, -1, -1, 0, -1, -1, -1});
+  node_order_rows(idx.data(), 1, 4, shape, 0, out.data());
+  CHECK(std::vector<int32_t>(out.begin(), out.begin() + 4) == std::vector<int32_t>{1, -1, -1, -1});
+}
+
 TEST_CASE("combine order: one rank, no tokens, bad input") {
   const EpShape one{1, 1, 4};
   const CombineOrderTables t =
