@@ -10,7 +10,8 @@
 //      under strict field validation), so the object is also walked along the model's TypeScript
 //      declarations (.d.ts, generated from the same schema) and every field they do not declare
 //      is an error; this is what catches a typo such as `tolerration:`;
-//   5. project rules on the parsed objects (projectRules below).
+//   5. project rules on the parsed objects (projectRules below; those of rl/, the MoE RL run, in
+//      validate_k8s_rl.mjs).
 // Then a negative self-test: each folder under tests/deploy/broken/k8s overlays the real tree
 // (its files replace or add to deploy/kubernetes, same relative paths) and MUST fail with an
 // error containing the text of its EXPECT file, so the validator cannot pass vacuously.
@@ -22,6 +23,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import YAML from "yaml";
+import { rlRules } from "./validate_k8s_rl.mjs";
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 const repo = path.resolve(here, "../..");
@@ -199,6 +201,7 @@ async function validateTree(files, label) {
   }
 
   projectRules(objects, (where, msg) => err(where, `rule: ${msg}`));
+  rlRules(objects, repo, (where, msg) => err(where, `rule: ${msg}`));
   return errors;
 }
 

@@ -1,11 +1,12 @@
 """``python3 -m proxyep.rl run --config FILE`` (and ``proxyep rl run``): a GRPO run as local
 process groups, supervised.
 
-- the trainer: ``proxyep launch -n T -- python3 -m proxyep.rl.train.job`` (train/job.py; its rank 0
-  hosts the coordinator, the buffer and the weight publisher, and writes endpoints.json);
+- the trainer: ``proxyep launch -n T -- python3 -m proxyep.rl trainer`` (roles/trainer.py; its
+  rank 0 hosts the coordinator, the buffer and the weight publisher, and writes endpoints.json);
 - the rollout pool: W workers, each ``proxyep launch -n R --ranks-per-node P -- python3 -m
-  proxyep.rl.rollout.worker`` (its own EP group; never a member of the trainer's), pointed at the
-  coordinator and at the publisher, from which each rank pulls the latest committed weights;
+  proxyep.rl worker`` (roles/worker.py; its own EP group, never a member of the trainer's),
+  pointed at the coordinator and at the publisher, from which each rank pulls the latest
+  committed weights. The same entry points run each role on its own machine (deploy/kubernetes/rl);
 - preemption (``--preempt RATE`` per worker per minute, or a schedule): the supervisor writes a
   worker's notice file (the stand-in for the Spot notice); the worker stops leasing, flushes and
   releases as interrupted, exits 0; after ``restart_delay_s`` a replacement with a new worker id
@@ -179,9 +180,9 @@ class Supervisor:
     def _start_trainer(self):
         t = self.config.trainer
         cmd = [self.cli, "launch", "-n", str(t.ranks), "--ranks-per-node", str(t.ranks_per_node), "--",
-               self.python, "-m", "proxyep.rl.train.job", "--config", self.config_path, "--run-dir", self.run_dir]
-        if self.resume:
-            cmd.append("--resume")
+               self.python, "-m", "proxyep.rl", "trainer", "--config", self.config_path, "--run-dir", self.run_dir]
+        if not self.resume:
+            cmd.append("--fresh")  # the role resumes by default; a run does only when asked
         endpoints = os.path.join(self.run_dir, "endpoints.json")
         if os.path.exists(endpoints):
             os.unlink(endpoints)
@@ -204,19 +205,14 @@ class Supervisor:
         r = self.config.rollout
         slot.notice = os.path.join(self.run_dir, f"notice-{slot.worker_id}")
         host, port = self.endpoints["publisher"]
+        # The model, capacity, drain budget, exchange and (redis) leasing options come from the
+        # config (roles/worker.py), as for a worker on another machine.
         cmd = [self.cli, "launch", "-n", str(r.ranks), "--ranks-per-node", str(r.ranks_per_node),
                "--grace-ms", str(int((r.drain_budget_s + 10) * 1000)), "--",
-               self.python, "-m", "proxyep.rl.rollout.worker", "--coordinator", self.endpoints["coordinator"],
-               "--model-config", self.config.model.to_json(), "--worker-id", slot.worker_id,
-               "--capacity", str(r.capacity), "--report-every", str(r.report_every), "--notice-file", slot.notice,
-               "--drain-budget-s", str(r.drain_budget_s), "--seed", str(self.config.seed * 1000 + slot.index),
-               "--weights-from", f"{host}:{port}", "--exchange", r.exchange]
-        if self.config.coordinator == "redis":
-            # Every client of the store leases with the run's options (the tcp coordinator's
-            # server holds them itself); else a worker's leases would outlive the run's timeout.
-            cmd += ["--coordinator-options", json.dumps({"lease_timeout_s": r.lease_timeout_s,
-                                                         "lease_tokens": r.lease_tokens,
-                                                         "max_attempts": r.max_attempts})]
+               self.python, "-m", "proxyep.rl", "worker", "--config", self.config_path,
+               "--coordinator", self.endpoints["coordinator"], "--worker-id", slot.worker_id,
+               "--notice-file", slot.notice, "--seed", str(self.config.seed * 1000 + slot.index),
+               "--weights-from", f"{host}:{port}"]
         with self._log(f"worker-{slot.index}") as log:
             log.write(f"==== {slot.worker_id} ====\n".encode())
             log.flush()

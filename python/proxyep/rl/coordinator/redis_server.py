@@ -11,6 +11,12 @@ to start.
 ``stop()`` is SIGTERM (redis flushes the AOF and exits), then SIGKILL after a deadline; ``kill()``
 is SIGKILL (a crash, for tests); ``start()`` again runs a new server on the same port and
 directory, which reloads the AOF.
+
+``bind``: loopback by default; ``python3 -m proxyep.rl coordinator`` (roles/coordinator.py) binds
+another address for a cluster, and then turns redis's protected mode off (which otherwise
+refuses every non-loopback client of a server without a password): the network around it (a
+Kubernetes Service, a NetworkPolicy) decides who reaches it. ``advertise``: the host name in
+``url`` (default: the bind address, or 127.0.0.1 for a wildcard bind).
 """
 
 import os
@@ -30,10 +36,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _command(port, command, timeout_s):
+LOOPBACK = "127.0.0.1"
+_WILDCARDS = ("0.0.0.0", "::", "*")
+
+
+def _command(port, command, timeout_s, host=LOOPBACK):
     """One inline command's reply (bytes), or None when nothing answers on the port."""
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=timeout_s) as s:
+        with socket.create_connection((host, port), timeout=timeout_s) as s:
             s.sendall(command + b"\r\n")
             reply = s.recv(65536)
             if reply.startswith(b"$"):  # a bulk string: read all of it
@@ -48,18 +58,18 @@ def _command(port, command, timeout_s):
         return None
 
 
-def _answers(port, pid, timeout_s):
+def _answers(port, pid, timeout_s, host=LOOPBACK):
     """True when the server on ``port`` is the process ``pid`` (not another one that holds the
     port) and answers PING (not while it is still loading the AOF)."""
-    info = _command(port, b"INFO server", timeout_s)
+    info = _command(port, b"INFO server", timeout_s, host)
     if info is None or f"process_id:{pid}\r\n".encode() not in info:
         return False
-    return (_command(port, b"PING", timeout_s) or b"").startswith(b"+PONG")
+    return (_command(port, b"PING", timeout_s, host) or b"").startswith(b"+PONG")
 
 
 class RedisServer:
     def __init__(self, dir, port=0, appendonly=True, appendfsync="everysec", executable=REDIS_SERVER,
-                 start_timeout_s=30.0, stop_timeout_s=10.0):
+                 start_timeout_s=30.0, stop_timeout_s=10.0, bind=LOOPBACK, advertise=None):
         if appendfsync not in ("always", "everysec", "no"):
             raise RLError(f"appendfsync must be always, everysec or no, got {appendfsync!r}")
         if not os.path.isdir(dir):
@@ -69,13 +79,17 @@ class RedisServer:
         self.dir, self.appendonly, self.appendfsync = os.path.abspath(dir), appendonly, appendfsync
         self.executable, self.start_timeout_s, self.stop_timeout_s = executable, start_timeout_s, stop_timeout_s
         self._fixed_port = port
+        self.bind = bind
+        # Where this process checks the server: a wildcard bind includes loopback.
+        self._probe_host = LOOPBACK if bind in _WILDCARDS else bind
+        self.advertise = advertise or self._probe_host
         self.port = None
         self.process = None
         self.start()
 
     @property
     def url(self):
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.advertise}:{self.port}/0"
 
     @property
     def log_path(self):
@@ -107,14 +121,16 @@ class RedisServer:
                     raise
 
     def _start_on(self, port):
-        args = [self.executable, "--port", str(port), "--bind", "127.0.0.1", "--dir", self.dir,
+        args = [self.executable, "--port", str(port), "--bind", self.bind, "--dir", self.dir,
                 "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", self.appendfsync,
                 "--save", "", "--daemonize", "no", "--logfile", self.log_path]
+        if self.bind != LOOPBACK:
+            args += ["--protected-mode", "no"]
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                         stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + self.start_timeout_s
         while time.monotonic() < deadline:
-            if _answers(port, self.process.pid, 1.0):
+            if _answers(port, self.process.pid, 1.0, self._probe_host):
                 return
             try:  # waits a little, and returns at once if the server exited
                 self.process.wait(0.05)

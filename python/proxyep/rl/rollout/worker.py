@@ -18,7 +18,10 @@ rank too, but the launcher then exits 143 and SIGKILLs the ranks after its ``--g
 ``--weights-from HOST:PORT``: each rank subscribes to the trainer's weight publisher
 (weights/subscriber.py; key in PROXYEP_RL_AUTHKEY), starts from the version it is sent on joining
 (the latest committed) and applies every later one between decode steps, all ranks at the same
-step. ``--exchange a2a``: the baseline, every MoE exchange through all_to_all_single (gloo)
+step. ``--weights-from coordinator``: the address the trainer announced in the (redis://)
+coordinator's store (roles/discovery.py), looked up by rank 0 and handed to the others. A worker
+that starts before the trainer waits for the announcement and for the publisher to accept, at
+most ``--wait-for-weights-s`` (default: ``--group-timeout-s``). ``--exchange a2a``: the baseline, every MoE exchange through all_to_all_single (gloo)
 instead of deep_ep's low-latency mode.
 
 ``--weights FILE``: a ``torch.save`` of {"version": int, "state": {name: full tensor}} (dense
@@ -33,6 +36,7 @@ import logging
 import math
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -76,13 +80,25 @@ class PublisherWeightSource:
     def __init__(self, address, worker_id, model, config, rank, world, timeout_s):
         from ..weights.subscriber import WeightSubscriber, expected_tensors
         from ..weights.manifest import Layout
+        from ..weights.wire import PublisherUnreachable
 
         host, _, port = address.rpartition(":")
         authkey = bytes.fromhex(os.environ.get("PROXYEP_RL_AUTHKEY", ""))
         self.path = f"the publisher at {address}"
-        self.subscriber = WeightSubscriber((host, int(port)), authkey, worker_id, rank,
-                                           Layout.contiguous(world, config.num_experts),
-                                           expected_tensors(model.named_parameters()), connect_timeout_s=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            # The trainer may not listen yet (a worker started first, or the trainer restarts):
+            # only "nothing accepted" is retried; a publisher that answered and refused is final.
+            try:
+                self.subscriber = WeightSubscriber((host, int(port)), authkey, worker_id, rank,
+                                                   Layout.contiguous(world, config.num_experts),
+                                                   expected_tensors(model.named_parameters()),
+                                                   connect_timeout_s=timeout_s)
+                break
+            except PublisherUnreachable as e:
+                if time.monotonic() >= deadline:
+                    raise RLError(f"waiting for weights: {e} (for {timeout_s:g} s)") from e
+                time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         self.timeout_s = timeout_s
 
     def poll(self):
@@ -111,7 +127,7 @@ def parse(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--coordinator", required=True, help="tcp://host:port, redis://..., as open_coordinator takes")
     p.add_argument("--model-config", required=True, help="a JSON file or inline JSON (ModelConfig)")
-    p.add_argument("--worker-id", required=True)
+    p.add_argument("--worker-id", help="default: the pod's or host's name and the launcher's pid")
     p.add_argument("--capacity", type=int, default=4, help="samples held by the whole worker at once")
     p.add_argument("--report-every", type=int, default=4, help="tokens per report_partial")
     p.add_argument("--notice-file", help="a file whose appearance means: stop (spot notice stand-in)")
@@ -127,7 +143,10 @@ def parse(argv):
     p.add_argument("--group-timeout-s", type=float, default=60.0, help="deadline of the worker's own collectives")
     p.add_argument("--seed", type=int, default=0, help="sampling seed (with group id, sample index, prefix length)")
     p.add_argument("--weights", help="policy weights file (see above); default: the seeded initial weights, v0")
-    p.add_argument("--weights-from", help="HOST:PORT of the trainer's weight publisher")
+    p.add_argument("--weights-from", help="HOST:PORT of the trainer's weight publisher, or 'coordinator': "
+                                          "as announced in the coordinator's store")
+    p.add_argument("--wait-for-weights-s", type=float, default=None,
+                   help="how long to wait for the publisher (default: --group-timeout-s)")
     p.add_argument("--exchange", choices=("proxyep", "a2a"), default="proxyep",
                    help="MoE exchange of decode: deep_ep low-latency (default) or all_to_all_single (baseline)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads per rank")
@@ -135,13 +154,22 @@ def parse(argv):
     for name in ("capacity", "report_every", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("drain_budget_s", "notice_poll_s", "lease_poll_s", "coordinator_timeout_s", "group_timeout_s"):
-        if not getattr(args, name) > 0:
+    for name in ("drain_budget_s", "notice_poll_s", "lease_poll_s", "coordinator_timeout_s", "group_timeout_s",
+                 "wait_for_weights_s"):
+        if getattr(args, name) is not None and not getattr(args, name) > 0:
             p.error(f"--{name.replace('_', '-')} must be positive")
     if args.heartbeat_s is not None and not args.heartbeat_s > 0:
         p.error("--heartbeat-s must be positive")
     if args.weights and args.weights_from:
         p.error("--weights and --weights-from exclude each other")
+    if args.weights_from == "coordinator" and not args.coordinator.startswith("redis://"):
+        p.error("--weights-from coordinator needs a redis:// coordinator (where the trainer announces it)")
+    if args.worker_id is None:
+        from ..roles.environment import default_worker_id
+
+        args.worker_id = default_worker_id()
+    if args.wait_for_weights_s is None:
+        args.wait_for_weights_s = args.group_timeout_s
     return args
 
 
@@ -189,6 +217,37 @@ def _initial_weights(source, generator):
         generator.apply_weights(*update)
 
 
+def _discover_publisher(args, rank, notice):
+    """Replaces ``args.weights_from`` by the address announced in the coordinator's store, the
+    same on every rank (rank 0 looks, the others hear it); returns an error or None. Rank 0 waits
+    in slices (at most 2 s and half the group's timeout) and says "still waiting" after each, so
+    the others' broadcast never outlasts that timeout however long ``--wait-for-weights-s`` is,
+    and a SIGTERM meanwhile is seen within a slice. A stop notice
+    meanwhile ends the wait with neither (``args.weights_from`` stays "coordinator")."""
+    from ..roles.discovery import DEFAULT_PREFIX, wait_for_publisher
+
+    deadline = time.monotonic() + args.wait_for_weights_s
+    while True:
+        outcome = None
+        if rank == 0 and notice.is_set():
+            outcome = ("stopped", None)
+        elif rank == 0:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                outcome = ("found", wait_for_publisher(
+                    args.coordinator, min(remaining, args.group_timeout_s / 2, 2.0),
+                    prefix=args.coordinator_options.get("prefix", DEFAULT_PREFIX), budget_s=args.wait_for_weights_s))
+            except RLError as e:
+                outcome = ("error", str(e)) if time.monotonic() >= deadline else ("waiting", None)
+        kind, value = _broadcast(outcome)
+        if kind == "found":
+            args.weights_from = value
+            log.info("weights from %s (announced in %s)", value, args.coordinator)
+            return None
+        if kind in ("error", "stopped"):
+            return value
+
+
 def main(argv=None):
     args = parse(argv)
     rank_env = os.environ.get("RANK", "0")
@@ -214,6 +273,15 @@ def main(argv=None):
         except Exception as e:  # noqa: BLE001 - the message goes to every rank
             error = f"cannot reach coordinator {args.coordinator}: {type(e).__name__}: {e}"
     error = _broadcast(error)
+    if error is None and args.weights_from == "coordinator":
+        error = _discover_publisher(args, rank, notice)
+        if error is None and args.weights_from == "coordinator":  # stopped while waiting: nothing to drain
+            log.info("stopped (%s) before any weights were published", notice.reason)
+            notice.close()
+            if coordinator is not None:
+                coordinator.close()
+            dist.destroy_process_group()
+            return 0
     if error:
         log.error("%s", error)
         notice.close()
@@ -234,7 +302,7 @@ def main(argv=None):
             _initial_weights(source, generator)
         elif args.weights_from:
             source = PublisherWeightSource(args.weights_from, args.worker_id, model, config, rank, world,
-                                           args.group_timeout_s)
+                                           args.wait_for_weights_s)
             _initial_published(source, generator)
         worker = RolloutWorker(generator, args.worker_id, coordinator=coordinator, coordinator_name=args.coordinator,
                                capacity=args.capacity, report_every=args.report_every, notice=notice,

@@ -3,7 +3,8 @@ embedded MemoryCoordinator served on loopback to the workers, or a Redis one the
 directly), the experience buffer, the controller thread (controller.py) and the weight
 publisher (weights/publisher.py). ``start`` publishes the current version (so every worker, early
 or late, gets it on joining) and writes ``endpoints.json`` in the run directory: where workers
-find the coordinator and the publisher.
+find the coordinator and the publisher. With a Redis coordinator the publisher's address is also
+announced in the store (roles/discovery.py), for workers on other machines.
 
 On resume the pool (coordinator snapshot) and the buffer come back from the same checkpoint, so
 what was in flight then is reissued once and nothing completed after it is counted.
@@ -13,6 +14,7 @@ supervisor restarts its own) is an outage of a second or so, which the controlle
 trainer ride out instead of failing the run.
 """
 
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +26,19 @@ from .experience import ExperienceBuffer
 from .tasks import AdditionTask
 
 log = logging.getLogger("proxyep.rl.train")
+
+
+@dataclasses.dataclass
+class PublishAddress:
+    """Where the weight publisher listens (``bind``, ``port``; 0: any free one) and the host name
+    it advertises to workers (``advertise``; None: the bind address). On Kubernetes it binds
+    0.0.0.0 and advertises the pod's stable DNS name, which workers can resolve."""
+    bind: str = "127.0.0.1"
+    port: int = 0
+    advertise: str = None
+
+    def advertised(self, bound_port):
+        return f"{self.advertise or self.bind}:{bound_port}"
 
 
 def write_json_atomic(path, value):
@@ -93,7 +108,7 @@ class RetryingCoordinator:
 class TrainHost:
     """What only rank 0 holds: the coordinator and its server, buffer, controller, publisher."""
 
-    def __init__(self, config, run_dir, state, resume_parts):
+    def __init__(self, config, run_dir, state, resume_parts, publish=None):
         from ..coordinator.memory import MemoryCoordinator
         from ..coordinator.service import CoordinatorServer
         from ..coordinator.open import open_coordinator
@@ -135,19 +150,29 @@ class TrainHost:
         self.version = state["version"]
         self.publisher = None
         self.coordinator_url = coordinator_url
+        self.publish = publish or PublishAddress()
+        self.announcement = None  # what discovery.announce_publisher wrote (a Redis coordinator)
 
     def start(self, dense, experts):
         from ..weights.publisher import WeightPublisher
 
-        self.publisher = WeightPublisher.for_state(dense, experts,
+        self.publisher = WeightPublisher.for_state(dense, experts, host=self.publish.bind, port=self.publish.port,
                                                         authkey=bytes.fromhex(os.environ["PROXYEP_RL_AUTHKEY"]))
         result = self.publisher.publish(self.version, dense, experts)  # late joiners get this one
         log.info("published v%d (initial) to %d receivers", self.version, len(result.committed))
+        advertised = self.publish.advertised(self.publisher.address[1])
+        host, _, port = advertised.rpartition(":")
         write_json_atomic(os.path.join(self.run_dir, "endpoints.json"), {
             "coordinator": self.coordinator_url,
-            "publisher": list(self.publisher.address),
+            "publisher": [host, int(port)],
             "version": self.version,
             "pid": os.getpid()})
+        if self.coordinator_url.startswith("redis://"):
+            # Workers on other machines find the publisher here (roles/discovery.py).
+            from ..roles.discovery import announce_publisher
+
+            self.announcement = announce_publisher(self.coordinator_url, advertised, self.version)
+            log.info("announced the publisher %s in %s", advertised, self.coordinator_url)
         self.controller.start()
 
     def summary(self, consumed_ids):
@@ -182,6 +207,10 @@ class TrainHost:
 
     def close(self):
         self.controller.stop()
+        if self.announcement is not None:
+            from ..roles.discovery import withdraw_publisher
+
+            withdraw_publisher(self.coordinator_url, self.announcement)
         if self.publisher is not None:
             self.publisher.close()
         if self.server is not None:

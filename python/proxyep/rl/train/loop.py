@@ -63,8 +63,8 @@ def build_trainer_model(config, group):
 
 
 class TrainerRun:
-    def __init__(self, config, run_dir, resume):
-        self.config, self.run_dir = config, run_dir
+    def __init__(self, config, run_dir, resume, publish=None):
+        self.config, self.run_dir, self.publish = config, run_dir, publish
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         if self.world != config.trainer.ranks:
             raise RLError(f"trainer: launched with {self.world} ranks, the config says trainer.ranks = "
@@ -125,7 +125,8 @@ class TrainerRun:
 
         from .host import TrainHost
 
-        host = TrainHost(self.config, self.run_dir, self.state, self.resume_parts) if self.rank == 0 else None
+        host = TrainHost(self.config, self.run_dir, self.state, self.resume_parts,
+                         publish=self.publish) if self.rank == 0 else None
         try:
             dense, experts = gather_ep_state(self.model)
             if host is not None:

@@ -60,13 +60,18 @@ def accept(sock, authkey, timeout_s):
     return conn
 
 
+class PublisherUnreachable(WeightError):
+    """Nothing accepted the connection: the publisher is not up (yet), as opposed to one that
+    answered and refused; a worker that starts before the trainer retries only this."""
+
+
 def dial(address, authkey, timeout_s):
     """An authenticated connection to the publisher at ``address`` (host, port)."""
     host, port = address
     try:
         sock = socket.create_connection((host, port), timeout=timeout_s)
     except OSError as e:
-        raise WeightError(f"weights.join: cannot reach the publisher at {host}:{port}: {e}") from None
+        raise PublisherUnreachable(f"weights.join: cannot reach the publisher at {host}:{port}: {e}") from None
     conn = _connection(sock, timeout_s)
     try:
         if not conn.poll(timeout_s):
