@@ -34,9 +34,19 @@ def _global_rank():
     return int(value) if value else 0
 
 
+def _host_id():
+    """This host as the group tells hosts apart: its name and its network namespace. Processes
+    in other network namespaces of one machine (containers, the testbed's emulated nodes) share
+    the name but not the loopback, so they must not be told to meet at 127.0.0.1."""
+    try:
+        return f"{socket.gethostname()}@{os.readlink('/proc/self/ns/net')}"
+    except OSError:  # no /proc: the name alone
+        return socket.gethostname()
+
+
 def _node_key():
     lws = _local_world_size()
-    return (socket.gethostname(), _global_rank() // lws if lws else 0)
+    return (_host_id(), _global_rank() // lws if lws else 0)
 
 
 def _address_for_peers(all_local, peer_hosts=()):
@@ -48,7 +58,8 @@ def _address_for_peers(all_local, peer_hosts=()):
     # one (an MPI job sets no MASTER_ADDR), towards another host of the group: gethostbyname
     # of this host's own name is often a loopback address (Debian's 127.0.1.1).
     targets = [(master, int(os.environ.get("MASTER_PORT", "1")))] if master else []
-    others = sorted(set(peer_hosts) - {socket.gethostname()})[:3]  # a few: each may ask DNS
+    # A few other hosts (each may ask DNS) by name, not _host_id's namespace.
+    others = sorted({h.split("@")[0] for h in peer_hosts} - {socket.gethostname()})[:3]
     targets += [(host, 1) for host in others]
     for target in targets:
         try:
@@ -114,7 +125,7 @@ def _mpi_node_key(comm, rank):
     share memory, on any implementation. A communicator without Split_type (an object with only
     the methods _check_comm asks for) falls back to the host name. ranks_per_node= overrides either (e.g. to
     emulate several nodes on one host)."""
-    host = socket.gethostname()
+    host = _host_id()
     split_type = getattr(comm, "Split_type", None)
     mpi = sys.modules.get("mpi4py.MPI")
     if split_type is None or mpi is None or not hasattr(mpi, "COMM_TYPE_SHARED"):

@@ -71,7 +71,11 @@ LaunchResult launch(LaunchOptions options, const std::string& link) {
   for (int node = 0; node < launcher.nodes(); ++node)
     placement.enter.push_back(testbed.enter(node));
   placement.master_addr = testbed.address_of(0);
+  // The node's link for every library of the rank: libfabric's tcp provider, and gloo (torch's
+  // CPU collectives, which would otherwise pick the address the host name resolves to: the
+  // loopback, which is the node's own in its namespace).
   placement.env = {{"FI_TCP_IFACE", kNodeInterface},
+                   {"GLOO_SOCKET_IFNAME", kNodeInterface},
                    {"PROXYEP_TESTBED_LINK_GBPS", fmt::format("{}", resolved.gbps)},
                    {"PROXYEP_TESTBED_NAMESPACES", testbed.namespace_list()}};
   launcher.place(std::move(placement));

@@ -2,8 +2,8 @@
 // emulated nodes (netns_testbed.hpp) with links of the resolved rate (link_rate.hpp), runs each
 // node's ranks in its namespace, and removes the testbed when the job ends (a failed, timed-out
 // or interrupted job too: the launcher returns from all of them). Every rank learns where it
-// runs: MASTER_ADDR = node 0's address, FI_TCP_IFACE = the node's interface, and
-// testbed.link_gbps / testbed.namespaces (PROXYEP_TESTBED_*).
+// runs: MASTER_ADDR = node 0's address, FI_TCP_IFACE and GLOO_SOCKET_IFNAME = the node's interface,
+// and testbed.link_gbps / testbed.namespaces (PROXYEP_TESTBED_*).
 #pragma once
 
 #include "tools/launcher.hpp"

@@ -83,6 +83,7 @@ def main(argv=None):
         doc["api"] = "v2"
         doc["v2"], doc["v1_with_layout"] = result["v2"], result["v1_with_layout"]
         doc["v2_over_v1"] = result["v2_over_v1"]
+        doc["fabric_bytes"] = result["fabric_bytes"]
     if args.kind == "ll":
         doc["workload"]["fp8"] = not args.bf16
     total = result["proxyep"]["total"]["us"]["p50"]
@@ -122,6 +123,8 @@ def main(argv=None):
         if "v2_over_v1" in doc:
             print("v2 / v1 (layout in the loop), p50: " +
                   ", ".join(f"{k} {v:.3f}x" for k, v in doc["v2_over_v1"].items()))
+            print("fabric bytes per call, all ranks: " + "; ".join(
+                f"{api} dispatch {b['dispatch']}, combine {b['combine']}" for api, b in doc["fabric_bytes"].items()))
         if "speedup_vs_gloo" in doc:
             print(f"speedup over gloo all_to_all_single (total p50): {doc['speedup_vs_gloo']:.2f}x")
         print(f"verified: {'yes' if doc['verified'] else 'NO'}")

@@ -60,6 +60,10 @@ def body(args):
         diffs.append(calc_diff(get(state["v2_c"][0]).float() / dest, x.float()))
         result["v2_over_v1"] = {k: result["v2"][k]["us"]["p50"] / result["v1_with_layout"][k]["us"]["p50"]
                                 for k in ("dispatch", "combine", "total")}
+        # Both APIs ride the same transport: the bytes they put on the fabric per call show it.
+        result["fabric_bytes"] = {
+            "v1_with_layout": _fabric_bytes(buffer.runtime.stats, *extra["v1_with_layout"]),
+            "v2": _fabric_bytes(state["elastic"].runtime.stats, *extra["v2"])}
     result["verified"] = all_ranks_pass(diffs, 1e-5)
     buffer_bytes = {"num_nvl_bytes": nvl, "num_rdma_bytes": rdma}
     if buffer.device is not None:  # proof that the device path ran: what it used, over all ranks
@@ -69,6 +73,16 @@ def body(args):
         result["verified"] = result["verified"] and result["device_writes"] > 0
     result.update(buffer_bytes)
     return result
+
+
+def _fabric_bytes(stats, dispatch, combine):
+    """Bytes one (untimed) dispatch and one combine put on the fabric, over all ranks."""
+    before = stats().bytes_to_fabric
+    dispatch()
+    between = stats().bytes_to_fabric
+    combine()
+    after = stats().bytes_to_fabric
+    return {"dispatch": sum_over_ranks(between - before), "combine": sum_over_ranks(after - between)}
 
 
 def _v1_with_layout(args, buffer, x_in, idx_in, weights_in, state):

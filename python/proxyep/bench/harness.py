@@ -105,6 +105,10 @@ def run_ranks(body, args):
     """body(args) on every rank (spawned here unless a launcher already started this process as
     one); returns rank 0's result in rank 0 (None elsewhere)."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        # The launcher's job is the shape: its ranks, and its nodes unless given.
+        args.ranks = int(os.environ["WORLD_SIZE"])
+        if args.ranks_per_node is None and os.environ.get("LOCAL_WORLD_SIZE"):
+            args.ranks_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
         torch.set_num_threads(1)
         if not dist.is_initialized():
             dist.init_process_group("gloo")
