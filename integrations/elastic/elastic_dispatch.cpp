@@ -4,12 +4,11 @@
 #include "common/error.hpp"
 #include "gpu_side/ep/combine_order.hpp"
 #include "integrations/backend/row_backend.hpp"
-#include "integrations/device_steering.hpp"
 #include "integrations/elastic/elastic_fields.hpp"
+#include "integrations/elastic/host_views.hpp"
 #include "integrations/normal/row_counts.hpp"
 
 #include <algorithm>
-#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -36,37 +35,6 @@ bool on_host(const TensorRef& t) {
   return t.defined() && t.device == ep::Device::host;
 }
 
-// Host views of the tensors the fields and slots are computed from: a tensor in host memory as
-// it is, a device tensor copied to the host (DeviceSteering, on the Buffer's device stream
-// after the work queued so far, which makes the rows a call received complete first). The
-// views live as long as this.
-class HostViews {
- public:
-  HostViews(Buffer& buffer, std::string_view phase) : buffer_(buffer), phase_(phase) {}
-
-  // Orders the copies after `event` (a call's previous_event; none: no wait).
-  void order_after(const std::shared_ptr<gpu_side::device::DeviceEvent>& event) {
-    steering().order_after(event);
-  }
-  // Filled by wait().
-  TensorRef operator()(const TensorRef& t) {
-    if (!t.defined() || t.device == ep::Device::host) return t;
-    return steering().to_host(t);
-  }
-  void wait() {
-    if (steering_) steering_->wait();
-  }
-
- private:
-  DeviceSteering& steering() {
-    if (!steering_) steering_.emplace(buffer_.row_backend(true, phase_).stream(), phase_);
-    return *steering_;
-  }
-  Buffer& buffer_;
-  std::string_view phase_;  // a literal
-  std::optional<DeviceSteering> steering_;
-};
-
 // DeepEP's worst case of the expanded layout without CPU sync: every rank's every token in
 // min(K, E_local) local slots, plus each expert's alignment gap.
 int64_t worst_case_slots(int ranks, int64_t tokens_per_rank, int topk, int local_experts,
@@ -74,22 +42,6 @@ int64_t worst_case_slots(int ranks, int64_t tokens_per_rank, int topk, int local
   const int64_t slots = ranks * tokens_per_rank * std::min(topk, local_experts) +
                         int64_t{alignment - 1} * local_experts;
   return (slots + alignment - 1) / alignment * alignment;
-}
-
-// The slot columns of a handle's recv_src_metadata (the caller's to change, as DeepEP's): i32
-// [>= num_recv, K + 2] (a host view), every slot in [-1, slots), before any row is copied by
-// them.
-void check_slots(const TensorRef& metadata, int64_t num_recv, int64_t slots,
-                 std::string_view phase) {
-  require(on_host(metadata) && metadata.dtype == ep::DType::i32 && metadata.dims == 2 &&
-              metadata.contiguous() && metadata.cols >= 2 && metadata.rows >= num_recv,
-          phase, "recv_src_metadata must be int32 [>= {}, K + 2]; got {}", num_recv, metadata);
-  const int32_t* m = metadata.as<int32_t>();
-  for (int64_t i = 0; i < num_recv; ++i)
-    for (int64_t c = 2; c < metadata.cols; ++c)
-      require(m[i * metadata.cols + c] >= -1 && m[i * metadata.cols + c] < slots, phase,
-              "recv_src_metadata[{}, {}] is {}: a slot in [-1, {})", i, c, m[i * metadata.cols + c],
-              slots);
 }
 
 // The received rows (v1's outputs) copied into `slots` expanded slots by the metadata (a host
@@ -150,7 +102,7 @@ Folded fold_expanded_rows(Buffer& buffer, const TensorRef& x, const TensorRef& w
   HostViews host(buffer, phase);
   const TensorRef meta = host(metadata);
   host.wait();
-  check_slots(meta, num_recv, x.rows, phase);
+  check_slot_columns(meta, num_recv, x.rows, phase);
   return fold_expanded(buffer.row_backend(on_device, phase), x, weights, meta, num_recv);
 }
 
@@ -199,7 +151,7 @@ ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args)
   if (args.expand && cached) cached_metadata = inputs(args.cached_metadata);
   inputs.wait();
   if (args.expand && cached)
-    check_slots(cached_metadata, a.handle->num_recv_tokens, args.cached_slots, kPhase);
+    check_slot_columns(cached_metadata, a.handle->num_recv_tokens, args.cached_slots, kPhase);
   r.v1 = buffer.dispatch(a);
   // The rows are copied into their slots below: they must be in first.
   if (args.expand && r.v1.event.defined()) r.v1.event.wait();

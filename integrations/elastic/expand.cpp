@@ -65,6 +65,20 @@ void assign_slots(const ExpandPlan& plan, const TensorRef& recv_topk_idx, int64_
             plan.psum[static_cast<size_t>(e)] - plan.base[static_cast<size_t>(e)]);
 }
 
+void check_slot_columns(const TensorRef& metadata, int64_t num_recv, int64_t slots,
+                        std::string_view phase) {
+  require(metadata.defined() && metadata.device == ep::Device::host &&
+              metadata.dtype == ep::DType::i32 && metadata.dims == 2 && metadata.contiguous() &&
+              metadata.cols >= 2 && metadata.rows >= num_recv,
+          phase, "recv_src_metadata must be int32 [>= {}, K + 2]; got {}", num_recv, metadata);
+  const int32_t* m = metadata.as<int32_t>();
+  for (int64_t i = 0; i < num_recv; ++i)
+    for (int64_t c = 2; c < metadata.cols; ++c)
+      require(m[i * metadata.cols + c] >= -1 && m[i * metadata.cols + c] < slots, phase,
+              "recv_src_metadata[{}, {}] is {}: a slot in [-1, {})", i, c, m[i * metadata.cols + c],
+              slots);
+}
+
 std::vector<ep::CopyRun> expand_runs(const std::byte* from, std::byte* to, uint64_t unit,
                                      bool per_lane, const int32_t* metadata, int64_t num_recv,
                                      int topk) {

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 namespace proxyep::integrations::elastic {
@@ -35,6 +36,12 @@ ExpandPlan plan_expand(std::span<const int> counts, int alignment);
 // of an expert than `plan` counted (the notify phase's counts and the rows must agree).
 void assign_slots(const ExpandPlan& plan, const TensorRef& recv_topk_idx, int64_t num_recv,
                   int32_t* metadata);
+
+// A slot table (recv_src_metadata's columns 2..: the caller's to change, as DeepEP's) checked
+// before any row is copied by it: i32 [>= num_recv, K + 2], host memory, every slot in
+// [-1, slots). Throws proxyep::Error(phase).
+void check_slot_columns(const TensorRef& metadata, int64_t num_recv, int64_t slots,
+                        std::string_view phase);
 
 // The copies that put rows (of `unit` bytes: a row of x, of scales, or one f32 weight per lane
 // with `per_lane`) of the non-expanded `from` into their slots of `to`, by the metadata's slot

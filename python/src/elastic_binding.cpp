@@ -8,6 +8,7 @@
 #include "tensor_bridge.hpp"
 
 #include "integrations/elastic/elastic_dispatch.hpp"
+#include "integrations/elastic/slot_combine.hpp"
 
 #include <pybind11/stl.h>
 
@@ -72,6 +73,27 @@ py::tuple elastic_fold(NativeBuffer& b, const py::handle& x, const py::handle& w
   return py::make_tuple(capsule_of(f.x, &release), capsule_of(f.weights, &release));
 }
 
+// (combined_x, combined_weights or None): DeepEP V2's combine of the expanded layout without
+// multiple reduction (slot_combine.hpp), complete at return.
+py::tuple elastic_combine_slots(NativeBuffer& b, const py::handle& x, const py::handle& weights,
+                                const py::handle& bias0, const py::handle& bias1,
+                                const DispatchHandle& handle, const py::handle& metadata,
+                                const py::handle& topk_idx, int num_experts,
+                                uintptr_t caller_stream) {
+  const elastic::SlotCombineArgs args{.x = view_of(x, "x"),
+                                      .weights = view_of(weights, "topk_weights"),
+                                      .bias0 = view_of(bias0, "bias[0]"),
+                                      .bias1 = view_of(bias1, "bias[1]"),
+                                      .handle = &handle,
+                                      .metadata = view_of(metadata, "recv_src_metadata"),
+                                      .topk_idx = view_of(topk_idx, "topk_idx"),
+                                      .num_experts = num_experts};
+  const CombineResult r = without_gil([&] { return elastic::combine_slots(b.get(), args); });
+  const DeviceRelease release = b.release(caller_stream);
+  return py::make_tuple(capsule_of(r.combined_x, &release),
+                        capsule_of(r.combined_topk_weights, &release));
+}
+
 py::object elastic_source_metadata(NativeBuffer& b, const DispatchHandle& handle,
                                    const py::handle& recv_topk_idx, int num_experts,
                                    int64_t num_max_tokens_per_rank) {
@@ -92,6 +114,9 @@ void bind_elastic_calls(BufferClass& buffer) {
            py::arg("caller_stream") = 0)
       .def("elastic_fold", &elastic_fold, py::arg("x"), py::arg("topk_weights"),
            py::arg("recv_src_metadata"), py::arg("num_recv"), py::arg("caller_stream") = 0)
+      .def("elastic_combine_slots", &elastic_combine_slots, py::arg("x"), py::arg("topk_weights"),
+           py::arg("bias0"), py::arg("bias1"), py::arg("handle"), py::arg("recv_src_metadata"),
+           py::arg("topk_idx"), py::arg("num_experts"), py::arg("caller_stream") = 0)
       .def("elastic_source_metadata", &elastic_source_metadata, py::arg("handle"),
            py::arg("recv_topk_idx"), py::arg("num_experts"), py::arg("num_max_tokens_per_rank"));
 }

@@ -191,3 +191,34 @@ def test_expanded_layout(buffers, fp8, alignment, do_cpu_sync, zero_padding, asy
     for d, h in zip(again_d[0] if fp8 else (again_d[0],), again_h[0] if fp8 else (again_h[0],)):
         same_slots(d, h, to, taken, zero_padding)
     same_slots(again_d[2], again_h[2], to, taken, zero_padding)
+
+
+@pytest.fixture(scope="module")
+def single_reduction_buffers():
+    """allow_multiple_reduction=False: the expanded layout's slots each go home alone."""
+    settings = dict(num_max_tokens_per_rank=T, hidden=H, num_topk=K, allow_multiple_reduction=False)
+    with elastic_buffer(device="host", **settings) as host, \
+            elastic_buffer(device=KIND, **settings) as device:
+        yield host, device
+
+
+def test_expanded_combine_without_multiple_reduction(single_reduction_buffers):
+    """The per-slot combine (integrations/elastic/slot_combine.hpp) on the device: the slots'
+    gather and the home's reduce by the device backend, biases first, equal to the host's."""
+    host, device = single_reduction_buffers
+    to = OnDevice(device._legacy)
+    seed = 500
+    x, topk_idx, weights = make_inputs(seed)
+    common = dict(num_experts=E, expert_alignment=4, do_expand=True)
+    _, _, w_h, handle_h, _ = host.dispatch(x, topk_idx=topk_idx, topk_weights=weights, **common)
+    _, _, w_d, handle_d, _ = device.dispatch(to(x), topk_idx=to(topk_idx), topk_weights=to(weights),
+                                             **common)
+    same_fields(handle_d, handle_h)
+    taken = taken_slots(handle_h)
+    y = rows_like(handle_h.num_expanded_tokens, seed)
+    y[~taken] = 0
+    b0, b1 = rows_like(x.shape[0], seed + 1), rows_like(x.shape[0], seed + 2)
+    out_h = host.combine(y, handle_h, topk_weights=w_h, bias=(b0, b1))
+    out_d = device.combine(to(y), handle_d, topk_weights=w_d, bias=(to(b0), to(b1)))
+    same(out_d[0], out_h[0], to)
+    same(out_d[1], out_h[1], to)

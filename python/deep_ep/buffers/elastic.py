@@ -16,8 +16,9 @@ order (biases first, then ranks' rows or nodes' partials by each token's last to
 lane k from its owner), from host tables the dispatch computes once.
 
 Refused with ``ProxyEPError`` naming the argument or method, before anything is sent (the Buffer
-stays usable): the expanded layout with ``allow_multiple_reduction=False``, Engram
-(``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive and AG-RS.
+stays usable): Engram (``num_cpu_bytes > 0`` and its methods), pipeline-parallel send/receive
+and AG-RS. The expanded layout without multiple reduction combines each slot at home
+(``_combine_slots``).
 
 Stand-ins for DeepEP's hardware knobs (section 4 of the plan): SM and QP counts are computed as
 DeepEP's interface promises and recorded, never used (ProxyEP's fabric has no per-call QPs);
@@ -331,9 +332,6 @@ class ElasticBuffer:
         recv_topk_weights, handle, event)``; ``recv_x`` is ``(data, scales)`` for FP8 input."""
         self._usable("dispatch")
         check_torch_deterministic()
-        if do_expand and not self.allow_multiple_reduction:
-            raise _unsupported("do_expand=True with allow_multiple_reduction=False (each slot "
-                               "reduced once, at home)")
         if do_zero_padding and not do_expand:
             raise ValueError("do_zero_padding needs do_expand=True (it zeroes the expanded layout's gaps)")
         previous, before_epilogue = self._check_order(
@@ -587,6 +585,20 @@ class ElasticBuffer:
 
     # ---- combine ----
 
+    def _combine_slots(self, x, handle, topk_weights, biases, async_finish, stream):
+        """The expanded layout without multiple reduction: every slot goes home alone and the
+        home adds the biases, then the token's slots in lane order, rounded once
+        (integrations/elastic/slot_combine.hpp). Complete at return: an async call's event is
+        already set."""
+        legacy = self._legacy
+        x, metadata, topk_idx = _small(x), _small(handle.recv_src_metadata), _small(handle.topk_idx)
+        combined, combined_weights = map(tensor, self.runtime.elastic_combine_slots(
+            legacy._view(x, "x"), legacy._view(topk_weights, "topk_weights"),
+            legacy._view(biases[0], "bias[0]"), legacy._view(biases[1], "bias[1]"), handle._native,
+            view(metadata, "recv_src_metadata"), legacy._view(topk_idx, "topk_idx"),
+            handle.num_experts, caller_stream=stream))
+        return combined, combined_weights, _event(async_finish, None, None, legacy._streams())
+
     def combine(self, x, handle, topk_weights=None, bias=None, num_sms=0, num_qps=0,
                 previous_event=None, previous_event_before_epilogue=None,
                 async_with_compute_stream=False, allocate_on_comm_stream=False):
@@ -605,9 +617,6 @@ class ElasticBuffer:
             raise ValueError("topk_weights must be 1-D [num_expanded_tokens] for a handle of the "
                              "expanded layout, 2-D [rows, num_topk] otherwise")
         if not self.allow_multiple_reduction:
-            if handle.do_expand:
-                raise _unsupported("allow_multiple_reduction=False with the expanded layout (each "
-                                   "slot reduced once, at home)")
             if self._reduces_by_node:
                 raise _unsupported("allow_multiple_reduction=False on an ElasticBuffer made with it "
                                    "across nodes (its combine reduces inside each node first)")
@@ -620,6 +629,8 @@ class ElasticBuffer:
         previous, stream = legacy._order(
             EventOverlap(previous) if previous is not None else None, async_with_compute_stream, False)
         topk_weights = _small(topk_weights)
+        if handle.do_expand and not self.allow_multiple_reduction:
+            return self._combine_slots(x, handle, topk_weights, biases, async_with_compute_stream, stream)
         expanded = None
         if handle.do_expand:
             # Each token's slots summed (lane order) into one row, where the rows are: work the
