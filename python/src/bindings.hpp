@@ -17,7 +17,9 @@ void bind_buffer(pybind11::module_& m);
 // normal_binding.cpp: DispatchHandle, DispatchArgs, CombineArgs; layout, dispatch, combine.
 void bind_normal_types(pybind11::module_& m);
 void bind_normal_calls(BufferClass& buffer);
-// elastic_binding.cpp: DeepEP V2's dispatch as one call, and its handle's source metadata.
+// elastic_binding.cpp: ElasticFields; DeepEP V2's dispatch as one call, its handle's source
+// metadata, the expanded layout's fold and per-slot combine.
+void bind_elastic_types(pybind11::module_& m);
 void bind_elastic_calls(BufferClass& buffer);
 // low_latency_binding.cpp: LowLatencyHandle, LowLatency{Dispatch,Combine}Args; the LL calls.
 void bind_low_latency_types(pybind11::module_& m);

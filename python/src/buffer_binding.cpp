@@ -224,6 +224,7 @@ void bind_buffer(py::module_& m) {
   // The handles and argument classes first, so that the calls' signatures name them.
   bind_normal_types(m);
   bind_low_latency_types(m);
+  bind_elastic_types(m);
   BufferClass buffer(m, "Buffer");
   bind_buffer_lifecycle(buffer);
   bind_normal_calls(buffer);

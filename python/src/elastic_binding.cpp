@@ -12,6 +12,10 @@
 
 #include <pybind11/stl.h>
 
+#include <iterator>
+#include <memory>
+#include <string>
+
 namespace py = pybind11;
 namespace ep = proxyep::gpu_side::ep;
 namespace elastic = proxyep::integrations::elastic;
@@ -19,12 +23,29 @@ namespace elastic = proxyep::integrations::elastic;
 namespace proxyep::python {
 namespace {
 
+// A fresh dispatch's EPHandle fields (elastic::ElasticFields), kept native until Python reads
+// one: each read makes a DLPack capsule (take), so a dispatch pays for none nobody reads.
+struct NativeFields {
+  elastic::ElasticFields fields;
+
+  // 0 psum_per_scaleup_rank, 1 psum_per_expert, 2 unaligned_per_expert, 3 dst_buffer_slot_idx,
+  // 4 recv_src_metadata, 5 combine_order, 6 weight_owner; None for an undefined one.
+  py::object take(int which) const {
+    const ep::Tensor* all[] = {&fields.psum_per_scaleup_rank, &fields.psum_per_expert,
+                               &fields.unaligned_per_expert,  &fields.dst_buffer_slot_idx,
+                               &fields.recv_src_metadata,     &fields.combine_order,
+                               &fields.weight_owner};
+    if (which < 0 || which >= static_cast<int>(std::size(all)))
+      throw py::index_error("ElasticFields.take: no field " + std::to_string(which));
+    return capsule_of(*all[which]);
+  }
+};
+
 // (recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert (aligned,
-// a list), handle, event or None, psum_per_scaleup_rank, psum_per_expert, unaligned_per_expert,
-// dst_buffer_slot_idx, recv_src_metadata, (combine_order, weight_owner), (expanded x, scales,
-// weights, slots), layout); None for what is undefined (every field of a
-// cached dispatch). `layout`, the tensors the call was routed by, is the caller's to keep until
-// an async call's event is set.
+// a list), handle, event or None, ElasticFields (NativeFields; a cached dispatch's are all
+// undefined), whether recv_src_metadata was computed, (expanded x, scales, weights, slots),
+// layout); None for what is undefined. `layout`, the tensors the call was routed by, is the
+// caller's to keep until an async call's event is set.
 py::tuple elastic_dispatch(NativeBuffer& b, DispatchArgs a, int num_experts,
                            int64_t num_max_tokens_per_rank, int num_scaleup_ranks, bool expand,
                            bool zero_padding, const py::handle& cached_metadata,
@@ -44,15 +65,13 @@ py::tuple elastic_dispatch(NativeBuffer& b, DispatchArgs a, int num_experts,
   });
   const DeviceRelease release = b.release(caller_stream);
   const DispatchLayout& l = r.layout;
-  const elastic::ElasticFields& f = r.fields;
+  const bool has_metadata = r.fields.recv_src_metadata.defined();
   return py::make_tuple(
       capsule_of(r.v1.recv_x, &release), capsule_of(r.v1.recv_x_scales, &release),
       capsule_of(r.v1.recv_topk_idx, &release), capsule_of(r.v1.recv_topk_weights, &release),
       py::cast(r.v1.num_recv_tokens_per_expert), py::cast(std::move(r.v1.handle)),
-      defined_or_none(r.v1.event), capsule_of(f.psum_per_scaleup_rank),
-      capsule_of(f.psum_per_expert), capsule_of(f.unaligned_per_expert),
-      capsule_of(f.dst_buffer_slot_idx), capsule_of(f.recv_src_metadata),
-      py::make_tuple(capsule_of(f.combine_order), capsule_of(f.weight_owner)),
+      defined_or_none(r.v1.event), py::cast(std::make_shared<NativeFields>(std::move(r.fields))),
+      has_metadata,
       py::make_tuple(capsule_of(r.expanded.x, &release), capsule_of(r.expanded.scales, &release),
                      capsule_of(r.expanded.weights, &release), r.expanded.slots),
       py::make_tuple(capsule_of(l.num_tokens_per_rank, &release),
@@ -104,6 +123,11 @@ py::object elastic_source_metadata(NativeBuffer& b, const DispatchHandle& handle
 }
 
 }  // namespace
+
+void bind_elastic_types(py::module_& m) {
+  py::class_<NativeFields, std::shared_ptr<NativeFields>>(m, "ElasticFields")
+      .def("take", &NativeFields::take, py::arg("which"));
+}
 
 void bind_elastic_calls(BufferClass& buffer) {
   buffer

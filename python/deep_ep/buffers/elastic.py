@@ -440,8 +440,7 @@ class ElasticBuffer:
             x, fp8, topk_idx, topk_weights, stats, expert_alignment=expert_alignment,
             num_worst_tokens=0 if do_cpu_sync else worst, order=order)
         (recv_x, recv_scales, recv_idx, recv_weights, per_expert_list, native, native_event,
-         psum_scaleup, psum_expert, unaligned, slots, metadata, order_tables, expanded,
-         layout) = self.runtime.elastic_dispatch(
+         native_fields, has_metadata, expanded, layout) = self.runtime.elastic_dispatch(
             args, num_experts, num_max_tokens_per_rank, self.num_scaleup_ranks, expand=do_expand,
             zero_padding=do_zero_padding, caller_stream=stream)
         legacy._hold_inputs(order["async_finish"], inputs + (layout,))
@@ -450,7 +449,6 @@ class ElasticBuffer:
         recv_idx, recv_weights = tensor(recv_idx), tensor(recv_weights)
         device = recv_idx.device
         topk_in_handle = self._clone(topk_idx) if do_handle_copy else topk_idx
-        slots = fields.Native(slots, device)
         num_recv = native.num_recv_tokens
         rows = num_recv if do_cpu_sync else worst
         if do_expand:
@@ -465,17 +463,20 @@ class ElasticBuffer:
             num_max_tokens_per_rank=num_max_tokens_per_rank, num_sms=num_sms,
             topk_idx=topk_in_handle, num_recv_tokens=rows, num_expanded_tokens=num_expanded,
             num_recv_tokens_per_expert_list=list(per_expert_list) if do_cpu_sync else [],
-            psum_num_recv_tokens_per_scaleup_rank=fields.Native(psum_scaleup, device),
-            psum_num_recv_tokens_per_expert=fields.Native(psum_expert, device),
-            num_unaligned_recv_tokens_per_expert=fields.Native(unaligned, device),
-            recv_src_metadata=None if metadata is None else fields.Native(metadata, device),
-            dst_buffer_slot_idx=slots, token_metadata_at_forward=None, channel_linked_list=None)
+            psum_num_recv_tokens_per_scaleup_rank=fields.Native(native_fields, fields.PSUM_SCALEUP, device),
+            psum_num_recv_tokens_per_expert=fields.Native(native_fields, fields.PSUM_EXPERT, device),
+            num_unaligned_recv_tokens_per_expert=fields.Native(native_fields, fields.UNALIGNED, device),
+            recv_src_metadata=(fields.Native(native_fields, fields.METADATA, device)
+                               if has_metadata else None),
+            dst_buffer_slot_idx=fields.Native(native_fields, fields.SLOTS, device),
+            token_metadata_at_forward=None, channel_linked_list=None)
         handle._native = native
         # Host tables, whichever memory the tensors are in (CombineArgs::order).
-        handle._order_tables = tuple(fields.Native(t, _HOST) for t in order_tables)
+        handle._order_tables = (fields.Native(native_fields, fields.ORDER, _HOST),
+                                fields.Native(native_fields, fields.WEIGHT_OWNER, _HOST))
         handle._owner = self
         handle._recv_topk_idx = recv_idx
-        if metadata is None:
+        if not has_metadata:
             handle._pending = self._metadata_later(handle, event, native, recv_idx, num_experts,
                                                    num_max_tokens_per_rank)
             # A column-major copy of the scales needs the rows at once: such calls finish before
@@ -525,9 +526,9 @@ class ElasticBuffer:
             expand=handle.do_expand, zero_padding=do_zero_padding,
             cached_metadata=view(metadata, "recv_src_metadata"),
             cached_slots=handle.num_expanded_tokens, caller_stream=stream)
-        # (recv_x, scales, ..., event at 6, ..., expanded at 13, layout): a cached call's fields
-        # are None.
-        recv_x, recv_scales, recv_w, native_event, expanded = out[0], out[1], out[3], out[6], out[13]
+        # (recv_x, scales, ..., event at 6, fields, has_metadata, expanded at 9, layout): a cached
+        # call's fields are undefined.
+        recv_x, recv_scales, recv_w, native_event, expanded = out[0], out[1], out[3], out[6], out[9]
         legacy._hold_inputs(order["async_finish"], inputs)
         event = _event(order["async_finish"], native_event, inputs, legacy._streams())
         if handle.do_expand:

@@ -29,17 +29,21 @@ from proxyep._tensors import tensor
 from ..utils.math import align
 
 
+#: Which field of the native call's ElasticFields (``ElasticFields.take``) each is.
+PSUM_SCALEUP, PSUM_EXPERT, UNALIGNED, SLOTS, METADATA, ORDER, WEIGHT_OWNER = range(7)
+
+
 class Native:
-    """A field as the native call returned it (a DLPack capsule), made a torch tensor on
-    ``device`` when first read: a dispatch then costs no conversion of fields nobody reads."""
+    """A field still in the native call's ElasticFields, made a torch tensor on ``device`` when
+    first read: a dispatch then costs no conversion (nor capsule) of fields nobody reads."""
 
-    __slots__ = ("capsule", "device")
+    __slots__ = ("source", "which", "device")
 
-    def __init__(self, capsule, device):
-        self.capsule, self.device = capsule, device
+    def __init__(self, source, which, device):
+        self.source, self.which, self.device = source, which, device
 
     def tensor(self):
-        t = tensor(self.capsule)
+        t = tensor(self.source.take(self.which))
         return t if t.device == self.device else t.to(self.device)
 
 
