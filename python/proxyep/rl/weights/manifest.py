@@ -385,26 +385,22 @@ def checksums(source: memoryview, ranges, pool=None):
     return dict(zip(ranges, values))
 
 
-def plan_manifest(version, specs, layout, chunk_bytes, source: memoryview, crc_cache: Optional[Dict] = None,
-                  pool=None):
-    """The manifest of ``version`` for ``layout``: every rank's chunks, at most ``chunk_bytes``
-    long, a chunk never spanning two local rows whose experts are not adjacent in the source.
-    CRCs come from ``source`` (the flat source buffer), computed on ``pool`` when given;
-    ``crc_cache`` {(src, length): crc} shares them between layouts and ranks of one version
-    (every rank gets the same dense chunks)."""
+def plan_ranges(specs, layout, chunk_bytes):
+    """``[tensor][rank] -> [(src, dst, length)]``: every rank's chunks under ``layout``, at most
+    ``chunk_bytes`` long, a chunk never spanning two local rows whose experts are not adjacent in
+    the source. Depends on no version: a publisher plans once per layout and reuses it."""
     _int(chunk_bytes, "chunk_bytes", 1)
     layout.validate()
     num_experts = validate_schema(specs)
     if num_experts and num_experts != layout.num_experts:
         raise WeightError(f"the model has {num_experts} experts, the layout {layout.num_experts}")
-    crc_cache = {} if crc_cache is None else crc_cache
 
     def split(src, dst, n):
         return [(src + off, dst + off, min(chunk_bytes, n - off)) for off in range(0, n, chunk_bytes)]
 
     src_offsets, _ = source_offsets(specs)
     dst_offsets = [landing_plan(specs, layout, rank)[0] for rank in range(layout.ep_size)]
-    ranges = []  # per tensor, per rank: (src, dst, length) of each chunk
+    ranges = []
     for i, spec in enumerate(specs):
         per_rank = []
         for rank in range(layout.ep_size):
@@ -422,9 +418,35 @@ def plan_manifest(version, specs, layout, chunk_bytes, source: memoryview, crc_c
                 row = end
             per_rank.append(rank_chunks)
         ranges.append(per_rank)
+    return ranges
+
+
+def manifest_from(version, specs, layout, ranges, crc_of):
+    """The manifest of ``version`` over ``ranges`` (plan_ranges'), each chunk's CRC-32 from
+    ``crc_of[(src, length)]``; a mapping that answers 0 gives the template a pipelined
+    publication sends first (its checksums follow the chunks in the seal message)."""
+    chunks = [[[Chunk(src, dst, n, crc_of[(src, n)]) for src, dst, n in rank_chunks] for rank_chunks in per_rank]
+              for per_rank in ranges]
+    return WeightManifest(version, layout, list(specs), chunks).validate()
+
+
+class _Zero(dict):
+    def __missing__(self, key):
+        return 0
+
+
+NO_CHECKSUMS = _Zero()  # crc_of for a template manifest: every checksum 0, sent later
+
+
+def plan_manifest(version, specs, layout, chunk_bytes, source: memoryview, crc_cache: Optional[Dict] = None,
+                  pool=None):
+    """The manifest of ``version`` for ``layout`` (plan_ranges' chunks), CRCs computed from
+    ``source`` (the flat source buffer) on ``pool`` when given; ``crc_cache`` {(src, length):
+    crc} shares them between layouts and ranks of one version (every rank gets the same dense
+    chunks)."""
+    ranges = plan_ranges(specs, layout, chunk_bytes)
+    crc_cache = {} if crc_cache is None else crc_cache
     todo = [(src, n) for per_rank in ranges for chunks in per_rank for src, _, n in chunks
             if (src, n) not in crc_cache]
     crc_cache.update(checksums(source, todo, pool))
-    chunks = [[[Chunk(src, dst, n, crc_cache[(src, n)]) for src, dst, n in rank_chunks] for rank_chunks in per_rank]
-              for per_rank in ranges]
-    return WeightManifest(version, layout, list(specs), chunks).validate()
+    return manifest_from(version, specs, layout, ranges, crc_cache)

@@ -11,11 +11,14 @@ a fresh one and a dead one breaks nothing else). ``publish(version, dense_state,
 1. checks the version (above the last committed) and every tensor against the schema, before
    anything changes;
 2. copies the state into the staging half of a double-buffered, registered source (the other
-   half keeps the last committed version, which recoveries and late joiners are sent from);
-3. stages on every receiver at once (a thread each): the receiver's manifest (its layout's byte
-   ranges, experts only to the ranks that own them, dense to all, a CRC-32 per chunk) goes over
-   the control channel, the receiver says it is ready (its landing area is free and it polls),
-   the chunks go over the fabric, and the receiver verifies every checksum and votes;
+   half keeps the last committed version, which recoveries and late joiners are sent from), on
+   a packing thread (packing.py) that checksums each chunk as soon as it is packed;
+3. meanwhile stages on every receiver at once (a thread each), pipelined: the receiver's
+   manifest (its layout's byte ranges, experts only to the ranks that own them, dense to all)
+   goes over the control channel, the receiver says it is ready (its landing area is free and it
+   polls), each chunk goes over the fabric as soon as it is packed, then the seal (every
+   chunk's CRC-32) follows on the control channel; the receiver has checksummed each chunk as it
+   landed, compares, and votes;
 4. commits the version (it is now the last committed) and tells every receiver that staged,
    which hands the version out only then;
 5. tells every receiver that failed to stage (bad checksum, refused manifest, timeout) that it
@@ -51,7 +54,6 @@ Typical use::
 import concurrent.futures
 import dataclasses
 import logging
-import os
 import secrets
 import threading
 import time
@@ -60,8 +62,9 @@ from typing import Dict, List, Optional
 import torch
 
 from . import wire
-from .manifest import (Layout, TensorSpec, WeightError, WeightManifest, dtype_name, landing_plan,
-                       plan_manifest, schema_of, source_offsets, validate_schema)
+from .manifest import (NO_CHECKSUMS, Layout, TensorSpec, WeightError, dtype_name, landing_plan, manifest_from,
+                       plan_ranges, schema_of, source_offsets, validate_schema)
+from .packing import SourcePacker
 
 log = logging.getLogger("proxyep.rl.weights")
 
@@ -143,7 +146,9 @@ class WeightPublisher:
         self._slots = [torch.zeros(total, dtype=torch.uint8) for _ in range(2)]
         self._committed_slot = 0
         self.committed_version: Optional[int] = None
-        self._manifests: Dict[str, WeightManifest] = {}  # layout key -> manifest of the committed version
+        self._plans: Dict[tuple, list] = {}  # (layout key, chunk bytes) -> plan_ranges (version-free)
+        self._plans_layout: Dict[tuple, Layout] = {}
+        self._committed_crcs: Dict[tuple, int] = {}  # (src, length) -> CRC-32 of the committed version
         self._manifest_json: Dict[tuple, str] = {}
         self._sessions: Dict[str, _Session] = {}
         self._lock = threading.RLock()  # publish, joins and close, one at a time
@@ -152,9 +157,6 @@ class WeightPublisher:
         self._listener.settimeout(0.2)  # the accept loop checks _closing this often
         self.address = self._listener.getsockname()[:2]
         self._joiners = set()
-        # Packing and chunk checksums in parallel (torch and zlib release the GIL).
-        self._crc_pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1),
-                                                               thread_name_prefix="weights-crc")
         self._session_pool, self._session_pool_size = None, 0
         self._accept_thread = threading.Thread(target=self._accept_loop, name="weights-accept", daemon=True)
         self._accept_thread.start()
@@ -200,27 +202,33 @@ class WeightPublisher:
             seconds = {}
             t0 = time.perf_counter()
             slot = 1 - self._committed_slot if self.committed_version is not None else 0
-            source = self._slots[slot]
-            # Pack into the registered source (torch releases the GIL: the copies run in parallel).
-            list(self._crc_pool.map(lambda item: source[item[1]:item[1] + item[0].nbytes].copy_(
-                item[2].reshape(-1).view(torch.uint8)), zip(self.schema, self._offsets, state)))
             sessions = list(self._sessions.values())
-            manifests, crc_cache = {}, {}
-            for s in sessions:
-                key = self._layout_key(s.layout)
-                if key not in manifests:
-                    manifests[key] = plan_manifest(version, self.schema, s.layout, self._chunk_limit(s),
-                                                   memoryview(source.numpy()), crc_cache, self._crc_pool)
-            seconds["copy"] = time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            outcomes = self._parallel(sessions, lambda s: self._stage(s, version, slot,
-                                                                      manifests[self._layout_key(s.layout)]))
+            plans = {self._plan_key(s): self._plan(s) for s in sessions}
+            # Pipelined: the packer copies the state into the staging slot and checksums each
+            # chunk as it passes it, while every session's thread sends its manifest, waits for
+            # ready and posts each chunk as soon as its checksum exists.
+            ranges = {(src, n) for ranges in plans.values() for per_rank in ranges for chunks in per_rank
+                      for src, _, n in chunks}
+            packer = SourcePacker(self._slots[slot], self._offsets, state, ranges, self.chunk_bytes)
+            packing = threading.Thread(target=packer.run, name="weights-pack", daemon=True)
+            packing.start()
+            templates = {key: manifest_from(version, self.schema, self._plans_layout[key], r, NO_CHECKSUMS)
+                         for key, r in plans.items()}
+            outcomes = self._parallel(sessions, lambda s: self._stage(s, version, slot, templates[self._plan_key(s)],
+                                                                      packer))
+            if not packer.wait(self.stage_timeout_s):
+                packer.error = packer.error or WeightError(f"not done within {self.stage_timeout_s} s")
+            seconds["copy"] = packer.seconds  # overlapped with the stage phase
             seconds["stage"] = time.perf_counter() - t0
+            if packer.error is not None:
+                # Nothing is committed; receivers mid-stage cannot be left waiting for writes.
+                reason = f"weights.publish v{version}: packing the source failed: {packer.error}"
+                for s in sessions:
+                    self._drop(s.name, reason)
+                raise WeightError(reason)
             # Commit: the version is the last committed from here on, whoever acknowledged.
             self.committed_version, self._committed_slot = version, slot
-            self._manifests = manifests
-            self._manifest_json = {}
+            self._committed_crcs = packer.crcs
             nbytes = {s.name: o.nbytes for s, o in outcomes}
             dropped = {s.name: o.reason for s, o in outcomes if o.kind == "dead"}
             staged = [s for s, o in outcomes if o.kind == "staged"]
@@ -292,6 +300,17 @@ class WeightPublisher:
     def _layout_key(layout):
         return repr(layout.to_dict())
 
+    def _plan_key(self, session):
+        return (self._layout_key(session.layout), self._chunk_limit(session))
+
+    def _plan(self, session):
+        """plan_ranges for the session's layout and chunk size, planned once (no version in it)."""
+        key = self._plan_key(session)
+        if key not in self._plans:
+            self._plans[key] = plan_ranges(self.schema, session.layout, key[1])
+            self._plans_layout[key] = session.layout
+        return self._plans[key]
+
     def _parallel(self, sessions, fn):
         """fn(session) for every session at once (a thread each: they wait on different peers),
         as [(session, result)]. Only publish() calls it, under the lock, so the pool is never
@@ -308,19 +327,26 @@ class WeightPublisher:
         return list(zip(sessions, self._session_pool.map(fn, sessions)))
 
     def _manifest_text(self, session, manifest, recover):
-        key = (self._layout_key(session.layout), manifest.version)
+        key = (self._plan_key(session), manifest.version)
         text = self._manifest_json.get(key)
         if text is None:
+            if len(self._manifest_json) > 16:  # only the current and last committed versions matter
+                self._manifest_json.clear()
             text = self._manifest_json[key] = manifest.to_json()
         if self.fault_hook is not None:
             text = self.fault_hook("manifest", session=session.name, version=manifest.version,
                                    manifest_json=text, recover=recover) or text
         return text
 
-    def _stage(self, session, version, slot, manifest, recover=False):
+    def _stage(self, session, version, slot, manifest, packer, recover=False):
         """One transfer of ``version`` from source ``slot`` to ``session`` -> _Outcome (never
         raises): staged (the receiver verified every chunk), failed (it says it could not
-        stage: poison it) or dead (connection or link broken, or no answer in time)."""
+        stage: poison it) or dead (connection or link broken, or no answer in time).
+
+        Pipelined: ``manifest`` is the template (every CRC 0); each chunk is posted as soon as
+        ``packer`` has packed and checksummed it, and once all are posted their checksums follow
+        in one seal message, which the receiver checks against its own, computed as the chunks
+        landed. No round trip per chunk, one checksum pass on each side."""
         phase, peer = "weights.stage", f"receiver {session.name}"
         sent = 0
         try:
@@ -336,25 +362,30 @@ class WeightPublisher:
                 return _Outcome("failed", f"refused the manifest: {reply.get('error')}")
             if reply["op"] != "ready":
                 return _Outcome("dead", f"{phase}: unexpected reply {reply['op']!r} from {peer}")
-            timeout_ms = int(self.stage_timeout_s * 1000)
             region, remote = session.regions[slot], session.remote
-            writes = [(c.src, c.length, c.dst, (tag << 24) | i) for i, c in enumerate(chunks)]
-            reply = None
-            if self.fault_hook is None:
+            deadline = time.monotonic() + self.stage_timeout_s
+            crcs, reply, i = [], None, 0
+            while i < len(chunks) and reply is None:
+                crcs.append(packer.crc((chunks[i].src, chunks[i].length), deadline, phase, peer))
+                if self.fault_hook is not None:
+                    reply = self._write_hooked(session, version, slot, chunks, i, tag, recover, phase, peer)
+                    i += 1
+                    continue
+                # Every chunk packed by now goes out in one batch (one GIL release).
+                j = i + 1
+                while j < len(chunks):
+                    value = packer.ready((chunks[j].src, chunks[j].length))
+                    if value is None:
+                        break
+                    crcs.append(value)
+                    j += 1
+                writes = [(c.src, c.length, c.dst, (tag << 24) | k) for k, c in enumerate(chunks[i:j], start=i)]
                 reply = self._write_all(session, region, remote, writes, phase, peer)
-            else:
-                for i, w in enumerate(writes):
-                    action = self.fault_hook("chunk", session=session.name, version=version, index=i,
-                                             recover=recover)
-                    if action == "corrupt":
-                        self._write_corrupted(session, slot, w, timeout_ms, phase)
-                    else:
-                        reply = self._write_all(session, region, remote, [w], phase, peer)
-                        if reply is not None:
-                            break
-            sent = sum(c.length for c in chunks)
+                i = j
+            sent = sum(c.length for c in chunks[:i])
             session.bytes_total += sent
             if reply is None:
+                wire.send(session.conn, {"op": "seal", "version": version, "crcs": crcs}, phase, peer)
                 reply = self._flush(session, phase, peer)
             if reply is None:
                 reply = wire.recv(session.conn, self.stage_timeout_s + self.control_timeout_s, phase, peer)
@@ -369,6 +400,16 @@ class WeightPublisher:
             return _Outcome("dead", str(e), sent)
         except RuntimeError as e:  # ProxyEPError from the link (names the phase and the peer)
             return _Outcome("dead", f"fabric: {e}", sent)
+
+    def _write_hooked(self, session, version, slot, chunks, i, tag, recover, phase, peer):
+        """Chunk ``i`` alone, through the fault hook (tests): it may corrupt it, stall or kill."""
+        c = chunks[i]
+        write = (c.src, c.length, c.dst, (tag << 24) | i)
+        action = self.fault_hook("chunk", session=session.name, version=version, index=i, recover=recover)
+        if action == "corrupt":
+            self._write_corrupted(session, slot, write, int(self.stage_timeout_s * 1000), phase)
+            return None
+        return self._write_all(session, session.regions[slot], session.remote, [write], phase, peer)
 
     def _write_all(self, session, region, remote, writes, phase, peer):
         """Posts the transfer's writes in slices, watching the control channel between them, as
@@ -445,14 +486,9 @@ class WeightPublisher:
         """Stage + commit of the last committed version to one session (late joiners and
         recoveries); the lock is held."""
         version = self.committed_version
-        key = self._layout_key(session.layout)
-        manifest = self._manifests.get(key)
-        if manifest is None:
-            source = self._slots[self._committed_slot]
-            manifest = plan_manifest(version, self.schema, session.layout, self._chunk_limit(session),
-                                     memoryview(source.numpy()), pool=self._crc_pool)
-            self._manifests[key] = manifest
-        o = self._stage(session, version, self._committed_slot, manifest, recover=True)
+        template = manifest_from(version, self.schema, session.layout, self._plan(session), NO_CHECKSUMS)
+        packer = SourcePacker.packed(self._committed_crcs)  # the committed slot holds it already
+        o = self._stage(session, version, self._committed_slot, template, packer, recover=True)
         if o.kind != "staged":
             return o
         c = self._commit(session, version)
@@ -620,7 +656,6 @@ class WeightPublisher:
                     pass
                 s.close()
             self._sessions.clear()
-        self._crc_pool.shutdown(wait=False)
         if self._session_pool is not None:
             self._session_pool.shutdown(wait=False)
 

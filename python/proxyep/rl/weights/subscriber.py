@@ -8,9 +8,12 @@ link of its own and a service thread that follows the publisher's two-phase prot
 - ``stage``: check the manifest (this layout, this rank's tensors covered exactly once, from the
   rows of the experts this rank owns; a version above the last committed), say ready, take the
   chunks off the fabric (immediates tagged with the transfer, so a write of an earlier transfer
-  is never mistaken for one of this), verify every chunk's CRC-32 and vote staged or failed;
-- ``commit``: copy the verified tensors out of the landing area; only now is the version handed
-  out (``poll``/``wait_committed``), so a worker never sees a torn or unverified version;
+  is never mistaken for one of this), copying each out of the landing area into the version's
+  own memory and checksumming it as it lands; the publisher's seal (every chunk's CRC-32, sent
+  after its last write) is compared with them, and the vote is staged or failed;
+- ``commit``: the verified tensors (views of the version's own memory, no copy) become the
+  committed version; only now is it handed out (``poll``/``wait_committed``), so a worker never
+  sees a torn or unverified version;
 - ``poisoned``: discard the staged bytes; the publisher resends its last committed version.
 
 The worker applies what ``poll()`` (non-blocking) or ``wait_committed(version, timeout_s)``
@@ -34,7 +37,7 @@ import torch
 
 from . import wire
 from .manifest import (ALIGN, DTYPES, Layout, TensorSpec, WeightError, WeightManifest, checksum,
-                       checksums, dtype_name, landing_plan)
+                       dtype_name, landing_plan)
 
 log = logging.getLogger("proxyep.rl.weights")
 
@@ -66,6 +69,7 @@ class SubscriberStats:
     stale_writes: int = 0  # writes of earlier transfers that arrived during a later one
     poisoned: int = 0
     refused_manifests: int = 0
+    prepare_seconds: float = 0.0  # faulting in the next version's memory, off the transfer's path
 
 
 def expected_tensors(named):
@@ -106,8 +110,10 @@ class WeightSubscriber:
         self._cond = threading.Condition()
         self._committed: Optional[CommittedWeights] = None
         self._handed = None  # the last version poll()/wait_committed returned
-        self._staged = None  # (version, manifest) verified, awaiting commit
+        self._staged = None  # (version, manifest, its verified bytes) awaiting commit
         self._closing = False
+        self._spare = None  # the next version's memory, faulted in while idle (_prepare)
+        self._prepared = threading.Event()
         # Checksums of a transfer's chunks in parallel (zlib releases the GIL).
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=_CRC_THREADS, thread_name_prefix="weights-crc")
 
@@ -123,6 +129,7 @@ class WeightSubscriber:
             self._conn.close()
             self._rx.close()
             raise
+        self._prepare()
         self._thread = threading.Thread(target=self._serve, name=f"weights-{self.name}", daemon=True)
         self._thread.start()
 
@@ -238,6 +245,8 @@ class WeightSubscriber:
                     self._stage(msg)
                 elif op == "commit":
                     self._commit(msg)
+                elif op == "seal":
+                    pass  # the seal of a transfer this rank already voted down: it crossed the vote
                 elif op == "poisoned":
                     self._staged = None
                     self.stats.poisoned += 1
@@ -288,30 +297,65 @@ class WeightSubscriber:
             return
         wire.send(self._conn, {"op": "ready", "version": version}, phase, self.peer)
         self.stats.transfers += 1
+        self._staging_version = version
         chunks = manifest.rank_chunks(self.rank)
+        # The version's own memory, filled chunk by chunk as they land (copied out of the landing
+        # area and checksummed there, in one pass while the transfer goes on): what commit hands
+        # out, never written again, so the commit itself copies nothing.
+        out, self._spare = self._spare, None
+        if out is None:
+            out = torch.empty(self._landing.numel(), dtype=torch.uint8)
         # Writes of an earlier, failed transfer may still land on these bytes until all of them
-        # are in: verify chunks as they arrive only when none is outstanding, else at the end.
+        # are in: take chunks as they arrive only when none is outstanding, else at the end.
         early = self._rx.received == writes_before
-        crcs = {}
-        error = self._receive(chunks, tag, writes_before + len(chunks), crcs if early else None)
+        taken, sealed = {}, []
+        error = self._receive(chunks, tag, writes_before + len(chunks), out, taken if early else None, sealed)
+        if error is None and not sealed:
+            error = self._await_seal(version, sealed)
         if error is None:
-            error = self._verify(manifest, chunks, crcs)
+            error = self._verify(manifest, chunks, out, taken, sealed[0])
         if error is not None:
+            self._spare = out  # never handed out: the next transfer may fill it
             self.events.append(("stage_failed", version, error))
             wire.send(self._conn, {"op": "stage_failed", "version": version, "error": f"{self.name}: {error}"},
                       phase, self.peer)
             return
-        self._staged = (version, manifest)
+        self._staged = (version, manifest, out)
         self.stats.bytes_received += sum(c.length for c in chunks)
         wire.send(self._conn, {"op": "staged", "version": version}, phase, self.peer)
 
-    def _receive(self, chunks, tag, total, crcs):
+    def _take(self, out, c):
+        """Copies chunk ``c`` out of the landing area into ``out`` and checksums the copy (what
+        will be handed out, read while still in cache)."""
+        out[c.dst:c.dst + c.length].copy_(self._landing[c.dst:c.dst + c.length])
+        return checksum(memoryview(out.numpy())[c.dst:c.dst + c.length])
+
+    def _seal(self, msg, version, count, sealed):
+        """Records the publisher's seal (the chunks' CRC-32s, in transfer order); None or why
+        it is not one."""
+        crcs = msg.get("crcs")
+        if msg.get("op") != "seal" or msg.get("version") != version:
+            return f"expected the seal of v{version}, got {msg.get('op')!r} for v{msg.get('version')}"
+        if not isinstance(crcs, list) or len(crcs) != count or not all(isinstance(c, int) for c in crcs):
+            return f"the seal of v{version} does not carry {count} checksums"
+        sealed.append(crcs)
+        return None
+
+    def _await_seal(self, version, sealed):
+        """Every chunk is in; the seal is still on its way (it follows the last write)."""
+        msg = wire.recv(self._conn, self.stage_timeout_s + self.control_timeout_s, "weights.stage", self.peer)
+        if msg["op"] in ("dropped", "closing"):
+            raise WeightError(f"weights.stage: {self.peer} sent {msg['op']} ({msg.get('reason', '')}) instead of "
+                              f"the seal of v{version}")
+        return self._seal(msg, version, len(self._staging_chunks), sealed)
+
+    def _receive(self, chunks, tag, total, out, taken, sealed):
         """Takes the transfer's writes off the fabric: None when every chunk arrived once, else
-        why not. With ``crcs`` (a dict), each chunk's checksum starts on the pool as soon as it
-        has landed ({index: future}). Raises PeerGone when the publisher's connection ends
-        meanwhile."""
+        why not. With ``taken`` (a dict), each chunk is copied out and checksummed on the pool as
+        soon as it has landed ({index: future}). The publisher's seal may come meanwhile (into
+        ``sealed``). Raises PeerGone when the publisher's connection ends meanwhile."""
         seen = bytearray(len(chunks))
-        landing = memoryview(self._landing.numpy())
+        self._staging_chunks = chunks
         deadline = time.monotonic() + self.stage_timeout_s
         while True:
             for imm in self._rx.wait_some(total, _SLICE_MS, "weights.stage"):
@@ -322,31 +366,34 @@ class WeightSubscriber:
                 if index >= len(chunks) or seen[index]:
                     return f"chunk {index} arrived twice or is not in the manifest ({len(chunks)} chunks)"
                 seen[index] = 1
-                if crcs is not None:
-                    c = chunks[index]
-                    crcs[index] = self._pool.submit(checksum, landing[c.dst:c.dst + c.length])
+                if taken is not None:
+                    taken[index] = self._pool.submit(self._take, out, chunks[index])
             if self._rx.received >= total:
                 break
-            if self._conn.poll(0):  # the publisher spoke mid-transfer: only its end can come
-                wire.recv(self._conn, self.control_timeout_s, "weights.stage", self.peer)
-                return "the publisher sent a message in the middle of a transfer"
+            if self._conn.poll(0):  # the publisher spoke mid-transfer: only its seal may come
+                msg = wire.recv(self._conn, self.control_timeout_s, "weights.stage", self.peer)
+                if sealed or msg.get("op") != "seal":
+                    return f"the publisher sent {msg.get('op')!r} in the middle of a transfer"
+                error = self._seal(msg, self._staging_version, len(chunks), sealed)
+                if error is not None:
+                    return error
             if time.monotonic() >= deadline:
                 return (f"{sum(seen)} of {len(chunks)} chunks arrived within {self.stage_timeout_s} s "
                         f"({self._rx.received} of {total} writes on the link)")
         missing = len(chunks) - sum(seen)
         return None if missing == 0 else f"{missing} of {len(chunks)} chunks never arrived"
 
-    def _verify(self, manifest, chunks, crcs):
-        """None when every chunk's CRC-32 matches the manifest's (``crcs``: {index: future} of
-        those computed as they arrived; the rest are computed now), else which one does not."""
-        landing = memoryview(self._landing.numpy())
-        rest = checksums(landing, [(c.dst, c.length) for i, c in enumerate(chunks) if i not in crcs], self._pool)
+    def _verify(self, manifest, chunks, out, taken, crcs):
+        """None when every chunk's CRC-32 matches the publisher's seal (``taken``: {index:
+        future} of the chunks taken as they arrived; the rest are taken now), else which one
+        does not."""
+        rest = {i: self._pool.submit(self._take, out, c) for i, c in enumerate(chunks) if i not in taken}
         for i, c in enumerate(chunks):
-            crc = crcs[i].result() if i in crcs else rest[(c.dst, c.length)]
-            if crc != c.crc:
+            crc = (taken[i] if i in taken else rest[i]).result()
+            if crc != crcs[i] & 0xFFFFFFFF:
                 name = self._tensor_at(manifest, c.dst)
                 return (f"checksum mismatch in chunk {i} ({name}, landing bytes [{c.dst}, +{c.length})): "
-                        f"crc32 {crc:#010x}, manifest {c.crc:#010x}")
+                        f"crc32 {crc:#010x}, sealed {crcs[i] & 0xFFFFFFFF:#010x}")
             self.stats.chunks_verified += 1
         return None
 
@@ -363,19 +410,38 @@ class WeightSubscriber:
             wire.send(self._conn, {"op": "commit_refused", "error": f"{self.name}: commit v{version}, staged {staged}"},
                       "weights.commit", self.peer)
             return
-        _, manifest = self._staged
+        _, manifest, out = self._staged
         tensors = {}
         mine = self.layout.experts[self.rank]
         for spec, start in zip(manifest.tensors, self._offsets):
-            # check_for proved the chunks cover exactly [start, start + local bytes).
+            # check_for proved the chunks cover exactly [start, start + local bytes); ``out`` is
+            # this version's alone (views, no copy), verified chunk by chunk.
             n = _nbytes(spec.dtype, spec.local_shape(mine))
-            raw = self._landing[start:start + n]
-            tensors[spec.name] = raw.view(DTYPES[spec.dtype]).reshape(spec.local_shape(mine)).clone()
+            tensors[spec.name] = out[start:start + n].view(DTYPES[spec.dtype]).reshape(spec.local_shape(mine))
         self._staged = None
         with self._cond:
             self._committed = CommittedWeights(version, tensors)
             self._cond.notify_all()
         wire.send(self._conn, {"op": "committed", "version": version}, "weights.commit", self.peer)
+        self._prepare()
+
+    def _prepare(self):
+        """Faults in the memory of the next version now, while no transfer runs: filling fresh
+        pages while chunks land costs several times more here (the page faults contend with the
+        fabric's copies into this process). The worker's committed versions are never reused."""
+        self._prepared.clear()
+        try:
+            if self._spare is None:
+                t0 = time.perf_counter()
+                self._spare = torch.zeros(self._landing.numel(), dtype=torch.uint8)
+                self.stats.prepare_seconds += time.perf_counter() - t0
+        finally:
+            self._prepared.set()
+
+    def wait_prepared(self, timeout_s):
+        """True once the memory of the next version is ready (after a commit it is prepared in
+        the background); a benchmark waits for it before timing something else."""
+        return self._prepared.wait(timeout_s)
 
 
 def _nbytes(dtype, shape):
