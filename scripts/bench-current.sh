@@ -50,9 +50,9 @@ rows=(
   "daemon-ll|$root/scripts/bench-daemon.sh ll 3 -- --ranks 2 --ranks-per-node 1 --tokens 16 --iters 30"
   "daemon-testbed|$root/scripts/bench-daemon.sh ep 3 -- --ranks 4 --ranks-per-node 2 --tokens 1024 --iters 10 --no-floor --link preset:p5en && $root/scripts/bench-daemon.sh ll 3 -- --ranks 4 --ranks-per-node 2 --iters 20 --link preset:p5en"
   "python-ep-ll|\${py[*]} ep && \${py[*]} ll"
-  "python-ep-v2|\${py[*]} ep --api v2 --tokens 64 --iters 100 --no-cpp --baseline none && \${py[*]} ep --api v2 --tokens 4096 --iters 30 --no-cpp --baseline none && \${py[*]} ep --api v2 --ranks 4 --ranks-per-node 2 --tokens 1024 --iters 20 --no-cpp --baseline none"
+  "python-ep-v2|\${py[*]} ep --api v2 --tokens 64 --iters 200 --warmup 20 --no-cpp --baseline none && \${py[*]} ep --api v2 --tokens 4096 --iters 30 --no-cpp --baseline none && \$pep launch -n 4 --ranks-per-node 2 --link 4 -- \${py[*]} ep --api v2 --tokens 1024 --iters 30 --warmup 3 --no-cpp --baseline none --json"
   "python-moe|\${py[*]} moe"
-  "python-weights|\${py[*]} weights && \${py[*]} weights --layout ep2 --hidden 512 --ffn-hidden 512 --vocab 1024 --iters 10"
+  "python-weights|for b in 1M 64M 256M; do PROXYEP_FABRIC_PROVIDER=tcp \$pep launch -n 3 --ranks-per-node 1 --link 4 -- \${py[*]} weights --layout ep2 --bytes \$b --iters 6 --warmup 1 --json; done"
   "rl-x1|\$pep bench rl --repeats 1 --iterations 30 --scaling 2 --scaling-exchanges proxyep"
 )
 
