@@ -58,20 +58,10 @@ class Run:
 
     def wait(self, timeout_s):
         """The supervisor's exit code; on the deadline it is stopped and the test fails."""
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise AssertionError(f"the run did not end within {timeout_s} s\n{self.logs()}")
+        return wait_or_stop(self.proc, timeout_s, 90, lambda: f"the run did not end within {timeout_s} s\n{self.logs()}")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 90)
 
     # ---- the run directory ----
 
@@ -95,6 +85,27 @@ class Run:
     def worker_log(self, index):
         with open(os.path.join(self.run_dir, "logs", f"worker-{index}.log"), errors="replace") as f:
             return f.read()
+
+
+def stop_process(proc, grace_s):
+    """SIGTERM to a process this test started (its drain), SIGKILL after ``grace_s``."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def wait_or_stop(proc, timeout_s, grace_s, failure):
+    """The process's exit code; past ``timeout_s`` it is stopped (stop_process) and the test fails
+    with ``failure()``'s message."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        stop_process(proc, grace_s)
+        raise AssertionError(failure())
 
 
 def wait_for(predicate, timeout_s, what, run=None):

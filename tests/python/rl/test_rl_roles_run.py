@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from rl_run_helpers import FABRIC_ENV
+from rl_run_helpers import FABRIC_ENV, stop_process, wait_or_stop
 
 ITERATIONS = 3
 CONFIG = {"grpo": {"iterations": ITERATIONS, "batch_groups": 2}, "seed": 3, "checkpoint_every": ITERATIONS,
@@ -49,20 +49,10 @@ class Role:
         return self.log_path.read_text(errors="replace")
 
     def wait(self, timeout_s, what):
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise AssertionError(f"{what}: not within {timeout_s} s\n{self.log()[-3000:]}")
+        return wait_or_stop(self.proc, timeout_s, 30, lambda: f"{what}: not within {timeout_s} s\n{self.log()[-3000:]}")
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)
 
 
 def wait_for_file(path, timeout_s, what, *roles):

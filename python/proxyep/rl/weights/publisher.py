@@ -57,6 +57,7 @@ import logging
 import secrets
 import threading
 import time
+import zlib
 from typing import Dict, List, Optional
 
 import torch
@@ -486,7 +487,17 @@ class WeightPublisher:
         """Stage + commit of the last committed version to one session (late joiners and
         recoveries); the lock is held."""
         version = self.committed_version
-        template = manifest_from(version, self.schema, session.layout, self._plan(session), NO_CHECKSUMS)
+        plan = self._plan(session)
+        # The committed slot holds the whole version, but its checksums cover only the chunks
+        # the receivers of its publication needed (none, when it had none): a joiner of
+        # another layout needs others, checksummed here from the slot.
+        missing = {(src, n) for per_rank in plan for chunks in per_rank for src, _, n in chunks} \
+            - self._committed_crcs.keys()
+        if missing:
+            source = memoryview(self._slots[self._committed_slot].numpy())
+            for src, n in missing:
+                self._committed_crcs[(src, n)] = zlib.crc32(source[src:src + n]) & 0xFFFFFFFF
+        template = manifest_from(version, self.schema, session.layout, plan, NO_CHECKSUMS)
         packer = SourcePacker.packed(self._committed_crcs)  # the committed slot holds it already
         o = self._stage(session, version, self._committed_slot, template, packer, recover=True)
         if o.kind != "staged":
