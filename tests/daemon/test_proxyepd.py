@@ -585,6 +585,24 @@ def case_daemon_ep_buffer(c):
     check_served(c, paths, daemons, 2, 1)
 
 
+def case_daemon_elastic(c):
+    """DeepEP V2's ElasticBuffer with its proxies in the daemons: test_elastic.py's V2 combine
+    orders and expanded layout as ranks in daemon mode, 2 nodes x 2 (hybrid: the forwarders'
+    in-node orders cross the daemons' fabric)."""
+    paths, daemons, env = start_nodes(c)
+    build = os.path.dirname(os.path.dirname(os.path.abspath(c.proxyep)))
+    tests = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+    env = dict(env, PYTHONPATH=f"{build}/python:{tests}",
+               PYTEST_ADDOPTS="-k 'combine_in_v2_order or expanded'")  # pytest splits it as a shell would
+    done = subprocess.run([c.proxyep, "launch", "-n", "4", "--ranks-per-node", "2", "--timeout", "90",
+                           "--", "/usr/bin/python3", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(tests, "test_elastic.py")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    check(done.returncode == 0 and " passed" in done.stdout and "failed" not in done.stdout,
+          f"test_elastic.py through the daemons failed ({done.returncode}):\n{done.stdout[-4000:]}{done.stderr[-2000:]}")
+    check_served(c, paths, daemons, 4, 2)
+
+
 def run_device_cases(c, env):
     """The device Buffer cases of ep_device_buffer, each as a job of 2 ranks on 2 nodes."""
     for case in ("normal mode with device tensors and eager rows",
