@@ -8,6 +8,11 @@
 #   the reorder shim: bit-exact versions, experts only to their owners, corrupted chunks, malformed
 #   manifests, wrong layouts, stale versions, a stalled transfer, a receiver and the publisher
 #   killed mid-transfer. 15-30 s here.
+# python.rl.weights.pipeline: the pipelined publication (test_weights_pipeline.py): SourcePacker's
+#   bytes, per-chunk CRC-32s, order and errors (no fabric); seals with a wrong CRC or count, early,
+#   out of order or never sent (receiver poisoned and recovered, or dropped and named, keeping its
+#   last committed version); a packing error commits nothing. One worker process, subscribers in
+#   the test process, TCP on loopback with the reorder shim. About 12 s.
 # python.bench_weights.smoke: python3 -m proxyep.bench weights on a tiny shape (EP-1 and EP-2
 #   receivers), JSON checked. About 20 s.
 if(NOT TARGET proxyep)
@@ -29,6 +34,13 @@ add_test(NAME python.rl.weights.transfer
                  -k "not manifest or receiver" ${PROXYEP_RL_TEST_DIR}/test_weights.py)
 proxyep_timeout(timeout 180)
 set_tests_properties(python.rl.weights.transfer PROPERTIES TIMEOUT ${timeout} LABELS python
+                     ENVIRONMENT "${weights_env}" RESOURCE_LOCK busy_polling_ranks)
+
+add_test(NAME python.rl.weights.pipeline
+         COMMAND ${Python_EXECUTABLE} -m pytest -q -p no:cacheprovider --confcutdir=${PROXYEP_RL_TEST_DIR}
+                 ${PROXYEP_RL_TEST_DIR}/test_weights_pipeline.py)
+proxyep_timeout(timeout 120)
+set_tests_properties(python.rl.weights.pipeline PROPERTIES TIMEOUT ${timeout} LABELS python
                      ENVIRONMENT "${weights_env}" RESOURCE_LOCK busy_polling_ranks)
 
 add_test(NAME python.bench_weights.smoke
