@@ -172,10 +172,10 @@ def test_source_packer_error_reaches_every_waiting_sender():
     for w in waiting:
         w.join(WAIT_S)
         assert not w.is_alive()
-    assert packer.done and isinstance(packer.error, RuntimeError)
+    assert packer.done and isinstance(packer.error, WeightError)
     assert len(errors) == 2
-    assert all("weights.stage: packing the source for receiver W/0 failed: exploded while packing" in e
-               for e in errors)
+    assert all("weights.stage: packing the source for receiver W/0 failed: packing tensor 1: "
+               "RuntimeError: exploded while packing" in e for e in errors)
     first = min(ranges)
     assert packer.crc(first, time.monotonic() + 1, "weights.stage", "receiver W/0") == _crc(flat, *first)
 
@@ -485,7 +485,7 @@ def test_packing_error_fails_publish_commits_nothing(tmp_path):
         name = sorted(rows)[-1]  # one of the last tensors packed: the writes of earlier ones are under way
         rows[name] = rows[name].as_subclass(_ExplodingTensor)
         t0 = time.monotonic()
-        with pytest.raises(WeightError, match=r"weights\.publish v2: packing the source failed: .*exploded"):
+        with pytest.raises(WeightError, match=rf"weights\.publish v2: packing the source failed: packing {name}: .*exploded"):
             p.pub.publish(2, dense, rows)
         assert time.monotonic() - t0 < 8
         assert p.pub.committed_version == 1

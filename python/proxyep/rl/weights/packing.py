@@ -20,8 +20,10 @@ class SourcePacker:
     length)}: the chunks some receiver needs) once the packing has passed its end. ``run()`` is
     the packing thread's body; ``crc()`` is what senders wait on."""
 
-    def __init__(self, source, offsets, tensors, ranges, piece_bytes):
+    def __init__(self, source, offsets, tensors, ranges, piece_bytes, names=None):
         self._source, self._offsets, self._tensors = source, offsets, tensors
+        # The tensors' names (schema order), for an error naming the one that failed.
+        self._names = names if names is not None else [f"tensor {i}" for i in range(len(tensors))]
         self._pending = sorted(ranges, key=lambda r: r[0] + r[1])  # by end: checksummed in this order
         self._piece = max(1, piece_bytes)
         self._cond = threading.Condition()
@@ -44,8 +46,11 @@ class SourcePacker:
             flat = self._source
             view = memoryview(flat.numpy())
             k = 0
-            for offset, tensor in zip(self._offsets, self._tensors):
-                raw = tensor.reshape(-1).view(torch.uint8)
+            for offset, tensor, name in zip(self._offsets, self._tensors, self._names):
+                try:
+                    raw = tensor.reshape(-1).view(torch.uint8)
+                except Exception as e:  # noqa: BLE001 - named, then handed to the senders below
+                    raise WeightError(f"packing {name}: {type(e).__name__}: {e}") from e
                 n = raw.numel()
                 for start in range(0, n, self._piece):
                     end = min(n, start + self._piece)

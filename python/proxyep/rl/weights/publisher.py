@@ -210,7 +210,8 @@ class WeightPublisher:
             # ready and posts each chunk as soon as its checksum exists.
             ranges = {(src, n) for ranges in plans.values() for per_rank in ranges for chunks in per_rank
                       for src, _, n in chunks}
-            packer = SourcePacker(self._slots[slot], self._offsets, state, ranges, self.chunk_bytes)
+            packer = SourcePacker(self._slots[slot], self._offsets, state, ranges, self.chunk_bytes,
+                                  names=[spec.name for spec in self.schema])
             packing = threading.Thread(target=packer.run, name="weights-pack", daemon=True)
             packing.start()
             templates = {key: manifest_from(version, self.schema, self._plans_layout[key], r, NO_CHECKSUMS)
