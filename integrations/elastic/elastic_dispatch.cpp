@@ -9,6 +9,7 @@
 #include "integrations/normal/row_counts.hpp"
 
 #include <algorithm>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -70,8 +71,9 @@ ExpandedRows expand_outputs(RowBackend& rows, const DispatchResult& v1, const Te
   return out;
 }
 
-// recv_src_metadata from host views of the handle's recv_src_idx and of recv_topk_idx.
-Tensor source_metadata_of(const Buffer& buffer, const DispatchHandle& handle,
+// recv_src_metadata from host views of the handle's recv_src_idx and of recv_topk_idx; `from`:
+// the rows received from each source rank.
+Tensor source_metadata_of(const Buffer& buffer, std::span<const int64_t> from,
                           const TensorRef& recv_src_idx, const TensorRef& recv_topk_idx,
                           int num_experts, int64_t num_max_tokens_per_rank) {
   const Routing routing{.ranks = buffer.group_size(),
@@ -79,8 +81,8 @@ Tensor source_metadata_of(const Buffer& buffer, const DispatchHandle& handle,
                         .topk = static_cast<int>(recv_topk_idx.cols)};
   const int64_t rows = recv_topk_idx.rows;
   Tensor meta = Tensor::empty(ep::DType::i32, rows, routing.topk + 2);
-  source_metadata(routing, received_from_each(handle, buffer.rank()), recv_src_idx.as<int32_t>(),
-                  recv_topk_idx.as<int64_t>(), num_max_tokens_per_rank, rows, meta.data<int32_t>());
+  source_metadata(routing, from, recv_src_idx.as<int32_t>(), recv_topk_idx.as<int64_t>(),
+                  num_max_tokens_per_rank, rows, meta.data<int32_t>());
   return meta;
 }
 
@@ -118,7 +120,8 @@ Tensor source_metadata(Buffer& buffer, const DispatchHandle& handle, const Tenso
   HostViews host(buffer, kPhase);
   const TensorRef src = host(handle.recv_src_idx), idx = host(recv_topk_idx);
   host.wait();
-  return source_metadata_of(buffer, handle, src, idx, num_experts, num_max_tokens_per_rank);
+  return source_metadata_of(buffer, received_from_each(handle, buffer.rank()), src, idx,
+                            num_experts, num_max_tokens_per_rank);
 }
 
 ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args) {
@@ -168,8 +171,8 @@ ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args)
       r.v1.unaligned_recv_tokens_per_expert.begin(), r.v1.unaligned_recv_tokens_per_expert.end()));
   f.psum_per_expert =
       host_i32(aligned_psum(r.v1.unaligned_recv_tokens_per_expert, a.expert_alignment));
-  f.psum_per_scaleup_rank =
-      host_i32(psum_per_scaleup_rank(received_from_each(h, buffer.rank()), args.num_scaleup_ranks));
+  const std::vector<int64_t> from = received_from_each(h, buffer.rank());
+  f.psum_per_scaleup_rank = host_i32(psum_per_scaleup_rank(from, args.num_scaleup_ranks));
   const Routing routing{.ranks = buffer.group_size(),
                         .local_experts = args.num_experts / buffer.group_size(),
                         .topk = static_cast<int>(topk_idx.cols)};
@@ -190,7 +193,7 @@ ElasticDispatchResult elastic_dispatch(Buffer& buffer, ElasticDispatchArgs args)
     const TensorRef src = received(h.recv_src_idx);
     recv_topk_idx = received(r.v1.recv_topk_idx);
     received.wait();
-    f.recv_src_metadata = source_metadata_of(buffer, h, src, recv_topk_idx, args.num_experts,
+    f.recv_src_metadata = source_metadata_of(buffer, from, src, recv_topk_idx, args.num_experts,
                                              args.num_max_tokens_per_rank);
   }
   if (args.expand) {

@@ -97,39 +97,45 @@ std::vector<ep::CopyRun> expand_runs(const std::byte* from, std::byte* to, uint6
   return runs;
 }
 
+Folded sum_lanes(RowBackend& rows, const uint16_t* rows_base, const float* weights_base,
+                 std::span<const int32_t> heads, int64_t tokens, int topk, int64_t hidden,
+                 const uint16_t* bias0, const uint16_t* bias1) {
+  Folded out{rows.allocate(ep::DType::bf16, tokens, hidden), {}};
+  const std::vector<const uint16_t*> blocks(static_cast<size_t>(topk), rows_base);
+  rows.reduce({.block_rows = blocks.data(),
+               .send_head = heads.data(),
+               .bias0 = bias0,
+               .bias1 = bias1,
+               .bias_first = true,  // V2's: the biases start the sum
+               .out = out.x.data<uint16_t>(),
+               .num_ranks = topk,
+               .hidden = hidden},
+              tokens);
+  if (weights_base == nullptr) return out;
+  out.weights = rows.allocate(ep::DType::f32, tokens, topk);
+  rows.fill(out.weights.raw(), 0, out.weights.bytes());
+  std::vector<ep::CopyRun> runs;
+  const auto* w = reinterpret_cast<const std::byte*>(weights_base);
+  for (size_t i = 0; i < heads.size(); ++i)
+    if (heads[i] >= 0)
+      runs.push_back({.to = out.weights.raw() + i * sizeof(float),
+                      .from = w + static_cast<uint64_t>(heads[i]) * sizeof(float),
+                      .bytes = sizeof(float)});
+  rows.copy_runs(runs);
+  return out;
+}
+
 Folded fold_expanded(RowBackend& rows, const TensorRef& x_expanded, const TensorRef& weights,
                      const TensorRef& metadata, int64_t num_recv) {
   const int K = static_cast<int>(metadata.cols) - 2;
-  const int64_t hidden = x_expanded.cols;
-  Folded out{rows.allocate(ep::DType::bf16, num_recv, hidden), {}};
-  // The reduce of combine with the K lanes as its "ranks": every lane's block is x_expanded,
-  // token i's row in lane k's block is its slot. Lanes ascending: DeepEP's order of the slots.
+  // Token i's row in lane k is its slot. Lanes ascending: DeepEP's order of the slots.
   std::vector<int32_t> heads(static_cast<size_t>(num_recv * K));
   for (int64_t i = 0; i < num_recv; ++i)
     for (int k = 0; k < K; ++k)
       heads[static_cast<size_t>(i * K + k)] = slot_of(metadata.as<int32_t>(), K, i, k);
-  const std::vector<const uint16_t*> blocks(static_cast<size_t>(K), x_expanded.as<uint16_t>());
-  rows.reduce({.block_rows = blocks.data(),
-               .send_head = heads.data(),
-               .out = out.x.data<uint16_t>(),
-               .num_ranks = K,
-               .hidden = hidden},
-              num_recv);
-  if (!weights.defined()) return out;
-  // Lane k's weight is its slot's; lanes without a slot stay 0.
-  out.weights = rows.allocate(ep::DType::f32, num_recv, K);
-  rows.fill(out.weights.raw(), 0, out.weights.bytes());
-  std::vector<ep::CopyRun> runs;
-  const auto* w = static_cast<const std::byte*>(weights.data);
-  for (int64_t i = 0; i < num_recv * K; ++i) {
-    const int32_t slot = heads[static_cast<size_t>(i)];
-    if (slot >= 0)
-      runs.push_back({.to = out.weights.raw() + static_cast<uint64_t>(i) * sizeof(float),
-                      .from = w + static_cast<uint64_t>(slot) * sizeof(float),
-                      .bytes = sizeof(float)});
-  }
-  rows.copy_runs(runs);
-  return out;
+  return sum_lanes(rows, x_expanded.as<uint16_t>(),
+                   weights.defined() ? weights.as<float>() : nullptr, heads, num_recv, K,
+                   x_expanded.cols);
 }
 
 }  // namespace proxyep::integrations::elastic

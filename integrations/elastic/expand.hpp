@@ -59,6 +59,16 @@ std::vector<gpu_side::ep::CopyRun> expand_runs(const std::byte* from, std::byte*
 struct Folded {
   Tensor x, weights;
 };
+
+// The sums both expanded combines end with (fold_expanded, slot_combine.hpp): row t of x the
+// biases (if any) and then lane k's row heads[t * K + k] of `rows_base` (bf16 [.., hidden]), in
+// lane order, in float32, rounded once (-1: the lane adds nothing); with `weights_base` (f32, one
+// per row of rows_base) f32 [tokens, K] lane weights, copied from the same rows (0 at -1). The
+// combine's own reduce with the K lanes as its groups, on `rows`; heads are host memory.
+Folded sum_lanes(RowBackend& rows, const uint16_t* rows_base, const float* weights_base,
+                 std::span<const int32_t> heads, int64_t tokens, int topk, int64_t hidden,
+                 const uint16_t* bias0 = nullptr, const uint16_t* bias1 = nullptr);
+
 Folded fold_expanded(RowBackend& rows, const TensorRef& x_expanded, const TensorRef& weights,
                      const TensorRef& metadata, int64_t num_recv);
 

@@ -151,30 +151,14 @@ CombineResult combine_slots(Buffer& buffer, const SlotCombineArgs& a) {
   // 3. Each token's slots summed in lane order after the biases, rounded once: the combine's
   // reduce with the K lanes as its groups; lane k's weight copied from its slot's row.
   const std::vector<int32_t> head = landed_rows(topk_idx, back.handle, me, local_experts);
-  const int64_t tokens = h.num_tokens;
+  Folded sums =
+      sum_lanes(rows, back.recv_x.data<uint16_t>(),
+                a.weights.defined() ? back.recv_topk_weights.data<float>() : nullptr, head,
+                h.num_tokens, K, hidden, a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
+                a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr);
   CombineResult result;
-  result.combined_x = rows.allocate(ep::DType::bf16, tokens, hidden);
-  const std::vector<const uint16_t*> blocks(static_cast<size_t>(K), back.recv_x.data<uint16_t>());
-  rows.reduce({.block_rows = blocks.data(),
-               .send_head = head.data(),
-               .bias0 = a.bias0.defined() ? a.bias0.as<uint16_t>() : nullptr,
-               .bias1 = a.bias1.defined() ? a.bias1.as<uint16_t>() : nullptr,
-               .bias_first = true,
-               .out = result.combined_x.data<uint16_t>(),
-               .num_ranks = K,
-               .hidden = hidden},
-              tokens);
-  if (a.weights.defined()) {
-    result.combined_topk_weights = rows.allocate(ep::DType::f32, tokens, K);
-    rows.fill(result.combined_topk_weights.raw(), 0, result.combined_topk_weights.bytes());
-    std::vector<ep::CopyRun> lanes;
-    const std::byte* got = back.recv_topk_weights.raw();
-    for (int64_t i = 0; i < tokens * K; ++i)
-      if (head[static_cast<size_t>(i)] >= 0)
-        lanes.push_back({result.combined_topk_weights.raw() + i * 4,
-                         got + static_cast<uint64_t>(head[static_cast<size_t>(i)]) * 4, 4});
-    rows.copy_runs(lanes);
-  }
+  result.combined_x = std::move(sums.x);
+  result.combined_topk_weights = std::move(sums.weights);
   rows.complete(kPhase);
   return result;
 }
