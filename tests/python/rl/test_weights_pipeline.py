@@ -321,6 +321,17 @@ def _one_crc_short(m):
     return m
 
 
+def _publish_with_first_seal_to_p_changed(p, monkeypatch, change):
+    """Publishes the next version with P's first seal passed through ``change``; returns
+    (version, the seals P was sent, the PublishResult)."""
+    v = p.pub.committed_version + 1
+    fn, seen = _first_seal_of("P/0", v, change)
+    _tamper_seals(monkeypatch, fn)
+    result = p.pub.publish(v, *state_for(v))
+    monkeypatch.undo()
+    return v, seen, result
+
+
 @pytest.mark.parametrize("change, reason", [(_wrong_crc, r"checksum mismatch in chunk 3 .*sealed"),
                                             (_one_crc_short, r"the seal of v\d+ does not carry \d+ checksums")],
                          ids=["wrong-crc", "too-few-crcs"])
@@ -329,11 +340,7 @@ def test_bad_seal_refused_receiver_poisoned_and_recovers(pipe, monkeypatch, chan
     stage, the publisher names it, poisons it and resends the committed version with a true seal;
     P hands out nothing but bit-exact, committed versions."""
     p = pipe
-    v = p.pub.committed_version + 1
-    fn, seen = _first_seal_of("P/0", v, change)
-    _tamper_seals(monkeypatch, fn)
-    result = p.pub.publish(v, *state_for(v))
-    monkeypatch.undo()
+    v, seen, result = _publish_with_first_seal_to_p_changed(p, monkeypatch, change)
     assert len(seen) == 2  # the tampered one and the recovery's
     assert "P/0" in result.recovered and not result.dropped, result
     assert re.search(reason, result.recovered["P/0"]), result.recovered["P/0"]
@@ -393,11 +400,7 @@ def test_out_of_order_seal_refused_then_recovered(pipe, monkeypatch, change, rea
     refused whether it comes mid-transfer or after the last chunk: P votes the transfer down, is
     poisoned and recovers; the others commit."""
     p = pipe
-    v = p.pub.committed_version + 1
-    fn, seen = _first_seal_of("P/0", v, change)
-    _tamper_seals(monkeypatch, fn)
-    result = p.pub.publish(v, *state_for(v))
-    monkeypatch.undo()
+    v, seen, result = _publish_with_first_seal_to_p_changed(p, monkeypatch, change)
     assert len(seen) == 2 and "P/0" in result.recovered and not result.dropped, result
     assert re.search(reason, result.recovered["P/0"]), result.recovered["P/0"]
     p.check_committed("P", v)
