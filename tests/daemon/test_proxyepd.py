@@ -863,7 +863,9 @@ def case_stale_shm_swept(c):
     shm provider names them "<pid>:..." in /dev/shm): one nobody maps goes, one a live process
     still maps stays (fabric/shm_stale.hpp)."""
     gone = subprocess.Popen(["true"])
-    gone.wait()  # reaped: no process has this pid now
+    # Exited but not reaped until the end: a zombie names no running process and keeps its pid
+    # from reuse (a reaped pid may be handed to a parallel test's process before the sweep).
+    os.waitid(os.P_PID, gone.pid, os.WEXITED | os.WNOWAIT)
     leftover = f"/dev/shm/{gone.pid}:0:0"
     mapped = f"/dev/shm/{gone.pid}:1:0"
     # The peer that still maps `mapped`: a child that opens and maps it, says so, and waits.
@@ -888,6 +890,7 @@ def case_stale_shm_swept(c):
     finally:
         peer.stdin.close()
         peer.wait(timeout=10)
+        gone.wait()
         for path in (leftover, mapped):
             if os.path.exists(path):
                 os.unlink(path)
